@@ -1,0 +1,131 @@
+"""What an approver is asked and what it answers.
+
+An answer is bound to the exact call it approves: `binding` is
+sha256(canonical [tool, args, call id, policy sha256]) and the gate rejects an
+answer whose binding differs, so an approval can never be replayed onto other
+arguments, another call or a changed policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from proctor.calls import RunInfo, SideEffect
+from proctor.canonical import canonical_sha256
+
+__all__ = [
+    "ApprovalDecision",
+    "ApprovalRequest",
+    "Approver",
+    "Grant",
+    "Verdict",
+    "approval_binding",
+]
+
+Verdict = Literal["approve", "deny", "edit", "grant"]
+
+
+def approval_binding(tool: str, args: Mapping[str, Any], call_id: str, policy_sha256: str) -> str:
+    """The value an answer must echo to count for this call."""
+    return canonical_sha256([tool, dict(args), call_id, policy_sha256])
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """"Approve this tool for the rest of the run", optionally only when arguments match.
+
+    `args` maps an argument name to a glob (fnmatch) its string form must match.
+    """
+
+    tool: str
+    args: Mapping[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tool": self.tool, "args": dict(self.args)}
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    """One call waiting for a human. `args` are already redacted as the policy says."""
+
+    call_id: str
+    tool: str
+    side_effect: SideEffect
+    args: Mapping[str, Any]
+    rules: tuple[str, ...]
+    reason: str
+    policy_sha256: str
+    budget: Mapping[str, Any]
+    expires_at_ns: int
+    binding: str
+    run: RunInfo = field(default_factory=RunInfo)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "call_id": self.call_id,
+            "tool": self.tool,
+            "side_effect": self.side_effect,
+            "args": dict(self.args),
+            "rules": list(self.rules),
+            "reason": self.reason,
+            "policy_sha256": self.policy_sha256,
+            "budget": dict(self.budget),
+            "expires_at_ns": self.expires_at_ns,
+            "binding": self.binding,
+            "run": self.run.as_dict(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalDecision:
+    """An approver's answer.
+
+    - ``approve``: run the call as asked.
+    - ``deny``: do not run it; `reason` says why.
+    - ``edit``: run it with `args` instead (they go through the policy again).
+    - ``grant``: approve, and approve `grant` for the rest of the run.
+
+    `timed_out` marks a deny because nobody answered in time; `approver` says who
+    decided (a user name, ``webhook:<url>``, ``callback``, ``timeout``…).
+    """
+
+    verdict: Verdict
+    binding: str
+    approver: str = "unknown"
+    reason: str = ""
+    args: Mapping[str, Any] | None = None
+    grant: Grant | None = None
+    timed_out: bool = False
+
+    @classmethod
+    def approve(cls, request: ApprovalRequest, approver: str, reason: str = "") -> ApprovalDecision:
+        return cls("approve", request.binding, approver, reason)
+
+    @classmethod
+    def deny(cls, request: ApprovalRequest, approver: str, reason: str, *, timed_out: bool = False) -> ApprovalDecision:
+        return cls("deny", request.binding, approver, reason, timed_out=timed_out)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "binding": self.binding,
+            "approver": self.approver,
+            "reason": self.reason,
+            "args": dict(self.args) if self.args is not None else None,
+            "grant": self.grant.as_dict() if self.grant else None,
+            "timed_out": self.timed_out,
+        }
+
+
+@runtime_checkable
+class Approver(Protocol):
+    """Asks someone whether a call may run.
+
+    Implementations should answer rather than raise: a channel error is a ``deny``
+    whose reason names the error. The gate still treats a raise, or an answer bound
+    to another call, as a deny.
+    """
+
+    def request(self, request: ApprovalRequest) -> ApprovalDecision: ...

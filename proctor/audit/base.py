@@ -1,0 +1,57 @@
+"""The audit interface the gate writes to: a sink that returns results, never raises.
+
+Following the OpenTelemetry exporters' rule, a sink reports failure as a value
+(`AuditResult.ok` false with a reason) instead of raising across the boundary; the
+gate turns a failed *intent* write into a refused call (`AuditError`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from proctor.redaction import Redacted
+
+__all__ = ["KINDS", "AuditResult", "AuditSink"]
+
+#: Record kinds, as written in the `kind` field.
+KINDS = (
+    "run_started",
+    "run_finished",
+    "step",
+    "call_intent",
+    "call_outcome",
+    "approval_requested",
+    "approval_resolved",
+    "budget_exhausted",
+    "worker_started",
+    "checkpoint",
+    "recovery",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditResult:
+    """The result of one append: `ok` with the record's `seq`, or not ok with a reason."""
+
+    ok: bool
+    seq: int | None = None
+    error: str | None = None
+
+
+@runtime_checkable
+class AuditSink(Protocol):
+    """Where the gate records what happens. `AuditLog` and `proctor.testing.InMemoryAudit` are sinks."""
+
+    def append(self, kind: str, fields: Mapping[str, Any], *, durable: bool = True) -> AuditResult:
+        """Append one record; when `durable`, return only once it is on stable storage."""
+        ...
+
+    def redact(self, args: Mapping[str, Any], fields: Sequence[str]) -> Redacted:
+        """Redact `fields` of `args` with this sink's key (see `proctor.redaction`)."""
+        ...
+
+    def close(self) -> None:
+        """Seal and release the sink; appending afterwards fails."""
+        ...

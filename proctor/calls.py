@@ -1,0 +1,153 @@
+"""The vocabulary every part shares: a call, its decision, its record, its run.
+
+These are plain frozen dataclasses so the policy engine, the gate, approvers, the
+audit trail and telemetry can pass them around without importing one another.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "OUTCOMES",
+    "SIDE_EFFECTS",
+    "STATUSES",
+    "Call",
+    "CallRecord",
+    "CallStatus",
+    "Decision",
+    "HistoryEntry",
+    "Outcome",
+    "RunInfo",
+    "SideEffect",
+    "new_id",
+    "side_effect_rank",
+]
+
+SideEffect = Literal["none", "read", "write", "external", "destructive"]
+#: Side-effect classes, least to most dangerous.
+SIDE_EFFECTS: tuple[SideEffect, ...] = ("none", "read", "write", "external", "destructive")
+
+Outcome = Literal["allow", "deny", "require_approval"]
+OUTCOMES: tuple[Outcome, ...] = ("allow", "deny", "require_approval")
+
+CallStatus = Literal["ok", "denied", "failed", "timeout"]
+STATUSES: tuple[CallStatus, ...] = ("ok", "denied", "failed", "timeout")
+
+_RANK = {name: i for i, name in enumerate(SIDE_EFFECTS)}
+
+
+def side_effect_rank(side_effect: str) -> int:
+    """Position of a class in `SIDE_EFFECTS`; unknown classes rank as destructive."""
+    return _RANK.get(side_effect, _RANK["destructive"])
+
+
+def new_id(prefix: str = "") -> str:
+    """A fresh random id, optionally prefixed (``call_…``, ``run_…``)."""
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the policy decided about one call, and which rules decided it."""
+
+    outcome: Outcome
+    rules: tuple[str, ...]
+    reason: str
+    policy_sha256: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome,
+            "rules": list(self.rules),
+            "reason": self.reason,
+            "policy_sha256": self.policy_sha256,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """Who is running what: the `run` variable of policy conditions."""
+
+    id: str = field(default_factory=lambda: new_id("run_"))
+    step: int = 0
+    principal: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "step": self.step, "principal": self.principal, "labels": dict(self.labels)}
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """An earlier call of the same run, as policy conditions see it (`history`)."""
+
+    tool: str
+    args: Mapping[str, Any]
+    side_effect: SideEffect
+    decision: Outcome
+    status: CallStatus
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "tool": self.tool,
+            "args": dict(self.args),
+            "side_effect": self.side_effect,
+            "decision": self.decision,
+            "status": self.status,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One tool call as the policy sees it.
+
+    `side_effect` and `cost` are what the tool itself declares; the policy's
+    `tools:` section overrides both, and a tool declared nowhere is destructive.
+    """
+
+    tool: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+    side_effect: SideEffect | None = None
+    cost: int | None = None
+    history: Sequence[HistoryEntry] = ()
+    run: RunInfo = field(default_factory=RunInfo)
+    usage: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """What happened to one call: the entry of `ExecutionResult.tool_calls`."""
+
+    call_id: str
+    tool: str
+    args: Mapping[str, Any]
+    side_effect: SideEffect
+    decision: Decision | None
+    status: CallStatus
+    duration_ns: int
+    error: str | None = None
+    error_type: str | None = None
+    approval: str | None = None
+
+    @property
+    def duration(self) -> float:
+        """Duration in seconds."""
+        return self.duration_ns / 1e9
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "call_id": self.call_id,
+            "tool": self.tool,
+            "args": dict(self.args),
+            "side_effect": self.side_effect,
+            "decision": self.decision.as_dict() if self.decision else None,
+            "status": self.status,
+            "duration_ns": self.duration_ns,
+            "error": self.error,
+            "error_type": self.error_type,
+            "approval": self.approval,
+        }

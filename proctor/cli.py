@@ -1,0 +1,53 @@
+"""The `proctor` command: a thin dispatcher over each part's own subcommands.
+
+Each part registers its commands (`proctor.policy.cli`, `proctor.audit.cli`,
+`proctor.agent.cli`) so this file stays small and parts stay independent.
+Exit codes: 0 success, 1 the thing checked is bad or the run failed, 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+# Modules that define `register(subparsers) -> None`; each adds its subcommands and
+# sets `func` on its parsers. Imported at start-up, so they must import lightly.
+_COMMAND_MODULES = ("proctor.demo", "proctor.policy.cli", "proctor.audit.cli", "proctor.agent.cli")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="proctor", description="Governed tool execution for LLM agents that act by writing Python."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(func(args))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Every error proctor raises, in one tree.
+
+```
+ProctorError                      base of everything below
+├── CallRefused                   a tool call that did not run (visible to generated code)
+│   ├── ToolDenied                the policy said deny, or the arguments were invalid
+│   ├── ApprovalDenied            a human (or approval channel) said no, or the channel failed
+│   │   └── ApprovalTimeout       nobody answered before the approval expired
+│   └── BudgetExceeded            the call would pass a budget limit
+├── ToolFailed                    the tool ran and raised; carries the tool's message
+├── PolicyError                   a policy file that cannot be loaded (file, line, column)
+├── AuditError                    the audit trail could not be written: the call is refused
+│   └── AuditCorrupted            an existing log is damaged and will not be appended to
+├── ExecutionTimeout              a program ran past its time limit and was killed
+└── SandboxError                  the worker could not start, misbehaved, or died
+```
+
+The first five are the ones a model sees inside its program, at the call site of
+the tool; `ApprovalDenied`, `ApprovalTimeout` and `BudgetExceeded` are refusals too,
+so `except CallRefused` catches every call that did not run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "ApprovalDenied",
+    "ApprovalTimeout",
+    "AuditCorrupted",
+    "AuditError",
+    "BudgetExceeded",
+    "CallRefused",
+    "ExecutionTimeout",
+    "PolicyError",
+    "PolicyIssue",
+    "ProctorError",
+    "SandboxError",
+    "ToolDenied",
+    "ToolFailed",
+]
+
+
+class ProctorError(Exception):
+    """Base class of every error proctor raises."""
+
+
+class CallRefused(ProctorError):
+    """A tool call was refused before it ran; the tool was not executed."""
+
+    def __init__(self, message: str, *, tool: str = "", call_id: str = "", rules: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.tool = tool
+        self.call_id = call_id
+        self.rules = rules
+
+
+class ToolDenied(CallRefused):
+    """The policy denied the call, or its arguments did not fit the tool's schema."""
+
+
+class ApprovalDenied(CallRefused):
+    """Approval was required and not given (refused, or the channel failed)."""
+
+
+class ApprovalTimeout(ApprovalDenied):
+    """Approval was required and nobody answered in time."""
+
+
+class BudgetExceeded(CallRefused):
+    """Running the call would pass a budget limit, so it was refused before anyone was asked."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        tool: str = "",
+        call_id: str = "",
+        rules: tuple[str, ...] = (),
+        budget: str = "",
+    ) -> None:
+        super().__init__(message, tool=tool, call_id=call_id, rules=rules)
+        self.budget = budget
+
+
+class ToolFailed(ProctorError):
+    """The tool ran and raised; the message is the tool's own."""
+
+    def __init__(self, message: str, *, tool: str = "", call_id: str = "", error_type: str = "") -> None:
+        super().__init__(message)
+        self.tool = tool
+        self.call_id = call_id
+        self.error_type = error_type
+
+
+@dataclass(frozen=True)
+class PolicyIssue:
+    """One problem found in a policy file, located as precisely as the source allows."""
+
+    file: str
+    line: int
+    column: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}: {self.message}"
+
+
+class PolicyError(ProctorError):
+    """A policy could not be loaded; `issues` lists every problem found, each located.
+
+    `file`, `line` and `column` are those of the first issue (1-based).
+    """
+
+    def __init__(self, issues: list[PolicyIssue] | PolicyIssue | str) -> None:
+        if isinstance(issues, str):
+            issues = [PolicyIssue("<policy>", 1, 1, issues)]
+        elif isinstance(issues, PolicyIssue):
+            issues = [issues]
+        if not issues:
+            raise ValueError("PolicyError needs at least one issue")
+        self.issues = list(issues)
+        first = self.issues[0]
+        self.file, self.line, self.column = first.file, first.line, first.column
+        super().__init__("\n".join(str(i) for i in self.issues))
+
+
+class AuditError(ProctorError):
+    """The audit trail could not record something; a call that needed it did not run."""
+
+
+class AuditCorrupted(AuditError):
+    """An existing audit log is damaged beyond a torn last line; it is not appended to."""
+
+    def __init__(self, message: str, *, seq: int | None = None, line: int | None = None, offset: int | None = None) -> None:
+        super().__init__(message)
+        self.seq = seq
+        self.line = line
+        self.offset = offset
+
+
+class ExecutionTimeout(ProctorError):
+    """A program ran past its time limit; its worker was killed and its state lost."""
+
+
+class SandboxError(ProctorError):
+    """The sandboxed worker could not start, broke the channel protocol, or died."""

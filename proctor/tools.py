@@ -1,0 +1,216 @@
+"""Tools: plain functions with a declared side-effect class, a cost and a schema.
+
+`@tool` reads the input schema off the signature and the docstring's ``Args:``
+section (Google style, as smolagents does) and refuses, at decoration time, a tool
+the model could not be told how to call: no docstring, an untyped parameter, or a
+parameter the ``Args:`` section does not describe.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, overload
+
+import pydantic
+
+from proctor.calls import SIDE_EFFECTS, SideEffect
+from proctor.errors import ToolDenied
+
+__all__ = ["Tool", "ToolDefinitionError", "tool"]
+
+
+class ToolDefinitionError(TypeError):
+    """A function cannot become a tool as written (raised at decoration time)."""
+
+
+_ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters)\s*:\s*$")
+_SECTION_HEADER = re.compile(r"^\s*(Returns|Yields|Raises|Examples?|Notes?|Attributes)\s*:\s*$")
+_ARG_LINE = re.compile(r"^\s*(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """Split a Google-style docstring into its description and its ``Args:`` entries."""
+    lines = inspect.cleandoc(doc).splitlines()
+    description: list[str] = []
+    args: dict[str, str] = {}
+    section = "description"
+    arg_indent: int | None = None
+    current: str | None = None
+    for line in lines:
+        if _ARGS_HEADER.match(line):
+            section, arg_indent, current = "args", None, None
+            continue
+        if _SECTION_HEADER.match(line):
+            section = "other"
+            continue
+        if section == "description":
+            description.append(line)
+        elif section == "args" and line.strip():
+            indent = len(line) - len(line.lstrip())
+            m = _ARG_LINE.match(line)
+            if m and (arg_indent is None or indent <= arg_indent):
+                arg_indent = indent
+                current = m.group(1).lstrip("*")
+                args[current] = m.group(3).strip()
+            elif current is not None:
+                args[current] = (args[current] + " " + line.strip()).strip()
+    return "\n".join(description).strip(), args
+
+
+@dataclass(frozen=True, eq=False)
+class Tool:
+    """A function the model may call, with what the gate needs to know about it.
+
+    Build one with `@tool`, or directly with `Tool.from_function`.
+    """
+
+    name: str
+    description: str
+    fn: Callable[..., Any] = field(repr=False)
+    side_effect: SideEffect | None
+    cost: int
+    parameters: Mapping[str, Any]
+    signature: inspect.Signature = field(repr=False)
+    arg_descriptions: Mapping[str, str] = field(repr=False)
+    is_async: bool = False
+    _validator: pydantic.TypeAdapter[Any] = field(repr=False, default=None)  # type: ignore[assignment]
+
+    @classmethod
+    def from_function(
+        cls,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        side_effect: SideEffect | None = None,
+        cost: int = 0,
+    ) -> Tool:
+        """Make a tool of `fn`; raise `ToolDefinitionError` saying what is missing."""
+        tool_name = name or getattr(fn, "__name__", "")
+        if not tool_name.isidentifier():
+            raise ToolDefinitionError(f"tool name {tool_name!r} is not a Python identifier")
+        if side_effect is not None and side_effect not in SIDE_EFFECTS:
+            raise ToolDefinitionError(
+                f"tool {tool_name!r}: unknown side_effect {side_effect!r} "
+                f"(expected one of {', '.join(SIDE_EFFECTS)})"
+            )
+        if not isinstance(cost, int) or isinstance(cost, bool) or cost < 0:
+            raise ToolDefinitionError(f"tool {tool_name!r}: cost must be a non-negative integer, got {cost!r}")
+        doc = inspect.getdoc(fn)
+        if not doc:
+            raise ToolDefinitionError(f"tool {tool_name!r} has no docstring: the model needs one to use it")
+        description, arg_docs = _parse_docstring(doc)
+        if not description:
+            raise ToolDefinitionError(f"tool {tool_name!r}: the docstring has no description before 'Args:'")
+        signature = inspect.signature(fn)
+        try:
+            hints = typing.get_type_hints(fn)
+        except Exception as exc:  # noqa: BLE001 - any failure to resolve an annotation is a definition error
+            raise ToolDefinitionError(f"tool {tool_name!r}: cannot resolve type hints: {exc}") from exc
+        fields: dict[str, Any] = {}
+        for pname, param in signature.parameters.items():
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise ToolDefinitionError(f"tool {tool_name!r}: *{pname} parameters cannot be described to a model")
+            if pname not in hints:
+                raise ToolDefinitionError(f"tool {tool_name!r}: parameter {pname!r} has no type annotation")
+            if pname not in arg_docs:
+                raise ToolDefinitionError(
+                    f"tool {tool_name!r}: parameter {pname!r} is not described in the docstring's 'Args:' section"
+                )
+            default = ... if param.default is param.empty else param.default
+            fields[pname] = (hints[pname], pydantic.Field(default, description=arg_docs[pname]))
+        extra = sorted(set(arg_docs) - set(signature.parameters))
+        if extra:
+            raise ToolDefinitionError(f"tool {tool_name!r}: 'Args:' describes unknown parameter(s) {', '.join(extra)}")
+        model = pydantic.create_model(  # type: ignore[call-overload]
+            f"{tool_name}_args",
+            __config__=pydantic.ConfigDict(extra="forbid", strict=False, arbitrary_types_allowed=False),
+            **fields,
+        )
+        schema = model.model_json_schema()
+        schema.pop("title", None)
+        for prop in schema.get("properties", {}).values():
+            prop.pop("title", None)
+        return cls(
+            name=tool_name,
+            description=description,
+            fn=fn,
+            side_effect=side_effect,
+            cost=cost,
+            parameters=schema,
+            signature=signature,
+            arg_descriptions=arg_docs,
+            is_async=inspect.iscoroutinefunction(fn),
+            _validator=pydantic.TypeAdapter(model),
+        )
+
+    def bind(self, args: tuple[Any, ...] = (), kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Map positional and keyword arguments onto parameter names, as a call would."""
+        try:
+            bound = self.signature.bind(*args, **(kwargs or {}))
+        except TypeError as exc:
+            raise ToolDenied(f"invalid call to {self.name}: {exc}", tool=self.name) from None
+        return dict(bound.arguments)
+
+    def validate(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """Check `args` against the schema; raise `ToolDenied` naming the argument and what was expected."""
+        try:
+            model = self._validator.validate_python(dict(args))
+        except pydantic.ValidationError as exc:
+            problems = []
+            for err in exc.errors():
+                loc = ".".join(str(p) for p in err["loc"]) or "arguments"
+                if err["type"] == "extra_forbidden":
+                    problems.append(f"unexpected argument {loc!r}")
+                elif err["type"] == "missing":
+                    problems.append(f"missing argument {loc!r}")
+                else:
+                    problems.append(f"argument {loc!r}: {err['msg']} (got {err.get('input')!r})")
+            raise ToolDenied(f"invalid call to {self.name}: {'; '.join(problems)}", tool=self.name) from None
+        return {k: getattr(model, k) for k in self.signature.parameters}
+
+    def signature_text(self) -> str:
+        """``name(a: str, b: int = 2) -> str``, as shown to a model."""
+        return f"{self.name}{self.signature}"
+
+    def json_schema(self) -> dict[str, Any]:
+        """The OpenAI-style function description (litellm ``tools=``)."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": dict(self.parameters)},
+        }
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the function directly, ungoverned; agents never do this, the gate does."""
+        return self.fn(*args, **kwargs)
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+@overload
+def tool(
+    *, name: str | None = None, side_effect: SideEffect | None = None, cost: int = 0
+) -> Callable[[Callable[..., Any]], Tool]: ...
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    side_effect: SideEffect | None = None,
+    cost: int = 0,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Declare a tool: ``@tool`` or ``@tool(side_effect="external", cost=1)``.
+
+    A tool whose side-effect class is declared neither here nor in the policy is
+    treated as destructive.
+    """
+    if fn is not None:
+        return Tool.from_function(fn)
+
+    def decorate(f: Callable[..., Any]) -> Tool:
+        return Tool.from_function(f, name=name, side_effect=side_effect, cost=cost)
+
+    return decorate
