@@ -1,1 +1,36 @@
-"""approval"""
+"""Asking a human (or a program) whether a call may run.
+
+- `ConsoleApprover` — a panel at the terminal; keys approve / deny / edit / grant.
+- `WebhookApprover` — a signed POST to an ops service, polling while pending.
+- `CallbackApprover` — a function of your program decides.
+
+Every approver answers with an `ApprovalDecision` bound to the exact call
+(`approval_binding`); the wire format of the webhook is in docs/approvals.md.
+"""
+
+from __future__ import annotations
+
+from proctor.approval.base import (
+    ApprovalDecision,
+    ApprovalRequest,
+    Approver,
+    Grant,
+    Verdict,
+    approval_binding,
+)
+from proctor.approval.callback import ApprovalCallback, CallbackApprover
+from proctor.approval.console import ConsoleApprover
+from proctor.approval.webhook import WebhookApprover
+
+__all__ = [
+    "ApprovalCallback",
+    "ApprovalDecision",
+    "ApprovalRequest",
+    "Approver",
+    "CallbackApprover",
+    "ConsoleApprover",
+    "Grant",
+    "Verdict",
+    "WebhookApprover",
+    "approval_binding",
+]

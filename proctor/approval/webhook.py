@@ -1,0 +1,231 @@
+"""Ask an HTTP service: POST the request, signed; read a signed decision, polling if pending.
+
+The wire format is specified in docs/approvals.md. Every way this can go wrong —
+the service is down, slow, answers 5xx, garbage, an unsigned or stale or forged
+answer, an answer for another call, or no decision before the request expires —
+is a deny whose reason names it; `request()` never raises.
+
+Plain ``urllib.request`` (no extra dependency). Redirects are not followed: a
+redirect could move a signed request to a host the secret was not meant for.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from typing import Any
+
+from proctor.approval.base import ApprovalDecision, ApprovalRequest, Grant
+from proctor.approval.signing import (
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    SignatureError,
+    sign,
+    signed_headers,
+    verify,
+)
+
+__all__ = ["WIRE_VERSION", "SignatureError", "WebhookApprover", "sign", "signed_headers", "verify"]
+
+WIRE_VERSION = 1
+MAX_ANSWER_BYTES = 1 << 20
+_STATUS_VERDICT = {"approved": "approve", "denied": "deny", "edited": "edit", "granted": "grant"}
+
+
+class _Deny(Exception):
+    """Stop asking: deny with this reason."""
+
+    def __init__(self, reason: str, *, timed_out: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.timed_out = timed_out
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # the 3xx then surfaces as an HTTPError, which denies
+
+
+def encode_request(request: ApprovalRequest) -> bytes:
+    """The POST body: the request's fields plus ``"version"``, as compact sorted JSON."""
+    payload = {**request.as_dict(), "version": WIRE_VERSION}
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+class WebhookApprover:
+    """POST each request to `url` signed with `secret`; wait at most `timeout` seconds for a decision.
+
+    `poll_interval` is the pause between polls of a pending request, `replay_window`
+    how far an answer's timestamp may be from our clock, and `request_timeout` the
+    limit on each single HTTP exchange.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        secret: str | bytes,
+        timeout: float = 300.0,
+        poll_interval: float = 1.0,
+        replay_window: float = 300.0,
+        request_timeout: float = 10.0,
+    ) -> None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"webhook URL must be http(s)://host/..., got {url!r}")
+        if not secret:
+            raise ValueError("the webhook secret must not be empty")
+        for label, value in (("timeout", timeout), ("poll_interval", poll_interval),
+                             ("replay_window", replay_window), ("request_timeout", request_timeout)):
+            if value <= 0:
+                raise ValueError(f"WebhookApprover {label} must be positive seconds")
+        self.url = url
+        self._secret = secret
+        self.timeout = timeout
+        self.poll_interval = poll_interval
+        self.replay_window = replay_window
+        self.request_timeout = request_timeout
+        host = parts.hostname + (f":{parts.port}" if parts.port else "")
+        self.name = f"webhook:{host}"
+        self._opener = urllib.request.build_opener(_NoRedirects)
+
+    def __repr__(self) -> str:
+        return f"WebhookApprover({self.url!r}, timeout={self.timeout!r})"  # never the secret
+
+    def request(self, request: ApprovalRequest) -> ApprovalDecision:
+        try:
+            return self._request(request)
+        except _Deny as deny:
+            return ApprovalDecision.deny(request, self.name, deny.reason, timed_out=deny.timed_out)
+        except Exception as exc:  # noqa: BLE001 - the contract is "never raise": an unforeseen error denies too
+            return ApprovalDecision.deny(request, self.name, f"webhook approver failed: {type(exc).__name__}: {exc}")
+
+    # -- internals -----------------------------------------------------------------
+
+    def _request(self, request: ApprovalRequest) -> ApprovalDecision:
+        expires_in = (request.expires_at_ns - time.time_ns()) / 1e9
+        limit = min(self.timeout, expires_in)
+        if limit <= 0:
+            raise _Deny("the approval request expired before it was sent", timed_out=True)
+        deadline = time.monotonic() + limit
+        try:
+            body = encode_request(request)
+        except (TypeError, ValueError) as exc:
+            raise _Deny(f"cannot encode the approval request as JSON: {exc}") from exc
+        answer = self._exchange("POST", self.url, body, deadline, limit)
+        poll_url: str | None = None
+        while True:
+            self._check_identity(request, answer)
+            status = answer.get("status")
+            if status != "pending":
+                return self._decision(request, answer)
+            poll_url = self._poll_url(answer, poll_url)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _Deny(f"no decision from {self.name} within {limit:g}s (still pending)", timed_out=True)
+            time.sleep(min(self.poll_interval, remaining))
+            if deadline - time.monotonic() <= 0:
+                raise _Deny(f"no decision from {self.name} within {limit:g}s (still pending)", timed_out=True)
+            answer = self._exchange("GET", poll_url, b"", deadline, limit)
+
+    def _exchange(self, method: str, url: str, body: bytes, deadline: float, limit: float) -> dict[str, Any]:
+        """One signed HTTP exchange; returns the verified JSON object or raises _Deny."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise _Deny(f"no decision from {self.name} within {limit:g}s", timed_out=True)
+        headers = {"Accept": "application/json", "User-Agent": "proctor-approval/1"}
+        headers.update(signed_headers(self._secret, body))
+        if method == "POST":
+            headers["Content-Type"] = "application/json"
+        http_request = urllib.request.Request(url, data=body if method == "POST" else None, headers=headers,
+                                              method=method)
+        what = "request" if method == "POST" else "poll"
+        per_call = min(self.request_timeout, remaining)
+        try:
+            with self._opener.open(http_request, timeout=per_call) as response:
+                raw = response.read(MAX_ANSWER_BYTES + 1)
+                answer_headers = response.headers
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            kind = "server error" if exc.code >= 500 else "refusal" if exc.code >= 400 else "unexpected status"
+            raise _Deny(f"{self.name} answered the {what} with HTTP {exc.code} ({kind})") from exc
+        except (TimeoutError, urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            reason = getattr(exc, "reason", exc)
+            if isinstance(reason, TimeoutError) or isinstance(exc, TimeoutError):
+                if per_call < self.request_timeout:  # our overall deadline cut this exchange short
+                    raise _Deny(f"no decision from {self.name} within {limit:g}s", timed_out=True) from exc
+                raise _Deny(f"{self.name} did not answer the {what} within {self.request_timeout:g}s") from exc
+            raise _Deny(f"cannot reach {self.name} ({what}): {reason}") from exc
+        if len(raw) > MAX_ANSWER_BYTES:
+            raise _Deny(f"{self.name} answered with more than {MAX_ANSWER_BYTES} bytes")
+        try:
+            verify(self._secret, answer_headers.get(TIMESTAMP_HEADER), answer_headers.get(SIGNATURE_HEADER), raw,
+                   replay_window=self.replay_window)
+        except SignatureError as exc:
+            raise _Deny(f"{self.name} answer rejected: {exc}") from exc
+        try:
+            answer = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise _Deny(f"{self.name} answered with invalid JSON: {exc}") from exc
+        if not isinstance(answer, dict):
+            raise _Deny(f"{self.name} answered with JSON {type(answer).__name__}, expected an object")
+        return answer
+
+    def _check_identity(self, request: ApprovalRequest, answer: Mapping[str, Any]) -> None:
+        version = answer.get("version", WIRE_VERSION)
+        if version != WIRE_VERSION:
+            raise _Deny(f"{self.name} answered in wire version {version!r}; this proctor speaks {WIRE_VERSION}")
+        if answer.get("call_id") != request.call_id:
+            raise _Deny(f"{self.name} answered for another call (call_id {str(answer.get('call_id'))[:80]!r})")
+        if answer.get("binding") != request.binding:
+            raise _Deny(f"{self.name} answered with a binding for other arguments, another call or another policy")
+
+    def _poll_url(self, answer: Mapping[str, Any], previous: str | None) -> str:
+        poll = answer.get("poll")
+        if poll is None and previous is not None:
+            return previous
+        if not isinstance(poll, str) or not poll:
+            raise _Deny(f"{self.name} answered pending without a poll URL")
+        url = urllib.parse.urljoin(self.url, poll)
+        if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+            raise _Deny(f"{self.name} gave a poll URL that is not http(s): {poll[:80]!r}")
+        return url
+
+    def _decision(self, request: ApprovalRequest, answer: Mapping[str, Any]) -> ApprovalDecision:
+        status = answer.get("status")
+        verdict = _STATUS_VERDICT.get(status) if isinstance(status, str) else None
+        if verdict is None:
+            raise _Deny(f"{self.name} answered with unknown status {str(status)[:40]!r}")
+        who = answer.get("approver")
+        approver = f"{self.name}/{str(who)[:200]}" if isinstance(who, str) and who else self.name
+        reason = answer.get("reason")
+        reason = str(reason)[:2000] if reason else ""
+        if verdict == "approve":
+            return ApprovalDecision.approve(request, approver, reason)
+        if verdict == "deny":
+            return ApprovalDecision.deny(request, approver, reason or f"denied by {approver}")
+        if verdict == "edit":
+            args = answer.get("args")
+            if not isinstance(args, dict):
+                raise _Deny(f"{self.name} answered edited without an args object")
+            return ApprovalDecision("edit", request.binding, approver, reason, args=args)
+        return ApprovalDecision("grant", request.binding, approver, reason, grant=self._grant(request, answer))
+
+    def _grant(self, request: ApprovalRequest, answer: Mapping[str, Any]) -> Grant:
+        grant = answer.get("grant") or {}
+        if not isinstance(grant, dict):
+            raise _Deny(f"{self.name} answered granted with a grant that is not an object")
+        tool = grant.get("tool", request.tool)
+        if tool != request.tool:
+            # A grant rides on approving *this* call; widening it to another tool is not ours to accept.
+            raise _Deny(f"{self.name} granted another tool ({str(tool)[:80]!r}) than the one asked about")
+        patterns = grant.get("args") or {}
+        if not isinstance(patterns, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in patterns.items()
+        ):
+            raise _Deny(f"{self.name} answered granted with grant.args that is not an object of glob strings")
+        return Grant(request.tool, dict(patterns))
