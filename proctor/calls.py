@@ -37,7 +37,7 @@ OUTCOMES: tuple[Outcome, ...] = ("allow", "deny", "require_approval")
 CallStatus = Literal["ok", "denied", "failed", "timeout"]
 STATUSES: tuple[CallStatus, ...] = ("ok", "denied", "failed", "timeout")
 
-_RANK = {name: i for i, name in enumerate(SIDE_EFFECTS)}
+_RANK: dict[str, int] = {name: i for i, name in enumerate(SIDE_EFFECTS)}
 
 
 def side_effect_rank(side_effect: str) -> int:

@@ -18,8 +18,13 @@ from typing import Any
 __all__ = ["canonical_bytes", "canonical_sha256", "jsonable"]
 
 
+_PLAIN = (str, int, bool, type(None))
+
+
 def jsonable(value: Any) -> Any:
     """Return `value` as plain JSON types (dict, list, str, int, bool, None), floats tagged."""
+    if type(value) is dict and all(type(k) is str and type(v) in _PLAIN for k, v in value.items()):
+        return value  # the common case, flat arguments: nothing to convert
     if value is None or isinstance(value, (str, bool, int)):
         return value
     if isinstance(value, float):

@@ -132,7 +132,9 @@ class AuditError(ProctorError):
 class AuditCorrupted(AuditError):
     """An existing audit log is damaged beyond a torn last line; it is not appended to."""
 
-    def __init__(self, message: str, *, seq: int | None = None, line: int | None = None, offset: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, seq: int | None = None, line: int | None = None, offset: int | None = None
+    ) -> None:
         super().__init__(message)
         self.seq = seq
         self.line = line

@@ -8,7 +8,6 @@ a 16-digit card number is small enough to brute-force from its sha256.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,8 +27,7 @@ class Redacted:
 
 
 def _mark(key: bytes, value: Any) -> dict[str, str]:
-    mac = hmac.new(key, canonical_bytes(value), hashlib.sha256).hexdigest()
-    return {"$redacted": f"hmac-sha256:{mac}"}
+    return {"$redacted": "hmac-sha256:" + hmac.digest(key, canonical_bytes(value), "sha256").hex()}
 
 
 def _redact_path(node: Any, path: list[str], key: bytes) -> Any:
@@ -46,5 +44,5 @@ def redact_args(args: Mapping[str, Any], fields: Sequence[str], key: bytes) -> R
     out: dict[str, Any] = dict(args)
     for name in fields:
         out = _redact_path(out, name.split("."), key)
-    digest = "hmac-sha256:" + hmac.new(key, canonical_bytes(dict(args)), hashlib.sha256).hexdigest()
+    digest = "hmac-sha256:" + hmac.digest(key, canonical_bytes(args), "sha256").hex()
     return Redacted(args=out, digest=digest)

@@ -77,7 +77,7 @@ class Tool:
     signature: inspect.Signature = field(repr=False)
     arg_descriptions: Mapping[str, str] = field(repr=False)
     is_async: bool = False
-    _validator: pydantic.TypeAdapter[Any] = field(repr=False, default=None)  # type: ignore[assignment]
+    _validator: pydantic.TypeAdapter[Any] | None = field(repr=False, default=None)
 
     @classmethod
     def from_function(
@@ -89,7 +89,7 @@ class Tool:
         cost: int = 0,
     ) -> Tool:
         """Make a tool of `fn`; raise `ToolDefinitionError` saying what is missing."""
-        tool_name = name or getattr(fn, "__name__", "")
+        tool_name: str = name or str(getattr(fn, "__name__", ""))
         if not tool_name.isidentifier():
             raise ToolDefinitionError(f"tool name {tool_name!r} is not a Python identifier")
         if side_effect is not None and side_effect not in SIDE_EFFECTS:
@@ -108,7 +108,7 @@ class Tool:
         signature = inspect.signature(fn)
         try:
             hints = typing.get_type_hints(fn)
-        except Exception as exc:  # noqa: BLE001 - any failure to resolve an annotation is a definition error
+        except Exception as exc:
             raise ToolDefinitionError(f"tool {tool_name!r}: cannot resolve type hints: {exc}") from exc
         fields: dict[str, Any] = {}
         for pname, param in signature.parameters.items():
@@ -125,7 +125,7 @@ class Tool:
         extra = sorted(set(arg_docs) - set(signature.parameters))
         if extra:
             raise ToolDefinitionError(f"tool {tool_name!r}: 'Args:' describes unknown parameter(s) {', '.join(extra)}")
-        model = pydantic.create_model(  # type: ignore[call-overload]
+        model = pydantic.create_model(
             f"{tool_name}_args",
             __config__=pydantic.ConfigDict(extra="forbid", strict=False, arbitrary_types_allowed=False),
             **fields,
@@ -157,6 +157,8 @@ class Tool:
 
     def validate(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """Check `args` against the schema; raise `ToolDenied` naming the argument and what was expected."""
+        if self._validator is None:
+            raise ToolDenied(f"invalid call to {self.name}: the tool has no schema", tool=self.name)
         try:
             model = self._validator.validate_python(dict(args))
         except pydantic.ValidationError as exc:

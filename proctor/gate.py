@@ -1,0 +1,603 @@
+"""The gate: the one door between generated code and real tools.
+
+Every call — from a sandboxed program's stub, the tool-calling agent or a user's own
+code — goes through `Gate.submit`, in this order, and nothing else runs a tool:
+
+    validate arguments → policy.decide → reserve budgets → approval (if required)
+        → audit intent (durable) → execute → audit outcome → settle budgets
+
+A call that would pass a budget is refused before any human is asked; a call whose
+intent cannot be recorded does not run. `submit` never raises: it returns a
+`CallOutcome` whose `error` is the refusal or failure, so callers across a process
+boundary can forward it. `call` is the raising convenience.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, overload
+
+import structlog
+from opentelemetry.context import Context
+from opentelemetry.trace import Tracer
+
+from proctor.approval.base import ApprovalDecision, ApprovalRequest, Approver, Grant, approval_binding
+from proctor.audit.base import AuditSink
+from proctor.calls import (
+    Call,
+    CallRecord,
+    CallStatus,
+    Decision,
+    HistoryEntry,
+    RunInfo,
+    SideEffect,
+    new_id,
+)
+from proctor.errors import (
+    ApprovalDenied,
+    ApprovalTimeout,
+    AuditError,
+    BudgetExceeded,
+    CallRefused,
+    ProctorError,
+    ToolDenied,
+    ToolFailed,
+)
+from proctor.redaction import Redacted, redact_args
+from proctor.telemetry.spans import ToolSpan, get_tracer, tool_span
+from proctor.tools import Tool
+
+__all__ = ["CallOutcome", "Gate", "RunContext"]
+
+log = structlog.get_logger("proctor.gate")
+
+
+class _Ledger(Protocol):
+    def reserve(self, tool: str, side_effect: SideEffect, cost: int) -> Any: ...
+    def settle(self, reservation: Any, *, duration_ns: int, cost: int | None = None) -> None: ...
+    def release(self, reservation: Any) -> None: ...
+    def usage(self) -> dict[str, dict[str, Any]]: ...
+    def remaining(self) -> dict[str, dict[str, Any]]: ...
+    def next_step(self) -> None: ...
+
+
+class _Facts(Protocol):
+    side_effect: SideEffect
+    cost: int
+    timeout_s: float | None
+    redact: tuple[str, ...]
+    durability: str
+
+
+class _ApprovalSettings(Protocol):
+    timeout_s: float
+
+
+class PolicyLike(Protocol):
+    """What the gate needs of a policy; `proctor.Policy` is one."""
+
+    @property
+    def sha256(self) -> str: ...
+    @property
+    def approval(self) -> _ApprovalSettings: ...
+    def decide(self, call: Call) -> Decision: ...
+    def facts(self, tool: str, declared_side_effect: SideEffect | None = None, declared_cost: int = 0) -> _Facts: ...
+    def new_ledger(self) -> _Ledger: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CallOutcome:
+    """What `Gate.submit` returns: the call's record, and its value or the error it raised."""
+
+    record: CallRecord
+    value: Any = None
+    error: ProctorError | None = None
+
+    def unwrap(self) -> Any:
+        """The value, or raise the error."""
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class RunContext:
+    """One run: who runs it, its budgets, its call history and the grants given during it."""
+
+    def __init__(self, info: RunInfo, ledger: _Ledger) -> None:
+        self._lock = threading.Lock()
+        self.info = info
+        self.ledger = ledger
+        self.history: list[HistoryEntry] = []
+        self.records: list[CallRecord] = []
+        self.grants: list[Grant] = []
+
+    def next_step(self) -> int:
+        """Start the next step of the run (resets `per: step` budgets); return its number."""
+        with self._lock:
+            self.info = replace(self.info, step=self.info.step + 1)
+            self.ledger.next_step()
+            return self.info.step
+
+    def history_view(self) -> Sequence[HistoryEntry]:
+        """The calls so far, as an O(1) read-only snapshot (the history list is append-only)."""
+        with self._lock:
+            return _HistoryView(self.history, len(self.history))
+
+    def _remember(self, entry: HistoryEntry, record: CallRecord) -> None:
+        with self._lock:
+            self.history.append(entry)
+            self.records.append(record)
+
+    def _granted(self, tool: str, args: Mapping[str, Any]) -> Grant | None:
+        with self._lock:
+            for grant in self.grants:
+                if grant.tool == tool and all(
+                    name in args and fnmatch.fnmatchcase(str(args[name]), pattern)
+                    for name, pattern in grant.args.items()
+                ):
+                    return grant
+        return None
+
+
+class _HistoryView(Sequence[HistoryEntry]):
+    """The first `n` entries of an append-only list, without copying it."""
+
+    __slots__ = ("_items", "_n")
+
+    def __init__(self, items: list[HistoryEntry], n: int) -> None:
+        self._items, self._n = items, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> HistoryEntry: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[HistoryEntry]: ...
+    def __getitem__(self, i: int | slice) -> HistoryEntry | Sequence[HistoryEntry]:
+        if isinstance(i, slice):
+            return self._items[: self._n][i]
+        if not -self._n <= i < self._n:
+            raise IndexError(i)
+        return self._items[i if i >= 0 else self._n + i]
+
+
+@dataclass
+class _Approval:
+    """How an approval went, for the audit record and the span."""
+
+    verdict: str
+    approver: str
+    reason: str = ""
+    wait_ns: int = 0
+    grant: Grant | None = None
+    args: Mapping[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "approver": self.approver,
+            "reason": self.reason,
+            "wait_ns": self.wait_ns,
+            "grant": self.grant.as_dict() if self.grant else None,
+        }
+
+
+@dataclass
+class _Pending:
+    """A call in flight: everything the steps after `decide` need."""
+
+    tool: Tool
+    call_id: str
+    ctx: RunContext
+    side_effect: SideEffect
+    facts: _Facts
+    args: dict[str, Any]
+    span: ToolSpan
+    decision: Decision | None = None
+    redacted: Redacted | None = None
+    approval: _Approval | None = None
+    reservation: Any = None
+    started_ns: int = field(default_factory=time.perf_counter_ns)
+
+
+class Gate:
+    """The single choke point every tool call goes through (see the module docstring)."""
+
+    def __init__(
+        self,
+        policy: PolicyLike,
+        approver: Approver | None = None,
+        audit: AuditSink | None = None,
+        tracer: Tracer | None = None,
+        tools: Iterable[Tool | Callable[..., Any]] = (),
+    ) -> None:
+        self.policy = policy
+        self.approver = approver
+        self.audit = audit
+        self.tracer = get_tracer(tracer)
+        self.tools: dict[str, Tool] = {}
+        self._default_context: RunContext | None = None
+        self._lock = threading.Lock()
+        # Without an audit sink the gate still redacts what it shows, with a per-gate key.
+        self._redaction_key = new_id().encode()
+        self.register(*tools)
+
+    # -- set-up ---------------------------------------------------------------------------------
+
+    def register(self, *tools: Tool | Callable[..., Any]) -> None:
+        """Make tools callable through this gate; a name already taken by another tool is an error."""
+        for item in tools:
+            t = item if isinstance(item, Tool) else Tool.from_function(item)
+            existing = self.tools.get(t.name)
+            if existing is not None and existing is not t and existing.fn is not t.fn:
+                raise ValueError(f"a different tool named {t.name!r} is already registered")
+            self.tools[t.name] = t
+
+    def start_run(
+        self, *, principal: str | None = None, labels: Mapping[str, str] | None = None, run_id: str | None = None
+    ) -> RunContext:
+        """Open a run: fresh budgets and history. Refused (`AuditError`) if the audit trail cannot record it."""
+        info = RunInfo(id=run_id or new_id("run_"), principal=principal, labels=dict(labels or {}))
+        ctx = RunContext(info, self.policy.new_ledger())
+        self._record(
+            "run_started",
+            {"run_id": info.id, "principal": info.principal, "labels": dict(info.labels),
+             "policy_sha256": self.policy.sha256},
+            required=True,
+        )
+        return ctx
+
+    def finish_run(self, ctx: RunContext, status: str = "done", **fields: Any) -> None:
+        """Close a run in the audit trail."""
+        summary = {"ok": 0, "denied": 0, "failed": 0, "timeout": 0}
+        for record in ctx.records:
+            summary[record.status] += 1
+        self._record("run_finished", {"run_id": ctx.info.id, "status": status, "calls": summary, **fields})
+
+    def default_context(self) -> RunContext:
+        """The run used by calls made without a context (one per gate)."""
+        with self._lock:
+            if self._default_context is None:
+                self._default_context = self.start_run()
+            return self._default_context
+
+    # -- calling --------------------------------------------------------------------------------
+
+    def call(
+        self,
+        tool: Tool | str,
+        args: Mapping[str, Any] | None = None,
+        *,
+        context: RunContext | None = None,
+        call_id: str | None = None,
+        parent: Context | None = None,
+    ) -> Any:
+        """Run one governed call and return its result, or raise why it did not run or failed."""
+        return self.submit(tool, args, context=context, call_id=call_id, parent=parent).unwrap()
+
+    async def acall(
+        self,
+        tool: Tool | str,
+        args: Mapping[str, Any] | None = None,
+        *,
+        context: RunContext | None = None,
+        call_id: str | None = None,
+        parent: Context | None = None,
+    ) -> Any:
+        """`call` for async code: the gate's steps (which may wait on a human) run off the event loop."""
+        outcome = await asyncio.to_thread(
+            self.submit, tool, args, context=context, call_id=call_id, parent=parent
+        )
+        return outcome.unwrap()
+
+    def submit(
+        self,
+        tool: Tool | str,
+        args: Mapping[str, Any] | None = None,
+        *,
+        context: RunContext | None = None,
+        call_id: str | None = None,
+        parent: Context | None = None,
+    ) -> CallOutcome:
+        """Run one governed call; never raises. See the module docstring for the order of steps."""
+        ctx = context or self.default_context()
+        call_id = call_id or new_id("call_")
+        name = tool.name if isinstance(tool, Tool) else str(tool)
+        with tool_span(self.tracer, tool=name, call_id=call_id, run=ctx.info, parent=parent) as span:
+            resolved = self.tools.get(name)
+            if resolved is None or (isinstance(tool, Tool) and tool is not resolved):
+                known = ", ".join(sorted(self.tools)) or "none"
+                return self._unknown(name, args, call_id, ctx, span, f"unknown tool {name!r} (known: {known})")
+            facts = self.policy.facts(name, resolved.side_effect, resolved.cost)
+            p = _Pending(resolved, call_id, ctx, facts.side_effect, facts, {}, span)
+            try:
+                return self._run(p, args)
+            except Exception as exc:  # noqa: BLE001 - the gate must never crash its caller
+                log.error("gate_internal_error", tool=name, call_id=call_id, error=repr(exc))
+                return self._refuse(p, ToolDenied(f"{name}: refused, the gate failed: {exc!r}", tool=name))
+
+    # -- the steps ------------------------------------------------------------------------------
+
+    def _run(self, p: _Pending, raw_args: Mapping[str, Any] | None) -> CallOutcome:
+        name = p.tool.name
+        if raw_args is not None and not isinstance(raw_args, Mapping):
+            return self._refuse(p, ToolDenied(f"invalid call to {name}: arguments must be a mapping", tool=name))
+        try:
+            p.args = p.tool.validate(raw_args or {})
+        except ToolDenied as exc:
+            exc.call_id = p.call_id
+            return self._refuse(p, exc)
+        p.redacted = self._redact(p.args, p.facts.redact)
+
+        p.decision = self._decide(p, p.args)
+        p.span.decision(p.decision, p.side_effect)
+        if p.decision.outcome == "deny":
+            return self._refuse(p, ToolDenied(f"{name}: denied: {p.decision.reason}", tool=name,
+                                              call_id=p.call_id, rules=p.decision.rules))
+
+        try:
+            p.reservation = p.ctx.ledger.reserve(name, p.side_effect, p.facts.cost)
+        except BudgetExceeded as exc:
+            exc.tool, exc.call_id, exc.rules = name, p.call_id, p.decision.rules
+            self._record("budget_exhausted", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
+                                              "budget": exc.budget, "reason": str(exc)})
+            return self._refuse(p, exc)
+        p.span.budget(p.ctx.ledger.remaining())
+
+        try:
+            if p.decision.outcome == "require_approval":
+                refusal = self._approve(p)
+                if refusal is not None:
+                    return self._refuse(p, refusal)
+            intent = self._record("call_intent", self._call_fields(p), durable=p.facts.durability != "flush")
+            if intent is not None and not intent.ok:
+                return self._refuse(p, AuditError(f"{name}: refused, the audit trail could not record the call "
+                                                  f"before it ran: {intent.error}"), audited=False)
+        except BaseException:
+            p.ctx.ledger.release(p.reservation)
+            raise
+        return self._execute(p)
+
+    def _decide(self, p: _Pending, args: Mapping[str, Any]) -> Decision:
+        call = Call(tool=p.tool.name, args=args, side_effect=p.side_effect, cost=p.facts.cost,
+                    history=p.ctx.history_view(), run=p.ctx.info, usage=p.ctx.ledger.usage())
+        try:
+            return self.policy.decide(call)
+        except Exception as exc:  # noqa: BLE001 - a policy that raises denies
+            return Decision("deny", (), f"the policy could not decide: {exc!r}", self.policy.sha256)
+
+    def _approve(self, p: _Pending) -> CallRefused | None:
+        """Ask for approval (or find a grant); return the refusal, or None when the call may run."""
+        assert p.decision is not None and p.redacted is not None
+        name = p.tool.name
+        grant = p.ctx._granted(name, p.args)
+        if grant is not None:
+            p.approval = _Approval("grant", "grant", "approved by an earlier grant for this run", grant=grant)
+            p.span.approval("granted", "grant", 0)
+            return None
+        if self.approver is None:
+            return ApprovalDenied(f"{name}: needs approval ({p.decision.reason}) but no approver is configured",
+                                  tool=name, call_id=p.call_id, rules=p.decision.rules)
+        timeout_s = self.policy.approval.timeout_s
+        request = ApprovalRequest(
+            call_id=p.call_id, tool=name, side_effect=p.side_effect, args=p.redacted.args,
+            rules=p.decision.rules, reason=p.decision.reason, policy_sha256=p.decision.policy_sha256,
+            budget=p.ctx.ledger.remaining(), expires_at_ns=time.time_ns() + int(timeout_s * 1e9),
+            binding=approval_binding(name, p.args, p.call_id, p.decision.policy_sha256), run=p.ctx.info,
+        )
+        self._record("approval_requested", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
+                                            "args": p.redacted.args, "rules": list(p.decision.rules),
+                                            "reason": p.decision.reason, "expires_at_ns": request.expires_at_ns,
+                                            "binding": request.binding})
+        asked = time.perf_counter_ns()
+        try:
+            answer = self.approver.request(request)
+        except Exception as exc:  # noqa: BLE001 - an approver that raises is a channel error: deny
+            answer = ApprovalDecision.deny(request, type(self.approver).__name__,
+                                           f"approval channel failed: {exc!r}")
+        wait_ns = time.perf_counter_ns() - asked
+        refusal = self._judge_answer(p, request, answer)
+        verdict = "denied" if refusal is not None else answer.verdict
+        p.approval = p.approval or _Approval(verdict, answer.approver, answer.reason)
+        p.approval.wait_ns = wait_ns
+        p.span.approval(verdict if refusal is None else ("timeout" if answer.timed_out else "denied"),
+                        answer.approver, wait_ns)
+        self._record("approval_resolved", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
+                                           **p.approval.as_dict(),
+                                           "refused": str(refusal) if refusal is not None else None})
+        return refusal
+
+    def _judge_answer(self, p: _Pending, request: ApprovalRequest, answer: Any) -> CallRefused | None:
+        assert p.decision is not None
+        name, rules = p.tool.name, p.decision.rules
+        if not isinstance(answer, ApprovalDecision):
+            return ApprovalDenied(f"{name}: the approver gave no decision ({type(answer).__name__})",
+                                  tool=name, call_id=p.call_id, rules=rules)
+        if answer.binding != request.binding:
+            return ApprovalDenied(f"{name}: approval rejected: the answer is bound to another call",
+                                  tool=name, call_id=p.call_id, rules=rules)
+        if answer.timed_out or time.time_ns() > request.expires_at_ns:
+            return ApprovalTimeout(f"{name}: approval timed out: {answer.reason or 'no answer before expiry'}",
+                                   tool=name, call_id=p.call_id, rules=rules)
+        if answer.verdict == "deny":
+            return ApprovalDenied(f"{name}: approval denied by {answer.approver}: {answer.reason or 'no reason'}",
+                                  tool=name, call_id=p.call_id, rules=rules)
+        if answer.verdict == "grant":
+            grant = answer.grant or Grant(name)
+            if grant.tool != name:
+                return ApprovalDenied(f"{name}: approval rejected: a grant for {grant.tool!r} answers no call to it",
+                                      tool=name, call_id=p.call_id, rules=rules)
+            with p.ctx._lock:
+                p.ctx.grants.append(grant)
+            p.approval = _Approval("grant", answer.approver, answer.reason, grant=grant)
+        elif answer.verdict == "edit":
+            return self._apply_edit(p, answer)
+        elif answer.verdict != "approve":
+            return ApprovalDenied(f"{name}: approval rejected: unknown verdict {answer.verdict!r}",
+                                  tool=name, call_id=p.call_id, rules=rules)
+        return None
+
+    def _apply_edit(self, p: _Pending, answer: ApprovalDecision) -> CallRefused | None:
+        """Edited arguments are a new call: validated and decided again, never trusted blindly."""
+        name = p.tool.name
+        try:
+            edited = p.tool.validate(answer.args or {})
+        except ToolDenied as exc:
+            return ApprovalDenied(f"{name}: edited arguments rejected: {exc}", tool=name, call_id=p.call_id)
+        decision = self._decide(p, edited)
+        if decision.outcome == "deny":
+            return ApprovalDenied(f"{name}: edited arguments denied by the policy: {decision.reason}",
+                                  tool=name, call_id=p.call_id, rules=decision.rules)
+        original = p.redacted
+        p.args, p.decision = edited, decision
+        p.redacted = self._redact(edited, p.facts.redact)
+        p.approval = _Approval("edit", answer.approver, answer.reason,
+                               args={"original_digest": original.digest if original else None})
+        p.span.decision(decision, p.side_effect)
+        return None
+
+    def _execute(self, p: _Pending) -> CallOutcome:
+        name = p.tool.name
+        began = time.perf_counter_ns()
+        status: CallStatus = "ok"
+        value: Any = None
+        error: ProctorError | None = None
+        try:
+            value = _invoke(p.tool, p.args, p.facts.timeout_s)
+        except TimeoutError:
+            status = "timeout"
+            error = ToolFailed(f"{name}: timed out after {p.facts.timeout_s:g}s", tool=name,
+                               call_id=p.call_id, error_type="TimeoutError")
+        except Exception as exc:  # noqa: BLE001 - a tool's exception is its result, not the gate's crash
+            status = "failed"
+            error = ToolFailed(f"{name}: {type(exc).__name__}: {exc}", tool=name, call_id=p.call_id,
+                               error_type=type(exc).__name__)
+        duration = time.perf_counter_ns() - began
+        p.ctx.ledger.settle(p.reservation, duration_ns=duration)
+        outcome = self._record("call_outcome", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
+                                                "status": status, "duration_ns": duration,
+                                                "error": str(error) if error else None,
+                                                "policy_sha256": self.policy.sha256,
+                                                "trace_id": p.span.trace_id, "span_id": p.span.span_id},
+                               durable=p.facts.durability != "flush")
+        if outcome is not None and not outcome.ok:
+            # The tool already ran: its result stands, and the failed sink refuses every later intent.
+            log.error("audit_outcome_lost", tool=name, call_id=p.call_id, error=outcome.error)
+        p.span.finish(status, error.error_type if isinstance(error, ToolFailed) else None,
+                      str(error) if error else None)
+        return CallOutcome(self._remember(p, status, error), value, error)
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _refuse(self, p: _Pending, error: ProctorError, *, audited: bool = True) -> CallOutcome:
+        """Record a call that did not run (its intent and a `denied` outcome), and return the error."""
+        if p.reservation is not None:
+            p.ctx.ledger.release(p.reservation)
+        if audited:
+            fields = self._call_fields(p)
+            fields["error"] = str(error)
+            self._record("call_intent", fields, durable=False)
+            self._record("call_outcome", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": p.tool.name,
+                                          "status": "denied", "duration_ns": 0, "error": str(error),
+                                          "policy_sha256": self.policy.sha256,
+                                          "trace_id": p.span.trace_id, "span_id": p.span.span_id}, durable=False)
+        p.span.finish("denied", type(error).__name__, str(error))
+        return CallOutcome(self._remember(p, "denied", error), None, error)
+
+    def _unknown(self, name: str, args: Any, call_id: str, ctx: RunContext, span: ToolSpan,
+                 message: str) -> CallOutcome:
+        error = ToolDenied(message, tool=name, call_id=call_id)
+        self._record("call_intent", {"run_id": ctx.info.id, "call_id": call_id, "tool": name,
+                                     "side_effect": "destructive", "decision": None, "error": message,
+                                     "policy_sha256": self.policy.sha256}, durable=False)
+        span.finish("denied", "ToolDenied", message)
+        record = CallRecord(call_id, name, {}, "destructive", None, "denied", 0, message, "ToolDenied")
+        ctx._remember(HistoryEntry(name, {}, "destructive", "deny", "denied"), record)
+        return CallOutcome(record, None, error)
+
+    def _remember(self, p: _Pending, status: CallStatus, error: ProctorError | None) -> CallRecord:
+        record = CallRecord(
+            call_id=p.call_id, tool=p.tool.name, args=p.redacted.args if p.redacted else {},
+            side_effect=p.side_effect, decision=p.decision, status=status,
+            duration_ns=time.perf_counter_ns() - p.started_ns,
+            error=str(error) if error else None, error_type=type(error).__name__ if error else None,
+            approval=f"{p.approval.verdict} by {p.approval.approver}" if p.approval else None,
+        )
+        outcome = p.decision.outcome if p.decision else "deny"
+        p.ctx._remember(HistoryEntry(p.tool.name, p.args, p.side_effect, outcome, status), record)
+        return record
+
+    def _call_fields(self, p: _Pending) -> dict[str, Any]:
+        d = p.decision
+        return {
+            "run_id": p.ctx.info.id, "step": p.ctx.info.step, "principal": p.ctx.info.principal,
+            "call_id": p.call_id, "tool": p.tool.name, "side_effect": p.side_effect,
+            "args": p.redacted.args if p.redacted else {}, "args_digest": p.redacted.digest if p.redacted else None,
+            "decision": d.outcome if d else None, "rules": list(d.rules) if d else [],
+            "reason": d.reason if d else None, "policy_sha256": self.policy.sha256,
+            "approval": p.approval.as_dict() if p.approval else None,
+            "trace_id": p.span.trace_id, "span_id": p.span.span_id,
+        }
+
+    def _redact(self, args: Mapping[str, Any], fields: tuple[str, ...]) -> Redacted:
+        if self.audit is not None:
+            return self.audit.redact(args, fields)
+        return redact_args(args, fields, self._redaction_key)
+
+    def _record(self, kind: str, fields: Mapping[str, Any], *, durable: bool = True,
+                required: bool = False) -> Any:
+        """Append to the audit sink, if any; a failure raises only when `required`."""
+        if self.audit is None:
+            return None
+        try:
+            result = self.audit.append(kind, fields, durable=durable)
+        except Exception as exc:  # noqa: BLE001 - sinks should not raise; treat it as a failed write
+            from proctor.audit.base import AuditResult
+
+            result = AuditResult(ok=False, error=repr(exc))
+        if not result.ok:
+            log.error("audit_write_failed", kind=kind, error=result.error)
+            if required:
+                raise AuditError(f"the audit trail could not record {kind}: {result.error}")
+        return result
+
+
+def _invoke(tool: Tool, args: Mapping[str, Any], timeout_s: float | None) -> Any:
+    """Run the tool function; raise TimeoutError past `timeout_s` (the thread is abandoned, not killed)."""
+    if tool.is_async:
+        async def runner() -> Any:
+            return await asyncio.wait_for(tool.fn(**args), timeout_s)
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(runner())
+        return _in_thread(lambda: asyncio.run(runner()), None)
+    if timeout_s is None:
+        return tool.fn(**args)
+    return _in_thread(lambda: tool.fn(**args), timeout_s)
+
+
+def _in_thread(fn: Callable[[], Any], timeout_s: float | None) -> Any:
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - carried back to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="proctor-tool", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
