@@ -122,6 +122,11 @@ class Tool:
                 )
             default = ... if param.default is param.empty else param.default
             fields[pname] = (hints[pname], pydantic.Field(default, description=arg_docs[pname]))
+        # Show resolved types (``str``), not the strings `from __future__ import annotations` leaves.
+        signature = signature.replace(
+            parameters=[p.replace(annotation=hints[p.name]) for p in signature.parameters.values()],
+            return_annotation=hints.get("return", signature.return_annotation),
+        )
         extra = sorted(set(arg_docs) - set(signature.parameters))
         if extra:
             raise ToolDefinitionError(f"tool {tool_name!r}: 'Args:' describes unknown parameter(s) {', '.join(extra)}")

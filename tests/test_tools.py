@@ -1,0 +1,181 @@
+"""Tests for proctor.tools: schemas from signatures and docstrings, validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from proctor.errors import ToolDenied
+from proctor.tools import Tool, ToolDefinitionError, tool
+
+
+@tool(side_effect="external", cost=1)
+def send_email(to: str, subject: str, body: str = "") -> str:
+    """Send an email.
+
+    Args:
+        to: Recipient address.
+        subject: Subject line.
+        body: Plain-text body,
+            which may run on.
+
+    Returns:
+        A message id.
+    """
+    return f"sent to {to}"
+
+
+def test_schema_comes_from_signature_and_docstring() -> None:
+    """The JSON schema names each parameter with its type, description and default."""
+    assert send_email.name == "send_email"
+    assert send_email.description == "Send an email."
+    assert send_email.side_effect == "external"
+    assert send_email.cost == 1
+    props = send_email.parameters["properties"]
+    assert props["to"] == {"type": "string", "description": "Recipient address."}
+    assert props["body"] == {"type": "string", "description": "Plain-text body, which may run on.", "default": ""}
+    assert send_email.parameters["required"] == ["to", "subject"]
+    assert send_email.parameters["additionalProperties"] is False
+
+
+def test_json_schema_is_openai_function_shape() -> None:
+    """json_schema() is what litellm's tools= expects."""
+    spec = send_email.json_schema()
+    assert spec["type"] == "function"
+    assert spec["function"]["name"] == "send_email"
+    assert spec["function"]["parameters"]["properties"]["subject"]["type"] == "string"
+
+
+def test_signature_text() -> None:
+    """The signature shown to a model includes defaults and the return type."""
+    assert send_email.signature_text() == "send_email(to: str, subject: str, body: str = '') -> str"
+
+
+def test_validate_fills_defaults_and_coerces() -> None:
+    """Valid arguments come back complete."""
+    assert send_email.validate({"to": "a@example.com", "subject": "hi"}) == {
+        "to": "a@example.com",
+        "subject": "hi",
+        "body": "",
+    }
+
+
+def test_validate_names_the_argument_and_what_was_expected() -> None:
+    """An invalid call is refused naming each bad argument."""
+    with pytest.raises(ToolDenied) as info:
+        send_email.validate({"to": 3, "subjct": "x"})
+    message = str(info.value)
+    assert "argument 'to': Input should be a valid string (got 3)" in message
+    assert "missing argument 'subject'" in message
+    assert "unexpected argument 'subjct'" in message
+
+
+def test_bind_maps_positional_arguments() -> None:
+    """Positional arguments are mapped onto parameter names as Python would."""
+    assert send_email.bind(("a", "b"), {"body": "c"}) == {"to": "a", "subject": "b", "body": "c"}
+    with pytest.raises(ToolDenied, match="too many positional arguments"):
+        send_email.bind(("a", "b", "c", "d"))
+
+
+def test_calling_the_tool_directly_runs_the_function() -> None:
+    """A Tool stays callable, ungoverned, for the owner's own tests."""
+    assert send_email("x", "y") == "sent to x"
+
+
+def test_missing_docstring_is_an_error() -> None:
+    """A tool without a docstring cannot be described to a model."""
+
+    def f(x: int) -> int:
+        return x
+
+    with pytest.raises(ToolDefinitionError, match="has no docstring"):
+        tool(f)
+
+
+def test_missing_type_is_an_error() -> None:
+    """An untyped parameter is refused at decoration time."""
+
+    def f(x):  # type: ignore[no-untyped-def]
+        """Do.
+
+        Args:
+            x: thing.
+        """
+
+    with pytest.raises(ToolDefinitionError, match="parameter 'x' has no type annotation"):
+        tool(f)
+
+
+def test_missing_args_entry_is_an_error() -> None:
+    """A parameter absent from Args: is refused at decoration time."""
+
+    def f(x: int, y: int) -> int:
+        """Do.
+
+        Args:
+            x: thing.
+        """
+        return x
+
+    with pytest.raises(ToolDefinitionError, match="parameter 'y' is not described"):
+        tool(f)
+
+
+def test_args_entry_for_unknown_parameter_is_an_error() -> None:
+    """Args: describing a parameter that does not exist is a typo worth reporting."""
+
+    def f(x: int) -> int:
+        """Do.
+
+        Args:
+            x: thing.
+            z: not a parameter.
+        """
+        return x
+
+    with pytest.raises(ToolDefinitionError, match="unknown parameter"):
+        tool(f)
+
+
+def test_unknown_side_effect_is_an_error() -> None:
+    """The side-effect class must be one of the five."""
+
+    def f(x: int) -> int:
+        """Do.
+
+        Args:
+            x: thing.
+        """
+        return x
+
+    with pytest.raises(ToolDefinitionError, match="unknown side_effect 'extrnal'"):
+        Tool.from_function(f, side_effect="extrnal")  # type: ignore[arg-type]
+
+
+def test_var_args_are_refused() -> None:
+    """*args cannot be described in a JSON schema."""
+
+    def f(*xs: int) -> int:
+        """Do.
+
+        Args:
+            xs: things.
+        """
+        return 0
+
+    with pytest.raises(ToolDefinitionError, match=r"\*xs"):
+        tool(f)
+
+
+def test_async_tool_is_detected() -> None:
+    """An async function becomes an async tool."""
+
+    @tool(side_effect="read")
+    async def fetch(url: str) -> str:
+        """Fetch a page.
+
+        Args:
+            url: Address.
+        """
+        return url
+
+    assert fetch.is_async
