@@ -1,1 +1,13 @@
-"""policy"""
+"""The policy engine: load a YAML policy (schema, loader), decide calls (engine, conditions), count budgets.
+
+Parse, validate and evaluate are separate steps with their own errors: YAML and
+schema problems are `PolicyError`s with file, line and column; a condition that fails
+while deciding is a deny naming the rule; a budget limit is a `BudgetExceeded`.
+"""
+
+from __future__ import annotations
+
+from proctor.policy.budgets import Ledger, Reservation
+from proctor.policy.engine import ApprovalSettings, Policy, ToolFacts
+
+__all__ = ["ApprovalSettings", "Ledger", "Policy", "Reservation", "ToolFacts"]

@@ -1,0 +1,166 @@
+"""`when` conditions: CEL compiled at load time, evaluated per call, failing closed.
+
+CEL runs through the `cel` module of the `common-expression-language` package (a
+Rust core). Compilation happens once per distinct source (cached); a condition only
+sees the variables it references, so a rule about `args` never pays for converting
+`history`.
+
+Numbers: CEL compares ints and doubles freely (``args.amount > 100`` works for 150.5)
+but does not mix them in arithmetic: ``args.amount * 2 > 100`` fails on a float
+amount. Write ``100.0`` or ``double(args.amount)`` when a value may be either.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import cel
+
+__all__ = [
+    "FUNCTIONS",
+    "VARIABLES",
+    "Condition",
+    "ConditionError",
+    "EvaluationError",
+    "compile_condition",
+]
+
+#: The variables a condition may use, in the order the docs list them.
+VARIABLES: tuple[str, ...] = ("tool", "args", "side_effect", "history", "run", "usage")
+
+#: Functions of the native CEL library (operators are named `_x_`, `!_`, `@in`… and always allowed).
+FUNCTIONS: frozenset[str] = frozenset(
+    {
+        "size", "contains", "startsWith", "endsWith", "matches",
+        "int", "uint", "double", "string", "bytes", "timestamp", "duration", "dyn", "type",
+        "getFullYear", "getMonth", "getDate", "getDayOfMonth", "getDayOfWeek", "getDayOfYear",
+        "getHours", "getMinutes", "getSeconds", "getMilliseconds",
+        "of", "none", "hasValue", "value", "orValue", "or",
+    }
+)  # fmt: skip
+
+# Names bound by comprehension macros (`history.exists(c, c.tool == 'x')`): cel lists
+# them among the variables, so they are recognised from the source instead.
+_MACRO_VAR = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_]\w*)\s*,")
+_CEL_ERROR = re.compile(r"<input>:(\d+):(\d+): (.*)")
+_EXPECTING = re.compile(r"\s+expecting \{.*$")
+
+
+class ConditionError(Exception):
+    """A condition that does not compile; `line`/`column` are 1-based, inside the expression."""
+
+    def __init__(self, message: str, line: int = 1, column: int = 1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.line = line
+        self.column = column
+
+
+class EvaluationError(Exception):
+    """A condition that could not be evaluated for one call (the call is then denied)."""
+
+
+def _position(source: str, offset: int) -> tuple[int, int]:
+    line = source.count("\n", 0, offset) + 1
+    column = offset - (source.rfind("\n", 0, offset) + 1) + 1
+    return line, column
+
+
+def _find(source: str, pattern: str) -> tuple[int, int]:
+    match = re.search(pattern, source)
+    return _position(source, match.start()) if match else (1, 1)
+
+
+def _did_you_mean(name: str, options: list[str] | tuple[str, ...] | frozenset[str]) -> str:
+    close = difflib.get_close_matches(name, sorted(options), n=1)
+    return f"did you mean '{close[0]}'? " if close else ""
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """A compiled `when`: `evaluate(activation)` is true, false, or raises EvaluationError."""
+
+    source: str
+    program: Any
+    variables: tuple[str, ...]
+
+    def evaluate(self, activation: Mapping[str, Any]) -> bool:
+        """Evaluate against the variables in `activation` (only those referenced are read)."""
+        context = {name: activation[name] for name in self.variables}
+        try:
+            result = self.program.execute(context)
+        except KeyError as exc:
+            raise EvaluationError(self._missing_key(exc.args[0] if exc.args else "?")) from None
+        except TypeError as exc:
+            raise EvaluationError(_type_message(str(exc))) from None
+        except Exception as exc:  # noqa: BLE001 - anything else CEL raises must deny, never allow
+            raise EvaluationError(_other_message(str(exc)) or type(exc).__name__) from None
+        if not isinstance(result, bool):
+            raise EvaluationError(f"condition gave {result!r} ({type(result).__name__}), not true or false")
+        return result
+
+    def _missing_key(self, key: object) -> str:
+        # CEL only says which key; the source usually says in which map.
+        text = f"no such key {key!r}"
+        found = re.search(
+            rf"([A-Za-z_][\w.]*)(?:\.{re.escape(str(key))}\b|\[['\"]{re.escape(str(key))}['\"]\])", self.source
+        )
+        return f"{text} in {found.group(1)}" if found else text
+
+
+def _first_sentence(text: str) -> str:
+    text = text.strip().splitlines()[0] if text.strip() else ""
+    cut = text.find(". ")
+    return text[: cut + 1] if cut > 0 else text
+
+
+def _other_message(text: str) -> str:
+    undefined = re.match(r"Undefined variable or function: '([^']*)'", text)
+    if undefined:
+        return f"'{undefined.group(1)}' does not apply to these values (wrong type?)"
+    return _first_sentence(text)
+
+
+def _type_message(text: str) -> str:
+    first = _first_sentence(text).rstrip(".")
+    if "coerce" in text or "overload" in text.lower():
+        return f"{first} (CEL does not mix int and double: write 100.0 or double(x))"
+    return first
+
+
+@functools.lru_cache(maxsize=4096)
+def compile_condition(source: str) -> Condition:
+    """Compile a `when` expression, checking it only uses known variables and functions."""
+    if not source.strip():
+        raise ConditionError("when: empty condition (leave out `when` to match always)")
+    try:
+        program = cel.compile(source)
+    except ValueError as exc:
+        found = _CEL_ERROR.search(str(exc))
+        if not found:
+            raise ConditionError(f"when: CEL error: {_first_sentence(str(exc))}") from None
+        detail = _EXPECTING.sub("", found.group(3)).strip().removeprefix("Syntax error: ")
+        raise ConditionError(f"when: CEL syntax error: {detail}", int(found.group(1)), int(found.group(2))) from None
+    bound = set(_MACRO_VAR.findall(source))
+    used = [v for v in program.variables() if v not in bound]
+    for name in used:
+        if name not in VARIABLES:
+            hint = _did_you_mean(name, VARIABLES)
+            raise ConditionError(
+                f"when: unknown variable '{name}' ({hint}variables: {', '.join(VARIABLES)})",
+                *_find(source, rf"(?<![\w.]){re.escape(name)}\b"),
+            )
+    for fn in program.functions():
+        if fn[:1] in "_!-@" or fn in FUNCTIONS:
+            continue
+        hint = _did_you_mean(fn, FUNCTIONS)
+        raise ConditionError(
+            f"when: unknown function '{fn}'{' (' + hint.strip() + ')' if hint else ''}",
+            *_find(source, rf"\b{re.escape(fn)}\s*\("),
+        )
+    return Condition(source=source, program=program, variables=tuple(v for v in VARIABLES if v in used))

@@ -1,0 +1,299 @@
+"""`Policy`: load a policy once, then decide calls fast and the same way every time.
+
+Combining is order-independent: among the rules that match a call, `deny` beats
+`require_approval` beats `allow`; no match gives the policy's `default`. A `when`
+that cannot be evaluated counts as a matching `deny` naming the rule and the error.
+
+Rules are indexed by exact tool name, by glob and by side-effect class; the list of
+candidate rules for each (tool, class) is computed once and cached (bounded), so a
+decision only evaluates rules that can match. Deny rules are evaluated first: once a
+deny holds nothing else can change the outcome, so the others are not evaluated.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from proctor.calls import Call, Decision, Outcome, SideEffect
+from proctor.canonical import canonical_sha256
+from proctor.errors import PolicyError, PolicyIssue
+from proctor.policy.budgets import Ledger
+from proctor.policy.conditions import Condition, EvaluationError, compile_condition
+from proctor.policy.loader import load_policy_text, validate_policy_data
+from proctor.policy.matching import Matcher
+from proctor.policy.schema import BudgetSpec, PolicyModel, RuleSpec
+
+__all__ = ["ApprovalSettings", "CompiledRule", "Policy", "ToolFacts"]
+
+_CANDIDATE_CACHE = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFacts:
+    """What the gate needs to know about a tool, after the policy's `tools:` overrides."""
+
+    side_effect: SideEffect
+    cost: int
+    timeout_s: float | None
+    redact: tuple[str, ...]
+    durability: Literal["fsync", "flush"]
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalSettings:
+    """How long a human has to answer, and what happens when nobody does."""
+
+    timeout_s: float = 300.0
+    on_timeout: Literal["deny"] = "deny"
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledRule:
+    """A rule ready to evaluate: its matcher and compiled condition."""
+
+    index: int
+    spec: RuleSpec
+    matcher: Matcher
+    condition: Condition | None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def decision(self) -> Outcome:
+        return self.spec.decision
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """The rules that can match one (tool, class), split by decision, in file order."""
+
+    deny: tuple[CompiledRule, ...]
+    others: tuple[CompiledRule, ...]  # require_approval and allow rules
+
+    @property
+    def all(self) -> tuple[CompiledRule, ...]:
+        return tuple(sorted((*self.deny, *self.others), key=lambda r: r.index))
+
+
+class Activation(Mapping[str, Any]):
+    """The CEL variables of one call, each built on first use and shared by every rule."""
+
+    __slots__ = ("_cache", "_call", "_side_effect")
+
+    def __init__(self, call: Call, side_effect: str) -> None:
+        self._call = call
+        self._side_effect = side_effect
+        self._cache: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return self._cache[name]
+        except KeyError:
+            pass
+        call = self._call
+        value: Any
+        if name == "tool":
+            value = call.tool
+        elif name == "side_effect":
+            value = self._side_effect
+        elif name == "args":
+            value = dict(call.args)
+        elif name == "history":
+            value = [h.as_dict() for h in call.history]
+        elif name == "run":
+            value = call.run.as_dict()
+        elif name == "usage":
+            value = {k: dict(v) if isinstance(v, Mapping) else v for k, v in call.usage.items()}
+        else:
+            raise KeyError(name)
+        self._cache[name] = value
+        return value
+
+    def __iter__(self) -> Any:
+        return iter(("tool", "side_effect", "args", "history", "run", "usage"))
+
+    def __len__(self) -> int:
+        return 6
+
+
+def _normalized(model: PolicyModel) -> dict[str, Any]:
+    """The policy's meaning as plain data: defaults filled in, order-free lists sorted."""
+    data = model.model_dump(mode="python")
+    for section in ("rules", "budgets"):
+        for item in data[section]:
+            match = item.get("match")
+            if match:
+                item["match"] = {k: sorted(set(v)) if v is not None else None for k, v in match.items()}
+        data[section] = sorted(data[section], key=lambda item: item["name"])
+    for spec in data["tools"].values():
+        spec["redact"] = sorted(set(spec["redact"]))
+    return data
+
+
+class Policy:
+    """A loaded, validated policy. Immutable and safe to share between threads."""
+
+    def __init__(self, model: PolicyModel, source: str = "<policy>") -> None:
+        self.model = model
+        self.source = source
+        self.sha256 = canonical_sha256(_normalized(model))
+        self.approval = ApprovalSettings(timeout_s=model.approval.timeout, on_timeout=model.approval.on_timeout)
+        self.compiled = tuple(
+            CompiledRule(i, r, Matcher.from_spec(r.match), compile_condition(r.when) if r.when is not None else None)
+            for i, r in enumerate(model.rules)
+        )
+        by_tool: dict[str, list[int]] = {}
+        self._globbed: list[int] = []
+        self._any_tool: list[int] = []
+        for rule in self.compiled:
+            if rule.matcher.names is None:
+                self._any_tool.append(rule.index)
+                continue
+            for name in rule.matcher.names:
+                by_tool.setdefault(name, []).append(rule.index)
+            if rule.matcher.globs:
+                self._globbed.append(rule.index)
+        self._by_tool = {k: tuple(v) for k, v in by_tool.items()}
+        self.candidates = functools.lru_cache(maxsize=_CANDIDATE_CACHE)(self._compute_candidates)
+
+    # -- construction -------------------------------------------------------------
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str]) -> Policy:
+        """Load a policy file; raises PolicyError listing every problem with its line and column."""
+        source = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PolicyError(PolicyIssue(source, 1, 1, f"cannot read policy: {exc}")) from None
+        return cls(load_policy_text(text, source), source)
+
+    @classmethod
+    def from_string(cls, text: str, source: str = "<string>") -> Policy:
+        """Load a policy from YAML text."""
+        return cls(load_policy_text(text, source), source)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "<dict>") -> Policy:
+        """Load a policy from plain data; issues have no line (0:0) and name the path instead."""
+        return cls(validate_policy_data(data, source), source)
+
+    # -- read access ----------------------------------------------------------------
+    @property
+    def default(self) -> Outcome:
+        return self.model.default
+
+    @property
+    def rules(self) -> tuple[RuleSpec, ...]:
+        return self.model.rules
+
+    @property
+    def budgets(self) -> tuple[BudgetSpec, ...]:
+        return self.model.budgets
+
+    def __repr__(self) -> str:
+        return f"Policy({self.source!r}, rules={len(self.compiled)}, sha256={self.sha256[:12]}…)"
+
+    # -- facts and ledgers ------------------------------------------------------------
+    def facts(self, tool: str, declared_side_effect: SideEffect | None = None, declared_cost: int = 0) -> ToolFacts:
+        """The facts of `tool`: the policy's `tools:` entry overrides the declaration; undeclared is destructive."""
+        spec = self.model.tools.get(tool)
+        if spec is None:
+            return ToolFacts(declared_side_effect or "destructive", declared_cost, None, (), "fsync")
+        return ToolFacts(
+            side_effect=spec.side_effect or declared_side_effect or "destructive",
+            cost=spec.cost if spec.cost is not None else declared_cost,
+            timeout_s=spec.timeout,
+            redact=spec.redact,
+            durability=spec.durability,
+        )
+
+    def new_ledger(self) -> Ledger:
+        """A fresh budget ledger for one run."""
+        return Ledger(self.model.budgets)
+
+    # -- deciding -----------------------------------------------------------------
+    def _compute_candidates(self, tool: str, side_effect: str) -> Candidates:
+        indexes = set(self._by_tool.get(tool, ()))
+        indexes.update(i for i in self._globbed if self.compiled[i].matcher.tool_matches(tool))
+        indexes.update(self._any_tool)
+        rules = [self.compiled[i] for i in sorted(indexes)]
+        rules = [r for r in rules if r.matcher.side_effect_matches(side_effect)]
+        return Candidates(
+            deny=tuple(r for r in rules if r.decision == "deny"),
+            others=tuple(r for r in rules if r.decision != "deny"),
+        )
+
+    def decide(self, call: Call) -> Decision:
+        """Decide one call: deny > require_approval > allow among matching rules; else the default."""
+        side_effect = self.facts(call.tool, call.side_effect, call.cost or 0).side_effect
+        candidates: Candidates = self.candidates(call.tool, side_effect)
+        activation = Activation(call, side_effect)
+        denied: list[tuple[CompiledRule, str]] = []
+        for rule in candidates.deny:
+            verdict = _evaluate(rule, activation)
+            if verdict is not False:
+                denied.append((rule, verdict if isinstance(verdict, str) else _reason(rule)))
+        if not denied:
+            held: dict[str, list[CompiledRule]] = {"require_approval": [], "allow": []}
+            for rule in candidates.others:
+                verdict = _evaluate(rule, activation)
+                if isinstance(verdict, str):
+                    denied.append((rule, verdict))
+                elif verdict:
+                    held[rule.decision].append(rule)
+            if not denied:
+                for outcome in ("require_approval", "allow"):
+                    if held[outcome]:
+                        return self._decision(outcome, [(r, _reason(r)) for r in held[outcome]])
+                return Decision(self.default, (), f"no rule matched; the policy default is {self.default}", self.sha256)
+        return self._decision("deny", denied)
+
+    def _decision(self, outcome: Outcome, held: list[tuple[CompiledRule, str]]) -> Decision:
+        held.sort(key=lambda pair: pair[0].index)
+        reasons = list(dict.fromkeys(reason for _, reason in held))
+        return Decision(outcome, tuple(r.name for r, _ in held), "; ".join(reasons), self.sha256)
+
+    def describe_tool(self, tool: str, side_effect: SideEffect | None = None) -> str:
+        """One line for a model's system prompt saying what the policy does with `tool`."""
+        facts = self.facts(tool, side_effect)
+        rules = self.candidates(tool, facts.side_effect).all
+        phrase = {"deny": "denied", "require_approval": "needs human approval", "allow": "allowed"}
+        parts: list[str] = []
+        unconditional = None
+        for outcome in ("deny", "require_approval", "allow"):
+            for rule in (r for r in rules if r.decision == outcome):
+                why = f" ({rule.spec.reason})" if rule.spec.reason and outcome != "allow" else ""
+                if rule.condition is None:
+                    unconditional = unconditional or outcome
+                    parts.append(f"{phrase[outcome]}{why}")
+                else:
+                    parts.append(f"{phrase[outcome]} when {rule.condition.source.strip()}{why}")
+            if unconditional:
+                break
+        if not unconditional:
+            parts.append(f"{'otherwise ' if parts else ''}{phrase[self.default]} (policy default)")
+        return "; ".join(parts)
+
+
+def _reason(rule: CompiledRule) -> str:
+    if rule.spec.reason:
+        return rule.spec.reason
+    verb = {"deny": "denied by", "require_approval": "approval required by", "allow": "allowed by"}[rule.decision]
+    return f"{verb} rule '{rule.name}'"
+
+
+def _evaluate(rule: CompiledRule, activation: Activation) -> bool | str:
+    """True/False when the rule holds or not; a string (the deny reason) when its condition failed."""
+    if rule.condition is None:
+        return True
+    try:
+        return rule.condition.evaluate(activation)
+    except EvaluationError as exc:
+        return f"rule '{rule.name}': condition failed: {exc}"

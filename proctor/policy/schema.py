@@ -1,0 +1,303 @@
+"""The version-1 policy file as pydantic models (DESIGN §5).
+
+Every model forbids unknown keys (a typo must never be silently ignored) and is
+strict (``cost: "5"`` is an error, not 5). Fields that take a choice, a duration, or
+"a name or a list" use small validators that raise `PydanticCustomError` with the
+message an ops engineer should read; the loader adds the file, line, column and the
+rule/budget/tool the error concerns. Validators that can point *inside* a value (an
+item of a list, a position inside a CEL string) say so through the error's context
+(``subloc``, ``cel_line``/``cel_col``) and the loader narrows the location.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from proctor.calls import OUTCOMES, SIDE_EFFECTS, Outcome, SideEffect
+
+__all__ = [
+    "DURATION_PATTERN",
+    "MODEL_LIMITS",
+    "ApprovalSpec",
+    "BudgetSpec",
+    "LimitSpec",
+    "MatchSpec",
+    "PolicyModel",
+    "RuleSpec",
+    "ToolSpec",
+    "parse_duration",
+]
+
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+#: Limits that concern the model, not tool calls: they apply to the whole run.
+MODEL_LIMITS = ("model_tokens", "model_cost_usd")
+
+
+def _duration_error(value: object) -> PydanticCustomError:
+    return PydanticCustomError(
+        "duration",
+        "bad duration {value} (write a number and a unit: 250ms, 120s, 5m, 1h30m)",
+        {"value": repr(value)},
+    )
+
+
+def parse_duration(value: object) -> float:
+    """Parse ``250ms``, ``120s``, ``5m`` or ``1h30m`` into seconds; a bare number is refused (unit unclear)."""
+    if not isinstance(value, str) or not re.fullmatch(DURATION_PATTERN, value.strip()):
+        raise _duration_error(value)
+    return sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(value.strip()))
+
+
+def _choice(label: str, choices: tuple[str, ...]) -> Any:
+    """A before-validator accepting one of `choices`, with a message that lists them."""
+
+    def check(value: object) -> object:
+        if isinstance(value, str) and value in choices:
+            return value
+        raise PydanticCustomError(
+            "choice",
+            "unknown {label} {value} (expected one of {choices})",
+            {"label": label, "value": repr(value), "choices": ", ".join(choices)},
+        )
+
+    return check
+
+
+def _choices_list(label: str, choices: tuple[str, ...]) -> Any:
+    """A before-validator for "one choice or a non-empty list of them" -> tuple."""
+    one = _choice(label, choices)
+
+    def check(value: object) -> tuple[str, ...]:
+        items = value if isinstance(value, list) else [value]
+        if not items:
+            raise PydanticCustomError("empty", "empty list for {label}", {"label": label})
+        for i, item in enumerate(items):
+            try:
+                one(item)
+            except PydanticCustomError as exc:
+                if isinstance(value, list):
+                    raise PydanticCustomError(
+                        exc.type, exc.message_template, {**(exc.context or {}), "subloc": i}
+                    ) from None
+                raise
+        return tuple(items)
+
+    return check
+
+
+def _names(value: object) -> tuple[str, ...]:
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        raise PydanticCustomError("empty", "empty list for tool", {})
+    for i, item in enumerate(items):
+        if not isinstance(item, str) or not item.strip():
+            ctx: dict[str, Any] = {"value": repr(item)}
+            if isinstance(value, list):
+                ctx["subloc"] = i
+            raise PydanticCustomError("tool_name", "tool must be a name or glob, got {value}", ctx)
+    return tuple(items)
+
+
+def _enum_schema(choices: tuple[str, ...]) -> dict[str, Any]:
+    return {"type": "string", "enum": list(choices)}
+
+
+def _one_or_list(item: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [item, {"type": "array", "items": item, "minItems": 1}]}
+
+
+Duration = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN, "examples": ["250ms", "120s", "5m", "1h30m"]}),
+]
+SideEffectField = Annotated[
+    SideEffect, BeforeValidator(_choice("side_effect", SIDE_EFFECTS)), WithJsonSchema(_enum_schema(SIDE_EFFECTS))
+]
+OutcomeField = Annotated[
+    Outcome, BeforeValidator(_choice("decision", OUTCOMES)), WithJsonSchema(_enum_schema(OUTCOMES))
+]
+DefaultField = Annotated[Outcome, BeforeValidator(_choice("default", OUTCOMES)), WithJsonSchema(_enum_schema(OUTCOMES))]
+Name = Annotated[str, Field(min_length=1, pattern=r"\S")]
+Count = Annotated[int, Field(ge=0)]
+Amount = Annotated[float, Field(ge=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class ToolSpec(_Strict):
+    """Facts ops declare about one tool; each set field overrides the tool's own declaration."""
+
+    side_effect: SideEffectField | None = None
+    cost: Count | None = None
+    timeout: Duration | None = None
+    redact: tuple[Annotated[str, Field(pattern=r"^[^.\s]+(\.[^.\s]+)*$")], ...] = ()
+    durability: Annotated[
+        Literal["fsync", "flush"],
+        BeforeValidator(_choice("durability", ("fsync", "flush"))),
+        WithJsonSchema(_enum_schema(("fsync", "flush"))),
+    ] = "fsync"
+
+    @field_validator("redact", mode="before")
+    @classmethod
+    def _redact_list(cls, value: object) -> object:
+        # Strict mode wants a tuple; YAML gives lists.
+        return tuple(value) if isinstance(value, list) else value
+
+    @field_validator("durability")
+    @classmethod
+    def _flush_only_when_harmless(cls, value: str, info: ValidationInfo) -> str:
+        # `flush` skips the fsync of the audit intent; only acceptable when losing that
+        # record on a power cut cannot hide an action with effects.
+        declared = info.data.get("side_effect")
+        if value == "flush" and declared not in ("none", "read"):
+            raise PydanticCustomError(
+                "durability",
+                "durability 'flush' is only allowed with side_effect none or read declared here (got {side_effect})",
+                {"side_effect": repr(info.data.get("side_effect"))},
+            )
+        return value
+
+
+class MatchSpec(_Strict):
+    """Which calls a rule or budget concerns: all given fields must match."""
+
+    tool: (
+        Annotated[
+            tuple[str, ...], BeforeValidator(_names), WithJsonSchema(_one_or_list({"type": "string", "minLength": 1}))
+        ]
+        | None
+    ) = None
+    side_effect: (
+        Annotated[
+            tuple[SideEffect, ...],
+            BeforeValidator(_choices_list("side_effect", SIDE_EFFECTS)),
+            WithJsonSchema(_one_or_list(_enum_schema(SIDE_EFFECTS))),
+        ]
+        | None
+    ) = None
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> MatchSpec:
+        if self.tool is None and self.side_effect is None:
+            raise PydanticCustomError(
+                "empty_match", "empty match: give tool and/or side_effect, or leave out match to match every call"
+            )
+        return self
+
+
+class LimitSpec(_Strict):
+    """The limits of one budget; at least one must be set."""
+
+    calls: Count | None = None
+    cost: Amount | None = None
+    wall_time: Duration | None = None
+    model_tokens: Count | None = None
+    model_cost_usd: Amount | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> LimitSpec:
+        if all(getattr(self, k) is None for k in type(self).model_fields):
+            raise PydanticCustomError(
+                "empty_limit", "empty limit: set calls, cost, wall_time, model_tokens or model_cost_usd"
+            )
+        return self
+
+
+class BudgetSpec(_Strict):
+    """A per-run (or per-step) allowance over the calls its match selects."""
+
+    name: Name
+    match: MatchSpec | None = None
+    limit: LimitSpec
+    per: Annotated[
+        Literal["run", "step"],
+        BeforeValidator(_choice("per", ("run", "step"))),
+        WithJsonSchema(_enum_schema(("run", "step"))),
+    ] = "run"
+
+    @model_validator(mode="after")
+    def _model_limits_unscoped(self) -> BudgetSpec:
+        if self.match is not None and any(getattr(self.limit, k) is not None for k in MODEL_LIMITS):
+            raise PydanticCustomError(
+                "scoped_model_limit", "model_tokens and model_cost_usd count the whole run: remove match"
+            )
+        return self
+
+
+class RuleSpec(_Strict):
+    """One rule: calls its match selects, for which `when` holds, get `decision`."""
+
+    name: Name
+    match: MatchSpec | None = None
+    when: str | None = None
+    decision: OutcomeField
+    reason: str | None = None
+
+    @field_validator("when")
+    @classmethod
+    def _compile(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from proctor.policy.conditions import ConditionError, compile_condition
+
+        try:
+            compile_condition(value)
+        except ConditionError as exc:
+            raise PydanticCustomError(
+                "cel", "{message}", {"message": exc.message, "cel_line": exc.line, "cel_col": exc.column}
+            ) from None
+        return value
+
+
+class ApprovalSpec(_Strict):
+    """How long a human has to answer, and what happens when nobody does."""
+
+    timeout: Duration = 300.0
+    on_timeout: Annotated[
+        Literal["deny"], BeforeValidator(_choice("on_timeout", ("deny",))), WithJsonSchema(_enum_schema(("deny",)))
+    ] = "deny"
+
+
+class PolicyModel(_Strict):
+    """A whole version-1 policy file."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, title="proctor policy (version 1)")
+
+    version: Annotated[int, WithJsonSchema({"const": 1})]
+    default: DefaultField = "deny"
+    tools: dict[str, ToolSpec] = Field(default_factory=dict)
+    budgets: tuple[BudgetSpec, ...] = ()
+    rules: tuple[RuleSpec, ...] = ()
+    approval: ApprovalSpec = Field(default_factory=ApprovalSpec)
+
+    @field_validator("budgets", "rules", mode="before")
+    @classmethod
+    def _lists(cls, value: object) -> object:
+        return tuple(value) if isinstance(value, list) else value
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version(cls, value: object) -> object:
+        if value != 1 or type(value) is not int:
+            raise PydanticCustomError(
+                "version", "unsupported version {value} (this proctor reads version 1)", {"value": repr(value)}
+            )
+        return value
