@@ -20,6 +20,7 @@ from proctor.approval.base import (
 )
 from proctor.approval.callback import ApprovalCallback, CallbackApprover
 from proctor.approval.console import ConsoleApprover
+from proctor.approval.spec import approver_from_spec
 from proctor.approval.webhook import WebhookApprover
 
 __all__ = [
@@ -33,4 +34,5 @@ __all__ = [
     "Verdict",
     "WebhookApprover",
     "approval_binding",
+    "approver_from_spec",
 ]

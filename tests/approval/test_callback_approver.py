@@ -80,3 +80,4 @@ def test_is_an_approver_and_rejects_non_callables() -> None:
     assert isinstance(CallbackApprover(lambda r: True), Approver)
     with pytest.raises(TypeError):
         CallbackApprover("yes")  # type: ignore[arg-type]
+
