@@ -90,10 +90,18 @@ class Condition:
     variables: tuple[str, ...]
 
     def evaluate(self, activation: Mapping[str, Any]) -> bool:
-        """Evaluate against the variables in `activation` (only those referenced are read)."""
-        context = {name: activation[name] for name in self.variables}
+        """Evaluate against the variables in `activation` (only those referenced are read).
+
+        An activation with a ``cel_context(names)`` method (the engine's, shared by every
+        rule of one decision) hands back a `cel.Context` whose variables were converted
+        once; a plain mapping is converted on every evaluation.
+        """
         try:
-            result = self.program.execute(context)
+            cel_context = getattr(activation, "cel_context", None)
+            if cel_context is not None:
+                result = self.program.execute(cel_context(self.variables))
+            else:
+                result = self.program.execute({name: activation[name] for name in self.variables})
         except KeyError as exc:
             raise EvaluationError(self._missing_key(exc.args[0] if exc.args else "?")) from None
         except TypeError as exc:
@@ -120,6 +128,9 @@ def _first_sentence(text: str) -> str:
 
 
 def _other_message(text: str) -> str:
+    unconvertible = re.search(r"convert variable '(\w+)'.*type (\w+) to Value", text)
+    if unconvertible:
+        return f"{unconvertible.group(1)} holds a {unconvertible.group(2)}, which CEL cannot use"
     undefined = re.match(r"Undefined variable or function: '([^']*)'", text)
     if undefined:
         return f"'{undefined.group(1)}' does not apply to these values (wrong type?)"

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import cel
+
 from proctor.calls import Call, Decision, Outcome, SideEffect
 from proctor.canonical import canonical_sha256
 from proctor.errors import PolicyError, PolicyIssue
@@ -85,12 +87,24 @@ class Candidates:
 class Activation(Mapping[str, Any]):
     """The CEL variables of one call, each built on first use and shared by every rule."""
 
-    __slots__ = ("_cache", "_call", "_side_effect")
+    __slots__ = ("_added", "_cache", "_call", "_context", "_side_effect")
 
     def __init__(self, call: Call, side_effect: str) -> None:
         self._call = call
         self._side_effect = side_effect
         self._cache: dict[str, Any] = {}
+        self._context: Any = None
+        self._added: set[str] = set()
+
+    def cel_context(self, names: tuple[str, ...]) -> Any:
+        """One `cel.Context` per decision: converting a variable costs microseconds, so do it once."""
+        if self._context is None:
+            self._context = cel.Context()
+        for name in names:
+            if name not in self._added:
+                self._context.add_variable(name, self[name])
+                self._added.add(name)
+        return self._context
 
     def __getitem__(self, name: str) -> Any:
         try:

@@ -170,8 +170,8 @@ class ToolSpec(_Strict):
         if value == "flush" and declared not in ("none", "read"):
             raise PydanticCustomError(
                 "durability",
-                "durability 'flush' is only allowed with side_effect none or read declared here (got {side_effect})",
-                {"side_effect": repr(info.data.get("side_effect"))},
+                "durability 'flush' needs side_effect none or read declared here ({side_effect})",
+                {"side_effect": f"side_effect is {declared!r}" if declared else "no side_effect declared"},
             )
         return value
 

@@ -1,0 +1,180 @@
+"""`proctor policy check | explain | test | schema`.
+
+Exit codes: 0 valid / all cases pass; 1 invalid policy, failing case, or malformed
+cases file; 2 usage (bad JSON on the command line, unknown option). Heavy imports
+happen inside the commands so `proctor --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add `policy` and its subcommands to the `proctor` command."""
+    policy = subparsers.add_parser("policy", help="check, explain, test a policy file; print its JSON Schema")
+    sub = policy.add_subparsers(dest="policy_command", metavar="SUBCOMMAND")
+    policy.set_defaults(func=lambda _args: _usage(policy))
+
+    check = sub.add_parser("check", help="validate a policy file (exit 1 listing every problem)")
+    check.add_argument("policy", metavar="P")
+    check.set_defaults(func=_check)
+
+    explain = sub.add_parser("explain", help="decide one call and show which rules matched and why")
+    explain.add_argument("policy", metavar="P")
+    explain.add_argument("--tool", required=True)
+    explain.add_argument("--args", default="{}", metavar="JSON", help="the call's arguments, a JSON object")
+    explain.add_argument("--history", default="[]", metavar="JSON", help="earlier calls: a JSON list")
+    explain.add_argument("--run", default="{}", metavar="JSON", help="run info: id, step, principal, labels")
+    explain.add_argument("--side-effect", dest="side_effect", default=None, help="the tool's declared class")
+    explain.add_argument("--json", action="store_true", help="print only outcome, rules, reason, policy_sha256")
+    explain.set_defaults(func=_explain)
+
+    test = sub.add_parser("test", help="run table-driven cases against a policy (exit 1 if any fails)")
+    test.add_argument("policy", metavar="P")
+    test.add_argument("cases", metavar="CASES.yaml")
+    test.set_defaults(func=_test)
+
+    schema = sub.add_parser("schema", help="print the JSON Schema of policy files (for yaml-language-server)")
+    schema.set_defaults(func=_schema)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _load(path: str) -> Any:
+    """The policy at `path`, or None after printing every issue."""
+    from proctor.errors import PolicyError
+    from proctor.policy import Policy
+
+    try:
+        return Policy.from_yaml(path)
+    except PolicyError as exc:
+        for issue in exc.issues:
+            print(issue)
+        return None
+
+
+def _check(args: argparse.Namespace) -> int:
+    policy = _load(args.policy)
+    if policy is None:
+        return 1
+    print(f"{args.policy}: ok ({len(policy.rules)} rules, {len(policy.budgets)} budgets, sha256 {policy.sha256})")
+    return 0
+
+
+def _json_arg(name: str, text: str, kind: type) -> Any:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _UsageError(f"--{name}: not valid JSON: {exc}") from None
+    if not isinstance(value, kind):
+        raise _UsageError(f"--{name}: expected a JSON {'object' if kind is dict else 'list'}")
+    return value
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from proctor.policy.cases import Case
+    from proctor.policy.explain import explain
+
+    try:
+        case = Case.model_validate(
+            {
+                "tool": args.tool,
+                "args": _json_arg("args", args.args, dict),
+                "history": _json_arg("history", args.history, list),
+                "run": _json_arg("run", args.run, dict),
+                "side_effect": args.side_effect,
+                "expect": "deny",  # unused: explain has no expectation
+            }
+        )
+    except _UsageError as exc:
+        print(f"proctor policy explain: {exc}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            where = ".".join(str(p) for p in err["loc"])
+            print(f"proctor policy explain: {where}: {err['msg']}", file=sys.stderr)
+        return 2
+    policy = _load(args.policy)
+    if policy is None:
+        return 1
+    result = explain(policy, case.call())
+    decision = result.decision
+    if args.json:
+        print(json.dumps(decision.as_dict()))
+        return 0
+    print(f"outcome:  {decision.outcome}")
+    print(f"rules:    {', '.join(decision.rules) or '(none)'}")
+    print(f"reason:   {decision.reason}")
+    print(f"tool:     {args.tool} (side_effect {result.side_effect})")
+    print(f"policy:   {args.policy} sha256 {decision.policy_sha256}")
+    print("considered:")
+    for trace in result.rules:
+        mark = "✔" if trace.matched else "·"
+        print(f"  {mark} {trace.name} [{trace.decision}] {trace.note}")
+    if not result.rules:
+        print("  (the policy has no rules)")
+    return 0
+
+
+def _test(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from proctor.errors import PolicyError
+    from proctor.policy.cases import load_cases, run_cases
+
+    policy = _load(args.policy)
+    if policy is None:
+        return 1
+    try:
+        cases = load_cases(Path(args.cases).read_text(encoding="utf-8"), args.cases)
+    except OSError as exc:
+        print(f"{args.cases}: cannot read: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except PolicyError as exc:
+        for issue in exc.issues:
+            print(issue)
+        return 1
+    results = run_cases(policy, cases)
+    table = Table(title=f"policy {args.policy}, cases {args.cases}", title_justify="left")
+    for column in ("#", "case", "tool", "expected", "got", "result"):
+        table.add_column(column, no_wrap=column in ("#", "result"))
+    for r in results:
+        expected = r.case.expect + (f" {sorted(r.case.rules)}" if r.case.rules is not None else "")
+        got = r.decision.outcome + (f" {sorted(r.decision.rules)}" if r.case.rules is not None else "")
+        verdict = "[green]PASS[/]" if r.passed else "[bold red]FAIL[/]"
+        table.add_row(str(r.index + 1), r.label, r.case.tool, expected, got, verdict)
+    console = Console(highlight=False, width=max(100, Console().width))
+    console.print(table)
+    failed = [r for r in results if not r.passed]
+    for r in failed:
+        console.print(f"[red]FAIL[/] {r.label}: {r.decision.reason}", markup=True)
+    console.print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+def _schema(_args: argparse.Namespace) -> int:
+    from proctor.policy.schema import PolicyModel
+
+    schema = PolicyModel.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    # Durations are written as strings in YAML; show the default the way a user writes it.
+    schema["$defs"]["ApprovalSpec"]["properties"]["timeout"]["default"] = "5m"
+    print(json.dumps(schema, indent=2, sort_keys=True))
+    return 0

@@ -1,0 +1,64 @@
+"""Why a policy decided what it did: every rule, whether it was considered and how it fared.
+
+`explain` is for people (the `policy explain` command, debugging a policy); the gate
+uses `Policy.decide`, which evaluates only the rules that can matter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proctor.calls import Call, Decision
+from proctor.policy.conditions import EvaluationError
+from proctor.policy.engine import Activation, Policy
+
+__all__ = ["Explanation", "RuleTrace", "explain"]
+
+
+@dataclass(frozen=True, slots=True)
+class RuleTrace:
+    """One rule's part in a decision: did it match the call, and why (not)."""
+
+    name: str
+    decision: str
+    matched: bool
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """The decision, the side-effect class it was made for, and the trace of every rule."""
+
+    decision: Decision
+    side_effect: str
+    rules: tuple[RuleTrace, ...]
+
+
+def _listing(values: object) -> str:
+    return ", ".join(sorted(str(v) for v in values)) if isinstance(values, (set, frozenset, tuple)) else str(values)
+
+
+def explain(policy: Policy, call: Call) -> Explanation:
+    """Decide `call` and trace every rule of `policy` against it, in file order."""
+    decision = policy.decide(call)
+    side_effect = policy.facts(call.tool, call.side_effect, call.cost or 0).side_effect
+    activation = Activation(call, side_effect)
+    traces = []
+    for rule in policy.compiled:
+        matcher = rule.matcher
+        matched = False
+        if not matcher.tool_matches(call.tool):
+            names = sorted([*(matcher.names or ()), *matcher.globs])
+            note = f"tool '{call.tool}' is not {_listing(tuple(names))}"
+        elif not matcher.side_effect_matches(side_effect):
+            note = f"side_effect {side_effect} is not {_listing(matcher.side_effects)}"
+        elif rule.condition is None:
+            matched, note = True, "matches (no condition)"
+        else:
+            try:
+                matched = rule.condition.evaluate(activation)
+                note = f"when {'holds' if matched else 'does not hold'}: {rule.condition.source.strip()}"
+            except EvaluationError as exc:
+                matched, note = True, f"condition failed (counts as deny): {exc}"
+        traces.append(RuleTrace(rule.name, rule.decision, matched, note))
+    return Explanation(decision, side_effect, tuple(traces))
