@@ -1,0 +1,299 @@
+"""`AuditLog`: the write-ahead, hash-chained, checkpointed audit trail (an `AuditSink`).
+
+```python
+with AuditLog("audit.jsonl", signing_key="audit.key") as log:
+    r = log.append("call_intent", {"call_id": "c1", "tool": "send_email", ...})
+    if not r.ok:            # the intent is not on disk: the gate refuses the call
+        ...
+```
+
+One writer per file across processes (`flock` on ``<log>.lock``). Every append is one
+``write`` of one canonical line, then ``fsync`` when durable; a failed write marks the
+log failed and every later append reports it — nothing is dropped silently. Opening
+an existing log re-verifies it, cuts a torn last line into a `recovery` record and
+closes dangling intents with `unknown` outcomes (calls are never retried).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import os
+import secrets
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from proctor.audit.base import KINDS, AuditResult
+from proctor.audit.keys import KeySource, key_id, load_private_key, public_raw
+from proctor.audit.lockfile import acquire, release
+from proctor.audit.records import CALL_STATUSES, ENVELOPE, checkpoint_statement, seal
+from proctor.audit.scan import Anchor, ScanFailure, Scanner, load_anchor
+from proctor.audit.storage import atomic_write, read_or_create_secret, sync_dir, sync_fd, write_all
+from proctor.audit.verify import scan_file, side_file_path
+from proctor.errors import AuditCorrupted, AuditError
+from proctor.redaction import Redacted, redact_args
+
+__all__ = ["DURABILITIES", "AuditLog"]
+
+DURABILITIES = ("fsync", "flush")
+_INTERNAL_KINDS = frozenset({"checkpoint", "recovery"})
+_KINDS = frozenset(KINDS)
+_CUT_INLINE_MAX = 4096  # cut bytes up to this size are kept in the recovery record itself
+
+
+class AuditLog:
+    """An append-only audit log file; see the module docstring and docs/audit.md."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        signing_key: KeySource | None = None,
+        durability: str = "fsync",
+        checkpoint_every: int = 1000,
+        checkpoint_interval_s: float = 60.0,
+        *,
+        redaction_key: bytes | None = None,
+    ) -> None:
+        if durability not in DURABILITIES:
+            raise ValueError(f"durability must be one of {DURABILITIES}, not {durability!r}")
+        if checkpoint_every < 1 or checkpoint_interval_s <= 0:
+            raise ValueError("checkpoint_every must be ≥ 1 and checkpoint_interval_s > 0")
+        self.path = Path(path)
+        self.durability = durability
+        self._every = checkpoint_every
+        self._interval = checkpoint_interval_s
+        self._key = load_private_key(signing_key) if signing_key is not None else None
+        self._mutex = threading.Lock()
+        self.error: str | None = None
+        self.closed = False
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = acquire(Path(os.fspath(path) + ".lock"), self.path)
+        try:
+            self._redaction_key = redaction_key or read_or_create_secret(Path(os.fspath(path) + ".redact-key"))
+            self._open()
+        except BaseException:
+            release(self._lock_fd)
+            raise
+
+    # -- opening and recovery -------------------------------------------------------------
+
+    def _open(self) -> None:
+        existed = self.path.exists()
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            if not existed:
+                sync_dir(self.path.parent)  # the new file's directory entry must survive a crash too
+            self._recover()
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    def _corrupted(self, exc: ScanFailure, what: str) -> AuditCorrupted:
+        f = exc.failure
+        where = f"seq {f.seq}" + (f", line {f.line}, byte offset {f.offset}" if f.line is not None else "")
+        return AuditCorrupted(f"{self.path}: {what} at {where}: {f.code} {f.message}; not appending to it",
+                              seq=f.seq, line=f.line, offset=f.offset)
+
+    def _recover(self) -> None:
+        side = side_file_path(self.path)
+        anchors: tuple[Anchor, ...] = ()
+        try:
+            if side.exists():
+                anchors = (load_anchor(side, None),)
+        except ScanFailure as exc:
+            raise self._corrupted(exc, f"its checkpoint side file {side} is damaged") from None
+        scanner = Scanner(anchors=anchors)
+        size = os.fstat(self._fd).st_size
+        cut: dict[str, Any] | None = None
+        try:
+            lines, _ = scan_file(self.path, scanner)
+        except ScanFailure as exc:
+            f = exc.failure
+            assert f.offset is not None and f.line is not None
+            rest = os.pread(self._fd, size - f.offset, f.offset)
+            if not (exc.unreadable and rest.find(b"\n") in (-1, len(rest) - 1)):
+                raise self._corrupted(exc, "the log is damaged") from None
+            # A torn last line: what a crash mid-append leaves. Cut it, but keep a record of it.
+            cut = {"offset": f.offset, "line": f.line, "bytes": len(rest),
+                   "sha256": hashlib.sha256(rest).hexdigest(), "reason": f.message}
+            if len(rest) <= _CUT_INLINE_MAX:
+                cut["b64"] = base64.b64encode(rest).decode("ascii")
+            os.ftruncate(self._fd, f.offset)
+            sync_fd(self._fd)
+            size, lines = f.offset, f.line - 1
+        try:
+            scanner.finish(lines, size)
+        except ScanFailure as exc:
+            raise self._corrupted(exc, "the log is shorter than its checkpoint side file") from None
+        self._size = size
+        self._seq = scanner.count
+        self._head = scanner.head
+        self._frontier = scanner.frontier
+        self.log_id = scanner.log_id or secrets.token_hex(16)
+        last = scanner.last_checkpoint_seq
+        self._sealed = last is not None and last == self._seq - 1
+        self._since = self._seq if last is None else self._seq - last - 1
+        self._last_ckpt = time.monotonic()
+        dangling = sorted(scanner.intents.items(), key=lambda item: int(item[1]["seq"]))
+        if cut is None and not dangling:
+            return
+        results = [self._write("recovery", {"cut": cut, "unknown_calls": [c for c, _ in dangling]}, True)]
+        for call_id, intent in dangling:
+            results.append(self._write("call_outcome", {
+                "call_id": call_id, "run_id": intent["run_id"], "tool": intent["tool"], "status": "unknown",
+                "intent_seq": intent["seq"],
+                "reason": "the writer stopped before recording an outcome; the call was not retried",
+            }, True))
+        failed = next((r for r in results if not r.ok), None)
+        if failed is None:
+            try:
+                sync_fd(self._fd)  # recovery records are durable whatever the log's durability
+            except OSError as exc:
+                failed = self._failed(f"fsync of {self.path} failed: {exc.strerror or exc}")
+        if failed is not None:
+            raise AuditError(f"{self.path}: cannot record recovery: {failed.error}")
+
+    # -- appending ------------------------------------------------------------------------
+
+    def append(self, kind: str, fields: Mapping[str, Any], *, durable: bool = True) -> AuditResult:
+        """Append one record; with `durable` (and durability "fsync") it is fsynced before this returns."""
+        with self._mutex:
+            problem = self._refuse(kind, fields)
+            if problem is not None:
+                return AuditResult(False, error=problem)
+            if self._since >= self._every or (self._since and time.monotonic() - self._last_ckpt >= self._interval):
+                sealed = self._checkpoint()
+                if not sealed.ok:
+                    return sealed
+            return self._write(kind, dict(fields), durable)
+
+    def _refuse(self, kind: str, fields: Mapping[str, Any]) -> str | None:
+        if self.closed:
+            return f"audit log {self.path} is closed"
+        if self.error is not None:
+            return f"audit log {self.path} failed earlier and takes no more records: {self.error}"
+        if kind not in _KINDS or kind in _INTERNAL_KINDS:
+            allowed = ", ".join(k for k in KINDS if k not in _INTERNAL_KINDS)
+            return f"kind {kind!r} cannot be appended (allowed: {allowed})"
+        reserved = [name for name in ENVELOPE if name in fields]
+        if reserved:
+            return f"field(s) {', '.join(reserved)} are written by the log itself"
+        if kind in ("call_intent", "call_outcome") and not isinstance(fields.get("call_id"), str):
+            return f"a {kind} record needs a string call_id"
+        if kind == "call_outcome" and fields.get("status") not in CALL_STATUSES:
+            return f"call_outcome status must be one of {', '.join(CALL_STATUSES)}, not {fields.get('status')!r}"
+        return None
+
+    def _write(self, kind: str, fields: dict[str, Any], durable: bool, ts_ns: int | None = None) -> AuditResult:
+        seq = self._seq
+        fields.update(seq=seq, ts_ns=time.time_ns() if ts_ns is None else ts_ns, kind=kind, prev=self._head)
+        try:
+            line, h = seal(fields)
+        except (TypeError, ValueError, RecursionError) as exc:
+            return AuditResult(False, error=f"cannot encode the {kind} record: {exc}")
+        try:
+            write_all(self._fd, line)
+            if durable and (self.durability == "fsync" or kind == "checkpoint"):
+                sync_fd(self._fd)
+        except OSError as exc:
+            return self._failed(f"writing {self.path} failed: {exc.strerror or exc}")
+        self._size += len(line)
+        self._seq = seq + 1
+        self._head = h
+        self._frontier.append(bytes.fromhex(h))
+        self._sealed = kind == "checkpoint"
+        self._since = 0 if kind == "checkpoint" else self._since + 1
+        return AuditResult(True, seq=seq)
+
+    def _failed(self, reason: str) -> AuditResult:
+        self.error = reason
+        # Best effort: drop a partial line so the file ends on a record boundary.
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._fd, self._size)
+        return AuditResult(False, error=reason)
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    def checkpoint(self) -> AuditResult:
+        """Write a checkpoint now (also done every N records, every T seconds and on close)."""
+        with self._mutex:
+            if self.closed or self.error is not None:
+                return AuditResult(False, error=self.error or f"audit log {self.path} is closed")
+            return self._checkpoint()
+
+    def _checkpoint(self) -> AuditResult:
+        ts_ns = time.time_ns()
+        size, head, root = self._seq, self._head, self._frontier.root_hex()
+        fields: dict[str, Any] = {"log": self.log_id, "size": size, "head": head, "root": root,
+                                  "key_id": None, "pub": None, "sig": None}
+        if self._key is not None:
+            statement = checkpoint_statement(self.log_id, size, head, root, ts_ns)
+            fields.update(key_id=key_id(self._key), pub=public_raw(self._key.public_key()).hex(),
+                          sig=self._key.sign(statement).hex())
+        start = self._size
+        result = self._write("checkpoint", fields, True, ts_ns)
+        if not result.ok:
+            return result
+        self._last_ckpt = time.monotonic()
+        try:
+            line = os.pread(self._fd, self._size - start, start)
+            atomic_write(side_file_path(self.path), line)
+        except OSError as exc:
+            return self._failed(f"writing the checkpoint side file failed: {exc.strerror or exc}")
+        return result
+
+    # -- the rest of the sink -------------------------------------------------------------
+
+    def redact(self, args: Mapping[str, Any], fields: Sequence[str]) -> Redacted:
+        """Replace `fields` of `args` by HMAC digests keyed with this log's redaction key."""
+        return redact_args(args, fields, self._redaction_key)
+
+    @property
+    def seq(self) -> int:
+        """The seq the next record will get (= records in the log)."""
+        return self._seq
+
+    @property
+    def head(self) -> str:
+        return self._head
+
+    @property
+    def key_id(self) -> str | None:
+        return key_id(self._key) if self._key is not None else None
+
+    def root(self) -> str:
+        """RFC 6962 root over every record so far."""
+        with self._mutex:
+            return self._frontier.root_hex()
+
+    def close(self) -> None:
+        """Seal with a final checkpoint (unless the last record is one), fsync, release the lock."""
+        with self._mutex:
+            if self.closed:
+                return
+            try:
+                if self.error is None:
+                    if not self._sealed:
+                        self._checkpoint()
+                    else:
+                        with contextlib.suppress(OSError):
+                            sync_fd(self._fd)
+            finally:
+                self.closed = True
+                os.close(self._fd)
+                release(self._lock_fd)
+
+    def __enter__(self) -> AuditLog:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else ("failed" if self.error else "open")
+        return f"AuditLog({os.fspath(self.path)!r}, records={self._seq}, {state})"

@@ -1,0 +1,82 @@
+"""RFC 6962 Merkle tree hashing, kept incrementally as a frontier of complete subtrees.
+
+Leaves are already-hashed: an audit record's `h` *is* its RFC 6962 leaf hash
+(``sha256(0x00 ‖ canonical record without h)``). Interior nodes are
+``sha256(0x01 ‖ left ‖ right)`` and the tree over ``n`` leaves splits at the largest
+power of two below ``n``. Keeping one hash per complete subtree (at most log2 n of
+them, like the bits of a binary counter) makes appending O(1) amortised and the
+root O(log n), so checkpoints stay cheap however long the log grows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+__all__ = ["EMPTY_ROOT", "MerkleFrontier", "leaf_hash", "merkle_root", "node_hash"]
+
+#: Root of the empty tree: sha256 of the empty string (RFC 6962 §2.1).
+EMPTY_ROOT = hashlib.sha256(b"").hexdigest()
+
+
+def leaf_hash(data: bytes) -> bytes:
+    """RFC 6962 leaf hash of raw entry bytes."""
+    return hashlib.sha256(b"\x00" + data).digest()
+
+
+def node_hash(left: bytes, right: bytes) -> bytes:
+    """RFC 6962 interior node hash."""
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def merkle_root(leaves: Sequence[bytes]) -> bytes:
+    """Reference (recursive) root over leaf hashes; used by tests and auditors' snippets."""
+    n = len(leaves)
+    if n == 0:
+        return hashlib.sha256(b"").digest()
+    if n == 1:
+        return leaves[0]
+    k = 1
+    while k * 2 < n:
+        k *= 2
+    return node_hash(merkle_root(leaves[:k]), merkle_root(leaves[k:]))
+
+
+class MerkleFrontier:
+    """The complete subtrees of a growing tree, largest first: enough to append and to get the root."""
+
+    __slots__ = ("_heights", "_nodes", "size")
+
+    def __init__(self) -> None:
+        self._nodes: list[bytes] = []
+        self._heights: list[int] = []
+        self.size = 0
+
+    def append(self, leaf: bytes) -> None:
+        """Add one leaf hash (32 bytes) at the right edge."""
+        nodes, heights = self._nodes, self._heights
+        node, height = leaf, 0
+        # Merge equal-height neighbours, exactly as a carry ripples through a binary counter.
+        while heights and heights[-1] == height:
+            node = hashlib.sha256(b"\x01" + nodes.pop() + node).digest()
+            heights.pop()
+            height += 1
+        nodes.append(node)
+        heights.append(height)
+        self.size += 1
+
+    def append_hex(self, leaf_hex: str) -> None:
+        """Add one leaf hash given as hex (an audit record's `h`)."""
+        self.append(bytes.fromhex(leaf_hex))
+
+    def root(self) -> bytes:
+        """The RFC 6962 root of the tree so far."""
+        if not self._nodes:
+            return hashlib.sha256(b"").digest()
+        acc = self._nodes[-1]
+        for node in reversed(self._nodes[:-1]):
+            acc = hashlib.sha256(b"\x01" + node + acc).digest()
+        return acc
+
+    def root_hex(self) -> str:
+        return self.root().hex()

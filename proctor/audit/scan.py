@@ -1,0 +1,216 @@
+"""The streaming state machine shared by `verify` and by `AuditLog` reopening a log.
+
+`Scanner.feed` takes one line at a time and either accepts it (advancing seq, chain
+head, Merkle frontier and the set of open intents) or raises `ScanFailure` naming the
+first bad record. Checkpoints are checked against what precedes them: signature
+(CKPT_SIG), then claimed size, chain head and Merkle root (CKPT_ROOT). Anchors — the
+side file ``<log>.checkpoint`` and a trusted checkpoint an auditor saved — are checked
+as the stream passes them (FORK) and at the end (ROLLBACK).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from proctor.audit.base import KINDS
+from proctor.audit.keys import key_id, public_raw, verify_signature
+from proctor.audit.merkle import MerkleFrontier
+from proctor.audit.records import GENESIS, LineError, checkpoint_statement, is_hex64, parse_line
+
+__all__ = ["Anchor", "Failure", "ScanFailure", "Scanner", "load_anchor"]
+
+_KINDS = frozenset(KINDS)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The first bad record: a code from `records.CODES`, where it is, and what is wrong.
+
+    `seq` is the index the bad record holds (or should hold) in the chain: the count of
+    good records before it. `line` is 1-based; `offset` is the byte offset of the line's
+    start. Both are None for a failure in a side or trusted checkpoint file itself.
+    """
+
+    code: str
+    seq: int
+    line: int | None
+    offset: int | None
+    message: str
+
+
+class ScanFailure(Exception):
+    def __init__(self, failure: Failure, *, unreadable: bool = False) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+        self.unreadable = unreadable
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """A checkpoint held outside the log (side file or trusted copy) that the log must contain."""
+
+    source: str
+    record: dict[str, Any]
+
+    @property
+    def seq(self) -> int:
+        return int(self.record["seq"])
+
+    @property
+    def size(self) -> int:
+        return int(self.record["size"])
+
+
+def load_anchor(path: str | os.PathLike[str], pubkey: Ed25519PublicKey | None) -> Anchor:
+    """Read a checkpoint file (one checkpoint record line); raise `ScanFailure` if it is itself bad."""
+    source = os.fspath(path)
+    raw = Path(path).read_bytes().rstrip(b"\n")
+    try:
+        record, computed = parse_line(raw)
+    except LineError as exc:
+        raise ScanFailure(Failure(exc.code, 0, None, None, f"{source}: {exc.message}")) from None
+    seq = record.get("seq")
+    if record.get("kind") != "checkpoint" or type(seq) is not int:
+        raise ScanFailure(Failure("PARSE", 0, None, None, f"{source}: not a checkpoint record"))
+    if computed != record["h"]:
+        raise ScanFailure(Failure("HASH_MISMATCH", seq, None, None, f"{source}: h does not match its contents"))
+    problem = _check_signature(record, pubkey)
+    if problem is not None:
+        raise ScanFailure(Failure(problem[0], seq, None, None, f"{source}: {problem[1]}"))
+    if record.get("size") != seq:
+        raise ScanFailure(Failure("CKPT_ROOT", seq, None, None, f"{source}: size differs from its seq"))
+    return Anchor(source, record)
+
+
+def _check_signature(rec: dict[str, Any], pinned: Ed25519PublicKey | None) -> tuple[str, str] | None:
+    """(code, message) when a checkpoint record's fields or signature are wrong, else None."""
+    log, size, head, root = rec.get("log"), rec.get("size"), rec.get("head"), rec.get("root")
+    ts_ns = rec.get("ts_ns")
+    if (not isinstance(log, str) or type(size) is not int or type(ts_ns) is not int
+            or not is_hex64(head) or not is_hex64(root)):
+        return "PARSE", "checkpoint needs log (string), size and ts_ns (integers), head and root (64 hex digits)"
+    sig, pub, kid = rec.get("sig"), rec.get("pub"), rec.get("key_id")
+    if sig is None:
+        if pinned is not None:
+            return "CKPT_SIG", f"checkpoint is unsigned, but it must be signed by {key_id(pinned)}"
+        return None
+    if not (isinstance(sig, str) and isinstance(pub, str) and isinstance(kid, str)):
+        return "PARSE", "signed checkpoint needs sig, pub and key_id strings"
+    try:
+        signature, embedded = bytes.fromhex(sig), Ed25519PublicKey.from_public_bytes(bytes.fromhex(pub))
+    except ValueError:
+        return "CKPT_SIG", "checkpoint sig or pub is not a hex Ed25519 value"
+    key = pinned if pinned is not None else embedded
+    if pinned is None and key_id(embedded) != kid:
+        return "CKPT_SIG", f"key_id {kid} does not name the embedded public key"
+    message = checkpoint_statement(log, size, head, root, ts_ns)
+    if not verify_signature(key, signature, message):
+        if pinned is not None and public_raw(pinned).hex() != pub:
+            return "CKPT_SIG", f"checkpoint signed by {kid}, not by the given key {key_id(pinned)}"
+        return "CKPT_SIG", f"checkpoint signature does not verify with {key_id(key)}"
+    return None
+
+
+@dataclass
+class Scanner:
+    """Accepts records one line at a time; see the module docstring."""
+
+    pubkey: Ed25519PublicKey | None = None
+    anchors: tuple[Anchor, ...] = ()
+    count: int = 0
+    head: str = GENESIS
+    frontier: MerkleFrontier = field(default_factory=MerkleFrontier)
+    intents: dict[str, dict[str, Any]] = field(default_factory=dict)
+    log_id: str | None = None
+    checkpoints: int = 0
+    signed: int = 0
+    last_checkpoint_seq: int | None = None
+    key_ids: set[str] = field(default_factory=set)
+
+    def _fail(self, code: str, message: str, line: int | None, offset: int | None) -> ScanFailure:
+        return ScanFailure(Failure(code, self.count, line, offset, message))
+
+    def feed(self, raw: bytes, line: int, offset: int) -> None:
+        """Check one line (without its newline) and accept it, or raise `ScanFailure`."""
+        pos = self.count
+        try:
+            rec, computed = parse_line(raw)
+        except LineError as exc:
+            raise ScanFailure(Failure(exc.code, pos, line, offset, exc.message), unreadable=exc.unreadable) from None
+        h = rec["h"]
+        if computed != h:
+            raise self._fail("HASH_MISMATCH", f"h does not match the record's contents (computed {computed[:16]}…)",
+                             line, offset)
+        seq, ts_ns, kind, prev = rec.get("seq"), rec.get("ts_ns"), rec.get("kind"), rec.get("prev")
+        if type(seq) is not int or type(ts_ns) is not int or not isinstance(kind, str) or not is_hex64(prev):
+            raise self._fail("PARSE", "envelope needs integer seq and ts_ns, string kind, 64-hex prev", line, offset)
+        if seq != pos:
+            raise self._fail("SEQ_GAP", f"expected seq {pos}, found seq {seq}", line, offset)
+        if kind not in _KINDS:
+            raise self._fail("PARSE", f"unknown kind {kind!r}", line, offset)
+        if prev != self.head:
+            raise self._fail("PREV_MISMATCH", "prev is not the previous record's h", line, offset)
+        if kind == "checkpoint":
+            self._checkpoint(rec, line, offset)
+        elif kind == "call_intent":
+            call_id = rec.get("call_id")
+            if isinstance(call_id, str):
+                self.intents[call_id] = {"seq": pos, "run_id": rec.get("run_id"), "tool": rec.get("tool")}
+        elif kind == "call_outcome":
+            call_id = rec.get("call_id")
+            if isinstance(call_id, str):
+                self.intents.pop(call_id, None)
+        self.head = h
+        self.frontier.append(bytes.fromhex(h))
+        self.count = pos + 1
+        for anchor in self.anchors:
+            if anchor.size == self.count and self.frontier.root_hex() != anchor.record["root"]:
+                raise self._at(pos, "FORK", f"the first {anchor.size} records do not have the root that "
+                               f"{anchor.source} commits to: the log was rewritten", line, offset)
+            if anchor.seq == pos and anchor.record["h"] != h:
+                raise self._at(pos, "FORK", f"record {pos} differs from the checkpoint in {anchor.source}",
+                               line, offset)
+
+    def _at(self, seq: int, code: str, message: str, line: int | None, offset: int | None) -> ScanFailure:
+        return ScanFailure(Failure(code, seq, line, offset, message))
+
+    def _checkpoint(self, rec: dict[str, Any], line: int, offset: int) -> None:
+        problem = _check_signature(rec, self.pubkey)
+        if problem is not None:
+            raise self._fail(problem[0], problem[1], line, offset)
+        pos = self.count
+        if rec["size"] != pos:
+            raise self._fail("CKPT_ROOT", f"checkpoint claims {rec['size']} records but {pos} precede it",
+                             line, offset)
+        if rec["head"] != self.head:
+            raise self._fail("CKPT_ROOT", "checkpoint's chain head is not the previous record's h: "
+                             "records before it were changed and re-chained", line, offset)
+        if rec["root"] != self.frontier.root_hex():
+            raise self._fail("CKPT_ROOT", "checkpoint's Merkle root does not match the records before it",
+                             line, offset)
+        if self.log_id is not None and rec["log"] != self.log_id:
+            raise self._fail("FORK", f"checkpoint names log {rec['log']}, earlier ones {self.log_id}", line, offset)
+        for anchor in self.anchors:
+            if anchor.record["log"] != rec["log"]:
+                raise self._fail("FORK", f"checkpoint names log {rec['log']}, but {anchor.source} names log "
+                                 f"{anchor.record['log']}", line, offset)
+        self.log_id = rec["log"]
+        self.checkpoints += 1
+        self.last_checkpoint_seq = pos
+        if rec.get("sig") is not None:
+            self.signed += 1
+            self.key_ids.add(str(rec.get("key_id")))
+
+    def finish(self, lines: int, size: int) -> None:
+        """End-of-log checks: a log shorter than an anchor was rolled back or truncated."""
+        for anchor in self.anchors:
+            if self.count <= anchor.seq:
+                raise ScanFailure(Failure(
+                    "ROLLBACK", self.count, lines + 1, size,
+                    f"log ends after {self.count} records, but {anchor.source} holds a checkpoint at seq "
+                    f"{anchor.seq}: records were cut (truncation or rollback)"))
