@@ -1,1 +1,41 @@
-"""telemetry"""
+"""Telemetry: OpenTelemetry spans and metrics for runs, steps and tool calls, and structlog logs.
+
+The library depends only on the OpenTelemetry API and configures nothing on import:
+without an SDK every span and metric is a no-op. The CLI (or an application) turns
+export on with `proctor.telemetry.setup.configure_tracing`, and logs with
+`proctor.telemetry.logging.configure_logging`. See docs/telemetry.md.
+"""
+
+from __future__ import annotations
+
+from proctor.telemetry.spans import (
+    AgentSpan,
+    ApprovalSpan,
+    StepSpan,
+    ToolSpan,
+    agent_span,
+    approval_span,
+    capture_content,
+    current_context,
+    get_tracer,
+    set_capture_content,
+    span_ids,
+    step_span,
+    tool_span,
+)
+
+__all__ = [
+    "AgentSpan",
+    "ApprovalSpan",
+    "StepSpan",
+    "ToolSpan",
+    "agent_span",
+    "approval_span",
+    "capture_content",
+    "current_context",
+    "get_tracer",
+    "set_capture_content",
+    "span_ids",
+    "step_span",
+    "tool_span",
+]

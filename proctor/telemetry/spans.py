@@ -1,24 +1,91 @@
-"""Spans for runs, steps and tool calls, named as the OpenTelemetry GenAI conventions say.
+"""Spans for runs, steps, tool calls and approval waits, named as the GenAI conventions say.
 
-proctor depends only on the OpenTelemetry API: without an SDK configured these are
-no-op spans that cost almost nothing. The CLI configures the SDK (see `setup`).
+    invoke_agent {agent}            agent_span()   INTERNAL, current while the run lasts
+    └── step {n}                    step_span()    INTERNAL, current while the step lasts
+        └── execute_tool {tool}     tool_span()    INTERNAL, one per call, parented explicitly
+            └── approval {tool}     made by ToolSpan.approval() when a human was waited for
+
+proctor depends only on the OpenTelemetry API: without an SDK these are no-op spans
+and cost well under a microsecond. Tool spans are never made current — attaching a
+context costs more than the rest of an allowed call — so the gate passes `parent`
+(a `Context`, e.g. `step.context`) explicitly; that is also how calls made inside a
+sandboxed program, which reach the gate on another thread, land under their step.
+Run and step spans are made current, so logs and any instrumented library called
+during them (an HTTP client, litellm) carry their ids.
+
+Arguments and results go on spans only with content capture on (`set_capture_content`,
+or OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true), and only as the gate
+hands them over: already redacted by the policy, exactly as in the audit log.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from types import TracebackType
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 from proctor.calls import Decision, RunInfo
+from proctor.telemetry import metrics
+from proctor.telemetry import semconv as sc
 
-__all__ = ["ToolSpan", "get_tracer", "span_ids", "tool_span"]
+__all__ = [
+    "AgentSpan",
+    "ApprovalSpan",
+    "StepSpan",
+    "ToolSpan",
+    "agent_span",
+    "approval_span",
+    "capture_content",
+    "content_json",
+    "current_context",
+    "get_tracer",
+    "set_capture_content",
+    "span_ids",
+    "step_span",
+    "tool_span",
+]
 
 _TRACER_NAME = "proctor"
+#: Captured content longer than this is cut (spans are not a data store).
+MAX_CONTENT_CHARS = 8192
+_CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+_capture = os.environ.get(_CAPTURE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+_OK_STATUSES = frozenset({"ok", "done", "final_answer"})
+_REFUSED_APPROVALS = frozenset({"denied", "timeout", "deny"})
+
+
+def set_capture_content(enabled: bool) -> None:
+    """Record (redacted) tool arguments, results and step code on spans; off by default."""
+    global _capture
+    _capture = bool(enabled)
+
+
+def capture_content() -> bool:
+    """Whether content capture is on."""
+    return _capture
+
+
+def content_json(value: Any) -> str:
+    """`value` as compact JSON (repr for what JSON cannot hold), cut at MAX_CONTENT_CHARS."""
+    if isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True, default=repr)
+        except (TypeError, ValueError):
+            text = repr(value)
+    if len(text) > MAX_CONTENT_CHARS:
+        text = text[:MAX_CONTENT_CHARS] + f"…[{len(text) - MAX_CONTENT_CHARS} more chars]"
+    return text
 
 
 def get_tracer(tracer: Tracer | None = None) -> Tracer:
@@ -34,65 +101,218 @@ def span_ids(span: Span) -> tuple[str | None, str | None]:
     return format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")
 
 
-class ToolSpan:
-    """The `execute_tool {tool}` span of one call, with setters for what the gate learns."""
+def current_context() -> Context:
+    """The current OpenTelemetry context: pass it as `parent=` to carry it to another thread."""
+    return otel_context.get_current()
+
+
+def _set_error(span: Span, error_type: str | None, message: str | None) -> None:
+    span.set_attribute(sc.ERROR_TYPE, error_type or sc.ERROR_OTHER)
+    span.set_status(Status(StatusCode.ERROR, message))
+
+
+class _Handle:
+    """What every span handle offers: the span, its ids, and a context to parent children."""
+
+    __slots__ = ("_context", "recording", "span", "span_id", "trace_id")
 
     def __init__(self, span: Span) -> None:
         self.span = span
+        self.recording = span.is_recording()
         self.trace_id, self.span_id = span_ids(span)
+        self._context: Context | None = None
+
+    @property
+    def context(self) -> Context:
+        """A context holding this span, to pass as `parent=` (e.g. to `gate.submit`)."""
+        if self._context is None:
+            self._context = trace.set_span_in_context(self.span)
+        return self._context
+
+    def log_fields(self) -> dict[str, str]:
+        """trace_id / span_id for a log event, so a log line leads to its span."""
+        return {"trace_id": self.trace_id, "span_id": self.span_id} if self.trace_id and self.span_id else {}
+
+
+# -- tool calls -------------------------------------------------------------------------------------
+
+
+class ToolSpan(_Handle):
+    """The `execute_tool {tool}` span of one call, with setters for what the gate learns.
+
+    Every setter is cheap when the span is not recording; metrics are recorded either way.
+    """
+
+    __slots__ = ("_decision", "_finished", "_side_effect", "_started_ns", "_tool", "_tracer")
+
+    def __init__(self, span: Span, tracer: Tracer | None = None, tool: str = "") -> None:
+        super().__init__(span)
+        self._tracer = tracer
+        self._tool = tool
+        self._started_ns = time.perf_counter_ns()
+        self._decision: str | None = None
+        self._side_effect: str | None = None
+        self._finished = False
+
+    def describe(self, description: str) -> None:
+        """The tool's description (`gen_ai.tool.description`)."""
+        if self.recording and description:
+            self.span.set_attribute(sc.GEN_AI_TOOL_DESCRIPTION, description)
 
     def decision(self, decision: Decision, side_effect: str) -> None:
-        self.span.set_attributes(
-            {
-                "proctor.decision": decision.outcome,
-                "proctor.rules": list(decision.rules),
-                "proctor.reason": decision.reason,
-                "proctor.side_effect": side_effect,
-                "proctor.policy.sha256": decision.policy_sha256,
-            }
-        )
+        """What the policy decided (called again after an approver edits the arguments)."""
+        self._decision, self._side_effect = decision.outcome, side_effect
+        if self.recording:
+            self.span.set_attributes({
+                sc.PROCTOR_DECISION: decision.outcome,
+                sc.PROCTOR_RULES: list(decision.rules),
+                sc.PROCTOR_REASON: decision.reason,
+                sc.PROCTOR_SIDE_EFFECT: side_effect,
+                sc.PROCTOR_POLICY_SHA256: decision.policy_sha256,
+            })
 
     def budget(self, remaining: Mapping[str, Mapping[str, Any]]) -> None:
-        for name, limits in remaining.items():
-            for kind, left in limits.items():
-                if isinstance(left, (int, float)):
-                    self.span.set_attribute(f"proctor.budget.{name}.{kind}_remaining", left)
+        """What each budget has left once this call's reservation is made."""
+        metrics.record_budget(remaining)
+        if self.recording:
+            attrs: dict[str, int | float] = {}
+            for name, limits in remaining.items():
+                for kind, left in limits.items():
+                    if isinstance(left, (int, float)) and not isinstance(left, bool):
+                        attrs[f"{sc.PROCTOR_BUDGET_PREFIX}{name}.{kind}_remaining"] = left
+            self.span.set_attributes(attrs)
 
     def approval(self, outcome: str, approver: str, wait_ns: int) -> None:
-        self.span.set_attributes(
-            {
-                "proctor.approval.outcome": outcome,
-                "proctor.approval.approver": approver,
-                "proctor.approval.wait_ms": wait_ns // 1_000_000,
-            }
-        )
+        """How the approval went; a wait for a human also becomes an `approval {tool}` child span."""
+        if wait_ns > 0:
+            metrics.record_approval(tool=self._tool, outcome=outcome, wait_s=wait_ns / 1e9)
+        if not self.recording:
+            return
+        attrs: dict[str, str | int] = {
+            sc.PROCTOR_APPROVAL_OUTCOME: outcome,
+            sc.PROCTOR_APPROVAL_APPROVER: approver,
+            sc.PROCTOR_APPROVAL_WAIT_MS: wait_ns // 1_000_000,
+        }
+        self.span.set_attributes(attrs)
+        if wait_ns > 0:
+            # The gate reports the wait once it is over; the child span is drawn after the
+            # fact with the true start and end, which is what a trace view shows anyway.
+            end = time.time_ns()
+            child = get_tracer(self._tracer).start_span(
+                f"{sc.APPROVAL_SPAN} {self._tool}", context=self.context, kind=SpanKind.INTERNAL,
+                attributes={sc.GEN_AI_TOOL_NAME: self._tool, **attrs}, start_time=end - wait_ns)
+            if outcome in _REFUSED_APPROVALS:
+                _set_error(child, outcome, f"approval {outcome} by {approver}")
+            child.end(end_time=end)
+
+    def arguments(self, args: Mapping[str, Any]) -> None:
+        """The call's arguments, redacted by the gate; recorded only with content capture on."""
+        if _capture and self.recording:
+            self.span.set_attribute(sc.GEN_AI_TOOL_CALL_ARGUMENTS, content_json(args))
+
+    def result(self, value: Any) -> None:
+        """The tool's result, redacted by the gate; recorded only with content capture on."""
+        if _capture and self.recording:
+            self.span.set_attribute(sc.GEN_AI_TOOL_CALL_RESULT, content_json(value))
 
     def finish(self, status: str, error_type: str | None = None, message: str | None = None) -> None:
-        self.span.set_attribute("proctor.status", status)
-        if status != "ok":
-            self.span.set_attribute("error.type", error_type or status)
-            self.span.set_status(Status(StatusCode.ERROR, message))
+        """The call's end: `ok`, or `denied | failed | timeout` (status ERROR with `error.type`)."""
+        if self._finished:
+            return
+        self._finished = True
+        failed = status != "ok"
+        if failed and not error_type:
+            error_type = status
+        metrics.record_call(tool=self._tool, decision=self._decision, side_effect=self._side_effect,
+                            status=status, error_type=error_type if failed else None,
+                            duration_s=(time.perf_counter_ns() - self._started_ns) / 1e9)
+        if self.recording:
+            self.span.set_attribute(sc.PROCTOR_STATUS, status)
+            if failed:
+                _set_error(self.span, error_type, message)
+
+
+class tool_span:  # lower case: used as a function; a class because @contextmanager costs ~1 µs
+    """Open the `execute_tool {tool}` span (kind INTERNAL) of one call: ``with tool_span(...) as s:``.
+
+    `parent` is a `Context` (None: the current one). The span is not made current.
+    """
+
+    __slots__ = ("_handle",)
+
+    def __init__(self, tracer: Tracer, *, tool: str, call_id: str, run: RunInfo,
+                 parent: Context | None = None) -> None:
+        attributes: dict[str, Any] = {
+            sc.GEN_AI_OPERATION_NAME: sc.EXECUTE_TOOL,
+            sc.GEN_AI_TOOL_NAME: tool,
+            sc.GEN_AI_TOOL_CALL_ID: call_id,
+            sc.GEN_AI_TOOL_TYPE: sc.TOOL_TYPE_FUNCTION,
+            sc.PROCTOR_RUN_ID: run.id,
+            sc.PROCTOR_RUN_STEP: run.step,
+        }
+        if run.principal is not None:
+            attributes[sc.PROCTOR_RUN_PRINCIPAL] = run.principal
+        span = tracer.start_span(f"{sc.EXECUTE_TOOL} {tool}", context=parent, kind=SpanKind.INTERNAL,
+                                 attributes=attributes)
+        self._handle = ToolSpan(span, tracer, tool)
+
+    def __enter__(self) -> ToolSpan:
+        return self._handle
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        handle = self._handle
+        if exc is not None and not handle._finished:
+            if handle.recording:
+                handle.span.record_exception(exc)
+            handle.finish("failed", type(exc).__name__, str(exc))
+        handle.span.end()
+
+
+# -- approval waits ---------------------------------------------------------------------------------
+
+
+class ApprovalSpan(_Handle):
+    """A live `approval {tool}` span, for code that waits for a human itself."""
+
+    __slots__ = ("_resolved", "_started_ns", "_tool")
+
+    def __init__(self, span: Span, tool: str) -> None:
+        super().__init__(span)
+        self._tool = tool
+        self._started_ns = time.perf_counter_ns()
+        self._resolved = False
+
+    def resolve(self, outcome: str, approver: str) -> None:
+        """The answer: `approve | grant | edit`, or `denied | timeout` (status ERROR)."""
+        self._resolved = True
+        wait_ns = time.perf_counter_ns() - self._started_ns
+        metrics.record_approval(tool=self._tool, outcome=outcome, wait_s=wait_ns / 1e9)
+        if self.recording:
+            self.span.set_attributes({sc.PROCTOR_APPROVAL_OUTCOME: outcome, sc.PROCTOR_APPROVAL_APPROVER: approver,
+                                      sc.PROCTOR_APPROVAL_WAIT_MS: wait_ns // 1_000_000})
+            if outcome in _REFUSED_APPROVALS:
+                _set_error(self.span, outcome, f"approval {outcome} by {approver}")
 
 
 @contextmanager
-def tool_span(
-    tracer: Tracer, *, tool: str, call_id: str, run: RunInfo, parent: Context | None = None
-) -> Iterator[ToolSpan]:
-    """Open the `execute_tool {tool}` span (kind INTERNAL) of one call.
-
-    The span is not made current: attaching a context costs more than the rest of
-    an allowed call, and the gate passes parents explicitly.
-    """
-    attributes: dict[str, Any] = {
-        "gen_ai.operation.name": "execute_tool",
-        "gen_ai.tool.name": tool,
-        "gen_ai.tool.call.id": call_id,
-        "gen_ai.tool.type": "function",
-        "proctor.run.id": run.id,
-        "proctor.run.step": run.step,
-    }
-    span = tracer.start_span(f"execute_tool {tool}", context=parent, kind=SpanKind.INTERNAL, attributes=attributes)
+def approval_span(tracer: Tracer | None, *, tool: str, call_id: str,
+                  parent: Context | None = None) -> Iterator[ApprovalSpan]:
+    """A live `approval {tool}` span around a wait for approval; call `.resolve()` with the answer."""
+    span = get_tracer(tracer).start_span(
+        f"{sc.APPROVAL_SPAN} {tool}", context=parent, kind=SpanKind.INTERNAL,
+        attributes={sc.GEN_AI_TOOL_NAME: tool, sc.GEN_AI_TOOL_CALL_ID: call_id})
+    handle = ApprovalSpan(span, tool)
     try:
-        yield ToolSpan(span)
+        yield handle
+    except BaseException as exc:
+        if not handle._resolved:
+            handle.resolve("denied", "error")
+            span.set_attribute(sc.ERROR_TYPE, type(exc).__name__)
+        raise
     finally:
         span.end()
+
+
+# -- runs and steps ---------------------------------------------------------------------------------
+from proctor.telemetry.runs import AgentSpan, StepSpan, agent_span, step_span  # noqa: E402 - re-export

@@ -1,0 +1,136 @@
+"""Metrics for calls, approvals, budgets and runs, through the OpenTelemetry metrics API.
+
+The instruments come from the global meter provider, which is a no-op proxy until
+`proctor.telemetry.setup.configure_tracing(metrics=True)` (or the application) installs
+an SDK one, so recording costs about 0.1 µs a call when nothing is configured. The
+span handles in `proctor.telemetry.spans` call these functions themselves: the gate
+needs no extra line for metrics.
+
+Names and units:
+
+- `proctor.decisions` (counter, ``{call}``): every finished call, by `gen_ai.tool.name`,
+  `proctor.decision` (allow | deny | require_approval | none), `proctor.side_effect`,
+  `proctor.status` (ok | denied | failed | timeout) and `error.type`.
+- `gen_ai.execute_tool.duration` (histogram, s): the `execute_tool` span's duration, by
+  `gen_ai.operation.name`, `gen_ai.tool.name`, `proctor.status`, `error.type`.
+- `proctor.approval.wait` (histogram, s): time waiting for a human, by tool and outcome.
+- `proctor.budget.remaining` (gauge): left in each budget after a reservation, by
+  `proctor.budget.name` and `proctor.budget.kind` (calls, cost, wall_time…).
+- `gen_ai.invoke_agent.duration` (histogram, s) and `proctor.steps` (counter) for runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry import metrics
+from opentelemetry.metrics import Meter, MeterProvider
+
+from proctor.telemetry import semconv as sc
+
+__all__ = [
+    "record_agent",
+    "record_approval",
+    "record_budget",
+    "record_call",
+    "record_step",
+    "use_meter_provider",
+]
+
+_METER_NAME = "proctor"
+
+# Tool calls run from ~30 µs (a lookup through the gate) to minutes (a slow API), so the
+# buckets start far below the SDK default (0, 5, 10, … meant for milliseconds).
+TOOL_DURATION_BUCKETS: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+)
+# Humans answer in seconds to hours; callbacks and grants in milliseconds.
+APPROVAL_WAIT_BUCKETS: tuple[float, ...] = (
+    0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+)
+AGENT_DURATION_BUCKETS: tuple[float, ...] = (
+    0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0, 1800.0,
+)
+
+
+class _Instruments:
+    """The instruments, made once per meter (creating one per call would be slow)."""
+
+    def __init__(self, meter: Meter) -> None:
+        self.decisions = meter.create_counter(
+            sc.PROCTOR_DECISIONS, unit="{call}", description="Tool calls by policy decision, class and status")
+        self.tool_duration = meter.create_histogram(
+            sc.GEN_AI_EXECUTE_TOOL_DURATION, unit="s", description="Duration of a tool call through the gate",
+            explicit_bucket_boundaries_advisory=TOOL_DURATION_BUCKETS)
+        self.approval_wait = meter.create_histogram(
+            sc.PROCTOR_APPROVAL_WAIT, unit="s", description="Time a call waited for approval",
+            explicit_bucket_boundaries_advisory=APPROVAL_WAIT_BUCKETS)
+        self.budget_remaining = meter.create_gauge(
+            sc.PROCTOR_BUDGET_REMAINING, unit="1", description="What a budget has left after the last reservation")
+        self.agent_duration = meter.create_histogram(
+            sc.GEN_AI_INVOKE_AGENT_DURATION, unit="s", description="Duration of an agent run",
+            explicit_bucket_boundaries_advisory=AGENT_DURATION_BUCKETS)
+        self.steps = meter.create_counter(sc.PROCTOR_STEPS, unit="{step}", description="Agent steps")
+
+
+# Bound to the global provider's proxy: it forwards to the SDK once one is installed.
+_inst = _Instruments(metrics.get_meter(_METER_NAME))
+
+
+def use_meter_provider(provider: MeterProvider | None) -> None:
+    """Record into `provider` from now on (None: back to the global provider)."""
+    global _inst
+    meter = provider.get_meter(_METER_NAME) if provider is not None else metrics.get_meter(_METER_NAME)
+    _inst = _Instruments(meter)
+
+
+def record_call(*, tool: str, decision: str | None, side_effect: str | None, status: str,
+                error_type: str | None, duration_s: float) -> None:
+    """One finished call (allowed, refused or failed)."""
+    attrs: dict[str, str] = {
+        sc.GEN_AI_TOOL_NAME: tool,
+        sc.PROCTOR_DECISION: decision or "none",
+        sc.PROCTOR_SIDE_EFFECT: side_effect or "unknown",
+        sc.PROCTOR_STATUS: status,
+    }
+    if error_type:
+        attrs[sc.ERROR_TYPE] = error_type
+    inst = _inst
+    inst.decisions.add(1, attrs)
+    duration_attrs: dict[str, str] = {
+        sc.GEN_AI_OPERATION_NAME: sc.EXECUTE_TOOL,
+        sc.GEN_AI_TOOL_NAME: tool,
+        sc.PROCTOR_STATUS: status,
+    }
+    if error_type:
+        duration_attrs[sc.ERROR_TYPE] = error_type
+    inst.tool_duration.record(duration_s, duration_attrs)
+
+
+def record_approval(*, tool: str, outcome: str, wait_s: float) -> None:
+    """One approval answered (or timed out) after `wait_s` seconds."""
+    _inst.approval_wait.record(wait_s, {sc.GEN_AI_TOOL_NAME: tool, sc.PROCTOR_APPROVAL_OUTCOME: outcome})
+
+
+def record_budget(remaining: Mapping[str, Mapping[str, Any]]) -> None:
+    """What each budget has left, as `ledger.remaining()` reports it (non-numbers are skipped)."""
+    gauge = _inst.budget_remaining
+    for name, limits in remaining.items():
+        for kind, left in limits.items():
+            if isinstance(left, (int, float)) and not isinstance(left, bool):
+                gauge.set(left, {sc.PROCTOR_BUDGET_NAME: name, sc.PROCTOR_BUDGET_KIND: kind})
+
+
+def record_agent(*, agent_name: str, duration_s: float, error_type: str | None) -> None:
+    """One finished agent run."""
+    attrs = {sc.GEN_AI_OPERATION_NAME: sc.INVOKE_AGENT, sc.GEN_AI_AGENT_NAME: agent_name}
+    if error_type:
+        attrs[sc.ERROR_TYPE] = error_type
+    _inst.agent_duration.record(duration_s, attrs)
+
+
+def record_step(*, agent_name: str) -> None:
+    """One agent step started."""
+    _inst.steps.add(1, {sc.GEN_AI_AGENT_NAME: agent_name})
