@@ -156,8 +156,9 @@ def _test(args: argparse.Namespace) -> int:
     for column in ("#", "case", "tool", "expected", "got", "result"):
         table.add_column(column, no_wrap=column in ("#", "result"))
     for r in results:
-        expected = r.case.expect + (f" {sorted(r.case.rules)}" if r.case.rules is not None else "")
-        got = r.decision.outcome + (f" {sorted(r.decision.rules)}" if r.case.rules is not None else "")
+        shown = r.case.rules is not None
+        expected = r.case.expect + (f" [{', '.join(sorted(r.case.rules or ()))}]" if shown else "")
+        got = r.decision.outcome + (f" [{', '.join(sorted(r.decision.rules))}]" if shown else "")
         verdict = "[green]PASS[/]" if r.passed else "[bold red]FAIL[/]"
         table.add_row(str(r.index + 1), r.label, r.case.tool, expected, got, verdict)
     console = Console(highlight=False, width=max(100, Console().width))
