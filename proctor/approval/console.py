@@ -30,6 +30,10 @@ from proctor.approval.panel import KEYS_HELP, format_duration, render_request, s
 
 __all__ = ["ConsoleApprover", "parse_grant_patterns"]
 
+# One terminal per process: every ConsoleApprover shares this lock, so two approvers
+# (or two threads) never draw panels into each other or race for the same keystrokes.
+_TERMINAL_LOCK = threading.Lock()
+
 NO_TTY_REASON = "no terminal to ask on; run with --approver webhook:… or a CallbackApprover"
 
 
@@ -122,7 +126,7 @@ class ConsoleApprover:
         self.console = console if console is not None else Console(stderr=True)
         self.stream_in = stream_in
         self.approver_name = approver_name
-        self._lock = threading.Lock()
+        self._lock = _TERMINAL_LOCK
 
     def __repr__(self) -> str:
         return f"ConsoleApprover(timeout={self.timeout!r}, approver_name={self.approver_name!r})"
@@ -181,7 +185,7 @@ class ConsoleApprover:
         self.console.print(Text(message, style=style))
 
     def _prompt(self, lines: _TtyLines, deadline: float, prompt: str) -> str:
-        self.console.print(Text(prompt), end="")
+        self.console.print(Text(prompt), end="", soft_wrap=True)
         self.console.file.flush()
         return lines.readline(deadline)
 
