@@ -52,7 +52,7 @@ _EXPECTING = re.compile(r"\s+expecting \{.*$")
 
 
 class ConditionError(Exception):
-    """A condition that does not compile; `line`/`column` are 1-based, inside the expression."""
+    """A condition that does not compile; `line`/`column` are 1-based, inside the expression (0: all of it)."""
 
     def __init__(self, message: str, line: int = 1, column: int = 1) -> None:
         super().__init__(message)
@@ -148,7 +148,7 @@ def _type_message(text: str) -> str:
 def compile_condition(source: str) -> Condition:
     """Compile a `when` expression, checking it only uses known variables and functions."""
     if not source.strip():
-        raise ConditionError("when: empty condition (leave out `when` to match always)")
+        raise ConditionError("when: empty condition (leave out `when` to match always)", 0, 0)
     try:
         program = cel.compile(source)
     except ValueError as exc:

@@ -24,6 +24,7 @@ from proctor.policy.schema import ApprovalSpec, BudgetSpec, LimitSpec, MatchSpec
 __all__ = ["Loc", "Marks", "compose_marked", "load_policy_text", "validate_policy_data"]
 
 Loc = tuple[str | int, ...]
+_SKIP = object()  # a node that could not be constructed (already reported)
 # Errors whose message already names what is wrong; others get the field path prefixed.
 _SELF_DESCRIBING = {"choice", "cel", "empty_match", "empty_limit", "version", "scoped_model_limit", "durability"}
 # Our own error types: their message is complete, no pydantic "got …" suffix.
@@ -83,6 +84,8 @@ def compose_marked(text: str, source: str) -> tuple[Any, Marks, list[PolicyIssue
             for key_node, value_node in node.value:
                 where = _pos(key_node.start_mark)
                 key = _scalar(key_node)
+                if key is _SKIP:
+                    continue
                 if not isinstance(key, str):
                     issues.append(PolicyIssue(source, *where, f"keys must be plain strings, got {key!r}"))
                     continue
@@ -105,11 +108,15 @@ def compose_marked(text: str, source: str) -> tuple[Any, Marks, list[PolicyIssue
     def _scalar(node: yaml.Node) -> Any:
         if not isinstance(node, yaml.ScalarNode):
             return node  # a complex key: reported by the caller as not a string
+        if node.tag == "tag:yaml.org,2002:merge":
+            issues.append(PolicyIssue(source, *_pos(node.start_mark), "YAML merge keys (<<) are not supported"))
+            return _SKIP
         try:
             return constructor.construct_object(node)
         except yaml.YAMLError as exc:
-            issues.append(PolicyIssue(source, *_pos(node.start_mark), f"YAML error: {exc}"))
-            return None
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            issues.append(PolicyIssue(source, *_pos(node.start_mark), f"YAML error: {problem}"))
+            return _SKIP
 
     return build(root, ()), marks, issues
 
@@ -117,9 +124,15 @@ def compose_marked(text: str, source: str) -> tuple[Any, Marks, list[PolicyIssue
 def load_policy_text(text: str, source: str) -> PolicyModel:
     """Parse and validate a policy file's text; raises PolicyError listing every issue."""
     data, marks, issues = compose_marked(text, source)
-    if issues:
+    if issues and data is None:
         raise PolicyError(issues)
-    return validate_policy_data(data, source, marks)
+    try:
+        model = validate_policy_data(data, source, marks)
+    except PolicyError as exc:
+        issues.extend(exc.issues)
+    if issues:
+        raise PolicyError(sorted(issues, key=lambda i: (i.line, i.column)))
+    return model
 
 
 def validate_policy_data(data: Any, source: str, marks: Marks | None = None) -> PolicyModel:
@@ -253,12 +266,14 @@ def _cel_position(marks: Marks, loc: Loc, cel_line: int, cel_col: int) -> tuple[
     lines = marks.text.splitlines()
     start = node.start_mark
     style = getattr(node, "style", None)
-    if style == "|":
-        line_index = start.line + cel_line
-        if line_index < len(lines):
-            text = lines[line_index]
-            return line_index + 1, len(text) - len(text.lstrip()) + cel_col
+    if cel_line == 0:  # the condition as a whole (e.g. empty): point at the value
         return _pos(start)
+    if style == "|":
+        # Columns inside the expression count from the block's content indentation.
+        content = [ln for ln in lines[start.line + 1 : node.end_mark.line + 1] if ln.strip()]
+        indent = len(content[0]) - len(content[0].lstrip()) if content else 0
+        line_index = start.line + cel_line
+        return (line_index + 1, indent + cel_col) if line_index < len(lines) else _pos(start)
     value: str = node.value
     offset = sum(len(part) + 1 for part in value.split("\n")[: cel_line - 1]) + cel_col - 1
     # Plain, quoted and folded scalars join their source lines with one space each.
