@@ -1,0 +1,209 @@
+"""The wire between the host and the worker: length-prefixed JSON, nothing else.
+
+A frame is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON
+(one object). Values that JSON cannot carry are tagged: ``{"$bytes": base64}``,
+``{"$tuple": [...]}``, ``{"$set": [...]}``, ``{"$frozenset": [...]}`` and
+``{"$dict": [[key, value], ...]}`` (dicts with non-string keys, or a user dict that
+happens to look like a tag). Nothing is ever pickled: a frame decodes to plain
+data or is rejected.
+
+This module is imported by the worker too, so it uses the standard library only
+and stays cheap to import.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import struct
+from typing import Any
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_MESSAGE",
+    "EncodeError",
+    "FrameReader",
+    "ProtocolError",
+    "decode_value",
+    "encode_value",
+    "frame",
+    "parse",
+    "recv_frame",
+    "send_frame",
+]
+
+#: Largest frame either side accepts (bytes of JSON).
+MAX_MESSAGE = 16 * 1024 * 1024
+#: Deepest nesting of a value; deeper values are refused rather than recursed into.
+MAX_DEPTH = 100
+
+_HEADER = struct.Struct(">I")
+_TAGS = ("$bytes", "$tuple", "$set", "$frozenset", "$dict")
+_SCALARS = (str, int, float, bool, type(None))
+
+
+class EncodeError(TypeError):
+    """A value cannot be carried over the channel (names the offending type and where)."""
+
+
+class ProtocolError(ValueError):
+    """A frame or value broke the protocol: bad length, bad JSON, bad tag, too deep."""
+
+
+def encode_value(value: Any, _depth: int = 0, _where: str = "value") -> Any:
+    """Turn `value` into JSON-safe data with tags; raise `EncodeError` for anything else."""
+    if isinstance(value, _SCALARS):
+        return value
+    if _depth >= MAX_DEPTH:
+        raise EncodeError(f"{_where} is nested more than {MAX_DEPTH} levels deep")
+    d = _depth + 1
+    if isinstance(value, list):
+        return [encode_value(v, d, f"{_where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        if all(type(k) is str for k in value) and not (len(value) == 1 and next(iter(value)).startswith("$")):
+            return {k: encode_value(v, d, f"{_where}[{k!r}]") for k, v in value.items()}
+        return {"$dict": [[encode_value(k, d, f"{_where} key"), encode_value(v, d, f"{_where}[{k!r}]")]
+                          for k, v in value.items()]}
+    if isinstance(value, tuple):
+        return {"$tuple": [encode_value(v, d, f"{_where}[{i}]") for i, v in enumerate(value)]}
+    if isinstance(value, (bytes, bytearray)):
+        return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, frozenset):
+        return {"$frozenset": [encode_value(v, d, f"{_where} item") for v in value]}
+    if isinstance(value, set):
+        return {"$set": [encode_value(v, d, f"{_where} item") for v in value]}
+    raise EncodeError(
+        f"{_where} of type {type(value).__name__} cannot be sent: use str, int, float, bool, None, "
+        "bytes, list, tuple, set or dict values"
+    )
+
+
+def decode_value(data: Any, _depth: int = 0) -> Any:
+    """Undo `encode_value`; raise `ProtocolError` for an unknown tag or a malformed one."""
+    if isinstance(data, _SCALARS):
+        return data
+    if _depth >= MAX_DEPTH:
+        raise ProtocolError(f"value nested more than {MAX_DEPTH} levels deep")
+    d = _depth + 1
+    if isinstance(data, list):
+        return [decode_value(v, d) for v in data]
+    if not isinstance(data, dict):
+        raise ProtocolError(f"unexpected JSON value of type {type(data).__name__}")
+    if len(data) == 1:
+        ((key, inner),) = data.items()
+        if key.startswith("$"):
+            return _decode_tag(key, inner, d)
+    return {k: decode_value(v, d) for k, v in data.items()}
+
+
+def _decode_tag(tag: str, inner: Any, depth: int) -> Any:
+    if tag not in _TAGS:
+        raise ProtocolError(f"unknown value tag {tag!r}")
+    if tag == "$bytes":
+        if not isinstance(inner, str):
+            raise ProtocolError("$bytes must hold a base64 string")
+        try:
+            return base64.b64decode(inner.encode("ascii"), validate=True)
+        except ValueError as exc:
+            raise ProtocolError(f"$bytes is not valid base64: {exc}") from None
+    if not isinstance(inner, list):
+        raise ProtocolError(f"{tag} must hold a list")
+    items = [decode_value(v, depth) for v in inner]
+    try:
+        if tag == "$tuple":
+            return tuple(items)
+        if tag == "$set":
+            return set(items)
+        if tag == "$frozenset":
+            return frozenset(items)
+        pairs: dict[Any, Any] = {}
+        for pair in items:
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise ProtocolError("$dict must hold [key, value] pairs")
+            pairs[pair[0]] = pair[1]
+        return pairs
+    except TypeError as exc:  # an unhashable set member or dict key
+        raise ProtocolError(f"{tag}: {exc}") from None
+
+
+def frame(message: dict[str, Any]) -> bytes:
+    """One frame holding `message` (already made of JSON-safe data)."""
+    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if len(body) > MAX_MESSAGE:
+        raise EncodeError(f"message of {len(body)} bytes is larger than the {MAX_MESSAGE}-byte limit")
+    return _HEADER.pack(len(body)) + body
+
+
+def parse(body: bytes) -> dict[str, Any]:
+    """Decode one frame body into a JSON object; raise `ProtocolError` otherwise."""
+    try:
+        message = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"frame is not valid JSON: {str(exc)[:200]}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError(f"frame holds a JSON {type(message).__name__}, not an object")
+    return message
+
+
+class FrameReader:
+    """Incremental, non-blocking frame splitter for the host: feed bytes, get messages."""
+
+    def __init__(self, max_message: int = MAX_MESSAGE) -> None:
+        self._buf = bytearray()
+        self._max = max_message
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        """Add received bytes; return every complete message, or raise `ProtocolError`."""
+        self._buf += data
+        out: list[dict[str, Any]] = []
+        while len(self._buf) >= 4:
+            (size,) = _HEADER.unpack_from(self._buf)
+            if size > self._max:
+                raise ProtocolError(f"frame announces {size} bytes, more than the {self._max}-byte limit")
+            if len(self._buf) < 4 + size:
+                break
+            body = bytes(self._buf[4 : 4 + size])
+            del self._buf[: 4 + size]
+            out.append(parse(body))
+        return out
+
+    @property
+    def pending(self) -> int:
+        """Bytes received but not yet part of a complete frame."""
+        return len(self._buf)
+
+
+def send_frame(fd: int, message: dict[str, Any]) -> None:
+    """Write one whole frame to a blocking fd (the worker's side)."""
+    view = memoryview(frame(message))
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def recv_frame(fd: int, max_message: int = MAX_MESSAGE) -> dict[str, Any] | None:
+    """Read one frame from a blocking fd; None at end of file (the worker's side)."""
+    header = _read_exact(fd, 4)
+    if header is None:
+        return None
+    (size,) = _HEADER.unpack(header)
+    if size > max_message:
+        raise ProtocolError(f"frame announces {size} bytes, more than the {max_message}-byte limit")
+    body = _read_exact(fd, size)
+    if body is None:
+        raise ProtocolError("channel closed in the middle of a frame")
+    return parse(body)
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    chunks: list[bytes] = []
+    while n:
+        chunk = os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            if chunks:
+                raise ProtocolError("channel closed in the middle of a frame")
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,219 @@
+"""Defense in depth inside the worker: an AST check, guarded builtins, an import allow-list.
+
+None of this is the security boundary — the sandbox (and the host, which gates every
+request) is. These layers stop the easy escapes early and tell the model, in one line,
+what it may do instead. Runs inside the worker: standard library only.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import re
+import types
+from collections.abc import Callable, Iterable
+from typing import Any
+
+__all__ = [
+    "DEFAULT_IMPORTS",
+    "ImportPolicy",
+    "InterpreterError",
+    "check_program",
+    "safe_builtins",
+]
+
+#: smolagents' default allow-list.
+DEFAULT_IMPORTS = (
+    "collections", "datetime", "itertools", "math", "queue", "random", "re", "stat", "statistics", "time",
+    "unicodedata",
+)
+
+# Dunder attributes model code legitimately uses; every other dunder is refused.
+_ALLOWED_DUNDERS = frozenset(
+    "__init__ __name__ __qualname__ __doc__ __class__ __module__ __len__ __str__ __repr__ __iter__ __next__ "
+    "__enter__ __exit__ __call__ __getitem__ __setitem__ __delitem__ __contains__ __eq__ __ne__ __lt__ __le__ "
+    "__gt__ __ge__ __hash__ __bool__ __add__ __sub__ __mul__ __truediv__ __floordiv__ __mod__ __pow__ __neg__ "
+    "__pos__ __abs__ __and__ __or__ __xor__ __radd__ __rsub__ __rmul__ __rtruediv__ __version__ __all__ "
+    "__annotations__ __slots__ __file__ __post_init__ __format__ __round__ __int__ __float__".split()
+)
+# Non-dunder attributes that reach frames, code or globals.
+_BLOCKED_ATTRS = frozenset(
+    "gi_frame gi_code gi_yieldfrom cr_frame cr_code cr_await ag_frame ag_code ag_await tb_frame tb_next "
+    "f_back f_globals f_locals f_builtins f_code f_trace co_code co_consts co_names mro func_globals".split()
+)
+_ALLOWED_DUNDER_NAMES = frozenset({"__name__", "__doc__"})
+_FORMAT_WALK = re.compile(r"\{[^{}]*[.\[](_|gi_|cr_|ag_|tb_|f_|co_)")
+_PROCTOR_ERRORS = ("ProctorError", "CallRefused", "ToolDenied", "ApprovalDenied", "ApprovalTimeout",
+                   "BudgetExceeded", "ToolFailed", "AuditError")
+
+
+class InterpreterError(Exception):
+    """The program did something the interpreter refuses (a forbidden name, import or builtin)."""
+
+
+def attribute_allowed(name: str) -> bool:
+    """Whether generated code may read or write attribute `name` (by syntax or via getattr)."""
+    if name.startswith("__") and name.endswith("__"):
+        return name in _ALLOWED_DUNDERS
+    return name not in _BLOCKED_ATTRS
+
+
+def check_program(tree: ast.AST) -> None:
+    """Refuse programs that name frames, code objects, globals or most dunders."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and not attribute_allowed(node.attr):
+            raise _refusal(node, f"access to attribute {node.attr!r} is not allowed")
+        if isinstance(node, ast.Name) and node.id.startswith("__") and node.id.endswith("__"):
+            if node.id not in _ALLOWED_DUNDER_NAMES:
+                raise _refusal(node, f"the name {node.id!r} is not available")
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("format", "format_map") and isinstance(node.func.value, ast.Constant)
+                and isinstance(node.func.value.value, str) and _FORMAT_WALK.search(node.func.value.value)):
+            raise _refusal(node, "format strings may not reach private attributes")
+
+
+def _refusal(node: ast.AST, message: str) -> InterpreterError:
+    line = getattr(node, "lineno", None)
+    err = InterpreterError(message)
+    err.lineno = line  # type: ignore[attr-defined]
+    return err
+
+
+class ImportPolicy:
+    """Which modules a program may import: exact names, ``pkg.*`` for a package and its submodules, ``*``."""
+
+    def __init__(self, authorized: Iterable[str]) -> None:
+        names = set(DEFAULT_IMPORTS) | set(authorized)
+        self.everything = "*" in names
+        self.exact = {n for n in names if not n.endswith(".*") and n != "*"}
+        self.prefixes = tuple(n[:-2] for n in names if n.endswith(".*"))
+        self.listing = ", ".join(sorted(names))
+        self._views: dict[int, types.ModuleType] = {}
+
+    def allows(self, name: str) -> bool:
+        if self.everything or name in self.exact or name == "proctor.errors":
+            return True
+        return any(name == p or name.startswith(p + ".") for p in self.prefixes)
+
+    def make_import(self, real_import: Callable[..., Any]) -> Callable[..., Any]:
+        """A guarded ``__import__`` for the program's builtins."""
+
+        def guarded_import(name: str, globals: Any = None, locals: Any = None,
+                           fromlist: Any = (), level: int = 0) -> Any:
+            if level:
+                raise ImportError("relative imports are not allowed in the program")
+            if not self.allows(name):
+                raise ImportError(f"import of {name!r} is not allowed; allowed modules: {self.listing}")
+            module = real_import(name, None, None, fromlist, 0)
+            if self.everything:
+                return module
+            if fromlist:
+                return self.view(module)
+            top = real_import(name.partition(".")[0], None, None, (), 0)
+            return self.view(top)
+
+        return guarded_import
+
+    def view(self, module: types.ModuleType) -> types.ModuleType:
+        """A copy of `module` without private names or unrelated modules (e.g. ``random._os``)."""
+        cached = self._views.get(id(module))
+        if cached is not None and cached.__dict__.get("__proctor_size__") == len(module.__dict__):
+            return cached
+        name = module.__name__
+        full = self.allows(name)
+        top = name.partition(".")[0]
+        policy = self
+
+        def admit(attr: str, value: Any) -> Any:
+            if attr.startswith("_") or not attribute_allowed(attr):
+                raise AttributeError(attr)
+            if isinstance(value, types.ModuleType):
+                sub = value.__name__
+                if sub.startswith(top + ".") or policy.allows(sub):
+                    return policy.view(value)
+                raise AttributeError(attr)
+            if not full:
+                raise AttributeError(attr)
+            return value
+
+        class ModuleView(types.ModuleType):
+            def __getattr__(self, attr: str) -> Any:  # names the real module creates lazily
+                try:
+                    return admit(attr, getattr(module, attr))
+                except AttributeError:
+                    raise AttributeError(f"module {name!r} has no attribute {attr!r} available here") from None
+
+        view = ModuleView(name, module.__doc__)
+        self._views[id(module)] = view
+        for attr, value in list(module.__dict__.items()):
+            if isinstance(value, types.ModuleType) and value is module:
+                continue
+            try:
+                setattr(view, attr, admit(attr, value))
+            except AttributeError:
+                continue
+        view.__dict__["__proctor_size__"] = len(module.__dict__)
+        return view
+
+
+def _unavailable(name: str, hint: str) -> Callable[..., Any]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise InterpreterError(f"{name}() is not available in the program{hint}")
+
+    refuse.__name__ = name
+    return refuse
+
+
+def _checked_name(name: Any) -> str:
+    if not isinstance(name, str):
+        raise TypeError("attribute name must be a string")
+    if not attribute_allowed(name):
+        raise InterpreterError(f"access to attribute {name!r} is not allowed")
+    return name
+
+
+def _getattr(obj: Any, name: str, *default: Any) -> Any:
+    return getattr(obj, _checked_name(name), *default)
+
+
+def _hasattr(obj: Any, name: str) -> bool:
+    return hasattr(obj, _checked_name(name))
+
+
+def _setattr(obj: Any, name: str, value: Any) -> None:
+    setattr(obj, _checked_name(name), value)
+
+
+def _delattr(obj: Any, name: str) -> None:
+    delattr(obj, _checked_name(name))
+
+
+_SAFE = (
+    "abs all any ascii bin bool bytearray bytes callable chr classmethod complex dict dir divmod enumerate "
+    "filter float format frozenset hash hex id int isinstance issubclass iter len list map max min next "
+    "object oct ord pow print property range repr reversed round set slice sorted staticmethod str sum super "
+    "tuple type zip memoryview aiter anext True False None NotImplemented Ellipsis __build_class__".split()
+)
+
+
+def safe_builtins(imports: ImportPolicy, errors: dict[str, type], *, allow_open: bool) -> dict[str, Any]:
+    """The builtins the program sees: no eval/exec/compile/globals/vars, guarded getattr and import."""
+    real = vars(builtins)
+    table: dict[str, Any] = {name: real[name] for name in _SAFE if name in real}
+    for name, value in real.items():
+        if isinstance(value, type) and issubclass(value, BaseException):
+            table[name] = value
+    table.update(getattr=_getattr, hasattr=_hasattr, setattr=_setattr, delattr=_delattr)
+    table["__import__"] = imports.make_import(builtins.__import__)
+    for name in ("eval", "exec", "compile", "globals", "locals", "vars", "breakpoint", "input", "help"):
+        table[name] = _unavailable(name, "")
+    if allow_open or imports.everything:
+        table["open"] = real["open"]
+    else:
+        table["open"] = _unavailable("open", " in process-only isolation (no sandbox filesystem)")
+    table["__name__"] = "builtins"
+    table["InterpreterError"] = InterpreterError
+    for name in _PROCTOR_ERRORS:
+        if name in errors:
+            table[name] = errors[name]
+    return table

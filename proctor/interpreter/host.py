@@ -1,0 +1,231 @@
+"""The host's handle on one worker process: start it, talk to it, read its logs, kill it.
+
+Everything read from the worker is untrusted: frames go through `FrameReader` (size
+checked before anything is buffered, JSON only), logs are capped, and the handle
+never blocks on the worker — every read is a poll with a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from typing import Any
+
+from proctor.errors import SandboxError
+from proctor.interpreter.channel import MAX_MESSAGE, FrameReader, frame
+from proctor.interpreter.sandbox import SandboxSpec, spawn
+
+__all__ = ["WorkerDied", "WorkerProcess"]
+
+
+class WorkerDied(Exception):
+    """The worker's channel closed: it exited or was killed."""
+
+
+class WorkerProcess:
+    """One running worker, its channel (a socketpair), its log pipe and its diagnostics pipe."""
+
+    def __init__(self, spec: SandboxSpec, init: dict[str, Any], *, log_cap: int) -> None:
+        self.spec = spec
+        self.log_cap = log_cap
+        self.started = time.perf_counter()
+        self.ready_at: float | None = None
+        self.pid: int | None = None
+        self.seen_ids: set[int] = set()
+        self.logs = bytearray()
+        self.logs_cut = False
+        self.diag = bytearray()
+        self._reader = FrameReader(MAX_MESSAGE)
+        self._dead = False
+        self._tmp = tempfile.TemporaryDirectory(prefix="proctor-worker-") if spec.isolation != "bwrap" else None
+        host, child = socket.socketpair()
+        log_r, log_w = os.pipe()
+        diag_r, diag_w = os.pipe()
+        try:
+            self.proc = spawn(spec, child.fileno(), log_w, diag_w, self._tmp.name if self._tmp else None)
+        except BaseException:
+            for fd in (log_r, diag_r):
+                os.close(fd)
+            host.close()
+            raise
+        finally:
+            child.close()
+            os.close(log_w)
+            os.close(diag_w)
+        self.sock = host
+        self.sock.setblocking(False)
+        self.log_fd, self.diag_fd = log_r, diag_r
+        for fd in (log_r, diag_r):
+            os.set_blocking(fd, False)
+        self._finalizer = weakref.finalize(self, _shutdown, self.proc, self.sock, (log_r, diag_r), self._tmp)
+        self.send(init)
+
+    # -- talking ---------------------------------------------------------------------------------
+
+    def send(self, message: dict[str, Any], timeout: float = 10.0) -> None:
+        """Write one frame; the worker must take it within `timeout` seconds."""
+        data = memoryview(frame(message))
+        end = time.monotonic() + timeout
+        while data:
+            try:
+                data = data[self.sock.send(data):]
+            except BlockingIOError:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise SandboxError("the worker stopped reading its channel") from None
+                select.select([], [self.sock], [], left)
+            except OSError as exc:
+                raise WorkerDied(f"channel closed: {exc}") from None
+
+    def read(self, timeout: float) -> list[dict[str, Any]]:
+        """Messages that arrive within `timeout` (maybe none); logs are drained on the way.
+
+        Raises `ProtocolError` for a bad frame and `WorkerDied` when the channel closed.
+        """
+        if self._dead:
+            raise WorkerDied("the worker is gone")
+        fds = [self.sock.fileno(), self.log_fd, self.diag_fd]
+        try:
+            ready, _, _ = select.select(fds, [], [], max(timeout, 0.0))
+        except InterruptedError:
+            return []
+        messages: list[dict[str, Any]] = []
+        if self.log_fd in ready:
+            self.drain_logs()
+        if self.diag_fd in ready:
+            self._drain(self.diag_fd, self.diag, 8192, keep_tail=True)
+        if self.sock.fileno() in ready:
+            for _ in range(64):  # bounded: a flooding worker cannot keep the host here forever
+                try:
+                    chunk = self.sock.recv(1 << 18)
+                except BlockingIOError:
+                    break
+                except OSError as exc:
+                    raise WorkerDied(f"channel error: {exc}") from None
+                if not chunk:
+                    self._drain_logs()
+                    raise WorkerDied("the worker closed its channel")
+                messages.extend(self._reader.feed(chunk))
+        return messages
+
+    def drain_logs(self) -> None:
+        if self._dead:
+            return  # the fds may already be closed (and their numbers reused) by the reaper
+        self._drain_logs()
+
+    def _drain_logs(self) -> None:
+        cut = self._drain(self.log_fd, self.logs, self.log_cap, keep_tail=False)
+        self.logs_cut = self.logs_cut or cut
+
+    @staticmethod
+    def _drain(fd: int, buf: bytearray, cap: int, *, keep_tail: bool) -> bool:
+        cut = False
+        for _ in range(256):
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            if not chunk:
+                break
+            if keep_tail:
+                buf += chunk
+                del buf[: max(0, len(buf) - cap)]
+            else:
+                room = cap - len(buf)
+                if len(chunk) > room:
+                    cut = True
+                buf += chunk[: max(room, 0)]
+        return cut
+
+    # -- life and death --------------------------------------------------------------------------
+
+    def kill(self) -> None:
+        """Close the channel, then SIGKILL the worker's process group (the whole sandbox)."""
+        if self._dead:
+            return
+        self._dead = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        _kill_group(self.proc)
+        self._drain_logs()
+        threading.Thread(target=self._reap, name="proctor-reaper", daemon=True).start()
+
+    def _reap(self) -> None:
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        self._finalizer()
+
+    def close(self) -> None:
+        self.kill()
+
+    def exit_description(self) -> str:
+        """How the worker ended, for error messages (signal, exit code, last diagnostics)."""
+        code = self.proc.poll()
+        if code is None:
+            try:
+                code = self.proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                code = None
+        if code is None:
+            what = "is unresponsive"
+        elif code < 0:
+            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+            what = f"was killed by {name}"
+            if -code in (signal.SIGKILL, signal.SIGSEGV):
+                what += " (out of memory, or a CPU/memory limit)"
+            elif -code == getattr(signal, "SIGXCPU", -1):
+                what += " (CPU time limit)"
+        else:
+            what = f"exited with status {code}"
+        tail = self.diag.decode("utf-8", "replace").strip().splitlines()[-1:] if self.diag else []
+        return what + (f"; last diagnostic: {tail[0][:300]}" if tail else "")
+
+    @property
+    def dead(self) -> bool:
+        return self._dead
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            proc.kill()
+        except OSError:
+            pass
+
+
+def _shutdown(proc: subprocess.Popen[bytes], sock: socket.socket, fds: tuple[int, ...],
+              tmp: tempfile.TemporaryDirectory[str] | None) -> None:
+    """Last-resort cleanup (also run when a handle is garbage-collected): nothing is left running."""
+    try:
+        sock.close()
+    except OSError:
+        pass
+    if proc.poll() is None:
+        _kill_group(proc)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    if tmp is not None:
+        tmp.cleanup()
+

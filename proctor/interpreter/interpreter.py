@@ -1,0 +1,411 @@
+"""`Interpreter`: run one model program per step in a sandboxed worker; every tool call goes to the gate.
+
+The worker holds stubs only. Each stub call arrives here as a request, is handed to
+`gate.submit` (which never raises), and its value or error goes back to the stub,
+which returns it or raises the same-named exception at the call site. The step's
+clock stops while the host serves a request, so a slow tool or a human approving a
+call does not eat the program's time; at the deadline the worker is killed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import structlog
+
+from proctor.calls import CallRecord, new_id
+from proctor.errors import ExecutionTimeout, ProctorError, SandboxError, ToolDenied, ToolFailed
+from proctor.interpreter.channel import EncodeError, ProtocolError, encode_value, frame
+from proctor.interpreter.host import WorkerDied, WorkerProcess
+from proctor.interpreter.messages import (
+    CallRequest,
+    Done,
+    Final,
+    Ready,
+    error_payload,
+    parse_worker_message,
+    refused_record,
+)
+from proctor.interpreter.sandbox import INSTALL_HINT, SandboxSpec, bwrap_status, site_paths
+from proctor.tools import Tool
+
+__all__ = ["ExecutionResult", "Interpreter", "ProgramError", "SandboxMode"]
+
+log = structlog.get_logger("proctor.interpreter")
+SandboxMode = Literal["auto", "bwrap", "process", "none"]
+MiB = 1024 * 1024
+
+
+class ProgramError(Exception):
+    """The program raised: its exception type, message and line (``ZeroDivisionError: … (line 3)``)."""
+
+    def __init__(self, type_name: str, message: str, line: int | None) -> None:
+        self.type, self.message, self.line = type_name, message, line
+        where = f" (line {line})" if line else ""
+        super().__init__(f"{type_name}: {message}{where}" if message else f"{type_name}{where}")
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    """What one program did: its last expression's value, output, error and every tool call, in order.
+
+    `state_lost` is true when the worker had to be replaced (timeout, crash, protocol
+    violation) — on the result that lost it and on the first result of the fresh worker.
+    """
+
+    value: Any
+    logs: str
+    error: Exception | None
+    tool_calls: Sequence[CallRecord] = ()
+    is_final_answer: bool = False
+    state_lost: bool = False
+    isolation: str = ""
+    duration: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _Gate:
+    """What the interpreter needs of a gate (`proctor.Gate` is one)."""
+
+    audit: Any
+
+    def register(self, *tools: Any) -> None: ...
+    def start_run(self) -> Any: ...
+    def submit(self, tool: str, args: Any, *, context: Any = None, parent: Any = None) -> Any: ...
+
+
+class Interpreter:
+    """A persistent, sandboxed Python namespace whose tool calls all pass one gate (see the module docstring)."""
+
+    def __init__(self, tools: Iterable[Tool | Callable[..., Any]], gate: Any, timeout: float = 30,
+                 authorized_imports: Iterable[str] = (), sandbox: SandboxMode = "auto",
+                 memory_limit: int | None = 512 * MiB, max_output: int = 50_000, context: Any = None, *,
+                 cpu_limit: int = 3600, max_processes: int = 64, start_timeout: float = 30.0) -> None:
+        if sandbox not in ("auto", "bwrap", "process", "none"):
+            raise ValueError(f"sandbox must be 'auto', 'bwrap', 'process' or 'none', not {sandbox!r}")
+        if timeout <= 0 or max_output <= 0:
+            raise ValueError("timeout and max_output must be positive")
+        self.tools = [t if isinstance(t, Tool) else Tool.from_function(t) for t in tools]
+        self.gate = gate
+        gate.register(*self.tools)
+        self.timeout, self.max_output, self.start_timeout = float(timeout), int(max_output), start_timeout
+        self.authorized_imports = tuple(authorized_imports)
+        self.context = context
+        self.sandbox = sandbox
+        self.isolation = self._choose_isolation(sandbox)
+        self._names = {t.name for t in self.tools}
+        needs_site = any(n for n in self.authorized_imports if n.partition(".")[0] not in _STDLIB_HINT)
+        self._spec = SandboxSpec(self.isolation, extra_paths=tuple(site_paths()) if needs_site else ())
+        self._limits = _limits(self.isolation, memory_limit, cpu_limit, max_processes, self._spec.tmpfs_bytes)
+        self._init: dict[str, Any] = {
+            "t": "init", "tools": [_tool_spec(t) for t in self.tools], "imports": list(self.authorized_imports),
+            "max_output": self.max_output, "isolation": self.isolation,
+            "sys_path": site_paths() if needs_site else [],
+            "limits": self._limits,
+        }
+        self._lock = threading.RLock()
+        self._closed = False
+        self._seq = 0
+        self._lost = False
+        self._backlog: list[dict[str, Any]] = []
+        self._worker: WorkerProcess | None = None
+        self._worker = self._start()
+        self._ready(self._worker)
+
+    # -- public ----------------------------------------------------------------------------------
+
+    def __enter__(self) -> Interpreter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the worker; the interpreter cannot run programs afterwards."""
+        with self._lock:
+            self._closed = True
+            if self._worker is not None:
+                self._worker.close()
+                self._worker = None
+
+    def reset(self) -> None:
+        """Replace the worker with a fresh one: no variable survives."""
+        with self._lock:
+            self._check_open()
+            if self._worker is not None:
+                self._worker.kill()
+            self._backlog.clear()
+            self._worker = self._start()
+
+    def run(self, code: str, *, context: Any = None, parent: Any = None) -> ExecutionResult:
+        """Run one program in the persistent namespace; never raises for anything the program does."""
+        with self._lock:
+            self._check_open()
+            started = time.monotonic()
+            lost, self._lost = self._lost, False
+            calls: list[CallRecord] = []
+            try:
+                worker = self._ready(self._worker or self._start())
+                ctx = context or self._run_context()
+                self._seq += 1
+                worker.logs.clear()
+                worker.logs_cut = False
+                worker.send({"t": "run", "run": self._seq, "code": str(code)})
+                result = self._drive(worker, ctx, parent, calls, started)
+            except ProtocolError as exc:
+                result = self._lose(f"the worker broke the channel protocol and was stopped: {exc}", calls)
+            except WorkerDied:
+                desc = self._worker.exit_description() if self._worker else "is gone"
+                result = self._lose(f"the worker died: it {desc}", calls)
+            except ProctorError as exc:  # SandboxError starting or talking to the worker; AuditError from start_run
+                result = self._lose(str(exc), calls, error=exc) if isinstance(exc, SandboxError) else \
+                    ExecutionResult(None, "", exc, tuple(calls), isolation=self.isolation)
+            if lost and not result.state_lost:
+                result = _replace(result, state_lost=True)
+            return _replace(result, duration=time.monotonic() - started)
+
+    # -- the step loop ---------------------------------------------------------------------------
+
+    def _drive(self, worker: WorkerProcess, ctx: Any, parent: Any, calls: list[CallRecord],
+               started: float) -> ExecutionResult:
+        deadline = time.monotonic() + self.timeout
+        final: list[Any] = []
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                return self._timed_out(calls, final)
+            batch, self._backlog = self._backlog + worker.read(deadline - now), []
+            for i, raw in enumerate(batch):
+                message = parse_worker_message(raw)
+                if isinstance(message, Ready):
+                    raise ProtocolError("unexpected ready message during a run")
+                if isinstance(message, CallRequest):
+                    if time.monotonic() >= deadline:  # requests after the deadline never reach the gate
+                        return self._timed_out(calls, final)
+                    began = time.monotonic()
+                    self._serve(worker, message, ctx, parent, calls, bool(final))
+                    deadline += time.monotonic() - began  # waiting on the host does not count
+                elif isinstance(message, Final):
+                    if message.run != self._seq or final:
+                        raise ProtocolError("unexpected final message")
+                    final.append(message.value)
+                elif isinstance(message, Done):
+                    if message.run != self._seq:
+                        raise ProtocolError(f"done message for run {message.run}, expected {self._seq}")
+                    self._backlog = batch[i + 1 :]
+                    return self._finish(worker, message, calls, final)
+
+    def _serve(self, worker: WorkerProcess, req: CallRequest, ctx: Any, parent: Any,
+               calls: list[CallRecord], after_final: bool) -> None:
+        if req.id in worker.seen_ids:
+            raise ProtocolError(f"request id {req.id} used twice")
+        worker.seen_ids.add(req.id)
+        refusal = None
+        if req.run != self._seq:
+            refusal = "tool calls from a program that has already finished are refused"
+        elif after_final:
+            refusal = "final_answer() was already called: the program may not call tools any more"
+        elif req.tool not in self._names:
+            refusal = f"unknown tool {req.tool!r} (this program can call: {', '.join(sorted(self._names))})"
+        if refusal is not None:
+            record = refused_record(new_id("call_"), req.tool, refusal)
+            if req.run == self._seq:
+                calls.append(record)
+            log.warning("call_refused_by_interpreter", tool=req.tool, reason=refusal)
+            self._reply(worker, req.id, error=ToolDenied(refusal, tool=req.tool, call_id=record.call_id))
+            return
+        outcome = self.gate.submit(req.tool, req.args, context=ctx, parent=parent)
+        calls.append(outcome.record)
+        if outcome.error is not None:
+            self._reply(worker, req.id, error=outcome.error)
+            return
+        try:
+            value = encode_value(outcome.value, _where="result")
+            frame({"value": value})  # size check
+        except EncodeError as exc:
+            error = ToolFailed(f"{req.tool}: ran, but its {exc}", tool=req.tool, call_id=outcome.record.call_id,
+                               error_type="EncodeError")
+            self._reply(worker, req.id, error=error)
+            return
+        worker.send({"t": "reply", "id": req.id, "ok": True, "value": value})
+
+    @staticmethod
+    def _reply(worker: WorkerProcess, rid: int, *, error: ProctorError) -> None:
+        worker.send({"t": "reply", "id": rid, "ok": False, "error": error_payload(error)})
+
+    def _finish(self, worker: WorkerProcess, done: Done, calls: list[CallRecord], final: list[Any]) -> ExecutionResult:
+        worker.drain_logs()
+        logs = self._logs(worker, cut=done.cut)
+        is_final = done.final or bool(final)
+        value = final[0] if final else done.value
+        error = None
+        if done.error is not None and not is_final:
+            error = ProgramError(done.error["type"], done.error["message"], done.error["line"])
+        return ExecutionResult(value, logs, error, tuple(calls), is_final, isolation=self.isolation)
+
+    def _timed_out(self, calls: list[CallRecord], final: list[Any]) -> ExecutionResult:
+        error = ExecutionTimeout(f"the program ran longer than {self.timeout:g}s and was stopped; "
+                                 "its variables are lost and the next run starts fresh")
+        result = self._lose(str(error), calls, error=error)
+        if final:
+            result = _replace(result, value=final[0], is_final_answer=True)
+        return result
+
+    def _lose(self, message: str, calls: list[CallRecord], *, error: ProctorError | None = None) -> ExecutionResult:
+        """Kill the worker (its state is gone), start the next one in the background, report why."""
+        worker, self._worker = self._worker, None
+        logs = ""
+        if worker is not None:
+            worker.kill()
+            logs = self._logs(worker, cut=False)
+        self._backlog.clear()
+        self._lost = True
+        if not self._closed:
+            try:
+                self._worker = self._start()
+            except SandboxError as exc:
+                log.error("worker_restart_failed", error=str(exc))
+        log.warning("worker_lost", reason=message)
+        return ExecutionResult(None, logs, error or SandboxError(message), tuple(calls), state_lost=True,
+                               isolation=self.isolation)
+
+    def _logs(self, worker: WorkerProcess, *, cut: bool) -> str:
+        text = worker.logs.decode("utf-8", "replace")
+        if cut or worker.logs_cut or len(text) > self.max_output:
+            text = text[: self.max_output] + f"\n[output truncated: more than {self.max_output} characters]"
+        return text
+
+    # -- workers ---------------------------------------------------------------------------------
+
+    def _choose_isolation(self, sandbox: str) -> str:
+        if sandbox in ("process", "none"):
+            return "process"
+        ok, reason, _ = bwrap_status()
+        if ok:
+            return "bwrap"
+        if sandbox == "bwrap":
+            raise SandboxError(f"sandbox='bwrap' but {reason}: {INSTALL_HINT}")
+        log.warning("sandbox_unavailable", reason=reason, isolation="process",
+                    message="PROCESS-ONLY ISOLATION: model code can read files and use the network "
+                            f"of this machine's user; {INSTALL_HINT}")
+        return "process"
+
+    def _start(self) -> WorkerProcess:
+        return WorkerProcess(self._spec, self._init, log_cap=self.max_output * 4 + 1024)
+
+    def _ready(self, worker: WorkerProcess) -> WorkerProcess:
+        if worker.ready_at is not None:
+            return worker
+        end = time.monotonic() + self.start_timeout
+        try:
+            while True:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise SandboxError(f"the worker did not start within {self.start_timeout:g}s")
+                for raw in worker.read(left):
+                    message = parse_worker_message(raw)
+                    if not isinstance(message, Ready):
+                        raise ProtocolError(f"expected ready, got {type(message).__name__}")
+                    worker.pid, worker.ready_at = message.pid, time.perf_counter()
+                    self._audit_start(worker)
+                    return worker
+        except (WorkerDied, ProtocolError) as exc:
+            worker.kill()
+            raise SandboxError(f"the worker failed to start: it {worker.exit_description()} ({exc})") from None
+        except SandboxError:
+            worker.kill()
+            raise
+
+    def _audit_start(self, worker: WorkerProcess) -> None:
+        start_ms = round((worker.ready_at or worker.started) * 1000 - worker.started * 1000, 1)
+        fields = {"isolation": self.isolation, "sandbox": self.sandbox, "host_pid": worker.proc.pid,
+                  "start_ms": int(start_ms), "memory_limit": self._limits.get("RLIMIT_AS"),
+                  "authorized_imports": list(self.authorized_imports)}
+        log.debug("worker_started", **fields)
+        audit = getattr(self.gate, "audit", None)
+        if audit is not None:
+            result = audit.append("worker_started", fields, durable=False)
+            if not getattr(result, "ok", True):
+                log.error("audit_write_failed", kind="worker_started", error=getattr(result, "error", None))
+
+    def _run_context(self) -> Any:
+        if self.context is None:
+            self.context = self.gate.start_run()
+        return self.context
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError("this interpreter is closed")
+
+
+# Top-level names that never need the site-packages bind.
+_STDLIB_HINT = frozenset({"*"}) | frozenset(getattr(__import__("sys"), "stdlib_module_names", ()))
+
+
+def _tool_spec(t: Tool) -> dict[str, Any]:
+    """The data a worker builds a stub from: name, parameters, docstring — never the function."""
+    params = []
+    for p in t.signature.parameters.values():
+        spec: dict[str, Any] = {"name": p.name, "kind": p.kind.name}
+        if p.default is not p.empty:
+            try:
+                spec["default"] = encode_value(p.default)
+            except EncodeError:
+                spec["optional"] = True
+        params.append(spec)
+    annotations = {p.name: inspect.formatannotation(p.annotation) for p in t.signature.parameters.values()
+                   if p.annotation is not p.empty}
+    if t.signature.return_annotation is not t.signature.empty:
+        annotations["return"] = inspect.formatannotation(t.signature.return_annotation)
+    args = "".join(f"\n    {k}: {v}" for k, v in t.arg_descriptions.items())
+    return {"name": t.name, "params": params, "annotations": annotations,
+            "doc": t.description + (f"\n\nArgs:{args}" if args else "")}
+
+
+def _limits(isolation: str, memory: int | None, cpu: int, nproc: int, fsize: int) -> dict[str, int]:
+    limits = {"RLIMIT_CPU": int(cpu), "RLIMIT_FSIZE": int(fsize), "RLIMIT_CORE": 0, "RLIMIT_NOFILE": 256}
+    if memory:
+        limits["RLIMIT_AS"] = int(memory)
+    if isolation == "bwrap" or os.geteuid() == 0:
+        # Under bwrap the count is per user namespace (this sandbox only); for root the kernel ignores
+        # RLIMIT_NPROC, and the sandbox's seccomp filter refuses new processes instead.
+        limits["RLIMIT_NPROC"] = int(nproc)
+    else:
+        limits["RLIMIT_NPROC"] = _tasks_of(os.getuid()) + int(nproc)  # counted machine-wide per uid
+    return limits
+
+
+def _tasks_of(uid: int) -> int:
+    """Threads the user already runs (RLIMIT_NPROC counts them all, machine-wide)."""
+    total = 0
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return 4096
+    for pid in entries:
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+                status = fh.read()
+        except OSError:
+            continue
+        fields: dict[str, str] = {}
+        for line in status.splitlines():
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+        if fields.get("Uid", "").split()[:1] == [str(uid)]:
+            total += int(fields.get("Threads", "1") or 1)
+    return total
+
+
+def _replace(result: ExecutionResult, **changes: Any) -> ExecutionResult:
+    from dataclasses import replace
+
+    return replace(result, **changes)

@@ -1,0 +1,253 @@
+"""How the worker process is started: bubblewrap when it works, a plain process otherwise.
+
+Under bubblewrap the worker gets every namespace of its own (no network, own pid, ipc,
+uts, user and cgroup namespaces), a read-only view of the Python installation and of
+this package only, a private size-limited tmpfs as /tmp (its cwd), no host home, an
+environment built from nothing, ``--die-with-parent``, and a seccomp filter that
+refuses creating processes (threads still work) and a few kernel interfaces a
+program has no use for. rlimits (memory, CPU, processes, file size, no core) are set
+in every mode, by the worker on itself before any program runs.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import queue
+import shutil
+import struct
+import subprocess
+import sys
+import sysconfig
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from proctor.errors import SandboxError
+
+__all__ = ["SandboxSpec", "bwrap_status", "build_command", "seccomp_program", "spawn", "worker_env"]
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # .../proctor
+BOOTSTRAP = (
+    "import sys,types\n"
+    "d=sys.argv[1]\n"
+    "for n,p in (('proctor',d),('proctor.interpreter',d+'/interpreter')):\n"
+    "    m=types.ModuleType(n);m.__path__=[p];sys.modules[n]=m\n"
+    "from proctor.interpreter.worker import main\n"
+    "main(int(sys.argv[2]))\n"
+)
+INSTALL_HINT = "install bubblewrap (apt-get install bubblewrap) or pass sandbox='process'"
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Everything that decides how one worker is started."""
+
+    isolation: str  # "bwrap" | "process"
+    tmpfs_bytes: int = 64 * 1024 * 1024
+    extra_paths: tuple[str, ...] = ()  # read-only binds for authorized third-party packages
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def worker_env() -> dict[str, str]:
+    """The whole environment the worker gets: nothing inherited from the host."""
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", "TMPDIR": "/tmp"}
+
+
+def python_executable() -> str:
+    """The real interpreter binary (a venv's `python` is a symlink to it)."""
+    return os.path.realpath(sys.executable)
+
+
+def site_paths() -> list[str]:
+    """Where third-party packages live, for authorized imports beyond the standard library."""
+    paths = sysconfig.get_paths()
+    out = []
+    for key in ("purelib", "platlib"):
+        p = paths.get(key)
+        if p and os.path.isdir(p) and p not in out:
+            out.append(p)
+    return out
+
+
+# -- seccomp: no new processes, no kernel attack surface a program has no use for -----------------
+
+_ARCH: dict[str, tuple[int, dict[str, int]]] = {
+    "x86_64": (0xC000003E, dict(clone=56, fork=57, vfork=58, clone3=435, ptrace=101, mount=165, umount2=166,
+                               unshare=272, setns=308, keyctl=250, add_key=248, request_key=249, bpf=321,
+                               perf_event_open=298, userfaultfd=323, io_uring_setup=425, io_uring_enter=426,
+                               io_uring_register=427, chroot=161, pivot_root=155, process_vm_readv=310,
+                               process_vm_writev=311, kexec_load=246, init_module=175, finit_module=313)),
+    "aarch64": (0xC00000B7, dict(clone=220, clone3=435, ptrace=117, mount=40, umount2=39, unshare=97, setns=268,
+                                keyctl=219, add_key=217, request_key=218, bpf=280, perf_event_open=241,
+                                userfaultfd=282, io_uring_setup=425, io_uring_enter=426, io_uring_register=427,
+                                chroot=51, pivot_root=41, process_vm_readv=270, process_vm_writev=271,
+                                kexec_load=104, init_module=105, finit_module=273)),
+}
+
+
+def seccomp_program(machine: str | None = None) -> bytes | None:
+    """A classic-BPF seccomp filter for this machine, or None on an architecture we do not know."""
+    machine = machine or platform.machine()
+    if machine not in _ARCH:
+        return None
+    arch, nr = _ARCH[machine]
+    eperm, enosys = 0x00050000 | 1, 0x00050000 | 38
+    allow, kill = 0x7FFF0000, 0x80000000
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    prog: list[tuple[int, int, int, int]] = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), (ld, 0, 0, 0)]
+    if machine == "x86_64":
+        prog += [(jge, 0, 1, 0x40000000), (ret, 0, 0, kill)]  # x32 syscalls
+    for name in sorted(nr):
+        if name in ("clone", "clone3"):
+            continue
+        prog += [(jeq, 0, 1, nr[name]), (ret, 0, 0, eperm)]
+    prog += [(jeq, 0, 1, nr["clone3"]), (ret, 0, 0, enosys)]  # glibc falls back to clone()
+    prog += [(jeq, 0, 3, nr["clone"]), (ld, 0, 0, 16), (jset, 1, 0, 0x00010000), (ret, 0, 0, eperm),
+             (ret, 0, 0, allow)]
+    return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
+
+
+# -- bubblewrap ------------------------------------------------------------------------------------
+
+def build_command(spec: SandboxSpec, chan_fd: int, seccomp_fd: int | None, *, disable_userns: bool = True,
+                  argv: Sequence[str] | None = None) -> list[str]:
+    """The full argv starting the worker (bwrap-wrapped or plain)."""
+    python = python_executable()
+    worker = list(argv) if argv is not None else [python, "-I", "-S", "-B", "-c", BOOTSTRAP, str(PACKAGE_DIR),
+                                                  str(chan_fd)]
+    if spec.isolation != "bwrap":
+        return worker
+    bwrap = shutil.which("bwrap") or "bwrap"
+    cmd = [bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+           "--hostname", "sandbox"]
+    if disable_userns:
+        cmd.append("--disable-userns")
+    binds: list[str] = ["/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            cmd += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            binds.append(top)
+    prefixes = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)}
+    prefixes.add(str(Path(python).parent.parent))
+    binds += [*sorted(prefixes), str(PACKAGE_DIR), *spec.extra_paths]
+    for path in _outermost(binds):
+        cmd += ["--ro-bind", path, path]
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--size", str(spec.tmpfs_bytes), "--tmpfs", "/tmp",
+            "--chdir", "/tmp", "--clearenv"]
+    for key, value in (spec.env or worker_env()).items():
+        cmd += ["--setenv", key, value]
+    if seccomp_fd is not None:
+        cmd += ["--seccomp", str(seccomp_fd)]
+    return [*cmd, "--", *worker]
+
+
+def _outermost(paths: list[str]) -> list[str]:
+    """Drop paths already inside another bound path; keep order stable."""
+    real = sorted({os.path.realpath(p) for p in paths if os.path.exists(p)}, key=len)
+    kept: list[str] = []
+    for p in real:
+        if not any(p == k or p.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(p)
+    return kept
+
+
+_probe_lock = threading.Lock()
+_probe: dict[str, Any] = {}
+
+
+def bwrap_status() -> tuple[bool, str, bool]:
+    """(usable, reason, supports --disable-userns), probed once per process by starting a real sandbox."""
+    with _probe_lock:
+        if "ok" not in _probe:
+            _probe.update(zip(("ok", "reason", "disable_userns"), _run_probe(), strict=True))
+        return _probe["ok"], _probe["reason"], _probe["disable_userns"]
+
+
+def _run_probe() -> tuple[bool, str, bool]:
+    if not sys.platform.startswith("linux"):
+        return False, "bubblewrap needs Linux", False
+    if shutil.which("bwrap") is None:
+        return False, "bwrap is not installed", False
+    spec = SandboxSpec("bwrap")
+    argv = [python_executable(), "-I", "-S", "-c", "pass"]
+    last = ""
+    for disable in (True, False):
+        try:
+            done = run_in_spawner(lambda d=disable: subprocess.run(  # type: ignore[misc]
+                build_command(spec, 0, None, disable_userns=d, argv=argv), capture_output=True, timeout=20,
+                stdin=subprocess.DEVNULL, env=worker_env()))
+        except (OSError, subprocess.SubprocessError) as exc:
+            return False, f"bwrap could not run: {exc}", False
+        if done.returncode == 0:
+            return True, "bwrap works", disable
+        lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        last = lines[-1] if lines else f"exit {done.returncode}"
+    return False, f"bwrap is installed but cannot create a sandbox here: {last}", False
+
+
+# -- spawning --------------------------------------------------------------------------------------
+
+T = TypeVar("T")
+_jobs: queue.SimpleQueue[tuple[Callable[[], Any], queue.SimpleQueue[tuple[bool, Any]]]] = queue.SimpleQueue()
+_spawner: threading.Thread | None = None
+_spawner_lock = threading.Lock()
+
+
+def _serve() -> None:
+    while True:
+        job, box = _jobs.get()
+        try:
+            box.put((True, job()))
+        except BaseException as exc:  # noqa: BLE001 - handed back to the caller's thread
+            box.put((False, exc))
+
+
+def run_in_spawner(job: Callable[[], T]) -> T:
+    """Run `job` on one long-lived thread.
+
+    bwrap's --die-with-parent uses PR_SET_PDEATHSIG, which fires when the *thread* that
+    forked bwrap exits; forking from a thread that lives as long as the process keeps a
+    worker started from, say, ``asyncio.to_thread`` alive for as long as its host.
+    """
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None or not _spawner.is_alive():
+            _spawner = threading.Thread(target=_serve, name="proctor-spawner", daemon=True)
+            _spawner.start()
+    box: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
+    _jobs.put((job, box))
+    ok, value = box.get()
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
+def spawn(spec: SandboxSpec, chan_fd: int, log_fd: int, diag_fd: int, cwd: str | None) -> subprocess.Popen[bytes]:
+    """Start a worker whose channel is `chan_fd`, stdout `log_fd`, stderr `diag_fd`."""
+    seccomp_r = None
+    pass_fds = [chan_fd]
+    disable_userns = True
+    if spec.isolation == "bwrap":
+        ok, reason, disable_userns = bwrap_status()
+        if not ok:
+            raise SandboxError(f"sandbox='bwrap' but {reason}: {INSTALL_HINT}")
+        program = seccomp_program()
+        if program is not None:
+            seccomp_r, seccomp_w = os.pipe()
+            os.write(seccomp_w, program)
+            os.close(seccomp_w)
+            pass_fds.append(seccomp_r)
+    cmd = build_command(spec, chan_fd, seccomp_r, disable_userns=disable_userns)
+    try:
+        return run_in_spawner(lambda: subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=diag_fd, pass_fds=pass_fds, close_fds=True,
+            env=spec.env or worker_env(), cwd=cwd, start_new_session=True))
+    except OSError as exc:
+        raise SandboxError(f"could not start the worker ({cmd[0]}): {exc}") from None
+    finally:
+        if seccomp_r is not None:
+            os.close(seccomp_r)

@@ -1,0 +1,338 @@
+"""The worker: runs model programs in a persistent namespace holding tool *stubs* only.
+
+Started by the host (see `sandbox.py`) as ``python -I -S -c BOOTSTRAP PKGDIR FD``; fd 1
+is the log pipe, FD the channel. The worker imports only the standard library,
+`channel`, `guard` and `proctor.errors` — never the tools, never pydantic. A stub
+binds its arguments like the real function would, sends ``call`` and blocks until the
+host's ``reply``; the host alone decides and runs the tool.
+"""
+
+from __future__ import annotations
+
+import _thread
+import ast
+import itertools
+import os
+import random
+import sys
+from typing import Any
+
+from proctor import errors as proctor_errors
+from proctor.interpreter import guard
+from proctor.interpreter.channel import EncodeError, decode_value, encode_value, recv_frame, send_frame
+
+__all__ = ["FinalAnswer", "main"]
+
+PROGRAM = "<program>"
+_ERRORS = {name: getattr(proctor_errors, name) for name in proctor_errors.__all__}
+
+
+class FinalAnswer(BaseException):
+    """Raised by `final_answer`; a BaseException so `except Exception` cannot swallow it."""
+
+
+class Channel:
+    """The worker's end: frames out under a lock; replies dispatched to waiting threads by id."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._send_lock = _thread.allocate_lock()
+        self._lock = _thread.allocate_lock()
+        self._waiters: dict[Any, Any] = {}  # key -> lock released when the message arrives
+        self._inbox: dict[Any, dict[str, Any]] = {}
+        self._reading = False
+        self._ids = itertools.count(1)
+
+    def send(self, message: dict[str, Any]) -> None:
+        with self._send_lock:
+            send_frame(self.fd, message)
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def wait(self, key: Any) -> dict[str, Any]:
+        """Block until the message for `key` (a request id, or "ctl") arrives; one thread reads at a time."""
+        while True:
+            with self._lock:
+                if key in self._inbox:
+                    return self._inbox.pop(key)
+                if self._reading:
+                    gate = _thread.allocate_lock()
+                    gate.acquire()
+                    self._waiters[key] = gate
+                else:
+                    self._reading = True
+                    gate = None
+            if gate is not None:
+                gate.acquire()  # woken when our message arrived or the reader left
+                continue
+            try:
+                while True:
+                    message = recv_frame(self.fd)
+                    if message is None:
+                        os._exit(0)  # the host closed the channel: nothing left to do
+                    mkey = message.get("id", "ctl") if message.get("t") == "reply" else "ctl"
+                    if mkey == key:
+                        return message
+                    with self._lock:
+                        self._inbox[mkey] = message
+                        waiter = self._waiters.pop(mkey, None)
+                    if waiter is not None:
+                        waiter.release()
+            finally:
+                with self._lock:
+                    self._reading = False
+                    for waiter in self._waiters.values():
+                        waiter.release()
+                    self._waiters.clear()
+
+
+class Output:
+    """sys.stdout/sys.stderr of the program: buffered writes to the log pipe, cut after `limit` characters."""
+
+    def __init__(self, fd: int, limit: int) -> None:
+        self.fd, self.limit = fd, limit
+        self.written = 0
+        self.cut = False
+        self._parts: list[str] = []
+        self._size = 0
+        self._lock = _thread.allocate_lock()
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        with self._lock:
+            room = self.limit - self.written
+            if room <= 0:
+                self.cut = self.cut or bool(text)
+                return len(text)
+            if len(text) > room:
+                self.cut = True
+            part = text[:room]
+            self.written += len(part)
+            self._parts.append(part)
+            self._size += len(part)
+            if self._size > 8192:
+                self._flush_locked()
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        if not self._parts:
+            return
+        data = memoryview("".join(self._parts).encode("utf-8", "replace"))
+        self._parts.clear()
+        self._size = 0
+        while data:
+            data = data[os.write(self.fd, data):]
+
+    def reset(self) -> None:
+        with self._lock:
+            self._flush_locked()
+            self.written, self.cut = 0, False
+
+    def isatty(self) -> bool:
+        return False
+
+    encoding = "utf-8"
+
+
+class Worker:
+    def __init__(self, channel: Channel, init: dict[str, Any]) -> None:
+        self.channel = channel
+        self.run_id = 0
+        self.active = False
+        self.final: tuple[bool, Any] = (False, None)
+        self.output = Output(1, int(init["max_output"]))
+        sys.stdout = sys.stderr = self.output  # type: ignore[assignment,unused-ignore]
+        imports = guard.ImportPolicy(init["imports"])
+        table = guard.safe_builtins(imports, _ERRORS, allow_open=init["isolation"] == "bwrap")
+        self.namespace: dict[str, Any] = {"__builtins__": table, "__name__": "__main__", "__doc__": None}
+        for spec in init["tools"]:
+            self.namespace[spec["name"]] = self.make_stub(spec)
+        self.namespace["final_answer"] = self.make_final_answer()
+
+    # -- what the program calls ------------------------------------------------------------------
+
+    def call(self, tool: str, args: dict[str, Any]) -> Any:
+        if self.final[0]:
+            raise FinalAnswer()
+        if not self.active:
+            raise proctor_errors.ProctorError(f"{tool}: tools can only be called while a program runs")
+        try:
+            payload = encode_value(args, _where="argument")
+        except EncodeError as bad:
+            raise TypeError(f"{tool}: {bad}") from None
+        rid = self.channel.next_id()
+        self.output.flush()
+        self.channel.send({"t": "call", "id": rid, "run": self.run_id, "tool": tool, "args": payload})
+        reply = self.channel.wait(rid)
+        if reply.get("ok"):
+            return decode_value(reply.get("value"))
+        err = reply.get("error") or {}
+        cls = _ERRORS.get(str(err.get("type")), proctor_errors.ProctorError)
+        message = str(err.get("message", "the call failed"))
+        extra = {k: err[k] for k in ("tool", "call_id") if isinstance(err.get(k), str)}
+        raised: BaseException
+        if issubclass(cls, proctor_errors.CallRefused):
+            raised = cls(message, rules=tuple(err.get("rules") or ()), **extra)
+            if isinstance(raised, proctor_errors.BudgetExceeded):
+                raised.budget = str(err.get("budget", ""))
+        elif issubclass(cls, proctor_errors.ToolFailed):
+            raised = cls(message, error_type=str(err.get("error_type", "")), **extra)
+        else:
+            raised = cls(message)
+        raise raised
+
+    def make_stub(self, spec: dict[str, Any]) -> Any:
+        """Compile ``def name(a, b=DEFAULT, *, c=...): return call(name, {...})`` from the tool's data."""
+        name = spec["name"]
+        params, names, env = [], [], {"_proctor_call": self.call, "_proctor_missing": _MISSING}
+        star = False
+        for i, p in enumerate(spec["params"]):
+            pname = p["name"]
+            if not pname.isidentifier() or not name.isidentifier():
+                raise ValueError(f"bad parameter name {pname!r}")
+            if p["kind"] == "KEYWORD_ONLY" and not star:
+                params.append("*")
+                star = True
+            text = pname
+            if "default" in p:
+                env[f"_proctor_d{i}"] = decode_value(p["default"])
+                text += f"=_proctor_d{i}"
+            elif p.get("optional"):
+                text += "=_proctor_missing"
+            params.append(text)
+            if p["kind"] == "POSITIONAL_ONLY" and (i + 1 == len(spec["params"])
+                                                   or spec["params"][i + 1]["kind"] != "POSITIONAL_ONLY"):
+                params.append("/")
+            names.append(pname)
+        body = ", ".join(f"{n!r}: {n}" for n in names)
+        source = (f"def {name}({', '.join(params)}):\n"
+                  f"    args = {{{body}}}\n"
+                  f"    return _proctor_call({name!r}, "
+                  "{k: v for k, v in args.items() if v is not _proctor_missing})\n")
+        exec(compile(source, f"<tool {name}>", "exec"), env)
+        stub = env[name]
+        stub.__doc__ = spec.get("doc") or None
+        stub.__annotations__ = dict(spec.get("annotations") or {})
+        stub.__module__ = "tools"
+        return stub
+
+    def make_final_answer(self) -> Any:
+        def final_answer(answer: Any) -> None:
+            """End the program and give `answer` as its result."""
+            if not self.final[0]:
+                self.final = (True, answer)
+                self.output.flush()
+                self.channel.send({"t": "final", "run": self.run_id, "value": _encode_result(answer)})
+            raise FinalAnswer()
+
+        return final_answer
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def run(self, code: str) -> dict[str, Any]:
+        self.final = (False, None)
+        self.output.reset()
+        value: Any = None
+        error = None
+        self.active = True
+        try:
+            tree = ast.parse(code, PROGRAM)
+            guard.check_program(tree)
+            last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+            assert last is None or isinstance(last, ast.Expr)
+            exec(compile(tree, PROGRAM, "exec"), self.namespace)
+            if last is not None:
+                value = eval(compile(ast.Expression(last.value), PROGRAM, "eval"), self.namespace)
+        except FinalAnswer:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - every failure of the program is its result
+            error = _describe(exc)
+        finally:
+            self.active = False
+        final, answer = self.final
+        if final:
+            value, error = answer, None
+        self.output.flush()
+        return {"t": "done", "run": self.run_id, "value": _encode_result(value), "error": error,
+                "final": final, "cut": self.output.cut}
+
+    def loop(self) -> None:
+        while True:
+            message = self.channel.wait("ctl")
+            if message.get("t") != "run":
+                continue
+            self.run_id = int(message["run"])
+            try:
+                result = self.run(str(message["code"]))
+            except BaseException as exc:  # noqa: BLE001 - e.g. MemoryError while reporting: still answer
+                self.active = False
+                result = {"t": "done", "run": self.run_id, "value": None, "final": False, "cut": True,
+                          "error": {"type": type(exc).__name__, "message": "the worker failed to report", "line": None}}
+            self.channel.send(result)
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<default>"
+
+
+_MISSING = _Missing()
+
+
+def _encode_result(value: Any) -> Any:
+    try:
+        return encode_value(value)
+    except EncodeError:
+        try:
+            return repr(value)[:100_000]
+        except Exception as exc:  # noqa: BLE001 - a broken __repr__ must not break the run
+            return f"<unrepresentable {type(value).__name__}: {type(exc).__name__}>"
+
+
+def _describe(exc: BaseException) -> dict[str, Any]:
+    """Type, message and the program's line where it was raised."""
+    line = getattr(exc, "lineno", None) if isinstance(exc, (SyntaxError, guard.InterpreterError)) else None
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == PROGRAM:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    try:
+        message = str(exc) if not isinstance(exc, SyntaxError) else str(exc.msg)
+    except Exception:  # noqa: BLE001 - a broken __str__
+        message = "<unprintable message>"
+    return {"type": type(exc).__name__, "message": message[:10_000], "line": line}
+
+
+def _apply_limits(limits: dict[str, int]) -> None:
+    import resource
+
+    for name, value in limits.items():
+        which = getattr(resource, name)
+        _, hard = resource.getrlimit(which)
+        new = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(which, (new, new))
+
+
+def main(fd: int) -> None:
+    # Move the channel to an unguessable fd number; user code finding it is harmless (the host
+    # gates whatever arrives), but it should not be trivial.
+    hidden = random.randrange(200, 1000)
+    os.dup2(fd, hidden, inheritable=False)
+    os.close(fd)
+    channel = Channel(hidden)
+    init = channel.wait("ctl")
+    if init.get("t") != "init":
+        os._exit(3)
+    if init.get("sys_path"):
+        sys.path.extend(str(p) for p in init["sys_path"])
+    _apply_limits({str(k): int(v) for k, v in init.get("limits", {}).items()})
+    worker = Worker(channel, init)
+    channel.send({"t": "ready", "pid": os.getpid()})
+    worker.loop()
