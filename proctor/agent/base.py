@@ -1,0 +1,314 @@
+"""The step loop shared by `CodeAgent` and `ToolCallingAgent`.
+
+One run: open it at the gate (fresh budgets and history), then for each step check
+the model budgets, optionally plan, ask the model, act (the subclass runs a program
+or the function calls, every tool call through the gate), record the step in the
+audit trail and in the result, and stop at a final answer that passes the checks,
+at `max_steps`, or when a run-wide budget is exhausted.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, cast
+
+import structlog
+from opentelemetry.context import Context
+from opentelemetry.trace import Tracer
+
+from proctor.agent.models import Message, Model, ModelError, ModelResponse, Usage
+from proctor.agent.prompts import planning_prompt
+from proctor.agent.result import RunResult, RunStatus, StepRecord
+from proctor.agent.tracing import model_span, record_response
+from proctor.approval.base import Approver
+from proctor.audit.base import AuditSink
+from proctor.calls import CallRecord
+from proctor.errors import BudgetExceeded, ProctorError
+from proctor.gate import Gate, RunContext
+from proctor.policy import Policy
+from proctor.telemetry import AgentSpan, agent_span, get_tracer, step_span
+from proctor.tools import Tool
+
+__all__ = ["AgentBase", "FinalAnswerCheck", "StepCallback", "load_audit", "load_policy"]
+
+log = structlog.get_logger("proctor.agent")
+
+
+class FinalAnswerCheck(Protocol):
+    """A check on the final answer: ``check(answer, memory) -> bool``; False (or a raise) rejects it."""
+
+    def __call__(self, answer: Any, memory: Sequence[Message], /) -> bool: ...
+
+
+StepCallback = Callable[[StepRecord], None]
+
+
+def load_policy(policy: Policy | str | os.PathLike[str]) -> Policy:
+    """A Policy as is, or a path loaded with `Policy.from_yaml` (PolicyError names the file, line and column)."""
+    if isinstance(policy, (str, os.PathLike)):
+        return Policy.from_yaml(policy)
+    if not hasattr(policy, "decide"):
+        raise TypeError(f"policy must be a Policy or a path to a policy file, got {type(policy).__name__}")
+    return policy
+
+
+def load_audit(audit: AuditSink | str | os.PathLike[str] | None) -> tuple[AuditSink | None, str | None, bool]:
+    """(sink, path, owned): a path becomes an `AuditLog` the agent owns and closes."""
+    if audit is None:
+        return None, None, False
+    if isinstance(audit, (str, os.PathLike)):
+        from proctor.audit import AuditLog
+
+        sink: AuditSink = AuditLog(audit)
+        return sink, os.fspath(audit), True
+    path = getattr(audit, "path", None)
+    return audit, (os.fspath(path) if path is not None else None), False
+
+
+class _Stop(Exception):
+    """Ends the loop early with a status."""
+
+    def __init__(self, status: RunStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class AgentBase:
+    """The loop; subclasses implement `_system_prompt`, `_ask` and `_act`."""
+
+    def __init__(
+        self,
+        tools: Iterable[Tool | Callable[..., Any]],
+        model: Model,
+        policy: Policy | str | os.PathLike[str],
+        approver: Approver | None = None,
+        audit: AuditSink | str | os.PathLike[str] | None = None,
+        max_steps: int = 20,
+        planning_interval: int | None = None,
+        final_answer_checks: Sequence[FinalAnswerCheck] = (),
+        tracer: Tracer | None = None,
+        name: str = "agent",
+        instructions: str | None = None,
+        step_callbacks: Sequence[StepCallback] = (),
+        program_callbacks: Sequence[StepCallback] = (),
+    ) -> None:
+        if max_steps < 1:
+            raise ValueError("max_steps must be at least 1")
+        if planning_interval is not None and planning_interval < 1:
+            raise ValueError("planning_interval must be at least 1 (or None)")
+        self.model = model
+        self.policy = load_policy(policy)
+        self.audit, self.audit_path, self._owns_audit = load_audit(audit)
+        self.tracer = get_tracer(tracer)
+        # Any: the gate's PolicyLike protocol is structural and Policy satisfies it at run time.
+        self.gate = Gate(cast(Any, self.policy), approver=approver, audit=self.audit, tracer=self.tracer, tools=tools)
+        self.tools: list[Tool] = list(self.gate.tools.values())
+        self.max_steps = max_steps
+        self.planning_interval = planning_interval
+        self.final_answer_checks = list(final_answer_checks)
+        self.name = name
+        self.instructions = instructions
+        self.step_callbacks = list(step_callbacks)
+        self.program_callbacks = list(program_callbacks)
+        self.memory: list[Message] = []
+
+    # -- subclass hooks -------------------------------------------------------------------------
+
+    def _system_prompt(self) -> str:
+        raise NotImplementedError
+
+    def _ask(self, messages: Sequence[Message]) -> ModelResponse:
+        raise NotImplementedError
+
+    def _act(self, step: StepRecord, response: ModelResponse, ctx: RunContext, parent: Context) -> tuple[bool, Any]:
+        """Carry out the model's answer; fill `step`; return (finished, answer)."""
+        raise NotImplementedError
+
+    def _reset_executor(self) -> None:
+        """Forget every state kept between runs (the interpreter's worker, for `CodeAgent`)."""
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the interpreter and an audit log the agent opened itself."""
+        if self._owns_audit and self.audit is not None:
+            self.audit.close()
+
+    def __enter__(self) -> AgentBase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def run(
+        self, task: str, reset: bool = True, principal: str | None = None, labels: Mapping[str, str] | None = None
+    ) -> RunResult:
+        """Run `task` to a final answer, `max_steps`, a budget stop or an error; never raises for those."""
+        started = time.perf_counter_ns()
+        if reset:
+            self.memory = []
+            self._reset_executor()
+        steps: list[StepRecord] = []
+        try:
+            ctx = self.gate.start_run(principal=principal, labels=labels)
+        except ProctorError as exc:
+            return RunResult(None, "error", steps, Usage(), None, run_id="", audit_path=self.audit_path,
+                             error=str(exc), duration_ns=time.perf_counter_ns() - started)
+        if not self.memory:
+            self.memory.append({"role": "system", "content": self._system_prompt()})
+        self.memory.append({"role": "user", "content": f"New task:\n{task}"})
+        answer: Any = None
+        error: str | None = None
+        with agent_span(self.tracer, agent_name=self.name, run=ctx.info, model=self.model.model_id) as span:
+            trace_id = span.trace_id
+            try:
+                answer = self._loop(ctx, span, steps)
+                status: RunStatus = "done"
+            except _Stop as stop:
+                status, error = stop.status, str(stop)
+            except Exception as exc:  # noqa: BLE001 - a run reports its failure; it does not crash the caller
+                log.error("agent_run_failed", run_id=ctx.info.id, error=repr(exc))
+                status, error = "error", f"{type(exc).__name__}: {exc}"
+            usage = sum((s.usage for s in steps), Usage())
+            costs = [s.cost_usd for s in steps if s.cost_usd is not None]
+            cost = sum(costs) if costs else None
+            span.usage(usage.input_tokens, usage.output_tokens)
+            span.finish(status, None if status == "done" else status, error)
+        self.gate.finish_run(ctx, status=status, steps=len(steps), error=error,
+                             usage={**usage.as_dict(), "cost_usd": cost})
+        return RunResult(answer, status, steps, usage, cost, run_id=ctx.info.id, audit_path=self.audit_path,
+                         trace_id=trace_id, error=error, duration_ns=time.perf_counter_ns() - started,
+                         budget_usage=ctx.ledger.usage(), budget_remaining=ctx.ledger.remaining())
+
+    def _loop(self, ctx: RunContext, parent: AgentSpan, steps: list[StepRecord]) -> Any:
+        for number in range(1, self.max_steps + 1):
+            self._check_model_budget(ctx)
+            if self.planning_interval and (number - 1) % self.planning_interval == 0:
+                steps.append(self._plan(number, ctx, parent))
+                self._check_model_budget(ctx)
+            ctx.next_step()
+            step = StepRecord(number)
+            began = time.perf_counter_ns()
+            with step_span(self.tracer, step=number, parent=parent, run=ctx.info) as sspan:
+                sctx = sspan.context
+                try:
+                    response = self._generate(self.memory, ctx, step, sctx)
+                    finished, answer = self._act(step, response, ctx, sctx)
+                    if step.code is not None:
+                        sspan.code(step.code)
+                    if finished:
+                        rejection = self._check_final_answer(answer)
+                        if rejection is not None:
+                            finished, step.final_answer = False, False
+                            step.observation = (step.observation + "\n" + rejection).strip()
+                            self.memory.append({"role": "user", "content": rejection})
+                finally:
+                    step.duration_ns = time.perf_counter_ns() - began
+                    sspan.usage(step.usage.input_tokens, step.usage.output_tokens)
+                    sspan.span.set_attribute("proctor.step.calls", len(step.tool_calls))
+                    steps.append(step)
+                    self._record_step(ctx, step)
+            if finished:
+                return answer
+            stop = self._budget_stop(step.tool_calls)
+            if stop is not None:
+                raise _Stop("budget_exhausted", stop)
+        raise _Stop("max_steps", f"no final answer after {self.max_steps} steps")
+
+    def _generate(self, messages: Sequence[Message], ctx: RunContext, step: StepRecord, parent: Context
+                  ) -> ModelResponse:
+        with model_span(self.tracer, parent, model=self.model.model_id) as mspan:
+            try:
+                response = self._ask(messages)
+            except ModelError as exc:
+                step.error = str(exc)
+                raise _Stop("error", str(exc)) from None
+            record_response(mspan, response)
+        step.model_output = response.content
+        step.usage = response.usage
+        step.cost_usd = response.cost_usd
+        charge = getattr(ctx.ledger, "charge_model", None)
+        if charge is not None:
+            charge(response.usage.total_tokens, response.cost_usd or 0.0)
+        return response
+
+    def _plan(self, number: int, ctx: RunContext, parent: AgentSpan) -> StepRecord:
+        step = StepRecord(number, kind="planning")
+        began = time.perf_counter_ns()
+        with step_span(self.tracer, step=number, parent=parent, run=ctx.info) as sspan:
+            sspan.span.set_attribute("proctor.step.kind", "planning")
+            try:
+                ask = {"role": "user", "content": planning_prompt(number)}
+                response = self._generate([*self.memory, ask], ctx, step, sspan.context)
+                sspan.usage(step.usage.input_tokens, step.usage.output_tokens)
+            finally:
+                step.duration_ns = time.perf_counter_ns() - began
+                self._record_step(ctx, step)
+        step.observation = ""
+        self.memory.append({"role": "assistant", "content": f"Plan:\n{response.content}"})
+        self.memory.append({"role": "user", "content": "Now proceed with your plan."})
+        return step
+
+    def _check_model_budget(self, ctx: RunContext) -> None:
+        check = getattr(ctx.ledger, "check_model", None)
+        if check is None:
+            return
+        try:
+            check()
+        except BudgetExceeded as exc:
+            raise _Stop("budget_exhausted", str(exc)) from None
+
+    def _budget_stop(self, calls: Sequence[CallRecord]) -> str | None:
+        """The reason to stop when a call was refused by a budget that covers the whole run."""
+        run_wide = {b.name for b in getattr(self.policy, "budgets", ()) if b.match is None and b.per == "run"}
+        for call in calls:
+            if call.error_type != "BudgetExceeded" or not call.error:
+                continue
+            if any(f"budget '{name}'" in call.error for name in run_wide):
+                return call.error
+        return None
+
+    def _check_final_answer(self, answer: Any) -> str | None:
+        for check in self.final_answer_checks:
+            label = getattr(check, "__name__", type(check).__name__)
+            try:
+                ok = bool(check(answer, self.memory))
+            except Exception as exc:  # noqa: BLE001 - a check that raises rejects, with its message
+                return f"Your final answer was rejected by check {label}: {type(exc).__name__}: {exc}. Continue."
+            if not ok:
+                return f"Your final answer was rejected by check {label}. Fix it and continue."
+        return None
+
+    def _announce(self, step: StepRecord) -> None:
+        """Tell `program_callbacks` what is about to run (before any call of the step)."""
+        _notify(self.program_callbacks, step)
+
+    def _record_step(self, ctx: RunContext, step: StepRecord) -> None:
+        _notify(self.step_callbacks, step)
+        if self.audit is None:
+            return
+        fields = {
+            "run_id": ctx.info.id, "step": step.number, "step_kind": step.kind, "model": self.model.model_id,
+            "usage": step.usage.as_dict(), "cost_usd": step.cost_usd, "code": step.code,
+            "call_ids": [c.call_id for c in step.tool_calls], "error": step.error,
+            "final_answer": step.final_answer, "duration_ns": step.duration_ns,
+        }
+        try:
+            result = self.audit.append("step", fields, durable=False)
+        except Exception as exc:  # noqa: BLE001 - sinks should not raise; a lost step record is logged
+            log.error("audit_step_failed", error=repr(exc))
+            return
+        if not result.ok:
+            log.error("audit_step_failed", error=result.error)
+
+
+def _notify(callbacks: Sequence[StepCallback], step: StepRecord) -> None:
+    for callback in callbacks:
+        try:
+            callback(step)
+        except Exception as exc:  # noqa: BLE001 - a display callback must not end the run
+            log.warning("step_callback_failed", error=repr(exc))

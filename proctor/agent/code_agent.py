@@ -1,0 +1,134 @@
+"""`CodeAgent`: the model writes a Python program each step; every tool call inside it goes through the gate.
+
+The program runs in proctor's interpreter (a sandboxed worker holding only tool
+stubs), so calls made through aliases, comprehensions, ``map``, lambdas or helper
+functions the model defined are each decided, approved, audited and traced on their
+own; the step record lists every one of them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.context import Context
+from opentelemetry.trace import Tracer
+
+from proctor.agent.base import AgentBase, FinalAnswerCheck, StepCallback
+from proctor.agent.models import Message, Model, ModelResponse
+from proctor.agent.observations import observation
+from proctor.agent.parsing import CodeParseError, extract_code
+from proctor.agent.prompts import code_agent_prompt
+from proctor.agent.result import StepRecord
+from proctor.approval.base import Approver
+from proctor.audit.base import AuditSink
+from proctor.gate import RunContext
+from proctor.policy import Policy
+from proctor.tools import Tool
+
+if TYPE_CHECKING:
+    from proctor.interpreter.interpreter import SandboxMode
+
+__all__ = ["CodeAgent"]
+
+# The model must not write the observation itself; it comes from running the program.
+_STOP = ("Observation:",)
+
+
+class CodeAgent(AgentBase):
+    """An agent that acts by writing Python, governed call by call.
+
+    `policy` is a Policy or a path to a policy file; `audit` an AuditSink, a path
+    (an `AuditLog` the agent owns) or None. `sandbox` and `timeout` (seconds per
+    program) go to the interpreter; `authorized_imports` are the modules programs
+    may import.
+    """
+
+    def __init__(
+        self,
+        tools: Iterable[Tool | Callable[..., Any]],
+        model: Model,
+        policy: Policy | str | os.PathLike[str],
+        approver: Approver | None = None,
+        audit: AuditSink | str | os.PathLike[str] | None = None,
+        max_steps: int = 20,
+        authorized_imports: Sequence[str] = (),
+        planning_interval: int | None = None,
+        final_answer_checks: Sequence[FinalAnswerCheck] = (),
+        sandbox: SandboxMode = "auto",
+        tracer: Tracer | None = None,
+        name: str = "code_agent",
+        timeout: float = 30,
+        instructions: str | None = None,
+        step_callbacks: Sequence[StepCallback] = (),
+        program_callbacks: Sequence[StepCallback] = (),
+    ) -> None:
+        super().__init__(tools, model, policy, approver=approver, audit=audit, max_steps=max_steps,
+                         planning_interval=planning_interval, final_answer_checks=final_answer_checks,
+                         tracer=tracer, name=name, instructions=instructions, step_callbacks=step_callbacks,
+                         program_callbacks=program_callbacks)
+        self.authorized_imports = tuple(authorized_imports)
+        self.sandbox = sandbox
+        self.timeout = timeout
+        self._interpreter: Any = None
+
+    @property
+    def interpreter(self) -> Any:
+        """The interpreter, started on first use."""
+        if self._interpreter is None:
+            from proctor.interpreter import Interpreter
+
+            self._interpreter = Interpreter(tools=self.tools, gate=self.gate, timeout=self.timeout,
+                                            authorized_imports=self.authorized_imports, sandbox=self.sandbox)
+        return self._interpreter
+
+    def _reset_executor(self) -> None:
+        if self._interpreter is not None:
+            self._interpreter.reset()
+
+    def close(self) -> None:
+        if self._interpreter is not None:
+            close = getattr(self._interpreter, "close", None)
+            if close is not None:
+                close()
+            self._interpreter = None
+        super().close()
+
+    def _system_prompt(self) -> str:
+        return code_agent_prompt(self.tools, self.policy, self.authorized_imports, self.instructions)
+
+    def _ask(self, messages: Sequence[Message]) -> ModelResponse:
+        return self.model.generate(messages, stop=_STOP)
+
+    def _act(self, step: StepRecord, response: ModelResponse, ctx: RunContext, parent: Context) -> tuple[bool, Any]:
+        self.memory.append({"role": "assistant", "content": response.content})
+        try:
+            code = extract_code(response.content)
+        except CodeParseError as exc:
+            step.error = "parse error: no code block"
+            step.observation = str(exc)
+            self._announce(step)
+            self.memory.append({"role": "user", "content": "Observation:\n" + step.observation})
+            return False, None
+        step.code = code
+        self._announce(step)
+        result = self.interpreter.run(code, context=ctx, parent=parent)
+        step.tool_calls = list(result.tool_calls)
+        error = _error_text(result.error)
+        if error:
+            step.error = error
+        step.final_answer = bool(result.is_final_answer) and not error
+        step.observation = observation(logs=result.logs or "", value=result.value,
+                                       has_value=not result.is_final_answer, calls=step.tool_calls, error=error)
+        self.memory.append({"role": "user", "content": "Observation:\n" + step.observation})
+        return step.final_answer, result.value if step.final_answer else None
+
+
+def _error_text(error: Any) -> str | None:
+    """The interpreter's error as text (it may give a string or an exception)."""
+    if error is None or error == "":
+        return None
+    if isinstance(error, BaseException):
+        return f"{type(error).__name__}: {error}"
+    return str(error)

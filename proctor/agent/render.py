@@ -1,0 +1,164 @@
+"""Showing a run on the terminal: each step's program, a table of its calls, and a closing summary.
+
+Used by ``proctor demo`` and ``proctor run``. Works the same without a terminal
+(plain text, no colours), so its output can be logged or piped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich import box
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from proctor.agent.observations import format_args, truncate
+from proctor.agent.result import RunResult, StepRecord
+from proctor.calls import CallRecord
+
+__all__ = ["StepPrinter", "calls_table", "decision_counts", "summary_table"]
+
+_DECISION_STYLE = {"allow": "green", "deny": "red", "require_approval": "yellow"}
+_STATUS_STYLE = {"ok": "green", "denied": "red", "failed": "magenta", "timeout": "magenta"}
+
+
+def _thought(model_output: str) -> str:
+    """The text before the first code block (the model's "Thought:")."""
+    for marker in ("```", "<code>"):
+        if marker in model_output:
+            model_output = model_output.split(marker, 1)[0]
+    return model_output.strip()
+
+
+def _decision_label(call: CallRecord) -> Text:
+    if call.decision is None:
+        return Text("refused", style="red")
+    text = Text(call.decision.outcome, style=_DECISION_STYLE.get(call.decision.outcome, ""))
+    if call.decision.rules:
+        text.append(f"\n{', '.join(call.decision.rules)}", style="dim")
+    return text
+
+
+def _status_label(call: CallRecord) -> Text:
+    text = Text(call.status, style=_STATUS_STYLE.get(call.status, ""))
+    if call.approval:
+        text.append(f"\n{call.approval}", style="dim")
+    if call.error_type and call.status != "ok":
+        text.append(f"\n{call.error_type}", style="dim")
+    return text
+
+
+def calls_table(calls: Sequence[CallRecord], *, title: str | None = None) -> Table:
+    """One row per call: what was called, its side effect, the decision and rules, and what happened."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
+    table.add_column("#", justify="right", style="dim")
+    table.add_column("call", overflow="fold", max_width=60)
+    table.add_column("effect")
+    table.add_column("decision")
+    table.add_column("result")
+    for i, call in enumerate(calls, 1):
+        table.add_row(str(i), f"{call.tool}({format_args(call.args, 80)})", call.side_effect,
+                      _decision_label(call), _status_label(call))
+    return table
+
+
+class StepPrinter:
+    """Step callbacks that print to `console`: the program before it runs, the calls and output after."""
+
+    def __init__(self, console: Console, *, show_output: bool = True) -> None:
+        self.console = console
+        self.show_output = show_output
+
+    def program(self, step: StepRecord) -> None:
+        """Before the step's calls run (so an approval prompt appears after the code that asks for it)."""
+        self.console.print()
+        self.console.rule(f"[bold]step {step.number}", align="left")
+        thought = _thought(step.model_output)
+        if thought:
+            self.console.print(Text(thought, style="italic cyan"))
+        if step.code:
+            self.console.print(Syntax(step.code, "python", theme="ansi_dark", background_color="default",
+                                      word_wrap=True))
+
+    def done(self, step: StepRecord) -> None:
+        """After the step: the calls it made, what it printed, its error."""
+        if step.kind == "planning":
+            self.console.print(Panel(step.model_output.strip(), title=f"plan (before step {step.number})",
+                                     border_style="dim"))
+            return
+        if step.tool_calls:
+            self.console.print(calls_table(step.tool_calls))
+        parts: list[Any] = []
+        if self.show_output and step.observation:
+            logs = step.observation.split("\n\nTool calls", 1)[0] if step.code else ""
+            if logs.startswith("Execution logs:\n"):
+                parts.append(Text(truncate(logs[len("Execution logs:\n"):], 1500)))
+        if step.error:
+            parts.append(Text(truncate(step.error, 600), style="bold red"))
+        if parts:
+            self.console.print(Panel(Group(*parts), title="output", title_align="left", border_style="dim",
+                                     expand=False))
+
+
+def decision_counts(calls: Sequence[CallRecord]) -> dict[str, dict[str, int]]:
+    """{decision: {status: count}}, decisions in policy order (calls refused before a decision under 'refused')."""
+    counts: dict[str, dict[str, int]] = {}
+    for call in calls:
+        key = call.decision.outcome if call.decision else "refused"
+        by_status = counts.setdefault(key, {})
+        by_status[call.status] = by_status.get(call.status, 0) + 1
+    order = ["allow", "require_approval", "deny", "refused"]
+    return {k: counts[k] for k in order if k in counts}
+
+
+def _budget_rows(result: RunResult, limits: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    rows = []
+    for name, used in result.budget_usage.items():
+        limit = limits.get(name, {})
+        parts = []
+        for key, label in (("calls", "calls"), ("cost", "cost"), ("model_tokens", "model tokens"),
+                           ("model_cost_usd", "model $")):
+            if limit.get(key) is not None:
+                parts.append(f"{used.get(key, 0):g}/{limit[key]:g} {label}")
+        if limit.get("wall_time") is not None:
+            parts.append(f"{used.get('wall_time_ms', 0) / 1000:.1f}/{limit['wall_time']:g}s")
+        rows.append(f"{name}: " + ", ".join(parts))
+    return rows
+
+
+def summary_table(result: RunResult, *, limits: Mapping[str, Mapping[str, Any]] | None = None,
+                  verify: str | None = None, extra: Sequence[tuple[str, str]] = ()) -> Table:
+    """The closing table: how the run ended, calls by decision, budgets, audit and trace."""
+    table = Table(title="summary", box=box.ROUNDED, show_header=False, title_justify="left", expand=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    status_style = "green" if result.status == "done" else "yellow"
+    table.add_row("status", Text(result.status, style=status_style)
+                  + Text(f"  {result.error}" if result.error else "", style="dim"))
+    if result.answer is not None:
+        table.add_row("answer", str(result.answer))
+    steps = [s for s in result.steps if s.kind == "action"]
+    table.add_row("steps", f"{len(steps)} ({result.duration_ns / 1e9:.2f}s)")
+    calls = result.tool_calls
+    lines = []
+    for decision, by_status in decision_counts(calls).items():
+        detail = ", ".join(f"{n} {status}" for status, n in by_status.items())
+        lines.append(f"{decision}: {sum(by_status.values())} ({detail})")
+    table.add_row("calls", f"{len(calls)} in total\n" + "\n".join(lines) if calls else "none")
+    if result.budget_usage:
+        table.add_row("budgets", "\n".join(_budget_rows(result, limits or {})))
+    tokens = f"{result.usage.input_tokens} in / {result.usage.output_tokens} out"
+    if result.cost_usd is not None:
+        tokens += f", ${result.cost_usd:.4f}"
+    table.add_row("model", tokens)
+    table.add_row("audit log", result.audit_path or "none (no --audit)")
+    if verify is not None:
+        table.add_row("verify", verify)
+    table.add_row("trace id", result.trace_id or "none (tracing is off)")
+    for key, value in extra:
+        table.add_row(key, value)
+    return table
