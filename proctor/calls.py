@@ -6,7 +6,7 @@ audit trail and telemetry can pass them around without importing one another.
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -46,8 +46,8 @@ def side_effect_rank(side_effect: str) -> int:
 
 
 def new_id(prefix: str = "") -> str:
-    """A fresh random id, optionally prefixed (``call_…``, ``run_…``)."""
-    return f"{prefix}{uuid.uuid4().hex}"
+    """A fresh random 128-bit id in hex, optionally prefixed (``call_…``, ``run_…``)."""
+    return prefix + os.urandom(16).hex()
 
 
 @dataclass(frozen=True, slots=True)

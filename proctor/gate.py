@@ -18,7 +18,7 @@ import asyncio
 import fnmatch
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, overload
 
@@ -165,6 +165,30 @@ class _HistoryView(Sequence[HistoryEntry]):
         if not -self._n <= i < self._n:
             raise IndexError(i)
         return self._items[i if i >= 0 else self._n + i]
+
+
+class _LazyUsage(Mapping[str, Any]):
+    """The ledger's usage, read only if a condition looks at `usage` (most never do)."""
+
+    __slots__ = ("_ledger", "_usage")
+
+    def __init__(self, ledger: _Ledger) -> None:
+        self._ledger = ledger
+        self._usage: dict[str, Any] | None = None
+
+    def _get(self) -> dict[str, Any]:
+        if self._usage is None:
+            self._usage = self._ledger.usage()
+        return self._usage
+
+    def __getitem__(self, key: str) -> Any:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
 
 
 @dataclass
@@ -366,7 +390,7 @@ class Gate:
 
     def _decide(self, p: _Pending, args: Mapping[str, Any]) -> Decision:
         call = Call(tool=p.tool.name, args=args, side_effect=p.side_effect, cost=p.facts.cost,
-                    history=p.ctx.history_view(), run=p.ctx.info, usage=p.ctx.ledger.usage())
+                    history=p.ctx.history_view(), run=p.ctx.info, usage=_LazyUsage(p.ctx.ledger))
         try:
             return self.policy.decide(call)
         except Exception as exc:  # noqa: BLE001 - a policy that raises denies
