@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from proctor.approval import CallbackApprover, ConsoleApprover, WebhookApprover
+from proctor.audit import AuditLog
+from proctor.calls import CallRecord, Decision, RunInfo
 from proctor.errors import (
     ApprovalDenied,
     ApprovalTimeout,
@@ -16,9 +19,22 @@ from proctor.errors import (
     ToolDenied,
     ToolFailed,
 )
+from proctor.gate import CallOutcome, Gate, RunContext
+from proctor.policy import Policy
 from proctor.tools import Tool, tool
 
 __all__ = [
+    "AuditLog",
+    "CallOutcome",
+    "CallRecord",
+    "CallbackApprover",
+    "ConsoleApprover",
+    "Decision",
+    "Gate",
+    "Policy",
+    "RunContext",
+    "RunInfo",
+    "WebhookApprover",
     "ApprovalDenied",
     "ApprovalTimeout",
     "AuditCorrupted",
