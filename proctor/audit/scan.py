@@ -146,14 +146,12 @@ class Scanner:
         if computed != h:
             raise self._fail("HASH_MISMATCH", f"h does not match the record's contents (computed {computed[:16]}…)",
                              line, offset)
-        seq, ts_ns, kind, prev = rec.get("seq"), rec.get("ts_ns"), rec.get("kind"), rec.get("prev")
-        if type(seq) is not int or type(ts_ns) is not int or not isinstance(kind, str) or not is_hex64(prev):
-            raise self._fail("PARSE", "envelope needs integer seq and ts_ns, string kind, 64-hex prev", line, offset)
+        seq, kind = rec.get("seq"), rec.get("kind")
+        if type(seq) is not int or type(rec.get("ts_ns")) is not int or type(kind) is not str or kind not in _KINDS:
+            raise self._fail("PARSE", "envelope needs integer seq and ts_ns and a known kind", line, offset)
         if seq != pos:
             raise self._fail("SEQ_GAP", f"expected seq {pos}, found seq {seq}", line, offset)
-        if kind not in _KINDS:
-            raise self._fail("PARSE", f"unknown kind {kind!r}", line, offset)
-        if prev != self.head:
+        if rec.get("prev") != self.head:
             raise self._fail("PREV_MISMATCH", "prev is not the previous record's h", line, offset)
         if kind == "checkpoint":
             self._checkpoint(rec, line, offset)
@@ -168,6 +166,10 @@ class Scanner:
         self.head = h
         self.frontier.append(bytes.fromhex(h))
         self.count = pos + 1
+        if self.anchors:
+            self._anchors(pos, h, line, offset)
+
+    def _anchors(self, pos: int, h: str, line: int, offset: int) -> None:
         for anchor in self.anchors:
             if anchor.size == self.count and self.frontier.root_hex() != anchor.record["root"]:
                 raise self._at(pos, "FORK", f"the first {anchor.size} records do not have the root that "
@@ -207,7 +209,11 @@ class Scanner:
             self.key_ids.add(str(rec.get("key_id")))
 
     def finish(self, lines: int, size: int) -> None:
-        """End-of-log checks: a log shorter than an anchor was rolled back or truncated."""
+        """End-of-log checks: anchors signed by the pinned key; a log shorter than an anchor was cut."""
+        for anchor in self.anchors:
+            problem = _check_signature(anchor.record, self.pubkey) if self.pubkey is not None else None
+            if problem is not None:
+                raise ScanFailure(Failure(problem[0], anchor.seq, None, None, f"{anchor.source}: {problem[1]}"))
         for anchor in self.anchors:
             if self.count <= anchor.seq:
                 raise ScanFailure(Failure(

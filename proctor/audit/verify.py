@@ -118,11 +118,11 @@ def verify(
     anchors: list[Anchor] = []
     try:
         if trusted_checkpoint is not None:
-            anchors.append(load_anchor(trusted_checkpoint, key))
+            anchors.append(load_anchor(trusted_checkpoint, None))
         side = side_file_path(path)
         if side_file and side.exists():
             report.side_file = os.fspath(side)
-            anchors.append(load_anchor(side, key))
+            anchors.append(load_anchor(side, None))
     except ScanFailure as exc:
         report.failure = exc.failure
         return report

@@ -1,0 +1,79 @@
+"""Audit trail throughput: records/s written (fsync, flush) and verified.
+
+Run by hand: ``.venv/bin/python bench/audit.py [--records 200000] [--fsync-records 2000] [--dir DIR]``.
+DIR should be on the filesystem the real log will live on (fsync cost is the disk's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from proctor.audit import AuditLog, generate_keypair, verify
+
+
+def _intent(i: int) -> dict[str, object]:
+    return {
+        "call_id": f"call_{i:032x}",
+        "run_id": "run_5f0c6a1e2b3d4c5e6f708192a3b4c5d6",
+        "tool": "send_email",
+        "side_effect": "external",
+        "args": {"to": "ops@example.com", "subject": f"report {i}", "body": {"$redacted": "hmac-sha256:" + "ab" * 32}},
+        "args_digest": "hmac-sha256:" + "cd" * 32,
+        "decision": "allow",
+        "rules": ["internal-mail"],
+        "policy_sha256": "ef" * 32,
+        "approval": None,
+        "trace_id": "0af7651916cd43dd8448eb211c80319c",
+        "span_id": "b7ad6b7169203331",
+    }
+
+
+def _outcome(i: int) -> dict[str, object]:
+    return {"call_id": f"call_{i:032x}", "run_id": "run_5f0c6a1e2b3d4c5e6f708192a3b4c5d6", "tool": "send_email",
+            "status": "ok", "duration_ns": 1_234_567, "trace_id": "0af7651916cd43dd8448eb211c80319c",
+            "span_id": "b7ad6b7169203331"}
+
+
+def write(path: Path, n: int, durability: str, key: Path) -> float:
+    """Records/s appending n records (intent/outcome pairs) with the given durability."""
+    with AuditLog(path, signing_key=key, durability=durability) as log:
+        start = time.perf_counter()
+        for i in range(n // 2):
+            assert log.append("call_intent", _intent(i)).ok
+            assert log.append("call_outcome", _outcome(i)).ok
+        elapsed = time.perf_counter() - start
+    return (n // 2 * 2) / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--fsync-records", type=int, default=2_000)
+    parser.add_argument("--dir", default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        d = Path(tmp)
+        key, pub, _ = generate_keypair(d / "key")
+        fs = write(d / "fsync.jsonl", args.fsync_records, "fsync", key)
+        print(f"write, fsync per record : {fs:>10,.0f} records/s ({1e6 / fs:,.0f} µs/record, {args.fsync_records} records)")
+        fl = write(d / "flush.jsonl", args.records, "flush", key)
+        print(f"write, flush only       : {fl:>10,.0f} records/s ({1e6 / fl:,.1f} µs/record, {args.records} records)")
+        log = d / "flush.jsonl"
+        size = os.path.getsize(log)
+        best = 0.0
+        for _ in range(3):
+            start = time.perf_counter()
+            report = verify(log, pubkey=pub)
+            elapsed = time.perf_counter() - start
+            assert report.ok, report.failure
+            best = max(best, report.records / elapsed)
+        print(f"verify (best of 3)      : {best:>10,.0f} records/s ({report.records} records, "
+              f"{size / report.records:.0f} bytes/record, {size / 1e6 / (report.records / best):.0f} MB/s)")
+
+
+if __name__ == "__main__":
+    main()

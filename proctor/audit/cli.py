@@ -1,0 +1,239 @@
+"""`proctor audit verify | show | tail | keygen` — registered into the `proctor` command.
+
+Import-light on purpose: `proctor.cli` imports this at start-up, so cryptography,
+rich and the verifier are imported inside the command functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+__all__ = ["register"]
+
+_LARGE = 8 << 20  # logs bigger than this get a progress bar (when stderr is a terminal)
+
+
+def register(subparsers: Any) -> None:
+    """Add the `audit` command and its subcommands to the `proctor` parser."""
+    audit = subparsers.add_parser("audit", help="verify, show and follow audit logs; make checkpoint keys")
+    audit.set_defaults(func=lambda _args: _usage(audit))
+    sub = audit.add_subparsers(dest="audit_command", metavar="SUBCOMMAND")
+
+    p = sub.add_parser("verify", help="check chain, checkpoints and anchors; name the first bad record")
+    p.add_argument("log", metavar="LOG")
+    p.add_argument("--pubkey", metavar="K", help="public key the checkpoints must be signed with")
+    p.add_argument("--trusted-checkpoint", metavar="F", help="a checkpoint file saved earlier; the log must extend it")
+    p.add_argument("--no-side-file", action="store_true", help="ignore LOG.checkpoint")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_verify)
+
+    p = sub.add_parser("show", help="a table of records, filtered")
+    p.add_argument("log", metavar="LOG")
+    p.add_argument("--run", metavar="ID", help="only records of this run")
+    p.add_argument("--tool", metavar="T", help="only records of this tool")
+    p.add_argument("--outcome", metavar="O", help="only records whose decision or status is O")
+    p.add_argument("--limit", metavar="N", type=int, help="only the last N matching records")
+    p.set_defaults(func=_show)
+
+    p = sub.add_parser("tail", help="print the last records; -f follows the log as it grows")
+    p.add_argument("log", metavar="LOG")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new records until Ctrl-C")
+    p.add_argument("-n", "--lines", type=int, default=10, metavar="N", help="records to print first (default 10)")
+    p.add_argument("--json", action="store_true", help="print raw JSON lines")
+    p.set_defaults(func=_tail)
+
+    p = sub.add_parser("keygen", help="make an Ed25519 key pair for signing checkpoints")
+    p.add_argument("out", metavar="OUT", help="private key file (mode 0600); the public key goes to OUT.pub")
+    p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.set_defaults(func=_keygen)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _err(message: str) -> None:
+    print(f"proctor audit: {message}", file=sys.stderr)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from proctor.audit.verify import verify
+    from proctor.errors import AuditError
+
+    if not os.path.isfile(args.log):
+        _err(f"{args.log}: no such log file")
+        return 2
+    if args.trusted_checkpoint is not None and not os.path.isfile(args.trusted_checkpoint):
+        _err(f"{args.trusted_checkpoint}: no such checkpoint file")
+        return 2
+    size = os.path.getsize(args.log)
+    try:
+        if size > _LARGE and sys.stderr.isatty() and not args.json:
+            from rich.progress import Progress
+
+            with Progress(transient=True) as bar:
+                task = bar.add_task("verifying", total=size)
+                report = verify(args.log, pubkey=args.pubkey, trusted_checkpoint=args.trusted_checkpoint,
+                                side_file=not args.no_side_file,
+                                progress=lambda done: bar.update(task, completed=done))
+        else:
+            report = verify(args.log, pubkey=args.pubkey, trusted_checkpoint=args.trusted_checkpoint,
+                            side_file=not args.no_side_file)
+    except AuditError as exc:
+        _err(str(exc))
+        return 2
+    except OSError as exc:
+        _err(f"cannot read {args.log}: {exc.strerror or exc}")
+        return 1
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
+        return 0 if report.ok else 1
+    f = report.failure
+    if f is None:
+        signed = f", {report.signed_checkpoints} signed" if report.signed_checkpoints else ""
+        print(f"{args.log}: intact: {report.records} records, {report.checkpoints} checkpoint(s){signed}, "
+              f"root {report.root[:16]}…")
+    else:
+        where = f"seq {f.seq}" + (f", line {f.line}, byte offset {f.offset}" if f.line is not None else "")
+        print(f"{args.log}: TAMPERED or corrupt: {f.code} at {where}: {f.message}")
+    for warning in report.warnings:
+        print(f"warning: {warning}")
+    return 0 if report.ok else 1
+
+
+def _read_records(path: str) -> tuple[list[dict[str, Any]], int]:
+    """Every readable record of `path` (unreadable lines are counted, not fatal: `show` is not `verify`)."""
+    import json
+
+    records: list[dict[str, Any]] = []
+    bad = 0
+    with open(path, "rb") as f:
+        for raw in f:
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                bad += 1
+                continue
+            if isinstance(value, dict):
+                records.append(value)
+            else:
+                bad += 1
+    return records, bad
+
+
+def _decision(rec: dict[str, Any]) -> str:
+    if rec.get("status") is not None:
+        return str(rec["status"])
+    decision = rec.get("decision")
+    if isinstance(decision, dict):
+        return str(decision.get("outcome", ""))
+    return "" if decision is None else str(decision)
+
+
+def _rules(rec: dict[str, Any]) -> str:
+    rules = rec.get("rules")
+    decision = rec.get("decision")
+    if rules is None and isinstance(decision, dict):
+        rules = decision.get("rules")
+    return ", ".join(str(r) for r in rules) if isinstance(rules, list) else ""
+
+
+def _time(rec: dict[str, Any]) -> str:
+    import datetime as dt
+
+    ts = rec.get("ts_ns")
+    if not isinstance(ts, int):
+        return "?"
+    moment = dt.datetime.fromtimestamp(ts / 1e9, tz=dt.timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def _show(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    try:
+        records, bad = _read_records(args.log)
+    except OSError as exc:
+        _err(f"cannot read {args.log}: {exc.strerror or exc}")
+        return 1
+    if args.limit is not None and args.limit < 0:
+        _err("--limit must be ≥ 0")
+        return 2
+    picked = [
+        r for r in records
+        if (args.run is None or r.get("run_id") == args.run)
+        and (args.tool is None or r.get("tool") == args.tool)
+        and (args.outcome is None or _decision(r) == args.outcome)
+    ]
+    if args.limit is not None:
+        picked = picked[len(picked) - args.limit:] if args.limit else []
+    table = Table(title=f"{args.log}: {len(picked)} of {len(records)} records")
+    for name in ("seq", "time", "kind", "run", "tool", "decision/status", "rules"):
+        table.add_column(name, justify="right" if name == "seq" else "left", no_wrap=name in ("seq", "time"))
+    for r in picked:
+        table.add_row(str(r.get("seq", "?")), _time(r), str(r.get("kind", "?")), str(r.get("run_id") or ""),
+                      str(r.get("tool") or ""), _decision(r), _rules(r))
+    Console().print(table)
+    if bad:
+        _err(f"{bad} unreadable line(s) skipped; run `proctor audit verify {args.log}`")
+    return 0
+
+
+def _line(rec: dict[str, Any]) -> str:
+    parts = [f"{rec.get('seq', '?'):>6}", _time(rec), f"{rec.get('kind', '?'):<18}"]
+    for key in ("run_id", "tool", "call_id"):
+        if rec.get(key):
+            parts.append(f"{key.removesuffix('_id')}={rec[key]}")
+    if _decision(rec):
+        parts.append(_decision(rec))
+    if _rules(rec):
+        parts.append(f"[{_rules(rec)}]")
+    if rec.get("kind") == "checkpoint":
+        parts.append(f"size={rec.get('size')} root={str(rec.get('root'))[:16]}…")
+    return "  ".join(parts)
+
+
+def _tail(args: argparse.Namespace) -> int:
+    from proctor.audit.follow import follow
+
+    def emit(raw: bytes) -> None:
+        import json
+
+        if args.json:
+            print(raw.decode("utf-8", "replace"), flush=True)
+            return
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            print(f"(unreadable line: {raw[:60]!r}…)", flush=True)
+            return
+        print(_line(rec) if isinstance(rec, dict) else repr(rec), flush=True)
+
+    try:
+        follow(args.log, emit, last=max(args.lines, 0), keep_following=args.follow)
+    except KeyboardInterrupt:
+        return 0
+    except OSError as exc:
+        _err(f"cannot read {args.log}: {exc.strerror or exc}")
+        return 1
+    return 0
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    from proctor.audit.keys import generate_keypair
+    from proctor.errors import AuditError
+
+    try:
+        priv, pub, kid = generate_keypair(args.out, force=args.force)
+    except AuditError as exc:
+        _err(str(exc))
+        return 1
+    print(f"{kid}\nprivate key: {priv} (mode 0600; keep it with the writer)\npublic key:  {pub} (give it to auditors)")
+    return 0
