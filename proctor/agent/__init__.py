@@ -1,1 +1,51 @@
-"""agent"""
+"""Agents that act through governed tool calls: `CodeAgent` (writes Python) and `ToolCallingAgent`.
+
+```python
+from proctor.agent import CodeAgent, LiteLLMModel
+
+agent = CodeAgent(tools=[get_order, issue_refund], model=LiteLLMModel("openai/gpt-4o-mini"),
+                  policy="policy.yaml", audit="audit.jsonl", max_steps=10)
+result = agent.run("Refund order A-1041", principal="alice")
+result.status, result.answer, [c.tool for c in result.tool_calls]
+```
+"""
+
+from __future__ import annotations
+
+from proctor.agent.base import AgentBase, FinalAnswerCheck, StepCallback
+from proctor.agent.code_agent import CodeAgent
+from proctor.agent.models import (
+    LiteLLMModel,
+    Message,
+    Model,
+    ModelError,
+    ModelResponse,
+    ScriptedModel,
+    ToolCallRequest,
+    Usage,
+)
+from proctor.agent.parsing import CodeParseError, extract_code
+from proctor.agent.result import RUN_STATUSES, RunResult, RunStatus, StepRecord
+from proctor.agent.tool_calling import ToolCallingAgent
+
+__all__ = [
+    "RUN_STATUSES",
+    "AgentBase",
+    "CodeAgent",
+    "CodeParseError",
+    "FinalAnswerCheck",
+    "LiteLLMModel",
+    "Message",
+    "Model",
+    "ModelError",
+    "ModelResponse",
+    "RunResult",
+    "RunStatus",
+    "ScriptedModel",
+    "StepCallback",
+    "StepRecord",
+    "ToolCallRequest",
+    "ToolCallingAgent",
+    "Usage",
+    "extract_code",
+]

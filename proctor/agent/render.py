@@ -20,10 +20,18 @@ from proctor.agent.observations import format_args, truncate
 from proctor.agent.result import RunResult, StepRecord
 from proctor.calls import CallRecord
 
-__all__ = ["StepPrinter", "calls_table", "decision_counts", "summary_table"]
+__all__ = [
+    "DECISION_STYLE",
+    "STATUS_STYLE",
+    "StepPrinter",
+    "calls_table",
+    "decision_counts",
+    "outcome_of",
+    "summary_table",
+]
 
-_DECISION_STYLE = {"allow": "green", "deny": "red", "require_approval": "yellow"}
-_STATUS_STYLE = {"ok": "green", "denied": "red", "failed": "magenta", "timeout": "magenta"}
+DECISION_STYLE = {"allow": "green", "deny": "red", "require_approval": "yellow"}
+STATUS_STYLE = {"ok": "green", "denied": "red", "failed": "magenta", "timeout": "magenta"}
 
 
 def _thought(model_output: str) -> str:
@@ -37,18 +45,15 @@ def _thought(model_output: str) -> str:
 def _decision_label(call: CallRecord) -> Text:
     if call.decision is None:
         return Text("refused", style="red")
-    text = Text(call.decision.outcome, style=_DECISION_STYLE.get(call.decision.outcome, ""))
-    if call.decision.rules:
-        text.append(f"\n{', '.join(call.decision.rules)}", style="dim")
-    return text
+    return Text(call.decision.outcome, style=DECISION_STYLE.get(call.decision.outcome, ""))
 
 
 def _status_label(call: CallRecord) -> Text:
-    text = Text(call.status, style=_STATUS_STYLE.get(call.status, ""))
+    text = Text(call.status, style=STATUS_STYLE.get(call.status, ""))
+    if call.status != "ok" and call.error_type:
+        text.append(f": {call.error_type}", style=STATUS_STYLE.get(call.status, ""))
     if call.approval:
-        text.append(f"\n{call.approval}", style="dim")
-    if call.error_type and call.status != "ok":
-        text.append(f"\n{call.error_type}", style="dim")
+        text.append(f" ({call.approval})", style="dim")
     return text
 
 
@@ -56,13 +61,15 @@ def calls_table(calls: Sequence[CallRecord], *, title: str | None = None) -> Tab
     """One row per call: what was called, its side effect, the decision and rules, and what happened."""
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
     table.add_column("#", justify="right", style="dim")
-    table.add_column("call", overflow="fold", max_width=60)
+    table.add_column("call", overflow="fold", ratio=3)
     table.add_column("effect")
     table.add_column("decision")
-    table.add_column("result")
+    table.add_column("rule", style="dim", overflow="fold")
+    table.add_column("result", overflow="fold", ratio=1)
     for i, call in enumerate(calls, 1):
-        table.add_row(str(i), f"{call.tool}({format_args(call.args, 80)})", call.side_effect,
-                      _decision_label(call), _status_label(call))
+        rules = ", ".join(call.decision.rules) if call.decision else ""
+        table.add_row(str(i), f"{call.tool}({format_args(call.args, 64)})", call.side_effect,
+                      _decision_label(call), rules, _status_label(call))
     return table
 
 
@@ -104,15 +111,34 @@ class StepPrinter:
                                      expand=False))
 
 
-def decision_counts(calls: Sequence[CallRecord]) -> dict[str, dict[str, int]]:
-    """{decision: {status: count}}, decisions in policy order (calls refused before a decision under 'refused')."""
-    counts: dict[str, dict[str, int]] = {}
+def outcome_of(call: CallRecord) -> str:
+    """What happened to a call, in words: allowed, approved, denied by policy, refused by a budget…"""
+    decision = call.decision.outcome if call.decision else None
+    if call.status == "ok":
+        return "approved by a human" if decision == "require_approval" else "allowed"
+    if call.status in ("failed", "timeout"):
+        return f"ran and {call.status}" if call.status == "failed" else "ran and timed out"
+    if call.error_type == "BudgetExceeded":
+        return "refused by a budget"
+    if call.error_type in ("ApprovalDenied", "ApprovalTimeout"):
+        return "refused by the approver" if call.error_type == "ApprovalDenied" else "approval timed out"
+    if decision == "deny":
+        return "denied by policy"
+    return "refused (invalid call)" if decision is None else "refused"
+
+
+_OUTCOME_ORDER = ("allowed", "approved by a human", "denied by policy", "refused by the approver",
+                  "approval timed out", "refused by a budget", "refused (invalid call)", "refused",
+                  "ran and failed", "ran and timed out")
+
+
+def decision_counts(calls: Sequence[CallRecord]) -> dict[str, int]:
+    """How many calls ended each way (see `outcome_of`), in a fixed order."""
+    counts: dict[str, int] = {}
     for call in calls:
-        key = call.decision.outcome if call.decision else "refused"
-        by_status = counts.setdefault(key, {})
-        by_status[call.status] = by_status.get(call.status, 0) + 1
-    order = ["allow", "require_approval", "deny", "refused"]
-    return {k: counts[k] for k in order if k in counts}
+        key = outcome_of(call)
+        counts[key] = counts.get(key, 0) + 1
+    return {k: counts[k] for k in _OUTCOME_ORDER if k in counts}
 
 
 def _budget_rows(result: RunResult, limits: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -144,15 +170,12 @@ def summary_table(result: RunResult, *, limits: Mapping[str, Mapping[str, Any]] 
     steps = [s for s in result.steps if s.kind == "action"]
     table.add_row("steps", f"{len(steps)} ({result.duration_ns / 1e9:.2f}s)")
     calls = result.tool_calls
-    lines = []
-    for decision, by_status in decision_counts(calls).items():
-        detail = ", ".join(f"{n} {status}" for status, n in by_status.items())
-        lines.append(f"{decision}: {sum(by_status.values())} ({detail})")
-    table.add_row("calls", f"{len(calls)} in total\n" + "\n".join(lines) if calls else "none")
+    lines = [f"{n:>3}  {outcome}" for outcome, n in decision_counts(calls).items()]
+    table.add_row("calls", f"{len(calls):>3}  in total\n" + "\n".join(lines) if calls else "none")
     if result.budget_usage:
         table.add_row("budgets", "\n".join(_budget_rows(result, limits or {})))
-    tokens = f"{result.usage.input_tokens} in / {result.usage.output_tokens} out"
-    if result.cost_usd is not None:
+    tokens = f"{result.usage.input_tokens} tokens in, {result.usage.output_tokens} out"
+    if result.cost_usd:
         tokens += f", ${result.cost_usd:.4f}"
     table.add_row("model", tokens)
     table.add_row("audit log", result.audit_path or "none (no --audit)")
