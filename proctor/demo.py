@@ -28,8 +28,9 @@ def register(subparsers: Any) -> None:
                         help="deny every approval request automatically")
     parser.add_argument("--audit", metavar="PATH",
                         help="where to write the audit log (default: a fresh temporary directory)")
-    parser.add_argument("--otlp", metavar="URL", help="export spans over OTLP to URL (e.g. http://localhost:4318)")
-    parser.add_argument("--trace-console", action="store_true", help="print each span to stderr as it ends")
+    from proctor.telemetry.cli import add_telemetry_arguments
+
+    add_telemetry_arguments(parser)  # --otlp URL, --trace-console, …
     parser.set_defaults(func=main, answer=None)
 
 
@@ -40,11 +41,15 @@ def main(args: argparse.Namespace) -> int:
     from proctor.agent.demo.app import DemoOptions, run_demo
     from proctor.telemetry.logging import configure_logging
 
-    # The demo's own output is the show: keep library logs to warnings, on stderr.
-    configure_logging(level="warning", stream=sys.stderr)
+    # The demo's own output is the show: library logs go to stderr, warnings and worse by default.
+    log_format = getattr(args, "log_format", "auto")
+    configure_logging(json=None if log_format == "auto" else log_format == "json",
+                      level=getattr(args, "log_level", "warning"), stream=sys.stderr)
     try:
         code, _ = run_demo(DemoOptions(answer=args.answer, audit=args.audit, otlp=args.otlp,
-                                       trace_console=args.trace_console))
+                                       otlp_protocol=getattr(args, "otlp_protocol", None),
+                                       trace_console=args.trace_console,
+                                       capture_content=getattr(args, "capture_content", None)))
     except ValueError as exc:  # a bad --otlp URL, for instance
         print(f"proctor demo: {exc}", file=sys.stderr)
         return 2

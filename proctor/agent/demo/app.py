@@ -40,7 +40,9 @@ class DemoOptions:
     answer: bool | None = None  # --yes / --no; None asks on a terminal (yes without one)
     audit: str | None = None
     otlp: str | None = None
+    otlp_protocol: str | None = None
     trace_console: bool = False
+    capture_content: bool | None = None
     interactive: bool | None = None  # None: decide from the terminal
 
 
@@ -77,7 +79,8 @@ def _tracer(opts: DemoOptions) -> tuple[Any, Any, str]:
         return None, None, "tracing off: pip install 'proctor[otel]' for spans"
     from proctor.telemetry.setup import configure_tracing
 
-    provider = configure_tracing(otlp_endpoint=opts.otlp, console=opts.trace_console, service_name="proctor-demo",
+    provider = configure_tracing(otlp_endpoint=opts.otlp, protocol=opts.otlp_protocol, console=opts.trace_console,
+                                 service_name="proctor-demo", capture_content=opts.capture_content,
                                  metrics=False, set_global=False)
     note = f"spans exported to {opts.otlp}" if opts.otlp else "spans kept in memory (--otlp URL to export)"
     if provider is None:
@@ -173,5 +176,9 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> tuple[int, Ru
                     f"proctor policy explain {policy_path()} --tool issue_refund "
                     "--args '{\"order_id\": \"A-1057\", \"amount\": 240.0, \"reason\": \"damaged\"}'"):
         console.print(f"  {command}", soft_wrap=True, markup=False)
+    if spans is not None:
+        from proctor.telemetry.setup import shutdown
+
+        shutdown()  # flush exported spans (bounded: a dead collector cannot hold the demo)
     ok = result.status in ("done", "budget_exhausted") and report.ok
     return (0 if ok else 1), result

@@ -1,0 +1,131 @@
+"""``proctor run``: one governed agent run from the command line.
+
+    proctor run "Refund order A-1041" --tools examples.tools_demo --policy policy.yaml \\
+        --model openai/gpt-4o-mini --audit audit.jsonl
+
+Exit status: 0 the run finished with an answer, 1 it did not (max steps, budget,
+error, or a policy that does not load), 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+__all__ = ["main", "register"]
+
+
+def _key_value(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def register(subparsers: Any) -> None:
+    """Add ``proctor run`` to the command line."""
+    from proctor.telemetry.cli import add_telemetry_arguments
+
+    p = subparsers.add_parser(
+        "run", help="run an agent on a task, every tool call governed by a policy",
+        description="Run a CodeAgent (or a ToolCallingAgent) on TASK with the given tools, policy and model. "
+        "Every tool call is decided by the policy, approved when it says so, audited and traced.",
+    )
+    p.add_argument("task", metavar="TASK", help="what the agent should do")
+    p.add_argument("--tools", metavar="MOD[:ATTR]", action="append", required=True,
+                   help="tools: a module of @tool functions, or MOD:ATTR naming a tool or a list (repeatable)")
+    p.add_argument("--policy", metavar="P", required=True, help="the policy file (YAML)")
+    p.add_argument("--model", metavar="ID", required=True,
+                   help="a litellm model id: openai/gpt-4o-mini, anthropic/claude-3-5-haiku-latest, "
+                        "ollama_chat/qwen2.5-coder:7b …")
+    p.add_argument("--model-arg", metavar="KEY=VALUE", action="append", type=_key_value, default=[],
+                   help="extra litellm argument, e.g. api_base=http://localhost:11434 or temperature=0 (repeatable)")
+    p.add_argument("--approver", metavar="SPEC", default="console",
+                   help="console (default) or webhook:URL (secret in $PROCTOR_WEBHOOK_SECRET)")
+    p.add_argument("--audit", metavar="PATH", help="append the audit trail to this log")
+    p.add_argument("--agent", choices=("code", "tool-calling"), default="code",
+                   help="code: the model writes Python (default); tool-calling: native function calls")
+    p.add_argument("--max-steps", metavar="N", type=int, default=20, help="stop after N steps (default 20)")
+    p.add_argument("--import", dest="imports", metavar="MODULE", action="append", default=[],
+                   help="a module programs may import (repeatable; code agent)")
+    p.add_argument("--sandbox", choices=("auto", "bwrap", "process"), default="auto",
+                   help="worker isolation for the code agent (default auto: bwrap when available)")
+    p.add_argument("--timeout", metavar="SECONDS", type=float, default=30.0,
+                   help="time limit of one program (default 30)")
+    p.add_argument("--principal", metavar="NAME", help="who runs the agent (policy: run.principal)")
+    p.add_argument("--label", metavar="KEY=VALUE", action="append", type=_key_value, default=[],
+                   help="a run label (policy: run.labels; repeatable)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout, nothing else")
+    add_telemetry_arguments(p)
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the agent; print the steps and a summary (or JSON)."""
+    from proctor.agent.loading import ToolLoadError, load_tools
+    from proctor.errors import AuditError, PolicyError
+    from proctor.telemetry.cli import cli_telemetry
+
+    if args.max_steps < 1:
+        print("proctor run: --max-steps must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        tools = load_tools(args.tools)
+        from proctor.approval.spec import approver_from_spec
+
+        approver = approver_from_spec(args.approver)
+    except (ToolLoadError, ValueError) as exc:
+        print(f"proctor run: {exc}", file=sys.stderr)
+        return 2
+    try:
+        from proctor.policy import Policy
+
+        policy = Policy.from_yaml(args.policy)
+    except PolicyError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    with cli_telemetry(args):
+        try:
+            return _run(args, tools, policy, approver)
+        except AuditError as exc:
+            print(f"proctor run: {exc}", file=sys.stderr)
+            return 1
+
+
+def _run(args: argparse.Namespace, tools: list[Any], policy: Any, approver: Any) -> int:
+    from rich.console import Console
+
+    from proctor.agent.base import AgentBase
+    from proctor.agent.code_agent import CodeAgent
+    from proctor.agent.models import LiteLLMModel
+    from proctor.agent.render import StepPrinter, summary_table
+    from proctor.agent.tool_calling import ToolCallingAgent
+
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 110)
+    printer = StepPrinter(console)
+    callbacks: dict[str, Any] = {} if args.json else {"program_callbacks": [printer.program],
+                                                       "step_callbacks": [printer.done]}
+    model = LiteLLMModel(args.model, **dict(args.model_arg))
+    agent: AgentBase
+    if args.agent == "code":
+        agent = CodeAgent(tools, model, policy, approver=approver, audit=args.audit, max_steps=args.max_steps,
+                          authorized_imports=args.imports, sandbox=args.sandbox, timeout=args.timeout, **callbacks)
+    else:
+        agent = ToolCallingAgent(tools, model, policy, approver=approver, audit=args.audit,
+                                 max_steps=args.max_steps, **callbacks)
+    with agent:
+        result = agent.run(args.task, principal=args.principal, labels={k: str(v) for k, v in args.label})
+    if args.json:
+        print(json.dumps(result.as_dict(), default=str, indent=2))
+    else:
+        limits = {b.name: b.limit.model_dump() for b in policy.budgets}
+        console.print()
+        console.print(summary_table(result, limits=limits))
+    if result.status == "error" and not args.json:
+        print(f"proctor run: {result.error}", file=sys.stderr)
+    return 0 if result.status == "done" else 1

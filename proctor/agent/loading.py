@@ -1,0 +1,77 @@
+"""Loading tools named on the command line: ``package.module:attr`` or a whole module.
+
+- ``MOD:ATTR`` — ATTR is a `Tool`, a function (made a tool), or a list/tuple of them.
+- ``MOD`` — every `Tool` defined at the top level of the module (``@tool`` functions).
+
+The current directory is importable, as with ``python -m``, so ``--tools examples.tools_demo``
+works from a checkout.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from proctor.tools import Tool, ToolDefinitionError
+
+__all__ = ["ToolLoadError", "load_tools"]
+
+
+class ToolLoadError(ValueError):
+    """A ``--tools`` spec that names nothing usable; the message says what to fix."""
+
+
+def _as_tool(obj: Any, where: str) -> Tool:
+    if isinstance(obj, Tool):
+        return obj
+    if callable(obj):
+        try:
+            return Tool.from_function(obj)
+        except ToolDefinitionError as exc:
+            raise ToolLoadError(f"{where}: {exc}") from None
+    raise ToolLoadError(f"{where} is a {type(obj).__name__}, not a tool, a function or a list of them")
+
+
+def _import(module_name: str) -> Any:
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise ToolLoadError(f"cannot import {module_name!r}: no module named {exc.name!r} "
+                                f"(run from the directory that contains it, or install it)") from None
+        raise
+
+
+def load_tools(specs: Iterable[str]) -> list[Tool]:
+    """The tools named by `specs`, in order; a name given twice by different tools is an error."""
+    tools: dict[str, Tool] = {}
+    for spec in specs:
+        module_name, sep, attr = spec.partition(":")
+        if not module_name or (sep and not attr):
+            raise ToolLoadError(f"--tools {spec!r}: expected MODULE or MODULE:ATTRIBUTE")
+        module = _import(module_name)
+        found: list[Tool]
+        if attr:
+            if not hasattr(module, attr):
+                raise ToolLoadError(f"--tools {spec!r}: module {module_name!r} has no attribute {attr!r}")
+            obj = getattr(module, attr)
+            items = obj if isinstance(obj, (list, tuple)) else [obj]
+            found = [_as_tool(item, f"--tools {spec}") for item in items]
+        else:
+            found = [v for v in vars(module).values() if isinstance(v, Tool)]
+            if not found:
+                raise ToolLoadError(f"--tools {spec!r}: module {module_name!r} defines no @tool functions")
+        for t in found:
+            existing = tools.get(t.name)
+            if existing is not None and existing is not t:
+                raise ToolLoadError(f"two different tools are named {t.name!r}")
+            tools[t.name] = t
+    if not tools:
+        raise ToolLoadError("no tools given: pass --tools MODULE[:ATTRIBUTE]")
+    return list(tools.values())
