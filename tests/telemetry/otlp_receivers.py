@@ -58,6 +58,7 @@ class _Store:
     metric_names: set[str] = field(default_factory=set)
     metrics: list[Any] = field(default_factory=list)
     requests: int = 0
+    headers: list[dict[str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add_traces(self, req: trace_service_pb2.ExportTraceServiceRequest) -> None:
@@ -105,6 +106,8 @@ class HttpReceiver(_Store):
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with store.lock:
+                    store.headers.append({k.lower(): v for k, v in self.headers.items()})
                 encoding = self.headers.get("Content-Encoding", "")
                 if encoding == "gzip":
                     body = gzip.decompress(body)
@@ -125,7 +128,7 @@ class HttpReceiver(_Store):
                 self.end_headers()
                 self.wfile.write(reply)
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -146,12 +149,12 @@ class GrpcReceiver(_Store):
         store = self
 
         class Traces(trace_service_pb2_grpc.TraceServiceServicer):
-            def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - the generated name
+            def Export(self, request: Any, context: Any) -> Any:
                 store.add_traces(request)
                 return trace_service_pb2.ExportTraceServiceResponse()
 
         class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
-            def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - the generated name
+            def Export(self, request: Any, context: Any) -> Any:
                 store.add_metrics(request)
                 return metrics_service_pb2.ExportMetricsServiceResponse()
 

@@ -1,0 +1,77 @@
+"""Metrics recorded by the span handles: decisions, durations, approval waits, budgets, runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from tel_helpers import make_gate, run_two_steps
+
+from proctor.telemetry import metrics as proctor_metrics
+
+
+@pytest.fixture
+def reader() -> Iterator[InMemoryMetricReader]:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    proctor_metrics.use_meter_provider(provider)
+    try:
+        yield reader
+    finally:
+        proctor_metrics.use_meter_provider(None)
+        provider.shutdown()
+
+
+def _points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
+    data = reader.get_metrics_data()
+    assert data is not None
+    out: dict[str, list[Any]] = {}
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                out.setdefault(m.name, []).extend(m.data.data_points)
+    return out
+
+
+def test_metrics_of_a_run(reader: InMemoryMetricReader) -> None:
+    """A run's calls are counted by decision and status, timed, and its approvals, budgets and steps recorded."""
+    run_two_steps(None, make_gate(None))  # no tracer provider at all: metrics work without spans
+    points = _points(reader)
+
+    decisions = {(p.attributes["gen_ai.tool.name"], p.attributes["proctor.decision"], p.attributes["proctor.status"],
+                  p.attributes.get("error.type")): p.value for p in points["proctor.decisions"]}
+    assert decisions == {
+        ("lookup", "allow", "ok", None): 1,
+        ("wipe", "deny", "denied", "ToolDenied"): 1,
+        ("send_email", "require_approval", "ok", None): 1,
+        ("broken", "allow", "failed", "ValueError"): 1,
+    }
+    side_effects = {p.attributes["gen_ai.tool.name"]: p.attributes["proctor.side_effect"]
+                    for p in points["proctor.decisions"]}
+    assert side_effects == {"lookup": "read", "wipe": "destructive", "send_email": "external", "broken": "read"}
+
+    durations = {p.attributes["gen_ai.tool.name"]: p for p in points["gen_ai.execute_tool.duration"]}
+    assert set(durations) == {"lookup", "wipe", "send_email", "broken"}
+    assert all(p.count == 1 and 0 < p.sum < 5 for p in durations.values())
+    assert durations["lookup"].attributes["gen_ai.operation.name"] == "execute_tool"
+    # Sub-millisecond buckets, because an allowed call through the gate takes tens of microseconds.
+    assert durations["lookup"].explicit_bounds[0] == 0.0001
+
+    (wait,) = points["proctor.approval.wait"]
+    assert wait.attributes == {"gen_ai.tool.name": "send_email", "proctor.approval.outcome": "approve"}
+    (budget,) = points["proctor.budget.remaining"]
+    assert budget.value == 2 and budget.attributes == {"proctor.budget.name": "mail", "proctor.budget.kind": "calls"}
+
+    (agent,) = points["gen_ai.invoke_agent.duration"]
+    assert agent.count == 1 and agent.attributes["gen_ai.agent.name"] == "support"
+    assert sum(p.value for p in points["proctor.steps"]) == 2
+
+
+def test_unknown_tool_counts_as_refused_without_decision(reader: InMemoryMetricReader) -> None:
+    """A call refused before any decision (unknown tool) is counted with decision `none`."""
+    make_gate(None).submit("nope", {})
+    (point,) = _points(reader)["proctor.decisions"]
+    assert point.attributes["proctor.decision"] == "none" and point.attributes["proctor.status"] == "denied"
