@@ -24,12 +24,12 @@ __all__ = [
     "MAX_MESSAGE",
     "EncodeError",
     "FrameReader",
+    "BlockingReader",
     "ProtocolError",
     "decode_value",
     "encode_value",
     "frame",
     "parse",
-    "recv_frame",
     "send_frame",
 ]
 
@@ -39,6 +39,9 @@ MAX_MESSAGE = 16 * 1024 * 1024
 MAX_DEPTH = 100
 
 _HEADER = struct.Struct(">I")
+# One encoder for every frame: json.dumps with non-default options builds a new encoder per call.
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_DECODE = json.JSONDecoder().decode
 _TAGS = ("$bytes", "$tuple", "$set", "$frozenset", "$dict")
 _SCALARS = (str, int, float, bool, type(None))
 
@@ -129,7 +132,7 @@ def _decode_tag(tag: str, inner: Any, depth: int) -> Any:
 
 def frame(message: dict[str, Any]) -> bytes:
     """One frame holding `message` (already made of JSON-safe data)."""
-    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    body = _ENCODE(message).encode("utf-8")
     if len(body) > MAX_MESSAGE:
         raise EncodeError(f"message of {len(body)} bytes is larger than the {MAX_MESSAGE}-byte limit")
     return _HEADER.pack(len(body)) + body
@@ -138,7 +141,7 @@ def frame(message: dict[str, Any]) -> bytes:
 def parse(body: bytes) -> dict[str, Any]:
     """Decode one frame body into a JSON object; raise `ProtocolError` otherwise."""
     try:
-        message = json.loads(body.decode("utf-8"))
+        message = _DECODE(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ProtocolError(f"frame is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(message, dict):
@@ -155,6 +158,10 @@ class FrameReader:
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
         """Add received bytes; return every complete message, or raise `ProtocolError`."""
+        if not self._buf and len(data) >= 4:  # fast path: exactly one whole frame, no copying
+            (size,) = _HEADER.unpack_from(data)
+            if size <= self._max and len(data) == 4 + size:
+                return [parse(data[4:])]
         self._buf += data
         out: list[dict[str, Any]] = []
         while len(self._buf) >= 4:
@@ -182,28 +189,21 @@ def send_frame(fd: int, message: dict[str, Any]) -> None:
         view = view[n:]
 
 
-def recv_frame(fd: int, max_message: int = MAX_MESSAGE) -> dict[str, Any] | None:
-    """Read one frame from a blocking fd; None at end of file (the worker's side)."""
-    header = _read_exact(fd, 4)
-    if header is None:
-        return None
-    (size,) = _HEADER.unpack(header)
-    if size > max_message:
-        raise ProtocolError(f"frame announces {size} bytes, more than the {max_message}-byte limit")
-    body = _read_exact(fd, size)
-    if body is None:
-        raise ProtocolError("channel closed in the middle of a frame")
-    return parse(body)
+class BlockingReader:
+    """Frames from a blocking fd, one ``read`` per frame in the common case (the worker's side)."""
 
+    def __init__(self, fd: int, max_message: int = MAX_MESSAGE) -> None:
+        self.fd = fd
+        self._splitter = FrameReader(max_message)
+        self._ready: list[dict[str, Any]] = []
 
-def _read_exact(fd: int, n: int) -> bytes | None:
-    chunks: list[bytes] = []
-    while n:
-        chunk = os.read(fd, min(n, 1 << 20))
-        if not chunk:
-            if chunks:
-                raise ProtocolError("channel closed in the middle of a frame")
-            return None
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
+    def recv(self) -> dict[str, Any] | None:
+        """The next message; None once the other side closed the channel."""
+        while not self._ready:
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                if self._splitter.pending:
+                    raise ProtocolError("channel closed in the middle of a frame")
+                return None
+            self._ready.extend(self._splitter.feed(chunk))
+        return self._ready.pop(0)

@@ -144,6 +144,7 @@ class ImportPolicy:
                     raise AttributeError(f"module {name!r} has no attribute {attr!r} available here") from None
 
         view = ModuleView(name, module.__doc__)
+        view.__dict__["__proctor_size__"] = len(module.__dict__)  # before filling: modules import each other
         self._views[id(module)] = view
         for attr, value in list(module.__dict__.items()):
             if isinstance(value, types.ModuleType) and value is module:
@@ -152,7 +153,6 @@ class ImportPolicy:
                 setattr(view, attr, admit(attr, value))
             except AttributeError:
                 continue
-        view.__dict__["__proctor_size__"] = len(module.__dict__)
         return view
 
 

@@ -7,6 +7,7 @@ never blocks on the worker — every read is a poll with a deadline.
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import signal
@@ -64,6 +65,10 @@ class WorkerProcess:
         self.log_fd, self.diag_fd = log_r, diag_r
         for fd in (log_r, diag_r):
             os.set_blocking(fd, False)
+        self._sock_fd = host.fileno()
+        self._poll = select.poll()
+        for fd in (self._sock_fd, log_r, diag_r):
+            self._poll.register(fd, select.POLLIN)
         self._finalizer = weakref.finalize(self, _shutdown, self.proc, self.sock, (log_r, diag_r), self._tmp)
         self.send(init)
 
@@ -71,7 +76,11 @@ class WorkerProcess:
 
     def send(self, message: dict[str, Any], timeout: float = 10.0) -> None:
         """Write one frame; the worker must take it within `timeout` seconds."""
-        data = memoryview(frame(message))
+        self.send_bytes(frame(message), timeout)
+
+    def send_bytes(self, raw: bytes, timeout: float = 10.0) -> None:
+        """Write an already-built frame."""
+        data = memoryview(raw)
         end = time.monotonic() + timeout
         while data:
             try:
@@ -91,17 +100,17 @@ class WorkerProcess:
         """
         if self._dead:
             raise WorkerDied("the worker is gone")
-        fds = [self.sock.fileno(), self.log_fd, self.diag_fd]
         try:
-            ready, _, _ = select.select(fds, [], [], max(timeout, 0.0))
+            events = self._poll.poll(max(0, math.ceil(timeout * 1000)))
         except InterruptedError:
             return []
         messages: list[dict[str, Any]] = []
+        ready = {fd for fd, _ in events}
         if self.log_fd in ready:
             self.drain_logs()
         if self.diag_fd in ready:
             self._drain(self.diag_fd, self.diag, 8192, keep_tail=True)
-        if self.sock.fileno() in ready:
+        if self._sock_fd in ready:
             for _ in range(64):  # bounded: a flooding worker cannot keep the host here forever
                 try:
                     chunk = self.sock.recv(1 << 18)
@@ -113,6 +122,8 @@ class WorkerProcess:
                     self._drain_logs()
                     raise WorkerDied("the worker closed its channel")
                 messages.extend(self._reader.feed(chunk))
+                if len(chunk) < 1 << 18:
+                    break  # most likely all there is; poll says when more comes
         return messages
 
     def drain_logs(self) -> None:

@@ -226,14 +226,14 @@ class Interpreter:
             self._reply(worker, req.id, error=outcome.error)
             return
         try:
-            value = encode_value(outcome.value, _where="result")
-            frame({"value": value})  # size check
+            data = frame({"t": "reply", "id": req.id, "ok": True, "value": encode_value(outcome.value,
+                                                                                       _where="result")})
         except EncodeError as exc:
             error = ToolFailed(f"{req.tool}: ran, but its {exc}", tool=req.tool, call_id=outcome.record.call_id,
                                error_type="EncodeError")
             self._reply(worker, req.id, error=error)
             return
-        worker.send({"t": "reply", "id": req.id, "ok": True, "value": value})
+        worker.send_bytes(data)
 
     @staticmethod
     def _reply(worker: WorkerProcess, rid: int, *, error: ProctorError) -> None:

@@ -66,9 +66,8 @@ def parse_worker_message(message: Mapping[str, Any]) -> Ready | CallRequest | Fi
     kind = message.get("t")
     if not isinstance(kind, str) or kind not in _FIELDS:
         raise ProtocolError(f"unexpected message type {kind!r} from the worker")
-    extra = set(message) - _FIELDS[kind]
-    missing = _FIELDS[kind] - set(message)
-    if extra or missing:
+    if message.keys() != _FIELDS[kind]:
+        extra, missing = set(message) - _FIELDS[kind], _FIELDS[kind] - set(message)
         raise ProtocolError(f"{kind} message with unexpected fields {sorted(extra)} / missing {sorted(missing)}")
     if kind == "ready":
         return Ready(_int(message, "pid"))

@@ -19,7 +19,7 @@ from typing import Any
 
 from proctor import errors as proctor_errors
 from proctor.interpreter import guard
-from proctor.interpreter.channel import EncodeError, decode_value, encode_value, recv_frame, send_frame
+from proctor.interpreter.channel import BlockingReader, EncodeError, decode_value, encode_value, send_frame
 
 __all__ = ["FinalAnswer", "main"]
 
@@ -42,6 +42,7 @@ class Channel:
         self._inbox: dict[Any, dict[str, Any]] = {}
         self._reading = False
         self._ids = itertools.count(1)
+        self._reader = BlockingReader(fd)
 
     def send(self, message: dict[str, Any]) -> None:
         with self._send_lock:
@@ -68,7 +69,7 @@ class Channel:
                 continue
             try:
                 while True:
-                    message = recv_frame(self.fd)
+                    message = self._reader.recv()
                     if message is None:
                         os._exit(0)  # the host closed the channel: nothing left to do
                     mkey = message.get("id", "ctl") if message.get("t") == "reply" else "ctl"
@@ -167,7 +168,6 @@ class Worker:
         except EncodeError as bad:
             raise TypeError(f"{tool}: {bad}") from None
         rid = self.channel.next_id()
-        self.output.flush()
         self.channel.send({"t": "call", "id": rid, "run": self.run_id, "tool": tool, "args": payload})
         reply = self.channel.wait(rid)
         if reply.get("ok"):

@@ -1,0 +1,184 @@
+"""Tests for Interpreter: persistence, values, errors, logs, final_answer, refusals at the call site."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from conftest import REAL_RUNS
+
+from proctor.errors import ExecutionTimeout, SandboxError
+from proctor.interpreter import ExecutionResult, Interpreter, ProgramError
+from proctor.testing import InMemoryAudit
+
+
+def test_variables_persist_between_runs_and_last_expression_is_the_value(py: Interpreter) -> None:
+    """A variable set in one run is there in the next, and the last expression is `value`."""
+    assert py.run("x = 20").error is None
+    r = py.run("x += 1\nx * 2")
+    assert r.error is None and r.value == 42 and not r.is_final_answer
+
+
+def test_reset_gives_a_clean_worker(py: Interpreter) -> None:
+    """After reset() the old variable is gone (smolagents experiment 1)."""
+    py.run("secret_value = 'kept'")
+    py.reset()
+    r = py.run("secret_value")
+    assert isinstance(r.error, ProgramError) and r.error.type == "NameError"
+    assert "secret_value" in str(r.error)
+
+
+def test_error_carries_line_and_keeps_logs(py: Interpreter) -> None:
+    """An exception names its type, message and line; what was printed before it is kept."""
+    r = py.run("print('before')\ny = 1\nz = y / 0\nprint('after')")
+    assert str(r.error) == "ZeroDivisionError: division by zero (line 3)"
+    assert r.logs == "before\n"
+
+
+def test_syntax_error_is_reported_with_its_line(py: Interpreter) -> None:
+    """A program that does not parse is an error with its line, not a crash."""
+    r = py.run("x = 1\nif x\n    pass")
+    assert isinstance(r.error, ProgramError) and r.error.type == "SyntaxError" and r.error.line == 2
+
+
+def test_output_beyond_max_output_is_cut_with_a_marker(make: Callable[..., Interpreter]) -> None:
+    """Output past max_output is dropped and the logs say so."""
+    py = make(sandbox="process", max_output=1000)
+    r = py.run("for i in range(5000):\n    print('line', i)")
+    assert r.error is None
+    assert r.logs.startswith("line 0\nline 1\n")
+    assert r.logs.endswith("[output truncated: more than 1000 characters]")
+    assert len(r.logs) < 1100
+
+
+def test_final_answer_ends_the_program(py: Interpreter) -> None:
+    """final_answer(x) stops the program and gives x as the value."""
+    r = py.run("final_answer({'a': (1, 2)})\nprint('not reached')")
+    assert r.is_final_answer and r.value == {"a": (1, 2)} and r.logs == "" and r.error is None
+
+
+@pytest.mark.parametrize("handler", ["except Exception:", "except BaseException:", "except:"])
+def test_final_answer_cannot_be_swallowed(py: Interpreter, handler: str) -> None:
+    """Catching final_answer's exception does not undo it, and later tool calls are refused."""
+    before = REAL_RUNS["lookup"]
+    code = f"try:\n    final_answer('done')\n{handler}\n    pass\nlookup('after')\n'other'"
+    r = py.run(code)
+    assert r.is_final_answer and r.value == "done"
+    assert REAL_RUNS["lookup"] == before
+
+
+def test_denied_call_raises_at_the_call_site_and_can_be_handled(py: Interpreter) -> None:
+    """A policy denial raises ToolDenied inside the program, where the model can catch it."""
+    code = ("try:\n    wipe('db')\nexcept ToolDenied as e:\n    print('denied:', e)\n"
+            "from proctor.errors import CallRefused\nissubclass(ToolDenied, CallRefused)")
+    r = py.run(code)
+    assert r.error is None and r.value is True
+    assert "denied:" in r.logs and "never wipe" in r.logs
+    assert [c.status for c in r.tool_calls] == ["denied"]
+    assert REAL_RUNS["wipe"] == 0
+
+
+def test_budget_exceeded_raises_the_same_named_exception(py: Interpreter) -> None:
+    """The second charge passes the one-charge budget: BudgetExceeded at the call site, with the budget's name."""
+    r = py.run("charge(1)\ntry:\n    charge(2)\nexcept BudgetExceeded as e:\n    print(type(e).__name__, e.budget)")
+    assert r.error is None and r.logs == "BudgetExceeded one-charge\n"
+    assert [c.status for c in r.tool_calls] == ["ok", "denied"]
+
+
+def test_uncaught_refusal_is_the_program_error(py: Interpreter) -> None:
+    """An uncaught ToolDenied ends the program with its type and line."""
+    r = py.run("x = 1\nwipe('all')")
+    assert isinstance(r.error, ProgramError) and r.error.type == "ToolDenied" and r.error.line == 2
+
+
+def test_charge_then_crash_still_lists_the_charge(py: Interpreter, audit: InMemoryAudit) -> None:
+    """After `charge(); 1/0` the charge is in the result and the audit log (smolagents experiment 2)."""
+    r = py.run("charge()\n1/0")
+    assert isinstance(r.error, ProgramError) and r.error.type == "ZeroDivisionError"
+    assert [(c.tool, c.status) for c in r.tool_calls] == [("charge", "ok")]
+    outcomes = [o for o in audit.of_kind("call_outcome") if o["tool"] == "charge"]
+    assert [o["status"] for o in outcomes] == ["ok"]
+
+
+def test_tool_values_round_trip_with_tags(py: Interpreter) -> None:
+    """bytes, tuples, sets, non-string keys and tag-like keys survive the channel both ways."""
+    r = py.run("v = blob('mixed')\n(v['bytes'], v['tuple'], v['set'], v['$tuple'], v[1], type(v['tuple']).__name__)")
+    assert r.error is None
+    assert r.value == (b"\x00\xff", (1, 2), {3}, "escaped", "int key", "tuple")
+
+
+def test_unencodable_tool_result_is_a_clear_error(py: Interpreter) -> None:
+    """A tool result that cannot cross the channel raises ToolFailed naming the type."""
+    r = py.run("blob('object')")
+    assert isinstance(r.error, ProgramError) and r.error.type == "ToolFailed" and "object" in str(r.error)
+
+
+def test_unencodable_argument_is_a_type_error_at_the_call_site(py: Interpreter) -> None:
+    """Passing an object the channel cannot carry fails in the program, before any request."""
+    r = py.run("class A: pass\nlookup(A())")
+    assert isinstance(r.error, ProgramError) and r.error.type == "TypeError" and r.error.line == 2
+    assert r.tool_calls == ()
+
+
+def test_stub_has_the_tool_signature_and_docstring(py: Interpreter) -> None:
+    """A stub binds arguments like the real function, and documents itself like it."""
+    r = py.run("print(lookup.__doc__)\nlookup(order='a1')\ntry:\n    lookup('a', 'b')\nexcept TypeError as e:\n"
+               "    print('TypeError', e)")
+    assert r.error is None and "Look an order up." in r.logs and "order: Order id." in r.logs
+    assert "TypeError" in r.logs and "positional argument" in r.logs
+    assert [c.args for c in r.tool_calls] == [{"order": "a1"}]
+
+
+def test_unencodable_program_value_comes_back_as_its_repr(py: Interpreter) -> None:
+    """The last expression's value is returned as data, or its repr when it is not data."""
+    r = py.run("class Point:\n    def __repr__(self):\n        return 'Point()'\nPoint()")
+    assert r.error is None and r.value == "Point()"
+
+
+def test_import_outside_the_allow_list_names_what_is_allowed(py: Interpreter) -> None:
+    """A refused import says which modules are allowed."""
+    r = py.run("import math, collections\nimport os")
+    assert isinstance(r.error, ProgramError) and r.error.type == "ImportError" and r.error.line == 2
+    assert "'os' is not allowed" in str(r.error) and "math" in str(r.error)
+
+
+def test_authorized_imports_with_package_wildcard(make: Callable[..., Interpreter]) -> None:
+    """`pkg.*` allows a package and its submodules; the defaults stay allowed."""
+    py = make(sandbox="process", authorized_imports=["json", "email.*"])
+    r = py.run("import json, email.mime.text, math\njson.dumps([math.pi > 3])")
+    assert r.error is None and r.value == "[true]"
+    assert py.run("import xml").error is not None
+
+
+def test_timeout_preempts_and_the_state_is_lost(py: Interpreter) -> None:
+    """0.2 s timeout on `time.sleep(1.2); y = 7`: back in under 0.35 s, y never set (experiment 3)."""
+    py.timeout = 0.2
+    py.run("import time")
+    r = py.run("time.sleep(1.2)\ny = 7")
+    assert r.duration < 0.35
+    assert isinstance(r.error, ExecutionTimeout) and r.state_lost
+    py.timeout = 10
+    after = py.run("y")
+    assert after.state_lost and isinstance(after.error, ProgramError) and after.error.type == "NameError"
+
+
+def test_time_waiting_on_the_host_does_not_count(make: Callable[..., Interpreter]) -> None:
+    """A tool that takes longer than the timeout on the host does not time the program out."""
+    py = make(sandbox="process", timeout=0.5)
+    r = py.run("slow(0.8)")
+    assert r.error is None and r.value == "slept"
+
+
+def test_closed_interpreter_refuses_to_run(make: Callable[..., Interpreter]) -> None:
+    """run() after close() raises SandboxError instead of starting anything."""
+    py = make(sandbox="process")
+    py.close()
+    with pytest.raises(SandboxError):
+        py.run("1")
+
+
+def test_result_is_a_plain_dataclass(py: Interpreter) -> None:
+    """ExecutionResult carries the documented fields."""
+    r = py.run("1")
+    assert isinstance(r, ExecutionResult)
+    assert (r.value, r.logs, r.error, tuple(r.tool_calls), r.is_final_answer) == (1, "", None, (), False)
