@@ -163,18 +163,22 @@ class Scanner:
             call_id = rec.get("call_id")
             if isinstance(call_id, str):
                 self.intents.pop(call_id, None)
+        if self.anchors:
+            self._anchors(pos, h, line, offset)
         self.head = h
         self.frontier.append(bytes.fromhex(h))
         self.count = pos + 1
-        if self.anchors:
-            self._anchors(pos, h, line, offset)
 
     def _anchors(self, pos: int, h: str, line: int, offset: int) -> None:
+        # Checked at the record the anchor names, after that record's own checks: evidence
+        # inside the log (a checkpoint's CKPT_ROOT/CKPT_SIG) is reported before outside evidence.
         for anchor in self.anchors:
-            if anchor.size == self.count and self.frontier.root_hex() != anchor.record["root"]:
+            if anchor.seq != pos:
+                continue
+            if self.frontier.root_hex() != anchor.record["root"]:
                 raise self._at(pos, "FORK", f"the first {anchor.size} records do not have the root that "
                                f"{anchor.source} commits to: the log was rewritten", line, offset)
-            if anchor.seq == pos and anchor.record["h"] != h:
+            if anchor.record["h"] != h:
                 raise self._at(pos, "FORK", f"record {pos} differs from the checkpoint in {anchor.source}",
                                line, offset)
 
@@ -197,10 +201,6 @@ class Scanner:
                              line, offset)
         if self.log_id is not None and rec["log"] != self.log_id:
             raise self._fail("FORK", f"checkpoint names log {rec['log']}, earlier ones {self.log_id}", line, offset)
-        for anchor in self.anchors:
-            if anchor.record["log"] != rec["log"]:
-                raise self._fail("FORK", f"checkpoint names log {rec['log']}, but {anchor.source} names log "
-                                 f"{anchor.record['log']}", line, offset)
         self.log_id = rec["log"]
         self.checkpoints += 1
         self.last_checkpoint_seq = pos
