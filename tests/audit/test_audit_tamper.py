@@ -1,4 +1,4 @@
-"""The tamper matrix: every kind of edit, over log sizes and positions, found with the right code at the right record."""
+"""The tamper matrix: each kind of edit, over log sizes and positions, found with its code at its record."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def swap(lines: list[bytes], i: int) -> Expect:
 
 
 def duplicate(lines: list[bytes], i: int) -> Expect:
-    out = lines[: i + 1] + [lines[i]] + lines[i + 1 :]
+    out = [*lines[:i + 1], lines[i], *lines[i + 1:]]
     return out, "SEQ_GAP", i + 1, i + 1
 
 
@@ -90,7 +90,7 @@ def insert_forged(lines: list[bytes], i: int) -> Expect:
     prev = rec(lines[i - 1])["h"] if i else "0" * 64
     forged, _ = seal({"seq": i, "ts_ns": rec(lines[i])["ts_ns"], "kind": "step", "prev": prev,
                       "run_id": "run_1", "step": 99, "note": "forged"})
-    out = lines[:i] + [forged] + lines[i:]
+    out = [*lines[:i], forged, *lines[i:]]
     if i == len(lines) - 1:
         return out, "FORK", i, i  # it takes the place of the checkpoint the side file holds
     return out, "SEQ_GAP", i + 1, i + 1
@@ -101,7 +101,7 @@ def truncate_at(lines: list[bytes], i: int) -> Expect:
 
 
 def blank_line(lines: list[bytes], i: int) -> Expect:
-    return lines[:i] + [b"\n"] + lines[i:], "PARSE", i, i
+    return [*lines[:i], b"\n", *lines[i:]], "PARSE", i, i
 
 
 def crlf(lines: list[bytes], i: int) -> Expect:
@@ -324,7 +324,7 @@ def test_rechain_without_a_signature_is_caught_by_the_checkpoint_root(templates:
 
 def test_fork_against_a_trusted_checkpoint_of_another_history(templates: Path, tmp_path: Path) -> None:
     """A log of the same length but another history is a FORK at the trusted checkpoint's record."""
-    data, side = built(templates, 5)
+    _data, side = built(templates, 5)
     other, _ = built(templates, 5, every=2)
     trusted = tmp_path / "trusted.checkpoint"
     trusted.write_bytes(side)
