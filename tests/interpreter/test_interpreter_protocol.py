@@ -1,0 +1,87 @@
+"""Tests that a worker writing its own frames can do no more than a stub, and a broken one is killed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from conftest import REAL_RUNS
+
+from proctor.errors import SandboxError
+from proctor.interpreter import Interpreter
+from proctor.testing import InMemoryAudit
+
+# Finds the channel (the only socket among the worker's fds) and writes raw frames on it.
+PRELUDE = """
+import os, stat, struct, json
+def _is_sock(f):
+    try:
+        return stat.S_ISSOCK(os.fstat(int(f)).st_mode)
+    except OSError:
+        return False
+fd = [int(f) for f in os.listdir('/proc/self/fd') if _is_sock(f)][0]
+def raw(b):
+    os.write(fd, b)
+def msg(m):
+    b = json.dumps(m).encode()
+    raw(struct.pack('>I', len(b)) + b)
+"""
+
+BROKEN = {
+    "bad_json": "raw(struct.pack('>I', 5) + b'{{{{{')",
+    "oversized": "raw(struct.pack('>I', 2**31))",
+    "not_an_object": "raw(struct.pack('>I', 5) + b'[1,2]')",
+    "unknown_type": "msg({'t': 'hello'})",
+    "reply_from_worker": "msg({'t': 'reply', 'id': 1, 'ok': True, 'value': 1})",
+    "wrong_field_type": "msg({'t': 'call', 'id': 'x', 'run': RUN, 'tool': 'lookup', 'args': {}})",
+    "unknown_tag": "msg({'t': 'call', 'id': 10**6, 'run': RUN, 'tool': 'lookup', 'args': {'$evil': 1}})",
+    "ready_again": "msg({'t': 'ready', 'pid': 1})",
+    "done_for_other_run": "msg({'t': 'done', 'run': RUN + 5, 'value': 1, 'error': None, 'final': True, 'cut': False})",
+    "duplicate_id": ("m = {'t': 'call', 'id': 10**6, 'run': RUN, 'tool': 'lookup', 'args': {'order': 'dup'}}\n"
+                     "msg(m)\nmsg(m)\nimport time\ntime.sleep(5)"),
+    "deep_nesting": "b = b'[' * 100000 + b']' * 100000\nraw(struct.pack('>I', len(b)) + b)",
+}
+
+
+@pytest.fixture
+def forger(make: Callable[..., Interpreter]) -> Interpreter:
+    # Process isolation with os authorized: the program is trusted test code that only writes frames.
+    return make(sandbox="process", authorized_imports=["os", "stat", "struct", "json", "time"], timeout=5)
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_broken_frames_kill_the_worker_not_the_host(forger: Interpreter, name: str) -> None:
+    """Malformed, oversized or unexpected frames: SandboxError, state lost, the next run works."""
+    forger.run("kept = 1")
+    before = REAL_RUNS.copy()
+    code = PRELUDE + BROKEN[name].replace("RUN", str(forger._seq + 1)) + "\nimport time\ntime.sleep(5)"
+    r = forger.run(code)
+    assert isinstance(r.error, SandboxError), r.error
+    assert "protocol" in str(r.error) and r.state_lost
+    assert r.duration < 4
+    after = forger.run("'kept' in dir()")
+    assert after.error is None and after.value is False and after.state_lost
+    dup_served = 1 if name == "duplicate_id" else 0
+    assert REAL_RUNS["lookup"] - before["lookup"] == dup_served
+    assert REAL_RUNS["wipe"] == 0
+
+
+def test_forged_call_is_gated_like_a_stub_call(forger: Interpreter, audit: InMemoryAudit) -> None:
+    """A hand-written call frame is just a request: a denied tool stays denied and is audited."""
+    run = forger._seq + 1
+    code = PRELUDE + (
+        f"msg({{'t': 'call', 'id': 10**7, 'run': {run}, 'tool': 'wipe', 'args': {{'target': 'db'}}}})\n"
+        f"msg({{'t': 'call', 'id': 10**7 + 1, 'run': {run}, 'tool': 'lookup', 'args': {{'order': 'forged'}}}})\n"
+        f"msg({{'t': 'call', 'id': 10**7 + 2, 'run': {run}, 'tool': 'no_such_tool', 'args': {{}}}})\n"
+        f"msg({{'t': 'call', 'id': 10**7 + 3, 'run': {run - 1}, 'tool': 'lookup', 'args': {{'order': 'stale'}}}})\n"
+        "lookup('real')")
+    before = REAL_RUNS.copy()
+    r = forger.run(code)
+    assert r.error is None, r.error
+    assert [(c.tool, c.status) for c in r.tool_calls] == [
+        ("wipe", "denied"), ("lookup", "ok"), ("no_such_tool", "denied"), ("lookup", "ok")]
+    assert REAL_RUNS["wipe"] == 0
+    assert REAL_RUNS["lookup"] - before["lookup"] == 2  # 'forged' (gated, allowed) and 'real'; never 'stale'
+    outcomes = {(o["tool"], o["status"]) for o in audit.of_kind("call_outcome")}
+    assert ("wipe", "denied") in outcomes
+    assert forger.run("1").value == 1  # the worker survived: forged requests are not protocol errors
