@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -168,12 +169,17 @@ def _import_litellm() -> Any:
     return litellm
 
 
+_NOISE = re.compile(r"^(litellm\.\w+:\s*|\w+Error:\s*|\w+Exception\s*-\s*)+")
+
+
+def _credentials_problem(message: str) -> bool:
+    lowered = message.lower()
+    return any(word in lowered for word in ("api key", "api_key", "missing credentials"))
+
+
 def _one_line(text: str, limit: int = 300) -> str:
-    line = " ".join(str(text).split())
-    # litellm prefixes messages with its own class path: keep what the provider said.
-    for prefix in ("litellm.",):
-        while line.startswith(prefix):
-            line = line.split(":", 1)[1].strip() if ":" in line else line[len(prefix):]
+    """The provider's message on one line, without litellm's class-path prefixes."""
+    line = _NOISE.sub("", " ".join(str(text).split()))
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
@@ -181,16 +187,19 @@ class LiteLLMModel:
     """Any model litellm reaches: ``openai/gpt-4o-mini``, ``anthropic/claude-…``, ``ollama_chat/qwen2.5-coder:7b``.
 
     `kwargs` go to ``litellm.completion`` on every call (``api_base``, ``api_key``,
-    ``temperature``…). Rate limits are retried `max_retries` times with exponential
-    backoff from `backoff` seconds; connection errors and timeouts `max_retries`
-    times too. Anything else fails at once with a `ModelError`.
+    ``temperature``…). Rate limits, connection errors, timeouts and provider 5xx are
+    retried up to `retries` times with exponential backoff from `backoff` seconds
+    (the provider SDK's own retries are turned off so the two do not multiply).
+    Anything else fails at once with a `ModelError`.
     """
 
-    def __init__(self, model_id: str, *, max_retries: int = 4, backoff: float = 1.0, **kwargs: Any) -> None:
+    def __init__(self, model_id: str, *, retries: int = 4, backoff: float = 1.0, **kwargs: Any) -> None:
         if not model_id:
             raise ValueError("LiteLLMModel needs a model id, e.g. 'openai/gpt-4o-mini'")
+        if retries < 0 or backoff < 0:
+            raise ValueError("retries and backoff must not be negative")
         self.model_id = model_id
-        self.max_retries = max_retries
+        self.retries = retries
         self.backoff = backoff
         self.kwargs = kwargs
         self.sleep: Callable[[float], None] = time.sleep  # swapped out in tests
@@ -203,7 +212,7 @@ class LiteLLMModel:
         stop: Sequence[str] | None = None,
     ) -> ModelResponse:
         litellm = _import_litellm()
-        kwargs: dict[str, Any] = {"drop_params": True, **self.kwargs}
+        kwargs: dict[str, Any] = {"drop_params": True, "max_retries": 0, **self.kwargs}
         if tools:
             kwargs["tools"] = [dict(t) for t in tools]
         if stop:
@@ -220,7 +229,9 @@ class LiteLLMModel:
                 break
             except retryable as exc:
                 attempt += 1
-                if attempt > self.max_retries:
+                if _credentials_problem(str(exc)):  # some providers report a missing key as a 5xx
+                    raise ModelError(self._describe(litellm, exc)) from exc
+                if attempt > self.retries:
                     raise ModelError(self._describe(litellm, exc, f" (after {attempt} attempts)")) from exc
                 delay = self.backoff * (2 ** (attempt - 1)) * (1 + random.random() / 4)
                 self.sleep(delay)
@@ -229,12 +240,11 @@ class LiteLLMModel:
         return self._response(litellm, raw)
 
     def _describe(self, litellm: Any, exc: BaseException, suffix: str = "") -> str:
-        message = _one_line(str(exc))
+        message = _one_line(str(exc)) or "no message"
         kind = type(exc).__name__
-        if message.startswith(kind + ":"):
-            message = message[len(kind) + 1:].strip()
         hint = ""
-        if isinstance(exc, litellm.AuthenticationError) or "api key" in message.lower():
+        auth = isinstance(exc, litellm.AuthenticationError) or _credentials_problem(message)
+        if auth and "api_key" not in self.kwargs:
             try:
                 missing = litellm.validate_environment(self.model_id).get("missing_keys") or []
             except Exception:  # noqa: BLE001 - the hint is optional
