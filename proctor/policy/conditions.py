@@ -16,10 +16,12 @@ import difflib
 import functools
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import cel
+
+from proctor.policy.projection import Needs, needs_of
 
 __all__ = [
     "FUNCTIONS",
@@ -47,6 +49,8 @@ FUNCTIONS: frozenset[str] = frozenset(
 # Names bound by comprehension macros (`history.exists(c, c.tool == 'x')`): cel lists
 # them among the variables, so they are recognised from the source instead.
 _MACRO_VAR = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_]\w*)\s*,")
+# Type names are identifiers too (`type(x) == int`).
+_TYPE_NAMES = frozenset({"int", "uint", "double", "string", "bool", "bytes", "list", "map", "null_type", "type"})
 _CEL_ERROR = re.compile(r"<input>:(\d+):(\d+): (.*)")
 _EXPECTING = re.compile(r"\s+expecting \{.*$")
 
@@ -88,6 +92,7 @@ class Condition:
     source: str
     program: Any
     variables: tuple[str, ...]
+    needs: Needs = field(default_factory=dict)
 
     def evaluate(self, activation: Mapping[str, Any]) -> bool:
         """Evaluate against the variables in `activation` (only those referenced are read).
@@ -131,6 +136,9 @@ def _other_message(text: str) -> str:
     unconvertible = re.search(r"convert variable '(\w+)'.*type (\w+) to Value", text)
     if unconvertible:
         return f"{unconvertible.group(1)} holds a {unconvertible.group(2)}, which CEL cannot use"
+    unconvertible = re.search(r"type (\w+) to Value", text)
+    if unconvertible:
+        return f"a value is a {unconvertible.group(1)}, which CEL cannot use"
     undefined = re.match(r"Undefined variable or function: '([^']*)'", text)
     if undefined:
         return f"'{undefined.group(1)}' does not apply to these values (wrong type?)"
@@ -158,7 +166,7 @@ def compile_condition(source: str) -> Condition:
         detail = _EXPECTING.sub("", found.group(3)).strip().removeprefix("Syntax error: ")
         raise ConditionError(f"when: CEL syntax error: {detail}", int(found.group(1)), int(found.group(2))) from None
     bound = set(_MACRO_VAR.findall(source))
-    used = [v for v in program.variables() if v not in bound]
+    used = [v for v in program.variables() if v in VARIABLES or v not in bound | _TYPE_NAMES]
     for name in used:
         if name not in VARIABLES:
             hint = _did_you_mean(name, VARIABLES)
@@ -174,4 +182,5 @@ def compile_condition(source: str) -> Condition:
             f"when: unknown function '{fn}'{' (' + hint.strip() + ')' if hint else ''}",
             *_find(source, rf"\b{re.escape(fn)}\s*\("),
         )
-    return Condition(source=source, program=program, variables=tuple(v for v in VARIABLES if v in used))
+    variables = tuple(v for v in VARIABLES if v in used)
+    return Condition(source=source, program=program, variables=variables, needs=needs_of(source, variables))

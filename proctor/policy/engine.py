@@ -21,18 +21,20 @@ from typing import Any, Literal
 
 import cel
 
-from proctor.calls import Call, Decision, Outcome, SideEffect
+from proctor.calls import Call, Decision, HistoryEntry, Outcome, SideEffect
 from proctor.canonical import canonical_sha256
 from proctor.errors import PolicyError, PolicyIssue
 from proctor.policy.budgets import Ledger
 from proctor.policy.conditions import Condition, EvaluationError, compile_condition
 from proctor.policy.loader import load_policy_text, validate_policy_data
 from proctor.policy.matching import Matcher
+from proctor.policy.projection import Needs, merge_needs
 from proctor.policy.schema import BudgetSpec, PolicyModel, RuleSpec
 
 __all__ = ["ApprovalSettings", "CompiledRule", "Policy", "ToolFacts"]
 
 _CANDIDATE_CACHE = 4096
+_ENTRY_FIELDS = frozenset(("tool", "args", "side_effect", "decision", "status"))  # HistoryEntry.as_dict()
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +80,7 @@ class Candidates:
 
     deny: tuple[CompiledRule, ...]
     others: tuple[CompiledRule, ...]  # require_approval and allow rules
+    needs: Needs  # what the conditions of these rules read of each variable
 
     @property
     def all(self) -> tuple[CompiledRule, ...]:
@@ -87,11 +90,12 @@ class Candidates:
 class Activation(Mapping[str, Any]):
     """The CEL variables of one call, each built on first use and shared by every rule."""
 
-    __slots__ = ("_added", "_cache", "_call", "_context", "_side_effect")
+    __slots__ = ("_added", "_cache", "_call", "_context", "_needs", "_side_effect")
 
-    def __init__(self, call: Call, side_effect: str) -> None:
+    def __init__(self, call: Call, side_effect: str, needs: Needs | None = None) -> None:
         self._call = call
         self._side_effect = side_effect
+        self._needs = needs or {}
         self._cache: dict[str, Any] = {}
         self._context: Any = None
         self._added: set[str] = set()
@@ -112,19 +116,24 @@ class Activation(Mapping[str, Any]):
         except KeyError:
             pass
         call = self._call
+        fields = self._needs.get(name)
         value: Any
         if name == "tool":
             value = call.tool
         elif name == "side_effect":
             value = self._side_effect
         elif name == "args":
-            value = dict(call.args)
+            value = _project(call.args, fields)
         elif name == "history":
-            value = [h.as_dict() for h in call.history]
+            if fields is None:
+                value = [h.as_dict() for h in call.history]
+            else:  # only the entry fields the conditions read
+                kept = [f for f in fields if f in _ENTRY_FIELDS]
+                value = [{f: _entry_field(h, f) for f in kept} for h in call.history]
         elif name == "run":
-            value = call.run.as_dict()
+            value = _project(call.run.as_dict(), fields)
         elif name == "usage":
-            value = {k: dict(v) if isinstance(v, Mapping) else v for k, v in call.usage.items()}
+            value = {k: dict(v) if isinstance(v, Mapping) else v for k, v in _project(call.usage, fields).items()}
         else:
             raise KeyError(name)
         self._cache[name] = value
@@ -135,6 +144,18 @@ class Activation(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return 6
+
+
+def _project(value: Mapping[str, Any], fields: frozenset[str] | None) -> dict[str, Any]:
+    """`value` as a dict, keeping only `fields` (all when None); absent keys stay absent."""
+    if fields is None:
+        return dict(value)
+    return {k: value[k] for k in fields if k in value}
+
+
+def _entry_field(entry: HistoryEntry, name: str) -> Any:
+    value = getattr(entry, name, None)
+    return dict(value) if name == "args" and value is not None else value
 
 
 def _normalized(model: PolicyModel) -> dict[str, Any]:
@@ -242,13 +263,15 @@ class Policy:
         return Candidates(
             deny=tuple(r for r in rules if r.decision == "deny"),
             others=tuple(r for r in rules if r.decision != "deny"),
+            needs=merge_needs([r.condition.needs for r in rules if r.condition is not None]),
         )
 
     def decide(self, call: Call) -> Decision:
         """Decide one call: deny > require_approval > allow among matching rules; else the default."""
-        side_effect = self.facts(call.tool, call.side_effect, call.cost or 0).side_effect
+        spec = self.model.tools.get(call.tool)  # facts().side_effect, without building ToolFacts
+        side_effect = (spec.side_effect if spec is not None else None) or call.side_effect or "destructive"
         candidates: Candidates = self.candidates(call.tool, side_effect)
-        activation = Activation(call, side_effect)
+        activation = Activation(call, side_effect, candidates.needs)
         denied: list[tuple[CompiledRule, str]] = []
         for rule in candidates.deny:
             verdict = _evaluate(rule, activation)

@@ -1,0 +1,114 @@
+"""Policy.decide throughput and latency for policies of 10, 100 and 1,000 rules.
+
+Each policy is a realistic mix: a few rules about the tools being called (with CEL
+conditions over args and history), class-wide rules, and many rules about *other*
+tools (the bulk of a large policy), half of them conditional, some by glob. The
+calls decided rotate over an allowed mail, a mail needing approval, a read, a
+charge over a limit and an unknown tool.
+
+Run: .venv/bin/python bench/policy_decide.py [--n 20000]
+Target (issue 2): p50 <= 20 µs at 100 rules, near-flat as non-matching rules are added.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+from proctor.calls import Call, HistoryEntry, RunInfo
+from proctor.policy import Policy
+
+CORE_RULES: list[dict[str, Any]] = [
+    {"name": "reads", "match": {"side_effect": ["none", "read"]}, "decision": "allow"},
+    {"name": "internal-mail", "match": {"tool": "send_email"}, "when": "args.to.endsWith('@example.com')",
+     "decision": "allow"},
+    {"name": "external-mail", "match": {"tool": "send_email"}, "when": "!args.to.endsWith('@example.com')",
+     "decision": "require_approval", "reason": "mail leaving the company needs a human"},
+    {"name": "no-exfiltration", "match": {"side_effect": ["external", "destructive"]},
+     "when": "history.exists(c, c.tool == 'read_secret')", "decision": "deny"},
+    {"name": "charge-cap", "match": {"tool": "charge_card"}, "when": "args.amount > 1000.0", "decision": "deny"},
+    {"name": "charges", "match": {"tool": "charge_card"}, "decision": "require_approval"},
+]
+
+
+def other_rules(count: int) -> list[dict[str, Any]]:
+    """Rules about tools the benchmark never calls: what most of a big policy is."""
+    rules = []
+    for i in range(count):
+        tool = f"svc{i // 4}_op{i % 4}"
+        rule: dict[str, Any] = {"name": f"other-{i}", "decision": ("allow", "deny", "require_approval")[i % 3]}
+        if i % 10 == 9:
+            rule["match"] = {"tool": f"svc{i // 4}_*"}
+        elif i % 10 == 8:
+            rule["match"] = {"tool": [tool, f"legacy_{tool}"], "side_effect": "write"}
+        else:
+            rule["match"] = {"tool": tool}
+        if i % 2:
+            rule["when"] = f"args.limit > {i} && run.labels.env == 'prod'"
+        rules.append(rule)
+    return rules
+
+
+def build(total: int) -> Policy:
+    rules = CORE_RULES + other_rules(total - len(CORE_RULES))
+    return Policy.from_dict({
+        "version": 1,
+        "tools": {"send_email": {"side_effect": "external"}, "get_weather": {"side_effect": "read"},
+                  "charge_card": {"side_effect": "destructive"}},
+        "rules": rules,
+    })
+
+
+RUN = RunInfo("run_bench", 3, "alice", {"env": "prod"})
+HISTORY = (HistoryEntry("get_weather", {"city": "Paris"}, "read", "allow", "ok"),
+           HistoryEntry("send_email", {"to": "a@example.com"}, "external", "allow", "ok"))
+CALLS = [
+    Call("send_email", {"to": "bob@example.com", "subject": "hi", "body": "see you"}, history=HISTORY, run=RUN),
+    Call("send_email", {"to": "eve@partner.test", "subject": "hi", "body": "x"}, history=HISTORY, run=RUN),
+    Call("get_weather", {"city": "Oslo"}, history=HISTORY, run=RUN),
+    Call("charge_card", {"amount": 2500.0, "card_number": "4111"}, history=HISTORY, run=RUN),
+    Call("unknown_tool", {"x": 1}, history=HISTORY, run=RUN),
+]
+
+
+def measure(policy: Policy, calls: list[Call], n: int) -> tuple[float, float, float]:
+    """(decisions per second, p50 µs, p99 µs) over `n` decisions."""
+    for call in calls * 50:  # warm the candidate cache and CPU caches
+        policy.decide(call)
+    samples = []
+    clock = time.perf_counter_ns
+    decide = policy.decide
+    start = clock()
+    for i in range(n):
+        call = calls[i % len(calls)]
+        t0 = clock()
+        decide(call)
+        samples.append(clock() - t0)
+    elapsed = clock() - start
+    cuts = statistics.quantiles(samples, n=100)
+    return n / (elapsed / 1e9), cuts[49] / 1000, cuts[98] / 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=20000, help="decisions per measurement")
+    n = parser.parse_args().n
+    print(f"Policy.decide, {n} decisions each, rotating over {len(CALLS)} calls")
+    print(f"{'rules':>6} {'decisions/s':>12} {'p50 µs':>8} {'p99 µs':>8}   {'send_email p50':>14}")
+    for total in (10, 100, 1000):
+        policy = build(total)
+        rate, p50, p99 = measure(policy, CALLS, n)
+        _, mail50, _ = measure(policy, CALLS[:1], n // 2)
+        print(f"{total:>6} {rate:>12,.0f} {p50:>8.1f} {p99:>8.1f}   {mail50:>14.1f}")
+    print("flatness: p50 µs of the same call as rules that cannot match it are added")
+    points = []
+    for total in (10, 100, 1000, 10000):
+        _, p50, _ = measure(build(total), CALLS[:1], n // 2)
+        points.append(f"{total} rules {p50:.1f}")
+    print("  " + " | ".join(points))
+
+
+if __name__ == "__main__":
+    main()
