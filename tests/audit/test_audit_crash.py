@@ -1,0 +1,50 @@
+"""Crash test: writers SIGKILLed at random points never leave an effect without its durable intent."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from proctor.audit import AuditLog, verify
+
+HARNESS = Path(__file__).with_name("crash_writer.py")
+RUNS, LOGS = 120, 4
+
+
+def test_sigkilled_writers_never_run_a_tool_without_a_durable_intent(tmp_path: Path) -> None:
+    """After 120 random SIGKILLs, every effect has its intent, every intent one outcome, and each log verifies."""
+    proc = subprocess.run(
+        [sys.executable, str(HARNESS), str(tmp_path), str(RUNS), "20261129", str(LOGS)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["problems"] == []
+    assert summary["runs"] == RUNS
+    assert summary["torn"] > 0  # some kills tore a line, so recovery was exercised
+    total_effects = 0
+    for n in range(LOGS):
+        log_path, effects_path = tmp_path / f"log{n}.jsonl", tmp_path / f"effects{n}.txt"
+        AuditLog(log_path).close()  # recovery of the last kill
+        assert b'"kind":"recovery"' in log_path.read_bytes()
+        report = verify(log_path)
+        assert report.ok, report.failure
+        assert report.dangling_intents == []
+        records = [json.loads(line) for line in log_path.read_bytes().splitlines()]
+        intents = Counter(r["call_id"] for r in records if r["kind"] == "call_intent")
+        outcomes = {r["call_id"]: r["status"] for r in records if r["kind"] == "call_outcome"}
+        assert max(intents.values(), default=1) == 1  # nothing was retried
+        assert set(outcomes) == set(intents)
+        assert set(outcomes.values()) <= {"ok", "unknown"}
+        data = effects_path.read_bytes() if effects_path.exists() else b""
+        assert data == b"" or data.endswith(b"\n")
+        effects = data.decode().split()
+        total_effects += len(effects)
+        assert len(set(effects)) == len(effects)
+        missing = [e for e in effects if e not in intents]
+        assert missing == [], f"effects without an intent in {log_path}: {missing[:5]}"
+        assert all(c in set(effects) for c, status in outcomes.items() if status == "ok")
+    assert total_effects > RUNS  # the writers did real work between kills
