@@ -1,4 +1,4 @@
-"""Reopening a log: torn tails are cut into recovery records, dangling intents closed as unknown, other damage refused."""
+"""Reopening a log: torn tails cut into recovery records, dangling intents closed as unknown, other damage refused."""
 
 from __future__ import annotations
 
