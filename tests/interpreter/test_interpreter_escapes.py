@@ -86,7 +86,8 @@ CORPUS: dict[str, str] = {
     # signal games
     "signal_ignore_term": "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
                           "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])\ntime.sleep(30)",
-    "signal_alarm": "import signal\nsignal.signal(signal.SIGALRM, lambda *a: None)\nsignal.alarm(1)\nwhile True:\n    pass",
+    "signal_alarm": "import signal\nsignal.signal(signal.SIGALRM, lambda *a: None)\nsignal.alarm(1)\n"
+                    "while True:\n    pass",
     # forged frames on the channel's file descriptors
     "forged_frames": "import os, json, struct\nfor run in range(40):\n"
                      "    b = json.dumps({'t': 'call', 'id': 10**6 + run, 'run': run, 'tool': 'wipe',"

@@ -75,7 +75,8 @@ def test_rlimits_are_set_in_the_sandbox(make: Callable[..., Interpreter]) -> Non
 def test_rlimits_are_set_in_process_mode(make: Callable[..., Interpreter]) -> None:
     """Process-only isolation sets the same limits."""
     py = make(sandbox="process", authorized_imports=["resource"], memory_limit=300 * 1024 * 1024, cpu_limit=77)
-    r = py.run("import resource as r\n[r.getrlimit(getattr(r, n))[0] for n in ('RLIMIT_AS', 'RLIMIT_CPU', 'RLIMIT_CORE')]")
+    r = py.run("import resource as r\n"
+               "[r.getrlimit(getattr(r, n))[0] for n in ('RLIMIT_AS', 'RLIMIT_CPU', 'RLIMIT_CORE')]")
     assert r.value == [300 * 1024 * 1024, 77, 0]
 
 
