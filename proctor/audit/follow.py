@@ -54,6 +54,11 @@ def follow(
         while stop is None or not stop():
             data = f.read()
             if data:
+                if buf and os.pread(f.fileno(), len(buf), done) != buf:
+                    # The partial line we hold was cut (and maybe overwritten) since we read it.
+                    buf = b""
+                    f.seek(done)
+                    continue
                 buf += data
                 *complete, buf = buf.split(b"\n")
                 for line in complete:
