@@ -31,7 +31,16 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    NoOpTracer,
+    ProxyTracer,
+    Span,
+    SpanKind,
+    Status,
+    StatusCode,
+    Tracer,
+)
 
 from proctor.calls import Decision, RunInfo
 from proctor.telemetry import metrics
@@ -48,6 +57,7 @@ __all__ = [
     "content_json",
     "current_context",
     "get_tracer",
+    "is_noop",
     "set_capture_content",
     "span_ids",
     "step_span",
@@ -88,6 +98,23 @@ def content_json(value: Any) -> str:
     return text
 
 
+_MISSING = object()
+
+
+def is_noop(tracer: Tracer) -> bool:
+    """Whether `tracer` can only make no-op spans (no SDK configured); cheap enough for every call.
+
+    A ProxyTracer forwards to the global provider's tracer once `_TRACER_PROVIDER` is set
+    and to a no-op tracer before; the public `get_tracer_provider()` would cost a lookup in
+    os.environ per call, so read the same global the proxy reads (should it ever vanish,
+    the answer is "not no-op" and the normal path runs).
+    """
+    kind = type(tracer)
+    if kind is ProxyTracer:
+        return getattr(trace, "_TRACER_PROVIDER", _MISSING) is None
+    return kind is NoOpTracer
+
+
 def get_tracer(tracer: Tracer | None = None) -> Tracer:
     """`tracer`, or proctor's tracer from the global provider (a no-op until one is set)."""
     return tracer if tracer is not None else trace.get_tracer(_TRACER_NAME)
@@ -118,9 +145,12 @@ class _Handle:
 
     def __init__(self, span: Span) -> None:
         self.span = span
+        self._context: Context | None = None
+        if span is INVALID_SPAN:
+            self.recording, self.trace_id, self.span_id = False, None, None
+            return
         self.recording = span.is_recording()
         self.trace_id, self.span_id = span_ids(span)
-        self._context: Context | None = None
 
     @property
     def context(self) -> Context:
@@ -140,10 +170,12 @@ class _Handle:
 class ToolSpan(_Handle):
     """The `execute_tool {tool}` span of one call, with setters for what the gate learns.
 
-    Every setter is cheap when the span is not recording; metrics are recorded either way.
+    Attributes are gathered in a dict and handed to the span once, at `finish()`: the SDK
+    validates each under a lock, and one batch is cheaper than four. Every setter is a
+    no-op when the span is not recording; metrics are recorded either way.
     """
 
-    __slots__ = ("_decision", "_finished", "_side_effect", "_started_ns", "_tool", "_tracer")
+    __slots__ = ("_attrs", "_decision", "_finished", "_side_effect", "_started_ns", "_tool", "_tracer")
 
     def __init__(self, span: Span, tracer: Tracer | None = None, tool: str = "") -> None:
         super().__init__(span)
@@ -153,34 +185,33 @@ class ToolSpan(_Handle):
         self._decision: str | None = None
         self._side_effect: str | None = None
         self._finished = False
+        self._attrs: dict[str, Any] = {}
 
     def describe(self, description: str) -> None:
         """The tool's description (`gen_ai.tool.description`)."""
         if self.recording and description:
-            self.span.set_attribute(sc.GEN_AI_TOOL_DESCRIPTION, description)
+            self._attrs[sc.GEN_AI_TOOL_DESCRIPTION] = description
 
     def decision(self, decision: Decision, side_effect: str) -> None:
         """What the policy decided (called again after an approver edits the arguments)."""
         self._decision, self._side_effect = decision.outcome, side_effect
         if self.recording:
-            self.span.set_attributes({
-                sc.PROCTOR_DECISION: decision.outcome,
-                sc.PROCTOR_RULES: list(decision.rules),
-                sc.PROCTOR_REASON: decision.reason,
-                sc.PROCTOR_SIDE_EFFECT: side_effect,
-                sc.PROCTOR_POLICY_SHA256: decision.policy_sha256,
-            })
+            attrs = self._attrs
+            attrs[sc.PROCTOR_DECISION] = decision.outcome
+            attrs[sc.PROCTOR_RULES] = list(decision.rules)
+            attrs[sc.PROCTOR_REASON] = decision.reason
+            attrs[sc.PROCTOR_SIDE_EFFECT] = side_effect
+            attrs[sc.PROCTOR_POLICY_SHA256] = decision.policy_sha256
 
     def budget(self, remaining: Mapping[str, Mapping[str, Any]]) -> None:
         """What each budget has left once this call's reservation is made."""
         metrics.record_budget(remaining)
         if self.recording:
-            attrs: dict[str, int | float] = {}
+            attrs = self._attrs
             for name, limits in remaining.items():
                 for kind, left in limits.items():
                     if isinstance(left, (int, float)) and not isinstance(left, bool):
                         attrs[f"{sc.PROCTOR_BUDGET_PREFIX}{name}.{kind}_remaining"] = left
-            self.span.set_attributes(attrs)
 
     def approval(self, outcome: str, approver: str, wait_ns: int) -> None:
         """How the approval went; a wait for a human also becomes an `approval {tool}` child span."""
@@ -193,7 +224,7 @@ class ToolSpan(_Handle):
             sc.PROCTOR_APPROVAL_APPROVER: approver,
             sc.PROCTOR_APPROVAL_WAIT_MS: wait_ns // 1_000_000,
         }
-        self.span.set_attributes(attrs)
+        self._attrs.update(attrs)
         if wait_ns > 0:
             # The gate reports the wait once it is over; the child span is drawn after the
             # fact with the true start and end, which is what a trace view shows anyway.
@@ -208,12 +239,12 @@ class ToolSpan(_Handle):
     def arguments(self, args: Mapping[str, Any]) -> None:
         """The call's arguments, redacted by the gate; recorded only with content capture on."""
         if _capture and self.recording:
-            self.span.set_attribute(sc.GEN_AI_TOOL_CALL_ARGUMENTS, content_json(args))
+            self._attrs[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = content_json(args)
 
     def result(self, value: Any) -> None:
         """The tool's result, redacted by the gate; recorded only with content capture on."""
         if _capture and self.recording:
-            self.span.set_attribute(sc.GEN_AI_TOOL_CALL_RESULT, content_json(value))
+            self._attrs[sc.GEN_AI_TOOL_CALL_RESULT] = content_json(value)
 
     def finish(self, status: str, error_type: str | None = None, message: str | None = None) -> None:
         """The call's end: `ok`, or `denied | failed | timeout` (status ERROR with `error.type`)."""
@@ -227,9 +258,17 @@ class ToolSpan(_Handle):
                             status=status, error_type=error_type if failed else None,
                             duration_s=(time.perf_counter_ns() - self._started_ns) / 1e9)
         if self.recording:
-            self.span.set_attribute(sc.PROCTOR_STATUS, status)
+            attrs = self._attrs
+            attrs[sc.PROCTOR_STATUS] = status
             if failed:
-                _set_error(self.span, error_type, message)
+                attrs[sc.ERROR_TYPE] = error_type
+                self.span.set_status(Status(StatusCode.ERROR, message))
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._attrs:
+            self.span.set_attributes(self._attrs)
+            self._attrs = {}
 
 
 class tool_span:  # lower case: used as a function; a class because @contextmanager costs ~1 µs
@@ -242,6 +281,10 @@ class tool_span:  # lower case: used as a function; a class because @contextmana
 
     def __init__(self, tracer: Tracer, *, tool: str, call_id: str, run: RunInfo,
                  parent: Context | None = None) -> None:
+        if is_noop(tracer):
+            # No SDK: skip building attributes and the API's context lookups altogether.
+            self._handle = ToolSpan(INVALID_SPAN, tracer, tool)
+            return
         attributes: dict[str, Any] = {
             sc.GEN_AI_OPERATION_NAME: sc.EXECUTE_TOOL,
             sc.GEN_AI_TOOL_NAME: tool,
@@ -266,6 +309,7 @@ class tool_span:  # lower case: used as a function; a class because @contextmana
             if handle.recording:
                 handle.span.record_exception(exc)
             handle.finish("failed", type(exc).__name__, str(exc))
+        handle._flush()  # a span left unfinished still shows what was learnt
         handle.span.end()
 
 
