@@ -23,9 +23,15 @@ def truncate(text: str, limit: int) -> str:
     return text[:limit] + f"\n… [{len(text) - limit} more characters cut]"
 
 
+def _shown(value: Any) -> str:
+    if isinstance(value, Mapping) and set(value) == {"$redacted"}:
+        return "<redacted>"  # the policy redacts this argument; its keyed digest is in the audit log
+    return repr(value)
+
+
 def format_args(args: Mapping[str, Any], limit: int = 120) -> str:
     """``a='x', n=2`` — the call's arguments as the model would write them (redacted ones show as redacted)."""
-    text = ", ".join(f"{k}={v!r}" for k, v in args.items())
+    text = ", ".join(f"{k}={_shown(v)}" for k, v in args.items())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -45,7 +45,10 @@ def _thought(model_output: str) -> str:
 def _decision_label(call: CallRecord) -> Text:
     if call.decision is None:
         return Text("refused", style="red")
-    return Text(call.decision.outcome, style=DECISION_STYLE.get(call.decision.outcome, ""))
+    text = Text(call.decision.outcome, style=DECISION_STYLE.get(call.decision.outcome, ""))
+    if call.decision.rules:
+        text.append(f" {', '.join(call.decision.rules)}", style="dim")
+    return text
 
 
 def _status_label(call: CallRecord) -> Text:
@@ -61,15 +64,13 @@ def calls_table(calls: Sequence[CallRecord], *, title: str | None = None) -> Tab
     """One row per call: what was called, its side effect, the decision and rules, and what happened."""
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
     table.add_column("#", justify="right", style="dim")
-    table.add_column("call", overflow="fold", ratio=3)
-    table.add_column("effect")
-    table.add_column("decision")
-    table.add_column("rule", style="dim", overflow="fold")
-    table.add_column("result", overflow="fold", ratio=1)
+    table.add_column("call", overflow="fold", ratio=5)
+    table.add_column("effect", no_wrap=True)
+    table.add_column("decision · rule", overflow="fold", ratio=3)
+    table.add_column("result", overflow="fold", ratio=3)
     for i, call in enumerate(calls, 1):
-        rules = ", ".join(call.decision.rules) if call.decision else ""
         table.add_row(str(i), f"{call.tool}({format_args(call.args, 64)})", call.side_effect,
-                      _decision_label(call), rules, _status_label(call))
+                      _decision_label(call), _status_label(call))
     return table
 
 
