@@ -59,7 +59,8 @@ def main() -> None:
         d = Path(tmp)
         key, pub, _ = generate_keypair(d / "key")
         fs = write(d / "fsync.jsonl", args.fsync_records, "fsync", key)
-        print(f"write, fsync per record : {fs:>10,.0f} records/s ({1e6 / fs:,.0f} µs/record, {args.fsync_records} records)")
+        print(f"write, fsync per record : {fs:>10,.0f} records/s ({1e6 / fs:,.0f} µs/record, "
+              f"{args.fsync_records} records)")
         fl = write(d / "flush.jsonl", args.records, "flush", key)
         print(f"write, flush only       : {fl:>10,.0f} records/s ({1e6 / fl:,.1f} µs/record, {args.records} records)")
         log = d / "flush.jsonl"
