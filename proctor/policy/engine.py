@@ -239,6 +239,7 @@ class Policy:
     def facts(self, tool: str, declared_side_effect: SideEffect | None = None, declared_cost: int = 0) -> ToolFacts:
         """The facts of `tool`: the policy's `tools:` entry overrides the declaration; undeclared is destructive."""
         spec = self.model.tools.get(tool)
+        declared_cost = declared_cost or 0  # a tool may declare None
         if spec is None:
             return ToolFacts(declared_side_effect or "destructive", declared_cost, None, (), "fsync")
         return ToolFacts(

@@ -83,14 +83,14 @@ def _choices_list(label: str, choices: tuple[str, ...]) -> Any:
     one = _choice(label, choices)
 
     def check(value: object) -> tuple[str, ...]:
-        items = value if isinstance(value, list) else [value]
+        items: list[Any] = list(value) if isinstance(value, (list, tuple)) else [value]
         if not items:
             raise PydanticCustomError("empty", "empty list for {label}", {"label": label})
         for i, item in enumerate(items):
             try:
                 one(item)
             except PydanticCustomError as exc:
-                if isinstance(value, list):
+                if isinstance(value, (list, tuple)):
                     raise PydanticCustomError(
                         exc.type, exc.message_template, {**(exc.context or {}), "subloc": i}
                     ) from None
@@ -101,13 +101,13 @@ def _choices_list(label: str, choices: tuple[str, ...]) -> Any:
 
 
 def _names(value: object) -> tuple[str, ...]:
-    items = value if isinstance(value, list) else [value]
+    items: list[Any] = list(value) if isinstance(value, (list, tuple)) else [value]
     if not items:
         raise PydanticCustomError("empty", "empty list for tool", {})
     for i, item in enumerate(items):
         if not isinstance(item, str) or not item.strip():
             ctx: dict[str, Any] = {"value": repr(item)}
-            if isinstance(value, list):
+            if isinstance(value, (list, tuple)):
                 ctx["subloc"] = i
             raise PydanticCustomError("tool_name", "tool must be a name or glob, got {value}", ctx)
     return tuple(items)
