@@ -1,0 +1,88 @@
+"""Tests of `proctor run`: a real run over litellm against a local server, and usage errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proctor.cli import main
+
+from .openai_server import completion, serve, tool_call
+
+ROOT = Path(__file__).resolve().parents[2]
+SUPPORT_POLICY = str(ROOT / "examples" / "policies" / "support.yaml")
+PROGRAM = '''Thought: read the ticket, refund the small order.
+```python
+t = get_ticket("T-100")
+order = get_order(t["order_id"])
+ref = issue_refund(order_id=order["id"], amount=order["total"])
+final_answer(f"refunded {order['total']} ({ref})")
+```'''
+
+
+def _proctor(*args: str, base: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OPENAI_API_KEY": "", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    command = [sys.executable, "-m", "proctor.cli", "run", *args, "--model", "openai/gpt-4o-mini",
+               "--model-arg", f"api_base={base}", "--model-arg", "api_key=test"]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_run_code_agent_json(tmp_path: Path) -> None:
+    """`proctor run --json` runs the task through the gate and prints the result; exit 0 when done."""
+    audit = tmp_path / "audit.jsonl"
+    with serve([completion(PROGRAM)]) as fake:
+        proc = _proctor("Handle T-100", "--tools", "examples.tools_demo", "--policy", SUPPORT_POLICY,
+                        "--audit", str(audit), "--json", base=fake.base)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["status"] == "done" and result["answer"] == "refunded 19.99 (RF-0001)"
+    calls = [c["tool"] for s in result["steps"] for c in s["tool_calls"]]
+    assert calls == ["get_ticket", "get_order", "issue_refund"]
+    assert result["audit_path"] == str(audit) and audit.exists()
+    assert "get_ticket" in fake.requests[0]["body"]["messages"][0]["content"]  # the system prompt lists tools
+
+
+def test_run_tool_calling_agent_out_of_steps_exits_1() -> None:
+    """A run that ends without an answer exits 1 and shows the steps and the summary."""
+    with serve([completion(None, [tool_call("c1", "get_ticket", {"ticket_id": "T-101"})])]) as fake:
+        proc = _proctor("Look at T-101", "--tools", "examples.tools_demo:get_ticket", "--policy", SUPPORT_POLICY,
+                        "--agent", "tool-calling", "--max-steps", "1", base=fake.base)
+    assert proc.returncode == 1, proc.stderr
+    assert "get_ticket(ticket_id='T-101')" in proc.stdout and "max_steps" in proc.stdout
+
+
+@pytest.mark.parametrize(("tools", "message"), [
+    ("examples.no_such_module", "cannot import 'examples.no_such_module'"),
+    ("examples.tools_demo:nothing", "has no attribute 'nothing'"),
+    ("json", "defines no @tool functions"),
+])
+def test_bad_tools_are_usage_errors(tools: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A --tools spec that names nothing usable exits 2 with one line saying why."""
+    code = main(["run", "task", "--tools", tools, "--policy", SUPPORT_POLICY, "--model", "openai/x"])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_policy_exits_1_with_its_location(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A policy that does not load is reported as FILE:LINE:COL: message; exit 1."""
+    bad = tmp_path / "p.yaml"
+    bad.write_text("version: 1\ndefault: maybe\n")
+    code = main(["run", "task", "--tools", "examples.tools_demo", "--policy", str(bad), "--model", "openai/x"])
+    assert code == 1
+    assert f"{bad}:2:" in capsys.readouterr().err
+
+
+def test_webhook_approver_needs_its_secret(monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """--approver webhook:URL without PROCTOR_WEBHOOK_SECRET is a usage error."""
+    monkeypatch.delenv("PROCTOR_WEBHOOK_SECRET", raising=False)
+    code = main(["run", "task", "--tools", "examples.tools_demo", "--policy", SUPPORT_POLICY, "--model", "openai/x",
+                 "--approver", "webhook:https://approvals.example/hook"])
+    assert code == 2
+    assert "PROCTOR_WEBHOOK_SECRET" in capsys.readouterr().err
