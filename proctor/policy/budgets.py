@@ -105,6 +105,7 @@ class Ledger:
 
     def reserve(self, tool: str, side_effect: str, cost: float) -> Reservation:
         """Count one call of `tool` against every budget it matches, or raise BudgetExceeded."""
+        cost = cost or 0  # a tool may declare no cost
         with self._lock:
             matching = self._budgets_for(tool, side_effect)
             now = self._clock()

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import cel
 
-from proctor.calls import Call, Decision, HistoryEntry, Outcome, SideEffect
+from proctor.calls import SIDE_EFFECTS, Call, Decision, HistoryEntry, Outcome, SideEffect
 from proctor.canonical import canonical_sha256
 from proctor.errors import PolicyError, PolicyIssue
 from proctor.policy.budgets import Ledger
@@ -196,6 +196,12 @@ class Policy:
             if rule.matcher.globs:
                 self._globbed.append(rule.index)
         self._by_tool = {k: tuple(v) for k, v in by_tool.items()}
+        any_class = frozenset(r.index for r in self.compiled if r.matcher.side_effects is None)
+        self._by_class: dict[str, frozenset[int]] = {
+            se: any_class | {r.index for r in self.compiled if se in (r.matcher.side_effects or ())}
+            for se in SIDE_EFFECTS
+        }
+        self._any_class = any_class
         self.candidates = functools.lru_cache(maxsize=_CANDIDATE_CACHE)(self._compute_candidates)
 
     # -- construction -------------------------------------------------------------
@@ -259,8 +265,8 @@ class Policy:
         indexes = set(self._by_tool.get(tool, ()))
         indexes.update(i for i in self._globbed if self.compiled[i].matcher.tool_matches(tool))
         indexes.update(self._any_tool)
+        indexes &= self._by_class.get(side_effect, self._any_class)
         rules = [self.compiled[i] for i in sorted(indexes)]
-        rules = [r for r in rules if r.matcher.side_effect_matches(side_effect)]
         return Candidates(
             deny=tuple(r for r in rules if r.decision == "deny"),
             others=tuple(r for r in rules if r.decision != "deny"),
