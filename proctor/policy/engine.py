@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import cel
-
-from proctor.calls import SIDE_EFFECTS, Call, Decision, HistoryEntry, Outcome, SideEffect
+from proctor.calls import SIDE_EFFECTS, Call, Decision, Outcome, SideEffect
 from proctor.canonical import canonical_sha256
 from proctor.errors import PolicyError, PolicyIssue
+from proctor.policy.activation import Activation
 from proctor.policy.budgets import Ledger
 from proctor.policy.conditions import Condition, EvaluationError, compile_condition
 from proctor.policy.loader import load_policy_text, validate_policy_data
@@ -34,7 +33,6 @@ from proctor.policy.schema import BudgetSpec, PolicyModel, RuleSpec
 __all__ = ["ApprovalSettings", "CompiledRule", "Policy", "ToolFacts"]
 
 _CANDIDATE_CACHE = 4096
-_ENTRY_FIELDS = frozenset(("tool", "args", "side_effect", "decision", "status"))  # HistoryEntry.as_dict()
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,77 +83,6 @@ class Candidates:
     @property
     def all(self) -> tuple[CompiledRule, ...]:
         return tuple(sorted((*self.deny, *self.others), key=lambda r: r.index))
-
-
-class Activation(Mapping[str, Any]):
-    """The CEL variables of one call, each built on first use and shared by every rule."""
-
-    __slots__ = ("_added", "_cache", "_call", "_context", "_needs", "_side_effect")
-
-    def __init__(self, call: Call, side_effect: str, needs: Needs | None = None) -> None:
-        self._call = call
-        self._side_effect = side_effect
-        self._needs = needs or {}
-        self._cache: dict[str, Any] = {}
-        self._context: Any = None
-        self._added: set[str] = set()
-
-    def cel_context(self, names: tuple[str, ...]) -> Any:
-        """One `cel.Context` per decision: converting a variable costs microseconds, so do it once."""
-        if self._context is None:
-            self._context = cel.Context()
-        for name in names:
-            if name not in self._added:
-                self._context.add_variable(name, self[name])
-                self._added.add(name)
-        return self._context
-
-    def __getitem__(self, name: str) -> Any:
-        try:
-            return self._cache[name]
-        except KeyError:
-            pass
-        call = self._call
-        fields = self._needs.get(name)
-        value: Any
-        if name == "tool":
-            value = call.tool
-        elif name == "side_effect":
-            value = self._side_effect
-        elif name == "args":
-            value = _project(call.args, fields)
-        elif name == "history":
-            if fields is None:
-                value = [h.as_dict() for h in call.history]
-            else:  # only the entry fields the conditions read
-                kept = [f for f in fields if f in _ENTRY_FIELDS]
-                value = [{f: _entry_field(h, f) for f in kept} for h in call.history]
-        elif name == "run":
-            value = _project(call.run.as_dict(), fields)
-        elif name == "usage":
-            value = {k: dict(v) if isinstance(v, Mapping) else v for k, v in _project(call.usage, fields).items()}
-        else:
-            raise KeyError(name)
-        self._cache[name] = value
-        return value
-
-    def __iter__(self) -> Any:
-        return iter(("tool", "side_effect", "args", "history", "run", "usage"))
-
-    def __len__(self) -> int:
-        return 6
-
-
-def _project(value: Mapping[str, Any], fields: frozenset[str] | None) -> dict[str, Any]:
-    """`value` as a dict, keeping only `fields` (all when None); absent keys stay absent."""
-    if fields is None:
-        return dict(value)
-    return {k: value[k] for k in fields if k in value}
-
-
-def _entry_field(entry: HistoryEntry, name: str) -> Any:
-    value = getattr(entry, name, None)
-    return dict(value) if name == "args" and value is not None else value
 
 
 def _normalized(model: PolicyModel) -> dict[str, Any]:

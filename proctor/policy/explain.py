@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proctor.calls import Call, Decision
+from proctor.policy.activation import Activation
 from proctor.policy.conditions import EvaluationError
-from proctor.policy.engine import Activation, Policy
+from proctor.policy.engine import Policy
 
 __all__ = ["Explanation", "RuleTrace", "explain"]
 

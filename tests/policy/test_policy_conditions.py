@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proctor.calls import Call, HistoryEntry, RunInfo
+from proctor.policy.activation import Activation
 from proctor.policy.conditions import ConditionError, EvaluationError, compile_condition
-from proctor.policy.engine import Activation
 from proctor.policy.projection import merge_needs, needs_of
 
 

@@ -1,0 +1,93 @@
+"""The variables of one call as CEL sees them, converted once per decision and only as far as needed.
+
+Converting a Python value to CEL costs about a microsecond per string or map, which
+is most of what a decision costs; so an `Activation` builds each variable on first
+use, projects it to the fields the candidate conditions read (see
+`proctor.policy.projection`), and adds it to one `cel.Context` shared by every
+condition evaluated for the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import cel
+
+from proctor.calls import Call, HistoryEntry
+from proctor.policy.projection import Needs
+
+__all__ = ["Activation"]
+
+_ENTRY_FIELDS = frozenset(("tool", "args", "side_effect", "decision", "status"))  # HistoryEntry.as_dict()
+
+
+class Activation(Mapping[str, Any]):
+    """The CEL variables of one call, each built on first use and shared by every rule."""
+
+    __slots__ = ("_added", "_cache", "_call", "_context", "_needs", "_side_effect")
+
+    def __init__(self, call: Call, side_effect: str, needs: Needs | None = None) -> None:
+        self._call = call
+        self._side_effect = side_effect
+        self._needs = needs or {}
+        self._cache: dict[str, Any] = {}
+        self._context: Any = None
+        self._added: set[str] = set()
+
+    def cel_context(self, names: tuple[str, ...]) -> Any:
+        """One `cel.Context` per decision: converting a variable costs microseconds, so do it once."""
+        if self._context is None:
+            self._context = cel.Context()
+        for name in names:
+            if name not in self._added:
+                self._context.add_variable(name, self[name])
+                self._added.add(name)
+        return self._context
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return self._cache[name]
+        except KeyError:
+            pass
+        call = self._call
+        fields = self._needs.get(name)
+        value: Any
+        if name == "tool":
+            value = call.tool
+        elif name == "side_effect":
+            value = self._side_effect
+        elif name == "args":
+            value = _project(call.args, fields)
+        elif name == "history":
+            if fields is None:
+                value = [h.as_dict() for h in call.history]
+            else:  # only the entry fields the conditions read
+                kept = [f for f in fields if f in _ENTRY_FIELDS]
+                value = [{f: _entry_field(h, f) for f in kept} for h in call.history]
+        elif name == "run":
+            value = _project(call.run.as_dict(), fields)
+        elif name == "usage":
+            value = {k: dict(v) if isinstance(v, Mapping) else v for k, v in _project(call.usage, fields).items()}
+        else:
+            raise KeyError(name)
+        self._cache[name] = value
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("tool", "side_effect", "args", "history", "run", "usage"))
+
+    def __len__(self) -> int:
+        return 6
+
+
+def _project(value: Mapping[str, Any], fields: frozenset[str] | None) -> dict[str, Any]:
+    """`value` as a dict, keeping only `fields` (all when None); absent keys stay absent."""
+    if fields is None:
+        return dict(value)
+    return {k: value[k] for k in fields if k in value}
+
+
+def _entry_field(entry: HistoryEntry, name: str) -> Any:
+    value = getattr(entry, name, None)
+    return dict(value) if name == "args" and value is not None else value
