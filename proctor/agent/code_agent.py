@@ -121,6 +121,10 @@ class CodeAgent(AgentBase):
         step.final_answer = bool(result.is_final_answer) and not error
         step.observation = observation(logs=result.logs or "", value=result.value,
                                        has_value=not result.is_final_answer, calls=step.tool_calls, error=error)
+        if getattr(result, "state_lost", False):
+            # The worker was replaced (timeout or crash): say so, or the model will use names that are gone.
+            step.observation += ("\n\nNote: the interpreter was restarted; variables and functions from earlier "
+                                 "programs are gone.")
         self.memory.append({"role": "user", "content": "Observation:\n" + step.observation})
         return step.final_answer, result.value if step.final_answer else None
 

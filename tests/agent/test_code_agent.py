@@ -232,3 +232,14 @@ def test_system_prompt_tells_the_model_what_the_policy_does(policy: Policy) -> N
     assert "side effect: destructive; policy: denied (nothing is deleted)" in prompt
     assert "needs human approval when args.to != 'team'" in prompt
     assert "You may import: math." in prompt
+
+
+def test_a_program_that_runs_too_long_is_stopped_and_the_run_goes_on(policy: Policy) -> None:
+    """A timeout kills the program; the model is told, including that earlier state is gone."""
+    model = ScriptedModel([program("x = 1\nwhile True:\n    pass"), program("final_answer('recovered')")])
+    with CodeAgent(TOOLS, model, policy, timeout=1) as agent:
+        result = agent.run("Spin.")
+    assert result.status == "done" and result.answer == "recovered"
+    assert result.steps[0].error is not None and "ExecutionTimeout" in result.steps[0].error
+    assert "variables and functions from earlier programs are gone" in model.calls[1][-1]["content"]
+    assert result.steps[1].final_answer
