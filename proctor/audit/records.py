@@ -101,12 +101,17 @@ def is_hex64(value: object) -> TypeGuard[str]:
 
 
 def seal(record: Mapping[str, Any]) -> tuple[bytes, str]:
-    """Return (line with trailing newline, h) for a record holding its envelope but no `h`."""
-    plain = jsonable(record)
-    body = canonical_bytes(plain)
+    """Return (line with trailing newline, h) for a record holding its envelope but no `h`.
+
+    The bytes are exactly `canonical_bytes` of the record (with and without `h`); the
+    conversion to plain JSON types runs once and the C encoder is reused, because this
+    is on every append's path.
+    """
+    plain = dict(jsonable(record))
+    body = _encode(plain).encode("utf-8")
     h = hashlib.sha256(b"\x00" + body).hexdigest()
     plain["h"] = h
-    return canonical_bytes(plain) + b"\n", h
+    return _encode(plain).encode("utf-8") + b"\n", h
 
 
 def duplicate_key(text: str) -> str | None:
@@ -167,17 +172,17 @@ def parse_line(raw: bytes) -> tuple[dict[str, Any], str]:
             raise LineError("NONCANONICAL", f"duplicate key {dup!r}")
         raise LineError("NONCANONICAL", "not canonical JSON (key order, whitespace or escapes differ)")
     h = value.get("h")
-    if not is_hex64(h):
-        raise LineError("PARSE", "field 'h' missing or not 64 lowercase hex digits")
+    if type(h) is not str:
+        raise LineError("PARSE", "field 'h' missing or not a string")
     # The line is canonical, so the record without h is the line minus `"h":"…",` at its
     # sorted top-level place. A nested {"h": <this same hash>} earlier in the line would be
     # found first, but a record cannot contain its own hash, so that only ever fails to verify.
-    marker = '"h":"' + h + '",'
-    at = text.find(marker)
+    # (A malformed h simply never equals the computed digest: HASH_MISMATCH.)
+    marker = b'"h":"' + h.encode("utf-8") + b'",'
+    at = raw.find(marker)
     if at < 0:
         raise LineError("PARSE", "field 'h' is not followed by the envelope fields")
-    body = text[:at] + text[at + len(marker) :]
-    computed = hashlib.sha256(b"\x00" + body.encode("utf-8")).hexdigest()
+    computed = hashlib.sha256(b"\x00" + raw[:at] + raw[at + len(marker) :]).hexdigest()
     return value, computed
 
 
