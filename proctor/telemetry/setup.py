@@ -172,8 +172,11 @@ def _one_line(span: ReadableSpan) -> str:
     parent = format(span.parent.span_id, "016x") if span.parent else "-"
     ms = ((span.end_time or 0) - (span.start_time or 0)) / 1e6
     attrs = span.attributes or {}
-    keys = ("proctor.decision", "proctor.status", "error.type", "proctor.approval.outcome", "proctor.run.id")
-    extra = " ".join(f"{k.split('.')[-1]}={attrs[k]!s}" for k in keys if k in attrs)
+    labels = {"proctor.decision": "decision", "proctor.status": "status", "error.type": "error",
+              "proctor.approval.outcome": "approval"}
+    if attrs.get("gen_ai.operation.name") == "invoke_agent":
+        labels["proctor.run.id"] = "run"
+    extra = " ".join(f"{label}={attrs[key]!s}" for key, label in labels.items() if key in attrs)
     status = span.status.status_code.name
     return (f"[span] {span.name} {ms:.3f}ms {status} trace={format(ctx.trace_id, '032x') if ctx else '-'} "
             f"span={format(ctx.span_id, '016x') if ctx else '-'} parent={parent} {extra}".rstrip() + "\n")

@@ -114,7 +114,7 @@ def test_console_prints_one_line_per_span(capsys: pytest.CaptureFixture[str]) ->
     assert out.out == ""
     line = out.err.strip()
     assert line.startswith("[span] execute_tool wipe ") and " ERROR " in line
-    assert "status=denied" in line and "type=ToolDenied" in line and "id=run_5" in line
+    assert "decision" not in line and "status=denied" in line and "error=ToolDenied" in line
 
 
 def test_cli_options(receiver: HttpReceiver, capsys: pytest.CaptureFixture[str],
