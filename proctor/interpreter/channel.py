@@ -17,7 +17,10 @@ import base64
 import json
 import os
 import struct
-from typing import Any
+
+TYPE_CHECKING = False  # typing is not imported at run time: the worker imports this module too
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "MAX_DEPTH",

@@ -7,12 +7,15 @@ what it may do instead. Runs inside the worker: standard library only.
 
 from __future__ import annotations
 
-import ast
+import _ast
 import builtins
 import re
 import types
-from collections.abc import Callable, Iterable
-from typing import Any
+
+TYPE_CHECKING = False  # typing is not imported at run time: the worker starts faster without it
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator
+    from typing import Any
 
 __all__ = [
     "DEFAULT_IMPORTS",
@@ -58,21 +61,35 @@ def attribute_allowed(name: str) -> bool:
     return name not in _BLOCKED_ATTRS
 
 
-def check_program(tree: ast.AST) -> None:
+def _walk(tree: _ast.AST) -> Iterator[_ast.AST]:
+    """Every node of `tree` (the `ast` module costs start-up time; `_ast` is already loaded)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, list):
+                todo.extend(v for v in value if isinstance(v, _ast.AST))
+            elif isinstance(value, _ast.AST):
+                todo.append(value)
+
+
+def check_program(tree: _ast.AST) -> None:
     """Refuse programs that name frames, code objects, globals or most dunders."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and not attribute_allowed(node.attr):
+    for node in _walk(tree):
+        if isinstance(node, _ast.Attribute) and not attribute_allowed(node.attr):
             raise _refusal(node, f"access to attribute {node.attr!r} is not allowed")
-        if isinstance(node, ast.Name) and node.id.startswith("__") and node.id.endswith("__"):
+        if isinstance(node, _ast.Name) and node.id.startswith("__") and node.id.endswith("__"):
             if node.id not in _ALLOWED_DUNDER_NAMES:
                 raise _refusal(node, f"the name {node.id!r} is not available")
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr in ("format", "format_map") and isinstance(node.func.value, ast.Constant)
+        if (isinstance(node, _ast.Call) and isinstance(node.func, _ast.Attribute)
+                and node.func.attr in ("format", "format_map") and isinstance(node.func.value, _ast.Constant)
                 and isinstance(node.func.value.value, str) and _FORMAT_WALK.search(node.func.value.value)):
             raise _refusal(node, "format strings may not reach private attributes")
 
 
-def _refusal(node: ast.AST, message: str) -> InterpreterError:
+def _refusal(node: _ast.AST, message: str) -> InterpreterError:
     line = getattr(node, "lineno", None)
     err = InterpreterError(message)
     err.lineno = line  # type: ignore[attr-defined]

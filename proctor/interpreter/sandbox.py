@@ -11,6 +11,7 @@ in every mode, by the worker on itself before any program runs.
 
 from __future__ import annotations
 
+import marshal
 import os
 import platform
 import queue
@@ -30,13 +31,20 @@ from proctor.errors import SandboxError
 __all__ = ["SandboxSpec", "bwrap_status", "build_command", "seccomp_program", "spawn", "worker_env"]
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # .../proctor
+# The worker's code arrives as marshalled code objects on stdin (host -> worker, the trusted
+# direction): no package directory is mounted into the sandbox, and nothing is compiled at start-up
+# even where PYTHONDONTWRITEBYTECODE left no bytecode cache.
+WORKER_MODULES = ("proctor.errors", "proctor.interpreter.channel", "proctor.interpreter.guard",
+                  "proctor.interpreter.worker")
 BOOTSTRAP = (
-    "import sys,types\n"
-    "d=sys.argv[1]\n"
-    "for n,p in (('proctor',d),('proctor.interpreter',d+'/interpreter')):\n"
-    "    m=types.ModuleType(n);m.__path__=[p];sys.modules[n]=m\n"
-    "from proctor.interpreter.worker import main\n"
-    "main(int(sys.argv[2]))\n"
+    "import sys,marshal,types\n"
+    "for n in ('proctor','proctor.interpreter'):\n"
+    "    m=types.ModuleType(n);m.__path__=[];sys.modules[n]=m\n"
+    "for n,f,c in marshal.loads(sys.stdin.buffer.read()):\n"
+    "    m=types.ModuleType(n);m.__file__=f;sys.modules[n]=m\n"
+    "    p,_,a=n.rpartition('.');setattr(sys.modules[p],a,m);exec(c,m.__dict__)\n"
+    "sys.stdin.close()\n"
+    "sys.modules['proctor.interpreter.worker'].main(int(sys.argv[1]))\n"
 )
 INSTALL_HINT = "install bubblewrap (apt-get install bubblewrap) or pass sandbox='process'"
 
@@ -119,8 +127,7 @@ def build_command(spec: SandboxSpec, chan_fd: int, seccomp_fd: int | None, *, di
                   argv: Sequence[str] | None = None) -> list[str]:
     """The full argv starting the worker (bwrap-wrapped or plain)."""
     python = python_executable()
-    worker = list(argv) if argv is not None else [python, "-I", "-S", "-B", "-c", BOOTSTRAP, str(PACKAGE_DIR),
-                                                  str(chan_fd)]
+    worker = list(argv) if argv is not None else [python, "-I", "-S", "-B", "-c", BOOTSTRAP, str(chan_fd)]
     if spec.isolation != "bwrap":
         return worker
     bwrap = shutil.which("bwrap") or "bwrap"
@@ -136,7 +143,7 @@ def build_command(spec: SandboxSpec, chan_fd: int, seccomp_fd: int | None, *, di
             binds.append(top)
     prefixes = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)}
     prefixes.add(str(Path(python).parent.parent))
-    binds += [*sorted(prefixes), str(PACKAGE_DIR), *spec.extra_paths]
+    binds += [*sorted(prefixes), *spec.extra_paths]
     for path in _outermost(binds):
         cmd += ["--ro-bind", path, path]
     cmd += ["--proc", "/proc", "--dev", "/dev", "--size", str(spec.tmpfs_bytes), "--tmpfs", "/tmp",
@@ -192,6 +199,20 @@ def _run_probe() -> tuple[bool, str, bool]:
     return False, f"bwrap is installed but cannot create a sandbox here: {last}", False
 
 
+_payload: list[bytes] = []
+
+
+def worker_payload() -> bytes:
+    """The worker's modules, compiled once per host process and marshalled."""
+    if not _payload:
+        items = []
+        for name in WORKER_MODULES:
+            path = PACKAGE_DIR.joinpath(*name.split(".")[1:]).with_suffix(".py")
+            items.append((name, str(path), compile(path.read_bytes(), str(path), "exec", dont_inherit=True)))
+        _payload.append(marshal.dumps(items))
+    return _payload[0]
+
+
 # -- spawning --------------------------------------------------------------------------------------
 
 T = TypeVar("T")
@@ -245,12 +266,24 @@ def spawn(spec: SandboxSpec, chan_fd: int, log_fd: int, diag_fd: int, cwd: str |
             os.close(seccomp_w)
             pass_fds.append(seccomp_r)
     cmd = build_command(spec, chan_fd, seccomp_r, disable_userns=disable_userns)
+    payload = worker_payload()
     try:
-        return run_in_spawner(lambda: subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=diag_fd, pass_fds=pass_fds, close_fds=True,
+        proc = run_in_spawner(lambda: subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=log_fd, stderr=diag_fd, pass_fds=pass_fds, close_fds=True,
             env=spec.env or worker_env(), cwd=cwd, start_new_session=True))
     except OSError as exc:
         raise SandboxError(f"could not start the worker ({cmd[0]}): {exc}") from None
     finally:
         if seccomp_r is not None:
             os.close(seccomp_r)
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(payload)  # blocks only until the worker reads it, right as it starts
+    except OSError:
+        pass  # the worker died at once; the host sees its channel close and reports how it ended
+    finally:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+    return proc

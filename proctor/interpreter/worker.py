@@ -1,7 +1,8 @@
 """The worker: runs model programs in a persistent namespace holding tool *stubs* only.
 
-Started by the host (see `sandbox.py`) as ``python -I -S -c BOOTSTRAP PKGDIR FD``; fd 1
-is the log pipe, FD the channel. The worker imports only the standard library,
+Started by the host (see `sandbox.py`) as ``python -I -S -B -c BOOTSTRAP FD`` with this
+module's code (and that of `channel`, `guard` and `proctor.errors`) marshalled on stdin;
+fd 1 is the log pipe, FD the channel. The worker imports only the standard library,
 `channel`, `guard` and `proctor.errors` — never the tools, never pydantic. A stub
 binds its arguments like the real function would, sends ``call`` and blocks until the
 host's ``reply``; the host alone decides and runs the tool.
@@ -9,17 +10,20 @@ host's ``reply``; the host alone decides and runs the tool.
 
 from __future__ import annotations
 
+import _ast
 import _thread
-import ast
 import itertools
 import os
-import random
 import sys
-from typing import Any
 
 from proctor import errors as proctor_errors
 from proctor.interpreter import guard
 from proctor.interpreter.channel import BlockingReader, EncodeError, decode_value, encode_value, send_frame
+
+# typing is not imported at run time: every import here is worker start-up time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["FinalAnswer", "main"]
 
@@ -242,13 +246,13 @@ class Worker:
         error = None
         self.active = True
         try:
-            tree = ast.parse(code, PROGRAM)
+            tree = compile(code, PROGRAM, "exec", _ast.PyCF_ONLY_AST)
+            assert isinstance(tree, _ast.Module)
             guard.check_program(tree)
-            last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-            assert last is None or isinstance(last, ast.Expr)
+            last = tree.body.pop() if tree.body and isinstance(tree.body[-1], _ast.Expr) else None
             exec(compile(tree, PROGRAM, "exec"), self.namespace)
             if last is not None:
-                value = eval(compile(ast.Expression(last.value), PROGRAM, "eval"), self.namespace)
+                value = eval(compile(_ast.Expression(body=last.value), PROGRAM, "eval"), self.namespace)
         except FinalAnswer:
             pass
         except BaseException as exc:  # noqa: BLE001 - every failure of the program is its result
@@ -323,7 +327,7 @@ def _apply_limits(limits: dict[str, int]) -> None:
 def main(fd: int) -> None:
     # Move the channel to an unguessable fd number; user code finding it is harmless (the host
     # gates whatever arrives), but it should not be trivial.
-    hidden = random.randrange(200, 1000)
+    hidden = 200 + int.from_bytes(os.urandom(2), "big") % 800
     os.dup2(fd, hidden, inheritable=False)
     os.close(fd)
     channel = Channel(hidden)

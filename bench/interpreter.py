@@ -1,0 +1,209 @@
+"""Benchmark: proctor's Interpreter side by side with smolagents' LocalPythonExecutor.
+
+    .venv/bin/python bench/interpreter.py [--markdown]
+
+Measures (a) a 100,000-iteration arithmetic loop, (b) 10,000 calls of an allowed
+read-only tool (governed round trip p50, next to a bare pipe round trip measured in
+the same run), (c) worker start time (bubblewrap and process-only), (d) timeout
+overshoot. Targets: (a) >= 50x faster than smolagents; (b) p50 <= 60 us and <= 4x the
+bare pipe; (c) <= 150 ms with bubblewrap; (d) <= 100 ms.
+
+smolagents is never a proctor dependency. Install it in a separate environment:
+
+    python3 -m venv /tmp/benchvenv && /tmp/benchvenv/bin/pip install smolagents
+
+and point the bench at it with SMOLAGENTS_PYTHON=/tmp/benchvenv/bin/python (that path is
+also tried by default). Without it the smolagents column says "not installed".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import structlog
+
+from proctor.gate import Gate
+from proctor.interpreter import Interpreter
+from proctor.interpreter.sandbox import bwrap_status
+from proctor.policy import Policy
+from proctor.tools import tool
+
+LOOP = "s = 0\nfor i in range(100000):\n    s += i * i % 7\ns"
+CALLS = ("import time\nts = []\nfor i in range(10000):\n    t = time.perf_counter_ns()\n    lookup('a')\n"
+         "    ts.append(time.perf_counter_ns() - t)\nts.sort()\nts[len(ts) // 2] / 1000")
+SLEEPY = "import time\ntime.sleep(5)"
+SPIN = "while True:\n    pass"
+
+
+@tool(side_effect="read")
+def lookup(order: str) -> str:
+    """Look an order up.
+
+    Args:
+        order: Order id.
+    """
+    return order
+
+
+def _gate() -> Gate:
+    policy = Policy.from_dict({"version": 1, "default": "deny", "rules": [
+        {"name": "reads", "match": {"side_effect": ["none", "read"]}, "decision": "allow"}]})
+    return Gate(policy, tools=[lookup])
+
+
+def bare_pipe_p50(n: int = 10000) -> float:
+    """Round trip of one small length-prefixed frame to an echoing Python process, in microseconds."""
+    a, b = socket.socketpair()
+    echo = ("import os,sys\nfd=int(sys.argv[1])\nwhile True:\n    d=os.read(fd,65536)\n    if not d: break\n"
+            "    os.write(fd,d)\n")
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", echo, str(b.fileno())], pass_fds=[b.fileno()])
+    b.close()
+    body = json.dumps({"t": "call", "id": 1, "run": 1, "tool": "lookup", "args": {"order": "a"}}).encode()
+    frame = len(body).to_bytes(4, "big") + body
+    times = []
+    for _ in range(n):
+        t = time.perf_counter_ns()
+        a.sendall(frame)
+        a.recv(65536)
+        times.append(time.perf_counter_ns() - t)
+    a.close()
+    proc.wait()
+    return statistics.median(times) / 1000
+
+
+def proctor_figures(sandbox: str) -> dict[str, float]:
+    gate = _gate()
+    starts = []
+    for _ in range(7):
+        t = time.perf_counter()
+        py = Interpreter([lookup], gate, sandbox=sandbox, timeout=60)  # type: ignore[arg-type]
+        starts.append((time.perf_counter() - t) * 1000)
+        py.close()
+    out: dict[str, float] = {"start_ms": statistics.median(starts[1:])}
+    with Interpreter([lookup], gate, sandbox=sandbox, timeout=60) as py:  # type: ignore[arg-type]
+        loops = []
+        for _ in range(5):
+            t = time.perf_counter()
+            r = py.run(LOOP)
+            loops.append(time.perf_counter() - t)
+            assert r.error is None, r.error
+        out["loop_ms"] = min(loops) * 1000
+        r = py.run(CALLS)
+        assert r.error is None, r.error
+        out["call_p50_us"] = float(r.value)
+        overshoots = []
+        py.timeout = 0.2
+        for code in (SLEEPY, SPIN, SLEEPY, SPIN, SLEEPY):
+            r = py.run(code)
+            overshoots.append((r.duration - 0.2) * 1000)
+        out["overshoot_ms"] = statistics.median(overshoots)
+        out["overshoot_max_ms"] = max(overshoots)
+    return out
+
+
+SMOL = r"""
+import json, statistics, time, threading
+from smolagents.local_python_executor import LocalPythonExecutor
+from smolagents import tool
+@tool
+def lookup(order: str) -> str:
+    '''Look an order up.
+
+    Args:
+        order: Order id.
+    '''
+    return order
+out = {}
+starts = []
+for _ in range(7):
+    t = time.perf_counter(); ex = LocalPythonExecutor([]); ex.send_tools({"lookup": lookup})
+    starts.append((time.perf_counter() - t) * 1000)
+out["start_ms"] = statistics.median(starts[1:])
+ex = LocalPythonExecutor(["time"]); ex.send_tools({"lookup": lookup})
+loops = []
+for _ in range(3):
+    t = time.perf_counter(); ex(LOOP); loops.append(time.perf_counter() - t)
+out["loop_ms"] = min(loops) * 1000
+ex(CALLS_SETUP)
+out["call_p50_us"] = float(ex(CALLS).output)
+try:
+    ex2 = LocalPythonExecutor(["time"], timeout_seconds=0.2); ex2.send_tools({})
+except TypeError:
+    ex2 = None
+if ex2 is not None:
+    t = time.perf_counter()
+    try:
+        ex2("import time\ntime.sleep(1.2)\ny = 7")
+    except Exception:
+        pass
+    out["overshoot_ms"] = (time.perf_counter() - t - 0.2) * 1000
+    out["timeout_y_set"] = ex2.state.get("y") == 7
+print(json.dumps(out))
+"""
+
+
+def smolagents_figures() -> dict[str, Any] | str:
+    python = os.environ.get("SMOLAGENTS_PYTHON", "/tmp/benchvenv/bin/python")
+    if not os.path.exists(python):
+        return "not installed (see the module docstring)"
+    calls_setup = "import time\nts = []"
+    calls = ("for i in range(10000):\n    t = time.perf_counter_ns()\n    lookup('a')\n"
+             "    ts.append(time.perf_counter_ns() - t)\nts.sort()\nts[len(ts) // 2] / 1000")
+    code = f"LOOP = {LOOP!r}\nCALLS_SETUP = {calls_setup!r}\nCALLS = {calls!r}\n" + SMOL
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        return "failed: " + (done.stderr.strip().splitlines() or ["?"])[-1]
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main() -> int:
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    bwrap_ok = bwrap_status()[0]
+    bare = bare_pipe_p50()
+    bw = proctor_figures("bwrap") if bwrap_ok else None
+    proc = proctor_figures("process")
+    smol = smolagents_figures()
+    main_fig = bw or proc
+
+    def cell(d: dict[str, Any] | None | str, key: str, fmt: str = "{:.1f}") -> str:
+        if isinstance(d, str) or d is None or key not in d:
+            return "—"
+        return fmt.format(d[key])
+
+    smol_d = smol if isinstance(smol, dict) else None
+    rows = [
+        ("(a) 100k-iteration loop, ms", cell(bw, "loop_ms"), cell(proc, "loop_ms"), cell(smol_d, "loop_ms"),
+         f"{smol_d['loop_ms'] / main_fig['loop_ms']:.0f}x faster (target >= 50x)" if smol_d else "—"),
+        ("(b) tool call round trip p50, µs", cell(bw, "call_p50_us"), cell(proc, "call_p50_us"),
+         cell(smol_d, "call_p50_us", "{:.2f} (ungoverned, in-process)"),
+         f"bare pipe {bare:.1f} µs; ratio {main_fig['call_p50_us'] / bare:.1f}x (targets <= 60 µs, <= 4x)"),
+        ("(c) worker start, ms", cell(bw, "start_ms"), cell(proc, "start_ms"), cell(smol_d, "start_ms"),
+         "target <= 150 ms with bubblewrap"),
+        ("(d) timeout overshoot, ms (median / max)",
+         f"{cell(bw, 'overshoot_ms')} / {cell(bw, 'overshoot_max_ms')}",
+         f"{cell(proc, 'overshoot_ms')} / {cell(proc, 'overshoot_max_ms')}",
+         (f"{smol_d['overshoot_ms']:.0f} (y set: {smol_d.get('timeout_y_set')})"
+          if smol_d and "overshoot_ms" in smol_d else "no preemptive timeout"),
+         "target <= 100 ms"),
+    ]
+    header = ("measure", "proctor (bwrap)", "proctor (process)", "smolagents LocalPythonExecutor", "verdict")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    print("\n".join(lines))
+    if isinstance(smol, str):
+        print(f"\nsmolagents: {smol}")
+    print(f"\nmachine: {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}, python {sys.version.split()[0]}, "
+          f"bwrap {'yes' if bwrap_ok else 'no'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
