@@ -173,7 +173,7 @@ def main() -> int:
     smol = smolagents_figures()
     main_fig = bw or proc
 
-    def cell(d: dict[str, Any] | None | str, key: str, fmt: str = "{:.1f}") -> str:
+    def cell(d: dict[str, Any] | str | None, key: str, fmt: str = "{:.1f}") -> str:
         if isinstance(d, str) or d is None or key not in d:
             return "—"
         return fmt.format(d[key])

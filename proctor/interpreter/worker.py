@@ -250,6 +250,7 @@ class Worker:
             assert isinstance(tree, _ast.Module)
             guard.check_program(tree)
             last = tree.body.pop() if tree.body and isinstance(tree.body[-1], _ast.Expr) else None
+            assert last is None or isinstance(last, _ast.Expr)
             exec(compile(tree, PROGRAM, "exec"), self.namespace)
             if last is not None:
                 value = eval(compile(_ast.Expression(body=last.value), PROGRAM, "eval"), self.namespace)
