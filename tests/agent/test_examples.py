@@ -1,0 +1,31 @@
+"""The example scripts run offline (scripted models) and end as their docstrings say."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proctor.audit import verify
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(("script", "args", "expected"), [
+    ("support_agent.py", [], ["refunded (RF-", "escalated: ApprovalDenied", "status"]),
+    ("analytics_agent.py", [], ["cleanup refused", "exports must not contain personal data", "done"]),
+    ("finance_agent.py", ["--yes"], ["approved by a human", "denied by policy", "done"]),
+])
+def test_example_runs_offline(script: str, args: list[str], expected: list[str], tmp_path: Path) -> None:
+    """Each example exits 0 without a terminal and writes an audit log that verifies."""
+    audit = tmp_path / "audit.jsonl"
+    env = {**os.environ, "COLUMNS": "200"}  # no wrapping of the texts looked for
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), "--audit", str(audit), *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for text in expected:
+        assert text in proc.stdout, text
+    assert verify(audit).ok
