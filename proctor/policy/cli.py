@@ -134,6 +134,7 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _test(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from proctor.errors import PolicyError
@@ -152,7 +153,7 @@ def _test(args: argparse.Namespace) -> int:
             print(issue)
         return 1
     results = run_cases(policy, cases)
-    table = Table(title=f"policy {args.policy}, cases {args.cases}", title_justify="left")
+    table = Table(title=escape(f"policy {args.policy}, cases {args.cases}"), title_justify="left")
     for column in ("#", "case", "tool", "expected", "got", "result"):
         table.add_column(column, no_wrap=column in ("#", "result"))
     for r in results:
@@ -160,12 +161,12 @@ def _test(args: argparse.Namespace) -> int:
         expected = r.case.expect + (f" [{', '.join(sorted(r.case.rules or ()))}]" if shown else "")
         got = r.decision.outcome + (f" [{', '.join(sorted(r.decision.rules))}]" if shown else "")
         verdict = "[green]PASS[/]" if r.passed else "[bold red]FAIL[/]"
-        table.add_row(str(r.index + 1), r.label, r.case.tool, expected, got, verdict)
+        table.add_row(str(r.index + 1), escape(r.label), escape(r.case.tool), escape(expected), escape(got), verdict)
     console = Console(highlight=False, width=max(100, Console().width))
     console.print(table)
     failed = [r for r in results if not r.passed]
     for r in failed:
-        console.print(f"[red]FAIL[/] {r.label}: {r.decision.reason}", markup=True)
+        console.print(f"[red]FAIL[/] {escape(r.label)}: {escape(r.decision.reason)}")
     console.print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
 
