@@ -78,7 +78,8 @@ class _Instruments:
             sc.PROCTOR_DECISIONS, callbacks=[self._observe_decisions], unit="{call}",
             description="Tool calls by policy decision, side-effect class and status")
         meter.create_observable_gauge(
-            sc.PROCTOR_BUDGET_REMAINING, callbacks=[self._observe_budgets], unit="1",
+            # No unit: kinds differ (calls, cost, seconds), and "1" would become a _ratio suffix in Prometheus.
+            sc.PROCTOR_BUDGET_REMAINING, callbacks=[self._observe_budgets], unit="",
             description="What a budget has left after the last reservation")
         meter.create_observable_counter(sc.PROCTOR_STEPS, callbacks=[self._observe_steps], unit="{step}",
                                         description="Agent steps")

@@ -26,6 +26,7 @@ import atexit
 import os
 import sys
 import threading
+import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlparse
@@ -186,6 +187,9 @@ def _resource(service_name: str | None) -> Resource:
     from opentelemetry.sdk.resources import Resource
 
     attributes: dict[str, str] = {"service.version": _version()}
+    # One id per process, so Prometheus keeps each run's cumulative counters apart (`instance`).
+    if "service.instance.id" not in (_env("OTEL_RESOURCE_ATTRIBUTES") or ""):
+        attributes["service.instance.id"] = str(uuid.uuid4())
     # Resource.create reads OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES; an explicit name wins.
     if service_name is not None:
         attributes["service.name"] = service_name

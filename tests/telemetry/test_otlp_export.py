@@ -58,6 +58,7 @@ def test_run_tree_arrives_over_otlp(receiver: tuple[str, Any]) -> None:
     assert len(approvals) == 1 and approvals[0].name == "approval send_email"
     assert len({s.trace_id for s in spans}) == 1
     assert agent.resource["service.name"] == "proctor-test"
+    assert len(agent.resource["service.instance.id"]) == 36  # one per process: Prometheus keeps runs apart
 
     # Parent links: agent is the root; steps under it; each call under its step; the wait under its call.
     assert agent.parent_id is None
