@@ -69,7 +69,7 @@ def calls_table(calls: Sequence[CallRecord], *, title: str | None = None) -> Tab
     table.add_column("decision · rule", overflow="fold", ratio=3)
     table.add_column("result", overflow="fold", ratio=3)
     for i, call in enumerate(calls, 1):
-        table.add_row(str(i), f"{call.tool}({format_args(call.args, 64)})", call.side_effect,
+        table.add_row(str(i), Text(f"{call.tool}({format_args(call.args, 64)})"), call.side_effect,
                       _decision_label(call), _status_label(call))
     return table
 
@@ -95,7 +95,7 @@ class StepPrinter:
     def done(self, step: StepRecord) -> None:
         """After the step: the calls it made, what it printed, its error."""
         if step.kind == "planning":
-            self.console.print(Panel(step.model_output.strip(), title=f"plan (before step {step.number})",
+            self.console.print(Panel(Text(step.model_output.strip()), title=f"plan (before step {step.number})",
                                      border_style="dim"))
             return
         if step.tool_calls:
@@ -163,26 +163,31 @@ def summary_table(result: RunResult, *, limits: Mapping[str, Mapping[str, Any]] 
     table = Table(title="summary", box=box.ROUNDED, show_header=False, title_justify="left", expand=False)
     table.add_column(style="bold")
     table.add_column(overflow="fold")
+
+    def row(key: str, value: str | Text) -> None:
+        # Values are plain text: an answer or a path holding "[...]" must not be read as rich markup.
+        table.add_row(key, value if isinstance(value, Text) else Text(value))
+
     status_style = "green" if result.status == "done" else "yellow"
-    table.add_row("status", Text(result.status, style=status_style)
-                  + Text(f"  {result.error}" if result.error else "", style="dim"))
+    row("status", Text(result.status, style=status_style)
+        + Text(f"  {result.error}" if result.error else "", style="dim"))
     if result.answer is not None:
-        table.add_row("answer", str(result.answer))
+        row("answer", str(result.answer))
     steps = [s for s in result.steps if s.kind == "action"]
-    table.add_row("steps", f"{len(steps)} ({result.duration_ns / 1e9:.2f}s)")
+    row("steps", f"{len(steps)} ({result.duration_ns / 1e9:.2f}s)")
     calls = result.tool_calls
     lines = [f"{n:>3}  {outcome}" for outcome, n in decision_counts(calls).items()]
-    table.add_row("calls", f"{len(calls):>3}  in total\n" + "\n".join(lines) if calls else "none")
+    row("calls", f"{len(calls):>3}  in total\n" + "\n".join(lines) if calls else "none")
     if result.budget_usage:
-        table.add_row("budgets", "\n".join(_budget_rows(result, limits or {})))
+        row("budgets", "\n".join(_budget_rows(result, limits or {})))
     tokens = f"{result.usage.input_tokens} tokens in, {result.usage.output_tokens} out"
     if result.cost_usd:
         tokens += f", ${result.cost_usd:.4f}"
-    table.add_row("model", tokens)
-    table.add_row("audit log", result.audit_path or "none (no --audit)")
+    row("model", tokens)
+    row("audit log", result.audit_path or "none (no --audit)")
     if verify is not None:
-        table.add_row("verify", verify)
-    table.add_row("trace id", result.trace_id or "none (tracing is off)")
+        row("verify", verify)
+    row("trace id", result.trace_id or "none (tracing is off)")
     for key, value in extra:
-        table.add_row(key, value)
+        row(key, value)
     return table

@@ -76,7 +76,7 @@ def _tracer(opts: DemoOptions) -> tuple[Any, Any, str]:
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     except ImportError:
-        return None, None, "tracing off: pip install 'proctor[otel]' for spans"
+        return None, None, "tracing is off: pip install 'proctor[otel]' for spans and a trace id"
     from proctor.telemetry.setup import configure_tracing
 
     provider = configure_tracing(otlp_endpoint=opts.otlp, protocol=opts.otlp_protocol, console=opts.trace_console,
@@ -115,7 +115,7 @@ def _intro(console: Console, policy: Policy, approval: str, audit_path: Path) ->
     for rule in policy.rules:
         match = rule.match
         target = ", ".join([*(match.tool or ()), *(match.side_effect or ())]) if match else "every call"
-        rules.add_row(rule.name, target, rule.when or "always",
+        rules.add_row(rule.name, target, Text(rule.when or "always"),
                       Text(rule.decision, style=_DECISION_STYLE.get(rule.decision, "")))
     for budget in policy.budgets:
         limits = ", ".join(f"{k}={v:g}" + ("s" if k == "wall_time" else "")
