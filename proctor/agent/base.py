@@ -254,17 +254,27 @@ class AgentBase:
         return step
 
     def _check_model_budget(self, ctx: RunContext) -> None:
+        """Between steps: stop at a model budget, or at a run-wide wall-time budget that has run out."""
         check = getattr(ctx.ledger, "check_model", None)
-        if check is None:
-            return
-        try:
-            check()
-        except BudgetExceeded as exc:
-            raise _Stop("budget_exhausted", str(exc)) from None
+        if check is not None:
+            try:
+                check()
+            except BudgetExceeded as exc:
+                raise _Stop("budget_exhausted", str(exc)) from None
+        # A model that only thinks makes no calls, so the gate would never see the clock run out.
+        remaining = ctx.ledger.remaining()
+        for budget in self._run_wide_budgets():
+            left = remaining.get(budget.name, {}).get("wall_time_ms")
+            if left is not None and left <= 0:
+                raise _Stop("budget_exhausted", f"budget '{budget.name}' exhausted: wall time "
+                                                f"{budget.limit.wall_time:g}s used")
+
+    def _run_wide_budgets(self) -> list[Any]:
+        return [b for b in getattr(self.policy, "budgets", ()) if b.match is None and b.per == "run"]
 
     def _budget_stop(self, calls: Sequence[CallRecord]) -> str | None:
         """The reason to stop when a call was refused by a budget that covers the whole run."""
-        run_wide = {b.name for b in getattr(self.policy, "budgets", ()) if b.match is None and b.per == "run"}
+        run_wide = {b.name for b in self._run_wide_budgets()}
         for call in calls:
             if call.error_type != "BudgetExceeded" or not call.error:
                 continue

@@ -243,3 +243,13 @@ def test_a_program_that_runs_too_long_is_stopped_and_the_run_goes_on(policy: Pol
     assert result.steps[0].error is not None and "ExecutionTimeout" in result.steps[0].error
     assert "variables and functions from earlier programs are gone" in model.calls[1][-1]["content"]
     assert result.steps[1].final_answer
+
+
+def test_run_wall_time_budget_is_checked_between_steps() -> None:
+    """A run-wide wall_time budget stops the run between steps even when no tool is called."""
+    policy = Policy.from_dict(policy_data(budgets=[{"name": "clock", "limit": {"wall_time": "300ms"}}]))
+    model = ScriptedModel([program("import time\ntime.sleep(0.4)"), program("final_answer(1)")])
+    with CodeAgent(TOOLS, model, policy, authorized_imports=["time"]) as agent:
+        result = agent.run("Wait.")
+    assert result.status == "budget_exhausted" and result.error is not None and "clock" in result.error
+    assert len(model.calls) == 1
