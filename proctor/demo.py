@@ -39,6 +39,7 @@ def main(args: argparse.Namespace) -> int:
     import sys
 
     from proctor.agent.demo.app import DemoOptions, run_demo
+    from proctor.errors import ProctorError
     from proctor.telemetry.logging import configure_logging
 
     # The demo's own output is the show: library logs go to stderr, warnings and worse by default.
@@ -53,4 +54,7 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a bad --otlp URL, for instance
         print(f"proctor demo: {exc}", file=sys.stderr)
         return 2
+    except (ProctorError, OSError) as exc:  # an audit path that cannot be written, a locked log…
+        print(f"proctor demo: {exc}", file=sys.stderr)
+        return 1
     return code
