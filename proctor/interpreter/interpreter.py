@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import structlog
@@ -57,6 +57,7 @@ class ExecutionResult:
 
     `state_lost` is true when the worker had to be replaced (timeout, crash, protocol
     violation) — on the result that lost it and on the first result of the fresh worker.
+    `isolation` is ``"bwrap"`` or ``"process"``; `duration` the wall time of `run` in seconds.
     """
 
     value: Any
@@ -67,7 +68,6 @@ class ExecutionResult:
     state_lost: bool = False
     isolation: str = ""
     duration: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class _Gate:
@@ -406,6 +406,4 @@ def _tasks_of(uid: int) -> int:
 
 
 def _replace(result: ExecutionResult, **changes: Any) -> ExecutionResult:
-    from dataclasses import replace
-
     return replace(result, **changes)

@@ -117,7 +117,8 @@ class Output:
             self.written += len(part)
             self._parts.append(part)
             self._size += len(part)
-            if self._size > 8192:
+            # Line by line (and every 8 KiB): what was printed before a timeout kill is in the pipe.
+            if self._size > 8192 or "\n" in part:
                 self._flush_locked()
         return len(text)
 

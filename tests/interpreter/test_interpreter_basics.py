@@ -182,3 +182,10 @@ def test_result_is_a_plain_dataclass(py: Interpreter) -> None:
     r = py.run("1")
     assert isinstance(r, ExecutionResult)
     assert (r.value, r.logs, r.error, tuple(r.tool_calls), r.is_final_answer) == (1, "", None, (), False)
+
+
+def test_logs_printed_before_a_timeout_are_kept(make: Callable[..., Interpreter]) -> None:
+    """What the program printed before it was killed at the deadline is in the result."""
+    py = make(sandbox="process", timeout=0.5)
+    r = py.run("import time\nprint('started')\nprint('working', end='')\nprint()\ntime.sleep(5)")
+    assert isinstance(r.error, ExecutionTimeout) and r.logs == "started\nworking\n"
