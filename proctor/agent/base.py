@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import structlog
 from opentelemetry.context import Context
@@ -43,6 +43,7 @@ class FinalAnswerCheck(Protocol):
 
 
 StepCallback = Callable[[StepRecord], None]
+_AgentT = TypeVar("_AgentT", bound="AgentBase")
 
 
 def load_policy(policy: Policy | str | os.PathLike[str]) -> Policy:
@@ -136,7 +137,7 @@ class AgentBase:
         if self._owns_audit and self.audit is not None:
             self.audit.close()
 
-    def __enter__(self) -> AgentBase:
+    def __enter__(self: _AgentT) -> _AgentT:
         return self
 
     def __exit__(self, *exc: object) -> None:
