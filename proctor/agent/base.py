@@ -189,7 +189,7 @@ class AgentBase:
         for number in range(1, self.max_steps + 1):
             self._check_model_budget(ctx)
             if self.planning_interval and (number - 1) % self.planning_interval == 0:
-                steps.append(self._plan(number, ctx, parent))
+                self._plan(number, ctx, parent, steps)
                 self._check_model_budget(ctx)
             ctx.next_step()
             step = StepRecord(number)
@@ -237,7 +237,7 @@ class AgentBase:
             charge(response.usage.total_tokens, response.cost_usd or 0.0)
         return response
 
-    def _plan(self, number: int, ctx: RunContext, parent: AgentSpan) -> StepRecord:
+    def _plan(self, number: int, ctx: RunContext, parent: AgentSpan, steps: list[StepRecord]) -> None:
         step = StepRecord(number, kind="planning")
         began = time.perf_counter_ns()
         with step_span(self.tracer, step=number, parent=parent, run=ctx.info) as sspan:
@@ -248,11 +248,10 @@ class AgentBase:
                 sspan.usage(step.usage.input_tokens, step.usage.output_tokens)
             finally:
                 step.duration_ns = time.perf_counter_ns() - began
+                steps.append(step)
                 self._record_step(ctx, step)
-        step.observation = ""
         self.memory.append({"role": "assistant", "content": f"Plan:\n{response.content}"})
         self.memory.append({"role": "user", "content": "Now proceed with your plan."})
-        return step
 
     def _check_model_budget(self, ctx: RunContext) -> None:
         """Between steps: stop at a model budget, or at a run-wide wall-time budget that has run out."""
