@@ -47,6 +47,7 @@ _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 _DECODE = json.JSONDecoder().decode
 _TAGS = ("$bytes", "$tuple", "$set", "$frozenset", "$dict")
 _SCALARS = (str, int, float, bool, type(None))
+_SCALAR_TYPES = frozenset(_SCALARS)
 
 
 class EncodeError(TypeError):
@@ -57,30 +58,56 @@ class ProtocolError(ValueError):
     """A frame or value broke the protocol: bad length, bad JSON, bad tag, too deep."""
 
 
-def encode_value(value: Any, _depth: int = 0, _where: str = "value") -> Any:
-    """Turn `value` into JSON-safe data with tags; raise `EncodeError` for anything else."""
-    if isinstance(value, _SCALARS):
+def encode_value(value: Any, _where: str = "value") -> Any:
+    """Turn `value` into JSON-safe data with tags; raise `EncodeError` naming the type and where it sits."""
+    try:
+        return _encode(value, 0)
+    except _Unencodable as exc:
+        where = _where + "".join(reversed(exc.path))
+        raise EncodeError(exc.message.replace("{where}", where)) from None
+
+
+class _Unencodable(Exception):
+    def __init__(self, message: str) -> None:
+        self.message = message
+        self.path: list[str] = []
+
+
+def _encode(value: Any, depth: int) -> Any:
+    # The hot path (a call's arguments, a tool's result) is flat scalars: no per-item work for them.
+    if type(value) in _SCALAR_TYPES or isinstance(value, _SCALARS):
         return value
-    if _depth >= MAX_DEPTH:
-        raise EncodeError(f"{_where} is nested more than {MAX_DEPTH} levels deep")
-    d = _depth + 1
-    if isinstance(value, list):
-        return [encode_value(v, d, f"{_where}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, dict):
-        if all(type(k) is str for k in value) and not (len(value) == 1 and next(iter(value)).startswith("$")):
-            return {k: encode_value(v, d, f"{_where}[{k!r}]") for k, v in value.items()}
-        return {"$dict": [[encode_value(k, d, f"{_where} key"), encode_value(v, d, f"{_where}[{k!r}]")]
-                          for k, v in value.items()]}
-    if isinstance(value, tuple):
-        return {"$tuple": [encode_value(v, d, f"{_where}[{i}]") for i, v in enumerate(value)]}
-    if isinstance(value, (bytes, bytearray)):
-        return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
-    if isinstance(value, frozenset):
-        return {"$frozenset": [encode_value(v, d, f"{_where} item") for v in value]}
-    if isinstance(value, set):
-        return {"$set": [encode_value(v, d, f"{_where} item") for v in value]}
-    raise EncodeError(
-        f"{_where} of type {type(value).__name__} cannot be sent: use str, int, float, bool, None, "
+    if depth >= MAX_DEPTH:
+        raise _Unencodable(f"{{where}} is nested more than {MAX_DEPTH} levels deep")
+    d = depth + 1
+    key: Any = None
+    try:
+        if isinstance(value, dict):
+            if all(type(k) is str for k in value) and not (len(value) == 1 and next(iter(value)).startswith("$")):
+                out = {}
+                for key, v in value.items():
+                    out[key] = v if type(v) in _SCALAR_TYPES else _encode(v, d)
+                return out
+            pairs = []
+            for key, v in value.items():
+                pairs.append([_encode(key, d), _encode(v, d)])
+            return {"$dict": pairs}
+        if isinstance(value, (list, tuple)):
+            items = []
+            for key, v in enumerate(value):  # noqa: B007 - `key` names the place in an error
+                items.append(v if type(v) in _SCALAR_TYPES else _encode(v, d))
+            return items if isinstance(value, list) else {"$tuple": items}
+        if isinstance(value, (bytes, bytearray)):
+            return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
+        if isinstance(value, (set, frozenset)):
+            key = "item"
+            tag = "$frozenset" if isinstance(value, frozenset) else "$set"
+            return {tag: [_encode(v, d) for v in value]}
+    except _Unencodable as exc:
+        exc.path.append(" item" if key == "item" and isinstance(value, (set, frozenset)) else f"[{key!r}]")
+        raise
+    raise _Unencodable(
+        f"{{where}} of type {type(value).__name__} cannot be sent: use str, int, float, bool, None, "
         "bytes, list, tuple, set or dict values"
     )
 
@@ -93,14 +120,14 @@ def decode_value(data: Any, _depth: int = 0) -> Any:
         raise ProtocolError(f"value nested more than {MAX_DEPTH} levels deep")
     d = _depth + 1
     if isinstance(data, list):
-        return [decode_value(v, d) for v in data]
+        return [v if type(v) in _SCALAR_TYPES else decode_value(v, d) for v in data]
     if not isinstance(data, dict):
         raise ProtocolError(f"unexpected JSON value of type {type(data).__name__}")
     if len(data) == 1:
         ((key, inner),) = data.items()
         if key.startswith("$"):
             return _decode_tag(key, inner, d)
-    return {k: decode_value(v, d) for k, v in data.items()}
+    return {k: v if type(v) in _SCALAR_TYPES else decode_value(v, d) for k, v in data.items()}
 
 
 def _decode_tag(tag: str, inner: Any, depth: int) -> Any:
