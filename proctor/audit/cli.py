@@ -26,6 +26,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--pubkey", metavar="K", help="public key the checkpoints must be signed with")
     p.add_argument("--trusted-checkpoint", metavar="F", help="a checkpoint file saved earlier; the log must extend it")
     p.add_argument("--no-side-file", action="store_true", help="ignore LOG.checkpoint")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="check segments in N processes (logs over 8 MiB; same answer, sooner on idle cores)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_verify)
 
@@ -74,7 +76,13 @@ def _verify(args: argparse.Namespace) -> int:
         return 2
     size = os.path.getsize(args.log)
     try:
-        if size > _LARGE and sys.stderr.isatty() and not args.json:
+        if args.workers < 1:
+            _err("--workers must be ≥ 1")
+            return 2
+        if args.workers > 1:
+            report = verify(args.log, pubkey=args.pubkey, trusted_checkpoint=args.trusted_checkpoint,
+                            side_file=not args.no_side_file, workers=args.workers)
+        elif size > _LARGE and sys.stderr.isatty() and not args.json:
             from rich.progress import Progress
 
             with Progress(transient=True) as bar:

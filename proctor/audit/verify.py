@@ -29,6 +29,7 @@ from proctor.audit.scan import Anchor, Failure, ScanFailure, Scanner, load_ancho
 __all__ = ["Failure", "VerifyReport", "iter_lines", "side_file_path", "verify"]
 
 _CHUNK = 1 << 20
+_PARALLEL_MIN = 8 << 20  # below this, starting worker processes costs more than it saves
 
 
 def side_file_path(log: str | os.PathLike[str]) -> Path:
@@ -107,9 +108,13 @@ def verify(
     trusted_checkpoint: str | os.PathLike[str] | None = None,
     side_file: bool = True,
     progress: Callable[[int], None] | None = None,
+    workers: int = 1,
 ) -> VerifyReport:
     """Stream `path` and check chain, checkpoints and anchors; never raises for a bad log.
 
+    `workers` > 1 checks segments of the file in that many processes first (see
+    `proctor.audit.parallel`); any problem, or a log under 8 MiB, falls back to the one
+    sequential scan that produces every report, so the answer never depends on it.
     Raises `AuditError` only for unusable inputs (unreadable key or trusted checkpoint
     file); `FileNotFoundError`/`OSError` if the log itself cannot be read.
     """
@@ -129,7 +134,15 @@ def verify(
     scanner = Scanner(pubkey=key, anchors=tuple(anchors))
     size = Path(path).stat().st_size
     try:
-        lines, _ = scan_file(path, scanner, progress)
+        lines: int | None = None
+        if workers > 1 and size >= _PARALLEL_MIN:
+            from proctor.audit.parallel import scan_parallel
+
+            lines = scan_parallel(os.fspath(path), scanner, workers)
+            if lines is None:
+                scanner = Scanner(pubkey=key, anchors=tuple(anchors))
+        if lines is None:
+            lines, _ = scan_file(path, scanner, progress)
         scanner.finish(lines, size)
     except ScanFailure as exc:
         report.failure = exc.failure
