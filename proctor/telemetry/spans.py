@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
@@ -236,15 +236,31 @@ class ToolSpan(_Handle):
                 _set_error(child, outcome, f"approval {outcome} by {approver}")
             child.end(end_time=end)
 
+    @property
+    def capturing(self) -> bool:
+        """Whether `arguments`/`result` would record anything: test it before redacting a result."""
+        return _capture and self.recording
+
     def arguments(self, args: Mapping[str, Any]) -> None:
         """The call's arguments, redacted by the gate; recorded only with content capture on."""
         if _capture and self.recording:
             self._attrs[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = content_json(args)
 
-    def result(self, value: Any) -> None:
-        """The tool's result, redacted by the gate; recorded only with content capture on."""
-        if _capture and self.recording:
-            self._attrs[sc.GEN_AI_TOOL_CALL_RESULT] = content_json(value)
+    def result(self, value: Any, redact: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None) -> None:
+        """The tool's result; recorded only with content capture on.
+
+        `redact` is the policy's redaction (the gate passes it): applied to a mapping result,
+        field by field as to arguments. A result it cannot handle is recorded as a placeholder,
+        never an exception — the tool has already run.
+        """
+        if not (_capture and self.recording):
+            return
+        if redact is not None and isinstance(value, Mapping):
+            try:
+                value = redact(value)
+            except Exception as exc:  # noqa: BLE001 - telemetry must not turn a done call into a failure
+                value = f"[result not recorded: redaction failed: {type(exc).__name__}]"
+        self._attrs[sc.GEN_AI_TOOL_CALL_RESULT] = content_json(value)
 
     def finish(self, status: str, error_type: str | None = None, message: str | None = None) -> None:
         """The call's end: `ok`, or `denied | failed | timeout` (status ERROR with `error.type`)."""
