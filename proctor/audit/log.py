@@ -71,11 +71,20 @@ class AuditLog:
         self._mutex = threading.Lock()
         self.error: str | None = None
         self.closed = False
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise AuditError(f"cannot create the directory of {self.path}: {exc.strerror or exc}") from exc
         self._lock_fd = acquire(Path(os.fspath(path) + ".lock"), self.path)
         try:
             self._redaction_key = redaction_key or read_or_create_secret(Path(os.fspath(path) + ".redact-key"))
             self._open()
+        except OSError as exc:
+            release(self._lock_fd)
+            raise AuditError(f"cannot open the audit log {self.path}: {exc.strerror or exc}") from exc
+        except ValueError as exc:
+            release(self._lock_fd)
+            raise AuditError(f"cannot open the audit log {self.path}: {exc}") from exc
         except BaseException:
             release(self._lock_fd)
             raise

@@ -233,6 +233,15 @@ def test_bad_signing_key_is_an_audit_error(tmp_path: Path) -> None:
         AuditLog(tmp_path / "a.jsonl", signing_key=tmp_path / "missing.key")
 
 
+def test_unopenable_log_is_an_audit_error(tmp_path: Path) -> None:
+    """A log path that cannot be opened for writing (here a directory) is a one-line AuditError."""
+    (tmp_path / "dir.jsonl").mkdir()
+    with pytest.raises(AuditError, match="cannot open the audit log"):
+        AuditLog(tmp_path / "dir.jsonl")
+    with AuditLog(tmp_path / "ok.jsonl") as log:  # and nothing was left locked
+        assert log.append("step", {}).ok
+
+
 def test_redaction_is_keyed_per_log_and_correlates_within_a_log(tmp_path: Path) -> None:
     """Equal values give equal digests within a log, different ones across logs; the key file is private."""
     with AuditLog(tmp_path / "a.jsonl") as a, AuditLog(tmp_path / "b.jsonl") as b:
