@@ -8,6 +8,8 @@ export on with `proctor.telemetry.setup.configure_tracing`, and logs with
 
 from __future__ import annotations
 
+from proctor.telemetry.logging import bind_call, bind_run, configure_logging
+from proctor.telemetry.setup import configure_tracing
 from proctor.telemetry.spans import (
     AgentSpan,
     ApprovalSpan,
@@ -31,7 +33,11 @@ __all__ = [
     "ToolSpan",
     "agent_span",
     "approval_span",
+    "bind_call",
+    "bind_run",
     "capture_content",
+    "configure_logging",
+    "configure_tracing",
     "current_context",
     "get_tracer",
     "set_capture_content",

@@ -23,8 +23,9 @@ def _small_queue_short_timeout(monkeypatch: pytest.MonkeyPatch) -> Iterator[None
     monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "64")
     monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "32")
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "10")
-    # Keep the exporter's abandoned background work short-lived after the test.
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+    # Each export waits up to 2 s, far longer than a call may take; the abandoned background
+    # work ends soon after the test.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2")
     yield
     proctor_metrics.use_meter_provider(None)
 
@@ -58,10 +59,10 @@ def test_calls_stay_fast_and_succeed(collector: str, protocol: str) -> None:
         results.append(gate.call("lookup", {"order": str(i)}, context=ctx))
         durations.append(time.perf_counter() - began)
     assert results == [f"order {i}: shipped" for i in range(CALLS)]
-    # The exporter's timeout is 1 s and the batch worker blocks on it; the calls must not.
-    # Bounds are loose because the machine is shared, but far below one export timeout.
+    # The batch worker blocks up to 2 s per export; the calls must not. The bounds are loose
+    # because the machine is shared, but a call that waited on an export would exceed them.
     assert statistics.median(durations) < 0.005, statistics.median(durations)
-    assert max(durations) < 0.5, max(durations)
+    assert max(durations) < 1.0, max(durations)
 
     began = time.perf_counter()
     telemetry.shutdown(timeout_s=1.0)
