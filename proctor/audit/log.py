@@ -132,13 +132,14 @@ class AuditLog:
                    "sha256": hashlib.sha256(rest).hexdigest(), "reason": f.message}
             if len(rest) <= _CUT_INLINE_MAX:
                 cut["b64"] = base64.b64encode(rest).decode("ascii")
-            os.ftruncate(self._fd, f.offset)
-            sync_fd(self._fd)
             size, lines = f.offset, f.line - 1
         try:
-            scanner.finish(lines, size)
+            scanner.finish(lines, size)  # before any cut: a log behind its side file is evidence, not a crash
         except ScanFailure as exc:
             raise self._corrupted(exc, "the log is shorter than its checkpoint side file") from None
+        if cut is not None:
+            os.ftruncate(self._fd, size)
+            sync_fd(self._fd)
         self._size = size
         self._seq = scanner.count
         self._head = scanner.head

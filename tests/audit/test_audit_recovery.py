@@ -132,6 +132,7 @@ def test_torn_checkpoint_named_by_the_side_file_is_refused(tmp_path: Path) -> No
     path.write_bytes(data[:-40])
     with pytest.raises(AuditCorrupted, match="side file"):
         AuditLog(path)
+    assert path.read_bytes() == data[:-40]  # the evidence is left as it was found
 
 
 def test_damaged_side_file_is_refused(tmp_path: Path) -> None:
