@@ -83,9 +83,10 @@ def _verify(args: argparse.Namespace) -> int:
             report = verify(args.log, pubkey=args.pubkey, trusted_checkpoint=args.trusted_checkpoint,
                             side_file=not args.no_side_file, workers=args.workers)
         elif size > _LARGE and sys.stderr.isatty() and not args.json:
+            from rich.console import Console
             from rich.progress import Progress
 
-            with Progress(transient=True) as bar:
+            with Progress(console=Console(stderr=True), transient=True) as bar:
                 task = bar.add_task("verifying", total=size)
                 report = verify(args.log, pubkey=args.pubkey, trusted_checkpoint=args.trusted_checkpoint,
                                 side_file=not args.no_side_file,

@@ -25,6 +25,7 @@ from typing import Any
 
 from proctor.audit.keys import PublicKeySource, load_public_key
 from proctor.audit.scan import Anchor, Failure, ScanFailure, Scanner, load_anchor
+from proctor.errors import AuditError
 
 __all__ = ["Failure", "VerifyReport", "iter_lines", "side_file_path", "verify"]
 
@@ -98,6 +99,8 @@ def scan_file(
             lines, size = number, offset + len(raw) + 1
             if progress is not None and not number & 0x3FFF:
                 progress(size)
+    if progress is not None:
+        progress(size)
     return lines, size
 
 
@@ -123,7 +126,11 @@ def verify(
     anchors: list[Anchor] = []
     try:
         if trusted_checkpoint is not None:
-            anchors.append(load_anchor(trusted_checkpoint, None))
+            try:
+                anchors.append(load_anchor(trusted_checkpoint, None))
+            except OSError as exc:
+                raise AuditError(f"cannot read the trusted checkpoint {os.fspath(trusted_checkpoint)}: "
+                                 f"{exc.strerror or exc}") from exc
         side = side_file_path(path)
         if side_file and side.exists():
             report.side_file = os.fspath(side)
