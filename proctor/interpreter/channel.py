@@ -43,7 +43,8 @@ MAX_DEPTH = 100
 
 _HEADER = struct.Struct(">I")
 # One encoder for every frame: json.dumps with non-default options builds a new encoder per call.
-_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+# ASCII-only output: a str holding lone surrogates still makes valid UTF-8 frames.
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 _DECODE = json.JSONDecoder().decode
 _TAGS = ("$bytes", "$tuple", "$set", "$frozenset", "$dict")
 _SCALARS = (str, int, float, bool, type(None))
@@ -162,7 +163,7 @@ def _decode_tag(tag: str, inner: Any, depth: int) -> Any:
 
 def frame(message: dict[str, Any]) -> bytes:
     """One frame holding `message` (already made of JSON-safe data)."""
-    body = _ENCODE(message).encode("utf-8")
+    body = _ENCODE(message).encode("ascii")
     if len(body) > MAX_MESSAGE:
         raise EncodeError(f"message of {len(body)} bytes is larger than the {MAX_MESSAGE}-byte limit")
     return _HEADER.pack(len(body)) + body

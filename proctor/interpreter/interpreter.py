@@ -10,6 +10,7 @@ call does not eat the program's time; at the deadline the worker is killed.
 from __future__ import annotations
 
 import inspect
+import keyword
 import os
 import threading
 import time
@@ -39,6 +40,7 @@ __all__ = ["ExecutionResult", "Interpreter", "ProgramError", "SandboxMode"]
 
 log = structlog.get_logger("proctor.interpreter")
 SandboxMode = Literal["auto", "bwrap", "process", "none"]
+FINAL_GRACE = 1.0  # seconds a program may run on after final_answer() before it is stopped
 MiB = 1024 * 1024
 
 
@@ -151,12 +153,18 @@ class Interpreter:
             lost, self._lost = self._lost, False
             calls: list[CallRecord] = []
             try:
+                data = frame({"t": "run", "run": self._seq + 1, "code": str(code)})
+            except EncodeError as exc:
+                self._lost = lost
+                return ExecutionResult(None, "", SandboxError(f"the program cannot be sent to the worker: {exc}"),
+                                       isolation=self.isolation)
+            try:
                 worker = self._ready(self._worker or self._start())
                 ctx = context or self._run_context()
                 self._seq += 1
                 worker.logs.clear()
                 worker.logs_cut = False
-                worker.send({"t": "run", "run": self._seq, "code": str(code)})
+                worker.send_bytes(data)
                 result = self._drive(worker, ctx, parent, calls, started)
             except ProtocolError as exc:
                 result = self._lose(f"the worker broke the channel protocol and was stopped: {exc}", calls)
@@ -166,6 +174,9 @@ class Interpreter:
             except ProctorError as exc:  # SandboxError starting or talking to the worker; AuditError from start_run
                 result = self._lose(str(exc), calls, error=exc) if isinstance(exc, SandboxError) else \
                     ExecutionResult(None, "", exc, tuple(calls), isolation=self.isolation)
+            except BaseException as exc:  # Ctrl-C, or a bug: never leave a program running behind
+                self._lose(f"interrupted: {type(exc).__name__}", calls)
+                raise
             if lost and not result.state_lost:
                 result = _replace(result, state_lost=True)
             return _replace(result, duration=time.monotonic() - started)
@@ -195,6 +206,8 @@ class Interpreter:
                     if message.run != self._seq or final:
                         raise ProtocolError("unexpected final message")
                     final.append(message.value)
+                    # The program is over; one that swallowed final_answer's exception gets a moment to finish.
+                    deadline = min(deadline, time.monotonic() + FINAL_GRACE)
                 elif isinstance(message, Done):
                     if message.run != self._seq:
                         raise ProtocolError(f"done message for run {message.run}, expected {self._seq}")
@@ -220,7 +233,14 @@ class Interpreter:
             log.warning("call_refused_by_interpreter", tool=req.tool, reason=refusal)
             self._reply(worker, req.id, error=ToolDenied(refusal, tool=req.tool, call_id=record.call_id))
             return
-        outcome = self.gate.submit(req.tool, req.args, context=ctx, parent=parent)
+        try:
+            outcome = self.gate.submit(req.tool, req.args, context=ctx, parent=parent)
+        except Exception as exc:  # noqa: BLE001 - submit never raises by contract; if it does, refuse the call
+            log.error("gate_submit_raised", tool=req.tool, error=repr(exc))
+            record = refused_record(new_id("call_"), req.tool, f"the gate failed: {exc!r}")
+            calls.append(record)
+            self._reply(worker, req.id, error=ToolDenied(record.error or "", tool=req.tool, call_id=record.call_id))
+            return
         calls.append(outcome.record)
         if outcome.error is not None:
             self._reply(worker, req.id, error=outcome.error)
@@ -253,8 +273,8 @@ class Interpreter:
         error = ExecutionTimeout(f"the program ran longer than {self.timeout:g}s and was stopped; "
                                  "its variables are lost and the next run starts fresh")
         result = self._lose(str(error), calls, error=error)
-        if final:
-            result = _replace(result, value=final[0], is_final_answer=True)
+        if final:  # final_answer() ended the program; the worker kept going after it and was stopped
+            result = _replace(result, value=final[0], is_final_answer=True, error=None)
         return result
 
     def _lose(self, message: str, calls: list[CallRecord], *, error: ProctorError | None = None) -> ExecutionResult:
@@ -350,8 +370,12 @@ _STDLIB_HINT = frozenset({"*"}) | frozenset(getattr(__import__("sys"), "stdlib_m
 
 def _tool_spec(t: Tool) -> dict[str, Any]:
     """The data a worker builds a stub from: name, parameters, docstring — never the function."""
+    if keyword.iskeyword(t.name) or t.name == "final_answer":
+        raise ValueError(f"a tool cannot be named {t.name!r} in a program")
     params = []
     for p in t.signature.parameters.values():
+        if p.name.startswith("_proctor_"):
+            raise ValueError(f"tool {t.name!r}: parameter names starting with '_proctor_' are reserved")
         spec: dict[str, Any] = {"name": p.name, "kind": p.kind.name}
         if p.default is not p.empty:
             try:

@@ -189,3 +189,44 @@ def test_logs_printed_before_a_timeout_are_kept(make: Callable[..., Interpreter]
     py = make(sandbox="process", timeout=0.5)
     r = py.run("import time\nprint('started')\nprint('working', end='')\nprint()\ntime.sleep(5)")
     assert isinstance(r.error, ExecutionTimeout) and r.logs == "started\nworking\n"
+
+
+def test_final_answer_then_running_on_is_stopped_but_answered(make: Callable[..., Interpreter]) -> None:
+    """A program that swallows final_answer and keeps running is stopped; the answer stands."""
+    py = make(sandbox="process", timeout=5)
+    r = py.run("try:\n    final_answer(7)\nexcept BaseException:\n    pass\nwhile True:\n    pass")
+    assert r.is_final_answer and r.value == 7 and r.error is None and r.state_lost
+    assert r.duration < 3
+
+
+def test_gate_that_raises_refuses_the_call(py: Interpreter, monkeypatch: pytest.MonkeyPatch) -> None:
+    """If gate.submit ever raised, the call is refused in the program and the host goes on."""
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(py.gate, "submit", broken)
+    r = py.run("try:\n    lookup('a')\nexcept ToolDenied as e:\n    print(e)")
+    assert r.error is None and "the gate failed" in r.logs and [c.status for c in r.tool_calls] == ["denied"]
+
+
+def test_non_ascii_and_lone_surrogates_cross_the_channel(py: Interpreter) -> None:
+    """Unicode, including strings with lone surrogates, survives both directions."""
+    r = py.run("s = 'héllo ☃ \\udcff'\nprint(lookup('héllo ☃'))\ns")
+    assert r.error is None and r.logs == "order héllo ☃: shipped\n" and r.value == "héllo ☃ \udcff"
+
+
+def test_reserved_tool_names_are_refused(gate: object) -> None:
+    """A tool that would shadow final_answer cannot be given to an interpreter."""
+    from proctor.tools import tool
+
+    @tool(name="final_answer", side_effect="read")
+    def fa(x: str) -> str:
+        """Shadow.
+
+        Args:
+            x: Anything.
+        """
+        return x
+
+    with pytest.raises(ValueError, match="final_answer"):
+        Interpreter([fa], gate, sandbox="process")
