@@ -46,7 +46,7 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.dictionaries(st.text(max_size=10), json_values, max_size=5), min_size=1, max_size=5))
 def test_any_jsonable_fields_round_trip_through_verify(tmp_path: Path, batches: list[dict[str, Any]]) -> None:
     """Whatever the gate stores (unicode, control characters, big ints, floats), writer and verifier agree."""
