@@ -21,7 +21,7 @@ from typing import Any, Literal
 import structlog
 
 from proctor.calls import CallRecord, new_id
-from proctor.errors import ExecutionTimeout, ProctorError, SandboxError, ToolDenied, ToolFailed
+from proctor.errors import ApprovalDenied, ExecutionTimeout, ProctorError, SandboxError, ToolDenied, ToolFailed
 from proctor.interpreter.channel import EncodeError, ProtocolError, encode_value, frame
 from proctor.interpreter.host import WorkerDied, WorkerProcess
 from proctor.interpreter.messages import (
@@ -200,8 +200,10 @@ class Interpreter:
                     if time.monotonic() >= deadline:  # requests after the deadline never reach the gate
                         return self._timed_out(calls, final)
                     began = time.monotonic()
-                    self._serve(worker, message, ctx, parent, calls, bool(final))
-                    deadline += time.monotonic() - began  # waiting on the host does not count
+                    if self._serve(worker, message, ctx, parent, calls, bool(final)):
+                        # Waiting on a tool or a human does not count. Refusals do: a program flooding
+                        # the host with requests that are refused cannot stop its own clock that way.
+                        deadline += time.monotonic() - began
                 elif isinstance(message, Final):
                     if message.run != self._seq or final:
                         raise ProtocolError("unexpected final message")
@@ -215,7 +217,8 @@ class Interpreter:
                     return self._finish(worker, message, calls, final)
 
     def _serve(self, worker: WorkerProcess, req: CallRequest, ctx: Any, parent: Any,
-               calls: list[CallRecord], after_final: bool) -> None:
+               calls: list[CallRecord], after_final: bool) -> bool:
+        """Answer one request; True when the time it took was spent running a tool or waiting on approval."""
         if req.id in worker.seen_ids:
             raise ProtocolError(f"request id {req.id} used twice")
         worker.seen_ids.add(req.id)
@@ -232,7 +235,7 @@ class Interpreter:
                 calls.append(record)
             log.warning("call_refused_by_interpreter", tool=req.tool, reason=refusal)
             self._reply(worker, req.id, error=ToolDenied(refusal, tool=req.tool, call_id=record.call_id))
-            return
+            return False
         try:
             outcome = self.gate.submit(req.tool, req.args, context=ctx, parent=parent)
         except Exception as exc:  # noqa: BLE001 - submit never raises by contract; if it does, refuse the call
@@ -240,11 +243,13 @@ class Interpreter:
             record = refused_record(new_id("call_"), req.tool, f"the gate failed: {exc!r}")
             calls.append(record)
             self._reply(worker, req.id, error=ToolDenied(record.error or "", tool=req.tool, call_id=record.call_id))
-            return
-        calls.append(outcome.record)
+            return False
+        record = outcome.record
+        waited = record.status != "denied" or record.approval is not None or isinstance(outcome.error, ApprovalDenied)
+        calls.append(record)
         if outcome.error is not None:
             self._reply(worker, req.id, error=outcome.error)
-            return
+            return waited
         try:
             data = frame({"t": "reply", "id": req.id, "ok": True, "value": encode_value(outcome.value,
                                                                                        _where="result")})
@@ -252,8 +257,9 @@ class Interpreter:
             error = ToolFailed(f"{req.tool}: ran, but its {exc}", tool=req.tool, call_id=outcome.record.call_id,
                                error_type="EncodeError")
             self._reply(worker, req.id, error=error)
-            return
+            return waited
         worker.send_bytes(data)
+        return waited
 
     @staticmethod
     def _reply(worker: WorkerProcess, rid: int, *, error: ProctorError) -> None:

@@ -230,3 +230,37 @@ def test_reserved_tool_names_are_refused(gate: object) -> None:
 
     with pytest.raises(ValueError, match="final_answer"):
         Interpreter([fa], gate, sandbox="process")
+
+
+def test_waiting_for_a_human_does_not_count_and_denial_raises(audit: InMemoryAudit,
+                                                              make: Callable[..., Interpreter]) -> None:
+    """A slow approval does not time the program out; a refused one raises ApprovalDenied at the call site."""
+    import time as _time
+
+    from conftest import POLICY, TOOLS
+
+    from proctor.approval import CallbackApprover
+    from proctor.gate import Gate
+    from proctor.policy import Policy
+
+    answers = iter([True, False])
+
+    def human(request: object) -> bool:
+        _time.sleep(0.6)
+        return next(answers)
+
+    ask = {"name": "ask", "match": {"tool": "charge"}, "decision": "require_approval"}
+    policy = dict(POLICY, budgets=[], rules=[ask])
+    gate = Gate(Policy.from_dict(policy), approver=CallbackApprover(human), audit=audit, tools=TOOLS)
+    py = make(gate=gate, sandbox="process", timeout=0.4)
+    r = py.run("print(charge(1))\ntry:\n    charge(2)\nexcept ApprovalDenied as e:\n    print('no:', e)")
+    assert r.error is None, r.error
+    assert r.logs.startswith("charged 1\nno: ")
+    assert [c.status for c in r.tool_calls] == ["ok", "denied"]
+
+
+def test_flood_of_refused_requests_cannot_stop_the_clock(make: Callable[..., Interpreter]) -> None:
+    """Refused calls take the program's own time: a loop of denied calls still times out."""
+    py = make(sandbox="process", timeout=0.5)
+    r = py.run("while True:\n    try:\n        wipe('x')\n    except ToolDenied:\n        pass")
+    assert isinstance(r.error, ExecutionTimeout) and r.duration < 1.5
