@@ -186,17 +186,32 @@ def _run_probe() -> tuple[bool, str, bool]:
     argv = [python_executable(), "-I", "-S", "-c", "pass"]
     last = ""
     for disable in (True, False):
+        seccomp = _seccomp_fd()
         try:
-            done = run_in_spawner(lambda d=disable: subprocess.run(  # type: ignore[misc]
-                build_command(spec, 0, None, disable_userns=d, argv=argv), capture_output=True, timeout=20,
-                stdin=subprocess.DEVNULL, env=worker_env()))
+            done = run_in_spawner(lambda d=disable, fd=seccomp: subprocess.run(  # type: ignore[misc]
+                build_command(spec, 0, fd, disable_userns=d, argv=argv), capture_output=True, timeout=20,
+                stdin=subprocess.DEVNULL, env=worker_env(), pass_fds=() if fd is None else (fd,)))
         except (OSError, subprocess.SubprocessError) as exc:
             return False, f"bwrap could not run: {exc}", False
+        finally:
+            if seccomp is not None:
+                os.close(seccomp)
         if done.returncode == 0:
             return True, "bwrap works", disable
         lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
         last = lines[-1] if lines else f"exit {done.returncode}"
     return False, f"bwrap is installed but cannot create a sandbox here: {last}", False
+
+
+def _seccomp_fd() -> int | None:
+    """A readable fd holding this machine's seccomp program (bwrap --seccomp), or None."""
+    program = seccomp_program()
+    if program is None:
+        return None
+    read_end, write_end = os.pipe()
+    os.write(write_end, program)
+    os.close(write_end)
+    return read_end
 
 
 _payload: list[bytes] = []
@@ -259,11 +274,8 @@ def spawn(spec: SandboxSpec, chan_fd: int, log_fd: int, diag_fd: int, cwd: str |
         ok, reason, disable_userns = bwrap_status()
         if not ok:
             raise SandboxError(f"sandbox='bwrap' but {reason}: {INSTALL_HINT}")
-        program = seccomp_program()
-        if program is not None:
-            seccomp_r, seccomp_w = os.pipe()
-            os.write(seccomp_w, program)
-            os.close(seccomp_w)
+        seccomp_r = _seccomp_fd()
+        if seccomp_r is not None:
             pass_fds.append(seccomp_r)
     cmd = build_command(spec, chan_fd, seccomp_r, disable_userns=disable_userns)
     payload = worker_payload()

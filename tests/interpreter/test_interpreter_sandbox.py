@@ -143,3 +143,18 @@ def test_worker_crash_is_a_sandbox_error_and_next_run_is_fresh(make: Callable[..
     assert isinstance(r.error, SandboxError) and "killed by SIGKILL" in str(r.error) and r.state_lost
     again = py.run("'a' in dir()")
     assert again.value is False and again.state_lost
+
+
+def test_seccomp_program_shape() -> None:
+    """The filter is whole sock_filter instructions, checks the architecture first, and is absent elsewhere."""
+    import struct
+
+    from proctor.interpreter.sandbox import seccomp_program
+
+    program = seccomp_program("x86_64")
+    assert program is not None and len(program) % 8 == 0
+    first = struct.unpack("=HBBI", program[:8])
+    assert first == (0x20, 0, 0, 4)  # load seccomp_data.arch
+    assert seccomp_program("sparc") is None
+    aarch64 = seccomp_program("aarch64")
+    assert aarch64 is not None and len(aarch64) % 8 == 0
