@@ -163,7 +163,10 @@ def _decode_tag(tag: str, inner: Any, depth: int) -> Any:
 
 def frame(message: dict[str, Any]) -> bytes:
     """One frame holding `message` (already made of JSON-safe data)."""
-    body = _ENCODE(message).encode("ascii")
+    try:
+        body = _ENCODE(message).encode("ascii")
+    except (ValueError, TypeError, RecursionError) as exc:  # e.g. an int past the 4300-digit limit
+        raise EncodeError(f"message cannot be encoded: {str(exc)[:200]}") from None
     if len(body) > MAX_MESSAGE:
         raise EncodeError(f"message of {len(body)} bytes is larger than the {MAX_MESSAGE}-byte limit")
     return _HEADER.pack(len(body)) + body

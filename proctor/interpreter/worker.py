@@ -233,7 +233,12 @@ class Worker:
             if not self.final[0]:
                 self.final = (True, answer)
                 self.output.flush()
-                self.channel.send({"t": "final", "run": self.run_id, "value": _encode_result(answer)})
+                message = {"t": "final", "run": self.run_id, "value": _encode_result(answer)}
+                try:
+                    self.channel.send(message)
+                except EncodeError as exc:
+                    message["value"] = f"<value not sendable: {exc}>"
+                    self.channel.send(message)
             raise FinalAnswer()
 
         return final_answer
@@ -280,7 +285,11 @@ class Worker:
                 self.active = False
                 result = {"t": "done", "run": self.run_id, "value": None, "final": False, "cut": True,
                           "error": {"type": type(exc).__name__, "message": "the worker failed to report", "line": None}}
-            self.channel.send(result)
+            try:
+                self.channel.send(result)
+            except EncodeError as exc:  # a value JSON refuses (a 5000-digit int): send what it looks like
+                result["value"] = f"<value not sendable: {exc}>"
+                self.channel.send(result)
 
 
 class _Missing:

@@ -264,3 +264,13 @@ def test_flood_of_refused_requests_cannot_stop_the_clock(make: Callable[..., Int
     py = make(sandbox="process", timeout=0.5)
     r = py.run("while True:\n    try:\n        wipe('x')\n    except ToolDenied:\n        pass")
     assert isinstance(r.error, ExecutionTimeout) and r.duration < 1.5
+
+
+def test_huge_values_do_not_break_the_worker(py: Interpreter) -> None:
+    """A value JSON cannot carry is reported as such; the worker and its variables survive."""
+    py.run("keep = 1")
+    r = py.run("10 ** 5000")
+    assert r.error is None and isinstance(r.value, str) and "not sendable" in r.value
+    r = py.run("lookup(10 ** 5000)")
+    assert isinstance(r.error, ProgramError) and r.error.type == "EncodeError"
+    assert py.run("keep").value == 1

@@ -126,3 +126,9 @@ def test_error_payload_carries_what_the_worker_needs() -> None:
                       "budget": "b"}
     failed = error_payload(ToolFailed("boom", tool="t", error_type="ValueError"))
     assert failed["type"] == "ToolFailed" and failed["error_type"] == "ValueError"
+
+
+def test_values_json_refuses_are_encode_errors() -> None:
+    """An int beyond the conversion limit is an EncodeError, not a crash."""
+    with pytest.raises(EncodeError):
+        frame({"v": 10**5000})
