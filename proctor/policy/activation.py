@@ -15,6 +15,7 @@ from typing import Any
 import cel
 
 from proctor.calls import Call, HistoryEntry
+from proctor.policy.conditions import check_value
 from proctor.policy.projection import Needs
 
 __all__ = ["Activation"]
@@ -35,13 +36,30 @@ class Activation(Mapping[str, Any]):
         self._context: Any = None
         self._added: set[str] = set()
 
+    def prepare(self) -> None:
+        """Convert every variable the candidate conditions read in one go (cheaper than one by one).
+
+        If any of them cannot be converted, nothing is: each condition then converts what
+        it reads itself, so only the conditions reading the bad value fail.
+        """
+        try:
+            values = {name: self[name] for name in self._needs}
+            for value in values.values():
+                check_value(value)
+            context = cel.Context(values)
+        except Exception:  # noqa: BLE001 - fall back to per-condition conversion, which reports the error
+            return
+        self._context, self._added = context, set(values)
+
     def cel_context(self, names: tuple[str, ...]) -> Any:
         """One `cel.Context` per decision: converting a variable costs microseconds, so do it once."""
         if self._context is None:
             self._context = cel.Context()
         for name in names:
             if name not in self._added:
-                self._context.add_variable(name, self[name])
+                value = self[name]
+                check_value(value)  # a cyclic or absurdly deep value would crash the converter
+                self._context.add_variable(name, value)
                 self._added.add(name)
         return self._context
 

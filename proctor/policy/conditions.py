@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,10 +25,14 @@ from proctor.policy.projection import Needs, needs_of
 
 __all__ = [
     "FUNCTIONS",
+    "MAX_CONTAINERS",
+    "MAX_DEPTH",
     "VARIABLES",
     "Condition",
     "ConditionError",
     "EvaluationError",
+    "ValueTooDeep",
+    "check_value",
     "compile_condition",
 ]
 
@@ -53,6 +57,46 @@ _MACRO_VAR = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Z
 _TYPE_NAMES = frozenset({"int", "uint", "double", "string", "bool", "bytes", "list", "map", "null_type", "type"})
 _CEL_ERROR = re.compile(r"<input>:(\d+):(\d+): (.*)")
 _EXPECTING = re.compile(r"\s+expecting \{.*$")
+
+
+MAX_DEPTH = 64
+_FAST_CONTAINERS = (dict, list, tuple)
+_SCALARS = (str, bytes, int, float, type(None))
+
+
+def _is_container(value: Any) -> bool:
+    """Whether CEL's converter may recurse into `value` (any mapping or sequence but str/bytes)."""
+    if isinstance(value, _FAST_CONTAINERS):
+        return True
+    return not isinstance(value, _SCALARS) and isinstance(value, (Mapping, Sequence))
+MAX_CONTAINERS = 100_000
+
+
+class ValueTooDeep(ValueError):
+    """A value CEL's converter must not see: cyclic, nested too deep, or with too many containers."""
+
+
+def check_value(value: Any) -> None:
+    """Refuse values that would crash or stall CEL's (recursive, native) converter.
+
+    A cyclic or very deeply nested argument makes the converter overflow its stack and
+    kill the whole host process; so anything nested deeper than MAX_DEPTH, or holding
+    more than MAX_CONTAINERS maps and lists, is refused here and the call is denied.
+    """
+    if not _is_container(value):
+        return
+    left = MAX_CONTAINERS
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ValueTooDeep(f"a value is nested deeper than {MAX_DEPTH} levels (or is cyclic)")
+        for child in node.values() if isinstance(node, Mapping) else node:
+            if _is_container(child):
+                left -= 1
+                if left < 0:
+                    raise ValueTooDeep(f"a value holds more than {MAX_CONTAINERS} maps and lists")
+                stack.append((child, depth + 1))
 
 
 class ConditionError(Exception):
@@ -106,7 +150,10 @@ class Condition:
             if cel_context is not None:
                 result = self.program.execute(cel_context(self.variables))
             else:
-                result = self.program.execute({name: activation[name] for name in self.variables})
+                context = {name: activation[name] for name in self.variables}
+                for value in context.values():
+                    check_value(value)
+                result = self.program.execute(context)
         except KeyError as exc:
             raise EvaluationError(self._missing_key(exc.args[0] if exc.args else "?")) from None
         except TypeError as exc:

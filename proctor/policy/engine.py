@@ -206,6 +206,7 @@ class Policy:
         side_effect = (spec.side_effect if spec is not None else None) or call.side_effect or "destructive"
         candidates: Candidates = self.candidates(call.tool, side_effect)
         activation = Activation(call, side_effect, candidates.needs)
+        activation.prepare()
         denied: list[tuple[CompiledRule, str]] = []
         for rule in candidates.deny:
             verdict = _evaluate(rule, activation)

@@ -133,3 +133,30 @@ def test_projection_never_changes_a_result(sources: list[str], call: Call) -> No
         full = _outcome(source, Activation(call, "write"))
         narrowed = _outcome(source, Activation(call, "write", needs))
         assert narrowed == full, source
+
+
+def test_cyclic_and_absurdly_deep_values_deny_instead_of_crashing() -> None:
+    """Values that would overflow CEL's native converter (and kill the host) are refused: the call is denied."""
+    from proctor.policy import Policy
+
+    policy = Policy.from_dict({"version": 1, "default": "allow", "rules": [
+        {"name": "r", "when": "size(args) > 5", "decision": "deny"},
+        {"name": "h", "when": "history.exists(h, h.args.x == 1)", "decision": "deny"},
+    ]})
+    cyclic: dict[str, Any] = {}
+    cyclic["self"] = cyclic
+    deep: list[Any] = []
+    for _ in range(10_000):
+        deep = [deep]
+    wide: list[Any] = [[]]
+    for _ in range(20):
+        wide = [wide, wide]  # small in memory, 2**20 lists once expanded
+    for args in ({"x": cyclic}, {"x": deep}, {"x": wide}):
+        decision = policy.decide(Call("t", args))
+        assert decision.outcome == "deny" and decision.rules == ("r",)
+        assert "condition failed: a value" in decision.reason
+    history = (HistoryEntry("t", {"x": cyclic}, "read", "allow", "ok"),)
+    assert policy.decide(Call("t", {}, history=history)).rules == ("h",)
+    with pytest.raises(EvaluationError, match="nested deeper than 64"):
+        compile_condition("size(args) > 0").evaluate({"args": {"x": cyclic}})
+    assert policy.decide(Call("t", {"x": [[1]] * 10})).outcome == "allow"
