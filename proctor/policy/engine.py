@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from proctor.calls import SIDE_EFFECTS, Call, Decision, Outcome, SideEffect
 from proctor.canonical import canonical_sha256
@@ -29,6 +29,9 @@ from proctor.policy.loader import load_policy_text, validate_policy_data
 from proctor.policy.matching import Matcher
 from proctor.policy.projection import Needs, merge_needs
 from proctor.policy.schema import BudgetSpec, PolicyModel, RuleSpec
+
+if TYPE_CHECKING:
+    from proctor.policy.explain import Explanation
 
 __all__ = ["ApprovalSettings", "CompiledRule", "Policy", "ToolFacts"]
 
@@ -226,6 +229,12 @@ class Policy:
                         return self._decision(outcome, [(r, _reason(r)) for r in held[outcome]])
                 return Decision(self.default, (), f"no rule matched; the policy default is {self.default}", self.sha256)
         return self._decision("deny", denied)
+
+    def explain(self, call: Call) -> Explanation:
+        """Decide `call` and trace every rule against it (for people; slower than `decide`)."""
+        from proctor.policy.explain import explain
+
+        return explain(self, call)
 
     def _decision(self, outcome: Outcome, held: list[tuple[CompiledRule, str]]) -> Decision:
         held.sort(key=lambda pair: pair[0].index)

@@ -319,3 +319,17 @@ def test_describe_tool(policy: Policy) -> None:
 def test_repr_mentions_source_and_fingerprint(policy: Policy) -> None:
     """repr is short and useful in logs."""
     assert repr(policy).startswith("Policy('design.yaml', rules=4, sha256=")
+
+
+def test_explain_traces_every_rule(policy: Policy) -> None:
+    """Policy.explain gives the decision and, per rule, whether and why it matched."""
+    result = policy.explain(Call("send_email", {}))
+    assert result.decision == policy.decide(Call("send_email", {}))
+    assert result.side_effect == "external"
+    notes = {t.name: (t.matched, t.note) for t in result.rules}
+    assert notes["reads"] == (False, "side_effect external is not none, read")
+    matched, note = notes["internal-mail"]
+    assert matched and "condition failed (counts as deny): no such key 'to'" in note
+    assert notes["no-exfiltration"] == (False, "when does not hold: history.exists(c, c.tool == 'read_secret')")
+    other = policy.explain(Call("get_weather")).rules
+    assert [t.note for t in other if t.name == "internal-mail"] == ["tool 'get_weather' is not send_email"]
