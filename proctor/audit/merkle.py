@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 __all__ = ["EMPTY_ROOT", "MerkleFrontier", "leaf_hash", "merkle_root", "node_hash"]
 
+_sha256 = hashlib.sha256
+
 #: Root of the empty tree: sha256 of the empty string (RFC 6962 §2.1).
 EMPTY_ROOT = hashlib.sha256(b"").hexdigest()
 
@@ -43,26 +45,26 @@ def merkle_root(leaves: Sequence[bytes]) -> bytes:
 
 
 class MerkleFrontier:
-    """The complete subtrees of a growing tree, largest first: enough to append and to get the root."""
+    """The complete subtrees of a growing tree, largest first: enough to append and to get the root.
 
-    __slots__ = ("_heights", "_nodes", "size")
+    Subtree *i* from the right has 2**k leaves where k is the i-th set bit of `size`
+    counted from the low end, so the heights need not be stored.
+    """
+
+    __slots__ = ("_nodes", "size")
 
     def __init__(self) -> None:
         self._nodes: list[bytes] = []
-        self._heights: list[int] = []
         self.size = 0
 
     def append(self, leaf: bytes) -> None:
         """Add one leaf hash (32 bytes) at the right edge."""
-        nodes, heights = self._nodes, self._heights
-        node, height = leaf, 0
-        # Merge equal-height neighbours, exactly as a carry ripples through a binary counter.
-        while heights and heights[-1] == height:
-            node = hashlib.sha256(b"\x01" + nodes.pop() + node).digest()
-            heights.pop()
-            height += 1
+        nodes, n, node = self._nodes, self.size, leaf
+        # Merge equal-size neighbours, exactly as a carry ripples through a binary counter.
+        while n & 1:
+            node = _sha256(b"\x01" + nodes.pop() + node).digest()
+            n >>= 1
         nodes.append(node)
-        heights.append(height)
         self.size += 1
 
     def append_hex(self, leaf_hex: str) -> None:
@@ -75,7 +77,7 @@ class MerkleFrontier:
             return hashlib.sha256(b"").digest()
         acc = self._nodes[-1]
         for node in reversed(self._nodes[:-1]):
-            acc = hashlib.sha256(b"\x01" + node + acc).digest()
+            acc = _sha256(b"\x01" + node + acc).digest()
         return acc
 
     def root_hex(self) -> str:

@@ -18,7 +18,7 @@ the same length by a trusted checkpoint (FORK).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from proctor.audit.keys import PublicKeySource, load_public_key
 from proctor.audit.scan import Anchor, Failure, ScanFailure, Scanner, load_anchor
 from proctor.errors import AuditError
 
-__all__ = ["Failure", "VerifyReport", "iter_lines", "side_file_path", "verify"]
+__all__ = ["Failure", "VerifyReport", "scan_file", "side_file_path", "verify"]
 
 _CHUNK = 1 << 20
 _PARALLEL_MIN = 8 << 20  # below this, starting worker processes costs more than it saves
@@ -62,46 +62,36 @@ class VerifyReport:
         return asdict(self)
 
 
-def iter_lines(f: Any) -> Iterator[tuple[bytes, int, int, bool]]:
-    """Yield (line without newline, 1-based line number, byte offset, ended with newline) from a binary file."""
-    offset, number, tail = 0, 0, b""
-    while True:
-        data = f.read(_CHUNK)
-        if not data:
-            break
-        parts = (tail + data).split(b"\n") if tail else data.split(b"\n")
-        tail = parts.pop()
-        for raw in parts:
-            number += 1
-            yield raw, number, offset, True
-            offset += len(raw) + 1
-    if tail:
-        yield tail, number + 1, offset, False
-
-
 def scan_file(
     path: str | os.PathLike[str],
     scanner: Scanner,
     progress: Callable[[int], None] | None = None,
 ) -> tuple[int, int]:
     """Feed every line of `path` to `scanner`; return (lines, bytes). Raises `ScanFailure`."""
-    lines = size = 0
+    number = offset = 0
+    tail = b""
     with open(path, "rb") as f:
-        for raw, number, offset, newline in iter_lines(f):
-            if not newline:
-                raise ScanFailure(
-                    Failure("PARSE", scanner.count, number, offset,
-                            f"torn last line: {len(raw)} bytes without a newline (a crash mid-append; "
-                            "opening the log with AuditLog cuts it into a recovery record)"),
-                    unreadable=True,
-                )
-            scanner.feed(raw, number, offset)
-            lines, size = number, offset + len(raw) + 1
-            if progress is not None and not number & 0x3FFF:
-                progress(size)
-    if progress is not None:
-        progress(size)
-    return lines, size
+        while True:
+            data = f.read(_CHUNK)
+            if not data:
+                break
+            parts = (tail + data).split(b"\n") if tail else data.split(b"\n")
+            tail = parts.pop()
+            feed = scanner.feed
+            for raw in parts:
+                number += 1
+                feed(raw, number, offset)
+                offset += len(raw) + 1
+            if progress is not None:
+                progress(offset)
+    if tail:
+        raise ScanFailure(
+            Failure("PARSE", scanner.count, number + 1, offset,
+                    f"torn last line: {len(tail)} bytes without a newline (a crash mid-append; "
+                    "opening the log with AuditLog cuts it into a recovery record)"),
+            unreadable=True,
+        )
+    return number, offset
 
 
 def verify(
