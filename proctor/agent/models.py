@@ -12,6 +12,7 @@ import json
 import os
 import random
 import re
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -172,6 +173,32 @@ def _import_litellm() -> Any:
 _NOISE = re.compile(r"^(litellm\.\w+:\s*|\w+Error:\s*|\w+Exception\s*-\s*)+")
 
 
+def _off_thread(fn: Callable[[], Any]) -> Any:
+    """Call `fn` in a short-lived thread and return its result or raise its exception.
+
+    litellm's sync path calls ``asyncio.get_event_loop()``, which in the main thread
+    creates and installs an event loop nobody closes (a ResourceWarning later, at a random
+    place). In another thread it finds none and uses ``asyncio.run``, which cleans up.
+    """
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            with warnings.catch_warnings():
+                # litellm's pydantic models warn on provider quirks; they are not our users' problem.
+                warnings.simplefilter("ignore")
+                box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="proctor-litellm", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
 def _credentials_problem(message: str) -> bool:
     lowered = message.lower()
     return any(word in lowered for word in ("api key", "api_key", "missing credentials"))
@@ -222,10 +249,7 @@ class LiteLLMModel:
         attempt = 0
         while True:
             try:
-                with warnings.catch_warnings():
-                    # litellm's pydantic models warn on provider quirks; they are not our users' problem.
-                    warnings.simplefilter("ignore")
-                    raw = litellm.completion(model=self.model_id, messages=list(messages), **kwargs)
+                raw = _off_thread(lambda: litellm.completion(model=self.model_id, messages=list(messages), **kwargs))
                 break
             except retryable as exc:
                 attempt += 1
