@@ -389,13 +389,18 @@ def _tool_spec(t: Tool) -> dict[str, Any]:
             except EncodeError:
                 spec["optional"] = True
         params.append(spec)
-    annotations = {p.name: inspect.formatannotation(p.annotation) for p in t.signature.parameters.values()
+    annotations = {p.name: _annotation(p.annotation) for p in t.signature.parameters.values()
                    if p.annotation is not p.empty}
     if t.signature.return_annotation is not t.signature.empty:
-        annotations["return"] = inspect.formatannotation(t.signature.return_annotation)
+        annotations["return"] = _annotation(t.signature.return_annotation)
     args = "".join(f"\n    {k}: {v}" for k, v in t.arg_descriptions.items())
     return {"name": t.name, "params": params, "annotations": annotations,
             "doc": t.description + (f"\n\nArgs:{args}" if args else "")}
+
+
+def _annotation(annotation: Any) -> str:
+    """An annotation as text (already text under ``from __future__ import annotations``)."""
+    return annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
 
 
 def _limits(isolation: str, memory: int | None, cpu: int, nproc: int, fsize: int) -> dict[str, int]:

@@ -274,3 +274,30 @@ def test_huge_values_do_not_break_the_worker(py: Interpreter) -> None:
     r = py.run("lookup(10 ** 5000)")
     assert isinstance(r.error, ProgramError) and r.error.type == "EncodeError"
     assert py.run("keep").value == 1
+
+
+def test_stub_keeps_keyword_only_and_defaults(make: Callable[..., Interpreter]) -> None:
+    """Stubs bind like the real signature: keyword-only parameters and default values."""
+    from proctor.tools import tool
+
+    seen: list[dict[str, object]] = []
+
+    @tool(side_effect="read")
+    def shaped(a: int, b: str = "x", *, c: bool = False, d: tuple[int, int] = (1, 2)) -> str:
+        """Take arguments of every kind.
+
+        Args:
+            a: A number.
+            b: Either way.
+            c: Keyword only.
+            d: A tuple default.
+        """
+        seen.append({"a": a, "b": b, "c": c, "d": d})
+        return "ok"
+
+    py = make(tools=[shaped], sandbox="process")
+    r = py.run("shaped(1)\nshaped(2, 'y', c=True)\ntry:\n    shaped(3, 'z', True)\nexcept TypeError as e:\n"
+               "    print(e)\nprint(shaped.__annotations__['a'])")
+    assert r.error is None, r.error
+    assert "positional arguments" in r.logs and r.logs.endswith("int\n")
+    assert seen == [{"a": 1, "b": "x", "c": False, "d": (1, 2)}, {"a": 2, "b": "y", "c": True, "d": (1, 2)}]
