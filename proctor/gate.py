@@ -537,9 +537,10 @@ class Gate:
     def _unknown(self, name: str, args: Any, call_id: str, ctx: RunContext, span: ToolSpan,
                  message: str) -> CallOutcome:
         error = ToolDenied(message, tool=name, call_id=call_id)
-        self._record("call_intent", {"run_id": ctx.info.id, "call_id": call_id, "tool": name,
-                                     "side_effect": "destructive", "decision": None, "error": message,
-                                     "policy_sha256": self.policy.sha256}, durable=False)
+        common = {"run_id": ctx.info.id, "call_id": call_id, "tool": name, "error": message,
+                  "policy_sha256": self.policy.sha256, "trace_id": span.trace_id, "span_id": span.span_id}
+        self._record("call_intent", {**common, "side_effect": "destructive", "decision": None}, durable=False)
+        self._record("call_outcome", {**common, "status": "denied", "duration_ns": 0}, durable=False)
         span.finish("denied", "ToolDenied", message)
         record = CallRecord(call_id, name, {}, "destructive", None, "denied", 0, message, "ToolDenied")
         ctx._remember(HistoryEntry(name, {}, "destructive", "deny", "denied"), record)
