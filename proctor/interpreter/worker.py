@@ -329,10 +329,15 @@ def _apply_limits(limits: dict[str, int]) -> None:
     import resource
 
     for name, value in limits.items():
-        which = getattr(resource, name)
+        which = getattr(resource, name, None)
+        if which is None:
+            continue
         _, hard = resource.getrlimit(which)
         new = value if hard == resource.RLIM_INFINITY else min(value, hard)
-        resource.setrlimit(which, (new, new))
+        try:
+            resource.setrlimit(which, (new, new))
+        except (ValueError, OSError):  # e.g. RLIMIT_AS on macOS; on Linux every limit applies
+            continue
 
 
 def main(fd: int) -> None:
