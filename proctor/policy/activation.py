@@ -42,6 +42,8 @@ class Activation(Mapping[str, Any]):
         If any of them cannot be converted, nothing is: each condition then converts what
         it reads itself, so only the conditions reading the bad value fail.
         """
+        if not self._needs:
+            return
         try:
             values = {name: self[name] for name in self._needs}
             for value in values.values():

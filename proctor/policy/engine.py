@@ -237,6 +237,8 @@ class Policy:
         return explain(self, call)
 
     def _decision(self, outcome: Outcome, held: list[tuple[CompiledRule, str]]) -> Decision:
+        if len(held) == 1:
+            return Decision(outcome, (held[0][0].name,), held[0][1], self.sha256)
         held.sort(key=lambda pair: pair[0].index)
         reasons = list(dict.fromkeys(reason for _, reason in held))
         return Decision(outcome, tuple(r.name for r, _ in held), "; ".join(reasons), self.sha256)
