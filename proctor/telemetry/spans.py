@@ -175,17 +175,26 @@ class ToolSpan(_Handle):
     no-op when the span is not recording; metrics are recorded either way.
     """
 
-    __slots__ = ("_attrs", "_decision", "_finished", "_side_effect", "_started_ns", "_tool", "_tracer")
+    __slots__ = ("_attrs", "_call_id", "_decision", "_finished", "_run_id", "_side_effect", "_started_ns", "_tool",
+                 "_tracer")
 
-    def __init__(self, span: Span, tracer: Tracer | None = None, tool: str = "") -> None:
+    def __init__(self, span: Span, tracer: Tracer | None = None, tool: str = "", call_id: str = "",
+                 run_id: str = "") -> None:
         super().__init__(span)
         self._tracer = tracer
         self._tool = tool
+        self._call_id, self._run_id = call_id, run_id
         self._started_ns = time.perf_counter_ns()
         self._decision: str | None = None
         self._side_effect: str | None = None
         self._finished = False
         self._attrs: dict[str, Any] = {}
+
+    def log_fields(self) -> dict[str, str]:
+        """run_id, call_id, trace_id, span_id for a log event: ``log.error("…", **span.log_fields())``."""
+        fields = {"run_id": self._run_id, "call_id": self._call_id}
+        fields.update(super().log_fields())
+        return fields
 
     def describe(self, description: str) -> None:
         """The tool's description (`gen_ai.tool.description`)."""
@@ -299,7 +308,7 @@ class tool_span:  # lower case: used as a function; a class because @contextmana
                  parent: Context | None = None) -> None:
         if is_noop(tracer):
             # No SDK: skip building attributes and the API's context lookups altogether.
-            self._handle = ToolSpan(INVALID_SPAN, tracer, tool)
+            self._handle = ToolSpan(INVALID_SPAN, tracer, tool, call_id, run.id)
             return
         attributes: dict[str, Any] = {
             sc.GEN_AI_OPERATION_NAME: sc.EXECUTE_TOOL,
@@ -313,7 +322,7 @@ class tool_span:  # lower case: used as a function; a class because @contextmana
             attributes[sc.PROCTOR_RUN_PRINCIPAL] = run.principal
         span = tracer.start_span(f"{sc.EXECUTE_TOOL} {tool}", context=parent, kind=SpanKind.INTERNAL,
                                  attributes=attributes)
-        self._handle = ToolSpan(span, tracer, tool)
+        self._handle = ToolSpan(span, tracer, tool, call_id, run.id)
 
     def __enter__(self) -> ToolSpan:
         return self._handle

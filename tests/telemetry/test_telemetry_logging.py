@@ -67,11 +67,12 @@ def test_explicit_span_fields_win_over_the_current_span() -> None:
     stream = io.StringIO()
     configure_logging(json=True, stream=stream)
     capture = SpanCapture()
-    with tool_span(capture.tracer, tool="t", call_id="c", run=RunInfo()) as span:
+    with tool_span(capture.tracer, tool="t", call_id="call_3", run=RunInfo(id="run_3")) as span:
         structlog.get_logger("proctor.gate").error("gate_internal_error", **span.log_fields())
         span.finish("ok")
     (line,) = _lines(stream)
     assert line["trace_id"] == span.trace_id and line["span_id"] == span.span_id
+    assert line["run_id"] == "run_3" and line["call_id"] == "call_3"
 
 
 def test_level_filtering_and_console_format() -> None:

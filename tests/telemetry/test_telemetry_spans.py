@@ -202,11 +202,12 @@ def test_gate_denial_through_span_capture(capture: SpanCapture) -> None:
 def test_no_sdk_means_no_op_spans() -> None:
     """Without an SDK the handles are non-recording and every setter is harmless."""
     with agent_span(None, agent_name="a", run=RunInfo()) as agent, step_span(None, step=1, parent=agent) as step, \
-            tool_span(trace.get_tracer("x"), tool="t", call_id="c", run=RunInfo(), parent=step.context) as span:
+            tool_span(trace.get_tracer("x"), tool="t", call_id="c", run=RunInfo(id="r"), parent=step.context) as span:
         span.decision(Decision("deny", (), "no", ""), "read")
         span.approval("denied", "x", 5)
         span.finish("denied", "ToolDenied", "no")
-    assert not span.recording and span.trace_id is None and span.log_fields() == {}
+    assert not span.recording and span.trace_id is None
+    assert span.log_fields() == {"run_id": "r", "call_id": "c"}
 
 
 @pytest.mark.parametrize(("model", "provider"), [
