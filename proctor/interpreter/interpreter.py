@@ -9,14 +9,11 @@ call does not eat the program's time; at the deadline the worker is killed.
 
 from __future__ import annotations
 
-import inspect
-import keyword
-import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any, Literal, Protocol
 
 import structlog
 
@@ -33,10 +30,12 @@ from proctor.interpreter.messages import (
     parse_worker_message,
     refused_record,
 )
+from proctor.interpreter.result import ExecutionResult, ProgramError
 from proctor.interpreter.sandbox import INSTALL_HINT, SandboxSpec, bwrap_status, site_paths
+from proctor.interpreter.specs import STDLIB, limits_for, tool_spec
 from proctor.tools import Tool
 
-__all__ = ["ExecutionResult", "Interpreter", "ProgramError", "SandboxMode"]
+__all__ = ["ExecutionResult", "GateLike", "Interpreter", "ProgramError", "SandboxMode"]
 
 log = structlog.get_logger("proctor.interpreter")
 SandboxMode = Literal["auto", "bwrap", "process", "none"]
@@ -44,48 +43,21 @@ FINAL_GRACE = 1.0  # seconds a program may run on after final_answer() before it
 MiB = 1024 * 1024
 
 
-class ProgramError(Exception):
-    """The program raised: its exception type, message and line (``ZeroDivisionError: … (line 3)``)."""
-
-    def __init__(self, type_name: str, message: str, line: int | None) -> None:
-        self.type, self.message, self.line = type_name, message, line
-        where = f" (line {line})" if line else ""
-        super().__init__(f"{type_name}: {message}{where}" if message else f"{type_name}{where}")
-
-
-@dataclass(frozen=True)
-class ExecutionResult:
-    """What one program did: its last expression's value, output, error and every tool call, in order.
-
-    `state_lost` is true when the worker had to be replaced (timeout, crash, protocol
-    violation) — on the result that lost it and on the first result of the fresh worker.
-    `isolation` is ``"bwrap"`` or ``"process"``; `duration` the wall time of `run` in seconds.
-    """
-
-    value: Any
-    logs: str
-    error: Exception | None
-    tool_calls: Sequence[CallRecord] = ()
-    is_final_answer: bool = False
-    state_lost: bool = False
-    isolation: str = ""
-    duration: float = 0.0
-
-
-class _Gate:
-    """What the interpreter needs of a gate (`proctor.Gate` is one)."""
+class GateLike(Protocol):
+    """What the interpreter needs of a gate; `proctor.Gate` is one."""
 
     audit: Any
 
     def register(self, *tools: Any) -> None: ...
     def start_run(self) -> Any: ...
-    def submit(self, tool: str, args: Any, *, context: Any = None, parent: Any = None) -> Any: ...
+    def submit(self, tool: Any, args: Any = None, *, context: Any = None, call_id: Any = None,
+               parent: Any = None) -> Any: ...
 
 
 class Interpreter:
     """A persistent, sandboxed Python namespace whose tool calls all pass one gate (see the module docstring)."""
 
-    def __init__(self, tools: Iterable[Tool | Callable[..., Any]], gate: Any, timeout: float = 30,
+    def __init__(self, tools: Iterable[Tool | Callable[..., Any]], gate: GateLike, timeout: float = 30,
                  authorized_imports: Iterable[str] = (), sandbox: SandboxMode = "auto",
                  memory_limit: int | None = 512 * MiB, max_output: int = 50_000, context: Any = None, *,
                  cpu_limit: int = 3600, max_processes: int = 64, start_timeout: float = 30.0) -> None:
@@ -102,11 +74,11 @@ class Interpreter:
         self.sandbox = sandbox
         self.isolation = self._choose_isolation(sandbox)
         self._names = {t.name for t in self.tools}
-        needs_site = any(n for n in self.authorized_imports if n.partition(".")[0] not in _STDLIB_HINT)
+        needs_site = any(n for n in self.authorized_imports if n.partition(".")[0] not in STDLIB)
         self._spec = SandboxSpec(self.isolation, extra_paths=tuple(site_paths()) if needs_site else ())
-        self._limits = _limits(self.isolation, memory_limit, cpu_limit, max_processes, self._spec.tmpfs_bytes)
+        self._limits = limits_for(self.isolation, memory_limit, cpu_limit, max_processes, self._spec.tmpfs_bytes)
         self._init: dict[str, Any] = {
-            "t": "init", "tools": [_tool_spec(t) for t in self.tools], "imports": list(self.authorized_imports),
+            "t": "init", "tools": [tool_spec(t) for t in self.tools], "imports": list(self.authorized_imports),
             "max_output": self.max_output, "isolation": self.isolation,
             "sys_path": site_paths() if needs_site else [],
             "limits": self._limits,
@@ -368,76 +340,6 @@ class Interpreter:
     def _check_open(self) -> None:
         if self._closed:
             raise SandboxError("this interpreter is closed")
-
-
-# Top-level names that never need the site-packages bind.
-_STDLIB_HINT = frozenset({"*"}) | frozenset(getattr(__import__("sys"), "stdlib_module_names", ()))
-
-
-def _tool_spec(t: Tool) -> dict[str, Any]:
-    """The data a worker builds a stub from: name, parameters, docstring — never the function."""
-    if keyword.iskeyword(t.name) or t.name == "final_answer":
-        raise ValueError(f"a tool cannot be named {t.name!r} in a program")
-    params = []
-    for p in t.signature.parameters.values():
-        if p.name.startswith("_proctor_"):
-            raise ValueError(f"tool {t.name!r}: parameter names starting with '_proctor_' are reserved")
-        spec: dict[str, Any] = {"name": p.name, "kind": p.kind.name}
-        if p.default is not p.empty:
-            try:
-                spec["default"] = encode_value(p.default)
-            except EncodeError:
-                spec["optional"] = True
-        params.append(spec)
-    annotations = {p.name: _annotation(p.annotation) for p in t.signature.parameters.values()
-                   if p.annotation is not p.empty}
-    if t.signature.return_annotation is not t.signature.empty:
-        annotations["return"] = _annotation(t.signature.return_annotation)
-    args = "".join(f"\n    {k}: {v}" for k, v in t.arg_descriptions.items())
-    return {"name": t.name, "params": params, "annotations": annotations,
-            "doc": t.description + (f"\n\nArgs:{args}" if args else "")}
-
-
-def _annotation(annotation: Any) -> str:
-    """An annotation as text (already text under ``from __future__ import annotations``)."""
-    return annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
-
-
-def _limits(isolation: str, memory: int | None, cpu: int, nproc: int, fsize: int) -> dict[str, int]:
-    limits = {"RLIMIT_CPU": int(cpu), "RLIMIT_FSIZE": int(fsize), "RLIMIT_CORE": 0, "RLIMIT_NOFILE": 256}
-    if memory:
-        limits["RLIMIT_AS"] = int(memory)
-    if isolation == "bwrap" or os.geteuid() == 0:
-        # Under bwrap the count is per user namespace (this sandbox only); for root the kernel ignores
-        # RLIMIT_NPROC, and the sandbox's seccomp filter refuses new processes instead.
-        limits["RLIMIT_NPROC"] = int(nproc)
-    else:
-        limits["RLIMIT_NPROC"] = _tasks_of(os.getuid()) + int(nproc)  # counted machine-wide per uid
-    return limits
-
-
-def _tasks_of(uid: int) -> int:
-    """Threads the user already runs (RLIMIT_NPROC counts them all, machine-wide)."""
-    total = 0
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return 4096
-    for pid in entries:
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
-                status = fh.read()
-        except OSError:
-            continue
-        fields: dict[str, str] = {}
-        for line in status.splitlines():
-            key, _, value = line.partition(":")
-            fields[key] = value.strip()
-        if fields.get("Uid", "").split()[:1] == [str(uid)]:
-            total += int(fields.get("Threads", "1") or 1)
-    return total
 
 
 def _replace(result: ExecutionResult, **changes: Any) -> ExecutionResult:

@@ -35,7 +35,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent  # .../proctor
 # direction): no package directory is mounted into the sandbox, and nothing is compiled at start-up
 # even where PYTHONDONTWRITEBYTECODE left no bytecode cache.
 WORKER_MODULES = ("proctor.errors", "proctor.interpreter.channel", "proctor.interpreter.guard",
-                  "proctor.interpreter.worker")
+                  "proctor.interpreter.worker_io", "proctor.interpreter.worker")
 BOOTSTRAP = (
     "import sys,marshal,types\n"
     "for n in ('proctor','proctor.interpreter'):\n"

@@ -11,14 +11,13 @@ host's ``reply``; the host alone decides and runs the tool.
 from __future__ import annotations
 
 import _ast
-import _thread
-import itertools
 import os
 import sys
 
 from proctor import errors as proctor_errors
 from proctor.interpreter import guard
-from proctor.interpreter.channel import BlockingReader, EncodeError, decode_value, encode_value, send_frame
+from proctor.interpreter.channel import EncodeError, decode_value, encode_value
+from proctor.interpreter.worker_io import Channel, Output
 
 # typing is not imported at run time: every import here is worker start-up time.
 TYPE_CHECKING = False
@@ -33,117 +32,6 @@ _ERRORS = {name: getattr(proctor_errors, name) for name in proctor_errors.__all_
 
 class FinalAnswer(BaseException):
     """Raised by `final_answer`; a BaseException so `except Exception` cannot swallow it."""
-
-
-class Channel:
-    """The worker's end: frames out under a lock; replies dispatched to waiting threads by id."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self._send_lock = _thread.allocate_lock()
-        self._lock = _thread.allocate_lock()
-        self._waiters: dict[Any, Any] = {}  # key -> lock released when the message arrives
-        self._inbox: dict[Any, dict[str, Any]] = {}
-        self._reading = False
-        self._ids = itertools.count(1)
-        self._reader = BlockingReader(fd)
-
-    def send(self, message: dict[str, Any]) -> None:
-        with self._send_lock:
-            send_frame(self.fd, message)
-
-    def next_id(self) -> int:
-        return next(self._ids)
-
-    def wait(self, key: Any) -> dict[str, Any]:
-        """Block until the message for `key` (a request id, or "ctl") arrives; one thread reads at a time."""
-        while True:
-            with self._lock:
-                if key in self._inbox:
-                    return self._inbox.pop(key)
-                if self._reading:
-                    gate = _thread.allocate_lock()
-                    gate.acquire()
-                    self._waiters[key] = gate
-                else:
-                    self._reading = True
-                    gate = None
-            if gate is not None:
-                gate.acquire()  # woken when our message arrived or the reader left
-                continue
-            try:
-                while True:
-                    message = self._reader.recv()
-                    if message is None:
-                        os._exit(0)  # the host closed the channel: nothing left to do
-                    mkey = message.get("id", "ctl") if message.get("t") == "reply" else "ctl"
-                    if mkey == key:
-                        return message
-                    with self._lock:
-                        self._inbox[mkey] = message
-                        waiter = self._waiters.pop(mkey, None)
-                    if waiter is not None:
-                        waiter.release()
-            finally:
-                with self._lock:
-                    self._reading = False
-                    for waiter in self._waiters.values():
-                        waiter.release()
-                    self._waiters.clear()
-
-
-class Output:
-    """sys.stdout/sys.stderr of the program: buffered writes to the log pipe, cut after `limit` characters."""
-
-    def __init__(self, fd: int, limit: int) -> None:
-        self.fd, self.limit = fd, limit
-        self.written = 0
-        self.cut = False
-        self._parts: list[str] = []
-        self._size = 0
-        self._lock = _thread.allocate_lock()
-
-    def write(self, text: str) -> int:
-        if not isinstance(text, str):
-            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        with self._lock:
-            room = self.limit - self.written
-            if room <= 0:
-                self.cut = self.cut or bool(text)
-                return len(text)
-            if len(text) > room:
-                self.cut = True
-            part = text[:room]
-            self.written += len(part)
-            self._parts.append(part)
-            self._size += len(part)
-            # Line by line (and every 8 KiB): what was printed before a timeout kill is in the pipe.
-            if self._size > 8192 or "\n" in part:
-                self._flush_locked()
-        return len(text)
-
-    def flush(self) -> None:
-        with self._lock:
-            self._flush_locked()
-
-    def _flush_locked(self) -> None:
-        if not self._parts:
-            return
-        data = memoryview("".join(self._parts).encode("utf-8", "replace"))
-        self._parts.clear()
-        self._size = 0
-        while data:
-            data = data[os.write(self.fd, data):]
-
-    def reset(self) -> None:
-        with self._lock:
-            self._flush_locked()
-            self.written, self.cut = 0, False
-
-    def isatty(self) -> bool:
-        return False
-
-    encoding = "utf-8"
 
 
 class Worker:
