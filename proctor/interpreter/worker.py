@@ -1,9 +1,9 @@
 """The worker: runs model programs in a persistent namespace holding tool *stubs* only.
 
 Started by the host (see `sandbox.py`) as ``python -I -S -B -c BOOTSTRAP FD`` with this
-module's code (and that of `channel`, `guard` and `proctor.errors`) marshalled on stdin;
-fd 1 is the log pipe, FD the channel. The worker imports only the standard library,
-`channel`, `guard` and `proctor.errors` — never the tools, never pydantic. A stub
+module's code (and that of `channel`, `guard`, `worker_io` and `proctor.errors`) marshalled
+on stdin; fd 1 is the log pipe, FD the channel. The worker imports only the standard
+library and those modules — never the tools, never pydantic. A stub
 binds its arguments like the real function would, sends ``call`` and blocks until the
 host's ``reply``; the host alone decides and runs the tool.
 """
