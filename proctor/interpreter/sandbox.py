@@ -171,6 +171,8 @@ _probe: dict[str, Any] = {}
 
 def bwrap_status() -> tuple[bool, str, bool]:
     """(usable, reason, supports --disable-userns), probed once per process by starting a real sandbox."""
+    if shutil.which("bwrap") is None:  # checked every time: cheap, and PATH may change
+        return False, "bwrap is not installed", False
     with _probe_lock:
         if "ok" not in _probe:
             _probe.update(zip(("ok", "reason", "disable_userns"), _run_probe(), strict=True))
@@ -284,7 +286,8 @@ def spawn(spec: SandboxSpec, chan_fd: int, log_fd: int, diag_fd: int, cwd: str |
             cmd, stdin=subprocess.PIPE, stdout=log_fd, stderr=diag_fd, pass_fds=pass_fds, close_fds=True,
             env=spec.env or worker_env(), cwd=cwd, start_new_session=True))
     except OSError as exc:
-        raise SandboxError(f"could not start the worker ({cmd[0]}): {exc}") from None
+        hint = f": {INSTALL_HINT}" if spec.isolation == "bwrap" else ""
+        raise SandboxError(f"could not start the worker ({cmd[0]}): {exc}{hint}") from None
     finally:
         if seccomp_r is not None:
             os.close(seccomp_r)

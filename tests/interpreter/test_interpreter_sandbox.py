@@ -158,3 +158,10 @@ def test_seccomp_program_shape() -> None:
     assert seccomp_program("sparc") is None
     aarch64 = seccomp_program("aarch64")
     assert aarch64 is not None and len(aarch64) % 8 == 0
+
+
+def test_bwrap_missing_from_path_is_refused_with_the_fix(gate: Gate, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no bwrap on PATH, sandbox='bwrap' names the fix even after an earlier successful probe."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(SandboxError, match="apt-get install bubblewrap"):
+        Interpreter(TOOLS, gate, sandbox="bwrap")
