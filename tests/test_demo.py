@@ -26,7 +26,7 @@ def test_demo_without_a_terminal_exits_0_with_the_summary(tmp_path: Path) -> Non
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "answered automatically: approve (no terminal" in out
-    for part in ("step 1", "step 4", "summary", "budget_exhausted", "allowed", "approved by a human",
+    for part in ("step 1", "step 4", "summary", "budget_exhausted", "allowed", "approved by the approver",
                  "denied by policy", "refused by a budget", "intact:", "trace id", "run-calls: 14/14 calls"):
         assert part in out, part
     assert verify(tmp_path / "audit.jsonl", pubkey=tmp_path / "audit.jsonl.key.pub").ok
@@ -72,4 +72,4 @@ def test_demo_asks_on_a_terminal(tmp_path: Path) -> None:
     finally:
         child.close()
     assert child.exitstatus == 0
-    assert "approved by a human" in (child.before or "")
+    assert "approved by the approver" in (child.before or "")

@@ -116,7 +116,7 @@ def outcome_of(call: CallRecord) -> str:
     """What happened to a call, in words: allowed, approved, denied by policy, refused by a budget…"""
     decision = call.decision.outcome if call.decision else None
     if call.status == "ok":
-        return "approved by a human" if decision == "require_approval" else "allowed"
+        return "approved by the approver" if decision == "require_approval" else "allowed"
     if call.status in ("failed", "timeout"):
         return f"ran and {call.status}" if call.status == "failed" else "ran and timed out"
     if call.error_type == "BudgetExceeded":
@@ -128,7 +128,7 @@ def outcome_of(call: CallRecord) -> str:
     return "refused (invalid call)" if decision is None else "refused"
 
 
-_OUTCOME_ORDER = ("allowed", "approved by a human", "denied by policy", "refused by the approver",
+_OUTCOME_ORDER = ("allowed", "approved by the approver", "denied by policy", "refused by the approver",
                   "approval timed out", "refused by a budget", "refused (invalid call)", "refused",
                   "ran and failed", "ran and timed out")
 
