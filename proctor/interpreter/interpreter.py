@@ -178,7 +178,7 @@ class Interpreter:
                         deadline += time.monotonic() - began
                 elif isinstance(message, Final):
                     if message.run != self._seq or final:
-                        raise ProtocolError("unexpected final message")
+                        continue  # a late thread of an earlier program, or a repeat: the first answer stands
                     final.append(message.value)
                     # The program is over; one that swallowed final_answer's exception gets a moment to finish.
                     deadline = min(deadline, time.monotonic() + FINAL_GRACE)

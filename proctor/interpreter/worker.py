@@ -11,6 +11,7 @@ host's ``reply``; the host alone decides and runs the tool.
 from __future__ import annotations
 
 import _ast
+import _thread
 import os
 import sys
 
@@ -40,6 +41,7 @@ class Worker:
         self.run_id = 0
         self.active = False
         self.final: tuple[bool, Any] = (False, None)
+        self.final_lock = _thread.allocate_lock()
         self.output = Output(1, int(init["max_output"]))
         sys.stdout = sys.stderr = self.output  # type: ignore[assignment,unused-ignore]
         imports = guard.ImportPolicy(init["imports"])
@@ -118,8 +120,11 @@ class Worker:
     def make_final_answer(self) -> Any:
         def final_answer(answer: Any) -> None:
             """End the program and give `answer` as its result."""
-            if not self.final[0]:
-                self.final = (True, answer)
+            with self.final_lock:  # two threads answering at once: the first one wins
+                first = self.active and not self.final[0]
+                if first:
+                    self.final = (True, answer)
+            if first:
                 self.output.flush()
                 message = {"t": "final", "run": self.run_id, "value": _encode_result(answer)}
                 try:

@@ -301,3 +301,16 @@ def test_stub_keeps_keyword_only_and_defaults(make: Callable[..., Interpreter]) 
     assert r.error is None, r.error
     assert "positional arguments" in r.logs and r.logs.endswith("int\n")
     assert seen == [{"a": 1, "b": "x", "c": False, "d": (1, 2)}, {"a": 2, "b": "y", "c": True, "d": (1, 2)}]
+
+
+def test_late_thread_calling_final_answer_does_not_break_the_next_run(make: Callable[..., Interpreter]) -> None:
+    """A thread that answers after its program ended changes nothing; the worker and its variables stay."""
+    py = make(sandbox="process", authorized_imports=["threading", "time"])
+    r = py.run("import threading, time\nkeep = 3\n"
+               "threading.Thread(target=lambda: (time.sleep(0.2), final_answer('late'))).start()\n'now'")
+    assert r.value == "now" and not r.is_final_answer
+    import time as _time
+
+    _time.sleep(0.4)
+    after = py.run("keep")
+    assert after.error is None and after.value == 3 and not after.is_final_answer and not after.state_lost
