@@ -9,8 +9,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# The demo exports spans when an OTLP endpoint is set, and prints its trace id: it needs the SDK.
 $(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e '.[otel]'
 	touch $@
 
 $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python

@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+from proctor.agent import (
+    CodeAgent,
+    LiteLLMModel,
+    ModelResponse,
+    RunResult,
+    ScriptedModel,
+    StepRecord,
+    ToolCallingAgent,
+)
 from proctor.approval import CallbackApprover, ConsoleApprover, WebhookApprover
 from proctor.audit import AuditLog
 from proctor.calls import CallRecord, Decision, RunInfo
@@ -20,34 +29,44 @@ from proctor.errors import (
     ToolFailed,
 )
 from proctor.gate import CallOutcome, Gate, RunContext
+from proctor.interpreter import ExecutionResult, Interpreter
 from proctor.policy import Policy
 from proctor.tools import Tool, tool
 
 __all__ = [
-    "AuditLog",
-    "CallOutcome",
-    "CallRecord",
-    "CallbackApprover",
-    "ConsoleApprover",
-    "Decision",
-    "Gate",
-    "Policy",
-    "RunContext",
-    "RunInfo",
-    "WebhookApprover",
     "ApprovalDenied",
     "ApprovalTimeout",
     "AuditCorrupted",
     "AuditError",
+    "AuditLog",
     "BudgetExceeded",
+    "CallOutcome",
+    "CallRecord",
     "CallRefused",
+    "CallbackApprover",
+    "CodeAgent",
+    "ConsoleApprover",
+    "Decision",
+    "ExecutionResult",
     "ExecutionTimeout",
+    "Gate",
+    "Interpreter",
+    "LiteLLMModel",
+    "ModelResponse",
+    "Policy",
     "PolicyError",
     "ProctorError",
+    "RunContext",
+    "RunInfo",
+    "RunResult",
     "SandboxError",
+    "ScriptedModel",
+    "StepRecord",
     "Tool",
+    "ToolCallingAgent",
     "ToolDenied",
     "ToolFailed",
+    "WebhookApprover",
     "tool",
 ]
 

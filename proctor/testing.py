@@ -1,4 +1,4 @@
-"""Test doubles for code that uses proctor: an in-memory audit sink and a span capture.
+"""Test doubles for code that uses proctor: a scripted model, an in-memory audit sink, a span capture.
 
 Import them in your own tests::
 
@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from proctor.agent.models import ModelResponse, ScriptedModel
 from proctor.audit.base import AuditResult
 from proctor.calls import new_id
 from proctor.redaction import Redacted, redact_args
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
     from opentelemetry.trace import Tracer
 
-__all__ = ["InMemoryAudit", "SpanCapture"]
+__all__ = ["InMemoryAudit", "ModelResponse", "ScriptedModel", "SpanCapture"]
 
 
 class InMemoryAudit:

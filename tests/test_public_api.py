@@ -1,0 +1,53 @@
+"""Tests for the public surface: the names DESIGN.md promises, and a complete __all__."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+
+import proctor
+import proctor.errors
+
+CONTRACT = [
+    "tool", "Tool", "Policy", "Gate", "Interpreter", "CodeAgent", "ToolCallingAgent", "LiteLLMModel",
+    "ScriptedModel", "AuditLog", "ConsoleApprover", "WebhookApprover", "CallbackApprover",
+]
+ERRORS = [
+    "ToolDenied", "ApprovalDenied", "ApprovalTimeout", "BudgetExceeded", "ToolFailed", "PolicyError",
+    "AuditError", "AuditCorrupted", "ExecutionTimeout", "SandboxError", "ProctorError",
+]
+
+
+def test_contract_names_are_importable_from_proctor() -> None:
+    """Every name of DESIGN.md §3 imports from the top-level package."""
+    for name in CONTRACT + ERRORS:
+        assert name in proctor.__all__, name
+        assert getattr(proctor, name) is not None
+
+
+def test_errors_are_the_same_objects_everywhere() -> None:
+    """proctor.X and proctor.errors.X are one class."""
+    for name in ERRORS:
+        assert getattr(proctor, name) is getattr(proctor.errors, name)
+
+
+def test_top_level_all_is_complete() -> None:
+    """Every public class or function imported into proctor is listed in __all__."""
+    public = {
+        n for n, o in vars(proctor).items()
+        if not n.startswith("_") and (inspect.isclass(o) or inspect.isfunction(o))
+    }
+    assert public == set(proctor.__all__)
+
+
+def test_every_module_declares_all() -> None:
+    """Each module of the package states its public names, and each listed name exists."""
+    for info in pkgutil.walk_packages(proctor.__path__, "proctor."):
+        if info.name.endswith("__main__") or ".demo." in info.name:
+            continue
+        module = importlib.import_module(info.name)
+        names = getattr(module, "__all__", None)
+        assert names is not None, f"{info.name} has no __all__"
+        for name in names:
+            assert hasattr(module, name), f"{info.name}.__all__ lists missing {name}"
