@@ -28,7 +28,7 @@ from opentelemetry.trace import Span, SpanKind, Tracer
 from proctor.calls import RunInfo
 from proctor.telemetry import metrics
 from proctor.telemetry import semconv as sc
-from proctor.telemetry.spans import _OK_STATUSES, _Handle, _set_error, capture_content, content_json, get_tracer
+from proctor.telemetry.base import _OK_STATUSES, _Handle, _set_error, capture_content, content_json, get_tracer
 
 __all__ = ["AgentSpan", "StepSpan", "agent_span", "provider_from_model", "step_span"]
 

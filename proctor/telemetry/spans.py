@@ -6,7 +6,7 @@
             └── approval {tool}     made by ToolSpan.approval() when a human was waited for
 
 proctor depends only on the OpenTelemetry API: without an SDK these are no-op spans
-and cost well under a microsecond. Tool spans are never made current — attaching a
+and cost about 2 µs a call (not measurable in the gate bench). Tool spans are never made current — attaching a
 context costs more than the rest of an allowed call — so the gate passes `parent`
 (a `Context`, e.g. `step.context`) explicitly; that is also how calls made inside a
 sandboxed program, which reach the gate on another thread, land under their step.
@@ -20,31 +20,31 @@ hands them over: already redacted by the policy, exactly as in the audit log.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import (
-    INVALID_SPAN,
-    NoOpTracer,
-    ProxyTracer,
-    Span,
-    SpanKind,
-    Status,
-    StatusCode,
-    Tracer,
-)
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode, Tracer
 
 from proctor.calls import Decision, RunInfo
 from proctor.telemetry import metrics
 from proctor.telemetry import semconv as sc
+from proctor.telemetry.base import (
+    _REFUSED_APPROVALS,
+    _Handle,
+    _set_error,
+    capture_content,
+    content_json,
+    current_context,
+    get_tracer,
+    is_noop,
+    set_capture_content,
+    span_ids,
+)
+from proctor.telemetry.runs import AgentSpan, StepSpan, agent_span, step_span
 
 __all__ = [
     "AgentSpan",
@@ -63,106 +63,6 @@ __all__ = [
     "step_span",
     "tool_span",
 ]
-
-_TRACER_NAME = "proctor"
-#: Captured content longer than this is cut (spans are not a data store).
-MAX_CONTENT_CHARS = 8192
-_CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
-_capture = os.environ.get(_CAPTURE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
-_OK_STATUSES = frozenset({"ok", "done", "final_answer"})
-_REFUSED_APPROVALS = frozenset({"denied", "timeout", "deny"})
-
-
-def set_capture_content(enabled: bool) -> None:
-    """Record (redacted) tool arguments, results and step code on spans; off by default."""
-    global _capture
-    _capture = bool(enabled)
-
-
-def capture_content() -> bool:
-    """Whether content capture is on."""
-    return _capture
-
-
-def content_json(value: Any) -> str:
-    """`value` as compact JSON (repr for what JSON cannot hold), cut at MAX_CONTENT_CHARS."""
-    if isinstance(value, str):
-        text = value
-    else:
-        try:
-            text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True, default=repr)
-        except (TypeError, ValueError):
-            text = repr(value)
-    if len(text) > MAX_CONTENT_CHARS:
-        text = text[:MAX_CONTENT_CHARS] + f"…[{len(text) - MAX_CONTENT_CHARS} more chars]"
-    return text
-
-
-_MISSING = object()
-
-
-def is_noop(tracer: Tracer) -> bool:
-    """Whether `tracer` can only make no-op spans (no SDK configured); cheap enough for every call.
-
-    A ProxyTracer forwards to the global provider's tracer once `_TRACER_PROVIDER` is set
-    and to a no-op tracer before; the public `get_tracer_provider()` would cost a lookup in
-    os.environ per call, so read the same global the proxy reads (should it ever vanish,
-    the answer is "not no-op" and the normal path runs).
-    """
-    kind = type(tracer)
-    if kind is ProxyTracer:
-        return getattr(trace, "_TRACER_PROVIDER", _MISSING) is None
-    return kind is NoOpTracer
-
-
-def get_tracer(tracer: Tracer | None = None) -> Tracer:
-    """`tracer`, or proctor's tracer from the global provider (a no-op until one is set)."""
-    return tracer if tracer is not None else trace.get_tracer(_TRACER_NAME)
-
-
-def span_ids(span: Span) -> tuple[str | None, str | None]:
-    """(trace id, span id) as hex, or (None, None) for a span that is not recording."""
-    ctx = span.get_span_context()
-    if not ctx.is_valid:
-        return None, None
-    return format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")
-
-
-def current_context() -> Context:
-    """The current OpenTelemetry context: pass it as `parent=` to carry it to another thread."""
-    return otel_context.get_current()
-
-
-def _set_error(span: Span, error_type: str | None, message: str | None) -> None:
-    span.set_attribute(sc.ERROR_TYPE, error_type or sc.ERROR_OTHER)
-    span.set_status(Status(StatusCode.ERROR, message))
-
-
-class _Handle:
-    """What every span handle offers: the span, its ids, and a context to parent children."""
-
-    __slots__ = ("_context", "recording", "span", "span_id", "trace_id")
-
-    def __init__(self, span: Span) -> None:
-        self.span = span
-        self._context: Context | None = None
-        if span is INVALID_SPAN:
-            self.recording, self.trace_id, self.span_id = False, None, None
-            return
-        self.recording = span.is_recording()
-        self.trace_id, self.span_id = span_ids(span)
-
-    @property
-    def context(self) -> Context:
-        """A context holding this span, to pass as `parent=` (e.g. to `gate.submit`)."""
-        if self._context is None:
-            self._context = trace.set_span_in_context(self.span)
-        return self._context
-
-    def log_fields(self) -> dict[str, str]:
-        """trace_id / span_id for a log event, so a log line leads to its span."""
-        return {"trace_id": self.trace_id, "span_id": self.span_id} if self.trace_id and self.span_id else {}
-
 
 # -- tool calls -------------------------------------------------------------------------------------
 
@@ -248,11 +148,11 @@ class ToolSpan(_Handle):
     @property
     def capturing(self) -> bool:
         """Whether `arguments`/`result` would record anything: test it before redacting a result."""
-        return _capture and self.recording
+        return self.recording and capture_content()
 
     def arguments(self, args: Mapping[str, Any]) -> None:
         """The call's arguments, redacted by the gate; recorded only with content capture on."""
-        if _capture and self.recording:
+        if self.recording and capture_content():
             self._attrs[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = content_json(args)
 
     def result(self, value: Any, redact: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None) -> None:
@@ -262,7 +162,7 @@ class ToolSpan(_Handle):
         field by field as to arguments. A result it cannot handle is recorded as a placeholder,
         never an exception — the tool has already run.
         """
-        if not (_capture and self.recording):
+        if not (self.recording and capture_content()):
             return
         if redact is not None and isinstance(value, Mapping):
             try:
@@ -382,6 +282,3 @@ def approval_span(tracer: Tracer | None, *, tool: str, call_id: str,
     finally:
         span.end()
 
-
-# -- runs and steps ---------------------------------------------------------------------------------
-from proctor.telemetry.runs import AgentSpan, StepSpan, agent_span, step_span  # noqa: E402 - re-export

@@ -19,8 +19,8 @@ from proctor.telemetry import (
     step_span,
     tool_span,
 )
+from proctor.telemetry.base import MAX_CONTENT_CHARS, content_json
 from proctor.telemetry.runs import provider_from_model
-from proctor.telemetry.spans import MAX_CONTENT_CHARS, content_json
 from proctor.testing import SpanCapture
 
 
