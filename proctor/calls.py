@@ -132,6 +132,8 @@ class CallRecord:
     error: str | None = None
     error_type: str | None = None
     approval: str | None = None
+    #: The budget that refused the call, when one did.
+    budget: str | None = None
 
     @property
     def duration(self) -> float:
@@ -150,4 +152,5 @@ class CallRecord:
             "error": self.error,
             "error_type": self.error_type,
             "approval": self.approval,
+            "budget": self.budget,
         }

@@ -553,6 +553,7 @@ class Gate:
             duration_ns=time.perf_counter_ns() - p.started_ns,
             error=str(error) if error else None, error_type=type(error).__name__ if error else None,
             approval=f"{p.approval.verdict} by {p.approval.approver}" if p.approval else None,
+            budget=error.budget if isinstance(error, BudgetExceeded) else None,
         )
         outcome = p.decision.outcome if p.decision else "deny"
         p.ctx._remember(HistoryEntry(p.tool.name, p.args, p.side_effect, outcome, status), record)

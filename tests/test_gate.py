@@ -287,6 +287,7 @@ def test_matrix(outcome: str, answer: str, budget: str) -> None:
     result = gate.submit("send_email", {"to": TARGET[outcome], "body": "hello"}, context=ctx)
     if budget == "spent":
         assert isinstance(result.error, BudgetExceeded) and result.error.budget == "mail"
+        assert result.record.budget == "mail"
         assert RUNS["send_email"] == 0 and not asked, "no human is asked for a call over budget"
         return
     if outcome == "allow":

@@ -273,22 +273,11 @@ class AgentBase:
         return [b for b in getattr(self.policy, "budgets", ()) if b.match is None and b.per == "run"]
 
     def _budget_stop(self, calls: Sequence[CallRecord], ctx: RunContext) -> str | None:
-        """The reason to stop when a call was refused by a budget that covers the whole run.
-
-        The call record keeps the refusal's message, which names the budget; a run-wide
-        budget with nothing left also counts, in case a message does not say which.
-        """
-        refused = [c.error for c in calls if c.error_type == "BudgetExceeded" and c.error]
-        if not refused:
-            return None
-        run_wide = self._run_wide_budgets()
-        for error in refused:
-            if any(f"budget '{b.name}'" in error for b in run_wide):
-                return error
-        remaining = ctx.ledger.remaining()
-        for b in run_wide:
-            if any(left <= 0 for left in remaining.get(b.name, {}).values() if isinstance(left, (int, float))):
-                return refused[-1]
+        """The reason to stop when a call was refused by a budget that covers the whole run."""
+        run_wide = {b.name for b in self._run_wide_budgets()}
+        for call in calls:
+            if call.budget is not None and call.budget in run_wide:
+                return call.error or f"budget '{call.budget}' exhausted"
         return None
 
     def _check_final_answer(self, answer: Any) -> str | None:
