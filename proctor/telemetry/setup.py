@@ -26,6 +26,7 @@ import atexit
 import os
 import sys
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -66,19 +67,23 @@ class Telemetry:
         self._done = True
         providers = [p for p in (self.tracer_provider, self.meter_provider) if p is not None]
 
-        def run() -> None:
-            for provider in providers:
-                try:
-                    provider.shutdown()
-                except Exception:  # noqa: BLE001 - shutting down must not raise into the CLI's exit path
-                    pass
+        def run(provider: TracerProvider | MeterProvider) -> None:
+            try:
+                provider.shutdown()
+            except Exception:  # noqa: BLE001 - shutting down must not raise into the CLI's exit path
+                pass
 
-        # The SDK's shutdown waits up to 30 s per processor and its exporters retry; run it
-        # on a daemon thread so that at most `timeout_s` passes before we give up on it.
-        thread = threading.Thread(target=run, name="proctor-telemetry-shutdown", daemon=True)
-        thread.start()
-        thread.join(timeout_s)
-        return not thread.is_alive()
+        # The SDK's shutdown waits up to 30 s per processor and its exporters retry: run each
+        # provider's on its own daemon thread (a hung span export must not starve the final
+        # metric export) and give up on them after `timeout_s` in all.
+        deadline = time.monotonic() + timeout_s
+        threads = [threading.Thread(target=run, args=(p,), name="proctor-telemetry-shutdown", daemon=True)
+                   for p in providers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in threads)
 
 
 _current: Telemetry | None = None
