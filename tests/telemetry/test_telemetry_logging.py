@@ -20,6 +20,7 @@ from proctor.testing import SpanCapture
 def _reset() -> Iterator[None]:
     root = logging.getLogger()
     level, handlers = root.level, list(root.handlers)
+    structlog.reset_defaults()  # whatever an earlier test configured
     yield
     structlog.reset_defaults()
     structlog.contextvars.clear_contextvars()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -201,12 +203,13 @@ def test_gate_denial_through_span_capture(capture: SpanCapture) -> None:
 
 def test_no_sdk_means_no_op_spans() -> None:
     """Without an SDK the handles are non-recording and every setter is harmless."""
-    with agent_span(None, agent_name="a", run=RunInfo()) as agent, step_span(None, step=1, parent=agent) as step, \
-            tool_span(trace.get_tracer("x"), tool="t", call_id="c", run=RunInfo(id="r"), parent=step.context) as span:
+    noop = trace.NoOpTracer()  # what the global proxy hands out while no SDK is installed
+    with agent_span(noop, agent_name="a", run=RunInfo()) as agent, step_span(noop, step=1, parent=agent) as step, \
+            tool_span(noop, tool="t", call_id="c", run=RunInfo(id="r"), parent=step.context) as span:
         span.decision(Decision("deny", (), "no", ""), "read")
         span.approval("denied", "x", 5)
         span.finish("denied", "ToolDenied", "no")
-    assert not span.recording and span.trace_id is None
+    assert not span.recording and span.trace_id is None and span.span is trace.INVALID_SPAN  # the fast path
     assert span.log_fields() == {"run_id": "r", "call_id": "c"}
 
 
@@ -217,3 +220,23 @@ def test_no_sdk_means_no_op_spans() -> None:
 def test_provider_from_model(model: str | None, provider: str) -> None:
     """gen_ai.provider.name follows the litellm prefix, mapped to the conventions' well-known values."""
     assert provider_from_model(model) == provider
+
+
+def test_noop_detection_follows_the_global_provider() -> None:
+    """The no-SDK fast path holds exactly until a global provider is installed (checked in a fresh process)."""
+    program = (
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from proctor.telemetry import get_tracer\n"
+        "from proctor.telemetry import metrics as m\n"
+        "from proctor.telemetry.spans import is_noop\n"
+        "tracer = get_tracer()\n"
+        "before = (is_noop(tracer), m.enabled())\n"
+        "trace.set_tracer_provider(TracerProvider(shutdown_on_exit=False))\n"
+        "from opentelemetry import metrics\n"
+        "from opentelemetry.sdk.metrics import MeterProvider\n"
+        "metrics.set_meter_provider(MeterProvider(shutdown_on_exit=False))\n"
+        "print(before, (is_noop(tracer), m.enabled()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "(True, False) (False, True)"
