@@ -67,15 +67,22 @@ class _Ledger(Protocol):
 
 
 class _Facts(Protocol):
-    side_effect: SideEffect
-    cost: int
-    timeout_s: float | None
-    redact: tuple[str, ...]
-    durability: str
+    # Read-only members, so frozen dataclasses with narrower types (Literal) conform.
+    @property
+    def side_effect(self) -> SideEffect: ...
+    @property
+    def cost(self) -> int: ...
+    @property
+    def timeout_s(self) -> float | None: ...
+    @property
+    def redact(self) -> tuple[str, ...]: ...
+    @property
+    def durability(self) -> str: ...
 
 
 class _ApprovalSettings(Protocol):
-    timeout_s: float
+    @property
+    def timeout_s(self) -> float: ...
 
 
 class PolicyLike(Protocol):
@@ -598,7 +605,7 @@ def _invoke(tool: Tool, args: Mapping[str, Any], timeout_s: float | None) -> Any
     """Run the tool function; raise TimeoutError past `timeout_s` (the thread is abandoned, not killed)."""
     if tool.is_async:
         async def runner() -> Any:
-            return await asyncio.wait_for(tool.fn(**args), timeout_s)
+            return await asyncio.wait_for(tool.invoke(args), timeout_s)
 
         try:
             asyncio.get_running_loop()
@@ -606,8 +613,8 @@ def _invoke(tool: Tool, args: Mapping[str, Any], timeout_s: float | None) -> Any
             return asyncio.run(runner())
         return _in_thread(lambda: asyncio.run(runner()), None)
     if timeout_s is None:
-        return tool.fn(**args)
-    return _in_thread(lambda: tool.fn(**args), timeout_s)
+        return tool.invoke(args)
+    return _in_thread(lambda: tool.invoke(args), timeout_s)
 
 
 def _in_thread(fn: Callable[[], Any], timeout_s: float | None) -> Any:

@@ -77,6 +77,7 @@ class Tool:
     signature: inspect.Signature = field(repr=False)
     arg_descriptions: Mapping[str, str] = field(repr=False)
     is_async: bool = False
+    _positional: tuple[str, ...] = field(repr=False, default=())
     _validator: pydantic.TypeAdapter[Any] | None = field(repr=False, default=None)
 
     @classmethod
@@ -149,6 +150,9 @@ class Tool:
             signature=signature,
             arg_descriptions=arg_docs,
             is_async=inspect.iscoroutinefunction(fn),
+            _positional=tuple(
+                p.name for p in signature.parameters.values() if p.kind is inspect.Parameter.POSITIONAL_ONLY
+            ),
             _validator=pydantic.TypeAdapter(model),
         )
 
@@ -178,6 +182,14 @@ class Tool:
                     problems.append(f"argument {loc!r}: {err['msg']} (got {err.get('input')!r})")
             raise ToolDenied(f"invalid call to {self.name}: {'; '.join(problems)}", tool=self.name) from None
         return {k: getattr(model, k) for k in self.signature.parameters}
+
+    def invoke(self, args: Mapping[str, Any]) -> Any:
+        """Call the function with validated arguments by name (positional-only ones by position)."""
+        if not self._positional:
+            return self.fn(**args)
+        rest = dict(args)
+        positional = [rest.pop(name) for name in self._positional if name in rest]
+        return self.fn(*positional, **rest)
 
     def signature_text(self) -> str:
         """``name(a: str, b: int = 2) -> str``, as shown to a model."""

@@ -179,3 +179,20 @@ def test_async_tool_is_detected() -> None:
         return url
 
     assert fetch.is_async
+
+
+def test_positional_only_parameters_are_passed_by_position() -> None:
+    """invoke() calls a tool with positional-only parameters correctly."""
+
+    @tool(side_effect="none")
+    def add(a: int, b: int, /, scale: int = 1) -> int:
+        """Add two numbers.
+
+        Args:
+            a: First.
+            b: Second.
+            scale: Multiplier.
+        """
+        return (a + b) * scale
+
+    assert add.invoke(add.validate({"a": 1, "b": 2, "scale": 3})) == 9

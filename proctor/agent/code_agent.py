@@ -24,6 +24,7 @@ from proctor.agent.result import StepRecord
 from proctor.approval.base import Approver
 from proctor.audit.base import AuditSink
 from proctor.gate import RunContext
+from proctor.interpreter.result import ProgramError
 from proctor.policy import Policy
 from proctor.tools import Tool
 
@@ -133,6 +134,8 @@ def _error_text(error: Any) -> str | None:
     """The interpreter's error as text (it may give a string or an exception)."""
     if error is None or error == "":
         return None
+    if isinstance(error, ProgramError):
+        return str(error)  # already "ZeroDivisionError: division by zero (line 3)"
     if isinstance(error, BaseException):
         return f"{type(error).__name__}: {error}"
     return str(error)
