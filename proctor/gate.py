@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, overload
 
-import structlog
 from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
 
@@ -49,12 +48,13 @@ from proctor.errors import (
     ToolFailed,
 )
 from proctor.redaction import Redacted, redact_args
+from proctor.telemetry.logging import get_logger
 from proctor.telemetry.spans import ToolSpan, get_tracer, tool_span
 from proctor.tools import Tool
 
 __all__ = ["CallOutcome", "Gate", "RunContext"]
 
-log = structlog.get_logger("proctor.gate")
+log = get_logger("proctor.gate")
 
 
 class _Ledger(Protocol):
@@ -345,12 +345,13 @@ class Gate:
             if resolved is None or (isinstance(tool, Tool) and tool is not resolved):
                 known = ", ".join(sorted(self.tools)) or "none"
                 return self._unknown(name, args, call_id, ctx, span, f"unknown tool {name!r} (known: {known})")
+            span.describe(resolved.description)
             facts = self.policy.facts(name, resolved.side_effect, resolved.cost)
             p = _Pending(resolved, call_id, ctx, facts.side_effect, facts, {}, span)
             try:
                 return self._run(p, args)
             except Exception as exc:  # noqa: BLE001 - the gate must never crash its caller
-                log.error("gate_internal_error", tool=name, call_id=call_id, error=repr(exc))
+                log.error("gate_internal_error", tool=name, error=repr(exc), **span.log_fields())
                 return self._refuse(p, ToolDenied(f"{name}: refused, the gate failed: {exc!r}", tool=name))
 
     # -- the steps ------------------------------------------------------------------------------
@@ -365,6 +366,7 @@ class Gate:
             exc.call_id = p.call_id
             return self._refuse(p, exc)
         p.redacted = self._redact(p.args, p.facts.redact)
+        p.span.arguments(p.redacted.args)
 
         p.decision = self._decide(p, p.args)
         p.span.decision(p.decision, p.side_effect)
@@ -488,6 +490,7 @@ class Gate:
         original = p.redacted
         p.args, p.decision = edited, decision
         p.redacted = self._redact(edited, p.facts.redact)
+        p.span.arguments(p.redacted.args)
         p.approval = _Approval("edit", answer.approver, answer.reason,
                                args={"original_digest": original.digest if original else None})
         p.span.decision(decision, p.side_effect)
@@ -519,7 +522,9 @@ class Gate:
                                durable=p.facts.durability != "flush")
         if outcome is not None and not outcome.ok:
             # The tool already ran: its result stands, and the failed sink refuses every later intent.
-            log.error("audit_outcome_lost", tool=name, call_id=p.call_id, error=outcome.error)
+            log.error("audit_outcome_lost", tool=name, error=outcome.error, **p.span.log_fields())
+        if error is None and p.span.capturing:  # results get the policy's redaction too (mapping results)
+            p.span.result(value, redact=lambda v: self._redact(v, p.facts.redact).args)
         p.span.finish(status, error.error_type if isinstance(error, ToolFailed) else None,
                       str(error) if error else None)
         return CallOutcome(self._remember(p, status, error), value, error)
