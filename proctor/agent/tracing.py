@@ -13,6 +13,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 from proctor.agent.models import ModelResponse
+from proctor.telemetry.runs import provider_from_model
 
 __all__ = ["model_span", "record_response"]
 
@@ -21,7 +22,8 @@ __all__ = ["model_span", "record_response"]
 def model_span(tracer: Tracer, parent: Context, *, model: str) -> Iterator[Span]:
     """The ``chat {model}`` span of one model call; call `record_response` on success."""
     span = tracer.start_span(f"chat {model}", context=parent, kind=SpanKind.CLIENT,
-                             attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": model})
+                             attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": model,
+                                         "gen_ai.provider.name": provider_from_model(model)})
     try:
         yield span
     except BaseException as exc:

@@ -79,10 +79,14 @@ def _tracer(opts: DemoOptions) -> tuple[Any, Any, str]:
         return None, None, "tracing is off: pip install 'proctor[otel]' for spans and a trace id"
     from proctor.telemetry.setup import configure_tracing
 
+    # OTEL_SERVICE_NAME, when set, names the service; metrics follow the spans to the same endpoint.
     provider = configure_tracing(otlp_endpoint=opts.otlp, protocol=opts.otlp_protocol, console=opts.trace_console,
-                                 service_name="proctor-demo", capture_content=opts.capture_content,
-                                 metrics=False, set_global=False)
-    note = f"spans exported to {opts.otlp}" if opts.otlp else "spans kept in memory (--otlp URL to export)"
+                                 service_name=os.environ.get("OTEL_SERVICE_NAME") or "proctor-demo",
+                                 capture_content=opts.capture_content, set_global=False)
+    endpoint = opts.otlp or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT")
+    note = f"spans exported to {endpoint}" if provider is not None and endpoint else (
+        "spans kept in memory (--otlp URL to export)")
     if provider is None:
         provider = TracerProvider()
     exporter = InMemorySpanExporter()
