@@ -48,6 +48,7 @@ from proctor.errors import (
     ToolFailed,
 )
 from proctor.redaction import Redacted, redact_args
+from proctor.telemetry import metrics
 from proctor.telemetry.logging import get_logger
 from proctor.telemetry.spans import ToolSpan, get_tracer, tool_span
 from proctor.tools import Tool
@@ -381,7 +382,8 @@ class Gate:
             self._record("budget_exhausted", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
                                               "budget": exc.budget, "reason": str(exc)})
             return self._refuse(p, exc)
-        p.span.budget(p.ctx.ledger.remaining())
+        if p.span.recording or metrics.enabled():  # remaining() costs a few µs; skip it when nobody reads it
+            p.span.budget(p.ctx.ledger.remaining())
 
         try:
             if p.decision.outcome == "require_approval":
