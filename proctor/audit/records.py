@@ -6,9 +6,11 @@ record's index and its Merkle leaf index), ``ts_ns``, ``kind``, ``prev`` (the pr
 record's ``h``; `GENESIS` for the first) and ``h = sha256(0x00 ‖ canonical record
 without h)``, which is also the record's RFC 6962 leaf hash.
 
-Parsing is the verifier's hot path, so it avoids pydantic and per-call decoder
-construction: one C scan, one C re-encode compared byte for byte (which also catches
-duplicate keys, whitespace and escapes), one hash.
+Parsing is the verifier's hot path. The exact check is CPython's `json`: one C scan,
+one C re-encode compared byte for byte (which also catches duplicate keys, whitespace
+and escapes), one hash. When orjson is installed, a line is first tried on a fast path
+that can only ever *accept* (see `parse_line`); everything it does not accept goes to
+the exact check, so verdicts and messages never depend on orjson.
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ from typing import Any, TypeGuard
 
 from proctor.canonical import canonical_bytes, jsonable
 
+try:
+    import orjson
+except ImportError:  # pragma: no cover - orjson is a dependency; without it only the exact path runs
+    orjson = None  # type: ignore[assignment]
+
 __all__ = [
     "CALL_STATUSES",
     "CHECKPOINT_TYPE",
@@ -32,6 +39,7 @@ __all__ = [
     "duplicate_key",
     "is_hex64",
     "parse_line",
+    "parse_record",
     "seal",
 ]
 
@@ -57,6 +65,7 @@ CODES = (
 )
 
 _HEX = frozenset("0123456789abcdef")
+_sha256 = hashlib.sha256
 
 
 class LineError(Exception):
@@ -140,6 +149,43 @@ def parse_line(raw: bytes) -> tuple[dict[str, Any], str]:
     whose `h` does not match as ``(record, computed_h)`` so the caller reports HASH_MISMATCH
     with its own position.
     """
+    value, leaf = parse_record(raw)
+    return value, leaf.hex()
+
+
+def parse_record(raw: bytes) -> tuple[dict[str, Any], bytes]:
+    """`parse_line` with the computed leaf hash as 32 raw bytes (what the Merkle tree takes).
+
+    Fast path: orjson parses the line and re-encodes it with sorted keys; if that gives
+    back exactly `raw` and the record holds no float, the line is canonical (why: see
+    `_orjson_agrees`), and `h` is hashed over the line with its ``"h":"…",`` cut out.
+    Any other outcome — orjson refusing the line (invalid JSON or UTF-8, lone
+    surrogates, nesting too deep), different bytes (duplicate keys, whitespace, escapes,
+    key order, CRLF, ints beyond 64 bits that orjson reads as floats) or a float —
+    proves nothing, and CPython's json decides (`_parse_exact`), so every verdict and
+    message is the one it gives. The fast path can accept a line, never reject one.
+    """
+    if _FAST:
+        try:
+            value = _oloads(raw)
+            same = type(value) is dict and _odumps(value, option=_OSORT) == raw
+        except (ValueError, TypeError):  # orjson's decode and encode errors
+            same = False
+        if same and not (may_hold_float(raw) and holds_float(value)):
+            h = value.get("h")
+            at = raw.find(b'"h":"')
+            if type(h) is str and at >= 0:
+                hb = h.encode("utf-8")
+                end = at + 5 + len(hb)
+                # The first `"h":"` followed by this h and `",` is the first full marker, as `_leaf` finds it.
+                if raw.startswith(hb, at + 5) and raw.startswith(b'",', end):
+                    return value, _sha256(b"\x00" + raw[:at] + raw[end + 2 :]).digest()
+            return _leaf(raw, value)
+    return _parse_exact(raw)
+
+
+def _parse_exact(raw: bytes) -> tuple[dict[str, Any], bytes]:
+    """`parse_line` with CPython's json only: the reference every verdict comes from."""
     if not raw:
         raise LineError("PARSE", "blank line", unreadable=True)
     if raw[-1] == 13:  # b"\r"
@@ -171,6 +217,11 @@ def parse_line(raw: bytes) -> tuple[dict[str, Any], str]:
         if dup is not None:
             raise LineError("NONCANONICAL", f"duplicate key {dup!r}")
         raise LineError("NONCANONICAL", "not canonical JSON (key order, whitespace or escapes differ)")
+    return _leaf(raw, value)
+
+
+def _leaf(raw: bytes, value: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """(record, computed leaf hash) for a line already known to be canonical JSON of `value`."""
     h = value.get("h")
     if type(h) is not str:
         raise LineError("PARSE", "field 'h' missing or not a string")
@@ -182,8 +233,109 @@ def parse_line(raw: bytes) -> tuple[dict[str, Any], str]:
     at = raw.find(marker)
     if at < 0:
         raise LineError("PARSE", "field 'h' is not followed by the envelope fields")
-    computed = hashlib.sha256(b"\x00" + raw[:at] + raw[at + len(marker) :]).hexdigest()
-    return value, computed
+    return value, _sha256(b"\x00" + raw[:at] + raw[at + len(marker) :]).digest()
+
+
+def may_hold_float(raw: bytes) -> bool:
+    """Whether orjson's encoding `raw` may hold a float: a digit before ".", or before "e+"/"e-".
+
+    orjson writes every float with a fraction or a signed exponent (`_floats_marked`
+    checks at import; if it did not, this always says yes), so a line with neither
+    cannot hold one and the exact walk (`holds_float`) is skipped. Mostly this is a few
+    memchr calls: "." in an e-mail address or "-" in a date seldom follows a digit.
+    """
+    if not _FLOAT_MARKED:  # pragma: no cover - an orjson writing floats some other way
+        return True
+    find = raw.find
+    i = find(b".")
+    while i > 0:
+        if 48 <= raw[i - 1] <= 57:
+            return True
+        i = find(b".", i + 1)
+    for sign in (b"-", b"+"):
+        i = find(sign)
+        while i > 1:
+            if raw[i - 1] == 101 and 48 <= raw[i - 2] <= 57:  # <digit>e
+                return True
+            i = find(sign, i + 1)
+    return False
+
+
+def holds_float(obj: dict[str, Any]) -> bool:
+    """Whether a parsed record holds a float anywhere (the exact check; records hold integers only)."""
+    for v in obj.values():
+        t = type(v)
+        if t is float or (t is dict and holds_float(v)) or (t is list and _has_float_list(v)):
+            return True
+    return False
+
+
+def _has_float_list(items: list[Any]) -> bool:
+    for v in items:
+        t = type(v)
+        if t is float or (t is dict and holds_float(v)) or (t is list and _has_float_list(v)):
+            return True
+    return False
+
+
+# Code points where JSON encoders are known to disagree (escapes for DEL, C1 controls,
+# U+2028/2029, BOM, noncharacters, astral planes) and every ASCII character.
+_PROBE_CHARS = [chr(c) for c in range(0x80)] + [
+    "\x80", "\x9f", "\xa0", "\xad", "\u061c", "\u2028", "\u2029", "\ud7ff", "\ue000", "\ufeff",
+    "\ufffe", "\uffff", "\U00010000", "\U0001f600", "\U0010ffff", "é", "日本",
+]
+
+
+def _orjson_agrees() -> bool:
+    r"""Whether this orjson encodes as `canonical_bytes` does, so that its fast path may accept lines.
+
+    Why orjson's round trip proves a line canonical: ``dumps(loads(raw)) == raw`` means
+    `raw` is orjson's encoding of some value v (dicts with unique keys, lists, strings,
+    64-bit ints, true/false/null, floats; at most 254 levels deep). With floats ruled
+    out separately, both encoders write such a v identically: compact separators,
+    ``true``/``false``/``null``, integers in decimal, keys sorted by code point, and
+    strings escaped one character at a time (``\"``, ``\\``, ``\b\f\n\r\t``, other
+    controls below U+0020 as lowercase ``\u00XX``, everything else as raw UTF-8). And
+    CPython's json reads those bytes back as v. So the exact check would re-encode `raw`
+    to itself and accept it. The test suite checks the per-character agreement for every
+    code point; this probe re-checks, at import, the characters where JSON libraries are
+    known to differ, key order, and the integer range, so an orjson release that behaves
+    differently turns the fast path off instead of weakening the check.
+    """
+    if orjson is None:  # pragma: no cover
+        return False
+    keys = ["", "a", "B", "aa", "\x7f", "\x80", "\ud7ff", "\ue000", "\uffff", "\U00010000", "\U0010ffff"]
+    probe = {
+        "chars": _PROBE_CHARS,
+        "ints": [0, -1, 1, 2**53 + 1, 2**63 - 1, -(2**63), 2**64 - 1],
+        "keys": {k: [True, False, None, {}, []] for k in reversed(keys)},
+    }
+    try:
+        fast = orjson.dumps(probe, option=orjson.OPT_SORT_KEYS)
+        return fast == _encode(probe).encode("utf-8") and orjson.loads(fast) == probe and json.loads(fast) == probe
+    except (ValueError, TypeError):  # pragma: no cover
+        return False
+
+
+# Floats of every shape orjson writes: integral, tiny, huge, subnormal, negative.
+_FLOAT_PROBE = [0.0, -0.0, 1.0, -2.5, 0.1, 1e-5, 1e-7, 5e-324, 2.0**64, 1e15, 1e16, 1e21, 1e22, 1e300, -1e-300,
+                1.7976931348623157e308]
+
+
+def _floats_marked() -> bool:
+    """Whether orjson writes every float with ".", "e+" or "e-": then a line without those holds no float."""
+    if orjson is None:  # pragma: no cover
+        return False
+    return all(any(c in orjson.dumps(f) for c in (b".", b"e+", b"e-")) for f in _FLOAT_PROBE)
+
+
+#: True when orjson is installed and encodes like `canonical_bytes`: lines may take the fast path.
+ORJSON_FAST = _FAST = _orjson_agrees()
+_FLOAT_MARKED = _floats_marked()
+if orjson is not None:
+    _oloads = orjson.loads
+    _odumps = orjson.dumps
+    _OSORT = orjson.OPT_SORT_KEYS
 
 
 def checkpoint_statement(log_id: str, size: int, head: str, root: str, ts_ns: int) -> bytes:

@@ -10,6 +10,7 @@ as the stream passes them (FORK) and at the end (ROLLBACK).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,11 +21,27 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from proctor.audit.base import KINDS
 from proctor.audit.keys import key_id, public_raw, verify_signature
 from proctor.audit.merkle import MerkleFrontier
-from proctor.audit.records import GENESIS, LineError, checkpoint_statement, is_hex64, parse_line
+from proctor.audit.records import (
+    GENESIS,
+    ORJSON_FAST,
+    LineError,
+    checkpoint_statement,
+    holds_float,
+    is_hex64,
+    may_hold_float,
+    parse_line,
+    parse_record,
+)
+
+try:
+    import orjson
+except ImportError:  # pragma: no cover - then ORJSON_FAST is False and feed_lines feeds line by line
+    orjson = None  # type: ignore[assignment]
 
 __all__ = ["Anchor", "Failure", "ScanFailure", "Scanner", "load_anchor"]
 
 _KINDS = frozenset(KINDS)
+_sha256 = hashlib.sha256
 
 
 @dataclass(frozen=True)
@@ -131,6 +148,11 @@ class Scanner:
     signed: int = 0
     last_checkpoint_seq: int | None = None
     key_ids: set[str] = field(default_factory=set)
+    _anchor_seqs: frozenset[int] = field(init=False, repr=False, default=frozenset())
+
+    def __post_init__(self) -> None:
+        # feed() asks once per record whether an anchor sits there: a set lookup, not a loop.
+        self._anchor_seqs = frozenset(a.seq for a in self.anchors)
 
     def _fail(self, code: str, message: str, line: int | None, offset: int | None) -> ScanFailure:
         return ScanFailure(Failure(code, self.count, line, offset, message))
@@ -139,10 +161,11 @@ class Scanner:
         """Check one line (without its newline) and accept it, or raise `ScanFailure`."""
         pos = self.count
         try:
-            rec, computed = parse_line(raw)
+            rec, leaf = parse_record(raw)
         except LineError as exc:
             raise ScanFailure(Failure(exc.code, pos, line, offset, exc.message), unreadable=exc.unreadable) from None
         h = rec["h"]
+        computed = leaf.hex()
         if computed != h:
             raise self._fail("HASH_MISMATCH", f"h does not match the record's contents (computed {computed[:16]}…)",
                              line, offset)
@@ -153,9 +176,7 @@ class Scanner:
             raise self._fail("SEQ_GAP", f"expected seq {pos}, found seq {seq}", line, offset)
         if rec.get("prev") != self.head:
             raise self._fail("PREV_MISMATCH", "prev is not the previous record's h", line, offset)
-        if kind == "checkpoint":
-            self._checkpoint(rec, line, offset)
-        elif kind == "call_intent":
+        if kind == "call_intent":
             call_id = rec.get("call_id")
             if isinstance(call_id, str):
                 self.intents[call_id] = {"seq": pos, "run_id": rec.get("run_id"), "tool": rec.get("tool")}
@@ -163,11 +184,75 @@ class Scanner:
             call_id = rec.get("call_id")
             if isinstance(call_id, str):
                 self.intents.pop(call_id, None)
-        if self.anchors:
+        elif kind == "checkpoint":
+            self._checkpoint(rec, line, offset)
+        if pos in self._anchor_seqs:
             self._anchors(pos, h, line, offset)
         self.head = h
-        self.frontier.append(bytes.fromhex(h))
+        self.frontier.append(leaf)  # equal to bytes.fromhex(h): checked above
         self.count = pos + 1
+
+    def feed_lines(self, parts: list[bytes], line: int, offset: int) -> tuple[int, int]:
+        """`feed` each of `parts` (lines without their newlines; `line` lines and `offset` bytes
+        precede the first); return the updated (line, offset). Raises `ScanFailure`.
+
+        The verifier's hot loop. For an ordinary record it does what `feed` does, inline:
+        the orjson fast path of `records.parse_record` (same acceptance test, same hash
+        cut) and the envelope checks, with the chain state in locals. Any line it
+        does not take that way in full — not accepted by the fast path, a failed check, a
+        checkpoint, a record an anchor names — goes through `feed` itself, so reports are
+        exactly those of feeding line by line (the tests compare both over tamper corpora).
+        """
+        if not ORJSON_FAST:
+            feed = self.feed
+            for raw in parts:
+                line += 1
+                feed(raw, line, offset)
+                offset += len(raw) + 1
+            return line, offset
+        loads, dumps, sort = orjson.loads, orjson.dumps, orjson.OPT_SORT_KEYS
+        sha, kinds, anchors, intents = _sha256, _KINDS, self._anchor_seqs, self.intents
+        append = self.frontier.append
+        count, head = self.count, self.head
+        for raw in parts:
+            line += 1
+            try:
+                rec = loads(raw)
+                same = type(rec) is dict and dumps(rec, option=sort) == raw
+            except (ValueError, TypeError):
+                same = False
+            if same and not (may_hold_float(raw) and holds_float(rec)):
+                get = rec.get
+                h = get("h")
+                at = raw.find(b'"h":"')
+                if type(h) is str and at >= 0:
+                    hb = h.encode("utf-8")
+                    end = at + 5 + len(hb)
+                    if raw.startswith(hb, at + 5) and raw.startswith(b'",', end):
+                        leaf = sha(b"\x00" + raw[:at] + raw[end + 2 :]).digest()
+                        seq, kind = get("seq"), get("kind")
+                        if (leaf.hex() == h and type(seq) is int and seq == count and type(get("ts_ns")) is int
+                                and type(kind) is str and kind in kinds and kind != "checkpoint"
+                                and get("prev") == head and count not in anchors):
+                            if kind == "call_intent":
+                                call_id = get("call_id")
+                                if isinstance(call_id, str):
+                                    intents[call_id] = {"seq": count, "run_id": get("run_id"), "tool": get("tool")}
+                            elif kind == "call_outcome":
+                                call_id = get("call_id")
+                                if isinstance(call_id, str):
+                                    intents.pop(call_id, None)
+                            append(leaf)
+                            head = h
+                            count += 1
+                            offset += len(raw) + 1
+                            continue
+            self.count, self.head = count, head
+            self.feed(raw, line, offset)
+            count, head = self.count, self.head
+            offset += len(raw) + 1
+        self.count, self.head = count, head
+        return line, offset
 
     def _anchors(self, pos: int, h: str, line: int, offset: int) -> None:
         # Checked at the record the anchor names, after that record's own checks: evidence

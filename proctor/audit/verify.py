@@ -75,13 +75,10 @@ def scan_file(
             data = f.read(_CHUNK)
             if not data:
                 break
-            parts = (tail + data).split(b"\n") if tail else data.split(b"\n")
+            parts = data.split(b"\n")
+            parts[0] = tail + parts[0]  # joins the line cut at the previous chunk's end (no copy of the chunk)
             tail = parts.pop()
-            feed = scanner.feed
-            for raw in parts:
-                number += 1
-                feed(raw, number, offset)
-                offset += len(raw) + 1
+            number, offset = scanner.feed_lines(parts, number, offset)
             if progress is not None:
                 progress(offset)
     if tail:

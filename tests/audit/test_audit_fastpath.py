@@ -1,0 +1,291 @@
+"""The orjson fast path: it only ever accepts lines the exact json check accepts, with the same record and hash."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from audit_helpers import built, lines_of, signing_key
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proctor.audit import AuditLog, records, verify
+from proctor.audit.records import GENESIS, LineError, parse_line, parse_record, seal
+from proctor.audit.scan import ScanFailure, Scanner
+from proctor.canonical import canonical_bytes
+
+# Where JSON encoders disagree: controls, DEL, C1, U+2028/2029, BOM, noncharacters, astral.
+SPECIAL = [
+    "\x00", "\x01", "\x08", "\t", "\n", "\x0b", "\x0c", "\r", "\x1f", '"', "\\", "/", "\x7f", "\x80", "\x9f",
+    "\xa0", "\xad", "\u2028", "\u2029", "\ufeff", "\ufffe", "\uffff", "\ue000", "😀", "\U0010ffff", "é", "日",
+]
+# Numbers orjson reads differently from json (floats) or not at all, and the 64-bit edges it keeps.
+BIG = [2**64, 2**64 - 1, -(2**63), -(2**63) - 1, 10**30, -(10**40), 2**53 + 1]
+
+
+def _outcome(raw: bytes) -> tuple[str, Any, Any]:
+    try:
+        rec, leaf = parse_record(raw)
+    except LineError as exc:
+        return exc.code, exc.message, exc.unreadable
+    return "ok", rec, leaf
+
+
+def _exact(raw: bytes) -> tuple[str, Any, Any]:
+    try:
+        rec, leaf = records._parse_exact(raw)
+    except LineError as exc:
+        return exc.code, exc.message, exc.unreadable
+    return "ok", rec, leaf
+
+
+def _same(raw: bytes) -> None:
+    fast, exact = _outcome(raw), _exact(raw)
+    assert fast == exact, raw
+    if fast[0] == "ok":  # equal values could still differ in type (1 == 1.0 == True): repr tells them apart
+        assert repr(fast[1]) == repr(exact[1])
+
+
+def _line(fields: dict[str, Any], seq: int = 0) -> bytes:
+    line, _ = seal({"seq": seq, "ts_ns": 1_700_000_000_000_000_000, "kind": "step", "prev": GENESIS, **fields})
+    return line[:-1]
+
+
+def _exact_never_called(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(raw: bytes) -> Any:
+        raise AssertionError(f"fell back to the exact check for {raw!r}")
+
+    monkeypatch.setattr(records, "_parse_exact", boom)
+
+
+def test_the_fast_path_is_on() -> None:
+    """With orjson installed and agreeing with canonical_bytes, verification takes the fast path."""
+    assert records.ORJSON_FAST
+    assert records._FLOAT_MARKED
+
+
+def test_orjson_and_json_escape_every_code_point_alike() -> None:
+    """For every code point, orjson writes and reads a string exactly as the canonical json encoding does."""
+    chars = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    # A list delimits each element, so equal bytes mean equal bytes per character.
+    encoded = orjson.dumps(chars)
+    assert encoded == canonical_bytes(chars)
+    assert orjson.loads(encoded) == chars
+    assert json.loads(encoded) == chars
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(), st.text(), max_size=8))
+def test_orjson_sorts_keys_by_code_point_like_json(value: dict[str, str]) -> None:
+    """orjson's sorted keys are json's sorted keys, astral and private-use characters included."""
+    assert orjson.dumps(value, option=orjson.OPT_SORT_KEYS) == canonical_bytes(value)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_every_float_orjson_writes_is_marked(value: float) -> None:
+    """orjson writes each float with a digit before "." or "e+"/"e-", which the float pre-check relies on."""
+    text = orjson.dumps({"x": value})
+    assert records.may_hold_float(text), text
+
+
+@pytest.mark.parametrize("char", SPECIAL)
+def test_special_strings_are_accepted_by_the_fast_path(char: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A canonical record holding a character encoders disagree on verifies without the exact check."""
+    raw = _line({"note": f"a{char}b", "args": {char: [char, {"k": char}]}})
+    expected = _exact(raw)
+    _exact_never_called(monkeypatch)
+    assert _outcome(raw) == expected
+    assert expected[0] == "ok"
+
+
+def _spellings(char: str) -> set[bytes]:
+    """Ways to write `char` inside a JSON string, canonical or not."""
+    ascii_form = json.dumps(char, ensure_ascii=True)[1:-1].encode()
+    out = {ascii_form, ascii_form.upper().replace(b"\\U", b"\\u"), char.encode("utf-8")}
+    if ord(char) < 0x10000:
+        out |= {b"\\u%04x" % ord(char), b"\\u%04X" % ord(char)}
+    if char == "/":
+        out.add(b"\\/")
+    return out
+
+
+@pytest.mark.parametrize("char", SPECIAL)
+def test_other_escapes_of_special_strings_get_the_exact_verdict(char: str) -> None:
+    """Each way to write the same string (\\u escapes, upper-case hex, escaped slash, raw bytes) is judged by json."""
+    raw = _line({"note": f"a{char}b"})
+    canonical = b"a" + canonical_bytes(char)[1:-1] + b"b"
+    assert canonical in raw
+    spellings = _spellings(char)
+    assert len(spellings) >= 2
+    for spelling in spellings:
+        _same(raw.replace(canonical, b"a" + spelling + b"b", 1))
+
+
+@pytest.mark.parametrize("number", BIG)
+def test_integers_beyond_64_bits_verify_through_the_exact_check(number: int) -> None:
+    """orjson reads ints beyond 64 bits as floats; such records still verify, exactly as before."""
+    raw = _line({"n": number, "deep": [{"m": number}]})
+    _same(raw)
+    assert _outcome(raw)[0] == "ok"
+    assert _outcome(raw)[1]["n"] == number
+
+
+@pytest.mark.parametrize("text", [b"1.5", b"-0.0", b"1e+16", b"1e16", b"1E5", b"5e-324", b"1.0", b"-2.5e-7", b"0.1"])
+def test_floats_are_noncanonical_on_both_paths(text: bytes) -> None:
+    """A float anywhere, in any notation, is NONCANONICAL, even where orjson would write it back unchanged."""
+    raw = _line({"n": 1, "deep": [{"m": 2}]})
+    for edited in (raw.replace(b'"n":1', b'"n":' + text), raw.replace(b'"m":2', b'"m":' + text)):
+        _same(edited)
+        assert _outcome(edited)[0] == "NONCANONICAL"
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda r: r.replace(b'"kind"', b'"kind":"step","kind"', 1),  # duplicate key: orjson keeps the last
+        lambda r: r.replace(b'"note":"x",', b"", 1).replace(b'"ts_ns"', b'"note":"x","ts_ns"', 1),  # key order
+        lambda r: r.replace(b":", b": ", 1),
+        lambda r: r + b" ",
+        lambda r: b" " + r,
+        lambda r: r + b"\r",
+        lambda r: b"\xef\xbb\xbf" + r,  # BOM
+        lambda r: r.replace(b'"x"', b'"\xed\xa0\x80"'),  # an encoded surrogate: not UTF-8
+        lambda r: r.replace(b'"x"', b'"\xc0\xaf"'),  # overlong encoding
+        lambda r: r.replace(b'"x"', b'"\\ud800"'),  # lone surrogate escape
+        lambda r: r.replace(b'"x"', b'"\\ud83d\\ude00"'),  # a valid pair, escaped
+        lambda r: r.replace(b'"x"', b'"\x01"'),  # raw control character
+        lambda r: r.replace(b'"x"', b"-0"),
+        lambda r: r.replace(b'"x"', b"01"),
+        lambda r: r.replace(b'"x"', b"NaN"),
+        lambda r: r.replace(b'"x"', b"1e400"),
+        lambda r: b"[" + r + b"]",
+        lambda r: r[:-1],
+        lambda r: r.replace(b'"h":"', b'"h":1,"hh":"'),
+    ],
+)
+def test_noncanonical_and_broken_lines_get_the_exact_verdict(edit: Any) -> None:
+    """Duplicate keys, reordering, whitespace, BOM, bad UTF-8, escapes, odd numbers: the same code and message."""
+    raw = _line({"note": "x", "other": "x"})
+    edited = edit(raw)
+    assert edited != raw
+    _same(edited)
+    assert _outcome(edited)[0] != "ok"
+
+
+@pytest.mark.parametrize("depth", [1, 100, 253, 254, 255, 600, 1100])
+def test_deep_nesting_gets_the_exact_verdict(depth: int) -> None:
+    """orjson writes at most 254 levels and reads at most 1024; deeper records are judged by json alone."""
+    deep = b"[" * depth + b"1" + b"]" * depth
+    tail = canonical_bytes({"h": "0" * 64, "kind": "step", "prev": GENESIS, "seq": 0, "ts_ns": 1})
+    raw = b'{"deep":' + deep + b"," + tail[1:]
+    _same(raw)
+    _same(raw.replace(b"1]", b"1.5]", 1))
+
+
+def test_where_h_is_cut_matches_the_exact_check() -> None:
+    """A nested "h" before the top-level one, h last, h not a string: the same hash or the same error."""
+    h = "ab" * 32
+    base = {"kind": "step", "prev": GENESIS, "seq": 0, "ts_ns": 1}
+    for extra in ({"a": {"h": h, "z": 1}}, {"a": {"h": "other", "z": 1}}, {"a": [{"h": h}]}, {}):
+        _same(canonical_bytes({**base, **extra, "h": h}))
+    _same(canonical_bytes({"h": h}))  # h is the last key: not followed by the envelope
+    _same(canonical_bytes({**base, "h": 5}))
+    _same(canonical_bytes({**base, "h": None}))
+    _same(canonical_bytes({**base, "h": "é" * 64}))
+    _same(canonical_bytes(base))
+
+
+json_leaf = (
+    st.none() | st.booleans() | st.integers() | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.text() | st.sampled_from(SPECIAL) | st.floats(allow_nan=False, allow_infinity=False)
+)
+json_values = st.recursive(
+    json_leaf,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    max_leaves=16,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(max_size=8), json_values, max_size=6), st.data())
+def test_any_record_and_any_byte_edit_get_the_exact_verdict(fields: dict[str, Any], data: st.DataObject) -> None:
+    """For sealed records of any content, and any one-byte edit of them, fast and exact paths agree."""
+    fields = {k: v for k, v in fields.items() if k not in records.ENVELOPE}
+    try:
+        raw = _line(fields)
+    except (UnicodeEncodeError, ValueError, TypeError):
+        return  # lone surrogates cannot be UTF-8: the writer refuses these
+    _same(raw)
+    for _ in range(4):
+        pos = data.draw(st.integers(0, len(raw) - 1), label="position")
+        byte = data.draw(st.integers(0, 255), label="byte")
+        _same(raw[:pos] + bytes([byte]) + raw[pos + 1 :])
+
+
+def _scan(lines: list[bytes], *, batched: bool) -> tuple[Any, ...]:
+    scanner = Scanner(pubkey=signing_key().public_key())
+    failure = None
+    try:
+        if batched:
+            scanner.feed_lines(lines, 0, 0)
+        else:
+            offset = 0
+            for number, raw in enumerate(lines, 1):
+                scanner.feed(raw, number, offset)
+                offset += len(raw) + 1
+    except ScanFailure as exc:
+        failure = (exc.failure, exc.unreadable)
+    return (failure, scanner.count, scanner.head, scanner.frontier.root_hex(), scanner.intents, scanner.checkpoints,
+            scanner.signed, scanner.log_id, scanner.key_ids, scanner.last_checkpoint_seq)
+
+
+def test_feed_lines_equals_feeding_line_by_line(tmp_path: Path) -> None:
+    """The inlined loop reports what per-line feeding reports, for a real log and random edits of it."""
+    path = tmp_path / "a.jsonl"
+    with AuditLog(path, signing_key=signing_key(), durability="flush", checkpoint_every=7) as log:
+        for i in range(40):
+            log.append("call_intent", {"call_id": f"c{i}", "tool": "t", "run_id": "r", "args": {"s": SPECIAL[i % 27]}})
+            if i % 5:
+                log.append("call_outcome", {"call_id": f"c{i}", "status": "ok", "n": BIG[i % len(BIG)]})
+    data = path.read_bytes()
+    rng = random.Random(4)
+    corpora = [data, *built(tmp_path, 9)[:1]]
+    for _ in range(300):
+        pos = rng.randrange(len(data))
+        corpora.append(data[:pos] + bytes([rng.randrange(256)]) + data[pos + 1 :])
+    lines = lines_of(data)
+    for i in (0, 5, len(lines) // 2, len(lines) - 1):
+        corpora.append(b"".join(lines[:i] + lines[i + 1 :]))  # deleted record
+        corpora.append(b"".join([*lines[:i], lines[i], *lines[i:]]))  # duplicated record
+    for corpus in corpora:
+        parts = corpus.split(b"\n")
+        parts.pop()
+        assert _scan(parts, batched=True) == _scan(parts, batched=False)
+
+
+def test_logs_with_special_strings_and_big_ints_verify(tmp_path: Path) -> None:
+    """A log whose records hold every special character and >64-bit ints verifies, and edits to them are caught."""
+    path = tmp_path / "s.jsonl"
+    with AuditLog(path, signing_key=signing_key(), durability="flush") as log:
+        for i, char in enumerate(SPECIAL):
+            assert log.append("step", {"run_id": "r", "text": char * 3, "n": BIG[i % len(BIG)]}).ok
+    assert verify(path, pubkey=signing_key().public_key()).ok
+    lines = lines_of(path.read_bytes())
+    big = next(i for i, line in enumerate(lines) if str(2**64).encode() in line)
+    lines[big] = lines[big].replace(str(2**64).encode(), str(2**64 + 1).encode())
+    path.write_bytes(b"".join(lines))
+    report = verify(path, pubkey=signing_key().public_key())
+    assert report.failure is not None
+    assert (report.failure.code, report.failure.seq) == ("HASH_MISMATCH", big)
+
+
+def test_parse_line_is_parse_record_in_hex() -> None:
+    """parse_line still returns the computed h as hex."""
+    raw = _line({"note": "x"})
+    rec, computed = parse_line(raw)
+    assert computed == rec["h"] == parse_record(raw)[1].hex()
