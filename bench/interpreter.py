@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import socket
 import statistics
 import subprocess
@@ -60,11 +61,18 @@ def _gate() -> Gate:
     return Gate(policy, tools=[lookup])
 
 
-def bare_pipe_p50(n: int = 10000) -> float:
-    """Round trip of one small length-prefixed frame to an echoing Python process, in microseconds."""
+def bare_pipe_p50(n: int = 10000, *, spin: bool = True) -> float:
+    """Round trip of one small length-prefixed frame to an echoing Python process, in microseconds.
+
+    With `spin`, both ends poll for up to 200 µs before blocking, as proctor's channel
+    does; without, they block at once and the figure swings (11-45 µs seen here) with
+    how slowly an idle vCPU wakes up. The like-for-like baseline is the spinning one.
+    """
     a, b = socket.socketpair()
-    echo = ("import os,sys\nfd=int(sys.argv[1])\nwhile True:\n    d=os.read(fd,65536)\n    if not d: break\n"
-            "    os.write(fd,d)\n")
+    wait = ("    t=time.perf_counter_ns()+200000\n"
+            "    while not select.select([fd],[],[],0)[0] and time.perf_counter_ns()<t: pass\n") if spin else ""
+    echo = ("import os,sys,select,time\nfd=int(sys.argv[1])\nwhile True:\n" + wait
+            + "    d=os.read(fd,65536)\n    if not d: break\n    os.write(fd,d)\n")
     proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", echo, str(b.fileno())], pass_fds=[b.fileno()])
     b.close()
     body = json.dumps({"t": "call", "id": 1, "run": 1, "tool": "lookup", "args": {"order": "a"}}).encode()
@@ -73,6 +81,10 @@ def bare_pipe_p50(n: int = 10000) -> float:
     for _ in range(n):
         t = time.perf_counter_ns()
         a.sendall(frame)
+        if spin:
+            until = time.perf_counter_ns() + 200_000
+            while not select.select([a], [], [], 0)[0] and time.perf_counter_ns() < until:
+                pass
         a.recv(65536)
         times.append(time.perf_counter_ns() - t)
     a.close()
@@ -198,6 +210,7 @@ def main() -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
     bwrap_ok = bwrap_status()[0]
     bare = bare_pipe_p50()
+    bare_blocking = bare_pipe_p50(spin=False)
     gate_us = gate_submit_p50()
     bw = proctor_figures("bwrap") if bwrap_ok else None
     proc = proctor_figures("process")
@@ -215,7 +228,8 @@ def main() -> int:
          f"{smol_d['loop_ms'] / main_fig['loop_ms']:.0f}x faster (target >= 50x)" if smol_d else "—"),
         ("(b) tool call round trip p50, µs", cell(bw, "call_p50_us"), cell(proc, "call_p50_us"),
          cell(smol_d, "call_p50_us", "{:.2f} (ungoverned, in-process)"),
-         f"bare pipe {bare:.1f} µs; ratio {main_fig['call_p50_us'] / bare:.1f}x (targets <= 60 µs, <= 4x)"),
+         f"bare pipe {bare:.1f} µs (blocking: {bare_blocking:.1f}); ratio {main_fig['call_p50_us'] / bare:.1f}x "
+         "(targets <= 60 µs, <= 4x)"),
         ("(b) same, gate work stubbed out (channel only), µs", cell(bw, "channel_p50_us"),
          cell(proc, "channel_p50_us"), "—", f"gate.submit alone p50 {gate_us:.1f} µs"),
         ("(c) worker start, ms", cell(bw, "start_ms"), cell(proc, "start_ms"), cell(smol_d, "start_ms"),

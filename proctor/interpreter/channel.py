@@ -16,11 +16,16 @@ from __future__ import annotations
 import base64
 import json
 import os
+import select
 import struct
+import time
 
 TYPE_CHECKING = False  # typing is not imported at run time: the worker imports this module too
 if TYPE_CHECKING:
     from typing import Any
+
+#: How long a reader polls before it blocks (see `BlockingReader._spin`).
+SPIN_NS = 200_000
 
 __all__ = [
     "MAX_DEPTH",
@@ -231,9 +236,18 @@ class BlockingReader:
         self._splitter = FrameReader(max_message)
         self._ready: list[dict[str, Any]] = []
 
+    def _spin(self) -> None:
+        """Poll briefly before blocking: a reply usually comes within tens of µs, and a vCPU
+        that goes idle in a blocking read wakes up slowly (measured: 2x the round trip)."""
+        deadline = time.perf_counter_ns() + SPIN_NS
+        while not select.select((self.fd,), (), (), 0)[0]:
+            if time.perf_counter_ns() > deadline:
+                return
+
     def recv(self) -> dict[str, Any] | None:
         """The next message; None once the other side closed the channel."""
         while not self._ready:
+            self._spin()
             chunk = os.read(self.fd, 1 << 16)
             if not chunk:
                 if self._splitter.pending:

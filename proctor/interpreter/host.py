@@ -23,6 +23,8 @@ from proctor.errors import SandboxError
 from proctor.interpreter.channel import MAX_MESSAGE, FrameReader, frame
 from proctor.interpreter.sandbox import SandboxSpec, spawn
 
+SPIN_NS = 200_000
+
 __all__ = ["WorkerDied", "WorkerProcess"]
 
 
@@ -101,7 +103,13 @@ class WorkerProcess:
         if self._dead:
             raise WorkerDied("the worker is gone")
         try:
-            events = self._poll.poll(max(0, math.ceil(timeout * 1000)))
+            events = self._poll.poll(0)
+            if not events:
+                spin_until = time.perf_counter_ns() + SPIN_NS
+                while not events and time.perf_counter_ns() < spin_until:
+                    events = self._poll.poll(0)
+            if not events:
+                events = self._poll.poll(max(0, math.ceil(timeout * 1000)))
         except InterruptedError:
             return []
         messages: list[dict[str, Any]] = []
