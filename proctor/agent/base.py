@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
-import structlog
 from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
 
@@ -29,11 +28,12 @@ from proctor.errors import BudgetExceeded, ProctorError
 from proctor.gate import Gate, RunContext
 from proctor.policy import Policy
 from proctor.telemetry import AgentSpan, agent_span, get_tracer, step_span
+from proctor.telemetry.logging import get_logger
 from proctor.tools import Tool
 
 __all__ = ["AgentBase", "FinalAnswerCheck", "StepCallback", "load_audit", "load_policy"]
 
-log = structlog.get_logger("proctor.agent")
+log = get_logger("proctor.agent")
 
 
 class FinalAnswerCheck(Protocol):

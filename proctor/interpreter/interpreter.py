@@ -15,8 +15,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, Literal, Protocol
 
-import structlog
-
 from proctor.calls import CallRecord, new_id
 from proctor.errors import ApprovalDenied, ExecutionTimeout, ProctorError, SandboxError, ToolDenied, ToolFailed
 from proctor.interpreter.channel import EncodeError, ProtocolError, encode_value, frame
@@ -33,11 +31,12 @@ from proctor.interpreter.messages import (
 from proctor.interpreter.result import ExecutionResult, ProgramError
 from proctor.interpreter.sandbox import INSTALL_HINT, SandboxSpec, bwrap_status, site_paths
 from proctor.interpreter.specs import STDLIB, limits_for, tool_spec
+from proctor.telemetry.logging import get_logger
 from proctor.tools import Tool
 
 __all__ = ["ExecutionResult", "GateLike", "Interpreter", "ProgramError", "SandboxMode"]
 
-log = structlog.get_logger("proctor.interpreter")
+log = get_logger("proctor.interpreter")
 SandboxMode = Literal["auto", "bwrap", "process", "none"]
 FINAL_GRACE = 1.0  # seconds a program may run on after final_answer() before it is stopped
 MiB = 1024 * 1024

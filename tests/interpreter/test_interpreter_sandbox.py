@@ -34,14 +34,14 @@ def test_sandbox_bwrap_refuses_to_start_without_it(no_bwrap: None, gate: Gate) -
 
 def test_auto_falls_back_loudly_and_records_the_isolation(no_bwrap: None, make: Callable[..., Interpreter],
                                                           audit: InMemoryAudit,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    """Without bubblewrap, auto runs process-only, warns, and the audit log says so."""
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """Without bubblewrap, auto runs process-only, logs a warning, and the audit log says so."""
     import structlog
 
     structlog.reset_defaults()
     py = make(sandbox="auto")
     assert py.isolation == "process" and py.run("1 + 1").value == 2
-    assert "PROCESS-ONLY ISOLATION" in capsys.readouterr().out
+    assert "PROCESS-ONLY ISOLATION" in caplog.text
     started = audit.of_kind("worker_started")
     assert started and started[-1]["isolation"] == "process" and started[-1]["sandbox"] == "auto"
 
