@@ -272,7 +272,7 @@ TARGET = {"allow": "a@example.com", "require_approval": "x@partner.com"}
     list(itertools.product(["allow", "deny", "require_approval"], ANSWERS, ["left", "spent"])),
 )
 def test_matrix(outcome: str, answer: str, budget: str) -> None:
-    """Each decision × approval answer × budget state gives the documented result, running the tool exactly when it should."""
+    """Each decision, approval answer and budget state gives its documented result, running the tool only then."""
     asked: list[ApprovalRequest] = []
     gate = make_gate(approver=answer_with(answer, asked))
     ctx = gate.start_run()
