@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proctor.audit import AuditLog, records, verify
+from proctor.audit.merkle import MerkleFrontier, merkle_root
 from proctor.audit.records import GENESIS, LineError, parse_line, parse_record, seal
-from proctor.audit.scan import ScanFailure, Scanner
+from proctor.audit.scan import ScanFailure, Scanner, _extend
 from proctor.canonical import canonical_bytes
 
 # Where JSON encoders disagree: controls, DEL, C1, U+2028/2029, BOM, noncharacters, astral.
@@ -289,3 +290,25 @@ def test_parse_line_is_parse_record_in_hex() -> None:
     raw = _line({"note": "x"})
     rec, computed = parse_line(raw)
     assert computed == rec["h"] == parse_record(raw)[1].hex()
+
+
+@pytest.mark.parametrize("start", [0, 1, 2, 3, 5, 8, 13, 64, 100])
+def test_bulk_merkle_extend_equals_appending_one_by_one(start: int) -> None:
+    """Adding leaves in bulk gives the same frontier and root as appending each, from any starting size."""
+    leaves = [bytes([i % 256]) * 32 for i in range(300)]
+    rng = random.Random(start)
+    for _ in range(20):
+        reference, bulk = MerkleFrontier(), MerkleFrontier()
+        for leaf in leaves[:start]:
+            reference.append(leaf)
+            bulk.append(leaf)
+        _extend(bulk, [])
+        cut = start
+        while cut < len(leaves):
+            batch = leaves[cut : cut + rng.choice([1, 2, 3, 7, 8, 16, 33, 64, 200])]
+            for leaf in batch:
+                reference.append(leaf)
+            _extend(bulk, batch)
+            assert (bulk.size, bulk.root()) == (reference.size, reference.root())
+            cut += len(batch)
+        assert bulk.root() == merkle_root(leaves)
