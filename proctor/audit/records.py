@@ -113,14 +113,62 @@ def seal(record: Mapping[str, Any]) -> tuple[bytes, str]:
     """Return (line with trailing newline, h) for a record holding its envelope but no `h`.
 
     The bytes are exactly `canonical_bytes` of the record (with and without `h`); the
-    conversion to plain JSON types runs once and the C encoder is reused, because this
-    is on every append's path.
+    conversion to plain JSON types runs once, because this is on every append's path.
+    When the converted record holds only exact dict, list, str, int, bool and None
+    values (no subclasses, no enums), orjson encodes it: for such values its bytes are
+    json's (see `_orjson_agrees`). Anything else, and anything orjson refuses (ints
+    beyond 64 bits, lone surrogates, nesting over 254 levels), takes the json encoder.
     """
     plain = dict(jsonable(record))
+    if _FAST and _plain_json(plain):
+        try:
+            body = _odumps(plain, None, _OSORT)
+        except TypeError:  # orjson's JSONEncodeError
+            pass
+        else:
+            h = _sha256(b"\x00" + body).hexdigest()
+            plain["h"] = h
+            return _odumps(plain, None, _OSORT | _ONEWLINE), h
+    return _seal_json(plain)
+
+
+def _seal_json(plain: dict[str, Any]) -> tuple[bytes, str]:
     body = _encode(plain).encode("utf-8")
     h = hashlib.sha256(b"\x00" + body).hexdigest()
     plain["h"] = h
     return _encode(plain).encode("utf-8") + b"\n", h
+
+
+_PLAIN_LEAVES = frozenset({str, int, bool, type(None)})
+
+
+def _plain_json(value: dict[str, Any]) -> bool:
+    """Whether `value` holds only exact dicts (with str keys), lists, strs, ints, bools and Nones.
+
+    Iterative, so any depth is fine. Subclasses are refused because the two encoders
+    may read them differently (an enum: orjson writes its value, json its int or str).
+    """
+    stack: list[Any] = [value]
+    leaves = _PLAIN_LEAVES
+    while stack:
+        item = stack.pop()
+        if type(item) is dict:
+            for k, v in item.items():
+                t = type(v)
+                if type(k) is not str:
+                    return False
+                if t is dict or t is list:
+                    stack.append(v)
+                elif t not in leaves:
+                    return False
+        else:
+            for v in item:
+                t = type(v)
+                if t is dict or t is list:
+                    stack.append(v)
+                elif t not in leaves:
+                    return False
+    return True
 
 
 def duplicate_key(text: str) -> str | None:
@@ -336,6 +384,7 @@ if orjson is not None:
     _oloads = orjson.loads
     _odumps = orjson.dumps
     _OSORT = orjson.OPT_SORT_KEYS
+    _ONEWLINE = orjson.OPT_APPEND_NEWLINE
 
 
 def checkpoint_statement(log_id: str, size: int, head: str, root: str, ts_ns: int) -> bytes:

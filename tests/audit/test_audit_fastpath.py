@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import random
 from pathlib import Path
@@ -17,7 +18,7 @@ from proctor.audit import AuditLog, records, verify
 from proctor.audit.merkle import MerkleFrontier, merkle_root
 from proctor.audit.records import GENESIS, LineError, parse_line, parse_record, seal
 from proctor.audit.scan import ScanFailure, Scanner, _extend
-from proctor.canonical import canonical_bytes
+from proctor.canonical import canonical_bytes, jsonable
 
 # Where JSON encoders disagree: controls, DEL, C1, U+2028/2029, BOM, noncharacters, astral.
 SPECIAL = [
@@ -312,3 +313,83 @@ def test_bulk_merkle_extend_equals_appending_one_by_one(start: int) -> None:
             assert (bulk.size, bulk.root()) == (reference.size, reference.root())
             cut += len(batch)
         assert bulk.root() == merkle_root(leaves)
+
+
+def _seal_both(record: dict[str, Any]) -> None:
+    """seal (orjson when it may) and the json-only sealing give the same line and h, or the same error."""
+    try:
+        fast: Any = seal(record)
+    except (TypeError, ValueError, RecursionError) as exc:
+        fast = type(exc)
+    try:
+        exact: Any = records._seal_json(dict(jsonable(record)))
+    except (TypeError, ValueError, RecursionError) as exc:
+        exact = type(exc)
+    assert fast == exact
+    if not isinstance(fast, type):
+        assert fast[0] == canonical_bytes({**record, "h": fast[1]}) + b"\n"
+
+
+class Color(enum.IntEnum):
+    RED = 1
+
+
+class Mood(str, enum.Enum):
+    CALM = "calm"
+
+
+class Odd(str, enum.Enum):
+    ONE = 1  # str data "1", value 1: the two encoders would disagree
+
+
+class Truthy(int, enum.Enum):
+    YES = True  # int data 1, value True
+
+
+class Key(str):
+    def __lt__(self, other: object) -> bool:
+        return not str.__lt__(self, other)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"args": {c: c for c in SPECIAL}},
+        {"n": 2**64, "m": -(2**63) - 1, "k": 2**64 - 1},
+        {"e": Color.RED, "m": Mood.CALM, "o": Odd.ONE, "t": Truthy.YES},
+        {"args": {Key("b"): 1, Key("a"): 2, "c": [Key("x")]}},
+        {"f": 1.5, "b": b"\x00\xff", "t": (1, 2), "s": {3, 1}},
+        {"bad": "\ud800"},
+    ],
+)
+def test_seal_writes_the_bytes_json_writes(fields: dict[str, Any]) -> None:
+    """Special characters, 64-bit edges, enums, str subclasses, tagged floats: orjson sealing changes no byte."""
+    _seal_both({"seq": 3, "ts_ns": 1, "kind": "step", "prev": GENESIS, **fields})
+
+
+@pytest.mark.parametrize("depth", [10, 254, 255, 400])
+def test_seal_of_deep_values_writes_the_bytes_json_writes(depth: int) -> None:
+    """orjson refuses nesting over 254 levels; json seals those instead."""
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    _seal_both({"seq": 0, "ts_ns": 1, "kind": "step", "prev": GENESIS, "deep": value})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=8), json_values | st.binary(max_size=8), max_size=6))
+def test_seal_of_any_fields_writes_the_bytes_json_writes(fields: dict[str, Any]) -> None:
+    """For arbitrary JSON-able fields the sealed line and h do not depend on orjson."""
+    _seal_both({"seq": 0, "ts_ns": 1, "kind": "step", "prev": GENESIS, **fields})
+
+
+def test_seal_of_plain_records_uses_orjson(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record of plain JSON types is sealed without the json encoder."""
+    record = {"seq": 0, "ts_ns": 1, "kind": "step", "prev": GENESIS, "args": {"x": ["\u2028", 2**63 - 1, None]}}
+    expected = records._seal_json(dict(jsonable(record)))
+
+    def boom(plain: dict[str, Any]) -> Any:
+        raise AssertionError("sealed with json")
+
+    monkeypatch.setattr(records, "_seal_json", boom)
+    assert seal(record) == expected
