@@ -10,7 +10,6 @@ as the stream passes them (FORK) and at the end (ROLLBACK).
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,58 +20,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from proctor.audit.base import KINDS
 from proctor.audit.keys import key_id, public_raw, verify_signature
 from proctor.audit.merkle import MerkleFrontier
-from proctor.audit.records import (
-    GENESIS,
-    ORJSON_FAST,
-    LineError,
-    checkpoint_statement,
-    holds_float,
-    is_hex64,
-    may_hold_float,
-    parse_line,
-    parse_record,
-)
-
-try:
-    import orjson
-except ImportError:  # pragma: no cover - then ORJSON_FAST is False and feed_lines feeds line by line
-    orjson = None  # type: ignore[assignment]
+from proctor.audit.records import GENESIS, LineError, checkpoint_statement, is_hex64, parse_line, parse_record
 
 __all__ = ["Anchor", "Failure", "ScanFailure", "Scanner", "load_anchor"]
 
 _KINDS = frozenset(KINDS)
-#: Kinds `Scanner.feed_lines` takes inline: all but checkpoints, which `feed` checks.
-_PLAIN_KINDS = _KINDS - {"checkpoint"}
-_sha256 = hashlib.sha256
-
-
-def _extend(frontier: MerkleFrontier, leaves: list[bytes]) -> None:
-    """`frontier.append` each of `leaves`, hashing aligned runs of leaves pairwise (fewer Python steps).
-
-    Same tree, same frontier: a run of 2**k leaves that starts where the frontier's size
-    is a multiple of 2**k is a complete subtree, so its root is computed level by level
-    and then merged like one appended node of height k. Relies on MerkleFrontier's layout
-    (`_nodes`: subtree roots, largest first; heights given by the set bits of `size`).
-    """
-    nodes, size, i, total = frontier._nodes, frontier.size, 0, len(leaves)
-    while i < total:
-        # The largest complete subtree that can start here: bounded by the alignment of size
-        # and by the leaves left.
-        k = (total - i).bit_length() - 1
-        if size:
-            k = min(k, (size & -size).bit_length() - 1)
-        level = leaves[i : i + (1 << k)]
-        while len(level) > 1:
-            pairs = iter(level)
-            level = [_sha256(b"\x01" + left + right).digest() for left, right in zip(pairs, pairs, strict=False)]
-        node, n = level[0], size >> k
-        while n & 1:
-            node = _sha256(b"\x01" + nodes.pop() + node).digest()
-            n >>= 1
-        nodes.append(node)
-        size += 1 << k
-        i += 1 << k
-    frontier.size = size
+#: Kinds the verifier's fast loops take inline: all but checkpoints, which `Scanner.feed` checks.
+PLAIN_KINDS = _KINDS - {"checkpoint"}
 
 
 @dataclass(frozen=True)
@@ -179,11 +133,11 @@ class Scanner:
     signed: int = 0
     last_checkpoint_seq: int | None = None
     key_ids: set[str] = field(default_factory=set)
-    _anchor_seqs: frozenset[int] = field(init=False, repr=False, default=frozenset())
+    #: The seqs the anchors name: `feed` and the fast loops ask per record with a set lookup.
+    anchor_seqs: frozenset[int] = field(init=False, repr=False, default=frozenset())
 
     def __post_init__(self) -> None:
-        # feed() asks once per record whether an anchor sits there: a set lookup, not a loop.
-        self._anchor_seqs = frozenset(a.seq for a in self.anchors)
+        self.anchor_seqs = frozenset(a.seq for a in self.anchors)
 
     def _fail(self, code: str, message: str, line: int | None, offset: int | None) -> ScanFailure:
         return ScanFailure(Failure(code, self.count, line, offset, message))
@@ -217,88 +171,11 @@ class Scanner:
                 self.intents.pop(call_id, None)
         elif kind == "checkpoint":
             self._checkpoint(rec, line, offset)
-        if pos in self._anchor_seqs:
+        if pos in self.anchor_seqs:
             self._anchors(pos, h, line, offset)
         self.head = h
         self.frontier.append(leaf)  # equal to bytes.fromhex(h): checked above
         self.count = pos + 1
-
-    def feed_lines(self, parts: list[bytes], line: int, offset: int) -> tuple[int, int]:
-        """`feed` each of `parts` (lines without their newlines; `line` lines and `offset` bytes
-        precede the first); return the updated (line, offset). Raises `ScanFailure`.
-
-        The verifier's hot loop. For an ordinary record it does what `feed` does, inline:
-        the orjson fast path of `records.parse_record` (same acceptance test, same hash
-        cut) and the envelope checks, with the chain state in locals and the leaves added
-        to the Merkle frontier in bulk. Any line it does not take that way in full — not
-        accepted by the fast path, a failed check, a checkpoint, a record an anchor names —
-        goes through `feed` itself, so reports are exactly those of feeding line by line
-        (the tests compare both over tamper corpora).
-        """
-        if not ORJSON_FAST:
-            feed = self.feed
-            for raw in parts:
-                line += 1
-                feed(raw, line, offset)
-                offset += len(raw) + 1
-            return line, offset
-        loads, dumps, sort = orjson.loads, orjson.dumps, orjson.OPT_SORT_KEYS
-        sha, plain, anchors, intents = _sha256, _PLAIN_KINDS, self._anchor_seqs, self.intents
-        count, head = self.count, self.head
-        leaves: list[bytes] = []
-        add = leaves.append
-        done = 0  # parts[:done] are accounted for in `line` and `offset`
-        for i, raw in enumerate(parts):
-            try:
-                rec = loads(raw)
-                same = type(rec) is dict and dumps(rec, option=sort) == raw
-            except (ValueError, TypeError):
-                same = False
-            if same and not (may_hold_float(raw) and holds_float(rec)):
-                try:  # a missing envelope field (KeyError) or an unhashable kind (TypeError): the reference path
-                    h = rec["h"]
-                    at = raw.find(b'"h":"')
-                    if type(h) is str and at >= 0:
-                        hb = h.encode("utf-8")
-                        end = at + 5 + len(hb)
-                        if raw.startswith(hb, at + 5) and raw.startswith(b'",', end):
-                            leaf = sha(b"\x00" + raw[:at] + raw[end + 2 :]).digest()
-                            seq, kind = rec["seq"], rec["kind"]
-                            if (leaf.hex() == h and type(seq) is int and seq == count and type(rec["ts_ns"]) is int
-                                    and kind in plain and type(kind) is str and rec["prev"] == head
-                                    and count not in anchors):
-                                if kind == "call_intent":
-                                    call_id = rec.get("call_id")
-                                    if isinstance(call_id, str):
-                                        intents[call_id] = {"seq": count, "run_id": rec.get("run_id"),
-                                                            "tool": rec.get("tool")}
-                                elif kind == "call_outcome":
-                                    call_id = rec.get("call_id")
-                                    if isinstance(call_id, str):
-                                        intents.pop(call_id, None)
-                                add(leaf)
-                                head = h
-                                count += 1
-                                continue
-                except (KeyError, TypeError):
-                    pass
-            # The reference path, with the state brought up to date first.
-            self.count, self.head = count - len(leaves), head
-            _extend(self.frontier, leaves)
-            self.count = count
-            leaves.clear()
-            line += i - done
-            offset += sum(map(len, parts[done:i])) + i - done
-            done = i + 1
-            line += 1
-            self.feed(raw, line, offset)
-            offset += len(raw) + 1
-            count, head = self.count, self.head
-        _extend(self.frontier, leaves)
-        self.count, self.head = count, head
-        line += len(parts) - done
-        offset += sum(map(len, parts[done:])) + len(parts) - done
-        return line, offset
 
     def _anchors(self, pos: int, h: str, line: int, offset: int) -> None:
         # Checked at the record the anchor names, after that record's own checks: evidence

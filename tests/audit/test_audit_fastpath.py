@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import hashlib
+import importlib
 import json
 import random
 from pathlib import Path
@@ -10,15 +12,19 @@ from typing import Any
 
 import orjson
 import pytest
-from audit_helpers import built, lines_of, signing_key
+from audit_helpers import lines_of, signing_key
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proctor.audit import AuditLog, records, verify
 from proctor.audit.merkle import MerkleFrontier, merkle_root
 from proctor.audit.records import GENESIS, LineError, parse_line, parse_record, seal
-from proctor.audit.scan import ScanFailure, Scanner, _extend
+from proctor.audit.scan import ScanFailure, Scanner
+from proctor.audit.verify import _extend, feed_lines
 from proctor.canonical import canonical_bytes, jsonable
+
+# `proctor.audit.verify` the attribute is the function; the module is reached by name.
+verify_module = importlib.import_module("proctor.audit.verify")
 
 # Where JSON encoders disagree: controls, DEL, C1, U+2028/2029, BOM, noncharacters, astral.
 SPECIAL = [
@@ -233,8 +239,12 @@ def _scan(lines: list[bytes], *, batched: bool) -> tuple[Any, ...]:
     scanner = Scanner(pubkey=signing_key().public_key())
     failure = None
     try:
-        if batched:
-            scanner.feed_lines(lines, 0, 0)
+        if batched:  # in chunks of random sizes, as file reads cut them, so batches start anywhere
+            rng, start, line, offset = random.Random(len(lines)), 0, 0, 0
+            while start < len(lines):
+                size = rng.choice([1, 2, 3, 30, 31, 32, 33, 64, 100])
+                line, offset = feed_lines(scanner, lines[start : start + size], line, offset)
+                start += size
         else:
             offset = 0
             for number, raw in enumerate(lines, 1):
@@ -246,28 +256,86 @@ def _scan(lines: list[bytes], *, batched: bool) -> tuple[Any, ...]:
             scanner.signed, scanner.log_id, scanner.key_ids, scanner.last_checkpoint_seq)
 
 
-def test_feed_lines_equals_feeding_line_by_line(tmp_path: Path) -> None:
-    """The inlined loop reports what per-line feeding reports, for a real log and random edits of it."""
-    path = tmp_path / "a.jsonl"
-    with AuditLog(path, signing_key=signing_key(), durability="flush", checkpoint_every=7) as log:
-        for i in range(40):
+def _corpora(data: bytes, seed: int, edits: int) -> list[bytes]:
+    """`data`, random one-byte edits of it, and records deleted, duplicated and swapped."""
+    rng = random.Random(seed)
+    out = [data]
+    for _ in range(edits):
+        pos = rng.randrange(len(data))
+        out.append(data[:pos] + bytes([rng.randrange(256)]) + data[pos + 1 :])
+    lines = lines_of(data)
+    for i in (0, 1, 5, 31, 32, 33, len(lines) // 2, len(lines) - 1):
+        out.append(b"".join(lines[:i] + lines[i + 1 :]))
+        out.append(b"".join([*lines[:i], lines[i], *lines[i:]]))
+        out.append(b"".join([*lines[:i], *lines[i + 1 : i + 2], lines[i], *lines[i + 2 :]]))
+        record = json.loads(lines[i])
+        del record["h"]
+        forgeries: list[dict[str, Any]] = [
+            {**record, "ts_ns": record["ts_ns"] + 1},  # resealed: the next record's prev breaks
+            {**record, "n": 1.5},
+            {**record, "args": {"n": [2.0]}},
+            {**record, "n": 1e16},
+            {**record, "seq": True if i == 1 else float(i)},
+            {**record, "ts_ns": str(record["ts_ns"])},
+            {**record, "kind": "nonsense"},
+            {**record, "kind": ["call_intent"]},
+            {**record, "prev": 7},
+            {k: v for k, v in record.items() if k != "ts_ns"},
+            {**record, "a": {"h": "x", "z": 1}},
+            {**record, "call_id": 5},
+        ]
+        for forged in forgeries:
+            out.append(b"".join([*lines[:i], _forge(forged), *lines[i + 1 :]]))
+    return out
+
+
+def _forge(record: dict[str, Any]) -> bytes:
+    """A record line with a correct h over any content, floats and bools included (what a forger writes)."""
+    def canon(value: Any) -> bytes:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+    h = hashlib.sha256(b"\x00" + canon(record)).hexdigest()
+    return canon({**record, "h": h}) + b"\n"
+
+
+def _log(path: Path, records: int, every: int) -> bytes:
+    with AuditLog(path, signing_key=signing_key(), durability="flush", checkpoint_every=every) as log:
+        for i in range(records):
             log.append("call_intent", {"call_id": f"c{i}", "tool": "t", "run_id": "r", "args": {"s": SPECIAL[i % 27]}})
             if i % 5:
-                log.append("call_outcome", {"call_id": f"c{i}", "status": "ok", "n": BIG[i % len(BIG)]})
-    data = path.read_bytes()
-    rng = random.Random(4)
-    corpora = [data, *built(tmp_path, 9)[:1]]
-    for _ in range(300):
-        pos = rng.randrange(len(data))
-        corpora.append(data[:pos] + bytes([rng.randrange(256)]) + data[pos + 1 :])
-    lines = lines_of(data)
-    for i in (0, 5, len(lines) // 2, len(lines) - 1):
-        corpora.append(b"".join(lines[:i] + lines[i + 1 :]))  # deleted record
-        corpora.append(b"".join([*lines[:i], lines[i], *lines[i:]]))  # duplicated record
-    for corpus in corpora:
+                n = BIG[i % len(BIG)] if i % 23 == 0 else i
+                log.append("call_outcome", {"call_id": f"c{i}", "status": "ok", "n": n})
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize(("records", "every"), [(40, 7), (150, 1000), (150, 64)])
+def test_feed_lines_equals_feeding_line_by_line(tmp_path: Path, records: int, every: int) -> None:
+    """The batched and inlined loops report what per-line feeding reports, for real logs and edits of them."""
+    data = _log(tmp_path / "a.jsonl", records, every)
+    for corpus in _corpora(data, records + every, 150):
         parts = corpus.split(b"\n")
         parts.pop()
         assert _scan(parts, batched=True) == _scan(parts, batched=False)
+
+
+def test_whole_batches_are_accepted_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an intact log of plain records, only the batches holding a checkpoint are fed line by line."""
+    path = tmp_path / "b.jsonl"
+    with AuditLog(path, signing_key=signing_key(), durability="flush", checkpoint_every=1000) as log:
+        for i in range(200):
+            log.append("call_intent", {"call_id": f"c{i}", "tool": "t", "run_id": "r", "args": {"to": "a@b.example"}})
+            log.append("call_outcome", {"call_id": f"c{i}", "status": "ok"})
+    each: list[int] = []
+    original = verify_module._feed_each
+
+    def spy(scanner: Scanner, parts: list[bytes], line: int, offset: int) -> tuple[int, int]:
+        each.append(len(parts))
+        return original(scanner, parts, line, offset)
+
+    monkeypatch.setattr(verify_module, "_feed_each", spy)
+    report = verify(path, pubkey=signing_key().public_key())
+    assert report.ok and report.records == 401
+    assert each == [401 % verify_module._BATCH]  # only the last batch, which holds the closing checkpoint
 
 
 def test_logs_with_special_strings_and_big_ints_verify(tmp_path: Path) -> None:
@@ -393,3 +461,15 @@ def test_seal_of_plain_records_uses_orjson(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(records, "_seal_json", boom)
     assert seal(record) == expected
+
+
+def test_an_anchor_inside_a_batch_is_checked(tmp_path: Path) -> None:
+    """A trusted checkpoint naming an ordinary record of another history is a FORK there, batches or not."""
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    for path, n in ((a, 100), (b, 150)):
+        with AuditLog(path, signing_key=signing_key(), durability="flush", checkpoint_every=1000) as log:
+            for i in range(n):
+                assert log.append("step", {"run_id": "r", "step": i, "log": path.name}).ok
+    report = verify(b, pubkey=signing_key().public_key(), trusted_checkpoint=str(a) + ".checkpoint")
+    assert report.failure is not None
+    assert (report.failure.code, report.failure.seq, report.failure.line) == ("FORK", 100, 101)
