@@ -79,6 +79,9 @@ class _Stop(Exception):
 class AgentBase:
     """The loop; subclasses implement `_system_prompt`, `_ask` and `_act`."""
 
+    #: The agent's name in spans (`invoke_agent {name}`) when none is given.
+    default_name = "agent"
+
     def __init__(
         self,
         tools: Iterable[Tool | Callable[..., Any]],
@@ -90,7 +93,7 @@ class AgentBase:
         planning_interval: int | None = None,
         final_answer_checks: Sequence[FinalAnswerCheck] = (),
         tracer: Tracer | None = None,
-        name: str = "agent",
+        name: str | None = None,
         instructions: str | None = None,
         step_callbacks: Sequence[StepCallback] = (),
         program_callbacks: Sequence[StepCallback] = (),
@@ -109,7 +112,7 @@ class AgentBase:
         self.max_steps = max_steps
         self.planning_interval = planning_interval
         self.final_answer_checks = list(final_answer_checks)
-        self.name = name
+        self.name = name or self.default_name
         self.instructions = instructions
         self.step_callbacks = list(step_callbacks)
         self.program_callbacks = list(program_callbacks)

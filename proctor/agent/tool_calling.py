@@ -10,23 +10,17 @@ most models end that way.
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry.context import Context
-from opentelemetry.trace import Tracer
 
-from proctor.agent.base import AgentBase, FinalAnswerCheck, StepCallback
-from proctor.agent.models import Message, Model, ModelResponse
+from proctor.agent.base import AgentBase
+from proctor.agent.models import Message, ModelResponse
 from proctor.agent.observations import MAX_LOG_CHARS, describe_call, truncate
 from proctor.agent.prompts import FINAL_ANSWER_SCHEMA, tool_calling_prompt
 from proctor.agent.result import StepRecord
-from proctor.approval.base import Approver
-from proctor.audit.base import AuditSink
 from proctor.gate import RunContext
-from proctor.policy import Policy
-from proctor.tools import Tool
 
 __all__ = ["ToolCallingAgent"]
 
@@ -43,26 +37,7 @@ def _render(value: Any) -> str:
 class ToolCallingAgent(AgentBase):
     """An agent that acts through function calls (litellm ``tools=``), each one governed."""
 
-    def __init__(
-        self,
-        tools: Iterable[Tool | Callable[..., Any]],
-        model: Model,
-        policy: Policy | str | os.PathLike[str],
-        approver: Approver | None = None,
-        audit: AuditSink | str | os.PathLike[str] | None = None,
-        max_steps: int = 20,
-        planning_interval: int | None = None,
-        final_answer_checks: Sequence[FinalAnswerCheck] = (),
-        tracer: Tracer | None = None,
-        name: str = "tool_calling_agent",
-        instructions: str | None = None,
-        step_callbacks: Sequence[StepCallback] = (),
-        program_callbacks: Sequence[StepCallback] = (),
-    ) -> None:
-        super().__init__(tools, model, policy, approver=approver, audit=audit, max_steps=max_steps,
-                         planning_interval=planning_interval, final_answer_checks=final_answer_checks,
-                         tracer=tracer, name=name, instructions=instructions, step_callbacks=step_callbacks,
-                         program_callbacks=program_callbacks)
+    default_name = "tool_calling_agent"
 
     def _system_prompt(self) -> str:
         return tool_calling_prompt(self.tools, self.policy, self.instructions)
