@@ -127,17 +127,29 @@ def feed_lines(scanner: Scanner, parts: list[bytes], line: int, offset: int) -> 
             offset += len(raw) + 1
         return line, offset
     pending: list[bytes] = []  # leaves of accepted records not yet in the frontier
-    done = 0  # parts[:done] are accounted for in `line` and `offset`
-    for start in range(0, len(parts), _BATCH):
-        batch = parts[start : start + _BATCH]
+    done = i = 0  # parts[:i] are fed; parts[:done] are accounted for in `line` and `offset`
+    while i < len(parts):
+        batch = parts[i : i + _BATCH]
         if _accept_batch(scanner, batch, pending):
+            i += len(batch)
             continue
+        # Some line needs Scanner.feed, most often a checkpoint: take the lines before the
+        # first line that looks like one in one pass if they pass, feed line by line up to
+        # and including that line, and go on in batches after it. (How lines are grouped
+        # changes no result: a batch is accepted whole or not at all.)
+        cut = next((j for j, raw in enumerate(batch) if b'"kind":"checkpoint"' in raw), len(batch) - 1)
+        if cut and _accept_batch(scanner, batch[:cut], pending):
+            i += cut
+            batch = batch[cut : cut + 1]
+        else:
+            batch = batch[: cut + 1]
         _extend(scanner.frontier, pending)
         pending.clear()
-        line += start - done
-        offset += sum(map(len, parts[done:start])) + start - done
+        line += i - done
+        offset += sum(map(len, parts[done:i])) + i - done
         line, offset = _feed_each(scanner, batch, line, offset)
-        done = start + len(batch)
+        i += len(batch)
+        done = i
     _extend(scanner.frontier, pending)
     line += len(parts) - done
     offset += sum(map(len, parts[done:])) + len(parts) - done
