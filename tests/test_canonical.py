@@ -50,3 +50,40 @@ def test_redaction_follows_dotted_paths_and_ignores_absent_fields() -> None:
     r = redact_args({"payment": {"card": "4111", "cvv": "123"}}, ["payment.cvv", "nothere"], b"k")
     assert r.args["payment"]["card"] == "4111"
     assert set(r.args["payment"]["cvv"]) == {"$redacted"}
+
+
+def test_enum_and_subclass_values_become_plain_values() -> None:
+    """A str or int enum is written as its value, exactly as json writes it."""
+    import enum
+
+    class Color(str, enum.Enum):
+        RED = "red"
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    assert canonical_bytes({"c": Color.RED, "l": Level.HIGH, Color.RED: 1}) == b'{"c":"red","l":3,"red":1}'
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"b": 1, "a": "x\n\t\"\\\x00\x1f\x7f\u2028\U0001f600é"},
+        {"big": 2**70, "neg": -(2**70)},
+        {"nested": [[[[{"k": [True, None, False]}]]]]},
+        [],
+        "",
+    ],
+)
+def test_fast_and_exact_encoders_agree(value: object) -> None:
+    """Whatever path encodes a value, the bytes are json's canonical ones."""
+    import json
+
+    expected = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    assert canonical_bytes(value) == expected
+
+
+def test_lone_surrogates_are_refused_with_a_reason() -> None:
+    """Text that is not valid Unicode has no UTF-8 form: a ValueError says so."""
+    with pytest.raises(ValueError, match="lone surrogate"):
+        canonical_bytes({"x": "\ud800"})

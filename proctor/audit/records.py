@@ -21,7 +21,7 @@ import json.encoder
 from collections.abc import Callable, Mapping
 from typing import Any, TypeGuard
 
-from proctor.canonical import canonical_bytes, jsonable
+from proctor.canonical import ORJSON_AGREES, canonical_bytes, jsonable
 
 try:
     import orjson
@@ -114,13 +114,12 @@ def seal(record: Mapping[str, Any]) -> tuple[bytes, str]:
 
     The bytes are exactly `canonical_bytes` of the record (with and without `h`); the
     conversion to plain JSON types runs once, because this is on every append's path.
-    When the converted record holds only exact dict, list, str, int, bool and None
-    values (no subclasses, no enums), orjson encodes it: for such values its bytes are
-    json's (see `_orjson_agrees`). Anything else, and anything orjson refuses (ints
-    beyond 64 bits, lone surrogates, nesting over 254 levels), takes the json encoder.
+    orjson encodes it when it agrees with json (`proctor.canonical.ORJSON_AGREES`);
+    anything orjson refuses (ints beyond 64 bits, lone surrogates, nesting over 254
+    levels) takes the json encoder.
     """
-    plain = dict(jsonable(record))
-    if _FAST and _plain_json(plain):
+    plain = dict(jsonable(record))  # exact plain types only: see `proctor.canonical.jsonable`
+    if _FAST:
         try:
             body = _odumps(plain, None, _OSORT)
         except TypeError:  # orjson's JSONEncodeError
@@ -137,38 +136,6 @@ def _seal_json(plain: dict[str, Any]) -> tuple[bytes, str]:
     h = hashlib.sha256(b"\x00" + body).hexdigest()
     plain["h"] = h
     return _encode(plain).encode("utf-8") + b"\n", h
-
-
-_PLAIN_LEAVES = frozenset({str, int, bool, type(None)})
-
-
-def _plain_json(value: dict[str, Any]) -> bool:
-    """Whether `value` holds only exact dicts (with str keys), lists, strs, ints, bools and Nones.
-
-    Iterative, so any depth is fine. Subclasses are refused because the two encoders
-    may read them differently (an enum: orjson writes its value, json its int or str).
-    """
-    stack: list[Any] = [value]
-    leaves = _PLAIN_LEAVES
-    while stack:
-        item = stack.pop()
-        if type(item) is dict:
-            for k, v in item.items():
-                t = type(v)
-                if type(k) is not str:
-                    return False
-                if t is dict or t is list:
-                    stack.append(v)
-                elif t not in leaves:
-                    return False
-        else:
-            for v in item:
-                t = type(v)
-                if t is dict or t is list:
-                    stack.append(v)
-                elif t not in leaves:
-                    return False
-    return True
 
 
 def duplicate_key(text: str) -> str | None:
@@ -206,7 +173,7 @@ def parse_record(raw: bytes) -> tuple[dict[str, Any], bytes]:
 
     Fast path: orjson parses the line and re-encodes it with sorted keys; if that gives
     back exactly `raw` and the record holds no float, the line is canonical (why: see
-    `_orjson_agrees`), and `h` is hashed over the line with its ``"h":"…",`` cut out.
+    `proctor.canonical.ORJSON_AGREES`), and `h` is hashed over the line with its ``"h":"…",`` cut out.
     Any other outcome — orjson refusing the line (invalid JSON or UTF-8, lone
     surrogates, nesting too deep), different bytes (duplicate keys, whitespace, escapes,
     key order, CRLF, ints beyond 64 bits that orjson reads as floats) or a float —
@@ -326,45 +293,6 @@ def _has_float_list(items: list[Any]) -> bool:
     return False
 
 
-# Code points where JSON encoders are known to disagree (escapes for DEL, C1 controls,
-# U+2028/2029, BOM, noncharacters, astral planes) and every ASCII character.
-_PROBE_CHARS = [chr(c) for c in range(0x80)] + [
-    "\x80", "\x9f", "\xa0", "\xad", "\u061c", "\u2028", "\u2029", "\ud7ff", "\ue000", "\ufeff",
-    "\ufffe", "\uffff", "\U00010000", "\U0001f600", "\U0010ffff", "é", "日本",
-]
-
-
-def _orjson_agrees() -> bool:
-    r"""Whether this orjson encodes as `canonical_bytes` does, so that its fast path may accept lines.
-
-    Why orjson's round trip proves a line canonical: ``dumps(loads(raw)) == raw`` means
-    `raw` is orjson's encoding of some value v (dicts with unique keys, lists, strings,
-    64-bit ints, true/false/null, floats; at most 254 levels deep). With floats ruled
-    out separately, both encoders write such a v identically: compact separators,
-    ``true``/``false``/``null``, integers in decimal, keys sorted by code point, and
-    strings escaped one character at a time (``\"``, ``\\``, ``\b\f\n\r\t``, other
-    controls below U+0020 as lowercase ``\u00XX``, everything else as raw UTF-8). And
-    CPython's json reads those bytes back as v. So the exact check would re-encode `raw`
-    to itself and accept it. The test suite checks the per-character agreement for every
-    code point; this probe re-checks, at import, the characters where JSON libraries are
-    known to differ, key order, and the integer range, so an orjson release that behaves
-    differently turns the fast path off instead of weakening the check.
-    """
-    if orjson is None:  # pragma: no cover
-        return False
-    keys = ["", "a", "B", "aa", "\x7f", "\x80", "\ud7ff", "\ue000", "\uffff", "\U00010000", "\U0010ffff"]
-    probe = {
-        "chars": _PROBE_CHARS,
-        "ints": [0, -1, 1, 2**53 + 1, 2**63 - 1, -(2**63), 2**64 - 1],
-        "keys": {k: [True, False, None, {}, []] for k in reversed(keys)},
-    }
-    try:
-        fast = orjson.dumps(probe, option=orjson.OPT_SORT_KEYS)
-        return fast == _encode(probe).encode("utf-8") and orjson.loads(fast) == probe and json.loads(fast) == probe
-    except (ValueError, TypeError):  # pragma: no cover
-        return False
-
-
 # Floats of every shape orjson writes: integral, tiny, huge, subnormal, negative.
 _FLOAT_PROBE = [0.0, -0.0, 1.0, -2.5, 0.1, 1e-5, 1e-7, 5e-324, 2.0**64, 1e15, 1e16, 1e21, 1e22, 1e300, -1e-300,
                 1.7976931348623157e308]
@@ -378,7 +306,7 @@ def _floats_marked() -> bool:
 
 
 #: True when orjson is installed and encodes like `canonical_bytes`: lines may take the fast path.
-ORJSON_FAST = _FAST = _orjson_agrees()
+ORJSON_FAST = _FAST = ORJSON_AGREES
 _FLOAT_MARKED = _floats_marked()
 if orjson is not None:
     _oloads = orjson.loads
