@@ -67,6 +67,33 @@ class MerkleFrontier:
         nodes.append(node)
         self.size += 1
 
+    def extend(self, leaves: Sequence[bytes]) -> None:
+        """`append` each of `leaves`, hashing aligned runs of leaves pairwise (fewer Python steps).
+
+        Same tree, same frontier: a run of 2**k leaves that starts where the frontier's size
+        is a multiple of 2**k is a complete subtree, so its root is computed level by level
+        and then merged like one appended node of height k.
+        """
+        nodes, size, i, total = self._nodes, self.size, 0, len(leaves)
+        while i < total:
+            # The largest complete subtree that can start here: bounded by the alignment of size
+            # and by the leaves left.
+            k = (total - i).bit_length() - 1
+            if size:
+                k = min(k, (size & -size).bit_length() - 1)
+            level = leaves[i : i + (1 << k)]
+            while len(level) > 1:
+                pairs = iter(level)
+                level = [_sha256(b"\x01" + left + right).digest() for left, right in zip(pairs, pairs, strict=False)]
+            node, n = level[0], size >> k
+            while n & 1:
+                node = _sha256(b"\x01" + nodes.pop() + node).digest()
+                n >>= 1
+            nodes.append(node)
+            size += 1 << k
+            i += 1 << k
+        self.size = size
+
     def append_hex(self, leaf_hex: str) -> None:
         """Add one leaf hash given as hex (an audit record's `h`)."""
         self.append(bytes.fromhex(leaf_hex))

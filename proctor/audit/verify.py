@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from proctor.audit.keys import PublicKeySource, load_public_key
-from proctor.audit.merkle import MerkleFrontier
 from proctor.audit.records import ORJSON_FAST, holds_float, may_hold_float
 from proctor.audit.scan import PLAIN_KINDS, Anchor, Failure, ScanFailure, Scanner, load_anchor
 from proctor.errors import AuditError
@@ -143,14 +142,14 @@ def feed_lines(scanner: Scanner, parts: list[bytes], line: int, offset: int) -> 
             batch = batch[cut : cut + 1]
         else:
             batch = batch[: cut + 1]
-        _extend(scanner.frontier, pending)
+        scanner.frontier.extend(pending)
         pending.clear()
         line += i - done
         offset += sum(map(len, parts[done:i])) + i - done
         line, offset = _feed_each(scanner, batch, line, offset)
         i += len(batch)
         done = i
-    _extend(scanner.frontier, pending)
+    scanner.frontier.extend(pending)
     line += len(parts) - done
     offset += sum(map(len, parts[done:])) + len(parts) - done
     return line, offset
@@ -260,7 +259,7 @@ def _feed_each(self: Scanner, parts: list[bytes], line: int, offset: int) -> tup
                 pass
         # The reference path, with the state brought up to date first.
         self.count, self.head = count - len(leaves), head
-        _extend(self.frontier, leaves)
+        self.frontier.extend(leaves)
         self.count = count
         leaves.clear()
         line += i - done
@@ -270,41 +269,12 @@ def _feed_each(self: Scanner, parts: list[bytes], line: int, offset: int) -> tup
         self.feed(raw, line, offset)
         offset += len(raw) + 1
         count, head = self.count, self.head
-    _extend(self.frontier, leaves)
+    self.frontier.extend(leaves)
     self.count, self.head = count, head
     line += len(parts) - done
     offset += sum(map(len, parts[done:])) + len(parts) - done
     return line, offset
 
-
-
-def _extend(frontier: MerkleFrontier, leaves: list[bytes]) -> None:
-    """`frontier.append` each of `leaves`, hashing aligned runs of leaves pairwise (fewer Python steps).
-
-    Same tree, same frontier: a run of 2**k leaves that starts where the frontier's size
-    is a multiple of 2**k is a complete subtree, so its root is computed level by level
-    and then merged like one appended node of height k. Relies on MerkleFrontier's layout
-    (`_nodes`: subtree roots, largest first; heights given by the set bits of `size`).
-    """
-    nodes, size, i, total = frontier._nodes, frontier.size, 0, len(leaves)
-    while i < total:
-        # The largest complete subtree that can start here: bounded by the alignment of size
-        # and by the leaves left.
-        k = (total - i).bit_length() - 1
-        if size:
-            k = min(k, (size & -size).bit_length() - 1)
-        level = leaves[i : i + (1 << k)]
-        while len(level) > 1:
-            pairs = iter(level)
-            level = [_sha256(b"\x01" + left + right).digest() for left, right in zip(pairs, pairs, strict=False)]
-        node, n = level[0], size >> k
-        while n & 1:
-            node = _sha256(b"\x01" + nodes.pop() + node).digest()
-            n >>= 1
-        nodes.append(node)
-        size += 1 << k
-        i += 1 << k
-    frontier.size = size
 
 
 def verify(

@@ -20,7 +20,7 @@ from proctor.audit import AuditLog, records, verify
 from proctor.audit.merkle import MerkleFrontier, merkle_root
 from proctor.audit.records import GENESIS, LineError, parse_line, parse_record, seal
 from proctor.audit.scan import ScanFailure, Scanner
-from proctor.audit.verify import _extend, feed_lines
+from proctor.audit.verify import feed_lines
 from proctor.canonical import canonical_bytes, jsonable
 
 # `proctor.audit.verify` the attribute is the function; the module is reached by name.
@@ -371,13 +371,13 @@ def test_bulk_merkle_extend_equals_appending_one_by_one(start: int) -> None:
         for leaf in leaves[:start]:
             reference.append(leaf)
             bulk.append(leaf)
-        _extend(bulk, [])
+        bulk.extend([])
         cut = start
         while cut < len(leaves):
             batch = leaves[cut : cut + rng.choice([1, 2, 3, 7, 8, 16, 33, 64, 200])]
             for leaf in batch:
                 reference.append(leaf)
-            _extend(bulk, batch)
+            bulk.extend(batch)
             assert (bulk.size, bulk.root()) == (reference.size, reference.root())
             cut += len(batch)
         assert bulk.root() == merkle_root(leaves)
