@@ -16,6 +16,7 @@ closes dangling intents with `unknown` outcomes (calls are never retried).
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import hashlib
@@ -23,6 +24,7 @@ import os
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -88,6 +90,11 @@ class AuditLog:
         except BaseException:
             release(self._lock_fd)
             raise
+        # A program that forgets close() still seals its log with a checkpoint when it exits
+        # normally; the hook holds the log weakly so it does not keep an abandoned log alive.
+        ref = weakref.ref(self)
+        self._at_exit = lambda: _close_if_alive(ref)
+        atexit.register(self._at_exit)
 
     # -- opening and recovery -------------------------------------------------------------
 
@@ -297,6 +304,7 @@ class AuditLog:
                 self.closed = True
                 os.close(self._fd)
                 release(self._lock_fd)
+                atexit.unregister(self._at_exit)
 
     def __enter__(self) -> AuditLog:
         return self
@@ -307,3 +315,9 @@ class AuditLog:
     def __repr__(self) -> str:
         state = "closed" if self.closed else ("failed" if self.error else "open")
         return f"AuditLog({os.fspath(self.path)!r}, records={self._seq}, {state})"
+
+
+def _close_if_alive(ref: weakref.ReferenceType[AuditLog]) -> None:
+    log = ref()
+    if log is not None:
+        log.close()

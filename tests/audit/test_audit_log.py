@@ -294,3 +294,22 @@ def test_many_threads_keep_one_valid_chain(tmp_path: Path) -> None:
     assert report.ok, report.failure
     assert len(set(seqs)) == 320 and report.dangling_intents == []
     assert sum(1 for r in _records(path) if r["kind"] != "checkpoint") == 640
+
+
+def test_a_log_left_open_is_sealed_at_exit(tmp_path: Path) -> None:
+    """A program that never calls close() still ends its log with a checkpoint."""
+    import subprocess
+    import sys
+
+    from proctor.audit import verify
+
+    log = tmp_path / "audit.jsonl"
+    program = (
+        "from proctor.audit import AuditLog\n"
+        f"log = AuditLog({str(log)!r})\n"
+        "log.append('step', {'n': 1})\n"
+    )
+    subprocess.run([sys.executable, "-c", program], check=True, timeout=60)
+    lines = log.read_text().splitlines()
+    assert '"kind":"checkpoint"' in lines[-1]
+    assert verify(log).ok
