@@ -15,12 +15,11 @@ boundary can forward it. `call` is the raising convenience.
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, overload
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
@@ -48,6 +47,7 @@ from proctor.errors import (
     ToolFailed,
 )
 from proctor.redaction import Redacted, redact_args
+from proctor.run import LazyUsage, Ledger, RunContext
 from proctor.telemetry import metrics
 from proctor.telemetry.logging import get_logger
 from proctor.telemetry.spans import ToolSpan, get_tracer, tool_span
@@ -56,15 +56,6 @@ from proctor.tools import Tool
 __all__ = ["CallOutcome", "Gate", "RunContext"]
 
 log = get_logger("proctor.gate")
-
-
-class _Ledger(Protocol):
-    def reserve(self, tool: str, side_effect: SideEffect, cost: int) -> Any: ...
-    def settle(self, reservation: Any, *, duration_ns: int, cost: int | None = None) -> None: ...
-    def release(self, reservation: Any) -> None: ...
-    def usage(self) -> dict[str, dict[str, Any]]: ...
-    def remaining(self) -> dict[str, dict[str, Any]]: ...
-    def next_step(self) -> None: ...
 
 
 class _Facts(Protocol):
@@ -95,7 +86,7 @@ class PolicyLike(Protocol):
     def approval(self) -> _ApprovalSettings: ...
     def decide(self, call: Call) -> Decision: ...
     def facts(self, tool: str, declared_side_effect: SideEffect | None = None, declared_cost: int = 0) -> _Facts: ...
-    def new_ledger(self) -> _Ledger: ...
+    def new_ledger(self) -> Ledger: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,92 +102,6 @@ class CallOutcome:
         if self.error is not None:
             raise self.error
         return self.value
-
-
-class RunContext:
-    """One run: who runs it, its budgets, its call history and the grants given during it."""
-
-    def __init__(self, info: RunInfo, ledger: _Ledger) -> None:
-        self._lock = threading.Lock()
-        self.info = info
-        self.ledger = ledger
-        self.history: list[HistoryEntry] = []
-        self.records: list[CallRecord] = []
-        self.grants: list[Grant] = []
-
-    def next_step(self) -> int:
-        """Start the next step of the run (resets `per: step` budgets); return its number."""
-        with self._lock:
-            self.info = replace(self.info, step=self.info.step + 1)
-            self.ledger.next_step()
-            return self.info.step
-
-    def history_view(self) -> Sequence[HistoryEntry]:
-        """The calls so far, as an O(1) read-only snapshot (the history list is append-only)."""
-        with self._lock:
-            return _HistoryView(self.history, len(self.history))
-
-    def _remember(self, entry: HistoryEntry, record: CallRecord) -> None:
-        with self._lock:
-            self.history.append(entry)
-            self.records.append(record)
-
-    def _granted(self, tool: str, args: Mapping[str, Any]) -> Grant | None:
-        with self._lock:
-            for grant in self.grants:
-                if grant.tool == tool and all(
-                    name in args and fnmatch.fnmatchcase(str(args[name]), pattern)
-                    for name, pattern in grant.args.items()
-                ):
-                    return grant
-        return None
-
-
-class _HistoryView(Sequence[HistoryEntry]):
-    """The first `n` entries of an append-only list, without copying it."""
-
-    __slots__ = ("_items", "_n")
-
-    def __init__(self, items: list[HistoryEntry], n: int) -> None:
-        self._items, self._n = items, n
-
-    def __len__(self) -> int:
-        return self._n
-
-    @overload
-    def __getitem__(self, i: int) -> HistoryEntry: ...
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[HistoryEntry]: ...
-    def __getitem__(self, i: int | slice) -> HistoryEntry | Sequence[HistoryEntry]:
-        if isinstance(i, slice):
-            return self._items[: self._n][i]
-        if not -self._n <= i < self._n:
-            raise IndexError(i)
-        return self._items[i if i >= 0 else self._n + i]
-
-
-class _LazyUsage(Mapping[str, Any]):
-    """The ledger's usage, read only if a condition looks at `usage` (most never do)."""
-
-    __slots__ = ("_ledger", "_usage")
-
-    def __init__(self, ledger: _Ledger) -> None:
-        self._ledger = ledger
-        self._usage: dict[str, Any] | None = None
-
-    def _get(self) -> dict[str, Any]:
-        if self._usage is None:
-            self._usage = self._ledger.usage()
-        return self._usage
-
-    def __getitem__(self, key: str) -> Any:
-        return self._get()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._get())
-
-    def __len__(self) -> int:
-        return len(self._get())
 
 
 @dataclass
@@ -401,7 +306,7 @@ class Gate:
 
     def _decide(self, p: _Pending, args: Mapping[str, Any]) -> Decision:
         call = Call(tool=p.tool.name, args=args, side_effect=p.side_effect, cost=p.facts.cost,
-                    history=p.ctx.history_view(), run=p.ctx.info, usage=_LazyUsage(p.ctx.ledger))
+                    history=p.ctx.history_view(), run=p.ctx.info, usage=LazyUsage(p.ctx.ledger))
         try:
             return self.policy.decide(call)
         except Exception as exc:  # noqa: BLE001 - a policy that raises denies
@@ -505,7 +410,7 @@ class Gate:
         value: Any = None
         error: ProctorError | None = None
         try:
-            value = _invoke(p.tool, p.args, p.facts.timeout_s)
+            value = p.tool.run(p.args, p.facts.timeout_s)
         except TimeoutError:
             status = "timeout"
             error = ToolFailed(f"{name}: timed out after {p.facts.timeout_s:g}s", tool=name,
@@ -606,38 +511,3 @@ class Gate:
             if required:
                 raise AuditError(f"the audit trail could not record {kind}: {result.error}")
         return result
-
-
-def _invoke(tool: Tool, args: Mapping[str, Any], timeout_s: float | None) -> Any:
-    """Run the tool function; raise TimeoutError past `timeout_s` (the thread is abandoned, not killed)."""
-    if tool.is_async:
-        async def runner() -> Any:
-            return await asyncio.wait_for(tool.invoke(args), timeout_s)
-
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(runner())
-        return _in_thread(lambda: asyncio.run(runner()), None)
-    if timeout_s is None:
-        return tool.invoke(args)
-    return _in_thread(lambda: tool.invoke(args), timeout_s)
-
-
-def _in_thread(fn: Callable[[], Any], timeout_s: float | None) -> Any:
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - carried back to the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name="proctor-tool", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise TimeoutError
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")

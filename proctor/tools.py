@@ -8,8 +8,10 @@ parameter the ``Args:`` section does not describe.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import re
+import threading
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -191,6 +193,25 @@ class Tool:
         positional = [rest.pop(name) for name in self._positional if name in rest]
         return self.fn(*positional, **rest)
 
+    def run(self, args: Mapping[str, Any], timeout_s: float | None = None) -> Any:
+        """Call the tool (sync or async) with validated `args`; raise TimeoutError past `timeout_s`.
+
+        A sync tool that times out keeps running in an abandoned daemon thread: Python
+        cannot kill a thread, so the gate records the call as timed out and moves on.
+        """
+        if self.is_async:
+            async def runner() -> Any:
+                return await asyncio.wait_for(self.invoke(args), timeout_s)
+
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                return asyncio.run(runner())
+            return _in_thread(lambda: asyncio.run(runner()), None)  # this thread's loop is busy
+        if timeout_s is None:
+            return self.invoke(args)
+        return _in_thread(lambda: self.invoke(args), timeout_s)
+
     def signature_text(self) -> str:
         """``name(a: str, b: int = 2) -> str``, as shown to a model."""
         return f"{self.name}{self.signature}"
@@ -233,3 +254,23 @@ def tool(
         return Tool.from_function(f, name=name, side_effect=side_effect, cost=cost)
 
     return decorate
+
+
+def _in_thread(fn: Callable[[], Any], timeout_s: float | None) -> Any:
+    """Run `fn` in a daemon thread; its result or exception, or TimeoutError past `timeout_s`."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - carried back to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="proctor-tool", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")

@@ -1,0 +1,115 @@
+"""A run: who runs it, its budget ledger, the history of its calls and the grants given in it.
+
+The gate keeps one `RunContext` per run; conditions see its history as `history`
+and its budget usage as `usage`, both read without copying.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Protocol, overload
+
+from proctor.approval.base import Grant
+from proctor.calls import CallRecord, HistoryEntry, RunInfo, SideEffect
+
+__all__ = ["LazyUsage", "Ledger", "RunContext"]
+
+
+class Ledger(Protocol):
+    """What a run needs of a budget ledger; `proctor.policy.budgets.Ledger` is one."""
+
+    def reserve(self, tool: str, side_effect: SideEffect, cost: int) -> Any: ...
+    def settle(self, reservation: Any, *, duration_ns: int, cost: int | None = None) -> None: ...
+    def release(self, reservation: Any) -> None: ...
+    def usage(self) -> dict[str, dict[str, Any]]: ...
+    def remaining(self) -> dict[str, dict[str, Any]]: ...
+    def next_step(self) -> None: ...
+
+
+class RunContext:
+    """One run: who runs it, its budgets, its call history and the grants given during it."""
+
+    def __init__(self, info: RunInfo, ledger: Ledger) -> None:
+        self._lock = threading.Lock()
+        self.info = info
+        self.ledger = ledger
+        self.history: list[HistoryEntry] = []
+        self.records: list[CallRecord] = []
+        self.grants: list[Grant] = []
+
+    def next_step(self) -> int:
+        """Start the next step of the run (resets `per: step` budgets); return its number."""
+        with self._lock:
+            self.info = replace(self.info, step=self.info.step + 1)
+            self.ledger.next_step()
+            return self.info.step
+
+    def history_view(self) -> Sequence[HistoryEntry]:
+        """The calls so far, as an O(1) read-only snapshot (the history list is append-only)."""
+        with self._lock:
+            return _HistoryView(self.history, len(self.history))
+
+    def _remember(self, entry: HistoryEntry, record: CallRecord) -> None:
+        with self._lock:
+            self.history.append(entry)
+            self.records.append(record)
+
+    def _granted(self, tool: str, args: Mapping[str, Any]) -> Grant | None:
+        with self._lock:
+            for grant in self.grants:
+                if grant.tool == tool and all(
+                    name in args and fnmatch.fnmatchcase(str(args[name]), pattern)
+                    for name, pattern in grant.args.items()
+                ):
+                    return grant
+        return None
+
+
+class _HistoryView(Sequence[HistoryEntry]):
+    """The first `n` entries of an append-only list, without copying it."""
+
+    __slots__ = ("_items", "_n")
+
+    def __init__(self, items: list[HistoryEntry], n: int) -> None:
+        self._items, self._n = items, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> HistoryEntry: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[HistoryEntry]: ...
+    def __getitem__(self, i: int | slice) -> HistoryEntry | Sequence[HistoryEntry]:
+        if isinstance(i, slice):
+            return self._items[: self._n][i]
+        if not -self._n <= i < self._n:
+            raise IndexError(i)
+        return self._items[i if i >= 0 else self._n + i]
+
+
+class LazyUsage(Mapping[str, Any]):
+    """The ledger's usage, read only if a condition looks at `usage` (most never do)."""
+
+    __slots__ = ("_ledger", "_usage")
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self._usage: dict[str, Any] | None = None
+
+    def _get(self) -> dict[str, Any]:
+        if self._usage is None:
+            self._usage = self._ledger.usage()
+        return self._usage
+
+    def __getitem__(self, key: str) -> Any:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
