@@ -51,11 +51,14 @@ from proctor.run import LazyUsage, Ledger, RunContext
 from proctor.telemetry import metrics
 from proctor.telemetry.logging import get_logger
 from proctor.telemetry.spans import ToolSpan, get_tracer, tool_span
-from proctor.tools import Tool
+from proctor.tools import Tool, run_with_timeout
 
 __all__ = ["CallOutcome", "Gate", "RunContext"]
 
 log = get_logger("proctor.gate")
+
+# How long past an approval's expiry the gate waits for an approver that has not answered.
+_APPROVAL_GRACE_S = 1.0
 
 
 class _Facts(Protocol):
@@ -336,11 +339,17 @@ class Gate:
                                             "reason": p.decision.reason, "expires_at_ns": request.expires_at_ns,
                                             "binding": request.binding})
         asked = time.perf_counter_ns()
+        approver = self.approver
+        # The policy's approval timeout holds even for an approver that never answers (a
+        # callback stuck on a socket): past expiry and a short grace, the call is refused.
+        wait_s = max(0.0, (request.expires_at_ns - time.time_ns()) / 1e9) + _APPROVAL_GRACE_S
         try:
-            answer = self.approver.request(request)
+            answer = run_with_timeout(lambda: approver.request(request), wait_s)
+        except TimeoutError:
+            answer = ApprovalDecision.deny(request, "timeout", f"no answer from {type(approver).__name__} "
+                                           f"within the approval timeout ({timeout_s:g}s)", timed_out=True)
         except Exception as exc:  # noqa: BLE001 - an approver that raises is a channel error: deny
-            answer = ApprovalDecision.deny(request, type(self.approver).__name__,
-                                           f"approval channel failed: {exc!r}")
+            answer = ApprovalDecision.deny(request, type(approver).__name__, f"approval channel failed: {exc!r}")
         wait_ns = time.perf_counter_ns() - asked
         refusal = self._judge_answer(p, request, answer)
         verdict = "denied" if refusal is not None else answer.verdict

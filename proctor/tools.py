@@ -22,7 +22,7 @@ import pydantic
 from proctor.calls import SIDE_EFFECTS, SideEffect
 from proctor.errors import ToolDenied
 
-__all__ = ["Tool", "ToolDefinitionError", "tool"]
+__all__ = ["Tool", "ToolDefinitionError", "run_with_timeout", "tool"]
 
 
 class ToolDefinitionError(TypeError):
@@ -207,10 +207,10 @@ class Tool:
                 asyncio.get_running_loop()
             except RuntimeError:
                 return asyncio.run(runner())
-            return _in_thread(lambda: asyncio.run(runner()), None)  # this thread's loop is busy
+            return run_with_timeout(lambda: asyncio.run(runner()), None)  # this thread's loop is busy
         if timeout_s is None:
             return self.invoke(args)
-        return _in_thread(lambda: self.invoke(args), timeout_s)
+        return run_with_timeout(lambda: self.invoke(args), timeout_s)
 
     def signature_text(self) -> str:
         """``name(a: str, b: int = 2) -> str``, as shown to a model."""
@@ -256,8 +256,11 @@ def tool(
     return decorate
 
 
-def _in_thread(fn: Callable[[], Any], timeout_s: float | None) -> Any:
-    """Run `fn` in a daemon thread; its result or exception, or TimeoutError past `timeout_s`."""
+def run_with_timeout(fn: Callable[[], Any], timeout_s: float | None) -> Any:
+    """Run `fn` in a daemon thread; return its result or raise its exception, or TimeoutError past `timeout_s`.
+
+    On a timeout the thread is abandoned, not killed (Python cannot kill a thread).
+    """
     box: dict[str, Any] = {}
 
     def target() -> None:

@@ -405,3 +405,20 @@ def test_threads_never_overshoot_a_budget() -> None:
     assert all(out.value == f"sent to t{n}-{i}@example.com" for n, i, out in ok), "replies never mixed up"
     assert all(isinstance(out.error, BudgetExceeded) for _, _, out in results if out.error is not None)
     assert len(ctx.records) == 160
+
+
+def test_an_approver_that_never_answers_times_out() -> None:
+    """The policy's approval timeout holds even when the approver hangs: the call is refused, not stuck."""
+    release = threading.Event()
+
+    def hang(req: ApprovalRequest) -> bool:
+        release.wait(10)
+        return True
+
+    gate = make_gate(approver=CallbackApprover(hang), policy={**POLICY, "approval": {"timeout": "200ms"}})
+    began = time.perf_counter()
+    with pytest.raises(ApprovalTimeout, match="within the approval timeout"):
+        gate.call("send_email", {"to": "x@partner.com", "body": "1"})
+    assert time.perf_counter() - began < 3
+    release.set()
+    assert RUNS["send_email"] == 0
