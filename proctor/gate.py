@@ -502,7 +502,8 @@ class Gate:
     def _redact(self, args: Mapping[str, Any], fields: tuple[str, ...]) -> Redacted:
         if self.audit is not None:
             return self.audit.redact(args, fields)
-        return redact_args(args, fields, self._redaction_key)
+        # No audit trail: redact for spans and approvers, but no record will hold a digest.
+        return redact_args(args, fields, self._redaction_key, digest=False)
 
     def _record(self, kind: str, fields: Mapping[str, Any], *, durable: bool = True,
                 required: bool = False) -> Any:

@@ -39,10 +39,13 @@ def _redact_path(node: Any, path: list[str], key: bytes) -> Any:
     return out
 
 
-def redact_args(args: Mapping[str, Any], fields: Sequence[str], key: bytes) -> Redacted:
-    """Redact each field (a name, or a dotted path into nested mappings) of `args`."""
+def redact_args(args: Mapping[str, Any], fields: Sequence[str], key: bytes, *, digest: bool = True) -> Redacted:
+    """Redact each field (a name, or a dotted path into nested mappings) of `args`.
+
+    With `digest` false the digest is left empty: it only matters where a record is kept.
+    """
     out: dict[str, Any] = dict(args)
     for name in fields:
         out = _redact_path(out, name.split("."), key)
-    digest = "hmac-sha256:" + hmac.digest(key, canonical_bytes(args), "sha256").hex()
-    return Redacted(args=out, digest=digest)
+    mac = "hmac-sha256:" + hmac.digest(key, canonical_bytes(args), "sha256").hex() if digest else ""
+    return Redacted(args=out, digest=mac)

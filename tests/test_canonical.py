@@ -87,3 +87,9 @@ def test_lone_surrogates_are_refused_with_a_reason() -> None:
     """Text that is not valid Unicode has no UTF-8 form: a ValueError says so."""
     with pytest.raises(ValueError, match="lone surrogate"):
         canonical_bytes({"x": "\ud800"})
+
+
+def test_redaction_without_digest() -> None:
+    """digest=False redacts the same fields and leaves the digest empty."""
+    r = redact_args({"card": "4111"}, ["card"], b"k", digest=False)
+    assert r.digest == "" and r.args == redact_args({"card": "4111"}, ["card"], b"k").args
