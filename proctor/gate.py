@@ -25,7 +25,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
 
 from proctor.approval.base import ApprovalDecision, ApprovalRequest, Approver, Grant, approval_binding
-from proctor.audit.base import AuditSink
+from proctor.audit.base import AuditResult, AuditSink
 from proctor.calls import (
     Call,
     CallRecord,
@@ -253,7 +253,7 @@ class Gate:
             resolved = self.tools.get(name)
             if resolved is None or (isinstance(tool, Tool) and tool is not resolved):
                 known = ", ".join(sorted(self.tools)) or "none"
-                return self._unknown(name, args, call_id, ctx, span, f"unknown tool {name!r} (known: {known})")
+                return self._unknown(name, call_id, ctx, span, f"unknown tool {name!r} (known: {known})")
             span.describe(resolved.description)
             facts = self.policy.facts(name, resolved.side_effect, resolved.cost)
             p = _Pending(resolved, call_id, ctx, facts.side_effect, facts, {}, span)
@@ -462,8 +462,7 @@ class Gate:
         p.span.finish("denied", type(error).__name__, str(error))
         return CallOutcome(self._remember(p, "denied", error), None, error)
 
-    def _unknown(self, name: str, args: Any, call_id: str, ctx: RunContext, span: ToolSpan,
-                 message: str) -> CallOutcome:
+    def _unknown(self, name: str, call_id: str, ctx: RunContext, span: ToolSpan, message: str) -> CallOutcome:
         error = ToolDenied(message, tool=name, call_id=call_id)
         common = {"run_id": ctx.info.id, "call_id": call_id, "tool": name, "error": message,
                   "policy_sha256": self.policy.sha256, "trace_id": span.trace_id, "span_id": span.span_id}
@@ -513,8 +512,6 @@ class Gate:
         try:
             result = self.audit.append(kind, fields, durable=durable)
         except Exception as exc:  # noqa: BLE001 - sinks should not raise; treat it as a failed write
-            from proctor.audit.base import AuditResult
-
             result = AuditResult(ok=False, error=repr(exc))
         if not result.ok:
             log.error("audit_write_failed", kind=kind, error=result.error)
