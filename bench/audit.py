@@ -2,6 +2,8 @@
 
 Run by hand: ``.venv/bin/python bench/audit.py [--records 200000] [--fsync-records 2000] [--dir DIR]
 [--workers N] [--runs 5]``.
+Verify is measured in one process and with ``workers="auto"``, what ``proctor audit verify``
+does by default (one process per usable CPU).
 DIR should be on the filesystem the real log will live on (fsync cost is the disk's). Verify
 prints the best and the median of `--runs` runs: on a machine shared with other jobs the
 best is the closest to what the code costs, the median to what one run may see.
@@ -15,8 +17,10 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal
 
 from proctor.audit import AuditLog, generate_keypair, verify
+from proctor.audit.verify import auto_workers
 
 
 def _intent(i: int) -> dict[str, object]:
@@ -58,7 +62,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--fsync-records", type=int, default=2_000)
     parser.add_argument("--dir", default=None)
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes for parallel verify")
+    parser.add_argument("--workers", default="auto", help="processes for parallel verify (default: auto, as the CLI)")
     parser.add_argument("--runs", type=int, default=5, help="verify runs per setting (best and median are shown)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
@@ -71,7 +75,9 @@ def main() -> None:
         print(f"write, flush only       : {fl:>10,.0f} records/s ({1e6 / fl:,.1f} µs/record, {args.records} records)")
         log = d / "flush.jsonl"
         size = os.path.getsize(log)
-        for workers in sorted({1, args.workers}):
+        parallel: int | Literal["auto"] = "auto" if args.workers == "auto" else int(args.workers)
+        for workers in (1, parallel):
+            label = f"auto = {auto_workers()}" if workers == "auto" else str(workers)
             rates = []
             for _ in range(args.runs):
                 start = time.perf_counter()
@@ -80,7 +86,7 @@ def main() -> None:
                 assert report.ok, report.failure
                 rates.append(report.records / elapsed)
             best, median = max(rates), statistics.median(rates)
-            print(f"verify, {workers} process(es)   : {best:>10,.0f} records/s best, {median:,.0f} median of "
+            print(f"verify, {label} process(es) : {best:>10,.0f} records/s best, {median:,.0f} median of "
                   f"{args.runs} ({1e6 / best:.1f} µs/record; {report.records} records, "
                   f"{size / report.records:.0f} bytes/record, {size / 1e6 / (report.records / best):.0f} MB/s)")
 

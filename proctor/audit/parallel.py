@@ -19,6 +19,7 @@ import itertools
 import multiprocessing
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,18 +101,24 @@ def _segments(path: str, size: int, count: int) -> list[tuple[str, int, int]]:
     return [(path, a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
 
-def scan_parallel(path: str, scanner: Scanner, workers: int) -> int | None:
-    """Scan `path` into `scanner` with `workers` processes; the line count, or None to fall back to sequential."""
+def scan_parallel(path: str, scanner: Scanner, workers: int,
+                  progress: Callable[[int], None] | None = None) -> int | None:
+    """Scan `path` into `scanner` with `workers` processes; the line count, or None to fall back to sequential.
+
+    `progress` is called with the bytes checked so far as each segment is stitched.
+    """
     size = os.path.getsize(path)
     tasks = _segments(path, size, workers * 4)
     # fork is cheap, but forking a process that runs other threads can deadlock the child.
     method = "fork" if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods() else "spawn"
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method)) as pool:
         lines = 0
-        for seg in pool.map(_check_segment, tasks):
+        for (_, _, end), seg in zip(tasks, pool.map(_check_segment, tasks), strict=True):
             if not seg.ok or not _stitch(scanner, seg, lines):
                 return None
             lines += seg.lines
+            if progress is not None:
+                progress(end)
     return lines
 
 

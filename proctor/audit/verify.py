@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from proctor.audit.keys import PublicKeySource, load_public_key
 from proctor.audit.records import ORJSON_FAST, holds_float, may_hold_float
@@ -36,7 +36,7 @@ try:
 except ImportError:  # pragma: no cover - then ORJSON_FAST is False and lines are fed one by one
     orjson = None  # type: ignore[assignment]
 
-__all__ = ["Failure", "VerifyReport", "feed_lines", "scan_file", "side_file_path", "verify"]
+__all__ = ["Failure", "VerifyReport", "auto_workers", "feed_lines", "scan_file", "side_file_path", "verify"]
 
 _CHUNK = 1 << 20
 #: Lines checked together by `_accept_batch`: enough to spread its fixed costs, few enough
@@ -46,6 +46,17 @@ _sha256 = hashlib.sha256
 _get_h, _get_seq, _get_ts = itemgetter("h"), itemgetter("seq"), itemgetter("ts_ns")
 _get_kind, _get_prev = itemgetter("kind"), itemgetter("prev")
 _PARALLEL_MIN = 8 << 20  # below this, starting worker processes costs more than it saves
+#: Past this many processes the parent's stitching (about 1 M records/s) is the limit.
+_MAX_AUTO_WORKERS = 8
+
+
+def auto_workers() -> int:
+    """What ``workers="auto"`` means: the CPUs this process may run on, at most 8."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        usable = os.cpu_count() or 1
+    return max(1, min(usable, _MAX_AUTO_WORKERS))
 
 
 def side_file_path(log: str | os.PathLike[str]) -> Path:
@@ -284,13 +295,14 @@ def verify(
     trusted_checkpoint: str | os.PathLike[str] | None = None,
     side_file: bool = True,
     progress: Callable[[int], None] | None = None,
-    workers: int = 1,
+    workers: int | Literal["auto"] = 1,
 ) -> VerifyReport:
     """Stream `path` and check chain, checkpoints and anchors; never raises for a bad log.
 
     `workers` > 1 checks segments of the file in that many processes first (see
     `proctor.audit.parallel`); any problem, or a log under 8 MiB, falls back to the one
     sequential scan that produces every report, so the answer never depends on it.
+    ``"auto"`` is `auto_workers()`: one process per usable CPU (the CLI's default).
     Raises `AuditError` only for unusable inputs (unreadable key or trusted checkpoint
     file); `FileNotFoundError`/`OSError` if the log itself cannot be read.
     """
@@ -313,12 +325,13 @@ def verify(
         return report
     scanner = Scanner(pubkey=key, anchors=tuple(anchors))
     size = Path(path).stat().st_size
+    processes = auto_workers() if workers == "auto" else workers
     try:
         lines: int | None = None
-        if workers > 1 and size >= _PARALLEL_MIN:
+        if processes > 1 and size >= _PARALLEL_MIN:
             from proctor.audit.parallel import scan_parallel
 
-            lines = scan_parallel(os.fspath(path), scanner, workers)
+            lines = scan_parallel(os.fspath(path), scanner, processes, progress)
             if lines is None:
                 scanner = Scanner(pubkey=key, anchors=tuple(anchors))
         if lines is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -111,6 +112,39 @@ def test_verify_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert caught.value.code == 2
     assert main(["audit"]) == 2
     capsys.readouterr()
+
+
+def test_verify_workers_option(log: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """--workers takes a count or 'auto' (the default) and prints the same verdict either way; 0 is refused."""
+    monkeypatch.setattr(importlib.import_module("proctor.audit.verify"), "_PARALLEL_MIN", 0)
+    outputs = []
+    for extra in ([], ["--workers", "auto"], ["--workers", "1"], ["--workers", "2"]):
+        assert main(["audit", "verify", str(log), *extra]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert len(set(outputs)) == 1 and "intact: 6 records" in outputs[0]
+    for bad in ("0", "many"):
+        with pytest.raises(SystemExit) as caught:
+            main(["audit", "verify", str(log), "--workers", bad])
+        assert caught.value.code == 2
+        assert "expected a number of processes ≥ 1 or 'auto'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("workers", ["1", "auto"])
+def test_verify_shows_a_progress_bar_on_a_terminal(tmp_path: Path, workers: str) -> None:
+    """A log over 8 MiB gets a progress bar when stderr is a terminal, in both the sequential and parallel paths."""
+    pexpect = pytest.importorskip("pexpect")
+    path = tmp_path / "big.jsonl"
+    with AuditLog(path, durability="flush") as audit:
+        while path.stat().st_size <= 8 << 20:
+            for i in range(1000):
+                audit.append("call_intent", {"call_id": f"c{i}", "tool": "t", "args": {"pad": "x" * 600}})
+    child = pexpect.spawn(sys.executable, ["-m", "proctor.cli", "audit", "verify", str(path), "--workers", workers],
+                          env={**os.environ, "COLUMNS": "100", "TERM": "xterm"}, timeout=60, encoding="utf-8")
+    child.expect("verifying")
+    child.expect("intact")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
 
 
 def test_show_filters(log: Path, wide: None, capsys: pytest.CaptureFixture[str]) -> None:

@@ -76,3 +76,26 @@ def test_tampered_logs_fall_back_to_the_exact_sequential_report(
     sequential = verify(path, side_file=False)
     assert not sequential.ok
     assert verify(path, side_file=False, workers=2) == sequential
+
+
+def test_auto_means_one_process_per_usable_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """workers="auto" is the CPUs this process may use, at least 1 and at most 8."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1, 2}, raising=False)
+    assert verify_module.auto_workers() == 3
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(64)), raising=False)
+    assert verify_module.auto_workers() == 8
+
+
+def test_auto_gives_the_same_report(big: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify(workers="auto") reports exactly what verify() does."""
+    monkeypatch.setattr(verify_module, "_PARALLEL_MIN", 0)
+    monkeypatch.setattr(verify_module, "auto_workers", lambda: 2)
+    assert verify(big, workers="auto") == verify(big)
+
+
+def test_parallel_progress_climbs_to_the_file_size(big: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In parallel mode the progress callback sees increasing byte counts ending at the file's size."""
+    monkeypatch.setattr(verify_module, "_PARALLEL_MIN", 0)
+    seen: list[int] = []
+    assert verify(big, workers=2, progress=seen.append).ok
+    assert seen == sorted(seen) and len(seen) > 1 and seen[-1] == os.path.getsize(big)
