@@ -165,12 +165,10 @@ class Interpreter:
             batch, self._backlog = self._backlog + worker.read(deadline - now), []
             for i, raw in enumerate(batch):
                 message = parse_worker_message(raw)
-                if isinstance(message, Ready):
-                    raise ProtocolError("unexpected ready message during a run")
                 if isinstance(message, CallRequest):
-                    if time.monotonic() >= deadline:  # requests after the deadline never reach the gate
-                        return self._timed_out(calls, final)
                     began = time.monotonic()
+                    if began >= deadline:  # requests after the deadline never reach the gate
+                        return self._timed_out(calls, final)
                     if self._serve(worker, message, ctx, parent, calls, bool(final)):
                         # Waiting on a tool or a human does not count. Refusals do: a program flooding
                         # the host with requests that are refused cannot stop its own clock that way.
@@ -186,6 +184,8 @@ class Interpreter:
                         raise ProtocolError(f"done message for run {message.run}, expected {self._seq}")
                     self._backlog = batch[i + 1 :]
                     return self._finish(worker, message, calls, final)
+                else:
+                    raise ProtocolError("unexpected ready message during a run")
 
     def _serve(self, worker: WorkerProcess, req: CallRequest, ctx: Any, parent: Any,
                calls: list[CallRecord], after_final: bool) -> bool:
@@ -222,8 +222,7 @@ class Interpreter:
             self._reply(worker, req.id, error=outcome.error)
             return waited
         try:
-            data = frame({"t": "reply", "id": req.id, "ok": True, "value": encode_value(outcome.value,
-                                                                                       _where="result")})
+            data = frame({"t": "reply", "id": req.id, "ok": True, "value": encode_value(outcome.value, "result")})
         except EncodeError as exc:
             error = ToolFailed(f"{req.tool}: ran, but its {exc}", tool=req.tool, call_id=outcome.record.call_id,
                                error_type="EncodeError")

@@ -59,12 +59,13 @@ class Worker:
         if not self.active:
             raise proctor_errors.ProctorError(f"{tool}: tools can only be called while a program runs")
         try:
-            payload = encode_value(args, _where="argument")
+            payload = encode_value(args, "argument")
         except EncodeError as bad:
             raise TypeError(f"{tool}: {bad}") from None
-        rid = self.channel.next_id()
-        self.channel.send({"t": "call", "id": rid, "run": self.run_id, "tool": tool, "args": payload})
-        reply = self.channel.wait(rid)
+        channel = self.channel
+        rid = channel.next_id()
+        channel.send({"t": "call", "id": rid, "run": self.run_id, "tool": tool, "args": payload})
+        reply = channel.wait(rid)
         if reply.get("ok"):
             return decode_value(reply.get("value"))
         err = reply.get("error") or {}
@@ -86,7 +87,7 @@ class Worker:
         """Compile ``def name(a, b=DEFAULT, *, c=...): return call(name, {...})`` from the tool's data."""
         name = spec["name"]
         params, names, env = [], [], {"_proctor_call": self.call, "_proctor_missing": _MISSING}
-        star = False
+        star = optional = False
         for i, p in enumerate(spec["params"]):
             pname = p["name"]
             if not pname.isidentifier() or not name.isidentifier():
@@ -100,16 +101,20 @@ class Worker:
                 text += f"=_proctor_d{i}"
             elif p.get("optional"):
                 text += "=_proctor_missing"
+                optional = True
             params.append(text)
             if p["kind"] == "POSITIONAL_ONLY" and (i + 1 == len(spec["params"])
                                                    or spec["params"][i + 1]["kind"] != "POSITIONAL_ONLY"):
                 params.append("/")
             names.append(pname)
         body = ", ".join(f"{n!r}: {n}" for n in names)
+        if optional:  # leave out the optional arguments the program did not pass
+            call = "{k: v for k, v in args.items() if v is not _proctor_missing}"
+        else:
+            call = "args"
         source = (f"def {name}({', '.join(params)}):\n"
                   f"    args = {{{body}}}\n"
-                  f"    return _proctor_call({name!r}, "
-                  "{k: v for k, v in args.items() if v is not _proctor_missing})\n")
+                  f"    return _proctor_call({name!r}, {call})\n")
         exec(compile(source, f"<tool {name}>", "exec"), env)
         stub = env[name]
         stub.__doc__ = spec.get("doc") or None
