@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 import pydantic
+import pydantic_core
 
 from proctor.calls import SIDE_EFFECTS, SideEffect
 from proctor.errors import ToolDenied
@@ -80,7 +81,8 @@ class Tool:
     arg_descriptions: Mapping[str, str] = field(repr=False)
     is_async: bool = False
     _positional: tuple[str, ...] = field(repr=False, default=())
-    _validator: pydantic.TypeAdapter[Any] | None = field(repr=False, default=None)
+    #: The argument model's validator (pydantic-core's, called directly: a TypeAdapter adds ~0.5 µs a call).
+    _validator: pydantic_core.SchemaValidator | None = field(repr=False, default=None)
 
     @classmethod
     def from_function(
@@ -155,7 +157,7 @@ class Tool:
             _positional=tuple(
                 p.name for p in signature.parameters.values() if p.kind is inspect.Parameter.POSITIONAL_ONLY
             ),
-            _validator=pydantic.TypeAdapter(model),
+            _validator=model.__pydantic_validator__,
         )
 
     def bind(self, args: tuple[Any, ...] = (), kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -171,7 +173,7 @@ class Tool:
         if self._validator is None:
             raise ToolDenied(f"invalid call to {self.name}: the tool has no schema", tool=self.name)
         try:
-            model = self._validator.validate_python(dict(args))
+            model = self._validator.validate_python(args if type(args) is dict else dict(args))
         except pydantic.ValidationError as exc:
             problems = []
             for err in exc.errors():
@@ -183,7 +185,7 @@ class Tool:
                 else:
                     problems.append(f"argument {loc!r}: {err['msg']} (got {err.get('input')!r})")
             raise ToolDenied(f"invalid call to {self.name}: {'; '.join(problems)}", tool=self.name) from None
-        return {k: getattr(model, k) for k in self.signature.parameters}
+        return dict(model.__dict__)  # the fields, in signature order (extra arguments are refused)
 
     def invoke(self, args: Mapping[str, Any]) -> Any:
         """Call the function with validated arguments by name (positional-only ones by position)."""

@@ -50,6 +50,10 @@ class Reservation:
     step: int
 
 
+#: The reservation of a call no budget counts: it holds nothing, so one serves them all.
+_UNCOUNTED = Reservation(0, "", "", 0, (), 0)
+
+
 @dataclass(slots=True)
 class _Used:
     calls: int = 0
@@ -106,8 +110,14 @@ class Ledger:
     def reserve(self, tool: str, side_effect: str, cost: float) -> Reservation:
         """Count one call of `tool` against every budget it matches, or raise BudgetExceeded."""
         cost = cost or 0  # a tool may declare no cost
+        if self._matching.get((tool, side_effect)) == ():
+            # Counted by no budget (a policy without budgets, a read no budget matches): there is
+            # nothing to check, hold or give back, so no lock and no open reservation.
+            return _UNCOUNTED
         with self._lock:
             matching = self._budgets_for(tool, side_effect)
+            if not matching:
+                return _UNCOUNTED
             now = self._clock()
             for budget in matching:
                 used, limit = self._used[budget.name], budget.spec.limit
@@ -142,6 +152,8 @@ class Ledger:
 
     def settle(self, reservation: Reservation, *, duration_ns: int, cost: float | None = None) -> None:
         """The call ran for `duration_ns`; `cost`, when given, replaces the reserved cost."""
+        if not reservation.budgets:
+            return
         with self._lock:
             if self._open.pop(reservation.id, None) is None:
                 return
@@ -152,6 +164,8 @@ class Ledger:
 
     def release(self, reservation: Reservation) -> None:
         """The call did not run: give back its call and its cost."""
+        if not reservation.budgets:
+            return
         with self._lock:
             if self._open.pop(reservation.id, None) is None:
                 return

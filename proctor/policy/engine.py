@@ -82,6 +82,8 @@ class Candidates:
     deny: tuple[CompiledRule, ...]
     others: tuple[CompiledRule, ...]  # require_approval and allow rules
     needs: Needs  # what the conditions of these rules read of each variable
+    #: The decision for every call, when none of these rules has a condition (most reads).
+    fixed: Decision | None = None
 
     @property
     def all(self) -> tuple[CompiledRule, ...]:
@@ -133,6 +135,8 @@ class Policy:
         }
         self._any_class = any_class
         self.candidates = functools.lru_cache(maxsize=_CANDIDATE_CACHE)(self._compute_candidates)
+        # The gate asks for a tool's facts on every call; they never change for a loaded policy.
+        self.facts = functools.lru_cache(maxsize=_CANDIDATE_CACHE)(self._facts)  # type: ignore[method-assign]
 
     # -- construction -------------------------------------------------------------
     @classmethod
@@ -174,6 +178,9 @@ class Policy:
     # -- facts and ledgers ------------------------------------------------------------
     def facts(self, tool: str, declared_side_effect: SideEffect | None = None, declared_cost: int = 0) -> ToolFacts:
         """The facts of `tool`: the policy's `tools:` entry overrides the declaration; undeclared is destructive."""
+        return self._facts(tool, declared_side_effect, declared_cost)  # replaced by a cached `_facts` per instance
+
+    def _facts(self, tool: str, declared_side_effect: SideEffect | None = None, declared_cost: int = 0) -> ToolFacts:
         spec = self.model.tools.get(tool)
         declared_cost = declared_cost or 0  # a tool may declare None
         if spec is None:
@@ -197,17 +204,36 @@ class Policy:
         indexes.update(self._any_tool)
         indexes &= self._by_class.get(side_effect, self._any_class)
         rules = [self.compiled[i] for i in sorted(indexes)]
+        fixed = None
+        if all(r.condition is None for r in rules):  # every candidate holds for every call: decide now
+            for outcome in ("deny", "require_approval", "allow"):
+                held = [(r, _reason(r)) for r in rules if r.decision == outcome]
+                if held:
+                    fixed = self._decision(outcome, held)
+                    break
+            else:
+                fixed = self._no_match()
         return Candidates(
             deny=tuple(r for r in rules if r.decision == "deny"),
             others=tuple(r for r in rules if r.decision != "deny"),
             needs=merge_needs([r.condition.needs for r in rules if r.condition is not None]),
+            fixed=fixed,
         )
+
+    def fixed_decision(self, tool: str, side_effect: SideEffect) -> Decision | None:
+        """The decision of every call of `tool` whose class is `side_effect` (after the policy's
+        `tools:` overrides), when it depends on nothing else: no rule that can match has a
+        condition. None when `decide` must see the call. Lets the gate skip building a `Call`.
+        """
+        return self.candidates(tool, side_effect).fixed
 
     def decide(self, call: Call) -> Decision:
         """Decide one call: deny > require_approval > allow among matching rules; else the default."""
         spec = self.model.tools.get(call.tool)  # facts().side_effect, without building ToolFacts
         side_effect = (spec.side_effect if spec is not None else None) or call.side_effect or "destructive"
         candidates: Candidates = self.candidates(call.tool, side_effect)
+        if candidates.fixed is not None:
+            return candidates.fixed
         activation = Activation(call, side_effect, candidates.needs)
         activation.prepare()
         denied: list[tuple[CompiledRule, str]] = []
@@ -227,8 +253,11 @@ class Policy:
                 for outcome in ("require_approval", "allow"):
                     if held[outcome]:
                         return self._decision(outcome, [(r, _reason(r)) for r in held[outcome]])
-                return Decision(self.default, (), f"no rule matched; the policy default is {self.default}", self.sha256)
+                return self._no_match()
         return self._decision("deny", denied)
+
+    def _no_match(self) -> Decision:
+        return Decision(self.default, (), f"no rule matched; the policy default is {self.default}", self.sha256)
 
     def explain(self, call: Call) -> Explanation:
         """Decide `call` and trace every rule against it (for people; slower than `decide`)."""

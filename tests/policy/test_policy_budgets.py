@@ -190,3 +190,19 @@ def test_concurrent_reservations_never_overshoot() -> None:
     assert usage["calls"] == len(granted) <= 100
     assert usage["cost"] == sum(granted) <= 150
     assert len(granted) + len(refused) == 16 * 50
+
+
+def test_a_call_no_budget_counts_leaves_nothing_open() -> None:
+    """A call matched by no budget gets a reservation that holds nothing, and settling or releasing it is a no-op."""
+    book = ledger([{"name": "mail", "match": {"tool": ["send_email"]}, "limit": {"calls": 1}}])
+    for _ in range(3):
+        r = book.reserve("lookup", "read", 5)
+        assert r.budgets == ()
+        book.settle(r, duration_ns=10**9)
+        book.release(r)
+    assert book._open == {}
+    assert book.usage()["mail"] == {"calls": 0, "cost": 0, "wall_time_ms": 0, "model_tokens": 0,
+                                    "model_cost_usd": 0.0}
+    book.settle(book.reserve("send_email", "external", 0), duration_ns=1)
+    with pytest.raises(BudgetExceeded):
+        book.reserve("send_email", "external", 0)

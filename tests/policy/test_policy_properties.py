@@ -89,3 +89,21 @@ def test_decisions_do_not_depend_on_rule_order(bodies: list[dict[str, Any]], rnd
     assert sorted(da.rules) == sorted(db.rules)
     assert set(da.reason.split("; ")) == set(db.reason.split("; "))
     assert a.sha256 == b.sha256
+
+
+@SETTINGS
+@given(st.lists(rule_bodies(), max_size=6), st.sampled_from(["allow", "deny", "require_approval"]), calls)
+def test_the_decision_fixed_in_advance_is_the_evaluated_one(
+    bodies: list[dict[str, Any]], default: str, call: Call
+) -> None:
+    """Rules without conditions decide as if each had `when: true` evaluated, and `fixed_decision` agrees."""
+    policy = make_policy(bodies, default)
+    evaluated = make_policy([{"when": "true", **body} for body in bodies], default)
+    a, b = policy.decide(call), evaluated.decide(call)
+    assert (a.outcome, a.rules, a.reason) == (b.outcome, b.rules, b.reason)
+    assert call.side_effect is not None
+    fixed = policy.fixed_decision(call.tool, call.side_effect)
+    if all("when" not in body for body in bodies):
+        assert fixed == policy.decide(call)
+    elif fixed is not None:
+        assert fixed == policy.decide(call)
