@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from proctor._frozen import quick_init
+
 __all__ = [
     "OUTCOMES",
     "SIDE_EFFECTS",
@@ -50,6 +52,7 @@ def new_id(prefix: str = "") -> str:
     return prefix + os.urandom(16).hex()
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Decision:
     """What the policy decided about one call, and which rules decided it."""
@@ -81,6 +84,7 @@ class RunInfo:
         return {"id": self.id, "step": self.step, "principal": self.principal, "labels": dict(self.labels)}
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class HistoryEntry:
     """An earlier call of the same run, as policy conditions see it (`history`)."""
@@ -118,6 +122,7 @@ class Call:
     usage: Mapping[str, Any] = field(default_factory=dict)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class CallRecord:
     """What happened to one call: the entry of `ExecutionResult.tool_calls`."""

@@ -13,11 +13,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from proctor._frozen import quick_init
 from proctor.canonical import canonical_bytes
 
 __all__ = ["Redacted", "redact_args"]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Redacted:
     """Arguments fit to show or store, and a keyed digest of the full, unredacted arguments."""
