@@ -270,7 +270,7 @@ class Gate:
 
     def _run(self, p: _Pending, raw_args: Mapping[str, Any] | None) -> CallOutcome:
         name = p.tool.name
-        if raw_args is not None and not isinstance(raw_args, Mapping):
+        if raw_args is not None and type(raw_args) is not dict and not isinstance(raw_args, Mapping):
             return self._refuse(p, ToolDenied(f"invalid call to {name}: arguments must be a mapping", tool=name))
         try:
             p.args = p.tool.validate(raw_args or {})

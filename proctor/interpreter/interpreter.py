@@ -17,7 +17,7 @@ from typing import Any, Literal, Protocol
 
 from proctor.calls import CallRecord, new_id
 from proctor.errors import ApprovalDenied, ExecutionTimeout, ProctorError, SandboxError, ToolDenied, ToolFailed
-from proctor.interpreter.channel import EncodeError, ProtocolError, encode_value, frame
+from proctor.interpreter.channel import EncodeError, ProtocolError, encode_value, frame, reply_frame
 from proctor.interpreter.host import WorkerDied, WorkerProcess
 from proctor.interpreter.messages import (
     CallRequest,
@@ -222,7 +222,7 @@ class Interpreter:
             self._reply(worker, req.id, error=outcome.error)
             return waited
         try:
-            data = frame({"t": "reply", "id": req.id, "ok": True, "value": encode_value(outcome.value, "result")})
+            data = reply_frame(req.id, encode_value(outcome.value, "result"))
         except EncodeError as exc:
             error = ToolFailed(f"{req.tool}: ran, but its {exc}", tool=req.tool, call_id=outcome.record.call_id,
                                error_type="EncodeError")

@@ -60,21 +60,30 @@ def _int(message: Mapping[str, Any], key: str) -> int:
     return value
 
 
-_CALL = _FIELDS["call"]
 _MAX_INT = 2**62
+_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
 
 
 def parse_worker_message(message: Mapping[str, Any]) -> Ready | CallRequest | Final | Done:
     """The typed form of one worker message, or `ProtocolError` saying what is wrong with it."""
     kind = message.get("t")
-    if kind == "call" and message.keys() == _CALL:
+    if kind == "call" and len(message) == 5:
         # The hot path, a well-formed call whose args are a plain JSON object (keys are strings
-        # by JSON, and no tag makes it something else): the same checks as below, inline.
-        rid, run, tool, args = message["id"], message["run"], message["tool"], message["args"]
-        if (type(rid) is int and type(run) is int and 0 <= rid <= _MAX_INT and 0 <= run <= _MAX_INT
-                and type(tool) is str and len(tool) <= 200 and tool.isidentifier() and type(args) is dict
-                and not (len(args) == 1 and next(iter(args)).startswith("$"))):
-            return CallRequest(rid, run, tool, decode_value(args))
+        # by JSON, and no tag makes it something else): the checks below, inline. Five keys of
+        # which these four and "t" are present means exactly the call's fields.
+        try:
+            rid, run, tool, args = message["id"], message["run"], message["tool"], message["args"]
+        except KeyError:
+            pass
+        else:
+            if (type(rid) is int and type(run) is int and 0 <= rid <= _MAX_INT and 0 <= run <= _MAX_INT
+                    and type(tool) is str and len(tool) <= 200 and tool.isidentifier() and type(args) is dict
+                    and not (len(args) == 1 and next(iter(args)).startswith("$"))):
+                for value in args.values():
+                    if type(value) not in _SCALAR_TYPES:  # only scalars: the parsed dict is the value
+                        args = decode_value(args)
+                        break
+                return CallRequest(rid, run, tool, args)
     if not isinstance(kind, str) or kind not in _FIELDS:
         raise ProtocolError(f"unexpected message type {kind!r} from the worker")
     if message.keys() != _FIELDS[kind]:

@@ -9,7 +9,7 @@ import _thread
 import itertools
 import os
 
-from proctor.interpreter.channel import BlockingReader, send_frame
+from proctor.interpreter.channel import BlockingReader, frame, write_all
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,8 +32,12 @@ class Channel:
         self._reader = BlockingReader(fd)
 
     def send(self, message: dict[str, Any]) -> None:
+        self.send_bytes(frame(message))
+
+    def send_bytes(self, data: bytes) -> None:
+        """Send a built frame whole (frames from threads never interleave)."""
         with self._send_lock:
-            send_frame(self.fd, message)
+            write_all(self.fd, data)
 
     def next_id(self) -> int:
         return next(self._ids)

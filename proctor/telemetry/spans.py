@@ -179,9 +179,10 @@ class ToolSpan(_Handle):
         failed = status != "ok"
         if failed and not error_type:
             error_type = status
-        metrics.record_call(tool=self._tool, decision=self._decision, side_effect=self._side_effect,
-                            status=status, error_type=error_type if failed else None,
-                            duration_s=(time.perf_counter_ns() - self._started_ns) / 1e9)
+        if metrics.enabled():  # asked first: building the call's arguments costs more than the answer
+            metrics.record_call(tool=self._tool, decision=self._decision, side_effect=self._side_effect,
+                                status=status, error_type=error_type if failed else None,
+                                duration_s=(time.perf_counter_ns() - self._started_ns) / 1e9)
         if self.recording:
             attrs = self._attrs
             attrs[sc.PROCTOR_STATUS] = status

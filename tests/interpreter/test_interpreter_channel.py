@@ -14,9 +14,11 @@ from proctor.interpreter.channel import (
     EncodeError,
     FrameReader,
     ProtocolError,
+    call_frame,
     decode_value,
     encode_value,
     frame,
+    reply_frame,
 )
 from proctor.interpreter.messages import CallRequest, Done, error_payload, parse_worker_message
 
@@ -132,3 +134,24 @@ def test_values_json_refuses_are_encode_errors() -> None:
     """An int beyond the conversion limit is an EncodeError, not a crash."""
     with pytest.raises(EncodeError):
         frame({"v": 10**5000})
+
+
+_PAYLOADS = [None, True, False, 0, -7, 2**70, 1.5, float("nan"), "", "é \ud800 \"q\"\n", [1, "a"], {"a": [None]},
+             encode_value((1, b"x", {2})), {"$tuple": [1]}]
+
+
+@pytest.mark.parametrize("value", _PAYLOADS)
+def test_call_and_reply_frames_are_the_bytes_frame_writes(value: Any) -> None:
+    """The spelled-out call and reply frames equal `frame` of the same message, byte for byte."""
+    assert reply_frame(7, value) == frame({"t": "reply", "id": 7, "ok": True, "value": value})
+    args = {"x": value, "y": 1}
+    assert call_frame(3, 2, "lookup", args) == frame({"t": "call", "id": 3, "run": 2, "tool": "lookup", "args": args})
+
+
+def test_call_and_reply_frames_refuse_what_frame_refuses() -> None:
+    """Too-big integers and oversized values are EncodeErrors from the spelled-out frames too."""
+    for make in (lambda v: reply_frame(1, v), lambda v: call_frame(1, 1, "t", {"v": v})):
+        with pytest.raises(EncodeError):
+            make(10**5000)
+        with pytest.raises(EncodeError):
+            make("x" * (MAX_MESSAGE + 1))
