@@ -7,6 +7,7 @@ audit trail and telemetry can pass them around without importing one another.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -49,7 +50,35 @@ def side_effect_rank(side_effect: str) -> int:
 
 def new_id(prefix: str = "") -> str:
     """A fresh random 128-bit id in hex, optionally prefixed (``call_…``, ``run_…``)."""
-    return prefix + os.urandom(16).hex()
+    return prefix + _random16().hex()
+
+
+class _RandomPool:
+    """os.urandom bytes fetched 4 KiB at a time: one getrandom() syscall per 256 ids, not one each.
+
+    Forgotten in a forked child, so parent and child never hand out the same bytes.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._buf = b""
+        self._at = 0
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self._lock = threading.Lock()  # the parent's may have been held by another thread at fork
+        self._buf, self._at = b"", 0
+
+    def __call__(self) -> bytes:
+        with self._lock:
+            at = self._at
+            if at + 16 > len(self._buf):
+                self._buf, at = os.urandom(4096), 0
+            self._at = at + 16
+            return self._buf[at : at + 16]
+
+
+_random16 = _RandomPool()
 
 
 @quick_init
