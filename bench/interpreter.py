@@ -67,25 +67,28 @@ def bare_pipe_p50(n: int = 10000, *, spin: bool = True) -> float:
     """Round trip of one small length-prefixed frame to an echoing Python process, in microseconds.
 
     With `spin`, both ends poll for up to 200 µs before blocking, as proctor's channel
-    does; without, they block at once and the figure swings (11-45 µs seen here) with
-    how slowly an idle vCPU wakes up. The like-for-like baseline is the spinning one.
+    does (with a registered poll object, as it does); without, they block at once and the
+    figure swings (11-45 µs seen here) with how slowly an idle vCPU wakes up. The
+    like-for-like baseline is the spinning one.
     """
     a, b = socket.socketpair()
     wait = ("    t=time.perf_counter_ns()+200000\n"
-            "    while not select.select([fd],[],[],0)[0] and time.perf_counter_ns()<t: pass\n") if spin else ""
-    echo = ("import os,sys,select,time\nfd=int(sys.argv[1])\nwhile True:\n" + wait
-            + "    d=os.read(fd,65536)\n    if not d: break\n    os.write(fd,d)\n")
+            "    while not p.poll(0) and time.perf_counter_ns()<t: pass\n") if spin else ""
+    echo = ("import os,sys,select,time\nfd=int(sys.argv[1])\np=select.poll()\np.register(fd,select.POLLIN)\n"
+            "while True:\n" + wait + "    d=os.read(fd,65536)\n    if not d: break\n    os.write(fd,d)\n")
     proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", echo, str(b.fileno())], pass_fds=[b.fileno()])
     b.close()
     body = json.dumps({"t": "call", "id": 1, "run": 1, "tool": "lookup", "args": {"order": "a"}}).encode()
     frame = len(body).to_bytes(4, "big") + body
     times = []
+    poll = select.poll()
+    poll.register(a.fileno(), select.POLLIN)
     for _ in range(n):
         t = time.perf_counter_ns()
         a.sendall(frame)
         if spin:
             until = time.perf_counter_ns() + 200_000
-            while not select.select([a], [], [], 0)[0] and time.perf_counter_ns() < until:
+            while not poll.poll(0) and time.perf_counter_ns() < until:
                 pass
         a.recv(65536)
         times.append(time.perf_counter_ns() - t)

@@ -7,8 +7,7 @@ audit trail and telemetry can pass them around without importing one another.
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -53,32 +52,30 @@ def new_id(prefix: str = "") -> str:
     return prefix + _random16().hex()
 
 
-class _RandomPool:
-    """os.urandom bytes fetched 4 KiB at a time: one getrandom() syscall per 256 ids, not one each.
-
-    Forgotten in a forked child, so parent and child never hand out the same bytes.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._buf = b""
-        self._at = 0
-        os.register_at_fork(after_in_child=self._forget)
-
-    def _forget(self) -> None:
-        self._lock = threading.Lock()  # the parent's may have been held by another thread at fork
-        self._buf, self._at = b"", 0
-
-    def __call__(self) -> bytes:
-        with self._lock:
-            at = self._at
-            if at + 16 > len(self._buf):
-                self._buf, at = os.urandom(4096), 0
-            self._at = at + 16
-            return self._buf[at : at + 16]
+# os.urandom bytes are fetched 4 KiB at a time: one getrandom() syscall per 256 ids, not one
+# each. A list iterator hands out its items atomically, so threads need no lock; two threads
+# refilling at once each use their own fresh bytes. A forked child forgets the pool, so parent
+# and child never hand out the same bytes.
+_pool: Iterator[bytes] = iter(())
 
 
-_random16 = _RandomPool()
+def _random16() -> bytes:
+    global _pool
+    chunk = next(_pool, None)
+    if chunk is None:
+        data = os.urandom(4096)
+        fresh = iter([data[i : i + 16] for i in range(0, 4096, 16)])
+        chunk = next(fresh)
+        _pool = fresh
+    return chunk
+
+
+def _forget_pool() -> None:
+    global _pool
+    _pool = iter(())
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 @quick_init

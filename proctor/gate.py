@@ -490,8 +490,8 @@ class Gate:
             f"{p.approval.verdict} by {p.approval.approver}" if p.approval else None,  # approval
             error.budget if isinstance(error, BudgetExceeded) else None,  # budget
         )
-        outcome = p.decision.outcome if p.decision else "deny"
-        p.ctx._remember(HistoryEntry(p.tool.name, p.args, p.side_effect, outcome, status), record)
+        p.ctx._remember_row(p.tool.name, p.args, p.side_effect, p.decision.outcome if p.decision else "deny", status,
+                            record)
         return record
 
     def _call_fields(self, p: _Pending) -> dict[str, Any]:
@@ -509,6 +509,8 @@ class Gate:
     def _redact(self, args: Mapping[str, Any], fields: tuple[str, ...]) -> Redacted:
         if self.audit is not None:
             return self.audit.redact(args, fields)
+        if not fields:  # nothing to hide and no digest to keep
+            return Redacted(dict(args), "")
         # No audit trail: redact for spans and approvers, but no record will hold a digest.
         return redact_args(args, fields, self._redaction_key, digest=False)
 

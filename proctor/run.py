@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any, Protocol, overload
 
 from proctor.approval.base import Grant
-from proctor.calls import CallRecord, HistoryEntry, RunInfo, SideEffect
+from proctor.calls import CallRecord, CallStatus, HistoryEntry, Outcome, RunInfo, SideEffect
 
 __all__ = ["LazyUsage", "Ledger", "RunContext"]
 
@@ -36,7 +36,9 @@ class RunContext:
         self._lock = threading.Lock()
         self.info = info
         self.ledger = ledger
-        self.history: list[HistoryEntry] = []
+        # The history as plain rows: a tuple is built in a fifth of a frozen HistoryEntry's time,
+        # and most calls are decided without anyone reading the history.
+        self._rows: list[_Row] = []
         self.records: list[CallRecord] = []
         self.grants: list[Grant] = []
 
@@ -47,15 +49,24 @@ class RunContext:
             self.ledger.next_step()
             return self.info.step
 
+    @property
+    def history(self) -> list[HistoryEntry]:
+        """The calls so far, oldest first."""
+        return list(self.history_view())
+
     def history_view(self) -> Sequence[HistoryEntry]:
-        """The calls so far, as an O(1) read-only snapshot (the history list is append-only)."""
-        with self._lock:
-            return _HistoryView(self.history, len(self.history))
+        """The calls so far, as an O(1) read-only snapshot (the history is append-only)."""
+        return _HistoryView(self._rows, len(self._rows))
 
     def _remember(self, entry: HistoryEntry, record: CallRecord) -> None:
-        with self._lock:
-            self.history.append(entry)
-            self.records.append(record)
+        self._remember_row(entry.tool, entry.args, entry.side_effect, entry.decision, entry.status, record)
+
+    def _remember_row(self, tool: str, args: Mapping[str, Any], side_effect: SideEffect, decision: Outcome,
+                      status: CallStatus, record: CallRecord) -> None:
+        # No lock: both lists only ever grow, and append and len are atomic, so a snapshot
+        # taken by another thread sees a prefix of each.
+        self._rows.append((tool, args, side_effect, decision, status))
+        self.records.append(record)
 
     def _granted(self, tool: str, args: Mapping[str, Any]) -> Grant | None:
         with self._lock:
@@ -68,12 +79,15 @@ class RunContext:
         return None
 
 
+_Row = tuple[str, Mapping[str, Any], SideEffect, Outcome, CallStatus]
+
+
 class _HistoryView(Sequence[HistoryEntry]):
-    """The first `n` entries of an append-only list, without copying it."""
+    """The first `n` rows of an append-only list, as entries, without copying it."""
 
     __slots__ = ("_items", "_n")
 
-    def __init__(self, items: list[HistoryEntry], n: int) -> None:
+    def __init__(self, items: list[_Row], n: int) -> None:
         self._items, self._n = items, n
 
     def __len__(self) -> int:
@@ -85,10 +99,14 @@ class _HistoryView(Sequence[HistoryEntry]):
     def __getitem__(self, i: slice) -> Sequence[HistoryEntry]: ...
     def __getitem__(self, i: int | slice) -> HistoryEntry | Sequence[HistoryEntry]:
         if isinstance(i, slice):
-            return self._items[: self._n][i]
+            return [HistoryEntry(*row) for row in self._items[: self._n][i]]
         if not -self._n <= i < self._n:
             raise IndexError(i)
-        return self._items[i if i >= 0 else self._n + i]
+        return HistoryEntry(*self._items[i if i >= 0 else self._n + i])
+
+    def __iter__(self) -> Iterator[HistoryEntry]:
+        for row in self._items[: self._n]:
+            yield HistoryEntry(*row)
 
 
 class LazyUsage(Mapping[str, Any]):

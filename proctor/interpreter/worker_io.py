@@ -37,7 +37,9 @@ class Channel:
     def send_bytes(self, data: bytes) -> None:
         """Send a built frame whole (frames from threads never interleave)."""
         with self._send_lock:
-            write_all(self.fd, data)
+            n = os.write(self.fd, data)
+            if n < len(data):  # larger than the socket buffer
+                write_all(self.fd, data[n:])
 
     def next_id(self) -> int:
         return next(self._ids)

@@ -235,6 +235,8 @@ class tool_span:  # lower case: used as a function; a class because @contextmana
             if handle.recording:
                 handle.span.record_exception(exc)
             handle.finish("failed", type(exc).__name__, str(exc))
+        if handle.span is INVALID_SPAN:  # no SDK: nothing was gathered, and ending it does nothing
+            return
         handle._flush()  # a span left unfinished still shows what was learnt
         handle.span.end()
 
