@@ -135,7 +135,7 @@ class _Pending:
     """A call in flight: everything the steps after `decide` need. (One per call: a plain
     class with slots, which builds in a third of a dataclass's time with a default factory.)"""
 
-    __slots__ = ("approval", "args", "call_id", "ctx", "decision", "facts", "redacted", "reservation",
+    __slots__ = ("approval", "args", "call_id", "ctx", "decision", "facts", "on_result", "redacted", "reservation",
                  "side_effect", "span", "started_ns", "tool")
 
     def __init__(self, tool: Tool, call_id: str, ctx: RunContext, facts: _Facts, span: ToolSpan) -> None:
@@ -146,6 +146,7 @@ class _Pending:
         self.redacted: Redacted | None = None
         self.approval: _Approval | None = None
         self.reservation: Any = None
+        self.on_result: Callable[[Any, ProctorError | None], None] | None = None
         self.started_ns = time.perf_counter_ns()
 
 
@@ -247,8 +248,15 @@ class Gate:
         context: RunContext | None = None,
         call_id: str | None = None,
         parent: Context | None = None,
+        on_result: Callable[[Any, ProctorError | None], None] | None = None,
     ) -> CallOutcome:
-        """Run one governed call; never raises. See the module docstring for the order of steps."""
+        """Run one governed call; never raises. See the module docstring for the order of steps.
+
+        `on_result`, when given, is called with the tool's value and error (a `ToolFailed`, or
+        None) as soon as the tool returns, before its outcome is recorded: a caller in another
+        process gets its answer while the gate writes the outcome. It is not called for a call
+        that did not run; the returned `CallOutcome` says why. Whatever it raises is logged.
+        """
         ctx = context or self.default_context()
         call_id = call_id or new_id("call_")
         name = tool.name if isinstance(tool, Tool) else str(tool)
@@ -260,6 +268,7 @@ class Gate:
             span.describe(resolved.description)
             facts = self.policy.facts(name, resolved.side_effect, resolved.cost)
             p = _Pending(resolved, call_id, ctx, facts, span)
+            p.on_result = on_result
             try:
                 return self._run(p, args)
             except Exception as exc:  # noqa: BLE001 - the gate must never crash its caller
@@ -437,6 +446,11 @@ class Gate:
             error = ToolFailed(f"{name}: {type(exc).__name__}: {exc}", tool=name, call_id=p.call_id,
                                error_type=type(exc).__name__)
         duration = time.perf_counter_ns() - began
+        if p.on_result is not None:
+            try:
+                p.on_result(value, error)
+            except Exception as exc:  # noqa: BLE001 - the call has run; recording it comes first
+                log.error("on_result_failed", tool=name, error=repr(exc), **p.span.log_fields())
         p.ctx.ledger.settle(p.reservation, duration_ns=duration)
         outcome = None if self.audit is None else self._record(
             "call_outcome", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name, "status": status,

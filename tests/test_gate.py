@@ -422,3 +422,31 @@ def test_an_approver_that_never_answers_times_out() -> None:
     assert time.perf_counter() - began < 3
     release.set()
     assert RUNS["send_email"] == 0
+
+
+def test_on_result_answers_before_the_outcome_is_recorded() -> None:
+    """on_result gets the value, or the ToolFailed, after the intent and before the outcome is written."""
+    audit = InMemoryAudit()
+    gate = Gate(Policy.from_dict(POLICY), audit=audit, tools=[lookup, broken, wipe])
+    seen: list[tuple[Any, Any, list[str]]] = []
+    answer = lambda value, error: seen.append((value, error, audit.kinds()))  # noqa: E731
+    assert gate.submit("lookup", {"order": "a1"}, on_result=answer).value == "order a1: shipped"
+    failed = gate.submit("broken", {"x": 3}, on_result=answer)
+    assert seen[0][:2] == ("order a1: shipped", None) and seen[0][2][-1] == "call_intent"
+    assert isinstance(seen[1][1], ToolFailed) and seen[1][1] is failed.error and seen[1][2][-1] == "call_intent"
+    assert audit.kinds()[-1] == "call_outcome"
+    refused = gate.submit("wipe", {"target": "x"}, on_result=answer)
+    assert isinstance(refused.error, ToolDenied) and len(seen) == 2  # a call that did not run is not answered early
+
+
+def test_a_raising_on_result_is_logged_and_the_call_still_recorded() -> None:
+    """An on_result that raises changes nothing: the outcome is recorded and returned."""
+    audit = InMemoryAudit()
+    gate = Gate(Policy.from_dict(POLICY), audit=audit, tools=[lookup])
+
+    def answer(value: Any, error: Any) -> None:
+        raise RuntimeError("channel gone")
+
+    outcome = gate.submit("lookup", {"order": "a1"}, on_result=answer)
+    assert outcome.error is None and outcome.record.status == "ok"
+    assert audit.kinds()[-2:] == ["call_intent", "call_outcome"]

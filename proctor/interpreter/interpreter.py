@@ -50,7 +50,7 @@ class GateLike(Protocol):
     def register(self, *tools: Any) -> None: ...
     def start_run(self) -> Any: ...
     def submit(self, tool: Any, args: Any = None, *, context: Any = None, call_id: Any = None,
-               parent: Any = None) -> Any: ...
+               parent: Any = None, on_result: Any = None) -> Any: ...
 
 
 class Interpreter:
@@ -169,10 +169,9 @@ class Interpreter:
                     began = time.monotonic()
                     if began >= deadline:  # requests after the deadline never reach the gate
                         return self._timed_out(calls, final)
-                    if self._serve(worker, message, ctx, parent, calls, bool(final)):
-                        # Waiting on a tool or a human does not count. Refusals do: a program flooding
-                        # the host with requests that are refused cannot stop its own clock that way.
-                        deadline += time.monotonic() - began
+                    # Waiting on a tool or a human does not count. Refusals do: a program flooding
+                    # the host with requests that are refused cannot stop its own clock that way.
+                    deadline += self._serve(worker, message, ctx, parent, calls, bool(final), began)
                 elif isinstance(message, Final):
                     if message.run != self._seq or final:
                         continue  # a late thread of an earlier program, or a repeat: the first answer stands
@@ -188,8 +187,9 @@ class Interpreter:
                     raise ProtocolError("unexpected ready message during a run")
 
     def _serve(self, worker: WorkerProcess, req: CallRequest, ctx: Any, parent: Any,
-               calls: list[CallRecord], after_final: bool) -> bool:
-        """Answer one request; True when the time it took was spent running a tool or waiting on approval."""
+               calls: list[CallRecord], after_final: bool, began: float) -> float:
+        """Answer one request; return the seconds the program spent waiting for a tool or an
+        approval (from `began` until the answer left), which do not count against its timeout."""
         if req.id in worker.seen_ids:
             raise ProtocolError(f"request id {req.id} used twice")
         worker.seen_ids.add(req.id)
@@ -206,30 +206,57 @@ class Interpreter:
                 calls.append(record)
             log.warning("call_refused_by_interpreter", tool=req.tool, reason=refusal)
             self._reply(worker, req.id, error=ToolDenied(refusal, tool=req.tool, call_id=record.call_id))
-            return False
+            return 0.0
+        call_id = new_id("call_")
+        answered: list[BaseException | None] = []
+        answered_at = 0.0
+
+        def answer(value: Any, error: ProctorError | None) -> None:
+            # The program gets the tool's answer while the gate records the outcome (and runs
+            # again meanwhile: that time counts against its timeout, hence `answered_at`).
+            nonlocal answered_at
+            try:
+                self._answer(worker, req, call_id, value, error)
+            except BaseException as exc:  # noqa: BLE001 - raised below, once the gate is done
+                answered.append(exc)
+            else:
+                answered.append(None)
+            answered_at = time.monotonic()
+
         try:
-            outcome = self.gate.submit(req.tool, req.args, context=ctx, parent=parent)
+            outcome = self.gate.submit(req.tool, req.args, context=ctx, parent=parent, call_id=call_id,
+                                       on_result=answer)
         except Exception as exc:  # noqa: BLE001 - submit never raises by contract; if it does, refuse the call
             log.error("gate_submit_raised", tool=req.tool, error=repr(exc))
-            record = refused_record(new_id("call_"), req.tool, f"the gate failed: {exc!r}")
+            record = refused_record(call_id, req.tool, f"the gate failed: {exc!r}")
             calls.append(record)
-            self._reply(worker, req.id, error=ToolDenied(record.error or "", tool=req.tool, call_id=record.call_id))
-            return False
+            if not answered:
+                self._reply(worker, req.id, error=ToolDenied(record.error or "", tool=req.tool, call_id=call_id))
+            return 0.0
         record = outcome.record
         waited = record.status != "denied" or record.approval is not None or isinstance(outcome.error, ApprovalDenied)
         calls.append(record)
-        if outcome.error is not None:
-            self._reply(worker, req.id, error=outcome.error)
-            return waited
-        try:
-            data = reply_frame(req.id, encode_value(outcome.value, "result"))
-        except EncodeError as exc:
-            error = ToolFailed(f"{req.tool}: ran, but its {exc}", tool=req.tool, call_id=outcome.record.call_id,
-                               error_type="EncodeError")
+        if answered:
+            if answered[0] is not None:
+                raise answered[0]
+        else:  # refused before it ran
+            self._answer(worker, req, call_id, outcome.value, outcome.error)
+            answered_at = time.monotonic()
+        return answered_at - began if waited else 0.0
+
+    def _answer(self, worker: WorkerProcess, req: CallRequest, call_id: str, value: Any,
+                error: ProctorError | None) -> None:
+        if error is not None:
             self._reply(worker, req.id, error=error)
-            return waited
+            return
+        try:
+            data = reply_frame(req.id, encode_value(value, "result"))
+        except EncodeError as exc:
+            failed = ToolFailed(f"{req.tool}: ran, but its {exc}", tool=req.tool, call_id=call_id,
+                                error_type="EncodeError")
+            self._reply(worker, req.id, error=failed)
+            return
         worker.send_bytes(data)
-        return waited
 
     @staticmethod
     def _reply(worker: WorkerProcess, rid: int, *, error: ProctorError) -> None:
