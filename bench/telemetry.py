@@ -83,6 +83,7 @@ class _StubSpan:
     """What the gate calls on a span, doing nothing: the gate's cost without any telemetry."""
 
     trace_id = span_id = None
+    recording = capturing = False  # read as flags by the gate: a method from __getattr__ would be truthy
 
     def __enter__(self) -> _StubSpan:
         return self
@@ -90,15 +91,23 @@ class _StubSpan:
     def __exit__(self, *exc: object) -> None:
         pass
 
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return lambda *args, **kwargs: None
+    def _nothing(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    describe = arguments = decision = budget = approval = result = finish = _nothing
+
+    def log_fields(self) -> dict[str, str]:
+        return {}
+
+
+_STUB = _StubSpan()
 
 
 def _setups() -> dict[str, Callable[[], tuple[Tracer | None, Callable[[], None]]]]:
     def none() -> tuple[Tracer | None, Callable[[], None]]:
         namespace = vars(gate_module)
         original = namespace["tool_span"]
-        namespace["tool_span"] = lambda *args, **kwargs: _StubSpan()
+        namespace["tool_span"] = lambda *args, **kwargs: _STUB
 
         def restore() -> None:
             namespace["tool_span"] = original
