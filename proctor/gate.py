@@ -138,15 +138,16 @@ class _Pending:
     __slots__ = ("approval", "args", "call_id", "ctx", "decision", "facts", "on_result", "redacted", "reservation",
                  "side_effect", "span", "started_ns", "tool")
 
-    def __init__(self, tool: Tool, call_id: str, ctx: RunContext, facts: _Facts, span: ToolSpan) -> None:
+    def __init__(self, tool: Tool, call_id: str, ctx: RunContext, facts: _Facts, span: ToolSpan,
+                 on_result: Callable[[Any, ProctorError | None], None] | None) -> None:
         self.tool, self.call_id, self.ctx, self.facts, self.span = tool, call_id, ctx, facts, span
+        self.on_result = on_result
         self.side_effect: SideEffect = facts.side_effect
         self.args: dict[str, Any] = {}
         self.decision: Decision | None = None
         self.redacted: Redacted | None = None
         self.approval: _Approval | None = None
         self.reservation: Any = None
-        self.on_result: Callable[[Any, ProctorError | None], None] | None = None
         self.started_ns = time.perf_counter_ns()
 
 
@@ -267,8 +268,7 @@ class Gate:
                 return self._unknown(name, call_id, ctx, span, f"unknown tool {name!r} (known: {known})")
             span.describe(resolved.description)
             facts = self.policy.facts(name, resolved.side_effect, resolved.cost)
-            p = _Pending(resolved, call_id, ctx, facts, span)
-            p.on_result = on_result
+            p = _Pending(resolved, call_id, ctx, facts, span, on_result)
             try:
                 return self._run(p, args)
             except Exception as exc:  # noqa: BLE001 - the gate must never crash its caller

@@ -35,13 +35,13 @@ __all__ = [
     "FrameReader",
     "BlockingReader",
     "ProtocolError",
+    "SCALAR_TYPES",
     "call_frame",
     "decode_value",
     "encode_value",
     "frame",
     "parse",
     "reply_frame",
-    "send_frame",
     "write_all",
 ]
 
@@ -77,7 +77,8 @@ def _dumps(message: Any) -> str:
 
 _TAGS = ("$bytes", "$tuple", "$set", "$frozenset", "$dict")
 _SCALARS = (str, int, float, bool, type(None))
-_SCALAR_TYPES = frozenset(_SCALARS)
+#: The exact types a value may have to cross the channel as itself, untagged.
+SCALAR_TYPES = frozenset(_SCALARS)
 
 
 class EncodeError(TypeError):
@@ -105,28 +106,24 @@ class _Unencodable(Exception):
 
 def _encode(value: Any, depth: int) -> Any:
     # The hot path (a call's arguments, a tool's result) is flat scalars: no per-item work for them.
-    if type(value) in _SCALAR_TYPES or isinstance(value, _SCALARS):
+    if type(value) in SCALAR_TYPES or isinstance(value, _SCALARS):
         return value
     if depth >= MAX_DEPTH:
         raise _Unencodable(f"{{where}} is nested more than {MAX_DEPTH} levels deep")
     d = depth + 1
     key: Any = None
     try:
-        if type(value) is dict:  # a call's arguments: string keys, no "$" tag to escape, scalar values mostly
+        if isinstance(value, dict):
+            # One pass for the usual dict (string keys, no "$" tag to escape); a non-string key or a
+            # tag-like single key makes it a tagged list of pairs instead.
             out = {}
             for key, v in value.items():
                 if type(key) is not str:
                     break
-                out[key] = v if type(v) in _SCALAR_TYPES else _encode(v, d)
+                out[key] = v if type(v) in SCALAR_TYPES else _encode(v, d)
             else:
                 if len(out) != 1 or not key.startswith("$"):
                     return out
-        if isinstance(value, dict):
-            if all(type(k) is str for k in value) and not (len(value) == 1 and next(iter(value)).startswith("$")):
-                out = {}
-                for key, v in value.items():
-                    out[key] = v if type(v) in _SCALAR_TYPES else _encode(v, d)
-                return out
             pairs = []
             for key, v in value.items():
                 pairs.append([_encode(key, d), _encode(v, d)])
@@ -134,7 +131,7 @@ def _encode(value: Any, depth: int) -> Any:
         if isinstance(value, (list, tuple)):
             items = []
             for key, v in enumerate(value):  # noqa: B007 - `key` names the place in an error
-                items.append(v if type(v) in _SCALAR_TYPES else _encode(v, d))
+                items.append(v if type(v) in SCALAR_TYPES else _encode(v, d))
             return items if isinstance(value, list) else {"$tuple": items}
         if isinstance(value, (bytes, bytearray)):
             return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
@@ -159,14 +156,14 @@ def decode_value(data: Any, _depth: int = 0) -> Any:
         raise ProtocolError(f"value nested more than {MAX_DEPTH} levels deep")
     d = _depth + 1
     if isinstance(data, list):
-        return [v if type(v) in _SCALAR_TYPES else decode_value(v, d) for v in data]
+        return [v if type(v) in SCALAR_TYPES else decode_value(v, d) for v in data]
     if not isinstance(data, dict):
         raise ProtocolError(f"unexpected JSON value of type {type(data).__name__}")
     if len(data) == 1:
         ((key, inner),) = data.items()
         if key.startswith("$"):
             return _decode_tag(key, inner, d)
-    return {k: v if type(v) in _SCALAR_TYPES else decode_value(v, d) for k, v in data.items()}
+    return {k: v if type(v) in SCALAR_TYPES else decode_value(v, d) for k, v in data.items()}
 
 
 def _decode_tag(tag: str, inner: Any, depth: int) -> Any:
@@ -297,13 +294,12 @@ class FrameReader:
         return len(self._buf)
 
 
-def send_frame(fd: int, message: dict[str, Any]) -> None:
-    """Write one whole frame to a blocking fd (the worker's side)."""
-    write_all(fd, frame(message))
-
-
 def write_all(fd: int, data: bytes) -> None:
-    """Write `data` to a blocking fd: one write when it fits the socket buffer, as it drains if not."""
+    """Write `data` to a blocking fd: one write when it fits the socket buffer, as it drains if not.
+
+    (`proctor.audit.storage.write_all` does the same for log files; this module cannot
+    import it: it is all the worker gets, standard library only.)
+    """
     n = os.write(fd, data)
     if n < len(data):  # a frame larger than the socket buffer: write the rest as it drains
         view = memoryview(data)[n:]

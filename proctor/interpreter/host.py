@@ -86,26 +86,23 @@ class WorkerProcess:
 
     def send_bytes(self, raw: bytes, timeout: float = 10.0) -> None:
         """Write an already-built frame."""
-        try:
-            sent = self.sock.send(raw)
-        except BlockingIOError:
-            sent = 0
-        except OSError as exc:
-            raise WorkerDied(f"channel closed: {exc}") from None
-        if sent == len(raw):
-            return  # the usual case: one send, no clock
-        data = memoryview(raw)[sent:]
-        end = time.monotonic() + timeout
+        data: bytes | memoryview = raw
+        end: float | None = None  # the clock is read only if the worker is slow to take it
         while data:
             try:
-                data = data[self.sock.send(data):]
+                sent = self.sock.send(data)
             except BlockingIOError:
+                if end is None:
+                    end = time.monotonic() + timeout
                 left = end - time.monotonic()
                 if left <= 0:
                     raise SandboxError("the worker stopped reading its channel") from None
                 select.select([], [self.sock], [], left)
+                continue
             except OSError as exc:
                 raise WorkerDied(f"channel closed: {exc}") from None
+            # The usual case is one send of the whole frame; only a partial one is sliced (no copy).
+            data = memoryview(data)[sent:] if sent < len(data) else b""
 
     def read(self, timeout: float) -> list[dict[str, Any]]:
         """Messages that arrive within `timeout` (maybe none); logs are drained on the way.

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from proctor.calls import CallRecord
 from proctor.errors import BudgetExceeded, CallRefused, ProctorError, ToolFailed
-from proctor.interpreter.channel import ProtocolError, decode_value
+from proctor.interpreter.channel import SCALAR_TYPES, ProtocolError, decode_value
 
 __all__ = ["CallRequest", "Done", "Final", "Ready", "error_payload", "parse_worker_message"]
 
@@ -53,15 +53,15 @@ class Done:
     cut: bool
 
 
+_MAX_INT = 2**62
+
+
 def _int(message: Mapping[str, Any], key: str) -> int:
     value = message.get(key)
     if type(value) is not int or value < 0 or value > _MAX_INT:
         raise ProtocolError(f"field {key!r} must be a non-negative integer, got {type(value).__name__}")
     return value
 
-
-_MAX_INT = 2**62
-_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
 
 
 def parse_worker_message(message: Mapping[str, Any]) -> Ready | CallRequest | Final | Done:
@@ -80,7 +80,7 @@ def parse_worker_message(message: Mapping[str, Any]) -> Ready | CallRequest | Fi
                     and type(tool) is str and len(tool) <= 200 and tool.isidentifier() and type(args) is dict
                     and not (len(args) == 1 and next(iter(args)).startswith("$"))):
                 for value in args.values():
-                    if type(value) not in _SCALAR_TYPES:  # only scalars: the parsed dict is the value
+                    if type(value) not in SCALAR_TYPES:  # only scalars: the parsed dict is the value
                         args = decode_value(args)
                         break
                 return CallRequest(rid, run, tool, args)

@@ -17,7 +17,7 @@ import sys
 
 from proctor import errors as proctor_errors
 from proctor.interpreter import guard
-from proctor.interpreter.channel import EncodeError, call_frame, decode_value, encode_value
+from proctor.interpreter.channel import SCALAR_TYPES, EncodeError, call_frame, decode_value, encode_value
 from proctor.interpreter.worker_io import Channel, Output
 
 # typing is not imported at run time: every import here is worker start-up time.
@@ -29,7 +29,6 @@ __all__ = ["FinalAnswer", "main"]
 
 PROGRAM = "<program>"
 _ERRORS = {name: getattr(proctor_errors, name) for name in proctor_errors.__all__}
-_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
 
 
 class FinalAnswer(BaseException):
@@ -61,7 +60,7 @@ class Worker:
             raise proctor_errors.ProctorError(f"{tool}: tools can only be called while a program runs")
         payload = args  # a fresh dict the stub built, keyed by parameter names: sent as is when flat
         for value in args.values():
-            if type(value) not in _SCALAR_TYPES:
+            if type(value) not in SCALAR_TYPES:
                 try:
                     payload = encode_value(args, "argument")
                 except EncodeError as bad:

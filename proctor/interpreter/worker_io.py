@@ -37,9 +37,7 @@ class Channel:
     def send_bytes(self, data: bytes) -> None:
         """Send a built frame whole (frames from threads never interleave)."""
         with self._send_lock:
-            n = os.write(self.fd, data)
-            if n < len(data):  # larger than the socket buffer
-                write_all(self.fd, data[n:])
+            write_all(self.fd, data)
 
     def next_id(self) -> int:
         return next(self._ids)
