@@ -25,12 +25,14 @@ from proctor.errors import (
     PolicyError,
     ProctorError,
     SandboxError,
+    StoreError,
     ToolDenied,
     ToolFailed,
 )
 from proctor.gate import CallOutcome, Gate, RunContext
 from proctor.interpreter import ExecutionResult, Interpreter
 from proctor.policy import Policy
+from proctor.store import RunStore
 from proctor.tools import Tool, tool
 
 __all__ = [
@@ -59,9 +61,11 @@ __all__ = [
     "RunContext",
     "RunInfo",
     "RunResult",
+    "RunStore",
     "SandboxError",
     "ScriptedModel",
     "StepRecord",
+    "StoreError",
     "Tool",
     "ToolCallingAgent",
     "ToolDenied",

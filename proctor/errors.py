@@ -12,7 +12,12 @@ ProctorError                      base of everything below
 ├── AuditError                    the audit trail could not be written: the call is refused
 │   └── AuditCorrupted            an existing log is damaged and will not be appended to
 ├── ExecutionTimeout              a program ran past its time limit and was killed
-└── SandboxError                  the worker could not start, misbehaved, or died
+├── SandboxError                  the worker could not start, misbehaved, or died
+└── StoreError                    the run store could not be opened, read or written
+    ├── RunNotFound               no run with that id in the store
+    ├── ApprovalNotFound          no approval with that id in the store
+    ├── StoreConflict             someone else changed the record first (or holds the run)
+    └── ApprovalConflict          an answer with the wrong binding, or to an approval already closed
 ```
 
 The first five are the ones a model sees inside its program, at the call site of
@@ -25,7 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "ApprovalConflict",
     "ApprovalDenied",
+    "ApprovalNotFound",
     "ApprovalTimeout",
     "AuditCorrupted",
     "AuditError",
@@ -35,7 +42,10 @@ __all__ = [
     "PolicyError",
     "PolicyIssue",
     "ProctorError",
+    "RunNotFound",
     "SandboxError",
+    "StoreConflict",
+    "StoreError",
     "ToolDenied",
     "ToolFailed",
 ]
@@ -147,3 +157,23 @@ class ExecutionTimeout(ProctorError):
 
 class SandboxError(ProctorError):
     """The sandboxed worker could not start, broke the channel protocol, or died."""
+
+
+class StoreError(ProctorError):
+    """The run store could not be opened, read or written."""
+
+
+class RunNotFound(StoreError):
+    """No run with that id in the store."""
+
+
+class ApprovalNotFound(StoreError):
+    """No approval with that id in the store."""
+
+
+class StoreConflict(StoreError):
+    """Someone else changed the record first, or another process holds the run."""
+
+
+class ApprovalConflict(StoreError):
+    """The answer's binding is not the approval's, or the approval was already answered or voided."""

@@ -1,0 +1,383 @@
+"""The run store: what a durable run keeps so it can stop in one process and go on in another.
+
+A store holds three things, each keyed so that several processes can share it:
+
+- **runs** (`RunRecord`): the run's task, principal, labels, policy fingerprint, the
+  model's messages, finished steps, and the state at the start of the step in
+  progress (budgets used, grants, history, the step's program) — everything a
+  resume needs besides the journal;
+- **the journal** (`JournalEntry`): per run and step, one entry per call the step's
+  program made, in order (`seq` 0, 1, …). An entry is written as an *intent* before
+  the tool runs and completed with its *outcome* (value or error) after; calls
+  refused before running are journaled complete. A resumed step answers its first
+  calls from these entries instead of running the tools again;
+- **approvals** (`PendingApproval`): calls waiting for a human, answered from
+  anywhere (the CLI, the inbox, Python). An answer is accepted only with the
+  approval's `binding` (sha256 of tool, arguments, call id and policy fingerprint),
+  so a stale answer can never approve other arguments or another policy.
+
+`RunStore.open(url)` picks the implementation by the URL's scheme: a path or
+``sqlite:///path`` is the embedded SQLite store; ``postgresql://…`` the PostgreSQL
+one (fleet). Implementations subclass `RunStore` and register their scheme with
+`register_scheme`. Values in records are JSON data (the channel's tagged encoding
+for tool results), so every implementation stores the same things.
+
+Every method may be called from any thread. Methods raise `StoreError` (or a
+subclass) and nothing else for storage problems.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, ClassVar, Literal, Protocol
+
+from proctor.errors import StoreError
+
+__all__ = [
+    "APPROVAL_STATES",
+    "RUN_STATES",
+    "ApprovalAnswer",
+    "ApprovalState",
+    "JournalEntry",
+    "PendingApproval",
+    "RunRecord",
+    "RunState",
+    "RunStore",
+    "register_scheme",
+]
+
+#: A run's state in the store. ``running``: a process is working on it (or died doing so);
+#: ``suspended``: waiting for answers to `RunRecord.pending`; the rest are endings.
+RunState = Literal["running", "suspended", "done", "max_steps", "budget_exhausted", "error", "cancelled"]
+RUN_STATES: tuple[RunState, ...] = ("running", "suspended", "done", "max_steps", "budget_exhausted", "error",
+                                    "cancelled")
+#: ``pending`` until answered; ``answered`` once; ``void`` when the call it was for will never use it
+#: (the run was cancelled, or resumed under a changed policy and asked again).
+ApprovalState = Literal["pending", "answered", "void"]
+APPROVAL_STATES: tuple[ApprovalState, ...] = ("pending", "answered", "void")
+
+
+def _iso(ns: int) -> str:
+    return _dt.datetime.fromtimestamp(ns / 1e9, tz=_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One durable run.
+
+    `step` is the action step in progress (0 before the first); `messages`, `history`,
+    `budgets` and `grants` are as they were when that step *started*, so a resume
+    restores them and replays the step's journal on top. `step_state` holds the step in
+    progress (the model's output and the program, ``{"model_output", "code", "seed", …}``);
+    `steps` the finished steps (`StepRecord.as_dict()`); `pending` the ids of the
+    approvals a suspended run waits for. `trace_id`/`span_id` name the run's first
+    `invoke_agent` span, so a resumed run's spans link to it. `version` is bumped by
+    every `save_run`.
+    """
+
+    run_id: str
+    task: str
+    status: RunState = "running"
+    principal: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    policy_sha256: str = ""
+    agent: str = ""
+    step: int = 0
+    messages: Sequence[Mapping[str, Any]] = ()
+    steps: Sequence[Mapping[str, Any]] = ()
+    step_state: Mapping[str, Any] | None = None
+    history: Sequence[Mapping[str, Any]] = ()
+    budgets: Mapping[str, Any] = field(default_factory=dict)
+    grants: Sequence[Mapping[str, Any]] = ()
+    pending: Sequence[str] = ()
+    seed: int = 0
+    trace_id: str | None = None
+    span_id: str | None = None
+    answer: Any = None
+    error: str | None = None
+    created_at_ns: int = 0
+    updated_at_ns: int = 0
+    version: int = 0
+
+    def __post_init__(self) -> None:
+        _normalise(self, ("messages", "steps", "history", "grants", "pending"), ("labels", "budgets"))
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = _plain(asdict(self))
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunRecord:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def evolve(self, **changes: Any) -> RunRecord:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One call of a step's program, in program order (`seq` from 0).
+
+    ``state == "intent"``: the tool was about to run (it may have, if the process died);
+    ``"done"``: `status` (``ok | denied | failed | timeout``) and `value` (the channel's
+    JSON encoding of the result) or `error` (``{"type", "message", …}``) are final.
+    `args_digest` is the canonical sha256 of the validated arguments: a replayed call
+    must ask for the same tool with the same digest. `args` are the validated
+    arguments (the history that policy conditions read; the store is host-side),
+    `record` the call's `CallRecord.as_dict()`, `history` its history row, `grant` a
+    grant its approval gave.
+    """
+
+    run_id: str
+    step: int
+    seq: int
+    call_id: str
+    tool: str
+    args_digest: str
+    state: Literal["intent", "done"] = "intent"
+    status: str | None = None
+    value: Any = None
+    error: Mapping[str, Any] | None = None
+    args: Mapping[str, Any] = field(default_factory=dict)
+    record: Mapping[str, Any] | None = None
+    history: Mapping[str, Any] | None = None
+    grant: Mapping[str, Any] | None = None
+    ts_ns: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JournalEntry:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
+class ApprovalAnswer:
+    """A human's answer as stored: verdict (``approve | deny | edit | grant``), who, why, edited args, grant."""
+
+    verdict: str
+    approver: str
+    reason: str = ""
+    args: Mapping[str, Any] | None = None
+    grant: Mapping[str, Any] | None = None
+    answered_at_ns: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PendingApproval:
+    """A call waiting for a human, as filed in the store.
+
+    `args` are redacted as the policy says (what approvers may see). `binding` is what
+    an answer must echo (`proctor.approval.approval_binding`). `step`/`seq` place the
+    call in its run's journal.
+    """
+
+    id: str
+    run_id: str
+    call_id: str
+    tool: str
+    binding: str
+    policy_sha256: str
+    side_effect: str = "destructive"
+    args: Mapping[str, Any] = field(default_factory=dict)
+    step: int = 0
+    seq: int = 0
+    principal: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    rules: Sequence[str] = ()
+    reason: str = ""
+    budget: Mapping[str, Any] = field(default_factory=dict)
+    requested_at_ns: int = 0
+    expires_at_ns: int | None = None
+    status: ApprovalState = "pending"
+    answer: ApprovalAnswer | None = None
+
+    def __post_init__(self) -> None:
+        _normalise(self, ("rules",), ("args", "labels", "budget"))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form (`proctor approvals list --json`, the inbox API)."""
+        out: dict[str, Any] = _plain(asdict(self))
+        out["requested_at"] = _iso(self.requested_at_ns)
+        out["answer"] = self.answer.as_dict() if self.answer else None
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PendingApproval:
+        known = {f for f in cls.__dataclass_fields__}
+        values = {k: v for k, v in data.items() if k in known}
+        answer = values.get("answer")
+        if isinstance(answer, Mapping):
+            values["answer"] = ApprovalAnswer(**answer)
+        return cls(**values)
+
+
+def _normalise(obj: object, sequences: tuple[str, ...], mappings: tuple[str, ...]) -> None:
+    """Sequences as lists and mappings as dicts, so a record equals itself read back from JSON."""
+    for name in sequences:
+        object.__setattr__(obj, name, list(getattr(obj, name)))
+    for name in mappings:
+        object.__setattr__(obj, name, dict(getattr(obj, name)))
+
+
+def _plain(value: Any) -> Any:
+    """JSON-shaped copy: tuples become lists, mappings dicts."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+class RunStore(Protocol):
+    """Where durable runs, their journals and their pending approvals live (see the module docstring).
+
+    Implementations subclass this class explicitly (so they inherit `open`) and
+    implement every method below with these semantics.
+    """
+
+    #: The URL the store was opened with.
+    url: str
+
+    _schemes: ClassVar[dict[str, Callable[[str], RunStore]]] = {}
+
+    @staticmethod
+    def open(url: str | os.PathLike[str]) -> RunStore:
+        """Open the store named by `url`: a path or ``sqlite:///path``, or ``postgresql://…``."""
+        return _open(url)
+
+    # -- runs -------------------------------------------------------------------------------------
+
+    def create_run(self, record: RunRecord) -> RunRecord:
+        """Store a new run (version 1, timestamps set); `StoreError` if its id exists."""
+        ...
+
+    def save_run(self, record: RunRecord) -> RunRecord:
+        """Replace a run's record; returns it with `version` bumped and `updated_at_ns` set.
+
+        Raises `StoreConflict` when `record.version` is not the stored version (someone
+        else saved it since it was read), and `RunNotFound` when there is no such run.
+        """
+        ...
+
+    def get_run(self, run_id: str) -> RunRecord:
+        """The run's record; `RunNotFound` if there is none."""
+        ...
+
+    def list_runs(self, *, status: RunState | None = None, limit: int = 100) -> list[RunRecord]:
+        """Runs, most recently updated first, optionally only those in `status`."""
+        ...
+
+    def claim_run(self, run_id: str, owner: str, lease_s: float = 60.0) -> bool:
+        """Take the run for `owner` (a resuming process) unless another owner holds an unexpired lease.
+
+        Returns whether `owner` holds it now. Claiming again renews the lease.
+        """
+        ...
+
+    def release_run(self, run_id: str, owner: str) -> None:
+        """Give the run back, if `owner` holds it."""
+        ...
+
+    def cancel_run(self, run_id: str, reason: str = "") -> RunRecord:
+        """Mark a run cancelled and void its pending approvals; a finished run is returned unchanged."""
+        ...
+
+    # -- journal ----------------------------------------------------------------------------------
+
+    def journal_write(self, entry: JournalEntry) -> None:
+        """Write (or complete) the entry at (run_id, step, seq); durable when this returns."""
+        ...
+
+    def journal(self, run_id: str, step: int) -> list[JournalEntry]:
+        """The step's entries in `seq` order (empty when the step made no calls)."""
+        ...
+
+    # -- approvals --------------------------------------------------------------------------------
+
+    def file_approval(self, approval: PendingApproval) -> PendingApproval:
+        """File a request, or return the one already filed with the same `binding`.
+
+        A request for the same call, arguments and policy (same binding) that is pending
+        or answered is returned as stored, so a resumed run finds its answer. Any other
+        *pending* approval of the same run and `call_id` is voided: it was for other
+        arguments or another policy and can no longer be used. (Durable runs give a call
+        the same id when its step is re-run.)
+        """
+        ...
+
+    def get_approval(self, approval_id: str) -> PendingApproval:
+        """The approval; `ApprovalNotFound` if there is none."""
+        ...
+
+    def list_approvals(self, *, status: ApprovalState | None = "pending", run_id: str | None = None
+                       ) -> list[PendingApproval]:
+        """Approvals, newest first; by default only pending ones."""
+        ...
+
+    def answer_approval(self, approval_id: str, answer: ApprovalAnswer, *, binding: str) -> PendingApproval:
+        """Answer a pending approval, exactly once.
+
+        `ApprovalConflict` when `binding` is not the approval's (a stale page, changed
+        arguments or policy) or it is no longer pending; `ApprovalNotFound` when absent.
+        Waiters (`wait_for_answer`, in any process) wake up.
+        """
+        ...
+
+    def void_approval(self, approval_id: str, reason: str = "") -> None:
+        """Mark a pending approval void (it will never be used); no-op otherwise."""
+        ...
+
+    def wait_for_answer(self, approval_id: str, timeout_s: float) -> PendingApproval:
+        """Block until the approval is no longer pending or `timeout_s` passes; return it as it is then.
+
+        `timeout_s == 0` only reads it. SQLite polls; PostgreSQL waits on LISTEN/NOTIFY.
+        """
+        ...
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release connections; the store is unusable afterwards."""
+        ...
+
+
+def register_scheme(scheme: str, factory: Callable[[str], RunStore]) -> None:
+    """Make `RunStore.open` hand URLs of `scheme` (``"postgresql"``) to `factory(url)`."""
+    RunStore._schemes[scheme] = factory
+
+
+def _open(url: str | os.PathLike[str]) -> RunStore:
+    text = os.fspath(url)
+    if not text:
+        raise StoreError("no run store given: pass --store URL or set PROCTOR_STORE (e.g. sqlite:///runs.db)")
+    scheme = text.split("://", 1)[0].lower() if "://" in text else "sqlite"
+    if scheme in ("postgres", "postgresql") and scheme not in RunStore._schemes:
+        _load("proctor.store.postgres")
+        scheme = "postgresql"
+    if scheme == "sqlite" and "sqlite" not in RunStore._schemes:
+        _load("proctor.store.sqlite")
+    factory = RunStore._schemes.get(scheme)
+    if factory is None:
+        raise StoreError(f"unknown run store URL scheme {scheme!r} in {text!r}: use sqlite:///PATH or "
+                         "postgresql://…")
+    return factory(text)
+
+
+def _load(module: str) -> None:
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise StoreError(f"cannot open this run store: {exc} (install proctor[postgres] for postgresql://)"
+                         ) from exc

@@ -1,0 +1,237 @@
+"""What every `RunStore` implementation must do, as a test class to subclass.
+
+A subclass provides one fixture, ``store_url``: a URL naming a fresh, empty store
+(``RunStore.open(store_url)`` must open it, any number of times, from any process).
+The SQLite store runs it in test_store_sqlite.py; the PostgreSQL store subclasses it
+the same way with a server its fixture starts.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from proctor.approval import approval_binding
+from proctor.errors import ApprovalConflict, ApprovalNotFound, RunNotFound, StoreConflict, StoreError
+from proctor.store import ApprovalAnswer, JournalEntry, PendingApproval, RunRecord, RunStore
+
+
+def _approval(run_id: str = "run_1", call_id: str = "call_1", args: dict[str, object] | None = None,
+              policy: str = "p" * 64, seq: int = 0) -> PendingApproval:
+    args = {"to": "x@evil.test"} if args is None else args
+    return PendingApproval(id="", run_id=run_id, call_id=call_id, tool="send_email",
+                           binding=approval_binding("send_email", args, call_id, policy), policy_sha256=policy,
+                           side_effect="external", args=args, step=1, seq=seq, principal="alice",
+                           labels={"env": "prod"}, rules=["external-mail"], reason="mail leaves the company")
+
+
+class StoreConformance:
+    """The RunStore contract (proctor/store/base.py), implementation by implementation."""
+
+    @pytest.fixture
+    def store(self, store_url: str) -> Iterator[RunStore]:
+        s = RunStore.open(store_url)
+        yield s
+        s.close()
+
+    # -- runs -------------------------------------------------------------------------------------
+
+    def test_create_and_get_round_trip_every_field(self, store: RunStore) -> None:
+        """A created run reads back with every field as written, at version 1."""
+        record = RunRecord(run_id="run_a", task="pay the invoice", principal="alice", labels={"env": "prod"},
+                           policy_sha256="f" * 64, agent="code_agent", step=2,
+                           messages=[{"role": "user", "content": "hi"}], steps=[{"number": 1}],
+                           step_state={"code": "x = 1", "seed": 7}, history=[{"tool": "t", "args": {"a": 1}}],
+                           budgets={"calls": {"calls": 3}}, grants=[{"tool": "t", "args": {}}], seed=42,
+                           trace_id="a" * 32, span_id="b" * 16)
+        created = store.create_run(record)
+        got = store.get_run("run_a")
+        assert got == created
+        assert got.version == 1 and got.created_at_ns > 0
+        assert got.as_dict() | {"version": 0, "created_at_ns": 0, "updated_at_ns": 0} == record.as_dict()
+
+    def test_create_twice_is_refused(self, store: RunStore) -> None:
+        """A run id can be created only once."""
+        store.create_run(RunRecord("run_a", "t"))
+        with pytest.raises(StoreError):
+            store.create_run(RunRecord("run_a", "t"))
+
+    def test_missing_run_is_run_not_found(self, store: RunStore) -> None:
+        """Reading, saving or cancelling an unknown run raises RunNotFound."""
+        with pytest.raises(RunNotFound):
+            store.get_run("run_nope")
+        with pytest.raises(RunNotFound):
+            store.save_run(RunRecord("run_nope", "t", version=1))
+        with pytest.raises(RunNotFound):
+            store.cancel_run("run_nope")
+
+    def test_save_bumps_version_and_refuses_stale_writes(self, store: RunStore) -> None:
+        """Saving from an old read is a StoreConflict; the newer write stands."""
+        first = store.create_run(RunRecord("run_a", "t"))
+        second = store.save_run(first.evolve(step=1))
+        assert second.version == 2 and store.get_run("run_a").step == 1
+        with pytest.raises(StoreConflict):
+            store.save_run(first.evolve(step=9))
+        assert store.get_run("run_a").step == 1
+
+    def test_list_runs_filters_by_status_newest_first(self, store: RunStore) -> None:
+        """list_runs orders by last update and filters by status."""
+        a = store.create_run(RunRecord("run_a", "t"))
+        store.create_run(RunRecord("run_b", "t"))
+        time.sleep(0.002)
+        store.save_run(a.evolve(status="suspended"))
+        assert [r.run_id for r in store.list_runs()] == ["run_a", "run_b"]
+        assert [r.run_id for r in store.list_runs(status="suspended")] == ["run_a"]
+        assert [r.run_id for r in store.list_runs(status="running")] == ["run_b"]
+
+    def test_claim_is_exclusive_until_released_or_expired(self, store: RunStore) -> None:
+        """One owner holds a run at a time; a lease that runs out frees it."""
+        store.create_run(RunRecord("run_a", "t"))
+        assert store.claim_run("run_a", "p1", lease_s=60)
+        assert store.claim_run("run_a", "p1", lease_s=60)
+        assert not store.claim_run("run_a", "p2", lease_s=60)
+        store.release_run("run_a", "p2")  # not the holder: no effect
+        assert not store.claim_run("run_a", "p2", lease_s=60)
+        store.release_run("run_a", "p1")
+        assert store.claim_run("run_a", "p2", lease_s=0.05)
+        time.sleep(0.1)
+        assert store.claim_run("run_a", "p3", lease_s=60)
+
+    def test_cancel_voids_pending_approvals(self, store: RunStore) -> None:
+        """Cancelling a suspended run ends it and voids what it waited for; a finished run is left alone."""
+        rec = store.create_run(RunRecord("run_a", "t"))
+        filed = store.file_approval(_approval("run_a"))
+        store.save_run(rec.evolve(status="suspended", pending=[filed.id]))
+        cancelled = store.cancel_run("run_a", "not needed")
+        assert cancelled.status == "cancelled" and list(cancelled.pending) == []
+        assert store.get_run("run_a").status == "cancelled"
+        assert store.get_approval(filed.id).status == "void"
+        done = store.create_run(RunRecord("run_b", "t", status="done"))
+        assert store.cancel_run("run_b").status == "done" == done.status
+
+    # -- journal ----------------------------------------------------------------------------------
+
+    def test_journal_in_seq_order_and_completed_in_place(self, store: RunStore) -> None:
+        """Entries come back in seq order, per step; completing an intent replaces it."""
+        for seq in (2, 0, 1):
+            store.journal_write(JournalEntry("run_a", 1, seq, f"call_{seq}", "t", "d" * 64, args={"i": seq}))
+        store.journal_write(JournalEntry("run_a", 2, 0, "call_x", "t", "d" * 64))
+        store.journal_write(JournalEntry("run_b", 1, 0, "call_y", "t", "d" * 64))
+        entries = store.journal("run_a", 1)
+        assert [e.seq for e in entries] == [0, 1, 2] and all(e.state == "intent" for e in entries)
+        assert entries[1].args == {"i": 1} and entries[1].ts_ns > 0
+        done = JournalEntry("run_a", 1, 1, "call_1", "t", "d" * 64, state="done", status="ok",
+                            value={"$tuple": [1, "two"]}, record={"status": "ok"}, history={"tool": "t"})
+        store.journal_write(done)
+        again = store.journal("run_a", 1)
+        assert len(again) == 3 and again[1].state == "done" and again[1].value == {"$tuple": [1, "two"]}
+        assert store.journal("run_a", 3) == []
+
+    def test_journal_holds_a_thousand_calls(self, store: RunStore) -> None:
+        """A step's 1,000 entries are all kept and read back in order."""
+        for seq in range(1000):
+            store.journal_write(JournalEntry("run_a", 1, seq, f"call_{seq}", "t", str(seq), state="done",
+                                             status="ok", value=seq))
+        assert [e.value for e in store.journal("run_a", 1)] == list(range(1000))
+
+    # -- approvals --------------------------------------------------------------------------------
+
+    def test_file_get_list(self, store: RunStore) -> None:
+        """A filed approval gets an id, reads back as filed and is listed as pending."""
+        filed = store.file_approval(_approval())
+        assert filed.id and filed.status == "pending" and filed.requested_at_ns > 0
+        got = store.get_approval(filed.id)
+        assert got == filed and got.args == {"to": "x@evil.test"} and list(got.rules) == ["external-mail"]
+        assert [a.id for a in store.list_approvals()] == [filed.id]
+        assert [a.id for a in store.list_approvals(run_id="run_other")] == []
+        with pytest.raises(ApprovalNotFound):
+            store.get_approval("apr_nope")
+
+    def test_json_form_has_the_inbox_fields(self, store: RunStore) -> None:
+        """as_dict carries the fields `approvals list --json` promises."""
+        data = store.file_approval(_approval()).as_dict()
+        for key in ("id", "run_id", "tool", "args", "binding", "principal", "rules", "reason", "requested_at"):
+            assert key in data
+        assert data["requested_at"].endswith("+00:00")
+
+    def test_filing_the_same_binding_returns_the_stored_one(self, store: RunStore) -> None:
+        """Re-filing the same call (a resumed run) finds the earlier request and its answer."""
+        filed = store.file_approval(_approval())
+        store.answer_approval(filed.id, ApprovalAnswer("approve", "bob"), binding=filed.binding)
+        again = store.file_approval(_approval())
+        assert again.id == filed.id and again.status == "answered" and again.answer is not None
+        assert again.answer.approver == "bob" and again.answer.answered_at_ns > 0
+
+    def test_filing_other_binding_for_the_call_voids_the_old_request(self, store: RunStore) -> None:
+        """A new request for the same call id (new args or policy) voids the pending one."""
+        old = store.file_approval(_approval(policy="a" * 64))
+        new = store.file_approval(_approval(policy="b" * 64))
+        assert new.id != old.id
+        assert store.get_approval(old.id).status == "void"
+        assert [a.id for a in store.list_approvals()] == [new.id]
+        assert {a.id for a in store.list_approvals(status=None)} == {old.id, new.id}
+
+    def test_answer_checks_binding_and_is_once_only(self, store: RunStore) -> None:
+        """A wrong binding or a second answer is an ApprovalConflict; the first answer stands."""
+        filed = store.file_approval(_approval())
+        with pytest.raises(ApprovalConflict):
+            store.answer_approval(filed.id, ApprovalAnswer("approve", "bob"), binding="0" * 64)
+        answered = store.answer_approval(filed.id, ApprovalAnswer("edit", "bob", "fix the address",
+                                                                  args={"to": "x@example.com"}),
+                                         binding=filed.binding)
+        assert answered.status == "answered" and answered.answer is not None
+        assert answered.answer.verdict == "edit" and answered.answer.args == {"to": "x@example.com"}
+        with pytest.raises(ApprovalConflict):
+            store.answer_approval(filed.id, ApprovalAnswer("deny", "eve"), binding=filed.binding)
+        assert store.get_approval(filed.id).answer == answered.answer
+        with pytest.raises(ApprovalNotFound):
+            store.answer_approval("apr_nope", ApprovalAnswer("approve", "bob"), binding=filed.binding)
+
+    def test_void_approval_cannot_be_answered(self, store: RunStore) -> None:
+        """A voided approval refuses answers."""
+        filed = store.file_approval(_approval())
+        store.void_approval(filed.id, "run cancelled")
+        assert store.get_approval(filed.id).status == "void"
+        with pytest.raises(ApprovalConflict):
+            store.answer_approval(filed.id, ApprovalAnswer("approve", "bob"), binding=filed.binding)
+
+    def test_wait_returns_pending_after_timeout(self, store: RunStore) -> None:
+        """Without an answer, waiting returns the approval still pending."""
+        filed = store.file_approval(_approval())
+        assert store.wait_for_answer(filed.id, 0).status == "pending"
+        assert store.wait_for_answer(filed.id, 0.1).status == "pending"
+
+    def test_wait_wakes_on_an_answer_from_another_connection(self, store: RunStore, store_url: str) -> None:
+        """An answer given through another handle wakes a waiter well before its timeout."""
+        filed = store.file_approval(_approval())
+        other = RunStore.open(store_url)
+
+        def answer() -> None:
+            time.sleep(0.2)
+            other.answer_approval(filed.id, ApprovalAnswer("approve", "bob"), binding=filed.binding)
+
+        t = threading.Thread(target=answer)
+        began = time.monotonic()
+        t.start()
+        got = store.wait_for_answer(filed.id, 60)
+        waited = time.monotonic() - began
+        t.join()
+        other.close()
+        assert got.status == "answered" and got.answer is not None and got.answer.verdict == "approve"
+        assert waited < 30
+
+    def test_answer_from_another_process(self, store: RunStore, store_url: str) -> None:
+        """Another process opening the same URL sees the request and its answer reaches this one."""
+        filed = store.file_approval(_approval())
+        code = ("import sys\nfrom proctor.store import RunStore, ApprovalAnswer\n"
+                "s = RunStore.open(sys.argv[1])\na = s.list_approvals()[0]\n"
+                "s.answer_approval(a.id, ApprovalAnswer('deny', 'carol', 'no'), binding=a.binding)\n")
+        subprocess.run([sys.executable, "-c", code, store_url], check=True, timeout=120)
+        got = store.wait_for_answer(filed.id, 30)
+        assert got.status == "answered" and got.answer is not None
+        assert (got.answer.verdict, got.answer.approver, got.answer.reason) == ("deny", "carol", "no")
