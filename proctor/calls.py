@@ -36,8 +36,11 @@ SIDE_EFFECTS: tuple[SideEffect, ...] = ("none", "read", "write", "external", "de
 Outcome = Literal["allow", "deny", "require_approval"]
 OUTCOMES: tuple[Outcome, ...] = ("allow", "deny", "require_approval")
 
-CallStatus = Literal["ok", "denied", "failed", "timeout"]
-STATUSES: tuple[CallStatus, ...] = ("ok", "denied", "failed", "timeout")
+#: How a call ended: the tool returned (ok, failed, timeout), it was refused before it started
+#: (denied), it started and its result is not known (unknown: the host was interrupted while it
+#: ran), or the host was interrupted before it started (cancelled).
+CallStatus = Literal["ok", "denied", "failed", "timeout", "unknown", "cancelled"]
+STATUSES: tuple[CallStatus, ...] = ("ok", "denied", "failed", "timeout", "unknown", "cancelled")
 
 _RANK: dict[str, int] = {name: i for i, name in enumerate(SIDE_EFFECTS)}
 

@@ -22,17 +22,17 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from opentelemetry.context import Context
-from opentelemetry.trace import Tracer
+from opentelemetry.trace import NoOpTracer, Tracer
 
 from proctor._frozen import quick_init
 from proctor.approval.base import ApprovalDecision, ApprovalRequest, Approver, Grant, approval_binding
 from proctor.audit.base import AuditResult, AuditSink
 from proctor.calls import (
+    STATUSES,
     Call,
     CallRecord,
     CallStatus,
     Decision,
-    HistoryEntry,
     RunInfo,
     SideEffect,
     new_id,
@@ -47,9 +47,11 @@ from proctor.errors import (
     ToolDenied,
     ToolFailed,
 )
+from proctor.interrupts import interruption
 from proctor.redaction import Redacted, redact_args
 from proctor.run import LazyUsage, Ledger, RunContext
 from proctor.telemetry import metrics
+from proctor.telemetry import semconv as sc
 from proctor.telemetry.logging import get_logger
 from proctor.telemetry.spans import ToolSpan, get_tracer, tool_span
 from proctor.tools import Tool, run_with_timeout
@@ -132,23 +134,68 @@ class _Approval:
 
 
 class _Pending:
-    """A call in flight: everything the steps after `decide` need. (One per call: a plain
-    class with slots, which builds in a third of a dataclass's time with a default factory.)"""
+    """A call in flight: its state (see `Gate._walk`) and everything the steps learn. (One per
+    call: a plain class with slots, which builds in a third of a dataclass's time.)"""
 
-    __slots__ = ("approval", "args", "call_id", "ctx", "decision", "facts", "on_result", "redacted", "reservation",
-                 "side_effect", "span", "started_ns", "tool")
+    __slots__ = ("approval", "args", "call_id", "ctx", "decision", "duration_ns", "error", "facts", "name",
+                 "on_result", "redacted", "reservation", "side_effect", "span", "started_ns", "state", "status",
+                 "tool", "value")
 
-    def __init__(self, tool: Tool, call_id: str, ctx: RunContext, facts: _Facts, span: ToolSpan,
+    def __init__(self, name: str, call_id: str, ctx: RunContext, span: ToolSpan,
                  on_result: Callable[[Any, ProctorError | None], None] | None) -> None:
-        self.tool, self.call_id, self.ctx, self.facts, self.span = tool, call_id, ctx, facts, span
+        self.name, self.call_id, self.ctx, self.span = name, call_id, ctx, span
         self.on_result = on_result
-        self.side_effect: SideEffect = facts.side_effect
+        self.state = "new"
+        self.tool: Tool = _NO_TOOL
+        self.facts: _Facts = _UNKNOWN_FACTS
+        self.side_effect: SideEffect = "destructive"
         self.args: dict[str, Any] = {}
         self.decision: Decision | None = None
         self.redacted: Redacted | None = None
         self.approval: _Approval | None = None
         self.reservation: Any = None
+        self.value: Any = None
+        self.error: ProctorError | None = None
+        self.status: CallStatus = "ok"
+        self.duration_ns = 0
         self.started_ns = time.perf_counter_ns()
+
+
+@dataclass(frozen=True)
+class _UnknownFacts:
+    """The facts of a tool the gate does not know (or could not look up): the worst case."""
+
+    side_effect: SideEffect = "destructive"
+    cost: int = 0
+    timeout_s: float | None = None
+    redact: tuple[str, ...] = ()
+    durability: str = "fsync"
+
+
+def _no_tool() -> None:
+    """Stands in for the tool of a call that names none the gate knows; never run."""
+
+
+_UNKNOWN_FACTS = _UnknownFacts()
+_NO_TOOL = Tool.from_function(_no_tool)
+_NOOP_TRACER = NoOpTracer()
+# States in which the call's intent record has been written.
+_INTENT_WRITTEN = frozenset({"intent", "running", "ran", "done"})
+
+
+def _safely(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """Telemetry must never change how a call ends: run a span setter, log what it raises."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        log.error("span_update_failed", method=getattr(fn, "__name__", "?"), error=repr(exc))
+
+
+def _fields(span: ToolSpan) -> dict[str, str]:
+    try:
+        return span.log_fields()
+    except Exception:  # noqa: BLE001 - a log line without ids beats none
+        return {}
 
 
 class Gate:
@@ -200,9 +247,9 @@ class Gate:
 
     def finish_run(self, ctx: RunContext, status: str = "done", **fields: Any) -> None:
         """Close a run in the audit trail."""
-        summary = {"ok": 0, "denied": 0, "failed": 0, "timeout": 0}
+        summary = dict.fromkeys(STATUSES, 0)
         for record in ctx.records:
-            summary[record.status] += 1
+            summary[record.status] = summary.get(record.status, 0) + 1
         self._record("run_finished", {"run_id": ctx.info.id, "status": status, "calls": summary, **fields})
 
     def default_context(self) -> RunContext:
@@ -251,46 +298,76 @@ class Gate:
         parent: Context | None = None,
         on_result: Callable[[Any, ProctorError | None], None] | None = None,
     ) -> CallOutcome:
-        """Run one governed call; never raises. See the module docstring for the order of steps.
+        """Run one governed call; never raises an `Exception`. See the module docstring for the steps.
 
         `on_result`, when given, is called with the tool's value and error (a `ToolFailed`, or
         None) as soon as the tool returns, before its outcome is recorded: a caller in another
         process gets its answer while the gate writes the outcome. It is not called for a call
         that did not run; the returned `CallOutcome` says why. Whatever it raises is logged.
+
+        A `KeyboardInterrupt` or `SystemExit` (Ctrl-C, SIGTERM) is recorded — the call ends
+        `unknown` if the tool had started, `cancelled` if it had not — and then raised again.
         """
-        ctx = context or self.default_context()
         call_id = call_id or new_id("call_")
         name = tool.name if isinstance(tool, Tool) else str(tool)
-        with tool_span(self.tracer, tool=name, call_id=call_id, run=ctx.info, parent=parent) as span:
-            resolved = self.tools.get(name)
-            if resolved is None or (isinstance(tool, Tool) and tool is not resolved):
-                known = ", ".join(sorted(self.tools)) or "none"
-                return self._unknown(name, call_id, ctx, span, f"unknown tool {name!r} (known: {known})")
-            span.describe(resolved.description)
-            facts = self.policy.facts(name, resolved.side_effect, resolved.cost)
-            p = _Pending(resolved, call_id, ctx, facts, span, on_result)
+        try:
+            ctx = context or self.default_context()
+        except Exception as exc:  # noqa: BLE001 - no run to record the call in: refuse it, unrecorded
+            log.error("gate_no_run", tool=name, error=repr(exc))
+            error = AuditError(f"{name}: refused, no run could be opened for the call: {exc}")
+            record = CallRecord(call_id, name, {}, "destructive", None, "denied", 0, str(error), "AuditError")
+            return CallOutcome(record, None, error)
+        opened = self._open_span(name, call_id, ctx, parent)
+        p = _Pending(name, call_id, ctx, opened.__enter__(), on_result)
+        raised: BaseException | None = None
+        try:
+            return self._walk(p, tool, args)
+        except Exception as exc:  # noqa: BLE001 - the gate must never crash its caller: end by state
+            log.error("gate_internal_error", tool=name, state=p.state, error=repr(exc), **_fields(p.span))
+            return self._end_by_state(p, exc)
+        except BaseException as exc:  # Ctrl-C, SIGTERM: record how the call ended, then let it through
+            raised = exc
+            self._end_interrupted(p, exc)
+            raise
+        finally:
             try:
-                return self._run(p, args)
-            except Exception as exc:  # noqa: BLE001 - the gate must never crash its caller
-                log.error("gate_internal_error", tool=name, error=repr(exc), **span.log_fields())
-                return self._refuse(p, ToolDenied(f"{name}: refused, the gate failed: {exc!r}", tool=name))
+                opened.__exit__(type(raised) if raised else None, raised, None)
+            except Exception as exc:  # noqa: BLE001 - an exporter that raises does not change the call
+                log.error("span_end_failed", tool=name, error=repr(exc))
 
     # -- the steps ------------------------------------------------------------------------------
+    #
+    # Each call walks these states, in order; `p.state` names the last one reached:
+    #   new -> validated -> decided -> reserved -> approving -> authorized -> intent -> running -> ran -> done
+    # A call ends ok | failed | timeout (the tool returned), denied (refused before the tool
+    # started), unknown (the tool started, its result is not known) or cancelled (interrupted
+    # before the tool started). Once `running` is reached a call never ends `denied`.
 
-    def _run(self, p: _Pending, raw_args: Mapping[str, Any] | None) -> CallOutcome:
-        name = p.tool.name
+    def _walk(self, p: _Pending, tool: Tool | str, raw_args: Mapping[str, Any] | None) -> CallOutcome:
+        name = p.name
+        resolved = self.tools.get(name)
+        if resolved is None or (isinstance(tool, Tool) and tool is not resolved):
+            known = ", ".join(sorted(self.tools)) or "none"
+            return self._refuse(p, ToolDenied(f"unknown tool {name!r} (known: {known})", tool=name,
+                                              call_id=p.call_id))
+        p.tool = resolved
+        _safely(p.span.describe, resolved.description)
+        p.facts = self.policy.facts(name, resolved.side_effect, resolved.cost)
+        p.side_effect = p.facts.side_effect
         if raw_args is not None and type(raw_args) is not dict and not isinstance(raw_args, Mapping):
             return self._refuse(p, ToolDenied(f"invalid call to {name}: arguments must be a mapping", tool=name))
         try:
-            p.args = p.tool.validate(raw_args or {})
+            p.args = resolved.validate(raw_args or {})
         except ToolDenied as exc:
             exc.call_id = p.call_id
             return self._refuse(p, exc)
         p.redacted = self._redact(p.args, p.facts.redact)
-        p.span.arguments(p.redacted.args)
+        p.state = "validated"
+        _safely(p.span.arguments, p.redacted.args)
 
         p.decision = self._decide(p, p.args)
-        p.span.decision(p.decision, p.side_effect)
+        p.state = "decided"
+        _safely(p.span.decision, p.decision, p.side_effect)
         if p.decision.outcome == "deny":
             return self._refuse(p, ToolDenied(f"{name}: denied: {p.decision.reason}", tool=name,
                                               call_id=p.call_id, rules=p.decision.rules))
@@ -301,32 +378,41 @@ class Gate:
             exc.tool, exc.call_id, exc.rules = name, p.call_id, p.decision.rules
             self._record("budget_exhausted", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
                                               "budget": exc.budget, "reason": str(exc)})
+            _safely(p.span.event, sc.BUDGET_EXHAUSTED_EVENT, {sc.PROCTOR_BUDGET_NAME: exc.budget or "",
+                                                              sc.PROCTOR_REASON: str(exc)})
             return self._refuse(p, exc)
+        p.state = "reserved"
         if p.span.recording or metrics.enabled():  # remaining() costs a few µs; skip it when nobody reads it
-            p.span.budget(p.ctx.ledger.remaining())
+            _safely(p.span.budget, p.ctx.ledger.remaining())
 
-        try:
-            if p.decision.outcome == "require_approval":
-                refusal = self._approve(p)
-                if refusal is not None:
-                    return self._refuse(p, refusal)
-            intent = (self._record("call_intent", self._call_fields(p), durable=p.facts.durability != "flush")
-                      if self.audit is not None else None)
-            if intent is not None and not intent.ok:
+        if p.decision.outcome == "require_approval":
+            p.state = "approving"
+            refusal = self._approve(p)
+            if refusal is not None:
+                return self._refuse(p, refusal)
+        p.state = "authorized"
+        if self.audit is not None:
+            intent = self._record("call_intent", self._call_fields(p), durable=p.facts.durability != "flush")
+            if not intent.ok:
                 return self._refuse(p, AuditError(f"{name}: refused, the audit trail could not record the call "
                                                   f"before it ran: {intent.error}"), audited=False)
-        except BaseException:
-            p.ctx.ledger.release(p.reservation)
-            raise
+        p.state = "intent"
         return self._execute(p)
+
+    def _open_span(self, name: str, call_id: str, ctx: RunContext, parent: Context | None) -> tool_span:
+        try:
+            return tool_span(self.tracer, tool=name, call_id=call_id, run=ctx.info, parent=parent)
+        except Exception as exc:  # noqa: BLE001 - a broken tracer costs the call its span, nothing more
+            log.error("span_start_failed", tool=name, error=repr(exc))
+            return tool_span(_NOOP_TRACER, tool=name, call_id=call_id, run=ctx.info)
 
     def _decide(self, p: _Pending, args: Mapping[str, Any]) -> Decision:
         try:
             # Most calls match only rules without conditions: their decision needs no Call built.
-            fixed = self.policy.fixed_decision(p.tool.name, p.side_effect)
+            fixed = self.policy.fixed_decision(p.name, p.side_effect)
             if fixed is not None:
                 return fixed
-            call = Call(tool=p.tool.name, args=args, side_effect=p.side_effect, cost=p.facts.cost,
+            call = Call(tool=p.name, args=args, side_effect=p.side_effect, cost=p.facts.cost,
                         history=p.ctx.history_view(), run=p.ctx.info, usage=LazyUsage(p.ctx.ledger))
             return self.policy.decide(call)
         except Exception as exc:  # noqa: BLE001 - a policy that raises denies
@@ -335,7 +421,7 @@ class Gate:
     def _approve(self, p: _Pending) -> CallRefused | None:
         """Ask for approval (or find a grant); return the refusal, or None when the call may run."""
         assert p.decision is not None and p.redacted is not None
-        name = p.tool.name
+        name = p.name
         grant = p.ctx._granted(name, p.args)
         if grant is not None:
             p.approval = _Approval("grant", "grant", "approved by an earlier grant for this run", grant=grant)
@@ -355,6 +441,7 @@ class Gate:
                                             "args": p.redacted.args, "rules": list(p.decision.rules),
                                             "reason": p.decision.reason, "expires_at_ns": request.expires_at_ns,
                                             "binding": request.binding})
+        _safely(p.span.event, sc.APPROVAL_REQUESTED_EVENT, {"proctor.approval.expires_at_ns": request.expires_at_ns})
         asked = time.perf_counter_ns()
         approver = self.approver
         # The policy's approval timeout holds even for an approver that never answers (a
@@ -368,6 +455,7 @@ class Gate:
         except Exception as exc:  # noqa: BLE001 - an approver that raises is a channel error: deny
             answer = ApprovalDecision.deny(request, type(approver).__name__, f"approval channel failed: {exc!r}")
         wait_ns = time.perf_counter_ns() - asked
+        p.state = "authorized"  # answered (the answer may still refuse the call)
         refusal = self._judge_answer(p, request, answer)
         verdict = "denied" if refusal is not None else answer.verdict
         p.approval = p.approval or _Approval(verdict, answer.approver, answer.reason)
@@ -381,7 +469,7 @@ class Gate:
 
     def _judge_answer(self, p: _Pending, request: ApprovalRequest, answer: Any) -> CallRefused | None:
         assert p.decision is not None
-        name, rules = p.tool.name, p.decision.rules
+        name, rules = p.name, p.decision.rules
         if not isinstance(answer, ApprovalDecision):
             return ApprovalDenied(f"{name}: the approver gave no decision ({type(answer).__name__})",
                                   tool=name, call_id=p.call_id, rules=rules)
@@ -411,7 +499,7 @@ class Gate:
 
     def _apply_edit(self, p: _Pending, answer: ApprovalDecision) -> CallRefused | None:
         """Edited arguments are a new call: validated and decided again, never trusted blindly."""
-        name = p.tool.name
+        name = p.name
         try:
             edited = p.tool.validate(answer.args or {})
         except ToolDenied as exc:
@@ -430,89 +518,156 @@ class Gate:
         return None
 
     def _execute(self, p: _Pending) -> CallOutcome:
-        name = p.tool.name
+        name = p.name
         began = time.perf_counter_ns()
-        status: CallStatus = "ok"
-        value: Any = None
-        error: ProctorError | None = None
+        p.state = "running"
         try:
-            value = p.tool.run(p.args, p.facts.timeout_s)
+            p.value = p.tool.run(p.args, p.facts.timeout_s)
         except TimeoutError:
-            status = "timeout"
-            error = ToolFailed(f"{name}: timed out after {p.facts.timeout_s:g}s", tool=name,
-                               call_id=p.call_id, error_type="TimeoutError")
+            p.status = "timeout"
+            p.error = ToolFailed(f"{name}: timed out after {p.facts.timeout_s:g}s", tool=name,
+                                 call_id=p.call_id, error_type="TimeoutError")
         except Exception as exc:  # noqa: BLE001 - a tool's exception is its result, not the gate's crash
-            status = "failed"
-            error = ToolFailed(f"{name}: {type(exc).__name__}: {exc}", tool=name, call_id=p.call_id,
-                               error_type=type(exc).__name__)
-        duration = time.perf_counter_ns() - began
+            p.status = "failed"
+            p.error = ToolFailed(f"{name}: {type(exc).__name__}: {exc}", tool=name, call_id=p.call_id,
+                                 error_type=type(exc).__name__)
+        p.duration_ns = time.perf_counter_ns() - began
+        p.state = "ran"
+        return self._after_run(p)
+
+    def _after_run(self, p: _Pending) -> CallOutcome:
+        """Answer, settle, record and trace a call whose tool returned. Each part is guarded on
+        its own: nothing that fails here changes how the call ended (the tool has run)."""
+        name, error = p.name, p.error
         if p.on_result is not None:
             try:
-                p.on_result(value, error)
+                p.on_result(p.value, error)
             except Exception as exc:  # noqa: BLE001 - the call has run; recording it comes first
-                log.error("on_result_failed", tool=name, error=repr(exc), **p.span.log_fields())
-        p.ctx.ledger.settle(p.reservation, duration_ns=duration)
+                log.error("on_result_failed", tool=name, error=repr(exc), **_fields(p.span))
+        try:
+            p.ctx.ledger.settle(p.reservation, duration_ns=p.duration_ns)
+        except Exception as exc:  # noqa: BLE001 - the budget may now under-count; say so
+            log.error("budget_settle_failed", tool=name, error=repr(exc), **_fields(p.span))
         outcome = None if self.audit is None else self._record(
-            "call_outcome", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name, "status": status,
-                             "duration_ns": duration, "error": str(error) if error else None,
-                             "policy_sha256": self.policy.sha256, "trace_id": p.span.trace_id,
-                             "span_id": p.span.span_id},
+            "call_outcome", self._outcome_fields(p, p.status, error, p.duration_ns),
             durable=p.facts.durability != "flush")
         if outcome is not None and not outcome.ok:
             # The tool already ran: its result stands, and the failed sink refuses every later intent.
-            log.error("audit_outcome_lost", tool=name, error=outcome.error, **p.span.log_fields())
+            log.error("audit_outcome_lost", tool=name, error=outcome.error, **_fields(p.span))
         if error is None and p.span.capturing:  # results get the policy's redaction too (mapping results)
-            p.span.result(value, redact=lambda v: self._redact(v, p.facts.redact).args)
-        p.span.finish(status, error.error_type if isinstance(error, ToolFailed) else None,
-                      str(error) if error else None)
-        return CallOutcome(self._remember(p, status, error), value, error)
+            _safely(p.span.result, p.value, redact=lambda v: self._redact(v, p.facts.redact).args)
+        _safely(p.span.finish, p.status, error.error_type if isinstance(error, ToolFailed) else None,
+                str(error) if error else None)
+        p.state = "done"
+        return CallOutcome(self._remember(p, p.status, error), p.value, error)
+
+    def _end_by_state(self, p: _Pending, exc: Exception) -> CallOutcome:
+        """End a call after an unexpected fault, as its state allows: refused only if the tool never started."""
+        if p.state == "done":  # only remembering it failed
+            return CallOutcome(self._record_of(p, p.status, p.error), p.value, p.error)
+        if p.state == "ran":
+            return self._after_run(p)
+        if p.state == "running":
+            error = ToolFailed(f"{p.name}: the gate failed while the tool ran; it may have run: {exc!r}",
+                               tool=p.name, call_id=p.call_id, error_type=type(exc).__name__)
+            return self._end_unknown(p, "unknown", error)
+        return self._refuse(p, ToolDenied(f"{p.name}: refused, the gate failed: {exc!r}", tool=p.name,
+                                          call_id=p.call_id))
+
+    def _end_interrupted(self, p: _Pending, exc: BaseException) -> None:
+        """Record how a call ended when the host was interrupted during it (the interrupt then goes on)."""
+        why = interruption(exc)
+        try:
+            if p.state == "ran":
+                self._after_run(p)
+            elif p.state == "running":
+                self._end_unknown(p, "unknown", ToolFailed(
+                    f"{p.name}: interrupted ({why}) while the tool ran; it may have run", tool=p.name,
+                    call_id=p.call_id, error_type=type(exc).__name__))
+            elif p.state != "done":
+                if p.state == "approving":
+                    self._record("approval_resolved", {"run_id": p.ctx.info.id, "call_id": p.call_id,
+                                                       "tool": p.name, "verdict": "cancelled", "approver": None,
+                                                       "reason": f"interrupted ({why})", "wait_ns": 0,
+                                                       "grant": None, "refused": None})
+                    _safely(p.span.event, sc.APPROVAL_RESOLVED_EVENT, {sc.PROCTOR_APPROVAL_OUTCOME: "cancelled"})
+                self._end_unknown(p, "cancelled", CallRefused(
+                    f"{p.name}: cancelled ({why}) before the tool ran", tool=p.name, call_id=p.call_id))
+        except Exception as inner:  # noqa: BLE001 - the interrupt matters more than its record
+            log.error("gate_interrupt_record_failed", tool=p.name, error=repr(inner))
+
+    def _end_unknown(self, p: _Pending, status: CallStatus, error: ProctorError) -> CallOutcome:
+        """End a call as `unknown` (the tool started) or `cancelled` (it had not)."""
+        if p.reservation is not None:
+            try:
+                if status == "unknown":  # it may have run: count it
+                    p.ctx.ledger.settle(p.reservation, duration_ns=0)
+                else:
+                    p.ctx.ledger.release(p.reservation)
+            except Exception as exc:  # noqa: BLE001 - logged; the ending is recorded regardless
+                log.error("budget_settle_failed", tool=p.name, error=repr(exc), **_fields(p.span))
+            p.reservation = None
+        if self.audit is not None:
+            if p.state not in _INTENT_WRITTEN:
+                fields = self._call_fields(p)
+                fields["error"] = str(error)
+                self._record("call_intent", fields, durable=False)
+            self._record("call_outcome", self._outcome_fields(p, status, error, 0))
+        _safely(p.span.event, sc.CALL_INTERRUPTED_EVENT, {sc.PROCTOR_STATUS: status, sc.PROCTOR_REASON: str(error)})
+        _safely(p.span.finish, status, error.error_type if isinstance(error, ToolFailed) else type(error).__name__,
+                str(error))
+        p.state = "done"
+        return CallOutcome(self._remember(p, status, error), None, error)
 
     # -- helpers --------------------------------------------------------------------------------
 
     def _refuse(self, p: _Pending, error: ProctorError, *, audited: bool = True) -> CallOutcome:
         """Record a call that did not run (its intent and a `denied` outcome), and return the error."""
         if p.reservation is not None:
-            p.ctx.ledger.release(p.reservation)
-        if audited:
+            try:
+                p.ctx.ledger.release(p.reservation)
+            except Exception as exc:  # noqa: BLE001 - the refusal stands; the ledger may over-count
+                log.error("budget_release_failed", tool=p.name, error=repr(exc), **_fields(p.span))
+            p.reservation = None
+        if audited and self.audit is not None:
             fields = self._call_fields(p)
             fields["error"] = str(error)
             self._record("call_intent", fields, durable=False)
-            self._record("call_outcome", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": p.tool.name,
-                                          "status": "denied", "duration_ns": 0, "error": str(error),
-                                          "policy_sha256": self.policy.sha256,
-                                          "trace_id": p.span.trace_id, "span_id": p.span.span_id}, durable=False)
-        p.span.finish("denied", type(error).__name__, str(error))
+            self._record("call_outcome", self._outcome_fields(p, "denied", error, 0), durable=False)
+        if isinstance(error, CallRefused):
+            _safely(p.span.event, sc.CALL_REFUSED_EVENT, {sc.ERROR_TYPE: type(error).__name__,
+                                                          sc.PROCTOR_REASON: str(error)})
+        _safely(p.span.finish, "denied", type(error).__name__, str(error))
+        p.state = "done"
         return CallOutcome(self._remember(p, "denied", error), None, error)
 
-    def _unknown(self, name: str, call_id: str, ctx: RunContext, span: ToolSpan, message: str) -> CallOutcome:
-        error = ToolDenied(message, tool=name, call_id=call_id)
-        common = {"run_id": ctx.info.id, "call_id": call_id, "tool": name, "error": message,
-                  "policy_sha256": self.policy.sha256, "trace_id": span.trace_id, "span_id": span.span_id}
-        self._record("call_intent", {**common, "side_effect": "destructive", "decision": None}, durable=False)
-        self._record("call_outcome", {**common, "status": "denied", "duration_ns": 0}, durable=False)
-        span.finish("denied", "ToolDenied", message)
-        record = CallRecord(call_id, name, {}, "destructive", None, "denied", 0, message, "ToolDenied")
-        ctx._remember(HistoryEntry(name, {}, "destructive", "deny", "denied"), record)
-        return CallOutcome(record, None, error)
-
-    def _remember(self, p: _Pending, status: CallStatus, error: ProctorError | None) -> CallRecord:
+    def _record_of(self, p: _Pending, status: CallStatus, error: ProctorError | None) -> CallRecord:
         # Positional: a frozen dataclass takes a fifth longer to build from keywords.
-        record = CallRecord(
-            p.call_id, p.tool.name, p.redacted.args if p.redacted else {}, p.side_effect, p.decision, status,
+        return CallRecord(
+            p.call_id, p.name, p.redacted.args if p.redacted else {}, p.side_effect, p.decision, status,
             time.perf_counter_ns() - p.started_ns,  # duration_ns
             str(error) if error else None, type(error).__name__ if error else None,  # error, error_type
             f"{p.approval.verdict} by {p.approval.approver}" if p.approval else None,  # approval
             error.budget if isinstance(error, BudgetExceeded) else None,  # budget
         )
-        p.ctx._remember_row(p.tool.name, p.args, p.side_effect, p.decision.outcome if p.decision else "deny", status,
+
+    def _remember(self, p: _Pending, status: CallStatus, error: ProctorError | None) -> CallRecord:
+        record = self._record_of(p, status, error)
+        p.ctx._remember_row(p.name, p.args, p.side_effect, p.decision.outcome if p.decision else "deny", status,
                             record)
         return record
+
+    def _outcome_fields(self, p: _Pending, status: CallStatus, error: ProctorError | None,
+                        duration_ns: int) -> dict[str, Any]:
+        return {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": p.name, "status": status,
+                "duration_ns": duration_ns, "error": str(error) if error else None,
+                "policy_sha256": self.policy.sha256, "trace_id": p.span.trace_id, "span_id": p.span.span_id}
 
     def _call_fields(self, p: _Pending) -> dict[str, Any]:
         d = p.decision
         return {
             "run_id": p.ctx.info.id, "step": p.ctx.info.step, "principal": p.ctx.info.principal,
-            "call_id": p.call_id, "tool": p.tool.name, "side_effect": p.side_effect,
+            "call_id": p.call_id, "tool": p.name, "side_effect": p.side_effect,
             "args": p.redacted.args if p.redacted else {}, "args_digest": p.redacted.digest if p.redacted else None,
             "decision": d.outcome if d else None, "rules": list(d.rules) if d else [],
             "reason": d.reason if d else None, "policy_sha256": self.policy.sha256,

@@ -26,6 +26,7 @@ from proctor.audit.base import AuditSink
 from proctor.calls import CallRecord
 from proctor.errors import BudgetExceeded, ProctorError
 from proctor.gate import Gate, RunContext
+from proctor.interrupts import interruption, terminate_as_exception
 from proctor.policy import Policy
 from proctor.telemetry import AgentSpan, agent_span, get_tracer, step_span
 from proctor.telemetry.logging import get_logger
@@ -167,7 +168,9 @@ class AgentBase:
         self.memory.append({"role": "user", "content": f"New task:\n{task}"})
         answer: Any = None
         error: str | None = None
-        with agent_span(self.tracer, agent_name=self.name, run=ctx.info, model=self.model.model_id) as span:
+        interrupt: BaseException | None = None
+        with terminate_as_exception(), \
+                agent_span(self.tracer, agent_name=self.name, run=ctx.info, model=self.model.model_id) as span:
             trace_id = span.trace_id
             try:
                 answer = self._loop(ctx, span, steps)
@@ -177,13 +180,18 @@ class AgentBase:
             except Exception as exc:  # noqa: BLE001 - a run reports its failure; it does not crash the caller
                 log.error("agent_run_failed", run_id=ctx.info.id, error=repr(exc))
                 status, error = "error", f"{type(exc).__name__}: {exc}"
+            except BaseException as exc:  # noqa: BLE001 - Ctrl-C, SIGTERM: recorded below, then raised again
+                interrupt = exc
+                status, error = "interrupted", f"interrupted by {interruption(exc)}"
             usage = sum((s.usage for s in steps), Usage())
             costs = [s.cost_usd for s in steps if s.cost_usd is not None]
             cost = sum(costs) if costs else None
-            span.usage(usage.input_tokens, usage.output_tokens)
+            # The run span's usage is the sum of its steps': each step span adds its own to it.
             span.finish(status, None if status == "done" else status, error)
-        self.gate.finish_run(ctx, status=status, steps=len(steps), error=error,
-                             usage={**usage.as_dict(), "cost_usd": cost})
+            self.gate.finish_run(ctx, status=status, steps=len(steps), error=error,
+                                 usage={**usage.as_dict(), "cost_usd": cost})
+        if interrupt is not None:
+            raise interrupt
         return RunResult(answer, status, steps, usage, cost, run_id=ctx.info.id, audit_path=self.audit_path,
                          trace_id=trace_id, error=error, duration_ns=time.perf_counter_ns() - started,
                          budget_usage=ctx.ledger.usage(), budget_remaining=ctx.ledger.remaining())
@@ -197,6 +205,7 @@ class AgentBase:
             ctx.next_step()
             step = StepRecord(number)
             began = time.perf_counter_ns()
+            first_call = len(ctx.records)
             with step_span(self.tracer, step=number, parent=parent, run=ctx.info) as sspan:
                 sctx = sspan.context
                 try:
@@ -210,6 +219,13 @@ class AgentBase:
                             finished, step.final_answer = False, False
                             step.observation = (step.observation + "\n" + rejection).strip()
                             self.memory.append({"role": "user", "content": rejection})
+                except BaseException as exc:
+                    # Whatever ended the step (an interrupt, a bug) the calls it made are its calls.
+                    if not step.tool_calls:
+                        step.tool_calls = list(ctx.records[first_call:])
+                    step.error = step.error or (f"interrupted by {interruption(exc)}" if not isinstance(exc, Exception)
+                                                else f"{type(exc).__name__}: {exc}")
+                    raise
                 finally:
                     step.duration_ns = time.perf_counter_ns() - began
                     sspan.usage(step.usage.input_tokens, step.usage.output_tokens)

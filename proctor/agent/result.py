@@ -10,8 +10,10 @@ from proctor.calls import CallRecord
 
 __all__ = ["RUN_STATUSES", "RunResult", "RunStatus", "StepKind", "StepRecord"]
 
-RunStatus = Literal["done", "max_steps", "budget_exhausted", "error"]
-RUN_STATUSES: tuple[RunStatus, ...] = ("done", "max_steps", "budget_exhausted", "error")
+#: `interrupted`: Ctrl-C or SIGTERM in the host; it is recorded in the audit trail, and the
+#: interrupt is raised again, so `run()` never returns a result with this status.
+RunStatus = Literal["done", "max_steps", "budget_exhausted", "error", "interrupted"]
+RUN_STATUSES: tuple[RunStatus, ...] = ("done", "max_steps", "budget_exhausted", "error", "interrupted")
 StepKind = Literal["action", "planning"]
 
 

@@ -10,8 +10,10 @@ with AuditLog("audit.jsonl", signing_key="audit.key") as log:
 One writer per file across processes (`flock` on ``<log>.lock``). Every append is one
 ``write`` of one canonical line, then ``fsync`` when durable; a failed write marks the
 log failed and every later append reports it — nothing is dropped silently. Opening
-an existing log re-verifies it, cuts a torn last line into a `recovery` record and
-closes dangling intents with `unknown` outcomes (calls are never retried).
+an existing log re-verifies it, cuts a torn last line (bytes after the last newline, and
+only those) into a `recovery` record and closes dangling intents with `unknown` outcomes
+(calls are never retried). Anything else that does not verify — a complete last line that
+does not parse or whose hash is wrong — is tampering: `AuditCorrupted`, nothing appended.
 """
 
 from __future__ import annotations
@@ -132,8 +134,10 @@ class AuditLog:
             f = exc.failure
             assert f.offset is not None and f.line is not None
             rest = os.pread(self._fd, size - f.offset, f.offset)
-            if not (exc.unreadable and rest.find(b"\n") in (-1, len(rest) - 1)):
-                raise self._corrupted(exc, "the log is damaged") from None
+            if not (exc.unreadable and b"\n" not in rest):
+                # Only bytes after the last newline can be a crash mid-append (a line is written
+                # whole, newline last). A complete line that does not parse or chain is tampering.
+                raise self._corrupted(exc, "the log is damaged (run `proctor audit verify` on it)") from None
             # A torn last line: what a crash mid-append leaves. Cut it, but keep a record of it.
             cut = {"offset": f.offset, "line": f.line, "bytes": len(rest),
                    "sha256": hashlib.sha256(rest).hexdigest(), "reason": f.message}

@@ -48,7 +48,7 @@ GENESIS = "0" * 64
 #: Fields the log writes itself; callers may not supply them.
 ENVELOPE = ("seq", "ts_ns", "kind", "prev", "h")
 #: `status` values of a `call_outcome` record.
-CALL_STATUSES = ("ok", "failed", "denied", "timeout", "unknown")
+CALL_STATUSES = ("ok", "failed", "denied", "timeout", "unknown", "cancelled")
 #: Domain separator inside every signed checkpoint statement.
 CHECKPOINT_TYPE = "proctor.audit.checkpoint.v1"
 #: Failure codes reported by verification, in the order a reader meets them.

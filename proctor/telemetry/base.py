@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -122,6 +123,11 @@ class _Handle:
         if self._context is None:
             self._context = trace.set_span_in_context(self.span)
         return self._context
+
+    def event(self, name: str, attributes: Mapping[str, Any] | None = None) -> None:
+        """Add a span event (Jaeger's "Logs", Phoenix's "Events"): a refusal, an approval, a budget stop."""
+        if self.recording:
+            self.span.add_event(name, dict(attributes or {}))
 
     def log_fields(self) -> dict[str, str]:
         """trace_id / span_id for a log event, so a log line leads to its span."""

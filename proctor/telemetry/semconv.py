@@ -16,7 +16,12 @@ from __future__ import annotations
 from typing import Final
 
 __all__ = [
+    "APPROVAL_REQUESTED_EVENT",
+    "APPROVAL_RESOLVED_EVENT",
     "APPROVAL_SPAN",
+    "BUDGET_EXHAUSTED_EVENT",
+    "CALL_INTERRUPTED_EVENT",
+    "CALL_REFUSED_EVENT",
     "ERROR_OTHER",
     "ERROR_TYPE",
     "EXECUTE_TOOL",
@@ -78,6 +83,18 @@ STEP_SPAN: Final = "step"
 #: of the call's `execute_tool` span. proctor's own; the conventions have none.
 APPROVAL_SPAN: Final = "approval"
 
+# -- span events on `execute_tool` (Jaeger shows them as "Logs", Phoenix as "Events") ------------
+#: The call was refused before it ran: attributes `error.type`, `proctor.reason`.
+CALL_REFUSED_EVENT: Final = "proctor.call.refused"
+#: A human was asked: `proctor.approval.expires_at_ns`.
+APPROVAL_REQUESTED_EVENT: Final = "proctor.approval.requested"
+#: The approval's answer: `proctor.approval.outcome`, `.approver`, `.wait_ms`.
+APPROVAL_RESOLVED_EVENT: Final = "proctor.approval.resolved"
+#: A budget refused the call: `proctor.budget.name`, `proctor.reason`.
+BUDGET_EXHAUSTED_EVENT: Final = "proctor.budget.exhausted"
+#: The host was interrupted (Ctrl-C, SIGTERM) during the call: `proctor.status` unknown | cancelled.
+CALL_INTERRUPTED_EVENT: Final = "proctor.call.interrupted"
+
 # -- GenAI attributes ---------------------------------------------------------------------------
 GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
 GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
@@ -123,7 +140,7 @@ PROCTOR_RULES: Final = "proctor.rules"
 PROCTOR_REASON: Final = "proctor.reason"
 PROCTOR_SIDE_EFFECT: Final = "proctor.side_effect"
 PROCTOR_POLICY_SHA256: Final = "proctor.policy.sha256"
-#: ok | denied | failed | timeout (proctor.calls.CallStatus).
+#: ok | denied | failed | timeout | unknown | cancelled (proctor.calls.CallStatus).
 PROCTOR_STATUS: Final = "proctor.status"
 #: Followed by `{budget}.{kind}_remaining`: `proctor.budget.outbound.calls_remaining`.
 PROCTOR_BUDGET_PREFIX: Final = "proctor.budget."

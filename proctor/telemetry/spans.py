@@ -134,6 +134,7 @@ class ToolSpan(_Handle):
             sc.PROCTOR_APPROVAL_WAIT_MS: wait_ns // 1_000_000,
         }
         self._attrs.update(attrs)
+        self.span.add_event(sc.APPROVAL_RESOLVED_EVENT, dict(attrs))
         if wait_ns > 0:
             # The gate reports the wait once it is over; the child span is drawn after the
             # fact with the true start and end, which is what a trace view shows anyway.

@@ -32,7 +32,7 @@ def _log(path: Path, n: int = 3, *, close: bool = True) -> None:
         os.close(log._lock_fd)
 
 
-@pytest.mark.parametrize("tail", [b'{"h":"12', b"garbage\n", b"\x00" * 300, b"\n", b'{"half": tr'])
+@pytest.mark.parametrize("tail", [b'{"h":"12', b"garbage", b"\x00" * 300, b'{"half": tr'])
 def test_torn_or_unreadable_last_line_is_cut_and_recorded(tmp_path: Path, tail: bytes) -> None:
     """The cut bytes' count, sha256 and (small) content go into a recovery record; the log verifies."""
     path = tmp_path / "a.jsonl"
@@ -48,6 +48,32 @@ def test_torn_or_unreadable_last_line_is_cut_and_recorded(tmp_path: Path, tail: 
     assert cut["sha256"] == hashlib.sha256(tail).hexdigest()
     assert base64.b64decode(cut["b64"]) == tail
     assert verify(path).ok
+
+
+@pytest.mark.parametrize("damage", ["garbage", "blank", "hash", "reseal_ok_json_bad_prev"])
+@pytest.mark.parametrize("side_file", [True, False])
+def test_complete_bad_last_line_is_tampering_not_a_crash(tmp_path: Path, damage: str, side_file: bool) -> None:
+    """A newline-terminated last line that does not parse or chain raises AuditCorrupted; nothing is cut."""
+    path = tmp_path / "a.jsonl"
+    _log(path, n=4)
+    lines = path.read_bytes().splitlines(keepends=True)
+    last = lines[-1]
+    if damage == "garbage":
+        lines.append(b"garbage\n")
+    elif damage == "blank":
+        lines.append(b"\n")
+    elif damage == "hash":
+        lines[-1] = last.replace(b'"kind":"checkpoint"', b'"kind":"checkpoinT"')
+    else:
+        lines.append(json.dumps({"kind": "step", "seq": 5, "prev": "00" * 32, "h": "11" * 32}).encode() + b"\n")
+    if not side_file:
+        (tmp_path / "a.jsonl.checkpoint").unlink()
+    data = b"".join(lines)
+    path.write_bytes(data)
+    with pytest.raises(AuditCorrupted, match="proctor audit verify"):
+        AuditLog(path)
+    assert path.read_bytes() == data
+    assert not verify(path).ok
 
 
 def test_large_torn_tail_keeps_its_digest_but_not_its_bytes(tmp_path: Path) -> None:
