@@ -13,12 +13,18 @@ ProctorError                      base of everything below
 │   └── AuditCorrupted            an existing log is damaged and will not be appended to
 ├── ExecutionTimeout              a program ran past its time limit and was killed
 ├── SandboxError                  the worker could not start, misbehaved, or died
-└── StoreError                    the run store could not be opened, read or written
-    ├── RunNotFound               no run with that id in the store
-    ├── ApprovalNotFound          no approval with that id in the store
-    ├── StoreConflict             someone else changed the record first (or holds the run)
-    └── ApprovalConflict          an answer with the wrong binding, or to an approval already closed
+├── StoreError                    the run store could not be opened, read or written
+│   ├── RunNotFound               no run with that id in the store
+│   ├── ApprovalNotFound          no approval with that id in the store
+│   ├── StoreConflict             someone else changed the record first (or holds the run)
+│   └── ApprovalConflict          an answer with the wrong binding, or to an approval already closed
+├── ToolDefinitionError (TypeError)   an object cannot become a tool as written
+├── ModelError (RuntimeError)         the model could not answer
+└── ConfigurationError (ValueError, TypeError)   an argument or setting proctor cannot use
 ```
+
+The three last keep a builtin base (in parentheses) so code that catches the builtin
+keeps working.
 
 The first five are the ones a model sees inside its program, at the call site of
 the tool; `ApprovalDenied`, `ApprovalTimeout` and `BudgetExceeded` are refusals too,
@@ -38,7 +44,9 @@ __all__ = [
     "AuditError",
     "BudgetExceeded",
     "CallRefused",
+    "ConfigurationError",
     "ExecutionTimeout",
+    "ModelError",
     "PolicyError",
     "PolicyIssue",
     "ProctorError",
@@ -46,6 +54,7 @@ __all__ = [
     "SandboxError",
     "StoreConflict",
     "StoreError",
+    "ToolDefinitionError",
     "ToolDenied",
     "ToolFailed",
 ]
@@ -177,3 +186,18 @@ class StoreConflict(StoreError):
 
 class ApprovalConflict(StoreError):
     """The answer's binding is not the approval's, or the approval was already answered or voided."""
+
+
+class ToolDefinitionError(ProctorError, TypeError):
+    """An object cannot become a tool as written (raised when it is declared or registered)."""
+
+
+class ModelError(ProctorError, RuntimeError):
+    """The model could not answer; the message is one line naming the model and the cause."""
+
+
+class ConfigurationError(ProctorError, ValueError, TypeError):
+    """An argument or setting proctor cannot use; the message says which and what it accepts.
+
+    Both a ValueError and a TypeError, as the builtin checks it replaces were one or the other.
+    """

@@ -43,6 +43,7 @@ from proctor.errors import (
     AuditError,
     BudgetExceeded,
     CallRefused,
+    ConfigurationError,
     ProctorError,
     ToolDenied,
     ToolFailed,
@@ -204,6 +205,7 @@ class Gate:
     def __init__(
         self,
         policy: PolicyLike,
+        *,
         approver: Approver | None = None,
         audit: AuditSink | None = None,
         tracer: Tracer | None = None,
@@ -228,7 +230,7 @@ class Gate:
             t = item if isinstance(item, Tool) else Tool.from_function(item)
             existing = self.tools.get(t.name)
             if existing is not None and existing is not t and existing.fn is not t.fn:
-                raise ValueError(f"a different tool named {t.name!r} is already registered")
+                raise ConfigurationError(f"a different tool named {t.name!r} is already registered")
             self.tools[t.name] = t
 
     def start_run(

@@ -21,13 +21,9 @@ import pydantic
 import pydantic_core
 
 from proctor.calls import SIDE_EFFECTS, SideEffect
-from proctor.errors import ToolDenied
+from proctor.errors import ToolDefinitionError, ToolDenied
 
 __all__ = ["Tool", "ToolDefinitionError", "run_with_timeout", "tool"]
-
-
-class ToolDefinitionError(TypeError):
-    """A function cannot become a tool as written (raised at decoration time)."""
 
 
 _ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters)\s*:\s*$")

@@ -24,7 +24,7 @@ from proctor.agent.tracing import model_span, record_response
 from proctor.approval.base import Approver
 from proctor.audit.base import AuditSink
 from proctor.calls import CallRecord
-from proctor.errors import BudgetExceeded, ProctorError
+from proctor.errors import BudgetExceeded, ConfigurationError, ProctorError
 from proctor.gate import Gate, RunContext
 from proctor.interrupts import interruption, terminate_as_exception
 from proctor.policy import Policy
@@ -52,7 +52,7 @@ def load_policy(policy: Policy | str | os.PathLike[str]) -> Policy:
     if isinstance(policy, (str, os.PathLike)):
         return Policy.from_yaml(policy)
     if not hasattr(policy, "decide"):
-        raise TypeError(f"policy must be a Policy or a path to a policy file, got {type(policy).__name__}")
+        raise ConfigurationError(f"policy must be a Policy or a path to a policy file, got {type(policy).__name__}")
     return policy
 
 
@@ -88,6 +88,7 @@ class AgentBase:
         tools: Iterable[Tool | Callable[..., Any]],
         model: Model,
         policy: Policy | str | os.PathLike[str],
+        *,
         approver: Approver | None = None,
         audit: AuditSink | str | os.PathLike[str] | None = None,
         max_steps: int = 20,
@@ -100,9 +101,9 @@ class AgentBase:
         program_callbacks: Sequence[StepCallback] = (),
     ) -> None:
         if max_steps < 1:
-            raise ValueError("max_steps must be at least 1")
+            raise ConfigurationError("max_steps must be at least 1")
         if planning_interval is not None and planning_interval < 1:
-            raise ValueError("planning_interval must be at least 1 (or None)")
+            raise ConfigurationError("planning_interval must be at least 1 (or None)")
         self.model = model
         self.policy = load_policy(policy)
         self.audit, self.audit_path, self._owns_audit = load_audit(audit)

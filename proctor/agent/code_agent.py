@@ -51,6 +51,7 @@ class CodeAgent(AgentBase):
         tools: Iterable[Tool | Callable[..., Any]],
         model: Model,
         policy: Policy | str | os.PathLike[str],
+        *,
         approver: Approver | None = None,
         audit: AuditSink | str | os.PathLike[str] | None = None,
         max_steps: int = 20,

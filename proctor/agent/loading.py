@@ -15,12 +15,13 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+from proctor.errors import ProctorError
 from proctor.tools import Tool, ToolDefinitionError
 
 __all__ = ["ToolLoadError", "load_tools"]
 
 
-class ToolLoadError(ValueError):
+class ToolLoadError(ProctorError, ValueError):
     """A ``--tools`` spec that names nothing usable; the message says what to fix."""
 
 

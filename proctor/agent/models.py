@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from proctor.errors import ConfigurationError, ModelError
+
 __all__ = [
     "Message",
     "Model",
@@ -32,10 +34,6 @@ __all__ = [
 
 #: One chat message: ``{"role": "system"|"user"|"assistant"|"tool", "content": ..., ...}``.
 Message = dict[str, Any]
-
-
-class ModelError(RuntimeError):
-    """The model could not answer; the message is one line naming the model and the cause."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,9 +220,9 @@ class LiteLLMModel:
 
     def __init__(self, model_id: str, *, retries: int = 4, backoff: float = 1.0, **kwargs: Any) -> None:
         if not model_id:
-            raise ValueError("LiteLLMModel needs a model id, e.g. 'openai/gpt-4o-mini'")
+            raise ConfigurationError("LiteLLMModel needs a model id, e.g. 'openai/gpt-4o-mini'")
         if retries < 0 or backoff < 0:
-            raise ValueError("retries and backoff must not be negative")
+            raise ConfigurationError("retries and backoff must not be negative")
         self.model_id = model_id
         self.retries = retries
         self.backoff = backoff

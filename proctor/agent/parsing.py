@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from proctor.errors import ProctorError
+
 __all__ = ["CodeParseError", "extract_code"]
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:\n[ \t]*```|\Z)", re.DOTALL | re.IGNORECASE)
@@ -23,7 +25,7 @@ FORMAT_HINT = (
 )
 
 
-class CodeParseError(ValueError):
+class CodeParseError(ProctorError, ValueError):
     """The answer holds no program; the message says what was expected."""
 
 

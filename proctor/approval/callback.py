@@ -14,6 +14,7 @@ import inspect
 from typing import Any, Protocol
 
 from proctor.approval.base import ApprovalDecision, ApprovalRequest
+from proctor.errors import ConfigurationError
 
 __all__ = ["ApprovalCallback", "CallbackApprover"]
 
@@ -37,7 +38,7 @@ class CallbackApprover:
 
     def __init__(self, fn: ApprovalCallback, *, name: str = "callback") -> None:
         if not callable(fn):
-            raise TypeError(f"CallbackApprover needs a callable, got {type(fn).__name__}")
+            raise ConfigurationError(f"CallbackApprover needs a callable, got {type(fn).__name__}")
         self.fn = fn
         self.name = name
 
@@ -71,4 +72,4 @@ class CallbackApprover:
         except RuntimeError:
             return asyncio.run(coro)
         coro.close()  # never awaited: close it so Python does not warn about it
-        raise RuntimeError("async callback called from inside a running event loop; pass a sync function")
+        raise ConfigurationError("async callback called from inside a running event loop; pass a sync function")

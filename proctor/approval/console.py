@@ -27,6 +27,7 @@ from rich.text import Text
 
 from proctor.approval.base import ApprovalDecision, ApprovalRequest, Grant
 from proctor.approval.panel import KEYS_HELP, format_duration, render_request, safe_text
+from proctor.errors import ConfigurationError
 
 __all__ = ["ConsoleApprover", "parse_grant_patterns"]
 
@@ -121,7 +122,7 @@ class ConsoleApprover:
         approver_name: str | None = None,
     ) -> None:
         if timeout is not None and timeout <= 0:
-            raise ValueError("ConsoleApprover timeout must be positive seconds (or None)")
+            raise ConfigurationError("ConsoleApprover timeout must be positive seconds (or None)")
         self.timeout = timeout
         self.console = console if console is not None else Console(stderr=True)
         self.stream_in = stream_in

@@ -19,6 +19,8 @@ import hashlib
 import hmac
 import time
 
+from proctor.errors import ProctorError
+
 __all__ = [
     "SIGNATURE_HEADER",
     "SIGNATURE_SCHEME",
@@ -34,7 +36,7 @@ SIGNATURE_HEADER = "X-Proctor-Signature"
 SIGNATURE_SCHEME = "v1"
 
 
-class SignatureError(ValueError):
+class SignatureError(ProctorError, ValueError):
     """A message's signature is missing, malformed, wrong or too old; `str()` says which."""
 
 

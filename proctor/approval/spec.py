@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 
 from proctor.approval.base import Approver
+from proctor.errors import ConfigurationError
 
 __all__ = ["SECRET_ENV", "approver_from_spec"]
 
@@ -29,6 +30,6 @@ def approver_from_spec(spec: str, *, env: Mapping[str, str] | None = None) -> Ap
         url = spec.removeprefix("webhook:")
         secret = environ.get(SECRET_ENV, "")
         if not secret:
-            raise ValueError(f"--approver {spec} needs the shared secret in ${SECRET_ENV}")
+            raise ConfigurationError(f"--approver {spec} needs the shared secret in ${SECRET_ENV}")
         return WebhookApprover(url, secret)
-    raise ValueError(f"unknown approver {spec!r}: use 'console' or 'webhook:https://host/path'")
+    raise ConfigurationError(f"unknown approver {spec!r}: use 'console' or 'webhook:https://host/path'")

@@ -29,6 +29,7 @@ from proctor.approval.signing import (
     signed_headers,
     verify,
 )
+from proctor.errors import ConfigurationError
 
 __all__ = ["WIRE_VERSION", "SignatureError", "WebhookApprover", "sign", "signed_headers", "verify"]
 
@@ -76,13 +77,13 @@ class WebhookApprover:
     ) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"webhook URL must be http(s)://host/..., got {url!r}")
+            raise ConfigurationError(f"webhook URL must be http(s)://host/..., got {url!r}")
         if not secret:
-            raise ValueError("the webhook secret must not be empty")
+            raise ConfigurationError("the webhook secret must not be empty")
         for label, value in (("timeout", timeout), ("poll_interval", poll_interval),
                              ("replay_window", replay_window), ("request_timeout", request_timeout)):
             if value <= 0:
-                raise ValueError(f"WebhookApprover {label} must be positive seconds")
+                raise ConfigurationError(f"WebhookApprover {label} must be positive seconds")
         self.url = url
         self._secret = secret
         self.timeout = timeout

@@ -39,7 +39,7 @@ from proctor.audit.records import CALL_STATUSES, ENVELOPE, checkpoint_statement,
 from proctor.audit.scan import Anchor, ScanFailure, Scanner, load_anchor
 from proctor.audit.storage import atomic_write, read_or_create_secret, sync_dir, sync_fd, write_all
 from proctor.audit.verify import scan_file, side_file_path
-from proctor.errors import AuditCorrupted, AuditError
+from proctor.errors import AuditCorrupted, AuditError, ConfigurationError
 from proctor.redaction import Redacted, redact_args
 
 __all__ = ["DURABILITIES", "AuditLog"]
@@ -64,9 +64,9 @@ class AuditLog:
         redaction_key: bytes | None = None,
     ) -> None:
         if durability not in DURABILITIES:
-            raise ValueError(f"durability must be one of {DURABILITIES}, not {durability!r}")
+            raise ConfigurationError(f"durability must be one of {DURABILITIES}, not {durability!r}")
         if checkpoint_every < 1 or checkpoint_interval_s <= 0:
-            raise ValueError("checkpoint_every must be ≥ 1 and checkpoint_interval_s > 0")
+            raise ConfigurationError("checkpoint_every must be ≥ 1 and checkpoint_interval_s > 0")
         self.path = Path(path)
         self.durability = durability
         self._every = checkpoint_every

@@ -8,6 +8,8 @@ import secrets
 import sys
 from pathlib import Path
 
+from proctor.errors import ConfigurationError
+
 __all__ = ["atomic_write", "read_or_create_secret", "sync_dir", "sync_fd", "write_all"]
 
 
@@ -70,7 +72,7 @@ def read_or_create_secret(path: Path, size: int = 32) -> bytes:
     except FileExistsError:
         data = path.read_bytes()
         if len(data) < 16:
-            raise ValueError(f"{path} holds {len(data)} bytes; a redaction key needs at least 16") from None
+            raise ConfigurationError(f"{path} holds {len(data)} bytes; a redaction key needs at least 16") from None
         return data
     data = secrets.token_bytes(size)
     try:

@@ -16,7 +16,15 @@ from dataclasses import replace
 from typing import Any, Literal, Protocol
 
 from proctor.calls import CallRecord, new_id
-from proctor.errors import ApprovalDenied, ExecutionTimeout, ProctorError, SandboxError, ToolDenied, ToolFailed
+from proctor.errors import (
+    ApprovalDenied,
+    ConfigurationError,
+    ExecutionTimeout,
+    ProctorError,
+    SandboxError,
+    ToolDenied,
+    ToolFailed,
+)
 from proctor.interpreter.channel import EncodeError, ProtocolError, encode_value, frame, reply_frame
 from proctor.interpreter.host import WorkerDied, WorkerProcess
 from proctor.interpreter.messages import (
@@ -56,14 +64,14 @@ class GateLike(Protocol):
 class Interpreter:
     """A persistent, sandboxed Python namespace whose tool calls all pass one gate (see the module docstring)."""
 
-    def __init__(self, tools: Iterable[Tool | Callable[..., Any]], gate: GateLike, timeout: float = 30,
+    def __init__(self, tools: Iterable[Tool | Callable[..., Any]], gate: GateLike, *, timeout: float = 30,
                  authorized_imports: Iterable[str] = (), sandbox: SandboxMode = "auto",
-                 memory_limit: int | None = 512 * MiB, max_output: int = 50_000, context: Any = None, *,
+                 memory_limit: int | None = 512 * MiB, max_output: int = 50_000, context: Any = None,
                  cpu_limit: int = 3600, max_processes: int = 64, start_timeout: float = 30.0) -> None:
         if sandbox not in ("auto", "bwrap", "process", "none"):
-            raise ValueError(f"sandbox must be 'auto', 'bwrap', 'process' or 'none', not {sandbox!r}")
+            raise ConfigurationError(f"sandbox must be 'auto', 'bwrap', 'process' or 'none', not {sandbox!r}")
         if timeout <= 0 or max_output <= 0:
-            raise ValueError("timeout and max_output must be positive")
+            raise ConfigurationError("timeout and max_output must be positive")
         self.tools = [t if isinstance(t, Tool) else Tool.from_function(t) for t in tools]
         self.gate = gate
         gate.register(*self.tools)

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from proctor.calls import CallRecord
+from proctor.errors import ProctorError
 
 __all__ = ["ExecutionResult", "ProgramError"]
 
 
-class ProgramError(Exception):
+class ProgramError(ProctorError):
     """The program raised: its exception type, message and line (``ZeroDivisionError: … (line 3)``)."""
 
     def __init__(self, type_name: str, message: str, line: int | None) -> None:

@@ -23,6 +23,8 @@ from typing import Any, TextIO
 import structlog
 from opentelemetry import trace
 
+from proctor.errors import ConfigurationError
+
 __all__ = ["add_otel_ids", "bind_call", "bind_run", "configure_logging", "get_logger"]
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "warn": 30, "error": 40, "critical": 50, "exception": 40}
@@ -59,7 +61,7 @@ def _level(level: str | int) -> int:
     try:
         return _LEVELS[level.lower()]
     except KeyError:
-        raise ValueError(f"unknown log level {level!r}: use debug, info, warning, error or critical") from None
+        raise ConfigurationError(f"unknown log level {level!r}: use debug, info, warning, error or critical") from None
 
 
 def configure_logging(*, json: bool | None = None, level: str | int = "info", stream: TextIO | None = None,

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlparse
 
+from proctor.errors import ConfigurationError
 from proctor.telemetry import metrics as proctor_metrics
 from proctor.telemetry import spans
 
@@ -133,11 +134,11 @@ def resolve_endpoint(endpoint: str | None, protocol: str | None) -> tuple[str, s
         endpoint = "http://" + endpoint  # "localhost:4317" would otherwise be taken as a TLS target
     parsed = urlparse(endpoint)
     if not parsed.hostname:
-        raise ValueError(f"invalid OTLP endpoint {endpoint!r}: expected a URL like http://localhost:4317")
+        raise ConfigurationError(f"invalid OTLP endpoint {endpoint!r}: expected a URL like http://localhost:4317")
     if not proto:
         proto = "http/protobuf" if parsed.port == 4318 else "grpc"
     if proto not in _PROTOCOLS:
-        raise ValueError(f"unsupported OTLP protocol {proto!r}: use grpc or http/protobuf")
+        raise ConfigurationError(f"unsupported OTLP protocol {proto!r}: use grpc or http/protobuf")
     return endpoint, proto, per_signal
 
 
