@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import subprocess
+import sys
 
 import proctor
 import proctor.errors
@@ -33,12 +35,36 @@ def test_errors_are_the_same_objects_everywhere() -> None:
 
 
 def test_top_level_all_is_complete() -> None:
-    """Every public class or function imported into proctor is listed in __all__."""
+    """Every public class or function of proctor (imported or exported lazily) is listed in __all__."""
+    for name in proctor.__all__:
+        getattr(proctor, name)  # resolve every lazy export
     public = {
         n for n, o in vars(proctor).items()
         if not n.startswith("_") and (inspect.isclass(o) or inspect.isfunction(o))
     }
     assert public == set(proctor.__all__)
+    assert set(proctor.__all__) <= set(dir(proctor))
+
+
+def test_import_proctor_imports_no_heavy_dependency() -> None:
+    """`import proctor` loads no CEL, rich, cryptography, pydantic, agent or OpenTelemetry code (PEP 562 exports)."""
+    code = "import sys, proctor; print(' '.join(sorted(sys.modules)))"
+    loaded = set(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+                 .stdout.split())
+    heavy = {"cel", "rich", "cryptography", "pydantic", "yaml", "opentelemetry", "structlog", "litellm",
+             "proctor.agent", "proctor.policy", "proctor.gate", "proctor.audit"}
+    assert not {m for m in loaded if m.split(".")[0] in heavy or m in heavy}
+
+
+def test_lazy_export_is_the_defining_object() -> None:
+    """A lazily exported name is the very object its module defines, also where a submodule shares its name."""
+    import proctor.audit
+    import proctor.audit.verify
+    from proctor.audit import verify
+    from proctor.gate import Gate
+
+    assert proctor.Gate is Gate
+    assert callable(verify) and verify.__module__ == "proctor.audit.verify"
 
 
 def test_every_module_declares_all() -> None:

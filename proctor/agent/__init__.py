@@ -12,21 +12,26 @@ result.status, result.answer, [c.tool for c in result.tool_calls]
 
 from __future__ import annotations
 
-from proctor.agent.base import AgentBase, FinalAnswerCheck, StepCallback
-from proctor.agent.code_agent import CodeAgent
-from proctor.agent.models import (
-    LiteLLMModel,
-    Message,
-    Model,
-    ModelError,
-    ModelResponse,
-    ScriptedModel,
-    ToolCallRequest,
-    Usage,
-)
-from proctor.agent.parsing import CodeParseError, extract_code
-from proctor.agent.result import RUN_STATUSES, RunResult, RunStatus, StepRecord
-from proctor.agent.tool_calling import ToolCallingAgent
+from typing import TYPE_CHECKING
+
+import proctor._lazy as _lazy
+
+if TYPE_CHECKING:
+    from proctor.agent.base import AgentBase, FinalAnswerCheck, StepCallback
+    from proctor.agent.code_agent import CodeAgent
+    from proctor.agent.models import (
+        LiteLLMModel,
+        Message,
+        Model,
+        ModelError,
+        ModelResponse,
+        ScriptedModel,
+        ToolCallRequest,
+        Usage,
+    )
+    from proctor.agent.parsing import CodeParseError, extract_code
+    from proctor.agent.result import RUN_STATUSES, RunResult, RunStatus, StepRecord
+    from proctor.agent.tool_calling import ToolCallingAgent
 
 __all__ = [
     "RUN_STATUSES",
@@ -49,3 +54,25 @@ __all__ = [
     "Usage",
     "extract_code",
 ]
+
+_lazy.install(__name__, {
+    "AgentBase": "proctor.agent.base",
+    "FinalAnswerCheck": "proctor.agent.base",
+    "StepCallback": "proctor.agent.base",
+    "CodeAgent": "proctor.agent.code_agent",
+    "LiteLLMModel": "proctor.agent.models",
+    "Message": "proctor.agent.models",
+    "Model": "proctor.agent.models",
+    "ModelError": "proctor.agent.models",
+    "ModelResponse": "proctor.agent.models",
+    "ScriptedModel": "proctor.agent.models",
+    "ToolCallRequest": "proctor.agent.models",
+    "Usage": "proctor.agent.models",
+    "CodeParseError": "proctor.agent.parsing",
+    "extract_code": "proctor.agent.parsing",
+    "RUN_STATUSES": "proctor.agent.result",
+    "RunResult": "proctor.agent.result",
+    "RunStatus": "proctor.agent.result",
+    "StepRecord": "proctor.agent.result",
+    "ToolCallingAgent": "proctor.agent.tool_calling",
+})

@@ -10,18 +10,23 @@ Every approver answers with an `ApprovalDecision` bound to the exact call
 
 from __future__ import annotations
 
-from proctor.approval.base import (
-    ApprovalDecision,
-    ApprovalRequest,
-    Approver,
-    Grant,
-    Verdict,
-    approval_binding,
-)
-from proctor.approval.callback import ApprovalCallback, CallbackApprover
-from proctor.approval.console import ConsoleApprover
-from proctor.approval.spec import approver_from_spec
-from proctor.approval.webhook import WebhookApprover
+from typing import TYPE_CHECKING
+
+import proctor._lazy as _lazy
+
+if TYPE_CHECKING:
+    from proctor.approval.base import (
+        ApprovalDecision,
+        ApprovalRequest,
+        Approver,
+        Grant,
+        Verdict,
+        approval_binding,
+    )
+    from proctor.approval.callback import ApprovalCallback, CallbackApprover
+    from proctor.approval.console import ConsoleApprover
+    from proctor.approval.spec import approver_from_spec
+    from proctor.approval.webhook import WebhookApprover
 
 __all__ = [
     "ApprovalCallback",
@@ -36,3 +41,17 @@ __all__ = [
     "approval_binding",
     "approver_from_spec",
 ]
+
+_lazy.install(__name__, {
+    "ApprovalDecision": "proctor.approval.base",
+    "ApprovalRequest": "proctor.approval.base",
+    "Approver": "proctor.approval.base",
+    "Grant": "proctor.approval.base",
+    "Verdict": "proctor.approval.base",
+    "approval_binding": "proctor.approval.base",
+    "ApprovalCallback": "proctor.approval.callback",
+    "CallbackApprover": "proctor.approval.callback",
+    "ConsoleApprover": "proctor.approval.console",
+    "approver_from_spec": "proctor.approval.spec",
+    "WebhookApprover": "proctor.approval.webhook",
+})

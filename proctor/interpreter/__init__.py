@@ -11,6 +11,17 @@ See docs/sandbox.md for what each isolation level guarantees.
 
 from __future__ import annotations
 
-from proctor.interpreter.interpreter import ExecutionResult, Interpreter, ProgramError
+from typing import TYPE_CHECKING
+
+import proctor._lazy as _lazy
+
+if TYPE_CHECKING:
+    from proctor.interpreter.interpreter import ExecutionResult, Interpreter, ProgramError
 
 __all__ = ["ExecutionResult", "Interpreter", "ProgramError"]
+
+_lazy.install(__name__, {
+    "ExecutionResult": "proctor.interpreter.interpreter",
+    "Interpreter": "proctor.interpreter.interpreter",
+    "ProgramError": "proctor.interpreter.interpreter",
+})
