@@ -55,7 +55,7 @@ from proctor.telemetry import metrics
 from proctor.telemetry import semconv as sc
 from proctor.telemetry.logging import get_logger
 from proctor.telemetry.spans import ToolSpan, get_tracer, tool_span
-from proctor.tools import Tool, run_with_timeout
+from proctor.tools import Tool, as_tool, run_with_timeout
 
 __all__ = ["CallOutcome", "Gate", "RunContext"]
 
@@ -227,7 +227,7 @@ class Gate:
     def register(self, *tools: Tool | Callable[..., Any]) -> None:
         """Make tools callable through this gate; a name already taken by another tool is an error."""
         for item in tools:
-            t = item if isinstance(item, Tool) else Tool.from_function(item)
+            t = as_tool(item)
             existing = self.tools.get(t.name)
             if existing is not None and existing is not t and existing.fn is not t.fn:
                 raise ConfigurationError(f"a different tool named {t.name!r} is already registered")

@@ -23,7 +23,7 @@ import pydantic_core
 from proctor.calls import SIDE_EFFECTS, SideEffect
 from proctor.errors import ToolDefinitionError, ToolDenied
 
-__all__ = ["Tool", "ToolDefinitionError", "run_with_timeout", "tool"]
+__all__ = ["Tool", "ToolDefinitionError", "as_tool", "run_with_timeout", "tool"]
 
 
 _ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters)\s*:\s*$")
@@ -79,6 +79,10 @@ class Tool:
     _positional: tuple[str, ...] = field(repr=False, default=())
     #: The argument model's validator (pydantic-core's, called directly: a TypeAdapter adds ~0.5 µs a call).
     _validator: pydantic_core.SchemaValidator | None = field(repr=False, default=None)
+    #: The declared type of the result, as smolagents names it ("string", "object"…), when known.
+    output_type: str | None = None
+    #: The object the tool was made from when it was not a function (a smolagents tool), else None.
+    source: Any = field(repr=False, default=None)
 
     @classmethod
     def from_function(
@@ -131,8 +135,16 @@ class Tool:
         extra = sorted(set(arg_docs) - set(signature.parameters))
         if extra:
             raise ToolDefinitionError(f"tool {tool_name!r}: 'Args:' describes unknown parameter(s) {', '.join(extra)}")
+        return cls._build(tool_name, description, fn, fields, signature, arg_docs, side_effect=side_effect,
+                          cost=cost, is_async=inspect.iscoroutinefunction(fn))
+
+    @classmethod
+    def _build(cls, name: str, description: str, fn: Callable[..., Any], fields: dict[str, Any],
+               signature: inspect.Signature, arg_docs: Mapping[str, str], *, side_effect: SideEffect | None,
+               cost: int, is_async: bool = False, output_type: str | None = None, source: Any = None) -> Tool:
+        """A tool from its argument fields (pydantic ``(type, Field)`` pairs) and the signature shown to models."""
         model = pydantic.create_model(
-            f"{tool_name}_args",
+            f"{name}_args",
             __config__=pydantic.ConfigDict(extra="forbid", strict=False, arbitrary_types_allowed=False),
             **fields,
         )
@@ -141,19 +153,21 @@ class Tool:
         for prop in schema.get("properties", {}).values():
             prop.pop("title", None)
         return cls(
-            name=tool_name,
+            name=name,
             description=description,
             fn=fn,
             side_effect=side_effect,
             cost=cost,
             parameters=schema,
             signature=signature,
-            arg_descriptions=arg_docs,
-            is_async=inspect.iscoroutinefunction(fn),
+            arg_descriptions=dict(arg_docs),
+            is_async=is_async,
             _positional=tuple(
                 p.name for p in signature.parameters.values() if p.kind is inspect.Parameter.POSITIONAL_ONLY
             ),
             _validator=model.__pydantic_validator__,
+            output_type=output_type,
+            source=source,
         )
 
     def bind(self, args: tuple[Any, ...] = (), kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -252,6 +266,27 @@ def tool(
         return Tool.from_function(f, name=name, side_effect=side_effect, cost=cost)
 
     return decorate
+
+
+def as_tool(obj: Any) -> Tool:
+    """The one conversion everything that takes tools uses: a `Tool` as is, a smolagents tool
+    (``@smolagents.tool`` or a ``smolagents.Tool`` instance) mapped from its ``inputs``, or a
+    function with a docstring. Anything else is a `ToolDefinitionError` saying what it got."""
+    if isinstance(obj, Tool):
+        return obj
+    from proctor import adapters
+
+    if adapters.is_smolagents_tool(obj):
+        return adapters.from_smolagents(obj)
+    if isinstance(obj, type):
+        hint = f"; pass an instance ({obj.__name__}())" if adapters.is_smolagents_tool_class(obj) else ""
+        raise ToolDefinitionError(f"got the class {obj.__name__!r}, not a tool{hint}")
+    if callable(obj) and (inspect.isroutine(obj) or isinstance(getattr(obj, "__name__", None), str)):
+        return Tool.from_function(obj)
+    raise ToolDefinitionError(
+        f"a {type(obj).__module__}.{type(obj).__qualname__} is not a tool: expected a proctor Tool (@proctor.tool), "
+        "a function with a typed signature and a docstring, or a smolagents tool (@smolagents.tool or a Tool instance)"
+    )
 
 
 def run_with_timeout(fn: Callable[[], Any], timeout_s: float | None) -> Any:

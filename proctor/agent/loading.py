@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from proctor.errors import ProctorError
-from proctor.tools import Tool, ToolDefinitionError
+from proctor.tools import Tool, ToolDefinitionError, as_tool
 
 __all__ = ["ToolLoadError", "load_tools"]
 
@@ -30,7 +30,7 @@ def _as_tool(obj: Any, where: str) -> Tool:
         return obj
     if callable(obj):
         try:
-            return Tool.from_function(obj)
+            return as_tool(obj)
         except ToolDefinitionError as exc:
             raise ToolLoadError(f"{where}: {exc}") from None
     raise ToolLoadError(f"{where} is a {type(obj).__name__}, not a tool, a function or a list of them")

@@ -40,7 +40,7 @@ from proctor.interpreter.result import ExecutionResult, ProgramError
 from proctor.interpreter.sandbox import INSTALL_HINT, SandboxSpec, bwrap_status, site_paths
 from proctor.interpreter.specs import STDLIB, limits_for, tool_spec
 from proctor.telemetry.logging import get_logger
-from proctor.tools import Tool
+from proctor.tools import Tool, as_tool
 
 __all__ = ["ExecutionResult", "GateLike", "Interpreter", "ProgramError", "SandboxMode"]
 
@@ -72,7 +72,7 @@ class Interpreter:
             raise ConfigurationError(f"sandbox must be 'auto', 'bwrap', 'process' or 'none', not {sandbox!r}")
         if timeout <= 0 or max_output <= 0:
             raise ConfigurationError("timeout and max_output must be positive")
-        self.tools = [t if isinstance(t, Tool) else Tool.from_function(t) for t in tools]
+        self.tools = [as_tool(t) for t in tools]
         self.gate = gate
         gate.register(*self.tools)
         self.timeout, self.max_output, self.start_timeout = float(timeout), int(max_output), start_timeout

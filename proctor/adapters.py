@@ -1,0 +1,119 @@
+"""Tools made elsewhere, taken as they are: smolagents' ``@tool`` objects and ``Tool`` instances.
+
+A smolagents tool declares its arguments as ``inputs`` — ``{"name": {"type": "string",
+"description": "…", "nullable": True}}`` — and its result as ``output_type``. Those become
+the validated schema and the signature shown to models; the call runs the tool object
+itself (``tool(**args)``, which runs its ``setup()`` once). Nothing here imports smolagents:
+a smolagents tool can only exist once smolagents is imported, so it is looked up in
+``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable
+from typing import Any, Optional, Union
+
+import pydantic
+
+from proctor.errors import ToolDefinitionError
+from proctor.tools import Tool
+
+__all__ = ["SMOLAGENTS_TYPES", "from_smolagents", "is_smolagents_tool", "is_smolagents_tool_class"]
+
+#: smolagents' input and output types, as Python types for validation and signatures.
+SMOLAGENTS_TYPES: dict[str, Any] = {
+    "string": str, "integer": int, "number": float, "boolean": bool, "array": list[Any],
+    "object": dict[str, Any], "any": Any, "null": type(None), "image": Any, "audio": Any,
+}
+
+
+def _smolagents_base() -> type | None:
+    module = sys.modules.get("smolagents.tools")
+    base = getattr(module, "BaseTool", None) if module is not None else None
+    return base if isinstance(base, type) else None
+
+
+def is_smolagents_tool(obj: Any) -> bool:
+    """Whether `obj` is a smolagents tool instance (``@smolagents.tool`` or a ``smolagents.Tool``)."""
+    base = _smolagents_base()
+    return base is not None and isinstance(obj, base)
+
+
+def is_smolagents_tool_class(obj: Any) -> bool:
+    """Whether `obj` is a smolagents tool class (which must be instantiated to be a tool)."""
+    base = _smolagents_base()
+    return base is not None and isinstance(obj, type) and issubclass(obj, base)
+
+
+def _python_type(name: str, where: str, declared: Any) -> Any:
+    names = declared if isinstance(declared, list) else [declared]
+    types = []
+    for n in names:
+        if not isinstance(n, str) or n not in SMOLAGENTS_TYPES:
+            raise ToolDefinitionError(
+                f"{where}: type {n!r} is not one of smolagents' types ({', '.join(SMOLAGENTS_TYPES)})"
+            )
+        types.append(SMOLAGENTS_TYPES[n])
+    if any(t is Any for t in types):
+        return Any
+    return types[0] if len(types) == 1 else Union[tuple(types)]  # noqa: UP007 - built at run time
+
+
+def from_smolagents(obj: Any, *, side_effect: Any = None, cost: int = 0) -> Tool:
+    """A proctor `Tool` calling the smolagents tool `obj`, its ``inputs`` as the validated schema."""
+    name = getattr(obj, "name", None)
+    label = f"smolagents tool {name!r}" if isinstance(name, str) else f"a {type(obj).__name__}"
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ToolDefinitionError(f"{label}: its name must be a Python identifier")
+    description = getattr(obj, "description", None)
+    if not isinstance(description, str) or not description.strip():
+        raise ToolDefinitionError(f"{label} has no description: the model needs one to use it")
+    inputs = getattr(obj, "inputs", None)
+    if not isinstance(inputs, dict):
+        raise ToolDefinitionError(f"{label}: 'inputs' must be a dict of name -> {{type, description}}")
+    output_type = getattr(obj, "output_type", None)
+    try:
+        forward = inspect.signature(obj.forward).parameters
+    except (AttributeError, TypeError, ValueError):
+        forward = {}  # type: ignore[assignment]
+    fields: dict[str, Any] = {}
+    params: list[inspect.Parameter] = []
+    docs: dict[str, str] = {}
+    keyword_only = False
+    for arg, spec in inputs.items():
+        where = f"{label}, input {arg!r}"
+        if not isinstance(arg, str) or not arg.isidentifier():
+            raise ToolDefinitionError(f"{label}: input name {arg!r} is not a Python identifier")
+        if not isinstance(spec, dict) or "type" not in spec:
+            raise ToolDefinitionError(f"{where}: expected {{'type': …, 'description': …}}, got {spec!r}")
+        py = _python_type(arg, where, spec["type"])
+        nullable = bool(spec.get("nullable"))
+        if nullable and py is not Any:
+            py = Optional[py]  # noqa: UP045 - built at run time
+        declared = forward.get(arg)
+        if declared is not None and declared.default is not inspect.Parameter.empty:
+            default: Any = declared.default
+        elif nullable:
+            default = None
+        else:
+            default = inspect.Parameter.empty
+        docs[arg] = str(spec.get("description", ""))
+        fields[arg] = (py, pydantic.Field(... if default is inspect.Parameter.empty else default,
+                                          description=docs[arg]))
+        if default is inspect.Parameter.empty and params and params[-1].default is not inspect.Parameter.empty:
+            keyword_only = True  # a required input after an optional one: by keyword from here on
+        kind = inspect.Parameter.KEYWORD_ONLY if keyword_only else inspect.Parameter.POSITIONAL_OR_KEYWORD
+        params.append(inspect.Parameter(arg, kind, default=default, annotation=py))
+    returns = SMOLAGENTS_TYPES.get(output_type, Any) if isinstance(output_type, str) else Any
+    signature = inspect.Signature(params, return_annotation=returns)
+
+    def call(**kwargs: Any) -> Any:
+        return obj(**kwargs)
+
+    call.__name__ = name
+    call.__doc__ = description
+    fn: Callable[..., Any] = call
+    return Tool._build(name, description.strip(), fn, fields, signature, docs, side_effect=side_effect, cost=cost,
+                       output_type=output_type if isinstance(output_type, str) else None, source=obj)
