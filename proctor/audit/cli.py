@@ -126,13 +126,18 @@ def _read_records(path: str) -> tuple[list[dict[str, Any]], int]:
     """Every readable record of `path` (unreadable lines are counted, not fatal: `show` is not `verify`)."""
     import json
 
+    from proctor.audit.lines import iter_lines
+
     records: list[dict[str, Any]] = []
     bad = 0
     with open(path, "rb") as f:
-        for raw in f:
+        for raw in iter_lines(f):  # a line over the limit is never read whole
+            if not isinstance(raw, bytes):
+                bad += 1
+                continue
             try:
                 value = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):
                 bad += 1
                 continue
             if isinstance(value, dict):
@@ -217,16 +222,21 @@ def _line(rec: dict[str, Any]) -> str:
 
 def _tail(args: argparse.Namespace) -> int:
     from proctor.audit.follow import follow
+    from proctor.audit.lines import LongLine
 
-    def emit(raw: bytes) -> None:
+    def emit(raw: bytes | LongLine) -> None:
         import json
 
+        if isinstance(raw, LongLine):
+            print(f"(a {raw.length}-byte line at byte {raw.offset} is over the line limit: skipped; "
+                  f"run `proctor audit verify`)", flush=True)
+            return
         if args.json:
             print(raw.decode("utf-8", "replace"), flush=True)
             return
         try:
             rec = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             print(f"(unreadable line: {raw[:60]!r}…)", flush=True)
             return
         print(_line(rec) if isinstance(rec, dict) else repr(rec), flush=True)

@@ -7,7 +7,8 @@ with AuditLog("audit.jsonl", signing_key="audit.key") as log:
         ...
 ```
 
-One writer per file across processes (`flock` on ``<log>.lock``). Every append is one
+One writer per file, across threads and processes, whatever path names it (`flock` on the
+log file itself). Every append is one
 ``write`` of one canonical line, then ``fsync`` when durable; a failed write marks the
 log failed and every later append reports it — nothing is dropped silently. Opening
 an existing log re-verifies it, cuts a torn last line (bytes after the last newline, and
@@ -34,7 +35,8 @@ from typing import Any
 
 from proctor.audit.base import KINDS, AuditResult
 from proctor.audit.keys import KeySource, key_id, load_private_key, public_raw
-from proctor.audit.lockfile import acquire, release
+from proctor.audit.lines import MAX_LINE_BYTES
+from proctor.audit.lockfile import lock_log, unlock_log
 from proctor.audit.records import CALL_STATUSES, ENVELOPE, checkpoint_statement, seal
 from proctor.audit.scan import Anchor, ScanFailure, Scanner, load_anchor
 from proctor.audit.storage import atomic_write, read_or_create_secret, sync_dir, sync_fd, write_all
@@ -79,18 +81,29 @@ class AuditLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise AuditError(f"cannot create the directory of {self.path}: {exc.strerror or exc}") from exc
-        self._lock_fd = acquire(Path(os.fspath(path) + ".lock"), self.path)
+        try:
+            existed = self.path.exists()
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise AuditError(f"cannot open the audit log {self.path}: {exc.strerror or exc}") from exc
+        try:
+            # The writer lock is on the file itself, so a symlink, hard link or `..` path to a
+            # log another AuditLog holds is refused like the same path (docs/audit.md §1).
+            lock_log(self._fd, self.path)
+        except BaseException:
+            os.close(self._fd)
+            raise
         try:
             self._redaction_key = redaction_key or read_or_create_secret(Path(os.fspath(path) + ".redact-key"))
-            self._open()
+            self._open(existed)
         except OSError as exc:
-            release(self._lock_fd)
+            unlock_log(self._fd)
             raise AuditError(f"cannot open the audit log {self.path}: {exc.strerror or exc}") from exc
         except ValueError as exc:
-            release(self._lock_fd)
+            unlock_log(self._fd)
             raise AuditError(f"cannot open the audit log {self.path}: {exc}") from exc
         except BaseException:
-            release(self._lock_fd)
+            unlock_log(self._fd)
             raise
         # A program that forgets close() still seals its log with a checkpoint when it exits
         # normally; the hook holds the log weakly so it does not keep an abandoned log alive.
@@ -100,16 +113,10 @@ class AuditLog:
 
     # -- opening and recovery -------------------------------------------------------------
 
-    def _open(self) -> None:
-        existed = self.path.exists()
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        try:
-            if not existed:
-                sync_dir(self.path.parent)  # the new file's directory entry must survive a crash too
-            self._recover()
-        except BaseException:
-            os.close(self._fd)
-            raise
+    def _open(self, existed: bool) -> None:
+        if not existed:
+            sync_dir(self.path.parent)  # the new file's directory entry must survive a crash too
+        self._recover()
 
     def _corrupted(self, exc: ScanFailure, what: str) -> AuditCorrupted:
         f = exc.failure
@@ -133,6 +140,8 @@ class AuditLog:
         except ScanFailure as exc:
             f = exc.failure
             assert f.offset is not None and f.line is not None
+            if not exc.unreadable:  # checked first: an over-long line is never read whole
+                raise self._corrupted(exc, "the log is damaged (run `proctor audit verify` on it)") from None
             rest = os.pread(self._fd, size - f.offset, f.offset)
             if not (exc.unreadable and b"\n" not in rest):
                 # Only bytes after the last newline can be a crash mid-append (a line is written
@@ -217,6 +226,9 @@ class AuditLog:
             line, h = seal(fields)
         except (TypeError, ValueError, RecursionError) as exc:
             return AuditResult(False, error=f"cannot encode the {kind} record: {exc}")
+        if len(line) > MAX_LINE_BYTES:  # readers refuse longer lines, so it would make the log unverifiable
+            return AuditResult(False, error=f"the {kind} record is {len(line) - 1} bytes, over the "
+                                            f"{MAX_LINE_BYTES}-byte line limit; redact or shorten its fields")
         try:
             write_all(self._fd, line)
             if durable and (self.durability == "fsync" or kind == "checkpoint"):
@@ -306,8 +318,7 @@ class AuditLog:
                             sync_fd(self._fd)
             finally:
                 self.closed = True
-                os.close(self._fd)
-                release(self._lock_fd)
+                unlock_log(self._fd)
                 atexit.unregister(self._at_exit)
 
     def __enter__(self) -> AuditLog:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proctor.audit.base import KINDS
+from proctor.audit.lines import MAX_LINE_BYTES
 from proctor.audit.records import LineError, parse_line
 from proctor.audit.scan import ScanFailure, Scanner
 
@@ -85,13 +86,15 @@ def _check_segment(task: tuple[str, int, int]) -> _Segment:
     return out
 
 
-def _segments(path: str, size: int, count: int) -> list[tuple[str, int, int]]:
-    """About `count` byte ranges of `path`, each ending just after a newline."""
+def _segments(path: str, size: int, count: int) -> list[tuple[str, int, int]] | None:
+    """About `count` byte ranges of `path`, each ending just after a newline; None if a line
+    is over the line limit (the sequential scan reports it, reading no more than the limit)."""
     bounds = [0]
     with open(path, "rb") as f:
         for k in range(1, count):
             f.seek(max(size * k // count, bounds[-1]))
-            f.readline()
+            if not f.readline(MAX_LINE_BYTES + 1).endswith(b"\n") and f.tell() < size:
+                return None
             pos = f.tell()
             if pos >= size:
                 break
@@ -108,7 +111,10 @@ def scan_parallel(path: str, scanner: Scanner, workers: int,
     `progress` is called with the bytes checked so far as each segment is stitched.
     """
     size = os.path.getsize(path)
-    tasks = _segments(path, size, workers * 4)
+    # Segments of at most about 64 MiB (plus a line), so no worker holds more than that.
+    tasks = _segments(path, size, max(workers * 4, size >> 26))
+    if tasks is None:
+        return None
     # fork is cheap, but forking a process that runs other threads can deadlock the child.
     method = "fork" if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods() else "spawn"
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method)) as pool:

@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from proctor.audit.base import KINDS
 from proctor.audit.keys import key_id, public_raw, verify_signature
+from proctor.audit.lines import MAX_LINE_BYTES, too_long_message
 from proctor.audit.merkle import MerkleFrontier
 from proctor.audit.records import GENESIS, LineError, checkpoint_statement, is_hex64, parse_line, parse_record
 
@@ -71,7 +72,11 @@ class Anchor:
 def load_anchor(path: str | os.PathLike[str], pubkey: Ed25519PublicKey | None) -> Anchor:
     """Read a checkpoint file (one checkpoint record line); raise `ScanFailure` if it is itself bad."""
     source = os.fspath(path)
-    raw = Path(path).read_bytes().rstrip(b"\n")
+    with Path(path).open("rb") as f:
+        raw = f.read(MAX_LINE_BYTES + 2)
+    if len(raw) > MAX_LINE_BYTES + 1:
+        raise ScanFailure(Failure("PARSE", 0, None, None, f"{source}: {too_long_message()}"))
+    raw = raw.rstrip(b"\n")
     try:
         record, computed = parse_line(raw)
     except LineError as exc:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from proctor.audit.keys import PublicKeySource, load_public_key
+from proctor.audit.lines import MAX_LINE_BYTES, too_long_message
 from proctor.audit.records import ORJSON_FAST, holds_float, may_hold_float
 from proctor.audit.scan import PLAIN_KINDS, Anchor, Failure, ScanFailure, Scanner, load_anchor
 from proctor.errors import AuditError
@@ -104,7 +105,11 @@ def scan_file(
             parts = data.split(b"\n")
             parts[0] = tail + parts[0]  # joins the line cut at the previous chunk's end (no copy of the chunk)
             tail = parts.pop()
+            if parts and len(parts[0]) > MAX_LINE_BYTES:
+                raise _too_long(scanner, number, offset)
             number, offset = feed_lines(scanner, parts, number, offset)
+            if len(tail) > MAX_LINE_BYTES:  # refused before it is read whole: memory stays bounded
+                raise _too_long(scanner, number, offset)
             if progress is not None:
                 progress(offset)
     if tail:
@@ -115,6 +120,10 @@ def scan_file(
             unreadable=True,
         )
     return number, offset
+
+
+def _too_long(scanner: Scanner, number: int, offset: int) -> ScanFailure:
+    return ScanFailure(Failure("PARSE", scanner.count, number + 1, offset, too_long_message()))
 
 
 def feed_lines(scanner: Scanner, parts: list[bytes], line: int, offset: int) -> tuple[int, int]:
