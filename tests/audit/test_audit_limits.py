@@ -132,7 +132,9 @@ def _append_huge_line(path: Path, size: int = _HUGE, newline: bool = True) -> No
 
 def _max_rss_mib(code: str) -> tuple[int, str]:
     """Run `code` in a fresh interpreter; return its peak RSS in MiB and its output."""
-    script = code + "\nimport resource\nprint('RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n"
+    # VmHWM belongs to this process image (ru_maxrss would carry the forking parent's peak across exec).
+    script = code + ("\nfor row in open('/proc/self/status'):\n    if row.startswith('VmHWM:'):\n"
+                     "        print('RSS', int(row.split()[1]) // 1024)\n")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     rss = int(proc.stdout.rsplit("RSS", 1)[1])
