@@ -51,6 +51,7 @@ class WorkerProcess:
         self.diag = bytearray()
         self._reader = FrameReader(MAX_MESSAGE)
         self._dead = False
+        self._frozen: list[int] = []
         self._tmp = tempfile.TemporaryDirectory(prefix="proctor-worker-") if spec.isolation != "bwrap" else None
         host, child = socket.socketpair()
         log_r, log_w = os.pipe()
@@ -177,6 +178,44 @@ class WorkerProcess:
                 buf += chunk[: max(room, 0)]
         return cut
 
+    # -- between runs ----------------------------------------------------------------------------
+
+    def freeze(self) -> None:
+        """Stop every process of the worker (SIGSTOP, all threads): no program code runs between runs.
+
+        Top-down: a process is stopped before its children are listed, so none can be added behind
+        the walk. In process-only mode a child that double-forked away from the tree escapes this
+        (as it escapes the kill); under bubblewrap no process can be created.
+        """
+        if self._dead or self._frozen:
+            return
+        stopped: list[int] = []
+        todo = [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except OSError:
+                continue
+            stopped.append(pid)
+            todo += _children(pid)
+        self._frozen = stopped
+
+    def thaw(self) -> None:
+        """Let the worker run again (SIGCONT to what `freeze` stopped); call it right before a run starts."""
+        frozen, self._frozen = self._frozen, []
+        if self._dead:
+            return
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+
+    @property
+    def frozen(self) -> bool:
+        return bool(self._frozen)
+
     # -- life and death --------------------------------------------------------------------------
 
     def kill(self) -> None:
@@ -188,6 +227,11 @@ class WorkerProcess:
             self.sock.close()
         except OSError:
             pass
+        for pid in self._frozen:  # stopped processes die of SIGKILL too; do not leave them to bwrap
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         _kill_group(self.proc)
         self._drain_logs()
         threading.Thread(target=self._reap, name="proctor-reaper", daemon=True).start()
@@ -227,6 +271,22 @@ class WorkerProcess:
     @property
     def dead(self) -> bool:
         return self._dead
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of `pid` (from every thread's /proc children list)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                out += [int(c) for c in fh.read().split()]
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

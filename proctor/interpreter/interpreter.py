@@ -9,6 +9,7 @@ call does not eat the program's time; at the deadline the worker is killed.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -94,7 +95,7 @@ class Interpreter:
         self._closed = False
         self._seq = 0
         self._lost = False
-        self._backlog: list[dict[str, Any]] = []
+        self._key = ""
         self._worker: WorkerProcess | None = None
         self._worker = self._start()
         self._ready(self._worker)
@@ -121,7 +122,6 @@ class Interpreter:
             self._check_open()
             if self._worker is not None:
                 self._worker.kill()
-            self._backlog.clear()
             self._worker = self._start()
 
     def run(self, code: str, *, context: Any = None, parent: Any = None) -> ExecutionResult:
@@ -131,22 +131,25 @@ class Interpreter:
             started = time.monotonic()
             lost, self._lost = self._lost, False
             calls: list[CallRecord] = []
+            self._key = os.urandom(16).hex()
             try:
-                data = frame({"t": "run", "run": self._seq + 1, "code": str(code)})
+                data = frame({"t": "run", "run": self._seq + 1, "code": str(code), "key": self._key})
             except EncodeError as exc:
                 self._lost = lost
                 return ExecutionResult(None, "", SandboxError(f"the program cannot be sent to the worker: {exc}"),
                                        isolation=self.isolation)
+            ctx = None
             try:
                 worker = self._ready(self._worker or self._start())
                 ctx = context or self._run_context()
                 self._seq += 1
                 worker.logs.clear()
                 worker.logs_cut = False
+                worker.thaw()  # frozen since its last run: from here on its code runs under this deadline
                 worker.send_bytes(data)
                 result = self._drive(worker, ctx, parent, calls, started)
             except ProtocolError as exc:
-                result = self._lose(f"the worker broke the channel protocol and was stopped: {exc}", calls)
+                result = self._violation(str(exc), calls, ctx)
             except WorkerDied:
                 desc = self._worker.exit_description() if self._worker else "is gone"
                 result = self._lose(f"the worker died: it {desc}", calls)
@@ -166,14 +169,22 @@ class Interpreter:
                started: float) -> ExecutionResult:
         deadline = time.monotonic() + self.timeout
         final: list[Any] = []
+        run = self._seq
+        # The protocol, from the host's side: after `run` the worker may send calls and one final
+        # answer, all stamped with this run, then exactly one `done` carrying the run's key, and
+        # nothing after it. An honest worker cannot do otherwise (it stops its threads' calls
+        # before it reports, and refuses those of threads left from earlier programs), so any
+        # other message means the program took over the channel: the worker is killed.
         while True:
             now = time.monotonic()
             if now >= deadline:
                 return self._timed_out(calls, final)
-            batch, self._backlog = self._backlog + worker.read(deadline - now), []
+            batch = worker.read(deadline - now)
             for i, raw in enumerate(batch):
                 message = parse_worker_message(raw)
                 if isinstance(message, CallRequest):
+                    if message.run != run:
+                        raise ProtocolError(f"call stamped with run {message.run} during run {run}")
                     began = time.monotonic()
                     if began >= deadline:  # requests after the deadline never reach the gate
                         return self._timed_out(calls, final)
@@ -181,15 +192,22 @@ class Interpreter:
                     # the host with requests that are refused cannot stop its own clock that way.
                     deadline += self._serve(worker, message, ctx, parent, calls, bool(final), began)
                 elif isinstance(message, Final):
-                    if message.run != self._seq or final:
-                        continue  # a late thread of an earlier program, or a repeat: the first answer stands
+                    if message.run != run:
+                        raise ProtocolError(f"final answer stamped with run {message.run} during run {run}")
+                    if final:
+                        raise ProtocolError("a second final answer in one run")
                     final.append(message.value)
                     # The program is over; one that swallowed final_answer's exception gets a moment to finish.
                     deadline = min(deadline, time.monotonic() + FINAL_GRACE)
                 elif isinstance(message, Done):
-                    if message.run != self._seq:
-                        raise ProtocolError(f"done message for run {message.run}, expected {self._seq}")
-                    self._backlog = batch[i + 1 :]
+                    if message.run != run:
+                        raise ProtocolError(f"done message for run {message.run}, expected {run}")
+                    if message.key != self._key:
+                        raise ProtocolError("done message without the run's key (written by the program, "
+                                            "not the worker)")
+                    if i + 1 < len(batch):
+                        raise ProtocolError(f"{len(batch) - i - 1} message(s) after the run's done")
+                    worker.freeze()  # nothing of the program runs until the next run starts
                     return self._finish(worker, message, calls, final)
                 else:
                     raise ProtocolError("unexpected ready message during a run")
@@ -202,16 +220,13 @@ class Interpreter:
             raise ProtocolError(f"request id {req.id} used twice")
         worker.seen_ids.add(req.id)
         refusal = None
-        if req.run != self._seq:
-            refusal = "tool calls from a program that has already finished are refused"
-        elif after_final:
+        if after_final:
             refusal = "final_answer() was already called: the program may not call tools any more"
         elif req.tool not in self._names:
             refusal = f"unknown tool {req.tool!r} (this program can call: {', '.join(sorted(self._names))})"
         if refusal is not None:
             record = refused_record(new_id("call_"), req.tool, refusal)
-            if req.run == self._seq:
-                calls.append(record)
+            calls.append(record)
             log.warning("call_refused_by_interpreter", tool=req.tool, reason=refusal)
             self._reply(worker, req.id, error=ToolDenied(refusal, tool=req.tool, call_id=record.call_id))
             return 0.0
@@ -288,6 +303,24 @@ class Interpreter:
             result = _replace(result, value=final[0], is_final_answer=True, error=None)
         return result
 
+    def _violation(self, reason: str, calls: list[CallRecord], ctx: Any) -> ExecutionResult:
+        """The worker broke the protocol: record it in the audit trail, kill it, end the run."""
+        worker = self._worker
+        fields = {"run_id": getattr(getattr(ctx, "info", None), "id", None), "reason": reason[:2000],
+                  "isolation": self.isolation, "host_pid": worker.proc.pid if worker is not None else None}
+        log.error("protocol_violation", **fields)
+        audit = getattr(self.gate, "audit", None)
+        if audit is not None:
+            try:
+                written = audit.append("protocol_violation", fields)
+            except Exception as exc:  # noqa: BLE001 - the run ends either way; say the record is missing
+                written = None
+                log.error("audit_write_failed", kind="protocol_violation", error=repr(exc))
+            if written is not None and not getattr(written, "ok", True):
+                log.error("audit_write_failed", kind="protocol_violation", error=getattr(written, "error", None))
+        return self._lose(f"protocol violation: the worker broke the channel protocol and was stopped: {reason}",
+                          calls)
+
     def _lose(self, message: str, calls: list[CallRecord], *, error: ProctorError | None = None) -> ExecutionResult:
         """Kill the worker (its state is gone), start the next one in the background, report why."""
         worker, self._worker = self._worker, None
@@ -295,7 +328,6 @@ class Interpreter:
         if worker is not None:
             worker.kill()
             logs = self._logs(worker, cut=False)
-        self._backlog.clear()
         self._lost = True
         if not self._closed:
             try:

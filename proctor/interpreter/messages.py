@@ -22,7 +22,7 @@ _FIELDS: dict[str, frozenset[str]] = {
     "ready": frozenset({"t", "pid"}),
     "call": frozenset({"t", "id", "run", "tool", "args"}),
     "final": frozenset({"t", "run", "value"}),
-    "done": frozenset({"t", "run", "value", "error", "final", "cut"}),
+    "done": frozenset({"t", "run", "value", "error", "final", "cut", "key"}),
 }
 
 
@@ -51,6 +51,7 @@ class Done:
     error: dict[str, Any] | None
     final: bool
     cut: bool
+    key: Any = None
 
 
 _MAX_INT = 2**62
@@ -110,7 +111,7 @@ def parse_worker_message(message: Mapping[str, Any]) -> Ready | CallRequest | Fi
                 or not isinstance(error["type"], str) or not isinstance(error["message"], str)
                 or not (error["line"] is None or type(error["line"]) is int)):
             raise ProtocolError("done message with a malformed error")
-    return Done(run, value, error, final, cut)
+    return Done(run, value, error, final, cut, message["key"])
 
 
 def error_payload(error: ProctorError) -> dict[str, Any]:

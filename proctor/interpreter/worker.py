@@ -17,7 +17,7 @@ import sys
 
 from proctor import errors as proctor_errors
 from proctor.interpreter import guard
-from proctor.interpreter.channel import SCALAR_TYPES, EncodeError, call_frame, decode_value, encode_value
+from proctor.interpreter.channel import SCALAR_TYPES, EncodeError, call_frame, decode_value, encode_value, frame
 from proctor.interpreter.worker_io import Channel, Output
 
 # typing is not imported at run time: every import here is worker start-up time.
@@ -29,6 +29,8 @@ __all__ = ["FinalAnswer", "main"]
 
 PROGRAM = "<program>"
 _ERRORS = {name: getattr(proctor_errors, name) for name in proctor_errors.__all__}
+_STALE = ("{}: refused, this thread was started by an earlier program; only the running program's "
+          "threads may call tools")
 
 
 class FinalAnswer(BaseException):
@@ -40,6 +42,8 @@ class Worker:
         self.channel = channel
         self.run_id = 0
         self.active = False
+        # Threads alive when a program starts belong to earlier programs: ident -> their run.
+        self.stale: dict[int, int] = {}
         self.final: tuple[bool, Any] = (False, None)
         self.final_lock = _thread.allocate_lock()
         self.output = Output(1, int(init["max_output"]))
@@ -58,6 +62,8 @@ class Worker:
             raise FinalAnswer()
         if not self.active:
             raise proctor_errors.ProctorError(f"{tool}: tools can only be called while a program runs")
+        if self.stale and _thread.get_ident() in self.stale:
+            raise proctor_errors.ToolDenied(_STALE.format(tool), tool=tool)
         payload = args  # a fresh dict the stub built, keyed by parameter names: sent as is when flat
         for value in args.values():
             if type(value) not in SCALAR_TYPES:
@@ -68,7 +74,8 @@ class Worker:
                 break
         channel = self.channel
         rid = channel.next_id()
-        channel.send_bytes(call_frame(rid, self.run_id, tool, payload))
+        if not channel.send_in_run(call_frame(rid, self.run_id, tool, payload)):
+            raise proctor_errors.ProctorError(f"{tool}: tools can only be called while a program runs")
         reply = channel.wait(rid)
         if reply.get("ok"):
             return decode_value(reply.get("value"))
@@ -129,6 +136,8 @@ class Worker:
     def make_final_answer(self) -> Any:
         def final_answer(answer: Any) -> None:
             """End the program and give `answer` as its result."""
+            if self.stale and _thread.get_ident() in self.stale:
+                raise proctor_errors.ToolDenied(_STALE.format("final_answer"), tool="final_answer")
             with self.final_lock:  # two threads answering at once: the first one wins
                 first = self.active and not self.final[0]
                 if first:
@@ -137,22 +146,25 @@ class Worker:
                 self.output.flush()
                 message = {"t": "final", "run": self.run_id, "value": _encode_result(answer)}
                 try:
-                    self.channel.send(message)
+                    data = frame(message)
                 except EncodeError as exc:
                     message["value"] = f"<value not sendable: {exc}>"
-                    self.channel.send(message)
+                    data = frame(message)
+                self.channel.send_in_run(data)
             raise FinalAnswer()
 
         return final_answer
 
     # -- running ---------------------------------------------------------------------------------
 
-    def run(self, code: str) -> dict[str, Any]:
+    def run(self, code: str, previous: int) -> dict[str, Any]:
         self.final = (False, None)
         self.output.reset()
         value: Any = None
         error = None
+        self._mark_stale(previous)
         self.active = True
+        self.channel.open_run()
         try:
             tree = compile(code, PROGRAM, "exec", _ast.PyCF_ONLY_AST)
             assert isinstance(tree, _ast.Module)
@@ -167,6 +179,7 @@ class Worker:
         except BaseException as exc:  # noqa: BLE001 - every failure of the program is its result
             error = _describe(exc)
         finally:
+            self.channel.close_run()  # from here on no thread can send a call or an answer for this run
             self.active = False
         final, answer = self.final
         if final:
@@ -175,18 +188,33 @@ class Worker:
         return {"t": "done", "run": self.run_id, "value": _encode_result(value), "error": error,
                 "final": final, "cut": self.output.cut}
 
+    def _mark_stale(self, previous: int) -> None:
+        """Remember the threads earlier programs left running: they may not call tools in this one."""
+        main = _thread.get_ident()
+        alive = sys._current_frames()
+        for ident in [i for i in self.stale if i not in alive]:
+            del self.stale[ident]
+        for ident in alive:
+            if ident != main and ident not in self.stale:
+                self.stale[ident] = previous
+
     def loop(self) -> None:
         while True:
             message = self.channel.wait("ctl")
             if message.get("t") != "run":
                 continue
-            self.run_id = int(message["run"])
+            # The run's key proves a done came from here, not from a program writing on the channel.
+            key = message.pop("key", None)
+            previous, self.run_id = self.run_id, int(message["run"])
             try:
-                result = self.run(str(message["code"]))
+                result = self.run(str(message.pop("code")), previous)
             except BaseException as exc:  # noqa: BLE001 - e.g. MemoryError while reporting: still answer
+                self.channel.close_run()
                 self.active = False
                 result = {"t": "done", "run": self.run_id, "value": None, "final": False, "cut": True,
                           "error": {"type": type(exc).__name__, "message": "the worker failed to report", "line": None}}
+            result["key"] = key
+            del message, key
             try:
                 self.channel.send(result)
             except EncodeError as exc:  # a value JSON refuses (a 5000-digit int): send what it looks like

@@ -28,6 +28,7 @@ class Channel:
         self._waiters: dict[Any, Any] = {}  # key -> lock released when the message arrives
         self._inbox: dict[Any, dict[str, Any]] = {}
         self._reading = False
+        self.run_open = False
         self._ids = itertools.count(1)
         self._reader = BlockingReader(fd)
 
@@ -38,6 +39,26 @@ class Channel:
         """Send a built frame whole (frames from threads never interleave)."""
         with self._send_lock:
             write_all(self.fd, data)
+
+    def send_in_run(self, data: bytes) -> bool:
+        """Send a frame that belongs to the running program (a call, a final answer) only while it runs.
+
+        Checked under the send lock, which `close_run` also takes: once the worker has closed a
+        run, no thread can put a message for it on the channel behind the run's ``done``.
+        """
+        with self._send_lock:
+            if not self.run_open:
+                return False
+            write_all(self.fd, data)
+            return True
+
+    def open_run(self) -> None:
+        with self._send_lock:
+            self.run_open = True
+
+    def close_run(self) -> None:
+        with self._send_lock:
+            self.run_open = False
 
     def next_id(self) -> int:
         return next(self._ids)

@@ -94,7 +94,8 @@ def test_well_formed_worker_messages_parse() -> None:
     """A call and a done message become typed requests."""
     call = parse_worker_message({"t": "call", "id": 3, "run": 1, "tool": "lookup", "args": {"order": {"$tuple": []}}})
     assert call == CallRequest(3, 1, "lookup", {"order": ()})
-    done = parse_worker_message({"t": "done", "run": 1, "value": None, "error": None, "final": False, "cut": False})
+    done = parse_worker_message({"t": "done", "run": 1, "value": None, "error": None, "final": False, "cut": False,
+                                 "key": "k"})
     assert isinstance(done, Done)
 
 
@@ -110,10 +111,10 @@ def test_well_formed_worker_messages_parse() -> None:
     {"t": "call", "id": 1, "run": 1, "tool": "lookup", "args": {"$dict": [[1, 2]]}},
     {"t": "call", "id": 1, "run": 1, "tool": "lookup", "args": {}, "extra": 1},
     {"t": "call", "id": 1, "run": 1, "tool": "lookup"},
-    {"t": "done", "run": 1, "value": None, "error": "boom", "final": False, "cut": False},
-    {"t": "done", "run": 1, "value": None, "error": None, "final": 1, "cut": False},
+    {"t": "done", "run": 1, "value": None, "error": "boom", "final": False, "cut": False, "key": "k"},
+    {"t": "done", "run": 1, "value": None, "error": None, "final": 1, "cut": False, "key": "k"},
     {"t": "done", "run": 1, "value": None, "error": {"type": "X", "message": 1, "line": None},
-     "final": False, "cut": False},
+     "final": False, "cut": False, "key": "k"},
 ])
 def test_unexpected_worker_messages_are_protocol_errors(message: dict[str, Any]) -> None:
     """Reply-type, unknown, mistyped or mis-shaped messages from a worker are refused."""
