@@ -123,6 +123,8 @@ class HistoryEntry:
     side_effect: SideEffect
     decision: Outcome
     status: CallStatus
+    #: The tool's labels (policy `tools: X: {labels: [...]}`), whether or not the call ran.
+    labels: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -131,6 +133,7 @@ class HistoryEntry:
             "side_effect": self.side_effect,
             "decision": self.decision,
             "status": self.status,
+            "labels": list(self.labels),
         }
 
 
@@ -149,6 +152,8 @@ class Call:
     history: Sequence[HistoryEntry] = ()
     run: RunInfo = field(default_factory=RunInfo)
     usage: Mapping[str, Any] = field(default_factory=dict)
+    #: Labels of the tools whose calls ran earlier in the run (sorted, distinct): `seen` in conditions.
+    seen: Sequence[str] = ()
 
 
 @quick_init

@@ -375,7 +375,12 @@ class Gate:
                                               call_id=p.call_id, rules=p.decision.rules))
 
         try:
-            p.reservation = p.ctx.ledger.reserve(name, p.side_effect, p.facts.cost)
+            cost = self._cost(p)
+        except ToolDenied as exc:
+            exc.call_id, exc.rules = p.call_id, p.decision.rules
+            return self._refuse(p, exc)
+        try:
+            p.reservation = p.ctx.ledger.reserve(name, p.side_effect, cost)
         except BudgetExceeded as exc:
             exc.tool, exc.call_id, exc.rules = name, p.call_id, p.decision.rules
             self._record("budget_exhausted", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
@@ -408,6 +413,12 @@ class Gate:
             log.error("span_start_failed", tool=name, error=repr(exc))
             return tool_span(_NOOP_TRACER, tool=name, call_id=call_id, run=ctx.info)
 
+    def _cost(self, p: _Pending) -> float:
+        """The call's cost for its budgets: a policy may compute it from the arguments (raises ToolDenied)."""
+        if getattr(p.facts, "cost_expression", None) is None:
+            return p.facts.cost
+        return float(self.policy.cost_of(p.name, p.args, p.tool.cost, p.ctx.info))  # type: ignore[attr-defined]
+
     def _decide(self, p: _Pending, args: Mapping[str, Any]) -> Decision:
         try:
             # Most calls match only rules without conditions: their decision needs no Call built.
@@ -415,7 +426,8 @@ class Gate:
             if fixed is not None:
                 return fixed
             call = Call(tool=p.name, args=args, side_effect=p.side_effect, cost=p.facts.cost,
-                        history=p.ctx.history_view(), run=p.ctx.info, usage=LazyUsage(p.ctx.ledger))
+                        history=p.ctx.history_view(), run=p.ctx.info, usage=LazyUsage(p.ctx.ledger),
+                        seen=p.ctx.seen_labels())
             return self.policy.decide(call)
         except Exception as exc:  # noqa: BLE001 - a policy that raises denies
             return Decision("deny", (), f"the policy could not decide: {exc!r}", self.policy.sha256)
@@ -656,7 +668,7 @@ class Gate:
     def _remember(self, p: _Pending, status: CallStatus, error: ProctorError | None) -> CallRecord:
         record = self._record_of(p, status, error)
         p.ctx._remember_row(p.name, p.args, p.side_effect, p.decision.outcome if p.decision else "deny", status,
-                            record)
+                            record, labels=getattr(p.facts, "labels", ()))
         return record
 
     def _outcome_fields(self, p: _Pending, status: CallStatus, error: ProctorError | None,

@@ -21,8 +21,8 @@ __all__ = ["LazyUsage", "Ledger", "RunContext"]
 class Ledger(Protocol):
     """What a run needs of a budget ledger; `proctor.policy.budgets.Ledger` is one."""
 
-    def reserve(self, tool: str, side_effect: SideEffect, cost: int) -> Any: ...
-    def settle(self, reservation: Any, *, duration_ns: int, cost: int | None = None) -> None: ...
+    def reserve(self, tool: str, side_effect: SideEffect, cost: float) -> Any: ...
+    def settle(self, reservation: Any, *, duration_ns: int, cost: float | None = None) -> None: ...
     def release(self, reservation: Any) -> None: ...
     def usage(self) -> dict[str, dict[str, Any]]: ...
     def remaining(self) -> dict[str, dict[str, Any]]: ...
@@ -41,6 +41,9 @@ class RunContext:
         self._rows: list[_Row] = []
         self.records: list[CallRecord] = []
         self.grants: list[Grant] = []
+        # Labels of the tools whose calls ran (`seen` in conditions): kept as calls happen, never rebuilt.
+        self._seen: set[str] = set()
+        self._seen_sorted: tuple[str, ...] = ()
 
     def next_step(self) -> int:
         """Start the next step of the run (resets `per: step` budgets); return its number."""
@@ -58,15 +61,24 @@ class RunContext:
         """The calls so far, as an O(1) read-only snapshot (the history is append-only)."""
         return _HistoryView(self._rows, len(self._rows))
 
+    def seen_labels(self) -> tuple[str, ...]:
+        """The labels of the tools whose calls ran in this run so far, sorted (`seen` in conditions)."""
+        return self._seen_sorted
+
     def _remember(self, entry: HistoryEntry, record: CallRecord) -> None:
-        self._remember_row(entry.tool, entry.args, entry.side_effect, entry.decision, entry.status, record)
+        self._remember_row(entry.tool, entry.args, entry.side_effect, entry.decision, entry.status, record,
+                           labels=entry.labels)
 
     def _remember_row(self, tool: str, args: Mapping[str, Any], side_effect: SideEffect, decision: Outcome,
-                      status: CallStatus, record: CallRecord) -> None:
+                      status: CallStatus, record: CallRecord, labels: tuple[str, ...] = ()) -> None:
         # No lock: both lists only ever grow, and append and len are atomic, so a snapshot
         # taken by another thread sees a prefix of each.
-        self._rows.append((tool, args, side_effect, decision, status))
+        self._rows.append((tool, args, side_effect, decision, status, labels))
         self.records.append(record)
+        if labels and status in _RAN and not self._seen.issuperset(labels):
+            with self._lock:
+                self._seen.update(labels)
+                self._seen_sorted = tuple(sorted(self._seen))
 
     def _granted(self, tool: str, args: Mapping[str, Any]) -> Grant | None:
         with self._lock:
@@ -79,7 +91,10 @@ class RunContext:
         return None
 
 
-_Row = tuple[str, Mapping[str, Any], SideEffect, Outcome, CallStatus]
+#: Statuses of a call whose tool started: its labels join the run's `seen`.
+_RAN = frozenset(("ok", "failed", "timeout", "unknown"))
+
+_Row = tuple[str, Mapping[str, Any], SideEffect, Outcome, CallStatus, tuple[str, ...]]
 
 
 class _HistoryView(Sequence[HistoryEntry]):

@@ -16,22 +16,26 @@ import cel
 
 from proctor.calls import Call, HistoryEntry
 from proctor.policy.conditions import check_value
+from proctor.policy.functions import FUNCTIONS
 from proctor.policy.projection import Needs
 
 __all__ = ["Activation"]
 
-_ENTRY_FIELDS = frozenset(("tool", "args", "side_effect", "decision", "status"))  # HistoryEntry.as_dict()
+_ENTRY_FIELDS = frozenset(("tool", "args", "side_effect", "decision", "status", "labels"))  # HistoryEntry.as_dict()
 
 
 class Activation(Mapping[str, Any]):
     """The CEL variables of one call, each built on first use and shared by every rule."""
 
-    __slots__ = ("_added", "_cache", "_call", "_context", "_needs", "_side_effect")
+    __slots__ = ("_added", "_cache", "_call", "_context", "_functions", "_needs", "_side_effect")
 
-    def __init__(self, call: Call, side_effect: str, needs: Needs | None = None) -> None:
+    def __init__(
+        self, call: Call, side_effect: str, needs: Needs | None = None, functions: tuple[str, ...] = ()
+    ) -> None:
         self._call = call
         self._side_effect = side_effect
         self._needs = needs or {}
+        self._functions = functions
         self._cache: dict[str, Any] = {}
         self._context: Any = None
         self._added: set[str] = set()
@@ -51,9 +55,13 @@ class Activation(Mapping[str, Any]):
             context = cel.Context(values)
         except Exception:  # noqa: BLE001 - fall back to per-condition conversion, which reports the error
             return
-        self._context, self._added = context, set(values)
+        added = set(values)
+        for fn in self._functions:  # registered functions the candidate conditions call
+            context.add_function(fn, FUNCTIONS[fn].callable_for(self._call))
+            added.add("()" + fn)
+        self._context, self._added = context, added
 
-    def cel_context(self, names: tuple[str, ...]) -> Any:
+    def cel_context(self, names: tuple[str, ...], functions: tuple[str, ...] = ()) -> Any:
         """One `cel.Context` per decision: converting a variable costs microseconds, so do it once."""
         if self._context is None:
             self._context = cel.Context()
@@ -63,6 +71,10 @@ class Activation(Mapping[str, Any]):
                 check_value(value)  # a cyclic or absurdly deep value would crash the converter
                 self._context.add_variable(name, value)
                 self._added.add(name)
+        for fn in functions:
+            if "()" + fn not in self._added:
+                self._context.add_function(fn, FUNCTIONS[fn].callable_for(self._call))
+                self._added.add("()" + fn)
         return self._context
 
     def __getitem__(self, name: str) -> Any:
@@ -89,16 +101,18 @@ class Activation(Mapping[str, Any]):
             value = _project(call.run.as_dict(), fields)
         elif name == "usage":
             value = {k: dict(v) if isinstance(v, Mapping) else v for k, v in _project(call.usage, fields).items()}
+        elif name == "seen":
+            value = list(call.seen)
         else:
             raise KeyError(name)
         self._cache[name] = value
         return value
 
     def __iter__(self) -> Iterator[str]:
-        return iter(("tool", "side_effect", "args", "history", "run", "usage"))
+        return iter(("tool", "side_effect", "args", "history", "run", "usage", "seen"))
 
     def __len__(self) -> int:
-        return 6
+        return 7
 
 
 def _project(value: Mapping[str, Any], fields: frozenset[str] | None) -> dict[str, Any]:
@@ -110,4 +124,6 @@ def _project(value: Mapping[str, Any], fields: frozenset[str] | None) -> dict[st
 
 def _entry_field(entry: HistoryEntry, name: str) -> Any:
     value = getattr(entry, name, None)
+    if name == "labels":
+        return list(value or ())
     return dict(value) if name == "args" and value is not None else value

@@ -21,12 +21,14 @@ from typing import Any
 
 import cel
 
+from proctor.policy.functions import FUNCTIONS as CEL_FUNCTIONS
 from proctor.policy.projection import Needs, needs_of
 
 __all__ = [
     "FUNCTIONS",
     "MAX_CONTAINERS",
     "MAX_DEPTH",
+    "NATIVE_FUNCTIONS",
     "VARIABLES",
     "Condition",
     "ConditionError",
@@ -34,13 +36,15 @@ __all__ = [
     "ValueTooDeep",
     "check_value",
     "compile_condition",
+    "compile_expression",
+    "known_functions",
 ]
 
 #: The variables a condition may use, in the order the docs list them.
-VARIABLES: tuple[str, ...] = ("tool", "args", "side_effect", "history", "run", "usage")
+VARIABLES: tuple[str, ...] = ("tool", "args", "side_effect", "history", "run", "usage", "seen")
 
 #: Functions of the native CEL library (operators are named `_x_`, `!_`, `@in`… and always allowed).
-FUNCTIONS: frozenset[str] = frozenset(
+NATIVE_FUNCTIONS: frozenset[str] = frozenset(
     {
         "size", "contains", "startsWith", "endsWith", "matches",
         "int", "uint", "double", "string", "bytes", "timestamp", "duration", "dyn", "type",
@@ -49,6 +53,15 @@ FUNCTIONS: frozenset[str] = frozenset(
         "of", "none", "hasValue", "value", "orValue", "or",
     }
 )  # fmt: skip
+
+
+def known_functions() -> frozenset[str]:
+    """Every function a condition may call: CEL's native ones and proctor's registry (`functions.FUNCTIONS`)."""
+    return NATIVE_FUNCTIONS | frozenset(CEL_FUNCTIONS)
+
+
+#: Kept for callers of the earlier name: the functions known when this module was imported.
+FUNCTIONS: frozenset[str] = known_functions()
 
 # Names bound by comprehension macros (`history.exists(c, c.tool == 'x')`): cel lists
 # them among the variables, so they are recognised from the source instead.
@@ -137,6 +150,8 @@ class Condition:
     program: Any
     variables: tuple[str, ...]
     needs: Needs = field(default_factory=dict)
+    #: The registered (Python) functions it calls; only these are added to its CEL context.
+    functions: tuple[str, ...] = ()
 
     def evaluate(self, activation: Mapping[str, Any]) -> bool:
         """Evaluate against the variables in `activation` (only those referenced are read).
@@ -145,23 +160,34 @@ class Condition:
         rule of one decision) hands back a `cel.Context` whose variables were converted
         once; a plain mapping is converted on every evaluation.
         """
+        result = self.compute(activation)
+        if not isinstance(result, bool):
+            raise EvaluationError(f"condition gave {result!r} ({type(result).__name__}), not true or false")
+        return result
+
+    def compute(self, activation: Mapping[str, Any]) -> Any:
+        """The expression's value for `activation` (any CEL value); raises EvaluationError."""
         try:
             cel_context = getattr(activation, "cel_context", None)
             if cel_context is not None:
-                result = self.program.execute(cel_context(self.variables))
+                result = self.program.execute(cel_context(self.variables, self.functions))
             else:
                 context = {name: activation[name] for name in self.variables}
                 for value in context.values():
                     check_value(value)
-                result = self.program.execute(context)
+                if self.functions:
+                    ctx = cel.Context(context)
+                    for fn in self.functions:
+                        ctx.add_function(fn, CEL_FUNCTIONS[fn].callable_for(None))
+                    result = self.program.execute(ctx)
+                else:
+                    result = self.program.execute(context)
         except KeyError as exc:
             raise EvaluationError(self._missing_key(exc.args[0] if exc.args else "?")) from None
         except TypeError as exc:
             raise EvaluationError(_type_message(str(exc))) from None
         except Exception as exc:  # noqa: BLE001 - anything else CEL raises must deny, never allow
             raise EvaluationError(_other_message(str(exc)) or type(exc).__name__) from None
-        if not isinstance(result, bool):
-            raise EvaluationError(f"condition gave {result!r} ({type(result).__name__}), not true or false")
         return result
 
     def _missing_key(self, key: object) -> str:
@@ -192,42 +218,58 @@ def _other_message(text: str) -> str:
     return _first_sentence(text)
 
 
+_NUMERIC = re.compile(r"\b(int|uint|float|double)\b")
+
+
 def _type_message(text: str) -> str:
     first = _first_sentence(text).rstrip(".")
-    if "coerce" in text or "overload" in text.lower():
+    # Only when the operands named are two different number types (`float * int`), not for `'x' in null`.
+    if len(set(_NUMERIC.findall(first))) >= 2:
         return f"{first} (CEL does not mix int and double: write 100.0 or double(x))"
+    if "overload" in text.lower():
+        return f"{first} (check the types: a missing value is null, a number is not a string)"
     return first
 
 
 @functools.lru_cache(maxsize=4096)
 def compile_condition(source: str) -> Condition:
     """Compile a `when` expression, checking it only uses known variables and functions."""
+    return compile_expression(source, VARIABLES, what="when")
+
+
+@functools.lru_cache(maxsize=1024)
+def compile_expression(source: str, variables: tuple[str, ...] = VARIABLES, what: str = "when") -> Condition:
+    """Compile a CEL expression that may read only `variables`; errors are prefixed with `what`."""
     if not source.strip():
-        raise ConditionError("when: empty condition (leave out `when` to match always)", 0, 0)
+        hint = "condition (leave out `when` to match always)" if what == "when" else "expression"
+        raise ConditionError(f"{what}: empty {hint}", 0, 0)
     try:
         program = cel.compile(source)
     except ValueError as exc:
         found = _CEL_ERROR.search(str(exc))
         if not found:
-            raise ConditionError(f"when: CEL error: {_first_sentence(str(exc))}") from None
+            raise ConditionError(f"{what}: CEL error: {_first_sentence(str(exc))}") from None
         detail = _EXPECTING.sub("", found.group(3)).strip().removeprefix("Syntax error: ")
-        raise ConditionError(f"when: CEL syntax error: {detail}", int(found.group(1)), int(found.group(2))) from None
+        raise ConditionError(f"{what}: CEL syntax error: {detail}", int(found.group(1)), int(found.group(2))) from None
     bound = set(_MACRO_VAR.findall(source))
     used = [v for v in program.variables() if v in VARIABLES or v not in bound | _TYPE_NAMES]
     for name in used:
-        if name not in VARIABLES:
-            hint = _did_you_mean(name, VARIABLES)
+        if name not in variables:
+            hint = _did_you_mean(name, variables)
             raise ConditionError(
-                f"when: unknown variable '{name}' ({hint}variables: {', '.join(VARIABLES)})",
+                f"{what}: unknown variable '{name}' ({hint}variables: {', '.join(variables)})",
                 *_find(source, rf"(?<![\w.]){re.escape(name)}\b"),
             )
+    known = known_functions()
     for fn in program.functions():
-        if fn[:1] in "_!-@" or fn in FUNCTIONS:
+        if fn[:1] in "_!-@" or fn in known:
             continue
-        hint = _did_you_mean(fn, FUNCTIONS)
+        hint = _did_you_mean(fn, known)
         raise ConditionError(
-            f"when: unknown function '{fn}'{' (' + hint.strip() + ')' if hint else ''}",
+            f"{what}: unknown function '{fn}'{' (' + hint.strip() + ')' if hint else ''}",
             *_find(source, rf"\b{re.escape(fn)}\s*\("),
         )
-    variables = tuple(v for v in VARIABLES if v in used)
-    return Condition(source=source, program=program, variables=variables, needs=needs_of(source, variables))
+    names = tuple(v for v in VARIABLES if v in used)
+    functions = tuple(sorted(fn for fn in program.functions() if fn in CEL_FUNCTIONS))
+    return Condition(source=source, program=program, variables=names, needs=needs_of(source, names),
+                     functions=functions)

@@ -19,16 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from proctor.calls import SIDE_EFFECTS, Call, Decision, Outcome, SideEffect
+from proctor.calls import SIDE_EFFECTS, Call, Decision, Outcome, RunInfo, SideEffect
 from proctor.canonical import canonical_sha256
-from proctor.errors import PolicyError, PolicyIssue
+from proctor.errors import PolicyError, PolicyIssue, ToolDenied
 from proctor.policy.activation import Activation
 from proctor.policy.budgets import Ledger
-from proctor.policy.conditions import Condition, EvaluationError, compile_condition
+from proctor.policy.conditions import Condition, EvaluationError, compile_condition, compile_expression
 from proctor.policy.loader import load_policy_text, validate_policy_data
 from proctor.policy.matching import Matcher
 from proctor.policy.projection import Needs, merge_needs
-from proctor.policy.schema import BudgetSpec, PolicyModel, RuleSpec
+from proctor.policy.schema import COST_VARIABLES, BudgetSpec, PolicyModel, RuleSpec
 
 if TYPE_CHECKING:
     from proctor.policy.explain import Explanation
@@ -47,6 +47,10 @@ class ToolFacts:
     timeout_s: float | None
     redact: tuple[str, ...]
     durability: Literal["fsync", "flush"]
+    #: Data-flow labels: a call that ran adds them to the run's `seen`.
+    labels: tuple[str, ...] = ()
+    #: `cost` as a CEL expression over the call (`tools: X: {cost: "args.amount"}`); then `cost` is 0.
+    cost_expression: Condition | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +86,7 @@ class Candidates:
     deny: tuple[CompiledRule, ...]
     others: tuple[CompiledRule, ...]  # require_approval and allow rules
     needs: Needs  # what the conditions of these rules read of each variable
+    functions: tuple[str, ...] = ()  # the registered CEL functions their conditions call
     #: The decision for every call, when none of these rules has a condition (most reads).
     fixed: Decision | None = None
 
@@ -101,6 +106,10 @@ def _normalized(model: PolicyModel) -> dict[str, Any]:
         data[section] = sorted(data[section], key=lambda item: item["name"])
     for spec in data["tools"].values():
         spec["redact"] = sorted(set(spec["redact"]))
+        if spec["labels"]:
+            spec["labels"] = sorted(set(spec["labels"]))
+        else:  # a field added later: absent when unused, so older policies keep their fingerprint
+            del spec["labels"]
     return data
 
 
@@ -185,13 +194,45 @@ class Policy:
         declared_cost = declared_cost or 0  # a tool may declare None
         if spec is None:
             return ToolFacts(declared_side_effect or "destructive", declared_cost, None, (), "fsync")
+        expression = None
+        cost = spec.cost if spec.cost is not None else declared_cost
+        if isinstance(cost, str):
+            expression, cost = compile_expression(cost, COST_VARIABLES, "cost"), 0
         return ToolFacts(
             side_effect=spec.side_effect or declared_side_effect or "destructive",
-            cost=spec.cost if spec.cost is not None else declared_cost,
+            cost=cost,
             timeout_s=spec.timeout,
             redact=spec.redact,
             durability=spec.durability,
+            labels=spec.labels,
+            cost_expression=expression,
         )
+
+    def cost_of(
+        self, tool: str, args: Mapping[str, Any], declared_cost: int = 0, run: RunInfo | None = None
+    ) -> float:
+        """The call's cost for every cost budget: the policy's fixed cost or CEL expression, else the declared one.
+
+        An expression must give an int or a double ≥ 0; an error or a negative value raises
+        `ToolDenied` naming the tool (the call is denied, fail closed).
+        """
+        facts = self.facts(tool, None, declared_cost)
+        expression = facts.cost_expression
+        if expression is None:
+            return facts.cost
+        variables = {"tool": tool, "args": dict(args), "run": (run or RunInfo()).as_dict()}
+        try:
+            value = expression.compute(variables)
+        except EvaluationError as exc:
+            raise ToolDenied(f"{tool}: denied: its cost `{expression.source}` could not be computed: {exc}",
+                             tool=tool) from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise ToolDenied(f"{tool}: denied: its cost `{expression.source}` gave {value!r}, not a number",
+                             tool=tool)
+        if value < 0:
+            raise ToolDenied(f"{tool}: denied: its cost `{expression.source}` gave {value!r}, a negative cost",
+                             tool=tool)
+        return value
 
     def new_ledger(self) -> Ledger:
         """A fresh budget ledger for one run."""
@@ -217,6 +258,7 @@ class Policy:
             deny=tuple(r for r in rules if r.decision == "deny"),
             others=tuple(r for r in rules if r.decision != "deny"),
             needs=merge_needs([r.condition.needs for r in rules if r.condition is not None]),
+            functions=tuple(sorted({f for r in rules if r.condition is not None for f in r.condition.functions})),
             fixed=fixed,
         )
 
@@ -234,7 +276,7 @@ class Policy:
         candidates: Candidates = self.candidates(call.tool, side_effect)
         if candidates.fixed is not None:
             return candidates.fixed
-        activation = Activation(call, side_effect, candidates.needs)
+        activation = Activation(call, side_effect, candidates.needs, candidates.functions)
         activation.prepare()
         denied: list[tuple[CompiledRule, str]] = []
         for rule in candidates.deny:

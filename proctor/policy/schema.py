@@ -29,7 +29,9 @@ from pydantic_core import PydanticCustomError
 from proctor.calls import OUTCOMES, SIDE_EFFECTS, Outcome, SideEffect
 
 __all__ = [
+    "COST_VARIABLES",
     "DURATION_PATTERN",
+    "LABEL_PATTERN",
     "MODEL_LIMITS",
     "ApprovalSpec",
     "BudgetSpec",
@@ -142,11 +144,51 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+LABEL_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*$"
+Label = Annotated[str, Field(pattern=LABEL_PATTERN)]
+#: Variables a cost expression may read (it is evaluated before the call, for its budgets).
+COST_VARIABLES = ("tool", "args", "run")
+
+
+def _cost(value: object) -> int | str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise PydanticCustomError("cost", "cost must not be negative, got {value}", {"value": value})
+        return value
+    if isinstance(value, str):
+        from proctor.policy.conditions import ConditionError, compile_expression
+
+        try:
+            compile_expression(value, COST_VARIABLES, what="cost")
+        except ConditionError as exc:
+            raise PydanticCustomError(
+                "cel", "{message}", {"message": exc.message, "cel_line": exc.line, "cel_col": exc.column}
+            ) from None
+        return value
+    raise PydanticCustomError(
+        "cost",
+        "cost must be a whole number ≥ 0 or a CEL expression in quotes (\"args.amount\"), got {value}",
+        {"value": repr(value)},
+    )
+
+
+CostField = Annotated[
+    int | str,
+    BeforeValidator(_cost),
+    WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "minLength": 1}],
+                    "description": "budget units per call: a whole number, or a CEL expression such as "
+                                   "\"args.amount\" (int or double ≥ 0)"}),
+]
+
+
 class ToolSpec(_Strict):
     """Facts ops declare about one tool; each set field overrides the tool's own declaration."""
 
     side_effect: SideEffectField | None = None
-    cost: Count | None = None
+    #: Budget units per call: a whole number, or a CEL expression over the arguments (``"args.amount"``).
+    cost: CostField | None = None
+    #: Data-flow labels: a call that ran adds them to the run's `seen`.
+    labels: tuple[Label, ...] = ()
     timeout: Duration | None = None
     redact: tuple[Annotated[str, Field(pattern=r"^[^.\s]+(\.[^.\s]+)*$")], ...] = ()
     durability: Annotated[
@@ -155,7 +197,7 @@ class ToolSpec(_Strict):
         WithJsonSchema(_enum_schema(("fsync", "flush"))),
     ] = "fsync"
 
-    @field_validator("redact", mode="before")
+    @field_validator("redact", "labels", mode="before")
     @classmethod
     def _redact_list(cls, value: object) -> object:
         # Strict mode wants a tuple; YAML gives lists.

@@ -18,9 +18,9 @@ from proctor.policy.projection import merge_needs, needs_of
     ("args.to.endsWith(", 1, 18, "when: CEL syntax error: mismatched input '<EOF>'"),
     ("args.a == 1 &&\n  * 2", 2, 3, "when: CEL syntax error: extraneous input '*'"),
     ("arg.x == 1", 1, 1, "when: unknown variable 'arg' (did you mean 'args'? variables: tool, args, side_effect, "
-     "history, run, usage)"),
+     "history, run, usage, seen)"),
     ("args.x == 1 && sizes(args) > 1", 1, 16, "when: unknown function 'sizes' (did you mean 'size'?)"),
-    ("max(1, 2) == 2", 1, 1, "when: unknown function 'max'"),
+    ("qqqqq(1, 2) == 2", 1, 1, "when: unknown function 'qqqqq'"),
 ])
 def test_compile_errors_are_located(source: str, line: int, column: int, message: str) -> None:
     """Syntax errors, unknown variables and unknown functions carry their position in the expression."""

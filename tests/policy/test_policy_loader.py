@@ -94,7 +94,7 @@ CORPUS: list[tuple[str, str, int, int, str]] = [
         "version: 1\nrules:\n  - name: r\n    when: arg.to == 'x'\n    decision: allow\n",
         4, 11,
         "rule 'r': when: unknown variable 'arg' (did you mean 'args'? "
-        "variables: tool, args, side_effect, history, run, usage)",
+        "variables: tool, args, side_effect, history, run, usage, seen)",
     ),
     (
         "cel-unknown-function",
