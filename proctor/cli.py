@@ -42,11 +42,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help(sys.stderr)
         return 2
+    from proctor.interrupts import Terminated
+
     try:
         return int(func(args))
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("interrupted (SIGINT); what happened so far is in the audit log", file=sys.stderr)
         return 130
+    except Terminated as exc:
+        print("terminated; what happened so far is in the audit log", file=sys.stderr)
+        return 128 + exc.signum
 
 
 if __name__ == "__main__":

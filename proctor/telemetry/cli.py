@@ -34,8 +34,9 @@ def add_telemetry_arguments(parser: argparse.ArgumentParser) -> None:
                        help="record tool arguments and results on spans (redacted as in the audit log)")
     group.add_argument("--log-format", choices=("auto", "json", "console"), default="auto",
                        help="log format: JSON lines when stderr is not a terminal (auto), or forced")
-    group.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="warning",
-                       help="least severe log level written to stderr (default: warning)")
+    group.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="error",
+                       help="least severe library log level written to stderr (default: error; what a warning "
+                            "would say, such as a replaced worker, is already in the run's own output)")
 
 
 @contextmanager
@@ -49,7 +50,7 @@ def cli_telemetry(ns: argparse.Namespace) -> Iterator[None]:
 
     log_format = getattr(ns, "log_format", "auto")
     configure_logging(json=None if log_format == "auto" else log_format == "json",
-                      level=getattr(ns, "log_level", "warning"))
+                      level=getattr(ns, "log_level", "error"))
     try:
         configure_tracing(otlp_endpoint=getattr(ns, "otlp", None), protocol=getattr(ns, "otlp_protocol", None),
                           console=bool(getattr(ns, "trace_console", False)),
