@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 __all__ = ["register"]
@@ -139,15 +138,13 @@ def _test(args: argparse.Namespace) -> int:
 
     from proctor.errors import PolicyError
     from proctor.policy.cases import load_cases, run_cases
+    from proctor.policy.yamlsafe import read_yaml_file
 
     policy = _load(args.policy)
     if policy is None:
         return 1
     try:
-        cases = load_cases(Path(args.cases).read_text(encoding="utf-8"), args.cases)
-    except OSError as exc:
-        print(f"{args.cases}: cannot read: {exc.strerror or exc}", file=sys.stderr)
-        return 1
+        cases = load_cases(read_yaml_file(args.cases, "cases file"), args.cases)
     except PolicyError as exc:
         for issue in exc.issues:
             print(issue)

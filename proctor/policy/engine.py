@@ -16,12 +16,11 @@ import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from proctor.calls import SIDE_EFFECTS, Call, Decision, Outcome, RunInfo, SideEffect
 from proctor.canonical import canonical_sha256
-from proctor.errors import PolicyError, PolicyIssue, ToolDenied
+from proctor.errors import ToolDenied
 from proctor.policy.activation import Activation
 from proctor.policy.budgets import Ledger
 from proctor.policy.conditions import Condition, EvaluationError, compile_condition, compile_expression
@@ -29,6 +28,7 @@ from proctor.policy.loader import load_policy_text, validate_policy_data
 from proctor.policy.matching import Matcher
 from proctor.policy.projection import Needs, merge_needs
 from proctor.policy.schema import COST_VARIABLES, BudgetSpec, PolicyModel, RuleSpec
+from proctor.policy.yamlsafe import read_yaml_file
 
 if TYPE_CHECKING:
     from proctor.policy.explain import Explanation
@@ -152,11 +152,7 @@ class Policy:
     def from_yaml(cls, path: str | os.PathLike[str]) -> Policy:
         """Load a policy file; raises PolicyError listing every problem with its line and column."""
         source = str(path)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise PolicyError(PolicyIssue(source, 1, 1, f"cannot read policy: {exc}")) from None
-        return cls(load_policy_text(text, source), source)
+        return cls(load_policy_text(read_yaml_file(path, "policy"), source), source)
 
     @classmethod
     def from_string(cls, text: str, source: str = "<string>") -> Policy:

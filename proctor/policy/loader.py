@@ -20,6 +20,7 @@ from pydantic_core import ErrorDetails
 
 from proctor.errors import PolicyError, PolicyIssue
 from proctor.policy.schema import ApprovalSpec, BudgetSpec, LimitSpec, MatchSpec, PolicyModel, RuleSpec, ToolSpec
+from proctor.policy.yamlsafe import check_yaml
 
 __all__ = ["Loc", "Marks", "compose_marked", "load_policy_text", "validate_policy_data"]
 
@@ -53,9 +54,16 @@ def _pos(mark: yaml.Mark) -> tuple[int, int]:
 
 
 def compose_marked(text: str, source: str) -> tuple[Any, Marks, list[PolicyIssue]]:
-    """Parse YAML `text` into plain data plus the `Marks` of each path; YAML problems become issues."""
+    """Parse YAML `text` into plain data plus the `Marks` of each path; YAML problems become issues.
+
+    The one YAML loader of proctor (policies, cases files): `proctor.policy.yamlsafe` limits
+    apply to every document it reads.
+    """
     marks = Marks(text=text)
-    issues: list[PolicyIssue] = []
+    # Size, depth and expanded size first: an alias bomb is refused before anything is built.
+    issues: list[PolicyIssue] = check_yaml(text, source)
+    if issues:
+        return None, marks, issues
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
