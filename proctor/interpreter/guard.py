@@ -61,6 +61,10 @@ def attribute_allowed(name: str) -> bool:
     return name not in _BLOCKED_ATTRS
 
 
+def _is_dunder(name: str) -> bool:
+    return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
 def _walk(tree: _ast.AST) -> Iterator[_ast.AST]:
     """Every node of `tree` (the `ast` module costs start-up time; `_ast` is already loaded)."""
     todo = [tree]
@@ -142,7 +146,8 @@ class ImportPolicy:
         policy = self
 
         def admit(attr: str, value: Any) -> Any:
-            if attr.startswith("_") or not attribute_allowed(attr):
+            # Private names stay out; public dunders (``__version__``, ``__all__``…) are let through.
+            if (attr.startswith("_") and not _is_dunder(attr)) or not attribute_allowed(attr):
                 raise AttributeError(attr)
             if isinstance(value, types.ModuleType):
                 sub = value.__name__

@@ -9,6 +9,7 @@ call does not eat the program's time; at the deadline the worker is killed.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import threading
 import time
@@ -78,11 +79,13 @@ class Interpreter:
         gate.register(*self.tools)
         self.timeout, self.max_output, self.start_timeout = float(timeout), int(max_output), start_timeout
         self.authorized_imports = tuple(authorized_imports)
+        _check_installed(self.authorized_imports)
         self.context = context
         self.sandbox = sandbox
         self.isolation = self._choose_isolation(sandbox)
         self._names = {t.name for t in self.tools}
-        needs_site = any(n for n in self.authorized_imports if n.partition(".")[0] not in STDLIB)
+        # "*" allows every installed package, so it needs them bound like a named third-party one.
+        needs_site = any(n == "*" or n.partition(".")[0] not in STDLIB for n in self.authorized_imports)
         self._spec = SandboxSpec(self.isolation, extra_paths=tuple(site_paths()) if needs_site else ())
         self._limits = limits_for(self.isolation, memory_limit, cpu_limit, max_processes, self._spec.tmpfs_bytes)
         self._init: dict[str, Any] = {
@@ -92,6 +95,7 @@ class Interpreter:
             "limits": self._limits,
         }
         self._lock = threading.RLock()
+        self._code = ""
         self._closed = False
         self._seq = 0
         self._lost = False
@@ -143,6 +147,7 @@ class Interpreter:
                 worker = self._ready(self._worker or self._start())
                 ctx = context or self._run_context()
                 self._seq += 1
+                self._code = str(code)
                 worker.logs.clear()
                 worker.logs_cut = False
                 worker.thaw()  # frozen since its last run: from here on its code runs under this deadline
@@ -292,7 +297,8 @@ class Interpreter:
         value = final[0] if final else done.value
         error = None
         if done.error is not None and not is_final:
-            error = ProgramError(done.error["type"], done.error["message"], done.error["line"])
+            error = ProgramError(done.error["type"], done.error["message"], done.error["line"],
+                                 source=_source_line(self._code, done.error["type"], done.error["line"]))
         return ExecutionResult(value, logs, error, tuple(calls), is_final, isolation=self.isolation)
 
     def _timed_out(self, calls: list[CallRecord], final: list[Any]) -> ExecutionResult:
@@ -405,6 +411,36 @@ class Interpreter:
     def _check_open(self) -> None:
         if self._closed:
             raise SandboxError("this interpreter is closed")
+
+
+def _check_installed(names: Iterable[str]) -> None:
+    """Refuse, at construction, an authorized import that names a module not installed here."""
+    missing = []
+    for name in names:
+        top = name.partition(".")[0]
+        if name == "*" or top in STDLIB:
+            continue
+        try:
+            found = importlib.util.find_spec(top) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(top)
+    if missing:
+        raise ConfigurationError(f"authorized_imports names {', '.join(sorted(set(missing)))}, not installed in this "
+                                 "Python: install it or remove it from authorized_imports")
+
+
+def _source_line(code: str, type_name: str, line: int | None) -> str | None:
+    """The program's line `line` (what failed), stripped and cut to 200 characters; None for a SyntaxError,
+    whose message already shows the line with a caret."""
+    if line is None or type_name in ("SyntaxError", "IndentationError", "TabError"):
+        return None
+    lines = code.splitlines()
+    if not 0 < line <= len(lines):
+        return None
+    text = lines[line - 1].strip()
+    return (text[:200] + "…" if len(text) > 200 else text) or None
 
 
 def _replace(result: ExecutionResult, **changes: Any) -> ExecutionResult:

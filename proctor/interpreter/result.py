@@ -13,12 +13,15 @@ __all__ = ["ExecutionResult", "ProgramError"]
 
 
 class ProgramError(ProctorError):
-    """The program raised: its exception type, message and line (``ZeroDivisionError: … (line 3)``)."""
+    """The program raised: its exception type, message, line and that line's source text,
+    as ``ZeroDivisionError: division by zero (line 3: y = x / 0)``."""
 
-    def __init__(self, type_name: str, message: str, line: int | None) -> None:
-        self.type, self.message, self.line = type_name, message, line
-        where = f" (line {line})" if line else ""
-        super().__init__(f"{type_name}: {message}{where}" if message else f"{type_name}{where}")
+    def __init__(self, type_name: str, message: str, line: int | None, source: str | None = None) -> None:
+        self.type, self.message, self.line, self.source = type_name, message, line, source
+        where = (f" (line {line}: {source})" if source else f" (line {line})") if line else ""
+        head, newline, rest = message.partition("\n")  # a SyntaxError's source line and caret go below
+        text = f"{type_name}: {head}{where}" if head else f"{type_name}{where}"
+        super().__init__(text + newline + rest)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent  # .../proctor
 # direction): no package directory is mounted into the sandbox, and nothing is compiled at start-up
 # even where PYTHONDONTWRITEBYTECODE left no bytecode cache.
 WORKER_MODULES = ("proctor.errors", "proctor.interpreter.channel", "proctor.interpreter.guard",
-                  "proctor.interpreter.worker_io", "proctor.interpreter.worker")
+                  "proctor.interpreter.worker_io", "proctor.interpreter.program", "proctor.interpreter.worker")
 BOOTSTRAP = (
     "import sys,marshal,types\n"
     "for n in ('proctor','proctor.interpreter'):\n"
@@ -73,13 +73,25 @@ def python_executable() -> str:
 
 
 def site_paths() -> list[str]:
-    """Where third-party packages live, for authorized imports beyond the standard library."""
+    """Where this interpreter imports third-party packages from, for authorized imports beyond the
+    standard library: its real ``sys.path`` (site-packages, ``.pth`` and ``PYTHONPATH`` entries, wherever
+    they live, a virtualenv under /tmp included), bound read-only into the sandbox.
+
+    Left out: the working directory and the main script's directory (the user's project, with whatever
+    secrets it holds, is not the program's to read), and ``/`` or the home directory as a whole.
+    """
     paths = sysconfig.get_paths()
+    private = {os.path.realpath(p) for p in (os.getcwd(), "/", os.path.expanduser("~"))}
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main:
+        private.add(os.path.realpath(os.path.dirname(main)))
     out = []
-    for key in ("purelib", "platlib"):
-        p = paths.get(key)
-        if p and os.path.isdir(p) and p not in out:
-            out.append(p)
+    for entry in [*sys.path, paths.get("purelib"), paths.get("platlib")]:
+        if not entry or not os.path.isabs(entry) or not os.path.exists(entry):
+            continue
+        real = os.path.realpath(entry)
+        if real not in private and real not in out:
+            out.append(real)
     return out
 
 
@@ -144,10 +156,11 @@ def build_command(spec: SandboxSpec, chan_fd: int, seccomp_fd: int | None, *, di
     prefixes = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)}
     prefixes.add(str(Path(python).parent.parent))
     binds += [*sorted(prefixes), *spec.extra_paths]
+    # The private /tmp first: a read-only bind under /tmp (a virtualenv there) is mounted inside it, not hidden.
+    cmd += ["--size", str(spec.tmpfs_bytes), "--tmpfs", "/tmp"]
     for path in _outermost(binds):
         cmd += ["--ro-bind", path, path]
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--size", str(spec.tmpfs_bytes), "--tmpfs", "/tmp",
-            "--chdir", "/tmp", "--clearenv"]
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--chdir", "/tmp", "--clearenv"]
     for key, value in (spec.env or worker_env()).items():
         cmd += ["--setenv", key, value]
     if seccomp_fd is not None:

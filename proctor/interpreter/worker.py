@@ -16,7 +16,7 @@ import os
 import sys
 
 from proctor import errors as proctor_errors
-from proctor.interpreter import guard
+from proctor.interpreter import guard, program
 from proctor.interpreter.channel import SCALAR_TYPES, EncodeError, call_frame, decode_value, encode_value, frame
 from proctor.interpreter.worker_io import Channel, Output
 
@@ -169,11 +169,13 @@ class Worker:
             tree = compile(code, PROGRAM, "exec", _ast.PyCF_ONLY_AST)
             assert isinstance(tree, _ast.Module)
             guard.check_program(tree)
-            last = tree.body.pop() if tree.body and isinstance(tree.body[-1], _ast.Expr) else None
-            assert last is None or isinstance(last, _ast.Expr)
-            exec(compile(tree, PROGRAM, "exec"), self.namespace)
-            if last is not None:
-                value = eval(compile(_ast.Expression(body=last.value), PROGRAM, "eval"), self.namespace)
+            program.describe_asserts(tree, code)
+            program.note_last_value(tree)
+            box, self.namespace[program.NOTE] = program.recorder()
+            try:
+                exec(compile(tree, PROGRAM, "exec"), self.namespace)
+            finally:
+                value = box[0]
         except FinalAnswer:
             pass
         except BaseException as exc:  # noqa: BLE001 - every failure of the program is its result
@@ -249,10 +251,21 @@ def _describe(exc: BaseException) -> dict[str, Any]:
             line = tb.tb_lineno
         tb = tb.tb_next
     try:
-        message = str(exc) if not isinstance(exc, SyntaxError) else str(exc.msg)
+        message = str(exc) if not isinstance(exc, SyntaxError) else _syntax_message(exc)
     except Exception:  # noqa: BLE001 - a broken __str__
         message = "<unprintable message>"
     return {"type": type(exc).__name__, "message": message[:10_000], "line": line}
+
+
+def _syntax_message(exc: SyntaxError) -> str:
+    """The parser's message, then the offending line with a caret under where it stopped."""
+    message = str(exc.msg)
+    text = (exc.text or "").rstrip("\n")
+    if not text.strip():
+        return message
+    stripped = text.lstrip()
+    caret = max(0, (exc.offset or 1) - 1 - (len(text) - len(stripped)))
+    return f"{message}\n    {stripped}\n    {' ' * min(caret, len(stripped))}^"
 
 
 def _apply_limits(limits: dict[str, int]) -> None:

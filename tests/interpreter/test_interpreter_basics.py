@@ -31,7 +31,7 @@ def test_reset_gives_a_clean_worker(py: Interpreter) -> None:
 def test_error_carries_line_and_keeps_logs(py: Interpreter) -> None:
     """An exception names its type, message and line; what was printed before it is kept."""
     r = py.run("print('before')\ny = 1\nz = y / 0\nprint('after')")
-    assert str(r.error) == "ZeroDivisionError: division by zero (line 3)"
+    assert str(r.error) == "ZeroDivisionError: division by zero (line 3: z = y / 0)"
     assert r.logs == "before\n"
 
 
