@@ -50,7 +50,7 @@ from proctor.errors import (
 )
 from proctor.interrupts import interruption
 from proctor.redaction import Redacted, redact_args
-from proctor.run import LazyUsage, Ledger, RunContext
+from proctor.run import DEFAULT_HISTORY_LIMIT, LazyUsage, Ledger, RunContext
 from proctor.telemetry import metrics
 from proctor.telemetry import semconv as sc
 from proctor.telemetry.logging import get_logger
@@ -210,8 +210,11 @@ class Gate:
         audit: AuditSink | None = None,
         tracer: Tracer | None = None,
         tools: Iterable[Tool | Callable[..., Any]] = (),
+        history_limit: int = DEFAULT_HISTORY_LIMIT,
     ) -> None:
         self.policy = policy
+        #: Calls of a run whose raw history entries and records are kept (see `RunContext`).
+        self.history_limit = history_limit
         self.approver = approver
         self.audit = audit
         self.tracer = get_tracer(tracer)
@@ -238,7 +241,9 @@ class Gate:
     ) -> RunContext:
         """Open a run: fresh budgets and history. Refused (`AuditError`) if the audit trail cannot record it."""
         info = RunInfo(id=run_id or new_id("run_"), principal=principal, labels=dict(labels or {}))
-        ctx = RunContext(info, self.policy.new_ledger())
+        ctx = RunContext(info, self.policy.new_ledger(), history_limit=self.history_limit)
+        # The policy's history aggregates fold from the first call, so they outlive dropped entries.
+        ctx.track(getattr(self.policy, "pipelines", ()))
         self._record(
             "run_started",
             {"run_id": info.id, "principal": info.principal, "labels": dict(info.labels),
@@ -249,9 +254,9 @@ class Gate:
 
     def finish_run(self, ctx: RunContext, status: str = "done", **fields: Any) -> None:
         """Close a run in the audit trail."""
-        summary = dict.fromkeys(STATUSES, 0)
-        for record in ctx.records:
-            summary[record.status] = summary.get(record.status, 0) + 1
+        summary: dict[str, int] = dict.fromkeys(STATUSES, 0)
+        for status, count in ctx.status_counts.items():
+            summary[status] = summary.get(status, 0) + count
         self._record("run_finished", {"run_id": ctx.info.id, "status": status, "calls": summary, **fields})
 
     def default_context(self) -> RunContext:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import fnmatch
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol, overload
 
 from proctor.approval.base import Grant
 from proctor.calls import CallRecord, CallStatus, HistoryEntry, Outcome, RunInfo, SideEffect
 
-__all__ = ["LazyUsage", "Ledger", "RunContext"]
+__all__ = ["DEFAULT_HISTORY_LIMIT", "LazyUsage", "Ledger", "RunContext"]
 
 
 class Ledger(Protocol):
@@ -29,21 +29,42 @@ class Ledger(Protocol):
     def next_step(self) -> None: ...
 
 
-class RunContext:
-    """One run: who runs it, its budgets, its call history and the grants given during it."""
+#: Calls whose entries `history` keeps for conditions, and whose records `records` keeps, by default.
+DEFAULT_HISTORY_LIMIT = 1000
 
-    def __init__(self, info: RunInfo, ledger: Ledger) -> None:
+
+class RunContext:
+    """One run: who runs it, its budgets, its call history and the grants given during it.
+
+    Memory is bounded in the length of the run: the raw history entries and call records of
+    only the last `history_limit` calls are kept (older ones are dropped in chunks). What
+    conditions compute over the *whole* history in the common forms — ``size(history)``,
+    ``history.exists(…)``, ``size(history.filter(…))``, ``sum(history.map(…))`` and the other
+    entry-local pipelines of `proctor.policy.aggregates` — is folded as calls happen, before any
+    entry is dropped, so it stays exact however long the run; only conditions reading raw
+    entries in other ways see the last `history_limit` calls. `status_counts` counts every call.
+    """
+
+    def __init__(self, info: RunInfo, ledger: Ledger, *, history_limit: int = DEFAULT_HISTORY_LIMIT) -> None:
+        if history_limit < 1:
+            raise ValueError("history_limit must be at least 1")
         self._lock = threading.Lock()
         self.info = info
         self.ledger = ledger
+        self.history_limit = history_limit
         # The history as plain rows: a tuple is built in a fifth of a frozen HistoryEntry's time,
-        # and most calls are decided without anyone reading the history.
-        self._rows: list[_Row] = []
-        self.records: list[CallRecord] = []
+        # and most calls are decided without anyone reading the history. `_window` is (rows, how many
+        # calls came before rows[0]), swapped as one: trimming replaces the list, so a snapshot keeps its own.
+        self._window: tuple[list[_Row], int] = ([], 0)
+        self._rows_lock = threading.Lock()
+        self.records: _Records = _Records()
+        self.status_counts: dict[CallStatus, int] = {}
         self.grants: list[Grant] = []
         # Labels of the tools whose calls ran (`seen` in conditions): kept as calls happen, never rebuilt.
         self._seen: set[str] = set()
         self._seen_sorted: tuple[str, ...] = ()
+        self._folds: dict[str, Any] = {}  # pipeline key -> proctor.policy.aggregates.Fold
+        self._fold_lock = threading.Lock()
 
     def next_step(self) -> int:
         """Start the next step of the run (resets `per: step` budgets); return its number."""
@@ -53,13 +74,44 @@ class RunContext:
             return self.info.step
 
     @property
+    def calls_made(self) -> int:
+        """Calls recorded in this run so far (also those whose entries were dropped)."""
+        rows, dropped = self._window
+        return dropped + len(rows)
+
+    @property
     def history(self) -> list[HistoryEntry]:
-        """The calls so far, oldest first."""
+        """The retained calls (the last `history_limit` or more), oldest first."""
         return list(self.history_view())
 
     def history_view(self) -> Sequence[HistoryEntry]:
-        """The calls so far, as an O(1) read-only snapshot (the history is append-only)."""
-        return _HistoryView(self._rows, len(self._rows))
+        """The retained calls, as an O(1) read-only snapshot that can fold aggregates over the whole run."""
+        rows, dropped = self._window
+        return _HistoryView(rows, len(rows), self, dropped)
+
+    def track(self, pipelines: Iterable[Any]) -> None:
+        """Fold these aggregate pipelines (`proctor.policy.aggregates.Pipeline`) from the start of the run,
+        so they stay exact after entries are dropped (the gate passes its policy's at `start_run`)."""
+        with self._fold_lock:
+            for pipeline in pipelines:
+                if pipeline.key not in self._folds:
+                    self._folds[pipeline.key] = pipeline.new_fold(self._window[1])
+
+    def aggregate(self, pipeline: Any, upto: int) -> Any:
+        """The fold of `pipeline` over at least the first `upto` calls of the run (only new entries are fed)."""
+        with self._fold_lock:
+            fold = self._folds.get(pipeline.key)
+            if fold is None:
+                fold = self._folds[pipeline.key] = pipeline.new_fold(self._window[1])
+            if fold.pos < upto:
+                self._feed(fold, upto)
+            return fold
+
+    def _feed(self, fold: Any, upto: int) -> None:
+        # Under _fold_lock. Rows are only dropped under it too, so [pos, upto) is still here.
+        rows, base = self._window
+        for i in range(fold.pos - base, min(upto - base, len(rows))):
+            fold.feed(HistoryEntry(*rows[i]).as_dict())
 
     def seen_labels(self) -> tuple[str, ...]:
         """The labels of the tools whose calls ran in this run so far, sorted (`seen` in conditions)."""
@@ -71,14 +123,34 @@ class RunContext:
 
     def _remember_row(self, tool: str, args: Mapping[str, Any], side_effect: SideEffect, decision: Outcome,
                       status: CallStatus, record: CallRecord, labels: tuple[str, ...] = ()) -> None:
-        # No lock: both lists only ever grow, and append and len are atomic, so a snapshot
-        # taken by another thread sees a prefix of each.
-        self._rows.append((tool, args, side_effect, decision, status, labels))
-        self.records.append(record)
+        # A snapshot taken by another thread sees a prefix of the rows (append and len are atomic).
+        with self._rows_lock:
+            rows = self._window[0]
+            rows.append((tool, args, side_effect, decision, status, labels))
+            self.records.append(record, self.history_limit)
+            counts = self.status_counts
+            counts[status] = counts.get(status, 0) + 1
+            full = len(rows) >= 2 * self.history_limit
         if labels and status in _RAN and not self._seen.issuperset(labels):
             with self._lock:
                 self._seen.update(labels)
                 self._seen_sorted = tuple(sorted(self._seen))
+        if full:
+            self._trim()
+
+    def _trim(self) -> None:
+        """Drop the oldest rows, down to `history_limit`, once every fold has taken them in."""
+        with self._fold_lock:
+            rows, dropped = self._window
+            end = dropped + len(rows) - self.history_limit
+            if end <= dropped:
+                return  # another thread trimmed first
+            for fold in self._folds.values():
+                if fold.pos < end:
+                    self._feed(fold, end)
+            with self._rows_lock:
+                rows, dropped = self._window  # appended to meanwhile, never trimmed (we hold _fold_lock)
+                self._window = (rows[end - dropped :], end)
 
     def _granted(self, tool: str, args: Mapping[str, Any]) -> Grant | None:
         with self._lock:
@@ -97,13 +169,64 @@ _RAN = frozenset(("ok", "failed", "timeout", "unknown"))
 _Row = tuple[str, Mapping[str, Any], SideEffect, Outcome, CallStatus, tuple[str, ...]]
 
 
+class _Records(Sequence[CallRecord]):
+    """The run's call records, indexed from the run's first call; only the last ones are kept.
+
+    ``len()`` counts every call, so ``records[len(records):]`` taken at a step's start gives that
+    step's calls later (those still kept); iterating gives the kept records, oldest first.
+    """
+
+    __slots__ = ("_state",)
+
+    def __init__(self) -> None:
+        self._state: tuple[list[CallRecord], int] = ([], 0)  # (kept records, how many were dropped before them)
+
+    def append(self, record: CallRecord, keep: int) -> None:
+        """Add one record (callers serialise appends); past 2 * `keep`, drop down to the last `keep`."""
+        items, dropped = self._state
+        items.append(record)
+        if len(items) >= 2 * keep:
+            cut = len(items) - keep
+            self._state = (items[cut:], dropped + cut)
+
+    def __len__(self) -> int:
+        items, dropped = self._state
+        return dropped + len(items)
+
+    @overload
+    def __getitem__(self, i: int) -> CallRecord: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[CallRecord]: ...
+    def __getitem__(self, i: int | slice) -> CallRecord | list[CallRecord]:
+        items, dropped = self._state
+        n = dropped + len(items)
+        if isinstance(i, slice):
+            start, stop, step = i.indices(n)
+            return items[max(start - dropped, 0) : max(stop - dropped, 0) : step]
+        if not -n <= i < n:
+            raise IndexError(i)
+        j = (i if i >= 0 else n + i) - dropped
+        if j < 0:
+            raise IndexError(f"record {i} was dropped (only the last {len(items)} are kept)")
+        return items[j]
+
+    def __iter__(self) -> Iterator[CallRecord]:
+        return iter(self._state[0])
+
+
 class _HistoryView(Sequence[HistoryEntry]):
     """The first `n` rows of an append-only list, as entries, without copying it."""
 
-    __slots__ = ("_items", "_n")
+    __slots__ = ("_base", "_items", "_n", "_run")
 
-    def __init__(self, items: list[_Row], n: int) -> None:
-        self._items, self._n = items, n
+    def __init__(self, items: list[_Row], n: int, run: RunContext | None = None, base: int = 0) -> None:
+        self._items, self._n, self._run, self._base = items, n, run, base
+
+    def aggregate(self, pipeline: Any) -> Any:
+        """The fold of `pipeline` over every call of the run up to (at least) this snapshot (see RunContext)."""
+        if self._run is None:
+            raise LookupError("no run to fold over")
+        return self._run.aggregate(pipeline, self._base + self._n)
 
     def __len__(self) -> int:
         return self._n

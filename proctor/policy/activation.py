@@ -15,6 +15,7 @@ from typing import Any
 import cel
 
 from proctor.calls import Call, HistoryEntry
+from proctor.policy.aggregates import Fold, fold_list, is_hidden, pipeline_named
 from proctor.policy.conditions import check_value
 from proctor.policy.functions import FUNCTIONS
 from proctor.policy.projection import Needs
@@ -27,7 +28,7 @@ _ENTRY_FIELDS = frozenset(("tool", "args", "side_effect", "decision", "status", 
 class Activation(Mapping[str, Any]):
     """The CEL variables of one call, each built on first use and shared by every rule."""
 
-    __slots__ = ("_added", "_cache", "_call", "_context", "_functions", "_needs", "_side_effect")
+    __slots__ = ("_added", "_cache", "_call", "_context", "_folds", "_functions", "_needs", "_side_effect")
 
     def __init__(
         self, call: Call, side_effect: str, needs: Needs | None = None, functions: tuple[str, ...] = ()
@@ -39,6 +40,7 @@ class Activation(Mapping[str, Any]):
         self._cache: dict[str, Any] = {}
         self._context: Any = None
         self._added: set[str] = set()
+        self._folds: dict[str, Fold] = {}
 
     def prepare(self) -> None:
         """Convert every variable the candidate conditions read in one go (cheaper than one by one).
@@ -103,10 +105,28 @@ class Activation(Mapping[str, Any]):
             value = {k: dict(v) if isinstance(v, Mapping) else v for k, v in _project(call.usage, fields).items()}
         elif name == "seen":
             value = list(call.seen)
+        elif is_hidden(name):
+            return self._fold(name).value()  # not cached: an error must raise every time
         else:
             raise KeyError(name)
         self._cache[name] = value
         return value
+
+    @property
+    def call(self) -> Call:
+        """The call being decided."""
+        return self._call
+
+    def _fold(self, name: str) -> Fold:
+        """The fold of a hidden history pipeline: the run's incremental one, or one over a plain list."""
+        fold = self._folds.get(name)
+        if fold is None:
+            pipeline = pipeline_named(name)
+            history = self._call.history
+            aggregate = getattr(history, "aggregate", None)
+            fold = aggregate(pipeline) if aggregate is not None else fold_list(pipeline, (h.as_dict() for h in history))
+            self._folds[name] = fold
+        return fold
 
     def __iter__(self) -> Iterator[str]:
         return iter(("tool", "side_effect", "args", "history", "run", "usage", "seen"))

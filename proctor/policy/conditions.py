@@ -21,6 +21,7 @@ from typing import Any
 
 import cel
 
+from proctor.policy.aggregates import AggregateError, Rewrite, is_hidden, rewrite
 from proctor.policy.functions import FUNCTIONS as CEL_FUNCTIONS
 from proctor.policy.projection import Needs, needs_of
 
@@ -152,6 +153,12 @@ class Condition:
     needs: Needs = field(default_factory=dict)
     #: The registered (Python) functions it calls; only these are added to its CEL context.
     functions: tuple[str, ...] = ()
+    #: The program with its entry-local history pipelines read from the run's incremental folds
+    #: (`proctor.policy.aggregates`), the variables it reads (hidden ``__hN`` ones included), and
+    #: the same with ``__hN()`` calls for a decision where a pipeline's value is an error.
+    fast: Any = None
+    fast_variables: tuple[str, ...] = ()
+    fast_calls: Any = None
 
     def evaluate(self, activation: Mapping[str, Any]) -> bool:
         """Evaluate against the variables in `activation` (only those referenced are read).
@@ -169,7 +176,12 @@ class Condition:
         """The expression's value for `activation` (any CEL value); raises EvaluationError."""
         try:
             cel_context = getattr(activation, "cel_context", None)
-            if cel_context is not None:
+            if cel_context is not None and self.fast is not None:
+                try:
+                    result = self.fast.execute(cel_context(self.fast_variables, self.functions))
+                except AggregateError:  # an aggregate is an error: let CEL see it as one, where || may absorb it
+                    result = self.fast_calls.execute(_calls_context(self, activation))
+            elif cel_context is not None:
                 result = self.program.execute(cel_context(self.variables, self.functions))
             else:
                 context = {name: activation[name] for name in self.variables}
@@ -199,6 +211,21 @@ class Condition:
         return f"{text} in {found.group(1)}" if found else text
 
 
+def _calls_context(condition: Condition, activation: Mapping[str, Any]) -> Any:
+    """A context where each hidden pipeline is a function (raising its error), for CEL to absorb or not."""
+    names = condition.fast_variables
+    variables = {n: activation[n] for n in names if not is_hidden(n)}
+    functions = {n: _raiser(activation, n) for n in names if is_hidden(n)}
+    call = getattr(activation, "call", None)
+    for fn in condition.functions:
+        functions[fn] = CEL_FUNCTIONS[fn].callable_for(call)
+    return cel.Context(variables, functions)
+
+
+def _raiser(activation: Mapping[str, Any], name: str) -> Any:
+    return lambda: activation[name]
+
+
 def _first_sentence(text: str) -> str:
     text = text.strip().splitlines()[0] if text.strip() else ""
     cut = text.find(". ")
@@ -206,6 +233,9 @@ def _first_sentence(text: str) -> str:
 
 
 def _other_message(text: str) -> str:
+    hidden = re.search(r"AggregateError: (.*?)(?:\. Check function|$)", text)
+    if hidden:
+        return hidden.group(1)
     unconvertible = re.search(r"convert variable '(\w+)'.*type (\w+) to Value", text)
     if unconvertible:
         return f"{unconvertible.group(1)} holds a {unconvertible.group(2)}, which CEL cannot use"
@@ -271,5 +301,25 @@ def compile_expression(source: str, variables: tuple[str, ...] = VARIABLES, what
         )
     names = tuple(v for v in VARIABLES if v in used)
     functions = tuple(sorted(fn for fn in program.functions() if fn in CEL_FUNCTIONS))
-    return Condition(source=source, program=program, variables=names, needs=needs_of(source, names),
-                     functions=functions)
+    fast = _fast(source) if "history" in names else None
+    if fast is None:
+        return Condition(source=source, program=program, variables=names, needs=needs_of(source, names),
+                         functions=functions)
+    fast_program, calls_program, rewritten = fast
+    fast_used = set(fast_program.variables())
+    plain = tuple(v for v in VARIABLES if v in fast_used)
+    hidden = tuple(p.name for p in rewritten.pipelines)
+    needs: Needs = {**needs_of(rewritten.source, plain), **dict.fromkeys(hidden)}
+    return Condition(source=source, program=program, variables=names, needs=needs, functions=functions,
+                     fast=fast_program, fast_variables=plain + hidden, fast_calls=calls_program)
+
+
+def _fast(source: str) -> tuple[Any, Any, Rewrite] | None:
+    """The condition with its history pipelines folded per run (None when it has none, or on any doubt)."""
+    rewritten = rewrite(source)
+    if rewritten is None:
+        return None
+    try:
+        return cel.compile(rewritten.source), cel.compile(rewritten.calls_source), rewritten
+    except Exception:  # noqa: BLE001 - the rewrite is an optimisation: when in doubt, evaluate as written
+        return None

@@ -22,6 +22,7 @@ from proctor.calls import SIDE_EFFECTS, Call, Decision, Outcome, RunInfo, SideEf
 from proctor.canonical import canonical_sha256
 from proctor.errors import ToolDenied
 from proctor.policy.activation import Activation
+from proctor.policy.aggregates import is_hidden, pipeline_named
 from proctor.policy.budgets import Ledger
 from proctor.policy.conditions import Condition, EvaluationError, compile_condition, compile_expression
 from proctor.policy.loader import load_policy_text, validate_policy_data
@@ -137,6 +138,11 @@ class Policy:
             if rule.matcher.globs:
                 self._globbed.append(rule.index)
         self._by_tool = {k: tuple(v) for k, v in by_tool.items()}
+        #: The history pipelines the conditions read, folded per run as calls happen (RunContext.track).
+        self.pipelines = tuple(dict.fromkeys(
+            pipeline_named(name) for rule in self.compiled if rule.condition is not None
+            for name in rule.condition.fast_variables if is_hidden(name)
+        ))
         any_class = frozenset(r.index for r in self.compiled if r.matcher.side_effects is None)
         self._by_class: dict[str, frozenset[int]] = {
             se: any_class | {r.index for r in self.compiled if se in (r.matcher.side_effects or ())}

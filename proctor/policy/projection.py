@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["Needs", "merge_needs", "needs_of"]
+__all__ = ["Needs", "merge_needs", "needs_of", "selected_fields"]
 
 #: For each variable, the fields read (None: the whole value).
 Needs = dict[str, "frozenset[str] | None"]
@@ -46,6 +46,11 @@ def _selected(source: str, name: str, skip: frozenset[int] = frozenset()) -> fro
             return None
         fields.add(next(g for g in selection.groups() if g is not None))
     return frozenset(fields)
+
+
+def selected_fields(source: str, name: str) -> frozenset[str] | None:
+    """The fields `source` selects from `name` when every use is a selection; else None."""
+    return _selected(source, name)
 
 
 def _history(source: str) -> frozenset[str] | None:

@@ -1,0 +1,137 @@
+"""Tests for history aggregates folded per run: same answers as CEL over the whole history, at any length."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import cel
+import pytest
+
+from proctor.calls import Call, CallRecord, HistoryEntry, RunInfo
+from proctor.policy import Policy
+from proctor.policy.aggregates import AggregateError, fold_list, rewrite
+from proctor.policy.conditions import EvaluationError, compile_condition
+from proctor.run import RunContext
+
+CONDITIONS = [
+    "history.exists(h, h.tool == 'read_secret')",
+    "!history.exists(h, h.tool == 'read_secret')",
+    "history.all(h, h.status == 'ok')",
+    "history.exists_one(h, h.tool == 'read_secret')",
+    "size(history.filter(h, h.tool == 'send')) >= 3",
+    "history.filter(h, h.tool == 'send').size() < 2",
+    "size(history) > 4",
+    "history.size() == 0 || history.exists(h, h.decision == 'deny')",
+    "history.exists(h, h.args.amount > 50)",
+    "history.map(h, h.tool).exists(t, t == 'send')",
+    "'send' in history.map(h, h.tool)",
+    "history.filter(h, h.tool == 'send').exists(h, h.args.to.endsWith('@evil.com'))",
+    "history.exists(h, h.args.to == args.to)",
+    "history.map(h, h.tool == 'send', h.args.amount).exists(a, a > 10)",
+    "true || history.exists(h, h.args.amount > 50)",
+    "history.exists(h, h.args.amount > 50) || args.to == 'x@example.com'",
+    "history.all(h, h.args.amount < 1000) && size(history) < 100",
+]
+
+
+def _history(rng: random.Random, n: int, *, errors: bool) -> list[HistoryEntry]:
+    out = []
+    for _ in range(n):
+        tool = rng.choice(["read", "send", "read_secret", "pay"])
+        args: dict[str, Any] = {}
+        if tool in ("send", "pay"):
+            args = {"to": rng.choice(["a@example.com", "b@evil.com"]), "amount": rng.randint(0, 100)}
+            if errors and rng.random() < 0.1:
+                args["amount"] = "lots"  # `> 50` on a string is a CEL error
+        out.append(HistoryEntry(tool, args, "read", rng.choice(["allow", "deny"]), rng.choice(["ok", "ok", "denied"])))
+    return out
+
+
+def _reference(source: str, history: list[HistoryEntry], args: dict[str, Any]) -> Any:
+    try:
+        return cel.compile(source).execute({"history": [h.as_dict() for h in history], "args": args})
+    except Exception:
+        return "error"
+
+
+def _decided(source: str, call: Call) -> Any:
+    try:
+        return compile_condition(source).evaluate(_activation(call))
+    except EvaluationError:
+        return "error"
+
+
+def _activation(call: Call) -> Any:
+    from proctor.policy.activation import Activation
+
+    return Activation(call, "read")
+
+
+def _run_with(history: list[HistoryEntry], limit: int) -> RunContext:
+    from proctor.policy.budgets import Ledger
+
+    ctx = RunContext(RunInfo(), Ledger(()), history_limit=limit)
+    ctx.track(Policy.from_dict({"version": 1, "rules": [
+        {"name": f"r{i}", "decision": "deny", "when": c} for i, c in enumerate(CONDITIONS)]}).pipelines)
+    for h in history:
+        ctx._remember(h, CallRecord("c", h.tool, h.args, h.side_effect, None, h.status, 0))
+    return ctx
+
+
+@pytest.mark.parametrize("errors", [False, True])
+def test_folded_conditions_agree_with_cel_over_the_whole_history(errors: bool) -> None:
+    """Every condition gives CEL's answer (errors included) from a plain list and from a trimmed run."""
+    rng = random.Random(7 + errors)
+    for trial in range(40):
+        history = _history(rng, rng.randint(0, 30), errors=errors)
+        args = {"to": rng.choice(["a@example.com", "b@evil.com"]), "amount": 5}
+        ctx = _run_with(history, limit=3)  # most entries dropped: folds must still see them all
+        for source in CONDITIONS:
+            expected = _reference(source, history, args)
+            listed = _decided(source, Call("send", args, "read", history=history))
+            assert listed == expected, (trial, source, "list")
+            if "args.to == args.to" in source:
+                continue  # not entry-local: reads the retained window only (documented)
+            folded = _decided(source, Call("send", args, "read", history=ctx.history_view()))
+            assert folded == expected, (trial, source, "run")
+
+
+def test_entry_local_pipelines_are_rewritten_and_others_are_not() -> None:
+    """Pipelines reading only their entry become hidden variables; ones reading the call stay as written."""
+    assert rewrite("history.exists(h, h.tool == 'x')") is not None
+    assert rewrite("size(history.filter(h, h.tool == 'x')) > 2") is not None
+    assert rewrite("history.exists(h, h.args.to == args.to)") is None
+    assert rewrite("history.exists(c, c.tool == tool)") is None
+    assert rewrite("[1].exists(history, history > 0)") is None
+    mixed = rewrite("size(history) > 2 && history.exists(h, h.args.to == args.to)")
+    assert mixed is not None and "history.exists(h, h.args.to == args.to)" in mixed.source
+
+
+def test_sum_fold_matches_a_left_to_right_sum() -> None:
+    """sum() over a pipeline folds as Python's sum of the list, int until a double appears, errors on bools."""
+    (pipeline,) = rewrite("history.map(h, h.args.amount).sum() > 0").pipelines  # type: ignore[union-attr]
+    entries = [{"args": {"amount": v}} for v in (1, 2, 2.5, 4)]
+    assert fold_list(pipeline, entries).value() == 9.5
+    assert fold_list(pipeline, []).value() == 0
+    with pytest.raises(AggregateError):
+        fold_list(pipeline, [{"args": {"amount": True}}]).value()
+
+
+def test_trimmed_run_keeps_the_window_and_counts_every_call() -> None:
+    """A run past its history limit keeps a bounded window of entries and records, and counts every call."""
+    ctx = _run_with(_history(random.Random(1), 2_500, errors=False), limit=100)
+    assert ctx.calls_made == 2_500 and len(ctx.records) == 2_500
+    assert 100 <= len(ctx.history_view()) < 200 and 100 <= len(list(ctx.records)) < 200
+    assert sum(ctx.status_counts.values()) == 2_500
+    assert len(ctx.records[2_450:]) == 50
+    size = compile_condition("size(history) == 2500")
+    assert size.evaluate(_activation(Call("x", {}, "read", history=ctx.history_view())))
+
+
+def test_a_pipeline_first_seen_after_entries_were_dropped_denies() -> None:
+    """A fold that starts after entries were dropped cannot answer exactly, so its condition fails closed."""
+    ctx = _run_with(_history(random.Random(2), 50, errors=False), limit=5)
+    late = compile_condition("history.exists(h, h.status == 'timeout')")
+    with pytest.raises(EvaluationError, match="dropped"):
+        late.evaluate(_activation(Call("x", {}, "read", history=ctx.history_view())))
