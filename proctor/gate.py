@@ -255,8 +255,8 @@ class Gate:
     def finish_run(self, ctx: RunContext, status: str = "done", **fields: Any) -> None:
         """Close a run in the audit trail."""
         summary: dict[str, int] = dict.fromkeys(STATUSES, 0)
-        for status, count in ctx.status_counts.items():
-            summary[status] = summary.get(status, 0) + count
+        for ended, count in ctx.status_counts.items():
+            summary[ended] = summary.get(ended, 0) + count
         self._record("run_finished", {"run_id": ctx.info.id, "status": status, "calls": summary, **fields})
 
     def default_context(self) -> RunContext:
