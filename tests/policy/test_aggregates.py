@@ -12,6 +12,7 @@ from proctor.calls import Call, CallRecord, HistoryEntry, RunInfo
 from proctor.policy import Policy
 from proctor.policy.aggregates import AggregateError, fold_list, rewrite
 from proctor.policy.conditions import EvaluationError, compile_condition
+from proctor.policy.functions import FUNCTIONS, cel_sum
 from proctor.run import RunContext
 
 CONDITIONS = [
@@ -32,6 +33,10 @@ CONDITIONS = [
     "true || history.exists(h, h.args.amount > 50)",
     "history.exists(h, h.args.amount > 50) || args.to == 'x@example.com'",
     "history.all(h, h.args.amount < 1000) && size(history) < 100",
+    "sum(history.filter(h, h.tool == 'pay').map(h, h.args.amount)) > 100",
+    "history.filter(h, h.tool in ['pay', 'send']).map(h, h.args.amount).sum() + args.amount > 150",
+    "history.exists(h, normalize(h.tool) == 'send')",
+    "size(history.filter(h, email_domain(h.args.to) == 'evil.com')) > 2",
 ]
 
 
@@ -49,8 +54,10 @@ def _history(rng: random.Random, n: int, *, errors: bool) -> list[HistoryEntry]:
 
 
 def _reference(source: str, history: list[HistoryEntry], args: dict[str, Any]) -> Any:
+    program = cel.compile(source)
+    functions = {fn: FUNCTIONS[fn].callable_for(None) for fn in program.functions() if fn in FUNCTIONS}
     try:
-        return cel.compile(source).execute({"history": [h.as_dict() for h in history], "args": args})
+        return program.execute(cel.Context({"history": [h.as_dict() for h in history], "args": args}, functions))
     except Exception:
         return "error"
 
@@ -108,14 +115,17 @@ def test_entry_local_pipelines_are_rewritten_and_others_are_not() -> None:
     assert mixed is not None and "history.exists(h, h.args.to == args.to)" in mixed.source
 
 
-def test_sum_fold_matches_a_left_to_right_sum() -> None:
-    """sum() over a pipeline folds as Python's sum of the list, int until a double appears, errors on bools."""
-    (pipeline,) = rewrite("history.map(h, h.args.amount).sum() > 0").pipelines  # type: ignore[union-attr]
-    entries = [{"args": {"amount": v}} for v in (1, 2, 2.5, 4)]
-    assert fold_list(pipeline, entries).value() == 9.5
-    assert fold_list(pipeline, []).value() == 0
-    with pytest.raises(AggregateError):
-        fold_list(pipeline, [{"args": {"amount": True}}]).value()
+def test_sum_fold_gives_cel_sum_of_the_whole_list() -> None:
+    """sum() folded one entry at a time equals `cel_sum` of the list: int or double, errors on bools and overflow."""
+    found = rewrite("history.map(h, h.args.amount).sum() > 0")
+    assert found is not None
+    (pipeline,) = found.pipelines
+    for amounts in ([1, 2, 2.5, 4], [], [3, 4], [2**53, 1, 0.5], [0.1] * 10):
+        entries = [{"args": {"amount": v}} for v in amounts]
+        assert fold_list(pipeline, entries).value() == cel_sum(amounts)
+    for bad in ([True], [2**62, 2**62]):
+        with pytest.raises(AggregateError):
+            fold_list(pipeline, [{"args": {"amount": v}} for v in bad]).value()
 
 
 def test_trimmed_run_keeps_the_window_and_counts_every_call() -> None:
