@@ -21,10 +21,15 @@ def _key_value(text: str) -> tuple[str, Any]:
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    from proctor.jsoninput import shape_problem
+
+    problem = shape_problem(value, key)  # json.loads would recurse once per level
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
     try:
         return key, json.loads(value)
     except ValueError:
-        return key, value
+        return key, value  # not JSON: the text itself
 
 
 def register(subparsers: Any) -> None:

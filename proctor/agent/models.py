@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from proctor.errors import ConfigurationError, ModelError
+from proctor.jsoninput import loads_bounded
 
 __all__ = [
     "Message",
@@ -285,7 +286,8 @@ class LiteLLMModel:
             fn = tc.function
             text = fn.arguments or "{}"
             try:
-                args: Mapping[str, Any] | str = json.loads(text) if isinstance(text, str) else dict(text)
+                # Bounded: a model's 50,000-deep arguments are a bad call, not a RecursionError.
+                args: Mapping[str, Any] | str = loads_bounded(text) if isinstance(text, str) else dict(text)
             except (ValueError, TypeError):
                 args = str(text)  # kept raw: the agent reports it to the model as a bad call
             if not isinstance(args, (dict, str)):

@@ -28,6 +28,7 @@ from rich.text import Text
 from proctor.approval.base import ApprovalDecision, ApprovalRequest, Grant
 from proctor.approval.panel import KEYS_HELP, format_duration, render_request, safe_text
 from proctor.errors import ConfigurationError
+from proctor.jsoninput import loads_bounded
 
 __all__ = ["ConsoleApprover", "parse_grant_patterns"]
 
@@ -225,9 +226,9 @@ class ConsoleApprover:
             if not text:
                 return None
             try:
-                value = json.loads(text)
-            except json.JSONDecodeError as exc:
-                self._say(f"not valid JSON: {exc}", "yellow")
+                value = loads_bounded(text, "arguments")
+            except ConfigurationError as exc:
+                self._say(safe_text(str(exc)), "yellow")
                 continue
             if not isinstance(value, dict):
                 self._say(f"arguments must be a JSON object, not {type(value).__name__}", "yellow")

@@ -71,10 +71,13 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _json_arg(name: str, text: str, kind: type) -> Any:
+    from proctor.errors import ConfigurationError
+    from proctor.jsoninput import loads_bounded
+
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise _UsageError(f"--{name}: not valid JSON: {exc}") from None
+        value = loads_bounded(text, f"--{name}")  # size and depth bounded: no RecursionError traceback
+    except ConfigurationError as exc:
+        raise _UsageError(str(exc)) from None
     if not isinstance(value, kind):
         raise _UsageError(f"--{name}: expected a JSON {'object' if kind is dict else 'list'}")
     return value

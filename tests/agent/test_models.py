@@ -111,3 +111,12 @@ def test_litellm_missing_key_names_the_variable(monkeypatch: pytest.MonkeyPatch)
         model = LiteLLMModel("openai/gpt-4o-mini", api_base=fake.base)
         with pytest.raises(ModelError, match=r"\(set OPENAI_API_KEY\)$"):
             model.generate(HELLO)
+
+
+def test_litellm_deeply_nested_tool_arguments_stay_raw() -> None:
+    """A model's JSON arguments nested past the input depth limit are a bad call kept as text."""
+    deep = '{"a": ' + "[" * 500 + "]" * 500 + "}"  # deeper still, litellm's own parsing fails first
+    with serve([completion(None, [tool_call("call_a", "get_order", deep)])]) as fake:
+        model = LiteLLMModel("openai/gpt-4o-mini", api_base=fake.base, api_key="test")
+        response = model.generate(HELLO, tools=[GET_ORDER])
+    assert response.tool_calls[0].arguments == deep

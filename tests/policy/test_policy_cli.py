@@ -122,7 +122,7 @@ def test_explain_bad_json_is_a_usage_error(policy_file: Path, capsys: pytest.Cap
     assert main(["policy", "explain", str(policy_file), "--tool", "t", "--args", "{"]) == 2
     assert main(["policy", "explain", str(policy_file), "--tool", "t", "--history", "{}"]) == 2
     assert main(["policy", "explain", str(policy_file), "--tool", "t", "--side-effect", "bogus"]) == 2
-    assert "--args: not valid JSON" in capsys.readouterr().err
+    assert "--args:1:2: not valid JSON" in capsys.readouterr().err
 
 
 def test_test_command_passes_and_fails(policy_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
