@@ -13,6 +13,7 @@ import inspect
 import re
 import threading
 import typing
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, overload
@@ -143,11 +144,15 @@ class Tool:
                signature: inspect.Signature, arg_docs: Mapping[str, str], *, side_effect: SideEffect | None,
                cost: int, is_async: bool = False, output_type: str | None = None, source: Any = None) -> Tool:
         """A tool from its argument fields (pydantic ``(type, Field)`` pairs) and the signature shown to models."""
-        model = pydantic.create_model(
-            f"{name}_args",
-            __config__=pydantic.ConfigDict(extra="forbid", strict=False, arbitrary_types_allowed=False),
-            **fields,
-        )
+        with warnings.catch_warnings():
+            # A parameter named like a BaseModel attribute (`schema`, `json`, `copy`) is fine: the
+            # model only validates, its fields are read from __dict__, never as attributes.
+            warnings.filterwarnings("ignore", message=r"Field name .* shadows an attribute", category=UserWarning)
+            model = pydantic.create_model(
+                f"{name}_args",
+                __config__=pydantic.ConfigDict(extra="forbid", strict=False, arbitrary_types_allowed=False),
+                **fields,
+            )
         schema = model.model_json_schema()
         schema.pop("title", None)
         for prop in schema.get("properties", {}).values():

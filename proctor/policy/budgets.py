@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,6 +194,36 @@ class Ledger:
                 else:
                     continue
                 raise BudgetExceeded(f"budget '{budget.name}' exhausted: {problem}", budget=budget.name)
+
+    def preload(self, usage: Mapping[str, Mapping[str, float]]) -> None:
+        """Start from recorded usage (`policy test` cases, `explain --usage`): ``{budget: {calls, cost, …}}``.
+
+        Keys are those of `usage()`; ``wall_time_ms`` of a budget without ``match`` moves the
+        run's (or step's) start back by that much. An unknown budget or key is a ValueError.
+        """
+        fields = ("calls", "cost", "wall_time_ms", "model_tokens", "model_cost_usd")
+        with self._lock:
+            for name, used in usage.items():
+                budget = self._by_name.get(name)
+                if budget is None:
+                    raise ValueError(f"no budget named {name!r} (budgets: {', '.join(self._by_name) or 'none'})")
+                record = self._used[name]
+                for key, value in used.items():
+                    if key not in fields:
+                        raise ValueError(f"budget {name!r}: unknown usage {key!r} (expected {', '.join(fields)})")
+                    if key == "wall_time_ms":
+                        if budget.spec.match is None:
+                            shift = int(value * 1_000_000)
+                            if budget.spec.per == "step":
+                                self._step_started_ns = min(self._step_started_ns, self._clock() - shift)
+                            else:
+                                self._started_ns = min(self._started_ns, self._clock() - shift)
+                        else:
+                            record.wall_ns = int(value * 1_000_000)
+                    elif key in ("calls", "model_tokens"):
+                        setattr(record, key, int(value))
+                    else:
+                        setattr(record, key, value)
 
     def next_step(self) -> None:
         """Start a new step: `per: step` budgets start from zero."""

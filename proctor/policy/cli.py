@@ -21,23 +21,32 @@ def register(subparsers: Any) -> None:
     sub = policy.add_subparsers(dest="policy_command", metavar="SUBCOMMAND")
     policy.set_defaults(func=lambda _args: _usage(policy))
 
+    tools_help = ("the real tools (as `proctor run`): a module of @tool functions, or MOD:ATTR (repeatable); "
+                  "arguments and history are then validated and completed with their schema defaults")
     check = sub.add_parser("check", help="validate a policy file (exit 1 listing every problem)")
     check.add_argument("policy", metavar="P")
+    check.add_argument("--tools", action="append", default=[], metavar="MOD:ATTR",
+                       help="check tool names and `args.x` against the real tools (repeatable)")
     check.set_defaults(func=_check)
 
-    explain = sub.add_parser("explain", help="decide one call and show which rules matched and why")
+    explain = sub.add_parser("explain", help="decide one call as the gate would and show which rules matched and why")
     explain.add_argument("policy", metavar="P")
     explain.add_argument("--tool", required=True)
     explain.add_argument("--args", default="{}", metavar="JSON", help="the call's arguments, a JSON object")
     explain.add_argument("--history", default="[]", metavar="JSON", help="earlier calls: a JSON list")
     explain.add_argument("--run", default="{}", metavar="JSON", help="run info: id, step, principal, labels")
+    explain.add_argument("--usage", default="{}", metavar="JSON",
+                         help='what budgets have used: {"outbound": {"calls": 4, "cost": 12}}')
     explain.add_argument("--side-effect", dest="side_effect", default=None, help="the tool's declared class")
-    explain.add_argument("--json", action="store_true", help="print only outcome, rules, reason, policy_sha256")
+    explain.add_argument("--tools", action="append", default=[], metavar="MOD:ATTR", help=tools_help)
+    explain.add_argument("--json", action="store_true",
+                         help="print only outcome, rules, reason, policy_sha256")
     explain.set_defaults(func=_explain)
 
     test = sub.add_parser("test", help="run table-driven cases against a policy (exit 1 if any fails)")
     test.add_argument("policy", metavar="P")
     test.add_argument("cases", metavar="CASES.yaml")
+    test.add_argument("--tools", action="append", default=[], metavar="MOD:ATTR", help=tools_help)
     test.set_defaults(func=_test)
 
     schema = sub.add_parser("schema", help="print the JSON Schema of policy files (for yaml-language-server)")
@@ -62,9 +71,44 @@ def _load(path: str) -> Any:
         return None
 
 
+_NO_DEFAULTS = ("note: schema defaults were not applied (arguments and history taken as written); "
+                "give --tools MOD:ATTR to validate and complete them as the gate does")
+
+
+def _load_tools(command: str, specs: list[str]) -> dict[str, Any] | None:
+    """The tools named by --tools, by name ({} when none given); None after printing why they cannot load."""
+    if not specs:
+        return {}
+    from proctor.agent.loading import load_tools
+    from proctor.errors import ProctorError
+
+    try:
+        return {t.name: t for t in load_tools(specs)}
+    except (ProctorError, ValueError) as exc:
+        print(f"proctor policy {command}: {exc}", file=sys.stderr)
+        return None
+
+
 def _check(args: argparse.Namespace) -> int:
+    from proctor.errors import PolicyError
+    from proctor.policy.lint import lint
+
+    tools = _load_tools("check", args.tools)
+    if tools is None:
+        return 2
     policy = _load(args.policy)
     if policy is None:
+        return 1
+    try:
+        findings = lint(policy, args.policy, tools or None)
+    except PolicyError as exc:  # the file changed under us
+        for issue in exc.issues:
+            print(issue)
+        return 1
+    errors = [f for f in findings if f.severity == "error"]
+    for finding in findings:
+        print(finding)
+    if errors:
         return 1
     print(f"{args.policy}: ok ({len(policy.rules)} rules, {len(policy.budgets)} budgets, sha256 {policy.sha256})")
     return 0
@@ -92,6 +136,7 @@ def _explain(args: argparse.Namespace) -> int:
 
     from proctor.policy.cases import Case
     from proctor.policy.explain import explain
+    from proctor.policy.simulate import SimulationError
 
     try:
         case = Case.model_validate(
@@ -100,6 +145,7 @@ def _explain(args: argparse.Namespace) -> int:
                 "args": _json_arg("args", args.args, dict),
                 "history": _json_arg("history", args.history, list),
                 "run": _json_arg("run", args.run, dict),
+                "usage": _json_arg("usage", args.usage, dict),
                 "side_effect": args.side_effect,
                 "expect": "deny",  # unused: explain has no expectation
             }
@@ -112,19 +158,32 @@ def _explain(args: argparse.Namespace) -> int:
             where = ".".join(str(p) for p in err["loc"])
             print(f"proctor policy explain: {where}: {err['msg']}", file=sys.stderr)
         return 2
+    tools = _load_tools("explain", args.tools)
+    if tools is None:
+        return 2
     policy = _load(args.policy)
     if policy is None:
         return 1
-    result = explain(policy, case.call())
+    try:
+        result = explain(policy, case.call(), tools=tools or None, usage=case.usage)
+    except SimulationError as exc:
+        print(f"proctor policy explain: {exc}", file=sys.stderr)
+        return 2
     decision = result.decision
     if args.json:
-        print(json.dumps(decision.as_dict()))
+        print(json.dumps(decision.as_dict()))  # exactly the Decision (DESIGN §4); a budget refusal names it in reason
         return 0
     print(f"outcome:  {decision.outcome}")
     print(f"rules:    {', '.join(decision.rules) or '(none)'}")
     print(f"reason:   {decision.reason}")
+    if result.budget:
+        print(f"budget:   {result.budget} (refused before any human is asked)")
     print(f"tool:     {args.tool} (side_effect {result.side_effect})")
     print(f"policy:   {args.policy} sha256 {decision.policy_sha256}")
+    if result.args is not None:
+        print(f"args:     {json.dumps(result.args, default=str)} (validated, schema defaults applied)")
+    else:
+        print(_NO_DEFAULTS)
     print("considered:")
     for trace in result.rules:
         mark = "✔" if trace.matched else "·"
@@ -143,16 +202,19 @@ def _test(args: argparse.Namespace) -> int:
     from proctor.policy.cases import load_cases, run_cases
     from proctor.policy.yamlsafe import read_yaml_file
 
+    tools = _load_tools("test", args.tools)
+    if tools is None:
+        return 2
     policy = _load(args.policy)
     if policy is None:
         return 1
     try:
-        cases = load_cases(read_yaml_file(args.cases, "cases file"), args.cases)
+        cases = load_cases(read_yaml_file(args.cases, "cases file"), args.cases, policy, tools or None)
+        results = run_cases(policy, cases, tools or None, args.cases)
     except PolicyError as exc:
         for issue in exc.issues:
             print(issue)
         return 1
-    results = run_cases(policy, cases)
     table = Table(title=escape(f"policy {args.policy}, cases {args.cases}"), title_justify="left")
     for column in ("#", "case", "tool", "expected", "got", "result"):
         table.add_column(column, no_wrap=column in ("#", "result"))
@@ -160,6 +222,9 @@ def _test(args: argparse.Namespace) -> int:
         shown = r.case.rules is not None
         expected = r.case.expect + (f" [{', '.join(sorted(r.case.rules or ()))}]" if shown else "")
         got = r.decision.outcome + (f" [{', '.join(sorted(r.decision.rules))}]" if shown else "")
+        if r.case.budget is not None or r.budget is not None:
+            expected += f" budget {r.case.budget}" if r.case.budget else ""
+            got += f" budget {r.budget}" if r.budget else ""
         verdict = "[green]PASS[/]" if r.passed else "[bold red]FAIL[/]"
         table.add_row(str(r.index + 1), escape(r.label), escape(r.case.tool), escape(expected), escape(got), verdict)
     console = Console(highlight=False, width=max(100, Console().width))
@@ -167,6 +232,8 @@ def _test(args: argparse.Namespace) -> int:
     failed = [r for r in results if not r.passed]
     for r in failed:
         console.print(f"[red]FAIL[/] {escape(r.label)}: {escape(r.decision.reason)}")
+    if not tools:
+        console.print(escape(_NO_DEFAULTS))
     console.print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
 

@@ -6,12 +6,18 @@ uses `Policy.decide`, which evaluates only the rules that can matter.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from proctor.calls import Call, Decision
 from proctor.policy.activation import Activation
 from proctor.policy.conditions import EvaluationError
 from proctor.policy.engine import Policy
+from proctor.policy.simulate import decide_like_gate
+
+if TYPE_CHECKING:
+    from proctor.tools import Tool
 
 __all__ = ["Explanation", "RuleTrace", "explain"]
 
@@ -33,16 +39,25 @@ class Explanation:
     decision: Decision
     side_effect: str
     rules: tuple[RuleTrace, ...]
+    #: The budget that refused the call, when one did (the gate refuses it before any human is asked).
+    budget: str | None = None
+    #: The arguments after validation with the tool's schema (defaults filled in); None without tools.
+    args: Mapping[str, Any] | None = None
 
 
 def _listing(values: object) -> str:
     return ", ".join(sorted(str(v) for v in values)) if isinstance(values, (set, frozenset, tuple)) else str(values)
 
 
-def explain(policy: Policy, call: Call) -> Explanation:
-    """Decide `call` and trace every rule of `policy` against it, in file order."""
-    decision = policy.decide(call)
-    side_effect = policy.facts(call.tool, call.side_effect, call.cost or 0).side_effect
+def explain(
+    policy: Policy,
+    call: Call,
+    tools: Mapping[str, Tool] | None = None,
+    usage: Mapping[str, Mapping[str, float]] | None = None,
+) -> Explanation:
+    """Decide `call` as the gate would (`decide_like_gate`) and trace every rule of `policy`, in file order."""
+    simulation = decide_like_gate(policy, call, tools, usage)
+    decision, side_effect, call = simulation.decision, simulation.side_effect, simulation.call
     activation = Activation(call, side_effect)
     traces = []
     for rule in policy.compiled:
@@ -62,4 +77,5 @@ def explain(policy: Policy, call: Call) -> Explanation:
             except EvaluationError as exc:
                 matched, note = True, f"condition failed (counts as deny): {exc}"
         traces.append(RuleTrace(rule.name, rule.decision, matched, note))
-    return Explanation(decision, side_effect, tuple(traces))
+    return Explanation(decision, side_effect, tuple(traces), simulation.budget,
+                       dict(call.args) if simulation.defaults_applied else None)

@@ -183,3 +183,167 @@ def test_exit_codes_through_a_subprocess(policy_file: Path, tmp_path: Path) -> N
     assert run_cli("policy", "check").returncode == 2
     assert run_cli("policy", "explain", str(policy_file)).returncode == 2  # --tool is required
     assert run_cli("policy").returncode == 2
+
+
+TOOLS_MODULE = '''\
+from proctor import tool
+
+
+@tool(side_effect="external")
+def send_email(to: str, subject: str = "(none)", tags: list[str] | None = None) -> str:
+    """Send a mail.
+
+    Args:
+        to: Recipient.
+        subject: Subject.
+        tags: Labels for the mail.
+    """
+    return "sent"
+
+
+@tool(side_effect="read")
+def lookup(key: str) -> str:
+    """Look up.
+
+    Args:
+        key: What.
+    """
+    return key
+'''
+
+BUDGETED = """\
+version: 1
+tools:
+  send_email: {side_effect: external}
+budgets:
+  - name: outbound
+    match: {side_effect: external}
+    limit: {calls: 2}
+rules:
+  - name: mail
+    match: {tool: send_email}
+    when: "history.all(h, h.tool != 'send_email' || size(h.args.tags) == 0)"
+    decision: allow
+"""
+
+
+@pytest.fixture
+def tools_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "ops_cli_tools.py").write_text(TOOLS_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "ops_cli_tools"
+
+
+def test_explain_with_tools_completes_arguments_and_history(
+    tmp_path: Path, tools_module: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With --tools a history entry without `tags` gets tags=None as in a real run; without, it is taken as written."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text(BUDGETED)
+    history = json.dumps([{"tool": "send_email", "args": {"to": "a@x.example"}}])
+    assert main(["policy", "explain", str(policy), "--tool", "send_email", "--args", '{"to": "b@x.example"}',
+                 "--history", history, "--tools", tools_module]) == 0
+    out = capsys.readouterr().out
+    assert "outcome:  deny" in out and "condition failed" in out
+    assert '"subject": "(none)"' in out and "schema defaults applied" in out
+    assert main(["policy", "explain", str(policy), "--tool", "send_email", "--args", '{"to": "b@x.example"}',
+                 "--history", history]) == 0
+    out = capsys.readouterr().out
+    assert "outcome:  deny" in out  # no such key 'tags': fails closed too, but for another reason
+    assert "defaults were not applied" in out
+
+
+def test_explain_usage_refuses_as_the_gate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--usage loads what budgets used; a call that would pass a limit is denied naming the budget."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text(BUDGETED)
+    assert main(["policy", "explain", str(policy), "--tool", "send_email", "--args", '{"to": "b@x.example"}',
+                 "--usage", '{"outbound": {"calls": 2}}']) == 0
+    out = capsys.readouterr().out
+    assert "outcome:  deny" in out and "budget:   outbound" in out
+    assert main(["policy", "explain", str(policy), "--tool", "send_email", "--args", '{"to": "b@x.example"}',
+                 "--usage", '{"outbound": {"calls": 1}}', "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["outcome"] == "allow"
+    assert main(["policy", "explain", str(policy), "--tool", "send_email", "--usage", '{"outbnd": {"calls": 1}}']) == 2
+    assert "no budget named 'outbnd'" in capsys.readouterr().err
+
+
+def test_cases_with_usage_and_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A case's usage sets what budgets used; `budget:` expects the budget that refused the call."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text(BUDGETED)
+    cases = tmp_path / "c.yaml"
+    cases.write_text(
+        "- {tool: send_email, args: {to: a}, usage: {outbound: {calls: 2}}, expect: deny, budget: outbound}\n"
+        "- {tool: send_email, args: {to: a}, usage: {outbound: {calls: 1}}, expect: allow}\n"
+        "- {tool: send_email, args: {to: a}, usage: {outbound: {calls: 1}}, expect: deny, budget: outbound}\n"
+    )
+    assert main(["policy", "test", str(policy), str(cases)]) == 1
+    out = capsys.readouterr().out
+    assert "2 passed, 1 failed" in out
+
+
+def test_cases_file_names_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Unknown rules, budgets, usage keys and case keys are located errors with a did-you-mean, not FAILs."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text(BUDGETED)
+    cases = tmp_path / "c.yaml"
+    cases.write_text(
+        "- tool: send_email\n"
+        "  args: {to: a}\n"
+        "  usage: {outbond: {calls: 1}, outbound: {cals: 1}}\n"
+        "  expect: allow\n"
+        "  rules: [mial]\n"
+        "- tool: send_email\n"
+        "  expect: alow\n"
+        "  rulez: [mail]\n"
+    )
+    assert main(["policy", "test", str(policy), str(cases)]) == 1
+    out = capsys.readouterr().out
+    assert f"{cases}:7:11: case 2: expect: unknown value 'alow' (did you mean 'allow'?)" in out
+    assert f"{cases}:8:3: case 2: unknown key 'rulez' (did you mean 'rules'?)" in out
+    assert main(["policy", "test", str(policy), str(cases.with_name("c2.yaml"))]) == 1
+    assert f"{cases.with_name('c2.yaml')}:1:1: cannot read cases file: No such file or directory" in capsys.readouterr().out
+    cases.write_text(cases.read_text().split("- tool: send_email\n  expect")[0])
+    assert main(["policy", "test", str(policy), str(cases)]) == 1
+    out = capsys.readouterr().out
+    assert f"{cases}:3:11: case 1: usage: no budget named 'outbond' (did you mean 'outbound'?)" in out
+    assert f"{cases}:3:43: case 1: usage: unknown key 'cals' (did you mean 'calls'?)" in out
+    assert f"{cases}:5:11: case 1: rules: no rule named 'mial' (did you mean 'mail'?)" in out
+
+
+def test_missing_files_read_the_same(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """check, explain and test word a missing policy file the same way."""
+    missing = tmp_path / "nope.yaml"
+    expected = f"{missing}:1:1: cannot read policy: No such file or directory"
+    assert main(["policy", "check", str(missing)]) == 1
+    assert main(["policy", "explain", str(missing), "--tool", "t"]) == 1
+    assert main(["policy", "test", str(missing), str(missing)]) == 1
+    assert capsys.readouterr().out.splitlines() == [expected] * 3
+
+
+def test_check_lints_with_tools(tmp_path: Path, tools_module: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """check warns on undeclared near-miss tool names and raw string comparisons; --tools makes names and args.x errors."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\n"
+        "tools:\n"
+        "  send_email: {side_effect: external}\n"
+        "rules:\n"
+        "  - name: mail\n"
+        "    match: {tool: send_emial}\n"
+        "    when: \"args.too.endsWith('@x.com') && usage['nope'].calls > 1\"\n"
+        "    decision: allow\n"
+    )
+    assert main(["policy", "check", str(policy)]) == 1
+    out = capsys.readouterr().out
+    assert f"{policy}:6:19: warning: rule 'mail': match.tool 'send_emial' is not declared under tools: " \
+           "(did you mean 'send_email'?)" in out
+    assert f"{policy}:7:12: warning: rule 'mail': when: args.too is compared as written" in out
+    assert f"{policy}:7:43: rule 'mail': when: usage['nope'] names no budget (budgets: none)" in out
+    policy.write_text(policy.read_text().replace("send_emial", "[send_emial, send_email]").replace(
+        " && usage['nope'].calls > 1", ""))
+    assert main(["policy", "check", str(policy), "--tools", tools_module]) == 1
+    out = capsys.readouterr().out
+    assert "rule 'mail': match.tool 'send_emial' is not one of the tools (did you mean 'send_email'?)" in out
+    assert "rule 'mail': when: args.too: no tool this rule matches has a parameter 'too' (did you mean 'to'?)" in out

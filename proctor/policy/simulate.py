@@ -1,0 +1,151 @@
+"""Decide a call as the gate would, without running anything: `policy test` and `policy explain`.
+
+The gate validates a call's arguments against the tool's schema (completing defaults)
+before the policy sees them, adds the labels of every call that ran to the run's
+`seen`, computes the call's cost and reserves its budgets. `decide_like_gate` does the
+same steps in the same order, on the same code:
+
+    (tools given) validate + complete args and history args → policy.decide
+        → (not denied) cost → reserve on a ledger preloaded with `usage`
+
+Without tools the arguments are taken as written and `Simulation.defaults_applied` is
+False, so the commands can say that schema defaults were not applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from proctor.calls import Call, Decision, HistoryEntry
+from proctor.errors import BudgetExceeded, ToolDenied
+
+if TYPE_CHECKING:
+    from proctor.policy.engine import Policy
+    from proctor.tools import Tool
+
+__all__ = ["RAN_STATUSES", "SimulationError", "Simulation", "complete_history", "decide_like_gate"]
+
+#: A call with one of these statuses started its tool: its labels are in `seen` (as `RunContext` keeps it).
+RAN_STATUSES = frozenset(("ok", "failed", "timeout", "unknown"))
+
+
+class SimulationError(ValueError):
+    """The inputs cannot be decided as the gate would (a history entry the tool would have refused).
+
+    `history_index` is the position of the offending history entry, when one is.
+    """
+
+    def __init__(self, message: str, history_index: int | None = None) -> None:
+        super().__init__(message)
+        self.history_index = history_index
+
+
+@dataclass(frozen=True, slots=True)
+class Simulation:
+    """The gate's verdict on a call: its decision, the budget that refused it (if one did), the call decided."""
+
+    decision: Decision
+    call: Call
+    side_effect: str
+    budget: str | None = None
+    cost: float = 0
+    defaults_applied: bool = False
+
+
+def complete_history(
+    policy: Policy, history: Sequence[HistoryEntry], tools: Mapping[str, Tool] | None
+) -> tuple[tuple[HistoryEntry, ...], tuple[str, ...]]:
+    """The entries as the gate would have recorded them (validated args, the policy's labels), and `seen`."""
+    out: list[HistoryEntry] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(history):
+        args: Mapping[str, Any] = entry.args
+        side_effect = entry.side_effect
+        declared_cost = 0
+        tool = tools.get(entry.tool) if tools is not None else None
+        if tools is not None and tool is None:
+            if entry.status != "denied" or entry.args:  # the gate records an unknown tool's call as denied, no args
+                known = ", ".join(sorted(tools))
+                raise SimulationError(f"history[{i}]: unknown tool {entry.tool!r} (known: {known}); a call to an "
+                                      "unknown tool is recorded with status denied and no args", i)
+            side_effect = "destructive"
+        elif tool is not None:
+            if entry.status != "denied" or entry.args:
+                try:
+                    args = tool.validate(entry.args)
+                except ToolDenied as exc:
+                    raise SimulationError(f"history[{i}]: {exc}", i) from None
+            declared_cost = tool.cost
+            side_effect = policy.facts(entry.tool, tool.side_effect, declared_cost).side_effect
+        elif tools is None:  # the policy's `tools:` overrides the class the entry declares, as the gate's facts do
+            side_effect = policy.facts(entry.tool, entry.side_effect, declared_cost).side_effect
+        labels = entry.labels or (() if tools is not None and tool is None
+                                  else policy.facts(entry.tool, None, declared_cost).labels)
+        out.append(replace(entry, args=args, side_effect=side_effect, labels=labels))
+        if entry.status in RAN_STATUSES:
+            seen.update(labels)
+    return tuple(out), tuple(sorted(seen))
+
+
+def decide_like_gate(
+    policy: Policy,
+    call: Call,
+    tools: Mapping[str, Tool] | Iterable[Tool] | None = None,
+    usage: Mapping[str, Mapping[str, float]] | None = None,
+) -> Simulation:
+    """Decide `call` with `policy` exactly as a `Gate` holding `tools` would, budgets preloaded with `usage`.
+
+    Raises `SimulationError` for inputs the gate could never have seen (a history entry
+    whose arguments its tool refuses, an unknown budget in `usage`).
+    """
+    by_name = _tools(tools)
+    ledger = policy.new_ledger()
+    try:
+        ledger.preload(usage or {})
+    except ValueError as exc:
+        raise SimulationError(f"usage: {exc}") from None
+    history, seen = complete_history(policy, call.history, by_name)
+    declared_side_effect, declared_cost = call.side_effect, call.cost or 0
+    args: Mapping[str, Any] = call.args
+    if by_name is not None:
+        tool = by_name.get(call.tool)
+        if tool is None:
+            known = ", ".join(sorted(by_name)) or "none"
+            decision = Decision("deny", (), f"unknown tool {call.tool!r} (known: {known})", policy.sha256)
+            return Simulation(decision, call, "destructive", defaults_applied=True)
+        declared_side_effect, declared_cost = tool.side_effect, tool.cost
+    facts = policy.facts(call.tool, declared_side_effect, declared_cost)
+    decided = replace(call, history=history, seen=call.seen or seen, side_effect=facts.side_effect,
+                      cost=declared_cost, usage=ledger.usage())
+    if by_name is not None:
+        try:
+            args = by_name[call.tool].validate(call.args)
+        except ToolDenied as exc:
+            decision = Decision("deny", (), str(exc), policy.sha256)
+            return Simulation(decision, decided, facts.side_effect, defaults_applied=True)
+        decided = replace(decided, args=args)
+    applied = by_name is not None
+    decision = policy.decide(decided)
+    if decision.outcome == "deny":
+        return Simulation(decision, decided, facts.side_effect, defaults_applied=applied)
+    try:
+        cost = policy.cost_of(call.tool, args, declared_cost, call.run)
+    except ToolDenied as exc:
+        return Simulation(replace(decision, outcome="deny", reason=str(exc)), decided, facts.side_effect,
+                          defaults_applied=applied)
+    try:
+        ledger.reserve(call.tool, facts.side_effect, cost)
+    except BudgetExceeded as exc:
+        refused = Decision("deny", decision.rules, str(exc), policy.sha256)
+        return Simulation(refused, decided, facts.side_effect, budget=exc.budget, cost=cost, defaults_applied=applied)
+    return Simulation(decision, decided, facts.side_effect, cost=cost, defaults_applied=applied)
+
+
+def _tools(tools: Mapping[str, Tool] | Iterable[Tool] | None) -> dict[str, Tool] | None:
+    if tools is None:
+        return None
+    if isinstance(tools, Mapping):
+        return dict(tools)
+    return {t.name: t for t in tools}
