@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from proctor.errors import PolicyIssue
 from proctor.policy.loader import Marks, _cel_position, compose_marked
-from proctor.policy.yamlsafe import read_yaml_file
 from proctor.policy.matching import Matcher, is_glob
+from proctor.policy.yamlsafe import read_yaml_file
 
 if TYPE_CHECKING:
     from proctor.policy.engine import Policy

@@ -303,7 +303,8 @@ def test_cases_file_names_are_checked(tmp_path: Path, capsys: pytest.CaptureFixt
     assert f"{cases}:7:11: case 2: expect: unknown value 'alow' (did you mean 'allow'?)" in out
     assert f"{cases}:8:3: case 2: unknown key 'rulez' (did you mean 'rules'?)" in out
     assert main(["policy", "test", str(policy), str(cases.with_name("c2.yaml"))]) == 1
-    assert f"{cases.with_name('c2.yaml')}:1:1: cannot read cases file: No such file or directory" in capsys.readouterr().out
+    missing = f"{cases.with_name('c2.yaml')}:1:1: cannot read cases file: No such file or directory"
+    assert missing in capsys.readouterr().out
     cases.write_text(cases.read_text().split("- tool: send_email\n  expect")[0])
     assert main(["policy", "test", str(policy), str(cases)]) == 1
     out = capsys.readouterr().out
@@ -323,7 +324,7 @@ def test_missing_files_read_the_same(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_check_lints_with_tools(tmp_path: Path, tools_module: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """check warns on undeclared near-miss tool names and raw string comparisons; --tools makes names and args.x errors."""
+    """check warns on near-miss tool names and raw string comparisons; --tools makes names and args.x errors."""
     policy = tmp_path / "p.yaml"
     policy.write_text(
         "version: 1\n"
