@@ -69,21 +69,26 @@ class Interpreter:
     def __init__(self, tools: Iterable[Tool | Callable[..., Any]], gate: GateLike, *, timeout: float = 30,
                  authorized_imports: Iterable[str] = (), sandbox: SandboxMode = "auto",
                  memory_limit: int | None = 512 * MiB, max_output: int = 50_000, context: Any = None,
-                 cpu_limit: int = 3600, max_processes: int = 64, start_timeout: float = 30.0) -> None:
+                 cpu_limit: int = 3600, max_processes: int = 64, start_timeout: float = 30.0,
+                 final_answer: Tool | Callable[..., Any] | None = None) -> None:
         if sandbox not in ("auto", "bwrap", "process", "none"):
             raise ConfigurationError(f"sandbox must be 'auto', 'bwrap', 'process' or 'none', not {sandbox!r}")
         if timeout <= 0 or max_output <= 0:
             raise ConfigurationError("timeout and max_output must be positive")
         self.tools = [as_tool(t) for t in tools]
+        # A tool named final_answer computes the answer from final_answer()'s arguments, through the gate.
+        self.final_tool = as_tool(final_answer) if final_answer is not None else None
+        if self.final_tool is not None and self.final_tool.name != "final_answer":
+            raise ConfigurationError(f"final_answer= takes a tool named 'final_answer', not {self.final_tool.name!r}")
         self.gate = gate
-        gate.register(*self.tools)
+        gate.register(*self.tools, *([self.final_tool] if self.final_tool else []))
         self.timeout, self.max_output, self.start_timeout = float(timeout), int(max_output), start_timeout
         self.authorized_imports = tuple(authorized_imports)
-        _check_installed(self.authorized_imports)
+        check_installed(self.authorized_imports)
         self.context = context
         self.sandbox = sandbox
         self.isolation = self._choose_isolation(sandbox)
-        self._names = {t.name for t in self.tools}
+        self._names = {t.name for t in self.tools} | ({"final_answer"} if self.final_tool else set())
         # "*" allows every installed package, so it needs them bound like a named third-party one.
         needs_site = any(n == "*" or n.partition(".")[0] not in STDLIB for n in self.authorized_imports)
         self._spec = SandboxSpec(self.isolation, extra_paths=tuple(site_paths()) if needs_site else ())
@@ -94,6 +99,8 @@ class Interpreter:
             "sys_path": site_paths() if needs_site else [],
             "limits": self._limits,
         }
+        if self.final_tool is not None:
+            self._init["final_tool"] = tool_spec(self.final_tool, final=True)
         self._lock = threading.RLock()
         self._code = ""
         self._closed = False
@@ -413,7 +420,7 @@ class Interpreter:
             raise SandboxError("this interpreter is closed")
 
 
-def _check_installed(names: Iterable[str]) -> None:
+def check_installed(names: Iterable[str]) -> None:
     """Refuse, at construction, an authorized import that names a module not installed here."""
     missing = []
     for name in names:

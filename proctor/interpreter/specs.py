@@ -17,9 +17,12 @@ __all__ = ["STDLIB", "limits_for", "tool_spec"]
 STDLIB = frozenset({"*"}) | frozenset(getattr(sys, "stdlib_module_names", ()))
 
 
-def tool_spec(t: Tool) -> dict[str, Any]:
-    """The data a worker builds a stub from: name, parameters, docstring — never the function."""
-    if keyword.iskeyword(t.name) or t.name == "final_answer":
+def tool_spec(t: Tool, *, final: bool = False) -> dict[str, Any]:
+    """The data a worker builds a stub from: name, parameters, docstring — never the function.
+
+    Only the `final` tool (the one `final_answer()` calls, see `Interpreter(final_answer=…)`) may be
+    named ``final_answer``."""
+    if keyword.iskeyword(t.name) or (t.name == "final_answer") is not final:
         raise ValueError(f"a tool cannot be named {t.name!r} in a program")
     params = []
     for p in t.signature.parameters.values():

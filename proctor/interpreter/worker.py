@@ -53,7 +53,8 @@ class Worker:
         self.namespace: dict[str, Any] = {"__builtins__": table, "__name__": "__main__", "__doc__": None}
         for spec in init["tools"]:
             self.namespace[spec["name"]] = self.make_stub(spec)
-        self.namespace["final_answer"] = self.make_final_answer()
+        custom = init.get("final_tool")  # a tool computing the answer from final_answer()'s arguments
+        self.namespace["final_answer"] = self.make_final_answer(self.make_stub(custom) if custom else None)
 
     # -- what the program calls ------------------------------------------------------------------
 
@@ -133,7 +134,7 @@ class Worker:
         stub.__module__ = "tools"
         return stub
 
-    def make_final_answer(self) -> Any:
+    def make_final_answer(self, custom: Any = None) -> Any:
         def final_answer(answer: Any) -> None:
             """End the program and give `answer` as its result."""
             if self.stale and _thread.get_ident() in self.stale:
@@ -153,7 +154,16 @@ class Worker:
                 self.channel.send_in_run(data)
             raise FinalAnswer()
 
-        return final_answer
+        if custom is None:
+            return final_answer
+
+        def final_answer_through_tool(*args: Any, **kwargs: Any) -> None:
+            """End the program with what the final_answer tool makes of the arguments (a governed call)."""
+            final_answer(custom(*args, **kwargs))
+
+        final_answer_through_tool.__name__ = "final_answer"
+        final_answer_through_tool.__doc__ = custom.__doc__ or final_answer_through_tool.__doc__
+        return final_answer_through_tool
 
     # -- running ---------------------------------------------------------------------------------
 

@@ -6,6 +6,13 @@ from typing import Any
 
 import smolagents
 from smolagents import tool
+from smolagents.models import (
+    ChatMessage,
+    ChatMessageToolCall,
+    ChatMessageToolCallFunction,
+    MessageRole,
+)
+from smolagents.monitoring import TokenUsage
 
 CALLS: list[tuple[str, dict[str, Any]]] = []
 
@@ -50,3 +57,23 @@ class Summer(smolagents.Tool):
         CALLS.append(("summer", {"a": a, "xs": xs}))
         total = (a + sum(xs)) * (scale if scale is not None else 1.0)
         return -total if negate else total
+
+
+class ScriptedSmolModel(smolagents.Model):
+    """A smolagents model answering from a list: text replies, or (name, arguments) tool calls."""
+
+    def __init__(self, replies: list[Any]) -> None:
+        super().__init__(model_id="scripted")
+        self.replies = list(replies)
+        self.seen: list[Any] = []
+
+    def generate(self, messages: Any, stop_sequences: Any = None, response_format: Any = None,
+                 tools_to_call_from: Any = None, **kwargs: Any) -> ChatMessage:
+        self.seen.append(messages)
+        reply = self.replies.pop(0)
+        usage = TokenUsage(input_tokens=1, output_tokens=1)
+        if isinstance(reply, tuple):
+            call = ChatMessageToolCall(id=f"call_{len(self.seen)}", type="function",
+                                       function=ChatMessageToolCallFunction(name=reply[0], arguments=reply[1]))
+            return ChatMessage(role=MessageRole.ASSISTANT, content="", tool_calls=[call], token_usage=usage)
+        return ChatMessage(role=MessageRole.ASSISTANT, content=reply, token_usage=usage)
