@@ -16,7 +16,7 @@ if TYPE_CHECKING:
         StepRecord,
         ToolCallingAgent,
     )
-    from proctor.approval import CallbackApprover, ConsoleApprover, WebhookApprover
+    from proctor.approval import CallbackApprover, ConsoleApprover, InboxApprover, WebhookApprover
     from proctor.audit import AuditLog
     from proctor.calls import CallRecord, Decision, RunInfo
     from proctor.errors import (
@@ -57,6 +57,7 @@ __all__ = [
     "ExecutionResult",
     "ExecutionTimeout",
     "Gate",
+    "InboxApprover",
     "Interpreter",
     "LiteLLMModel",
     "ModelResponse",
@@ -91,6 +92,7 @@ _lazy.install(__name__, {
     "ToolCallingAgent": "proctor.agent",
     "CallbackApprover": "proctor.approval",
     "ConsoleApprover": "proctor.approval",
+    "InboxApprover": "proctor.approval",
     "WebhookApprover": "proctor.approval",
     "AuditLog": "proctor.audit",
     "CallRecord": "proctor.calls",

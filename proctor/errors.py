@@ -13,6 +13,9 @@ ProctorError                      base of everything below
 │   └── AuditCorrupted            an existing log is damaged and will not be appended to
 ├── ExecutionTimeout              a program ran past its time limit and was killed
 ├── SandboxError                  the worker could not start, misbehaved, or died
+├── StepInterrupted               the host stopped the step's program (it never sees this)
+│   ├── RunSuspended              a call waits for an answer that comes later: the run suspends
+│   └── ReplayDiverged            a resumed program asked for other calls than its journal holds
 ├── StoreError                    the run store could not be opened, read or written
 │   ├── RunNotFound               no run with that id in the store
 │   ├── ApprovalNotFound          no approval with that id in the store
@@ -51,7 +54,10 @@ __all__ = [
     "PolicyIssue",
     "ProctorError",
     "RunNotFound",
+    "ReplayDiverged",
+    "RunSuspended",
     "SandboxError",
+    "StepInterrupted",
     "StoreConflict",
     "StoreError",
     "ToolDefinitionError",
@@ -201,3 +207,24 @@ class ConfigurationError(ProctorError, ValueError, TypeError):
 
     Both a ValueError and a TypeError, as the builtin checks it replaces were one or the other.
     """
+
+
+class StepInterrupted(ProctorError):
+    """The host stopped the step's program at a call: its worker is torn down, nothing after it runs."""
+
+    def __init__(self, message: str, *, tool: str = "", call_id: str = "") -> None:
+        super().__init__(message)
+        self.tool = tool
+        self.call_id = call_id
+
+
+class RunSuspended(StepInterrupted):
+    """A call needs an answer that has not come yet: the run is saved and resumed later (`agent.resume`)."""
+
+    def __init__(self, message: str, *, tool: str = "", call_id: str = "", approval_id: str = "") -> None:
+        super().__init__(message, tool=tool, call_id=call_id)
+        self.approval_id = approval_id
+
+
+class ReplayDiverged(StepInterrupted):
+    """A resumed step's program asked for another call than the one its journal recorded at that point."""

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from opentelemetry.context import Context
 from opentelemetry.trace import NoOpTracer, Tracer
@@ -45,6 +45,7 @@ from proctor.errors import (
     CallRefused,
     ConfigurationError,
     ProctorError,
+    RunSuspended,
     ToolDenied,
     ToolFailed,
 )
@@ -138,9 +139,9 @@ class _Pending:
     """A call in flight: its state (see `Gate._walk`) and everything the steps learn. (One per
     call: a plain class with slots, which builds in a third of a dataclass's time.)"""
 
-    __slots__ = ("approval", "args", "call_id", "ctx", "decision", "duration_ns", "error", "facts", "name",
-                 "on_result", "redacted", "reservation", "side_effect", "span", "started_ns", "state", "status",
-                 "tool", "value")
+    __slots__ = ("approval", "args", "call_id", "ctx", "decision", "duration_ns", "error", "facts", "journal",
+                 "name", "on_result", "redacted", "reservation", "seq", "side_effect", "span", "started_ns", "state",
+                 "status", "tool", "value")
 
     def __init__(self, name: str, call_id: str, ctx: RunContext, span: ToolSpan,
                  on_result: Callable[[Any, ProctorError | None], None] | None) -> None:
@@ -159,6 +160,9 @@ class _Pending:
         self.error: ProctorError | None = None
         self.status: CallStatus = "ok"
         self.duration_ns = 0
+        # A durable run's journal of the step (proctor.store.journal) and the call's number in it.
+        self.journal: Any = ctx.journal
+        self.seq = -1
         self.started_ns = time.perf_counter_ns()
 
 
@@ -252,6 +256,22 @@ class Gate:
         )
         return ctx
 
+    def resume_run(self, info: RunInfo, **fields: Any) -> RunContext:
+        """Reopen a durable run saved earlier (fresh ledger and history, for the caller to restore).
+
+        Recorded as `run_resumed`; refused (`AuditError`) if the audit trail cannot record it.
+        """
+        ctx = RunContext(info, self.policy.new_ledger())
+        self._record("run_resumed", {"run_id": info.id, "principal": info.principal, "labels": dict(info.labels),
+                                     "step": info.step + 1, "policy_sha256": self.policy.sha256, **fields},
+                     required=True)
+        return ctx
+
+    def suspend_run(self, ctx: RunContext, pending: Iterable[str], **fields: Any) -> None:
+        """Record that a run stopped to wait for the approvals `pending` (ids in the run store)."""
+        self._record("run_suspended", {"run_id": ctx.info.id, "step": ctx.info.step, "pending": list(pending),
+                                       **fields})
+
     def finish_run(self, ctx: RunContext, status: str = "done", **fields: Any) -> None:
         """Close a run in the audit trail."""
         summary: dict[str, int] = dict.fromkeys(STATUSES, 0)
@@ -324,8 +344,13 @@ class Gate:
             error = AuditError(f"{name}: refused, no run could be opened for the call: {exc}")
             record = CallRecord(call_id, name, {}, "destructive", None, "denied", 0, str(error), "AuditError")
             return CallOutcome(record, None, error)
+        seq = -1
+        if ctx.journal is not None:  # a durable run: the call's id is its place in the step, the same on resume
+            seq = ctx.journal.take()
+            call_id = ctx.journal.call_id(seq)
         opened = self._open_span(name, call_id, ctx, parent)
         p = _Pending(name, call_id, ctx, opened.__enter__(), on_result)
+        p.seq = seq
         raised: BaseException | None = None
         try:
             return self._walk(p, tool, args)
@@ -371,6 +396,11 @@ class Gate:
         p.redacted = self._redact(p.args, p.facts.redact)
         p.state = "validated"
         _safely(p.span.arguments, p.redacted.args)
+        if p.journal is not None:  # a resumed step: calls made before the pause are answered from the journal
+            replayed = p.journal.replay(self, p)
+            if replayed is not None:
+                p.state = "done"
+                return cast(CallOutcome, replayed)
 
         p.decision = self._decide(p, p.args)
         p.state = "decided"
@@ -403,6 +433,10 @@ class Gate:
             if refusal is not None:
                 return self._refuse(p, refusal)
         p.state = "authorized"
+        problem = p.journal.write_intent(p) if p.journal is not None else None
+        if problem is not None:
+            return self._refuse(p, AuditError(f"{name}: refused, the run store could not record the call before "
+                                              f"it ran: {problem}"))
         if self.audit is not None:
             intent = self._record("call_intent", self._call_fields(p), durable=p.facts.durability != "flush")
             if not intent.ok:
@@ -437,7 +471,7 @@ class Gate:
         except Exception as exc:  # noqa: BLE001 - a policy that raises denies
             return Decision("deny", (), f"the policy could not decide: {exc!r}", self.policy.sha256)
 
-    def _approve(self, p: _Pending) -> CallRefused | None:
+    def _approve(self, p: _Pending) -> CallRefused | RunSuspended | None:
         """Ask for approval (or find a grant); return the refusal, or None when the call may run."""
         assert p.decision is not None and p.redacted is not None
         name = p.name
@@ -468,6 +502,15 @@ class Gate:
         wait_s = max(0.0, (request.expires_at_ns - time.time_ns()) / 1e9) + _APPROVAL_GRACE_S
         try:
             answer = run_with_timeout(lambda: approver.request(request), wait_s)
+        except RunSuspended as suspended:  # an inbox with no answer yet: the run stops here and resumes later
+            suspended.tool, suspended.call_id = name, p.call_id
+            wait_ns = time.perf_counter_ns() - asked
+            p.span.approval("suspended", type(approver).__name__, wait_ns)
+            self._record("approval_resolved", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
+                                               "verdict": "suspended", "approver": type(approver).__name__,
+                                               "reason": str(suspended), "approval_id": suspended.approval_id,
+                                               "wait_ns": wait_ns, "grant": None, "refused": None})
+            return suspended
         except TimeoutError:
             answer = ApprovalDecision.deny(request, "timeout", f"no answer from {type(approver).__name__} "
                                            f"within the approval timeout ({timeout_s:g}s)", timed_out=True)
@@ -578,7 +621,10 @@ class Gate:
         _safely(p.span.finish, p.status, error.error_type if isinstance(error, ToolFailed) else None,
                 str(error) if error else None)
         p.state = "done"
-        return CallOutcome(self._remember(p, p.status, error), p.value, error)
+        record = self._remember(p, p.status, error)
+        if p.journal is not None:
+            p.journal.write_outcome(p, p.status, p.value, error, record)
+        return CallOutcome(record, p.value, error)
 
     def _end_by_state(self, p: _Pending, exc: Exception) -> CallOutcome:
         """End a call after an unexpected fault, as its state allows: refused only if the tool never started."""
@@ -658,7 +704,10 @@ class Gate:
                                                           sc.PROCTOR_REASON: str(error)})
         _safely(p.span.finish, "denied", type(error).__name__, str(error))
         p.state = "done"
-        return CallOutcome(self._remember(p, "denied", error), None, error)
+        record = self._remember(p, "denied", error)
+        if p.journal is not None:
+            p.journal.write_outcome(p, "denied", None, error, record)
+        return CallOutcome(record, None, error)
 
     def _record_of(self, p: _Pending, status: CallStatus, error: ProctorError | None) -> CallRecord:
         # Positional: a frozen dataclass takes a fifth longer to build from keywords.

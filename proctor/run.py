@@ -65,6 +65,8 @@ class RunContext:
         self._seen_sorted: tuple[str, ...] = ()
         self._folds: dict[str, Any] = {}  # pipeline key -> proctor.policy.aggregates.Fold
         self._fold_lock = threading.Lock()
+        #: The journal of the step being run, for a durable run (`proctor.store.journal.StepJournal`), else None.
+        self.journal: Any = None
 
     def next_step(self) -> int:
         """Start the next step of the run (resets `per: step` budgets); return its number."""

@@ -17,17 +17,19 @@ from typing import Any, Protocol, TypeVar, cast
 from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
 
+from proctor.agent.durable import DurableRun, RunCancelled, restore_context, step_from_dict
 from proctor.agent.models import Message, Model, ModelError, ModelResponse, Usage
 from proctor.agent.prompts import planning_prompt
 from proctor.agent.result import RunResult, RunStatus, StepRecord
 from proctor.agent.tracing import model_span, record_response
 from proctor.approval.base import Approver
 from proctor.audit.base import AuditSink
-from proctor.calls import CallRecord
-from proctor.errors import BudgetExceeded, ConfigurationError, ProctorError
+from proctor.calls import CallRecord, RunInfo
+from proctor.errors import BudgetExceeded, ConfigurationError, ProctorError, StoreError
 from proctor.gate import Gate, RunContext
 from proctor.interrupts import interruption, terminate_as_exception
 from proctor.policy import Policy
+from proctor.store.base import RunStore
 from proctor.telemetry import AgentSpan, agent_span, get_tracer, step_span
 from proctor.telemetry.logging import get_logger
 from proctor.tools import Tool
@@ -72,9 +74,10 @@ def load_audit(audit: AuditSink | str | os.PathLike[str] | None) -> tuple[AuditS
 class _Stop(Exception):
     """Ends the loop early with a status."""
 
-    def __init__(self, status: RunStatus, message: str) -> None:
+    def __init__(self, status: RunStatus, message: str, pending: Sequence[Any] = ()) -> None:
         super().__init__(message)
         self.status = status
+        self.pending = list(pending)
 
 
 class AgentBase:
@@ -99,6 +102,7 @@ class AgentBase:
         instructions: str | None = None,
         step_callbacks: Sequence[StepCallback] = (),
         program_callbacks: Sequence[StepCallback] = (),
+        store: RunStore | str | os.PathLike[str] | None = None,
     ) -> None:
         if max_steps < 1:
             raise ConfigurationError("max_steps must be at least 1")
@@ -119,6 +123,11 @@ class AgentBase:
         self.step_callbacks = list(step_callbacks)
         self.program_callbacks = list(program_callbacks)
         self.memory: list[Message] = []
+        # A run store makes runs durable (suspend, resume); an InboxApprover brings its own.
+        self._owns_store = isinstance(store, (str, os.PathLike))
+        self.store: RunStore | None = RunStore.open(store) if isinstance(store, (str, os.PathLike)) else store
+        if self.store is None:
+            self.store = getattr(approver, "store", None)
 
     # -- subclass hooks -------------------------------------------------------------------------
 
@@ -135,12 +144,17 @@ class AgentBase:
     def _reset_executor(self) -> None:
         """Forget every state kept between runs (the interpreter's worker, for `CodeAgent`)."""
 
+    def _rebuild(self, ctx: RunContext, durable: DurableRun, steps: Sequence[StepRecord]) -> None:
+        """On resume, before the step in progress: rebuild what earlier steps left (`CodeAgent`: the namespace)."""
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Release the interpreter and an audit log the agent opened itself."""
         if self._owns_audit and self.audit is not None:
             self.audit.close()
+        if self._owns_store and self.store is not None:
+            self.store.close()
 
     def __enter__(self: _AgentT) -> _AgentT:
         return self
@@ -167,17 +181,64 @@ class AgentBase:
         if not self.memory:
             self.memory.append({"role": "system", "content": self._system_prompt()})
         self.memory.append({"role": "user", "content": f"New task:\n{task}"})
+        return self._drive(ctx, task, steps, started, None)
+
+    def resume(self, run_id: str) -> RunResult:
+        """Go on with a suspended run (or one whose process died) from the store; see docs/durable.md.
+
+        The step in progress re-runs its program in a fresh worker: calls made before the pause
+        are answered from the journal (no tool runs twice), the pending call gets its answer, and
+        the run continues. Raises `StoreError` when the run cannot be resumed (unknown, finished,
+        or held by a live process).
+        """
+        started = time.perf_counter_ns()
+        if self.store is None:
+            raise StoreError("resume needs a run store: CodeAgent(..., store=RunStore.open(URL))")
+        durable = DurableRun.claim(self.store, run_id, self._idempotent_tools())
+        record = durable.record
+        info = RunInfo(id=record.run_id, step=max(0, record.step - 1), principal=record.principal,
+                       labels=dict(record.labels))
+        try:
+            ctx = self.gate.resume_run(info, previous_policy_sha256=record.policy_sha256,
+                                       linked_trace_id=record.trace_id)
+        except ProctorError:
+            durable.end("suspended", answer=None, error=record.error, steps=(), pending=())
+            raise
+        restore_context(ctx, record)
+        self.memory = [dict(m) for m in record.messages]
+        self._reset_executor()
+        steps = [step_from_dict(d) for d in record.steps]
+        self._rebuild(ctx, durable, steps)
+        return self._drive(ctx, record.task, steps, started, durable)
+
+    def _idempotent_tools(self) -> set[str]:
+        tools = getattr(self.policy, "model", None)
+        declared = getattr(tools, "tools", None) or {}
+        return {name for name, spec in declared.items() if getattr(spec, "idempotent", False)}
+
+    def _drive(self, ctx: RunContext, task: str, steps: list[StepRecord], started: int,
+               durable: DurableRun | None) -> RunResult:
         answer: Any = None
         error: str | None = None
         interrupt: BaseException | None = None
+        pending: list[Any] = []
+        resuming = durable is not None
+        link = (durable.record.trace_id, durable.record.span_id) if durable is not None else None
         with terminate_as_exception(), \
-                agent_span(self.tracer, agent_name=self.name, run=ctx.info, model=self.model.model_id) as span:
+                agent_span(self.tracer, agent_name=self.name, run=ctx.info, model=self.model.model_id,
+                           links=[link] if link and link[0] and link[1] else ()) as span:
             trace_id = span.trace_id
             try:
-                answer = self._loop(ctx, span, steps)
+                if durable is None and self.store is not None:
+                    durable = DurableRun.start(self.store, ctx, task=task, agent=self.name,
+                                               policy_sha256=self.policy.sha256, trace=(trace_id, span.span_id),
+                                               idempotent=self._idempotent_tools())
+                answer = self._loop(ctx, span, steps, durable, resuming)
                 status: RunStatus = "done"
             except _Stop as stop:
-                status, error = stop.status, str(stop)
+                status, error, pending = stop.status, str(stop), stop.pending
+            except RunCancelled as exc:
+                status, error = "cancelled", str(exc)
             except Exception as exc:  # noqa: BLE001 - a run reports its failure; it does not crash the caller
                 log.error("agent_run_failed", run_id=ctx.info.id, error=repr(exc))
                 status, error = "error", f"{type(exc).__name__}: {exc}"
@@ -189,28 +250,53 @@ class AgentBase:
             cost = sum(costs) if costs else None
             # The run span's usage is the sum of its steps': each step span adds its own to it.
             span.finish(status, None if status == "done" else status, error)
-            self.gate.finish_run(ctx, status=status, steps=len(steps), error=error,
-                                 usage={**usage.as_dict(), "cost_usd": cost})
+            if status == "suspended":
+                self.gate.suspend_run(ctx, [a.id for a in pending], steps=len(steps))
+            else:
+                self.gate.finish_run(ctx, status=status, steps=len(steps), error=error,
+                                     usage={**usage.as_dict(), "cost_usd": cost})
+        ctx.journal = None
+        if durable is not None:
+            if interrupt is not None:  # left as it was: `resume` takes it up as after a crash
+                durable.release()
+            else:
+                durable.end(status, answer=answer, error=error, steps=steps, pending=pending)
         if interrupt is not None:
             raise interrupt
         return RunResult(answer, status, steps, usage, cost, run_id=ctx.info.id, audit_path=self.audit_path,
                          trace_id=trace_id, error=error, duration_ns=time.perf_counter_ns() - started,
-                         budget_usage=ctx.ledger.usage(), budget_remaining=ctx.ledger.remaining())
+                         budget_usage=ctx.ledger.usage(), budget_remaining=ctx.ledger.remaining(), pending=pending)
 
-    def _loop(self, ctx: RunContext, parent: AgentSpan, steps: list[StepRecord]) -> Any:
-        for number in range(1, self.max_steps + 1):
-            self._check_model_budget(ctx)
-            if self.planning_interval and (number - 1) % self.planning_interval == 0:
-                self._plan(number, ctx, parent, steps)
+    def _loop(self, ctx: RunContext, parent: AgentSpan, steps: list[StepRecord], durable: DurableRun | None = None,
+              resuming: bool = False) -> Any:
+        first = ctx.info.step + 1
+        for number in range(first, self.max_steps + 1):
+            again = resuming and number == first  # the step in progress when the run stopped
+            saved = durable.saved_response() if again and durable is not None else None
+            if not again:
                 self._check_model_budget(ctx)
+                if self.planning_interval and (number - 1) % self.planning_interval == 0:
+                    self._plan(number, ctx, parent, steps)
+                    self._check_model_budget(ctx)
             ctx.next_step()
+            if durable is not None:
+                durable.step_started(ctx, number, self.memory, steps, resuming=again)
             step = StepRecord(number)
             began = time.perf_counter_ns()
             first_call = len(ctx.records)
             with step_span(self.tracer, step=number, parent=parent, run=ctx.info) as sspan:
                 sctx = sspan.context
                 try:
-                    response = self._generate(self.memory, ctx, step, sctx)
+                    if saved is not None:  # resumed: the model already answered; act on that answer again
+                        response = saved
+                        step.model_output, step.usage, step.cost_usd = saved.content, saved.usage, saved.cost_usd
+                        charge = getattr(ctx.ledger, "charge_model", None)
+                        if charge is not None:
+                            charge(saved.usage.total_tokens, saved.cost_usd or 0.0)
+                    else:
+                        response = self._generate(self.memory, ctx, step, sctx)
+                        if durable is not None:
+                            durable.responded(response)
                     finished, answer = self._act(step, response, ctx, sctx)
                     if step.code is not None:
                         sspan.code(step.code)
@@ -233,6 +319,11 @@ class AgentBase:
                     sspan.span.set_attribute("proctor.step.calls", len(step.tool_calls))
                     steps.append(step)
                     self._record_step(ctx, step)
+            if durable is not None:
+                pending = durable.pending_for(step.tool_calls)
+                if pending:
+                    raise _Stop("suspended", f"waiting for approval of {', '.join(a.tool for a in pending)} "
+                                             f"({', '.join(a.id for a in pending)})", pending)
             if finished:
                 return answer
             stop = self._budget_stop(step.tool_calls, ctx)

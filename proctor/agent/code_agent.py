@@ -16,6 +16,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
 
 from proctor.agent.base import AgentBase, FinalAnswerCheck, StepCallback
+from proctor.agent.durable import DurableRun
 from proctor.agent.models import Message, Model, ModelResponse
 from proctor.agent.observations import observation
 from proctor.agent.parsing import CodeParseError, extract_code
@@ -26,12 +27,16 @@ from proctor.audit.base import AuditSink
 from proctor.gate import RunContext
 from proctor.interpreter.result import ProgramError
 from proctor.policy import Policy
+from proctor.store.base import RunStore
+from proctor.telemetry.logging import get_logger
 from proctor.tools import Tool
 
 if TYPE_CHECKING:
     from proctor.interpreter.interpreter import SandboxMode
 
 __all__ = ["CodeAgent"]
+
+log = get_logger("proctor.agent")
 
 # The model must not write the observation itself; it comes from running the program.
 _STOP = ("Observation:",)
@@ -65,11 +70,12 @@ class CodeAgent(AgentBase):
         instructions: str | None = None,
         step_callbacks: Sequence[StepCallback] = (),
         program_callbacks: Sequence[StepCallback] = (),
+        store: RunStore | str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(tools, model, policy, approver=approver, audit=audit, max_steps=max_steps,
                          planning_interval=planning_interval, final_answer_checks=final_answer_checks,
                          tracer=tracer, name=name, instructions=instructions, step_callbacks=step_callbacks,
-                         program_callbacks=program_callbacks)
+                         program_callbacks=program_callbacks, store=store)
         self.authorized_imports = tuple(authorized_imports)
         self.sandbox = sandbox
         self.timeout = timeout
@@ -81,8 +87,10 @@ class CodeAgent(AgentBase):
         if self._interpreter is None:
             from proctor.interpreter import Interpreter
 
+            # A durable run re-runs programs on resume: a fixed hash seed keeps set order the same.
             self._interpreter = Interpreter(tools=self.tools, gate=self.gate, timeout=self.timeout,
-                                            authorized_imports=self.authorized_imports, sandbox=self.sandbox)
+                                            authorized_imports=self.authorized_imports, sandbox=self.sandbox,
+                                            hash_seed=0 if self.store is not None else None)
         return self._interpreter
 
     def _reset_executor(self) -> None:
@@ -96,6 +104,22 @@ class CodeAgent(AgentBase):
                 close()
             self._interpreter = None
         super().close()
+
+    def _rebuild(self, ctx: RunContext, durable: DurableRun, steps: Sequence[StepRecord]) -> None:
+        """Re-run the earlier steps' programs in the fresh worker, their calls answered from their journals,
+        so the variables and functions they defined exist again for the step being resumed."""
+        for step in steps:
+            if step.kind != "action" or step.code is None:
+                continue
+            ctx.journal = durable.replay_journal(step.number)
+            try:
+                result = self.interpreter.run(step.code, context=ctx, seed=ctx.journal.seed)
+            finally:
+                journal, ctx.journal = ctx.journal, None
+            if journal.diverged is not None or getattr(result, "state_lost", False):
+                log.warning("namespace_rebuild_incomplete", run_id=ctx.info.id, step=step.number,
+                            error=str(journal.diverged or result.error))
+                self._reset_executor()
 
     def _system_prompt(self) -> str:
         return code_agent_prompt(self.tools, self.policy, self.authorized_imports, self.instructions)
@@ -115,7 +139,9 @@ class CodeAgent(AgentBase):
             return False, None
         step.code = code
         self._announce(step)
-        result = self.interpreter.run(code, context=ctx, parent=parent)
+        journal = ctx.journal
+        result = self.interpreter.run(code, context=ctx, parent=parent,
+                                      seed=journal.seed if journal is not None else None)
         step.tool_calls = list(result.tool_calls)
         error = _error_text(result.error)
         if error:

@@ -12,8 +12,10 @@ __all__ = ["RUN_STATUSES", "RunResult", "RunStatus", "StepKind", "StepRecord"]
 
 #: `interrupted`: Ctrl-C or SIGTERM in the host; it is recorded in the audit trail, and the
 #: interrupt is raised again, so `run()` never returns a result with this status.
-RunStatus = Literal["done", "max_steps", "budget_exhausted", "error", "interrupted"]
-RUN_STATUSES: tuple[RunStatus, ...] = ("done", "max_steps", "budget_exhausted", "error", "interrupted")
+#: `suspended` / `cancelled`: a durable run (an agent with a store) waiting for approvals, or ended from outside.
+RunStatus = Literal["done", "max_steps", "budget_exhausted", "error", "interrupted", "suspended", "cancelled"]
+RUN_STATUSES: tuple[RunStatus, ...] = ("done", "max_steps", "budget_exhausted", "error", "interrupted", "suspended",
+                                       "cancelled")
 StepKind = Literal["action", "planning"]
 
 
@@ -56,7 +58,9 @@ class StepRecord:
 
 @dataclass
 class RunResult:
-    """How a run ended. `status` is ``done``, ``max_steps``, ``budget_exhausted`` or ``error``."""
+    """How a run ended. `status` is ``done``, ``max_steps``, ``budget_exhausted`` or ``error``; or, for a run
+    with a store, ``suspended`` (waiting for the approvals in `pending`; `agent.resume(run_id)` goes on) or
+    ``cancelled``."""
 
     answer: Any
     status: RunStatus
@@ -71,6 +75,8 @@ class RunResult:
     #: What each budget of the policy used in this run (`Ledger.usage()`), and what is left.
     budget_usage: dict[str, dict[str, Any]] = field(default_factory=dict)
     budget_remaining: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: What a suspended run waits for (`proctor.store.PendingApproval`s).
+    pending: list[Any] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -101,4 +107,5 @@ class RunResult:
             "duration_ns": self.duration_ns,
             "budget_usage": self.budget_usage,
             "budget_remaining": self.budget_remaining,
+            "pending": [p.as_dict() if hasattr(p, "as_dict") else p for p in self.pending],
         }

@@ -20,6 +20,7 @@ from proctor.agent.models import Message, ModelResponse
 from proctor.agent.observations import MAX_LOG_CHARS, describe_call, truncate
 from proctor.agent.prompts import FINAL_ANSWER_SCHEMA, tool_calling_prompt
 from proctor.agent.result import StepRecord
+from proctor.errors import StepInterrupted
 from proctor.gate import RunContext
 
 __all__ = ["ToolCallingAgent"]
@@ -77,6 +78,9 @@ class ToolCallingAgent(AgentBase):
             step.tool_calls.append(record)
             lines.append(describe_call(len(step.tool_calls), record))
             self.memory.append({"role": "tool", "tool_call_id": request.id, "content": content})
+            if isinstance(outcome.error, StepInterrupted):  # suspended: the rest waits for the resume
+                finished = False
+                break
         step.observation = "\n".join(lines) if lines else "final answer"
         step.final_answer = finished
         return finished, answer

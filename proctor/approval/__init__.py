@@ -3,6 +3,7 @@
 - `ConsoleApprover` — a panel at the terminal; keys approve / deny / edit / grant.
 - `WebhookApprover` — a signed POST to an ops service, polling while pending.
 - `CallbackApprover` — a function of your program decides.
+- `InboxApprover` — filed in the run store, answered from anywhere; the run suspends meanwhile.
 
 Every approver answers with an `ApprovalDecision` bound to the exact call
 (`approval_binding`); the wire format of the webhook is in docs/approvals.md.
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     )
     from proctor.approval.callback import ApprovalCallback, CallbackApprover
     from proctor.approval.console import ConsoleApprover
+    from proctor.approval.inbox import InboxApprover
     from proctor.approval.spec import approver_from_spec
     from proctor.approval.webhook import WebhookApprover
 
@@ -36,6 +38,7 @@ __all__ = [
     "CallbackApprover",
     "ConsoleApprover",
     "Grant",
+    "InboxApprover",
     "Verdict",
     "WebhookApprover",
     "approval_binding",
@@ -52,6 +55,7 @@ _lazy.install(__name__, {
     "ApprovalCallback": "proctor.approval.callback",
     "CallbackApprover": "proctor.approval.callback",
     "ConsoleApprover": "proctor.approval.console",
+    "InboxApprover": "proctor.approval.inbox",
     "approver_from_spec": "proctor.approval.spec",
     "WebhookApprover": "proctor.approval.webhook",
 })

@@ -28,6 +28,10 @@ KINDS = (
     "worker_started",
     "checkpoint",
     "recovery",
+    "run_suspended",
+    "run_resumed",
+    "call_replayed",
+    "replay_diverged",
 )
 
 

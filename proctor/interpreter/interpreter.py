@@ -24,6 +24,7 @@ from proctor.errors import (
     ExecutionTimeout,
     ProctorError,
     SandboxError,
+    StepInterrupted,
     ToolDenied,
     ToolFailed,
 )
@@ -39,7 +40,7 @@ from proctor.interpreter.messages import (
     refused_record,
 )
 from proctor.interpreter.result import ExecutionResult, ProgramError
-from proctor.interpreter.sandbox import INSTALL_HINT, SandboxSpec, bwrap_status, site_paths
+from proctor.interpreter.sandbox import INSTALL_HINT, SandboxSpec, bwrap_status, site_paths, worker_env
 from proctor.interpreter.specs import STDLIB, limits_for, tool_spec
 from proctor.telemetry.logging import get_logger
 from proctor.tools import Tool, as_tool
@@ -70,7 +71,7 @@ class Interpreter:
                  authorized_imports: Iterable[str] = (), sandbox: SandboxMode = "auto",
                  memory_limit: int | None = 512 * MiB, max_output: int = 50_000, context: Any = None,
                  cpu_limit: int = 3600, max_processes: int = 64, start_timeout: float = 30.0,
-                 final_answer: Tool | Callable[..., Any] | None = None) -> None:
+                 final_answer: Tool | Callable[..., Any] | None = None, hash_seed: int | None = None) -> None:
         if sandbox not in ("auto", "bwrap", "process", "none"):
             raise ConfigurationError(f"sandbox must be 'auto', 'bwrap', 'process' or 'none', not {sandbox!r}")
         if timeout <= 0 or max_output <= 0:
@@ -91,7 +92,9 @@ class Interpreter:
         self._names = {t.name for t in self.tools} | ({"final_answer"} if self.final_tool else set())
         # "*" allows every installed package, so it needs them bound like a named third-party one.
         needs_site = any(n == "*" or n.partition(".")[0] not in STDLIB for n in self.authorized_imports)
-        self._spec = SandboxSpec(self.isolation, extra_paths=tuple(site_paths()) if needs_site else ())
+        # A fixed PYTHONHASHSEED (durable runs) makes set and str-hash order the same in every worker.
+        env = {**worker_env(), "PYTHONHASHSEED": str(hash_seed)} if hash_seed is not None else {}
+        self._spec = SandboxSpec(self.isolation, extra_paths=tuple(site_paths()) if needs_site else (), env=env)
         self._limits = limits_for(self.isolation, memory_limit, cpu_limit, max_processes, self._spec.tmpfs_bytes)
         self._init: dict[str, Any] = {
             "t": "init", "tools": [tool_spec(t) for t in self.tools], "imports": list(self.authorized_imports),
@@ -135,8 +138,14 @@ class Interpreter:
                 self._worker.kill()
             self._worker = self._start()
 
-    def run(self, code: str, *, context: Any = None, parent: Any = None) -> ExecutionResult:
-        """Run one program in the persistent namespace; never raises for anything the program does."""
+    def run(self, code: str, *, context: Any = None, parent: Any = None, seed: int | None = None) -> ExecutionResult:
+        """Run one program in the persistent namespace; never raises for anything the program does.
+
+        `seed`, when given, seeds the worker's `random` before the program starts (durable runs
+        re-run a step's program and need it to take the same path). A call the gate answers
+        with a `StepInterrupted` (suspension, replay divergence) stops the program there: the
+        worker is torn down and the result's `error` is that exception.
+        """
         with self._lock:
             self._check_open()
             started = time.monotonic()
@@ -144,7 +153,10 @@ class Interpreter:
             calls: list[CallRecord] = []
             self._key = os.urandom(16).hex()
             try:
-                data = frame({"t": "run", "run": self._seq + 1, "code": str(code), "key": self._key})
+                message: dict[str, Any] = {"t": "run", "run": self._seq + 1, "code": str(code), "key": self._key}
+                if seed is not None:
+                    message["seed"] = int(seed)
+                data = frame(message)
             except EncodeError as exc:
                 self._lost = lost
                 return ExecutionResult(None, "", SandboxError(f"the program cannot be sent to the worker: {exc}"),
@@ -160,6 +172,8 @@ class Interpreter:
                 worker.thaw()  # frozen since its last run: from here on its code runs under this deadline
                 worker.send_bytes(data)
                 result = self._drive(worker, ctx, parent, calls, started)
+            except _Interrupted as stop:
+                result = self._lose(str(stop.error), calls, error=stop.error)
             except ProtocolError as exc:
                 result = self._violation(str(exc), calls, ctx)
             except WorkerDied:
@@ -271,6 +285,8 @@ class Interpreter:
         record = outcome.record
         waited = record.status != "denied" or record.approval is not None or isinstance(outcome.error, ApprovalDenied)
         calls.append(record)
+        if isinstance(outcome.error, StepInterrupted):
+            raise _Interrupted(outcome.error)
         if answered:
             if answered[0] is not None:
                 raise answered[0]
@@ -448,6 +464,14 @@ def _source_line(code: str, type_name: str, line: int | None) -> str | None:
         return None
     text = lines[line - 1].strip()
     return (text[:200] + "…" if len(text) > 200 else text) or None
+
+
+class _Interrupted(Exception):
+    """The gate stopped the program at a call (`StepInterrupted`): no answer goes back to it."""
+
+    def __init__(self, error: StepInterrupted) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _replace(result: ExecutionResult, **changes: Any) -> ExecutionResult:

@@ -218,6 +218,11 @@ class Worker:
             # The run's key proves a done came from here, not from a program writing on the channel.
             key = message.pop("key", None)
             previous, self.run_id = self.run_id, int(message["run"])
+            seed = message.pop("seed", None)
+            if type(seed) is int:  # a durable run re-runs programs: the same seed, the same random numbers
+                import random
+
+                random.seed(seed)
             try:
                 result = self.run(str(message.pop("code")), previous)
             except BaseException as exc:  # noqa: BLE001 - e.g. MemoryError while reporting: still answer

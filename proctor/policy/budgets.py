@@ -234,6 +234,30 @@ class Ledger:
                 if budget.spec.per == "step":
                     self._used[budget.name] = _Used()
 
+    def snapshot(self) -> dict[str, Any]:
+        """What a durable run saves to restore this ledger elsewhere: usage per budget, time elapsed, the step."""
+        with self._lock:
+            now = self._clock()
+            return {
+                "used": {name: [u.calls, u.cost, u.wall_ns, u.model_tokens, u.model_cost_usd]
+                         for name, u in self._used.items()},
+                "elapsed_ns": now - self._started_ns, "step_elapsed_ns": now - self._step_started_ns,
+                "step": self._step,
+            }
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Continue from `snapshot()`: budgets this policy no longer has are dropped, new ones start at zero.
+        Time spent suspended does not count against wall-time budgets."""
+        with self._lock:
+            now = self._clock()
+            for name, values in dict(snapshot.get("used") or {}).items():
+                if name in self._used:
+                    calls, cost, wall_ns, tokens, usd = values
+                    self._used[name] = _Used(int(calls), cost, int(wall_ns), int(tokens), float(usd))
+            self._started_ns = now - int(snapshot.get("elapsed_ns", 0))
+            self._step_started_ns = now - int(snapshot.get("step_elapsed_ns", 0))
+            self._step = int(snapshot.get("step", self._step))
+
     def usage(self) -> dict[str, dict[str, Any]]:
         """What each budget has used: calls, cost, wall_time_ms, model_tokens, model_cost_usd."""
         with self._lock:

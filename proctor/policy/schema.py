@@ -196,6 +196,8 @@ class ToolSpec(_Strict):
         BeforeValidator(_choice("durability", ("fsync", "flush"))),
         WithJsonSchema(_enum_schema(("fsync", "flush"))),
     ] = "fsync"
+    #: Safe to run again when a crash lost its outcome (a durable run resumes it instead of failing it).
+    idempotent: bool = False
 
     @field_validator("redact", "labels", mode="before")
     @classmethod

@@ -73,7 +73,8 @@ class RunRecord:
     restores them and replays the step's journal on top. `step_state` holds the step in
     progress (the model's output and the program, ``{"model_output", "code", "seed", …}``);
     `steps` the finished steps (`StepRecord.as_dict()`); `pending` the ids of the
-    approvals a suspended run waits for. `trace_id`/`span_id` name the run's first
+    approvals a suspended run waits for. `owner` is the ``host:pid:nonce`` of the process
+    working on it (the name it claims the run with). `trace_id`/`span_id` name the run's first
     `invoke_agent` span, so a resumed run's spans link to it. `version` is bumped by
     every `save_run`.
     """
@@ -98,6 +99,7 @@ class RunRecord:
     span_id: str | None = None
     answer: Any = None
     error: str | None = None
+    owner: str | None = None
     created_at_ns: int = 0
     updated_at_ns: int = 0
     version: int = 0

@@ -17,13 +17,13 @@ calls are parented explicitly: pass `step.context` as `parent=` to `gate.submit`
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, Tracer
+from opentelemetry.trace import Link, Span, SpanContext, SpanKind, TraceFlags, Tracer
 
 from proctor.calls import RunInfo
 from proctor.telemetry import metrics
@@ -164,10 +164,13 @@ def agent_span(
     agent_id: str | None = None,
     description: str | None = None,
     parent: Context | None = None,
+    links: Sequence[tuple[str | None, str | None]] = (),
 ) -> Iterator[AgentSpan]:
     """Open the `invoke_agent {agent_name}` span (INTERNAL) of a run and make it current.
 
     `gen_ai.conversation.id` is the run id, so Tempo and Jaeger can group a run's traces.
+    `links` are (trace id, span id) hex pairs of earlier spans of the same run (a resumed
+    run links to the trace it started in).
     Call `.finish(status)` with how the run ended (default `done`); an exception that
     escapes marks it failed with the exception's type as `error.type`.
     """
@@ -188,8 +191,10 @@ def agent_span(
         attributes[sc.PROCTOR_RUN_PRINCIPAL] = run.principal
     for key, value in run.labels.items():
         attributes[sc.PROCTOR_RUN_LABELS_PREFIX + key] = str(value)
+    span_links = [Link(SpanContext(int(t, 16), int(s, 16), is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED)),
+                       {"proctor.link": "resumed_from"}) for t, s in links if t and s]
     span = get_tracer(tracer).start_span(f"{sc.INVOKE_AGENT} {agent_name}", context=parent,
-                                         kind=SpanKind.INTERNAL, attributes=attributes)
+                                         kind=SpanKind.INTERNAL, attributes=attributes, links=span_links)
     handle = AgentSpan(span, agent_name)
     with _current(handle):
         yield handle

@@ -1,0 +1,64 @@
+"""`InboxApprover`: approvals filed in the run store, answered from anywhere, later.
+
+The request goes into the store (`RunStore.file_approval`), where `proctor approvals`,
+the inbox (`proctor serve`) or Python (`store.answer_approval`) can answer it. The
+approver waits `wait` for an answer; if none comes, it raises `RunSuspended` and the
+run suspends (with an agent that has a store: `agent.run` returns ``status ==
+"suspended"``; `agent.resume(run_id)` goes on once it is answered). A request for a
+call that was already answered (the same call id, arguments and policy — the same
+binding) is answered at once from the store: that is how a resumed run gets its answer.
+
+`wait` is bounded by the policy's ``approval.timeout``, which the gate enforces.
+"""
+
+from __future__ import annotations
+
+from proctor.approval.base import ApprovalDecision, ApprovalRequest, Grant
+from proctor.errors import RunSuspended
+from proctor.policy.schema import parse_duration
+from proctor.store.base import PendingApproval, RunStore
+
+__all__ = ["InboxApprover"]
+
+
+class InboxApprover:
+    """Files each request in `store` and waits `wait` (``"0s"``, ``"30s"``, or seconds) before suspending."""
+
+    def __init__(self, store: RunStore, wait: str | float = "0s") -> None:
+        self.store = store
+        self.wait_s = parse_duration(wait) if isinstance(wait, str) else float(wait)
+        if self.wait_s < 0:
+            raise ValueError("wait must not be negative")
+
+    def __repr__(self) -> str:
+        return f"InboxApprover({self.store!r}, wait={self.wait_s:g})"
+
+    def request(self, request: ApprovalRequest) -> ApprovalDecision:
+        filed = self.store.file_approval(PendingApproval(
+            id="", run_id=request.run.id, call_id=request.call_id, tool=request.tool, binding=request.binding,
+            policy_sha256=request.policy_sha256, side_effect=request.side_effect, args=dict(request.args),
+            step=request.run.step, seq=_seq_of(request.call_id), principal=request.run.principal,
+            labels=dict(request.run.labels), rules=list(request.rules), reason=request.reason,
+            budget=dict(request.budget),
+        ))
+        if filed.status == "pending" and self.wait_s > 0:
+            filed = self.store.wait_for_answer(filed.id, self.wait_s)
+        if filed.status == "void":
+            return ApprovalDecision.deny(request, "inbox", f"approval {filed.id} was voided (the run was cancelled)")
+        answer = filed.answer
+        if filed.status != "answered" or answer is None:
+            raise RunSuspended(f"{request.tool}: waiting for approval {filed.id} (answer it with `proctor approvals "
+                               f"approve {filed.id}`, then resume run {request.run.id})", tool=request.tool,
+                               call_id=request.call_id, approval_id=filed.id)
+        grant = None
+        if answer.grant is not None:
+            grant = Grant(str(answer.grant.get("tool", request.tool)), dict(answer.grant.get("args") or {}))
+        verdict = answer.verdict if answer.verdict in ("approve", "deny", "edit", "grant") else "deny"
+        return ApprovalDecision(verdict, filed.binding, answer.approver, answer.reason,  # type: ignore[arg-type]
+                                dict(answer.args) if answer.args is not None else None, grant)
+
+
+def _seq_of(call_id: str) -> int:
+    """A durable run's call id ends with the call's number in its step (`StepJournal.call_id`)."""
+    tail = call_id.rsplit("_", 1)[-1]
+    return int(tail) if tail.isdigit() else 0

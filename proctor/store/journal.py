@@ -1,0 +1,288 @@
+"""The gate's side of a durable run: each call of a step journaled, and a resumed step answered from it.
+
+A `StepJournal` is set on a `RunContext` (`ctx.journal`) for the step being run. The
+gate numbers the step's calls (`take`), gives each a call id that is the same every
+time the step runs (`call_id`), and at three points hands the call to this module:
+
+- after the arguments are validated, `replay` compares the call with the journal
+  entry at its number. Same tool and argument digest → the recorded result (or
+  refusal) is returned without running anything (`call_replayed` in the audit).
+  Another tool or other arguments → `ReplayDiverged`, which stops the program. An
+  entry that is only an *intent* (the process died while the tool ran) → the program
+  gets ``ToolFailed("outcome unknown after a crash")``, unless the policy declares
+  the tool ``idempotent: true``, when it simply runs again. Past the end of the
+  journal the call goes on live;
+- before the tool runs (after the audit intent), `write_intent` makes the intent
+  durable in the store; if it cannot, the call is refused;
+- after it ran or was refused, `write_outcome` completes the entry.
+
+A *quiet* journal re-runs an earlier step only to rebuild the program's namespace
+in a fresh worker: every call must come from the journal (a new one is divergence),
+and nothing is added to the run's history or budgets (they are restored as saved).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from proctor import errors as _errors
+from proctor.calls import CallRecord, Decision
+from proctor.canonical import canonical_sha256
+from proctor.errors import BudgetExceeded, ProctorError, ReplayDiverged, StepInterrupted, StoreError, ToolFailed
+from proctor.interpreter.channel import EncodeError, ProtocolError, decode_value, encode_value
+from proctor.store.base import JournalEntry, RunStore
+from proctor.telemetry.logging import get_logger
+
+if TYPE_CHECKING:
+    from proctor.gate import CallOutcome
+
+__all__ = ["StepJournal", "args_digest", "error_from_dict", "error_to_dict", "record_from_dict"]
+
+log = get_logger("proctor.store.journal")
+
+#: What a program gets at a call whose outcome a crash lost (the tool may or may not have run).
+OUTCOME_UNKNOWN = "outcome unknown after a crash"
+
+
+def args_digest(args: Mapping[str, Any]) -> str:
+    """The canonical sha256 of validated arguments (a repr digest for values JSON cannot hold)."""
+    try:
+        return canonical_sha256(dict(args))
+    except (TypeError, ValueError):
+        return "repr:" + hashlib.sha256(repr(sorted(args.items())).encode()).hexdigest()
+
+
+def error_to_dict(error: ProctorError) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": type(error).__name__, "message": str(error)}
+    for name in ("budget", "error_type"):
+        value = getattr(error, name, None)
+        if value:
+            out[name] = value
+    rules = getattr(error, "rules", None)
+    if rules:
+        out["rules"] = list(rules)
+    return out
+
+
+def error_from_dict(data: Mapping[str, Any], *, tool: str, call_id: str) -> ProctorError:
+    """Rebuild a journaled error as the same class (refusals and ToolFailed), for the program to catch."""
+    cls = getattr(_errors, str(data.get("type", "")), None)
+    message = str(data.get("message", ""))
+    if cls is ToolFailed:
+        return ToolFailed(message, tool=tool, call_id=call_id, error_type=str(data.get("error_type", "")))
+    if cls is BudgetExceeded:
+        return BudgetExceeded(message, tool=tool, call_id=call_id, rules=tuple(data.get("rules", ())),
+                              budget=str(data.get("budget", "")))
+    if isinstance(cls, type) and issubclass(cls, _errors.CallRefused):
+        return cls(message, tool=tool, call_id=call_id, rules=tuple(data.get("rules", ())))
+    return ToolFailed(message, tool=tool, call_id=call_id, error_type=str(data.get("type", "")))
+
+
+def record_from_dict(data: Mapping[str, Any]) -> CallRecord:
+    d = data.get("decision")
+    decision = Decision(d["outcome"], tuple(d["rules"]), d["reason"], d["policy_sha256"]) if d else None
+    return CallRecord(data["call_id"], data["tool"], dict(data.get("args") or {}), data["side_effect"], decision,
+                      data["status"], int(data.get("duration_ns") or 0), data.get("error"), data.get("error_type"),
+                      data.get("approval"), data.get("budget"))
+
+
+class StepJournal:
+    """One step's journal as the gate uses it (see the module docstring)."""
+
+    def __init__(self, store: RunStore, run_id: str, step: int, entries: Sequence[JournalEntry] = (), *,
+                 quiet: bool = False, idempotent: Callable[[str], bool] = lambda tool: False) -> None:
+        self.store, self.run_id, self.step, self.quiet = store, run_id, step, quiet
+        self.idempotent = idempotent
+        self._entries = {e.seq: e for e in entries}
+        self._next = 0
+        self._lock = threading.Lock()
+        self._tag = run_id.removeprefix("run_")
+        #: How many calls were answered from the journal; the divergence that stopped the step, if one did.
+        self.replayed = 0
+        self.diverged: ReplayDiverged | None = None
+        #: The `random` seed the step's program runs with (set by the agent), or None.
+        self.seed: int | None = None
+
+    @property
+    def recorded(self) -> int:
+        """How many calls the journal held when the step started."""
+        return len(self._entries)
+
+    def take(self) -> int:
+        """The next call's number in the step."""
+        with self._lock:
+            seq = self._next
+            self._next += 1
+            return seq
+
+    def call_id(self, seq: int) -> str:
+        """The id of the step's call number `seq`: the same each time the step runs."""
+        return f"call_{self._tag}_{self.step}_{seq}"
+
+    # -- replay -----------------------------------------------------------------------------------
+
+    def replay(self, gate: Any, p: Any) -> CallOutcome | None:
+        """The outcome of call `p` from the journal, or None when it should run live."""
+        entry = self._entries.get(p.seq)
+        name = p.name
+        if entry is None:
+            if not self.quiet:
+                return None
+            return self._diverge(gate, p, f"the program made a call ({name}) that it did not make when step "
+                                          f"{self.step} first ran")
+        digest = args_digest(p.args)
+        if entry.tool != name or entry.args_digest != digest:
+            what = f"{name} instead of {entry.tool}" if entry.tool != name else f"{name} with other arguments"
+            return self._diverge(gate, p, f"call {p.seq + 1} of step {self.step} went another way than when the "
+                                          f"step first ran: {what}")
+        if entry.state == "intent":
+            if self.idempotent(name) and not self.quiet:
+                log.info("call_rerun_idempotent", tool=name, call_id=p.call_id, run_id=self.run_id)
+                return None
+            return self._unknown(gate, p, entry)
+        return self._answer(gate, p, entry)
+
+    def _answer(self, gate: Any, p: Any, entry: JournalEntry) -> CallOutcome:
+        from proctor.gate import CallOutcome
+
+        name, status = p.name, entry.status or "failed"
+        error: ProctorError | None = None
+        value: Any = None
+        if entry.error is not None:
+            error = error_from_dict(entry.error, tool=name, call_id=p.call_id)
+        else:
+            try:
+                value = decode_value(entry.value)
+            except ProtocolError as exc:
+                error = ToolFailed(f"{name}: its journaled result cannot be read: {exc}", tool=name,
+                                   call_id=p.call_id, error_type="JournalError")
+        record = record_from_dict(entry.record) if entry.record else CallRecord(
+            p.call_id, name, {}, p.side_effect, None, status, 0, str(error) if error else None)  # type: ignore[arg-type]
+        self._apply(p, entry, record)
+        gate._record("call_replayed", {**self._where(p),
+                                       "tool": name, "status": status, "args_digest": entry.args_digest,
+                                       "error": str(error) if error else None, "quiet": self.quiet}, durable=False)
+        p.span.span.set_attribute("proctor.replayed", True)
+        p.span.finish(status, type(error).__name__ if error else None, str(error) if error else None)
+        self.replayed += 1
+        return CallOutcome(record, value, error)
+
+    def _unknown(self, gate: Any, p: Any, entry: JournalEntry) -> CallOutcome:
+        """A call that was running when its process died: never re-run blindly."""
+        from proctor.gate import CallOutcome
+
+        name = p.name
+        error = ToolFailed(f"{name}: {OUTCOME_UNKNOWN}; it may or may not have taken effect (declare the tool "
+                           "`idempotent: true` in the policy to re-run it instead)", tool=name, call_id=p.call_id,
+                           error_type="OutcomeUnknown")
+        record = CallRecord(p.call_id, name, entry.record.get("args", {}) if entry.record else {}, p.side_effect,
+                            None, "failed", 0, str(error), "ToolFailed")
+        done = JournalEntry(self.run_id, self.step, p.seq, p.call_id, name, entry.args_digest, "done", "failed",
+                            None, error_to_dict(error), entry.args, record.as_dict(),
+                            {"tool": name, "side_effect": p.side_effect, "decision": "allow", "status": "failed"})
+        try:
+            self.store.journal_write(done)
+        except StoreError as exc:
+            log.error("journal_write_failed", call_id=p.call_id, error=str(exc))
+        self._apply(p, done, record)
+        # Close the intent the dead process left in the audit trail, then say what happened.
+        gate._record("call_outcome", {"run_id": self.run_id, "call_id": p.call_id, "tool": name, "status": "failed",
+                                      "duration_ns": 0, "error": str(error), "policy_sha256": gate.policy.sha256,
+                                      "trace_id": p.span.trace_id, "span_id": p.span.span_id})
+        gate._record("call_replayed", {**self._where(p),
+                                       "tool": name, "status": "failed", "args_digest": entry.args_digest,
+                                       "error": str(error), "quiet": self.quiet}, durable=False)
+        p.span.finish("failed", "ToolFailed", str(error))
+        self.replayed += 1
+        return CallOutcome(record, None, error)
+
+    def _apply(self, p: Any, entry: JournalEntry, record: CallRecord) -> None:
+        """Put a replayed call back into the run's history, budgets and grants (not for a quiet replay)."""
+        if self.quiet:
+            return
+        row = entry.history or {}
+        p.ctx._remember_row(p.name, p.args, row.get("side_effect", p.side_effect), row.get("decision", "allow"),
+                            record.status, record, labels=tuple(getattr(p.facts, "labels", ())))
+        if entry.grant:
+            from proctor.approval.base import Grant
+
+            with p.ctx._lock:
+                p.ctx.grants.append(Grant(str(entry.grant["tool"]), dict(entry.grant.get("args") or {})))
+        if record.status in ("ok", "failed", "timeout"):
+            try:
+                reservation = p.ctx.ledger.reserve(p.name, p.side_effect, p.facts.cost)
+            except BudgetExceeded:
+                return  # it ran before; it is not refused now
+            p.ctx.ledger.settle(reservation, duration_ns=record.duration_ns)
+
+    def _where(self, p: Any) -> dict[str, Any]:
+        return {"run_id": self.run_id, "step": self.step, "call_seq": p.seq, "call_id": p.call_id}
+
+    def _diverge(self, gate: Any, p: Any, message: str) -> CallOutcome:
+        from proctor.gate import CallOutcome
+
+        name = p.name
+        error = ReplayDiverged(f"{message}; the step was stopped so that nothing runs twice", tool=name,
+                               call_id=p.call_id)
+        self.diverged = self.diverged or error
+        gate._record("replay_diverged", {**self._where(p),
+                                         "tool": name, "args_digest": args_digest(p.args), "error": str(error),
+                                         "expected": self._entries[p.seq].tool if p.seq in self._entries else None})
+        p.span.finish("denied", "ReplayDiverged", str(error))
+        record = CallRecord(p.call_id, name, p.redacted.args if p.redacted else {}, p.side_effect, None, "denied", 0,
+                            str(error), "ReplayDiverged")
+        return CallOutcome(record, None, error)
+
+    # -- live calls -------------------------------------------------------------------------------
+
+    def write_intent(self, p: Any) -> str | None:
+        """Make the call's intent durable; the reason it could not be, or None."""
+        known = self._entries.get(p.seq)
+        if known is not None and known.state == "done":
+            return f"call {p.seq + 1} of step {self.step} is already recorded as done"
+        try:
+            self.store.journal_write(JournalEntry(self.run_id, self.step, p.seq, p.call_id, p.name,
+                                                  args_digest(p.args), "intent", args=_encode(p.args)))
+        except StoreError as exc:
+            return str(exc)
+        return None
+
+    def write_outcome(self, p: Any, status: str, value: Any, error: ProctorError | None, record: CallRecord) -> None:
+        """Complete the call's entry (refused calls too; a suspended one is not journaled: it is asked again).
+
+        An entry the step found complete is never overwritten (a call that ran stays recorded)."""
+        if isinstance(error, StepInterrupted) or p.seq < 0:
+            return
+        known = self._entries.get(p.seq)
+        if known is not None and known.state == "done":
+            return
+        encoded: Any = None
+        err = error_to_dict(error) if error is not None else None
+        if err is None:
+            try:
+                encoded = encode_value(value, "result")
+            except EncodeError as exc:
+                err = {"type": "ToolFailed", "message": f"{p.name}: ran, but its {exc}",
+                       "error_type": "EncodeError"}
+        grant = p.approval.grant.as_dict() if p.approval is not None and p.approval.grant is not None else None
+        entry = JournalEntry(self.run_id, self.step, p.seq, p.call_id, p.name, args_digest(p.args), "done",
+                             status, encoded, err, _encode(p.args), record.as_dict(),
+                             {"tool": p.name, "side_effect": p.side_effect,
+                              "decision": p.decision.outcome if p.decision else "deny", "status": status},
+                             grant, time.time_ns())
+        try:
+            self.store.journal_write(entry)
+        except StoreError as exc:
+            log.error("journal_write_failed", call_id=p.call_id, error=str(exc))
+
+
+def _encode(args: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        out: dict[str, Any] = encode_value(dict(args), "args")
+        return out
+    except EncodeError:
+        return {}
