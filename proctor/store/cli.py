@@ -1,0 +1,345 @@
+"""``proctor approvals`` and ``proctor runs``: answer pending calls and manage durable runs from a terminal.
+
+    proctor approvals list --store sqlite:///runs.db [--json]
+    proctor approvals approve apr_… --as bob [--reason "checked"]
+    proctor approvals deny apr_… --as bob --reason "not this customer"
+    proctor approvals edit apr_… --as bob --args '{"to": "ops@example.com"}'
+    proctor runs list | show RUN | cancel RUN
+    proctor runs resume RUN --tools MOD:ATTR --policy P --model ID [--audit PATH]
+
+The store comes from ``--store URL`` or ``$PROCTOR_STORE``. Exit codes: 0 done, 1 refused
+(unknown id, stale binding, already answered, four eyes) or a resumed run that failed, 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import getpass
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["register"]
+
+
+def _store_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", metavar="URL", default=None,
+                   help="the run store: sqlite:///runs.db, a path, or postgresql://… (default $PROCTOR_STORE)")
+    p.add_argument("--json", action="store_true", help="print JSON on stdout")
+
+
+def register(subparsers: Any) -> None:
+    """Add ``proctor approvals`` and ``proctor runs``."""
+    ap = subparsers.add_parser("approvals", help="list and answer calls waiting for a human (durable runs)",
+                               description="Answer approvals filed by InboxApprover in a run store.")
+    asub = ap.add_subparsers(dest="action", metavar="ACTION", required=True)
+    p = asub.add_parser("list", help="pending approvals, newest first")
+    _store_arg(p)
+    p.add_argument("--all", action="store_true", help="answered and void ones too")
+    p.add_argument("--run", metavar="RUN_ID", help="only this run's")
+    p.set_defaults(func=_approvals_list)
+    p = asub.add_parser("show", help="one approval in full")
+    p.add_argument("id", metavar="ID")
+    _store_arg(p)
+    p.set_defaults(func=_approvals_show)
+    for verdict, helptext in (("approve", "let the call run"), ("deny", "refuse the call (the program sees why)"),
+                              ("edit", "let it run with other arguments (--args)")):
+        p = asub.add_parser(verdict, help=helptext)
+        p.add_argument("id", metavar="ID")
+        _store_arg(p)
+        p.add_argument("--as", dest="approver", metavar="NAME", help="who answers (default: your user name)")
+        p.add_argument("--reason", metavar="TEXT", default="", help="why (shown to the program on deny)")
+        if verdict == "edit":
+            p.add_argument("--args", metavar="JSON", required=True, help="the arguments to run with instead")
+        p.set_defaults(func=_answer, verdict=verdict)
+
+    rp = subparsers.add_parser("runs", help="list, inspect, resume and cancel durable runs",
+                               description="Durable runs kept in a run store (CodeAgent(..., store=…)).")
+    rsub = rp.add_subparsers(dest="action", metavar="ACTION", required=True)
+    p = rsub.add_parser("list", help="runs, most recently updated first, with what each waits for")
+    _store_arg(p)
+    p.add_argument("--status", metavar="STATUS", help="only runs in this state (suspended, running, done…)")
+    p.set_defaults(func=_runs_list)
+    p = rsub.add_parser("show", help="one run: its task, steps, calls of the step in progress, what it waits for")
+    p.add_argument("id", metavar="RUN_ID")
+    _store_arg(p)
+    p.set_defaults(func=_runs_show)
+    p = rsub.add_parser("cancel", help="end a suspended run; its pending approvals are voided")
+    p.add_argument("id", metavar="RUN_ID")
+    _store_arg(p)
+    p.add_argument("--reason", metavar="TEXT", default="", help="why")
+    p.set_defaults(func=_runs_cancel)
+    p = rsub.add_parser("resume", help="go on with a suspended run (or one whose process died)")
+    p.add_argument("id", metavar="RUN_ID")
+    _store_arg(p)
+    p.add_argument("--tools", metavar="MOD[:ATTR]", action="append", required=True, help="tools, as for `run`")
+    p.add_argument("--policy", metavar="P", required=True, help="the policy file (a changed one asks again)")
+    p.add_argument("--model", metavar="ID", required=True, help="a litellm model id, as for `run`")
+    p.add_argument("--audit", metavar="PATH", help="append the audit trail to this log")
+    p.add_argument("--agent", choices=("code", "tool-calling"), default="code", help="the agent the run used")
+    p.add_argument("--wait", metavar="DURATION", default="0s",
+                   help="how long a new approval is waited for before the run suspends again (default 0s)")
+    p.add_argument("--max-steps", metavar="N", type=int, default=20, help="stop after N steps (default 20)")
+    p.add_argument("--import", dest="imports", metavar="MODULE", action="append", default=[],
+                   help="a module programs may import (as the run had)")
+    p.add_argument("--sandbox", choices=("auto", "bwrap", "process"), default="auto", help="worker isolation")
+    p.add_argument("--timeout", metavar="SECONDS", type=float, default=30.0, help="time limit of one program")
+    p.set_defaults(func=_runs_resume)
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+
+
+def _open(args: argparse.Namespace) -> Any:
+    from proctor.store.base import RunStore
+
+    url = args.store or os.environ.get("PROCTOR_STORE", "")
+    if not url:
+        raise _Usage("no run store: pass --store URL or set PROCTOR_STORE (e.g. sqlite:///runs.db)")
+    return RunStore.open(url)
+
+
+class _Usage(Exception):
+    pass
+
+
+def _guard(func: Any) -> Any:
+    """Run a subcommand: usage problems exit 2, store refusals 1, each with one line on stderr."""
+
+    def run(args: argparse.Namespace) -> int:
+        from proctor.errors import ProctorError
+
+        try:
+            return int(func(args))
+        except _Usage as exc:
+            print(f"proctor {args.command} {args.action}: {exc}", file=sys.stderr)
+            return 2
+        except ProctorError as exc:
+            print(f"proctor {args.command} {args.action}: {exc}", file=sys.stderr)
+            return 1
+
+    run.__name__ = func.__name__
+    return run
+
+
+def _when(ns: int | None) -> str:
+    if not ns:
+        return "-"
+    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(*headers, highlight=False)
+    for row in rows:
+        table.add_row(*row)
+    Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(table)
+
+
+# -- approvals ---------------------------------------------------------------------------------------
+
+
+@_guard
+def _approvals_list(args: argparse.Namespace) -> int:
+    store = _open(args)
+    try:
+        items = store.list_approvals(status=None if args.all else "pending", run_id=args.run)
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps([a.as_dict() for a in items], default=str, indent=2))
+        return 0
+    if not items:
+        print("no pending approvals" if not args.all else "no approvals")
+        return 0
+    _print_table(("id", "tool", "args", "run", "principal", "rule", "requested", "status"),
+                 [(a.id, a.tool, _short(a.args), a.run_id, a.principal or "-", ", ".join(a.rules) or "-",
+                   _when(a.requested_at_ns), a.status) for a in items])
+    return 0
+
+
+@_guard
+def _approvals_show(args: argparse.Namespace) -> int:
+    store = _open(args)
+    try:
+        a = store.get_approval(args.id)
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(a.as_dict(), default=str, indent=2))
+        return 0
+    print(f"approval {a.id}  [{a.status}]")
+    print(f"  call      {a.tool}({_short(a.args, 200)})  side effect: {a.side_effect}")
+    print(f"  run       {a.run_id}  step {a.step}, call {a.seq + 1}  principal: {a.principal or '-'}")
+    print(f"  asked by  {', '.join(a.rules) or 'the default'}: {a.reason}")
+    print(f"  requested {_when(a.requested_at_ns)}  binding {a.binding}")
+    if a.answer is not None:
+        print(f"  answer    {a.answer.verdict} by {a.answer.approver} at {_when(a.answer.answered_at_ns)}"
+              + (f": {a.answer.reason}" if a.answer.reason else ""))
+    return 0
+
+
+@_guard
+def _answer(args: argparse.Namespace) -> int:
+    from proctor.errors import ApprovalConflict
+    from proctor.store.base import ApprovalAnswer
+
+    approver = args.approver or getpass.getuser()
+    edited: dict[str, Any] | None = None
+    if args.verdict == "edit":
+        try:
+            edited = json.loads(args.args)
+        except ValueError as exc:
+            raise _Usage(f"--args is not JSON: {exc}") from None
+        if not isinstance(edited, dict):
+            raise _Usage("--args must be a JSON object of argument names to values")
+    if args.verdict == "deny" and not args.reason:
+        raise _Usage("deny needs --reason: the program (and the model) are told why")
+    store = _open(args)
+    try:
+        current = store.get_approval(args.id)
+        if current.principal is not None and current.principal == approver:
+            raise ApprovalConflict(f"{approver} runs {current.run_id} and cannot answer its own calls (four eyes): "
+                                   "ask someone else")
+        answered = store.answer_approval(args.id, ApprovalAnswer(args.verdict, approver, args.reason, edited),
+                                         binding=current.binding)
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(answered.as_dict(), default=str, indent=2))
+    else:
+        print(f"{answered.id}: {args.verdict} by {approver} ({answered.tool} of run {answered.run_id}); "
+              f"resume it with `proctor runs resume {answered.run_id} …`")
+    return 0
+
+
+# -- runs --------------------------------------------------------------------------------------------
+
+
+def _waiting(store: Any, record: Any) -> list[Any]:
+    if record.status != "suspended":
+        return []
+    return [a for a in store.list_approvals(status=None, run_id=record.run_id) if a.id in set(record.pending)]
+
+
+def _run_dict(store: Any, record: Any) -> dict[str, Any]:
+    out: dict[str, Any] = record.as_dict()
+    out["waiting_for"] = [{"id": a.id, "tool": a.tool, "status": a.status} for a in _waiting(store, record)]
+    return out
+
+
+@_guard
+def _runs_list(args: argparse.Namespace) -> int:
+    store = _open(args)
+    try:
+        records = store.list_runs(status=args.status)
+        rows = [(r, _waiting(store, r)) for r in records]
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps([{"run_id": r.run_id, "status": r.status, "task": r.task, "principal": r.principal,
+                           "labels": dict(r.labels), "step": r.step, "updated_at_ns": r.updated_at_ns,
+                           "waiting_for": [{"id": a.id, "tool": a.tool, "status": a.status} for a in w]}
+                          for r, w in rows], indent=2))
+        return 0
+    if not rows:
+        print("no runs")
+        return 0
+    _print_table(("run", "status", "step", "principal", "task", "waiting for", "updated"),
+                 [(r.run_id, r.status, str(r.step), r.principal or "-", _short(r.task, 40).strip('"'),
+                   ", ".join(f"{a.tool} {a.id} ({a.status})" for a in w) or "-", _when(r.updated_at_ns))
+                  for r, w in rows])
+    return 0
+
+
+@_guard
+def _runs_show(args: argparse.Namespace) -> int:
+    store = _open(args)
+    try:
+        record = store.get_run(args.id)
+        data = _run_dict(store, record)
+        journal = store.journal(record.run_id, record.step) if record.step else []
+    finally:
+        store.close()
+    data["journal"] = [{"seq": e.seq, "call_id": e.call_id, "tool": e.tool, "state": e.state, "status": e.status}
+                       for e in journal]
+    if args.json:
+        print(json.dumps(data, default=str, indent=2))
+        return 0
+    print(f"run {record.run_id}  [{record.status}]  agent {record.agent or '-'}  principal {record.principal or '-'}")
+    print(f"  task     {record.task}")
+    print(f"  policy   {record.policy_sha256[:16]}…  step {record.step}  created {_when(record.created_at_ns)}  "
+          f"updated {_when(record.updated_at_ns)}")
+    for s in record.steps:
+        print(f"  step {s.get('number')}: {len(s.get('tool_calls') or [])} call(s)"
+              + (f", error: {s.get('error')}" if s.get("error") else ""))
+    if journal:
+        print(f"  step {record.step} in progress: " + ", ".join(f"{e.tool} {e.status or e.state}" for e in journal))
+    for w in data["waiting_for"]:
+        print(f"  waiting for {w['tool']} ({w['id']}, {w['status']})")
+    if record.error and record.status not in ("suspended",):
+        print(f"  error    {record.error}")
+    return 0
+
+
+@_guard
+def _runs_cancel(args: argparse.Namespace) -> int:
+    store = _open(args)
+    try:
+        before = store.get_run(args.id)
+        record = store.cancel_run(args.id, args.reason)
+    finally:
+        store.close()
+    if record.status != "cancelled" or before.status == "cancelled":
+        print(f"run {record.run_id} is {record.status}: nothing to cancel", file=sys.stderr)
+        return 1
+    print(f"run {record.run_id} cancelled")
+    return 0
+
+
+@_guard
+def _runs_resume(args: argparse.Namespace) -> int:
+    from proctor.agent.base import AgentBase
+    from proctor.agent.code_agent import CodeAgent
+    from proctor.agent.loading import ToolLoadError, load_tools
+    from proctor.agent.models import LiteLLMModel
+    from proctor.agent.tool_calling import ToolCallingAgent
+    from proctor.approval.inbox import InboxApprover
+    from proctor.policy import Policy
+
+    try:
+        tools = load_tools(args.tools)
+    except ToolLoadError as exc:
+        raise _Usage(str(exc)) from None
+    policy = Policy.from_yaml(args.policy)
+    store = _open(args)
+    model = LiteLLMModel(args.model)
+    approver = InboxApprover(store, wait=args.wait)
+    agent: AgentBase
+    if args.agent == "code":
+        agent = CodeAgent(tools, model, policy, approver=approver, audit=args.audit, max_steps=args.max_steps,
+                          authorized_imports=args.imports, sandbox=args.sandbox, timeout=args.timeout, store=store)
+    else:
+        agent = ToolCallingAgent(tools, model, policy, approver=approver, audit=args.audit,
+                                 max_steps=args.max_steps, store=store)
+    try:
+        with agent:
+            result = agent.resume(args.id)
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(result.as_dict(), default=str, indent=2))
+    else:
+        print(f"run {result.run_id}: {result.status}" + (f": {result.answer!r}" if result.status == "done" else "")
+              + (f" ({result.error})" if result.error else ""))
+    return 0 if result.status in ("done", "suspended") else 1
