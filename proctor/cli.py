@@ -37,6 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from proctor.importpath import cwd_not_importable
+
+    # `python -m proctor.cli` puts the current directory first on sys.path: no file there
+    # may shadow what proctor imports (only `--tools` resolves its module there).
+    with cwd_not_importable():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)

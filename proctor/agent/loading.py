@@ -3,19 +3,22 @@
 - ``MOD:ATTR`` — ATTR is a `Tool`, a function (made a tool), or a list/tuple of them.
 - ``MOD`` — every `Tool` defined at the top level of the module (``@tool`` functions).
 
-The current directory is importable, as with ``python -m``, so ``--tools examples.tools_demo``
-works from a checkout.
+The named module is looked up in the current directory first, so ``--tools examples.tools_demo``
+works from a checkout; the directory itself is never put on `sys.path`, so a file there
+(a ``litellm.py``, say) cannot shadow anything else proctor or the tools import
+(`proctor.importpath`). A tools module that imports a sibling file must be a package.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import os
-import sys
 from collections.abc import Iterable
 from typing import Any
 
 from proctor.errors import ProctorError
+from proctor.importpath import import_from_cwd
 from proctor.tools import Tool, ToolDefinitionError, as_tool
 
 __all__ = ["ToolLoadError", "load_tools"]
@@ -37,15 +40,17 @@ def _as_tool(obj: Any, where: str) -> Tool:
 
 
 def _import(module_name: str) -> Any:
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
     try:
-        return importlib.import_module(module_name)
+        return import_from_cwd(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
             raise ToolLoadError(f"cannot import {module_name!r}: no module named {exc.name!r} "
                                 f"(run from the directory that contains it, or install it)") from None
+        if exc.name and importlib.machinery.PathFinder.find_spec(exc.name.partition(".")[0], [os.getcwd()]):
+            raise ToolLoadError(
+                f"{module_name!r} imports {exc.name!r}, which is in the current directory: proctor resolves only "
+                "the named tools module there (so no file can shadow what proctor imports); make them one "
+                "package (a directory with __init__.py) or install it") from None
         raise
 
 
