@@ -157,19 +157,25 @@ def _numbers(fn: str, values: Any) -> list[int | float]:
     return list(values)
 
 
-def cel_sum(values: Any) -> int | float:
-    """`sum(list)`: 0 for an empty list, an int when every item is an int, else a double.
+def cel_sum(values: Any, start: Any = 0) -> int | float:
+    """`sum(list)` / `sum(list, start)`: `start` (0) plus every item; an int when all are ints, else a double.
 
     Ints are promoted when a double is present (amounts are written both ways); a
     bool, string or null in the list is an error, and so is an int sum outside int64.
+    Give a double start (``sum(xs, 0.0)``) when the result meets a double in arithmetic:
+    the sum of an empty list is then 0.0, not the int 0 (CEL does not add int and double).
     """
     items = _numbers("sum", values)
-    if any(isinstance(item, float) for item in items):
-        return float(sum(float(item) for item in items))
-    total = sum(items)
-    if not _INT64[0] <= total <= _INT64[1]:
+    first = _numbers("sum", [start])[0]
+    if isinstance(first, float) or any(isinstance(item, float) for item in items):
+        total = float(first)
+        for item in items:  # in order, as an incremental fold adds them
+            total += float(item)
+        return total
+    whole = first + sum(items)
+    if not _INT64[0] <= whole <= _INT64[1]:
         raise OverflowError("sum() overflows int64")
-    return total
+    return whole
 
 
 def _extreme(fn: str, pick: Callable[..., Any]) -> Callable[..., Any]:
@@ -261,7 +267,7 @@ def _char_at(s: Any, index: Any) -> str:
 _BUILTIN: Mapping[str, tuple[Callable[..., Any], str]] = {
     "normalize": (normalize, "NFKC, case-folded, invisible characters removed, whitespace collapsed and trimmed"),
     "email_domain": (email_domain, "the normalised domain of one e-mail address ('' without '@')"),
-    "sum": (cel_sum, "sum of a list of numbers (0 when empty; a double if any item is one)"),
+    "sum": (cel_sum, "sum(list[, start]) of numbers (start, 0, when empty; a double if any is one)"),
     "min": (_extreme("min", min), "smallest number of a list"),
     "max": (_extreme("max", max), "largest number of a list"),
     "lowerAscii": (_lower_ascii, "ASCII letters lower-cased"),

@@ -86,3 +86,11 @@ def test_policy_test_with_tools_passes(path: Path, capsys: pytest.CaptureFixture
     out = capsys.readouterr().out
     assert code == 0, out
     assert "defaults were not applied" not in out
+
+
+@pytest.mark.parametrize("path", POLICIES, ids=[p.stem for p in POLICIES])
+def test_examples_lint_clean_against_their_tools(path: Path) -> None:
+    """`policy check --tools` finds nothing in the examples: names, args.x and every string comparison normalised."""
+    from proctor.policy.lint import lint
+
+    assert [str(f) for f in lint(Policy.from_yaml(path), str(path), _tools(path))] == []
