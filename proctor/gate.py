@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from opentelemetry.context import Context
 from opentelemetry.trace import NoOpTracer, Tracer
@@ -50,7 +50,7 @@ from proctor.errors import (
     ToolFailed,
 )
 from proctor.interrupts import interruption
-from proctor.redaction import Redacted, redact_args
+from proctor.redaction import Redacted, redact_args, secret_values
 from proctor.run import DEFAULT_HISTORY_LIMIT, LazyUsage, Ledger, RunContext
 from proctor.telemetry import metrics
 from proctor.telemetry import semconv as sc
@@ -61,6 +61,7 @@ from proctor.tools import Tool, as_tool, run_with_timeout
 __all__ = ["CallOutcome", "Gate", "RunContext"]
 
 log = get_logger("proctor.gate")
+ProctorErrorT = TypeVar("ProctorErrorT", bound=ProctorError)
 
 # How long past an approval's expiry the gate waits for an approver that has not answered.
 _APPROVAL_GRACE_S = 1.0
@@ -186,6 +187,39 @@ _NO_TOOL = Tool.from_function(_no_tool)
 _NOOP_TRACER = NoOpTracer()
 # States in which the call's intent record has been written.
 _INTENT_WRITTEN = frozenset({"intent", "running", "ran", "done"})
+
+
+def _hidden_fields(facts: _Facts) -> tuple[str, ...]:
+    """Fields the policy hides from approvers as well (`tools: X: {hide_from_approvers: [...]}`)."""
+    return tuple(getattr(facts, "hide_from_approvers", ()))
+
+
+def _restore_hidden(given: dict[str, Any], shown: Mapping[str, Any], clear: Mapping[str, Any],
+                    fields: tuple[str, ...]) -> dict[str, Any]:
+    """`given` (an approver's edit) with each hidden field that still holds what was shown set back to its value."""
+    out = dict(given)
+    for name in fields:
+        path = name.split(".")
+        if _get(out, path) == _get(shown, path) is not _ABSENT and _get(clear, path) is not _ABSENT:
+            out = _put(out, path, _get(clear, path))
+    return out
+
+
+_ABSENT: Any = object()
+
+
+def _get(node: Any, path: list[str]) -> Any:
+    for part in path:
+        if not isinstance(node, Mapping) or part not in node:
+            return _ABSENT
+        node = node[part]
+    return node
+
+
+def _put(node: Mapping[str, Any], path: list[str], value: Any) -> dict[str, Any]:
+    out = dict(node)
+    out[path[0]] = value if len(path) == 1 else _put(out.get(path[0]) or {}, path[1:], value)
+    return out
 
 
 def _safely(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
@@ -388,6 +422,8 @@ class Gate:
         p.side_effect = p.facts.side_effect
         if raw_args is not None and type(raw_args) is not dict and not isinstance(raw_args, Mapping):
             return self._refuse(p, ToolDenied(f"invalid call to {name}: arguments must be a mapping", tool=name))
+        if p.facts.redact and raw_args:  # raw, so a validation error quoting the value is scrubbed too
+            p.ctx.secrets.update(secret_values(raw_args, p.facts.redact))
         try:
             p.args = resolved.validate(raw_args or {})
         except ToolDenied as exc:
@@ -484,11 +520,15 @@ class Gate:
             return ApprovalDenied(f"{name}: needs approval ({p.decision.reason}) but no approver is configured",
                                   tool=name, call_id=p.call_id, rules=p.decision.rules)
         timeout_s = self.policy.approval.timeout_s
+        # A human sees the clear arguments (nobody can approve a wire without seeing where it
+        # goes) except fields the policy hides from approvers too. The binding is computed over
+        # the redacted arguments: it is written to the log and sent to webhooks, and a hash of
+        # a clear card number could be reversed by brute force.
         request = ApprovalRequest(
-            call_id=p.call_id, tool=name, side_effect=p.side_effect, args=p.redacted.args,
+            call_id=p.call_id, tool=name, side_effect=p.side_effect, args=self._approver_view(p, p.args),
             rules=p.decision.rules, reason=p.decision.reason, policy_sha256=p.decision.policy_sha256,
             budget=p.ctx.ledger.remaining(), expires_at_ns=time.time_ns() + int(timeout_s * 1e9),
-            binding=approval_binding(name, p.args, p.call_id, p.decision.policy_sha256), run=p.ctx.info,
+            binding=approval_binding(name, p.redacted.args, p.call_id, p.decision.policy_sha256), run=p.ctx.info,
         )
         self._record("approval_requested", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
                                             "args": p.redacted.args, "rules": list(p.decision.rules),
@@ -562,10 +602,17 @@ class Gate:
     def _apply_edit(self, p: _Pending, answer: ApprovalDecision) -> CallRefused | None:
         """Edited arguments are a new call: validated and decided again, never trusted blindly."""
         name = p.name
+        hidden = _hidden_fields(p.facts)
+        given = dict(answer.args or {})
+        if hidden:  # a hidden field left as the approver was shown it keeps its real value
+            given = _restore_hidden(given, self._approver_view(p, p.args), p.args, hidden)
+        if p.facts.redact:
+            p.ctx.secrets.update(secret_values(given, p.facts.redact))
         try:
-            edited = p.tool.validate(answer.args or {})
+            edited = p.tool.validate(given)
         except ToolDenied as exc:
-            return ApprovalDenied(f"{name}: edited arguments rejected: {exc}", tool=name, call_id=p.call_id)
+            return self._clean(p, ApprovalDenied(f"{name}: edited arguments rejected: {exc}", tool=name,
+                                                 call_id=p.call_id))
         decision = self._decide(p, edited)
         if decision.outcome == "deny":
             return ApprovalDenied(f"{name}: edited arguments denied by the policy: {decision.reason}",
@@ -600,7 +647,8 @@ class Gate:
     def _after_run(self, p: _Pending) -> CallOutcome:
         """Answer, settle, record and trace a call whose tool returned. Each part is guarded on
         its own: nothing that fails here changes how the call ended (the tool has run)."""
-        name, error = p.name, p.error
+        name = p.name
+        error = p.error = self._clean(p, p.error) if p.error is not None else None
         if p.on_result is not None:
             try:
                 p.on_result(p.value, error)
@@ -663,6 +711,7 @@ class Gate:
 
     def _end_unknown(self, p: _Pending, status: CallStatus, error: ProctorError) -> CallOutcome:
         """End a call as `unknown` (the tool started) or `cancelled` (it had not)."""
+        error = self._clean(p, error)
         if p.reservation is not None:
             try:
                 if status == "unknown":  # it may have run: count it
@@ -688,6 +737,7 @@ class Gate:
 
     def _refuse(self, p: _Pending, error: ProctorError, *, audited: bool = True) -> CallOutcome:
         """Record a call that did not run (its intent and a `denied` outcome), and return the error."""
+        error = self._clean(p, error)
         if p.reservation is not None:
             try:
                 p.ctx.ledger.release(p.reservation)
@@ -742,6 +792,21 @@ class Gate:
             "approval": p.approval.as_dict() if p.approval else None,
             "trace_id": p.span.trace_id, "span_id": p.span.span_id,
         }
+
+    def _approver_view(self, p: _Pending, args: Mapping[str, Any]) -> dict[str, Any]:
+        """The arguments as an approver sees them: clear, but for fields hidden from approvers too."""
+        hidden = _hidden_fields(p.facts)
+        return self._redact(args, hidden).args if hidden else dict(args)
+
+    @staticmethod
+    def _clean(p: _Pending, error: ProctorErrorT) -> ProctorErrorT:
+        """The error without any clear value of a redacted argument (its message may quote one)."""
+        if p.ctx.secrets:
+            text = str(error)
+            cleaned = p.ctx.scrub(text)
+            if cleaned != text:
+                error.args = (cleaned,)
+        return error
 
     def _redact(self, args: Mapping[str, Any], fields: tuple[str, ...]) -> Redacted:
         if self.audit is not None:

@@ -14,6 +14,7 @@ from typing import Any, Protocol, overload
 
 from proctor.approval.base import Grant
 from proctor.calls import CallRecord, CallStatus, HistoryEntry, Outcome, RunInfo, SideEffect
+from proctor.redaction import scrub
 
 __all__ = ["DEFAULT_HISTORY_LIMIT", "LazyUsage", "Ledger", "RunContext"]
 
@@ -67,6 +68,13 @@ class RunContext:
         self._fold_lock = threading.Lock()
         #: The journal of the step being run, for a durable run (`proctor.store.journal.StepJournal`), else None.
         self.journal: Any = None
+        #: Clear values of redacted arguments met in this run: scrubbed from every free text
+        #: written about it (programs, errors, chat content) — see `scrub`.
+        self.secrets: set[str] = set()
+
+    def scrub(self, text: str) -> str:
+        """`text` without any clear value of a redacted argument seen in this run."""
+        return scrub(text, tuple(self.secrets)) if self.secrets and text else text
 
     def next_step(self) -> int:
         """Start the next step of the run (resets `per: step` budgets); return its number."""

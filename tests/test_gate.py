@@ -367,14 +367,15 @@ def test_no_approver_means_deny() -> None:
 
 
 def test_approval_request_carries_what_a_human_needs() -> None:
-    """The request names the call, class, redacted args, rules, reason, policy, budget and expiry."""
+    """The request names the call, class, clear args, rules, reason, policy, budget and expiry."""
     asked: list[ApprovalRequest] = []
     gate = make_gate(approver=answer_with("approve", asked))
     gate.call("send_email", {"to": "x@partner.com", "body": "secret"})
     req = asked[0]
     assert req.tool == "send_email" and req.side_effect == "external"
     assert req.rules == ("external-mail",) and req.reason == "mail leaving the company needs a human"
-    assert "secret" not in repr(req.args) and req.args["to"] == "x@partner.com"
+    assert req.args == {"to": "x@partner.com", "body": "secret"}  # a human sees what is approved
+    assert "secret" not in req.binding
     assert req.policy_sha256 == gate.policy.sha256
     assert req.budget["mail"]["calls"] == 1
     assert req.expires_at_ns > time.time_ns()

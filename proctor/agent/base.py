@@ -21,7 +21,7 @@ from proctor.agent.durable import DurableRun, RunCancelled, restore_context, ste
 from proctor.agent.models import Message, Model, ModelError, ModelResponse, Usage
 from proctor.agent.prompts import planning_prompt
 from proctor.agent.result import RunResult, RunStatus, StepRecord
-from proctor.agent.tracing import model_span, record_response
+from proctor.agent.tracing import HeldChat, model_span
 from proctor.approval.base import Approver
 from proctor.audit.base import AuditSink
 from proctor.calls import CallRecord, RunInfo
@@ -128,6 +128,7 @@ class AgentBase:
         self.store: RunStore | None = RunStore.open(store) if isinstance(store, (str, os.PathLike)) else store
         if self.store is None:
             self.store = getattr(approver, "store", None)
+        self._held_chats: list[HeldChat] = []
 
     # -- subclass hooks -------------------------------------------------------------------------
 
@@ -249,11 +250,12 @@ class AgentBase:
             costs = [s.cost_usd for s in steps if s.cost_usd is not None]
             cost = sum(costs) if costs else None
             # The run span's usage is the sum of its steps': each step span adds its own to it.
-            span.finish(status, None if status == "done" else status, error)
+            scrubbed = ctx.scrub(error) if error else None
+            span.finish(status, None if status == "done" else status, scrubbed)
             if status == "suspended":
                 self.gate.suspend_run(ctx, [a.id for a in pending], steps=len(steps))
             else:
-                self.gate.finish_run(ctx, status=status, steps=len(steps), error=error,
+                self.gate.finish_run(ctx, status=status, steps=len(steps), error=scrubbed,
                                      usage={**usage.as_dict(), "cost_usd": cost})
         ctx.journal = None
         if durable is not None:
@@ -299,7 +301,7 @@ class AgentBase:
                             durable.responded(response)
                     finished, answer = self._act(step, response, ctx, sctx)
                     if step.code is not None:
-                        sspan.code(step.code)
+                        sspan.code(ctx.scrub(step.code))
                     if finished:
                         rejection = self._check_final_answer(answer)
                         if rejection is not None:
@@ -314,6 +316,7 @@ class AgentBase:
                                                 else f"{type(exc).__name__}: {exc}")
                     raise
                 finally:
+                    self._close_chats(ctx)
                     step.duration_ns = time.perf_counter_ns() - began
                     sspan.usage(step.usage.input_tokens, step.usage.output_tokens)
                     sspan.span.set_attribute("proctor.step.calls", len(step.tool_calls))
@@ -333,13 +336,14 @@ class AgentBase:
 
     def _generate(self, messages: Sequence[Message], ctx: RunContext, step: StepRecord, parent: Context
                   ) -> ModelResponse:
-        with model_span(self.tracer, parent, model=self.model.model_id) as mspan:
+        with model_span(self.tracer, parent, model=self.model.model_id) as chat:
             try:
                 response = self._ask(messages)
             except ModelError as exc:
                 step.error = str(exc)
                 raise _Stop("error", str(exc)) from None
-            record_response(mspan, response)
+            chat.answered(messages, response)
+        self._held_chats.append(chat)  # closed when the step ends: see `_close_chats`
         step.model_output = response.content
         step.usage = response.usage
         step.cost_usd = response.cost_usd
@@ -347,6 +351,15 @@ class AgentBase:
         if charge is not None:
             charge(response.usage.total_tokens, response.cost_usd or 0.0)
         return response
+
+    def _close_chats(self, ctx: RunContext) -> None:
+        """End the step's chat spans, their captured content scrubbed of what the step revealed."""
+        held, self._held_chats = self._held_chats, []
+        for chat in held:
+            try:
+                chat.close(ctx.scrub)
+            except Exception as exc:  # noqa: BLE001 - telemetry never ends a run
+                log.error("chat_span_failed", error=repr(exc))
 
     def _plan(self, number: int, ctx: RunContext, parent: AgentSpan, steps: list[StepRecord]) -> None:
         step = StepRecord(number, kind="planning")
@@ -358,6 +371,7 @@ class AgentBase:
                 response = self._generate([*self.memory, ask], ctx, step, sspan.context)
                 sspan.usage(step.usage.input_tokens, step.usage.output_tokens)
             finally:
+                self._close_chats(ctx)
                 step.duration_ns = time.perf_counter_ns() - began
                 steps.append(step)
                 self._record_step(ctx, step)
@@ -412,8 +426,9 @@ class AgentBase:
             return
         fields = {
             "run_id": ctx.info.id, "step": step.number, "step_kind": step.kind, "model": self.model.model_id,
-            "usage": step.usage.as_dict(), "cost_usd": step.cost_usd, "code": step.code,
-            "call_ids": [c.call_id for c in step.tool_calls], "error": step.error,
+            "usage": step.usage.as_dict(), "cost_usd": step.cost_usd,
+            "code": ctx.scrub(step.code) if step.code else step.code,  # it may quote a redacted value
+            "call_ids": [c.call_id for c in step.tool_calls], "error": ctx.scrub(step.error) if step.error else None,
             "final_answer": step.final_answer, "duration_ns": step.duration_ns,
         }
         try:

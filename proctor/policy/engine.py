@@ -52,6 +52,8 @@ class ToolFacts:
     labels: tuple[str, ...] = ()
     #: `cost` as a CEL expression over the call (`tools: X: {cost: "args.amount"}`); then `cost` is 0.
     cost_expression: Condition | None = None
+    #: Fields approvers see redacted too (they see the rest of the arguments in clear).
+    hide_from_approvers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,10 +109,11 @@ def _normalized(model: PolicyModel) -> dict[str, Any]:
         data[section] = sorted(data[section], key=lambda item: item["name"])
     for spec in data["tools"].values():
         spec["redact"] = sorted(set(spec["redact"]))
-        if spec["labels"]:
-            spec["labels"] = sorted(set(spec["labels"]))
-        else:  # a field added later: absent when unused, so older policies keep their fingerprint
-            del spec["labels"]
+        for later in ("labels", "hide_from_approvers"):
+            if spec[later]:
+                spec[later] = sorted(set(spec[later]))
+            else:  # a field added later: absent when unused, so older policies keep their fingerprint
+                del spec[later]
     return data
 
 
@@ -208,6 +211,7 @@ class Policy:
             durability=spec.durability,
             labels=spec.labels,
             cost_expression=expression,
+            hide_from_approvers=spec.hide_from_approvers,
         )
 
     def cost_of(

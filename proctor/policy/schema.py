@@ -191,6 +191,8 @@ class ToolSpec(_Strict):
     labels: tuple[Label, ...] = ()
     timeout: Duration | None = None
     redact: tuple[Annotated[str, Field(pattern=r"^[^.\s]+(\.[^.\s]+)*$")], ...] = ()
+    #: Fields approvers do not see in clear either (by default a human sees what is being approved).
+    hide_from_approvers: tuple[Annotated[str, Field(pattern=r"^[^.\s]+(\.[^.\s]+)*$")], ...] = ()
     durability: Annotated[
         Literal["fsync", "flush"],
         BeforeValidator(_choice("durability", ("fsync", "flush"))),
@@ -199,7 +201,7 @@ class ToolSpec(_Strict):
     #: Safe to run again when a crash lost its outcome (a durable run resumes it instead of failing it).
     idempotent: bool = False
 
-    @field_validator("redact", "labels", mode="before")
+    @field_validator("redact", "labels", "hide_from_approvers", mode="before")
     @classmethod
     def _redact_list(cls, value: object) -> object:
         # Strict mode wants a tuple; YAML gives lists.

@@ -30,8 +30,10 @@ __all__ = [
     "GEN_AI_AGENT_NAME",
     "GEN_AI_CONVERSATION_ID",
     "GEN_AI_EXECUTE_TOOL_DURATION",
+    "GEN_AI_INPUT_MESSAGES",
     "GEN_AI_INVOKE_AGENT_DURATION",
     "GEN_AI_OPERATION_NAME",
+    "GEN_AI_OUTPUT_MESSAGES",
     "GEN_AI_PROVIDER_NAME",
     "GEN_AI_REQUEST_MODEL",
     "GEN_AI_TOOL_CALL_ARGUMENTS",
@@ -112,6 +114,9 @@ GEN_AI_TOOL_DESCRIPTION: Final = "gen_ai.tool.description"
 #: Opt-in (may hold secrets): only with capture_content on, and always redacted by policy first.
 GEN_AI_TOOL_CALL_ARGUMENTS: Final = "gen_ai.tool.call.arguments"
 GEN_AI_TOOL_CALL_RESULT: Final = "gen_ai.tool.call.result"
+#: Opt-in chat content on `chat {model}` spans: JSON lists of {role, parts: [{type, content}]}.
+GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"
+GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
 #: `gen_ai.tool.type` well-known value for a function the application executes itself.
 TOOL_TYPE_FUNCTION: Final = "function"
 
