@@ -21,6 +21,7 @@ ProctorError                      base of everything below
 │   ├── ApprovalNotFound          no approval with that id in the store
 │   ├── StoreConflict             someone else changed the record first (or holds the run)
 │   └── ApprovalConflict          an answer with the wrong binding, or to an approval already closed
+├── ToolsetError                  a tool server (MCP) could not be started, reached or listed
 ├── ToolDefinitionError (TypeError)   an object cannot become a tool as written
 ├── ModelError (RuntimeError)         the model could not answer
 └── ConfigurationError (ValueError, TypeError)   an argument or setting proctor cannot use
@@ -63,6 +64,7 @@ __all__ = [
     "ToolDefinitionError",
     "ToolDenied",
     "ToolFailed",
+    "ToolsetError",
 ]
 
 
@@ -192,6 +194,10 @@ class StoreConflict(StoreError):
 
 class ApprovalConflict(StoreError):
     """The answer's binding is not the approval's, or the approval was already answered or voided."""
+
+
+class ToolsetError(ProctorError):
+    """A tool server (an MCP server) could not be started, reached or listed; its tools are not available."""
 
 
 class ToolDefinitionError(ProctorError, TypeError):

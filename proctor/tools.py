@@ -84,6 +84,8 @@ class Tool:
     output_type: str | None = None
     #: The object the tool was made from when it was not a function (a smolagents tool), else None.
     source: Any = field(repr=False, default=None)
+    #: A further check of validated arguments (an MCP tool's full JSON Schema): returns a problem, or None.
+    _check: Callable[[Mapping[str, Any]], str | None] | None = field(repr=False, default=None)
 
     @classmethod
     def from_function(
@@ -142,8 +144,13 @@ class Tool:
     @classmethod
     def _build(cls, name: str, description: str, fn: Callable[..., Any], fields: dict[str, Any],
                signature: inspect.Signature, arg_docs: Mapping[str, str], *, side_effect: SideEffect | None,
-               cost: int, is_async: bool = False, output_type: str | None = None, source: Any = None) -> Tool:
-        """A tool from its argument fields (pydantic ``(type, Field)`` pairs) and the signature shown to models."""
+               cost: int, is_async: bool = False, output_type: str | None = None, source: Any = None,
+               schema: Mapping[str, Any] | None = None,
+               check: Callable[[Mapping[str, Any]], str | None] | None = None) -> Tool:
+        """A tool from its argument fields (pydantic ``(type, Field)`` pairs) and the signature shown to models.
+
+        `schema`, when given, is the JSON Schema shown to models instead of the fields' own, and
+        `check` a further check of the validated arguments against it."""
         with warnings.catch_warnings():
             # A parameter named like a BaseModel attribute (`schema`, `json`, `copy`) is fine: the
             # model only validates, its fields are read from __dict__, never as attributes.
@@ -153,10 +160,12 @@ class Tool:
                 __config__=pydantic.ConfigDict(extra="forbid", strict=False, arbitrary_types_allowed=False),
                 **fields,
             )
-        schema = model.model_json_schema()
-        schema.pop("title", None)
-        for prop in schema.get("properties", {}).values():
-            prop.pop("title", None)
+        if schema is None:
+            derived = model.model_json_schema()
+            derived.pop("title", None)
+            for prop in derived.get("properties", {}).values():
+                prop.pop("title", None)
+            schema = derived
         return cls(
             name=name,
             description=description,
@@ -173,6 +182,7 @@ class Tool:
             _validator=model.__pydantic_validator__,
             output_type=output_type,
             source=source,
+            _check=check,
         )
 
     def bind(self, args: tuple[Any, ...] = (), kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -200,7 +210,12 @@ class Tool:
                 else:
                     problems.append(f"argument {loc!r}: {err['msg']} (got {err.get('input')!r})")
             raise ToolDenied(f"invalid call to {self.name}: {'; '.join(problems)}", tool=self.name) from None
-        return dict(model.__dict__)  # the fields, in signature order (extra arguments are refused)
+        valid = dict(model.__dict__)  # the fields, in signature order (extra arguments are refused)
+        if self._check is not None:
+            problem = self._check(valid)
+            if problem:
+                raise ToolDenied(f"invalid call to {self.name}: {problem}", tool=self.name)
+        return valid
 
     def invoke(self, args: Mapping[str, Any]) -> Any:
         """Call the function with validated arguments by name (positional-only ones by position)."""

@@ -1,0 +1,143 @@
+"""MCPToolset: a real FastMCP server's tools, over stdio and streamable HTTP, governed like any other."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mcp import StdioServerParameters
+
+from proctor import CodeAgent, Gate, Interpreter, Policy, ScriptedModel, ToolDenied, ToolFailed
+from proctor.errors import ConfigurationError, ToolsetError
+from proctor.integrations.mcp import MCPToolset
+from proctor.testing import InMemoryAudit
+
+SERVER = Path(__file__).with_name("mcp_server.py")
+POLICY = Policy.from_dict({
+    "version": 1,
+    "default": "deny",
+    "tools": {"explode": {"side_effect": "read"}},
+    "rules": [
+        {"name": "reads", "match": {"side_effect": ["none", "read"]}, "decision": "allow"},
+        {"name": "writes", "match": {"side_effect": "write"}, "decision": "allow"},
+    ],
+})
+
+
+def stdio(log: Path) -> StdioServerParameters:
+    return StdioServerParameters(command=sys.executable, args=[str(SERVER), "stdio", "-", str(log)])
+
+
+def ran(log: Path) -> list[str]:
+    return log.read_text().split() if log.exists() else []
+
+
+def test_tools_keep_their_schema_and_take_their_class_from_annotations(tmp_path: Path) -> None:
+    """inputSchema is the schema; readOnly/destructive/openWorld hints give read/destructive/external, else write."""
+    with MCPToolset(stdio(tmp_path / "log")) as tools:
+        by_name = {t.name: t for t in tools}
+        assert set(by_name) == {"get_weather", "delete_file", "fetch_url", "add", "get_stats", "explode"}
+        assert {n: t.side_effect for n, t in by_name.items() if n != "explode"} == {
+            "get_weather": "read", "delete_file": "destructive", "fetch_url": "external", "add": "write",
+            "get_stats": "write"}
+        weather = by_name["get_weather"]
+        assert weather.parameters["required"] == ["city"]
+        assert weather.parameters["properties"]["city"]["type"] == "string"
+        assert weather.description == "Tell the weather in a city."
+        assert str(weather.signature) == "(city: str, units: str = 'metric')"
+
+
+def test_calls_go_through_the_gate_and_arguments_are_validated(tmp_path: Path) -> None:
+    """Allowed calls reach the server; refused ones and ones that do not fit the schema never do."""
+    log = tmp_path / "log"
+    audit = InMemoryAudit()
+    with MCPToolset(stdio(log)) as tools:
+        gate = Gate(POLICY, audit=audit, tools=tools)
+        assert gate.call("get_weather", {"city": "Oslo"}) == "sunny in Oslo (metric)"
+        assert gate.call("add", {"a": 2, "b": 3}) == 5
+        assert gate.call("get_stats", {"values": [1, 2, 3]}) == {"sum": 6.0, "mean": 2.0}
+        with pytest.raises(ToolDenied, match="no rule matched"):
+            gate.call("delete_file", {"path": "/etc/passwd"})
+        with pytest.raises(ToolDenied, match=r"argument 'a'.*is not of type 'integer'"):
+            gate.call("add", {"a": "two", "b": 3})
+        with pytest.raises(ToolDenied, match="unexpected argument 'c'"):
+            gate.call("add", {"a": 1, "b": 2, "c": 3})
+        with pytest.raises(ToolFailed, match="kaboom"):
+            gate.call("explode", {"message": "kaboom"})
+    assert ran(log) == ["get_weather", "add", "get-stats"]
+    outcomes = [(r["tool"], r["status"]) for r in audit.of_kind("call_outcome")]
+    assert outcomes == [("get_weather", "ok"), ("add", "ok"), ("get_stats", "ok"), ("delete_file", "denied"),
+                        ("add", "denied"), ("add", "denied"), ("explode", "failed")]
+
+
+def test_programs_call_mcp_tools_inside_the_sandbox(tmp_path: Path) -> None:
+    """An interpreter program calls MCP tools by their Python names; each call is a gate record."""
+    with MCPToolset(stdio(tmp_path / "log")) as tools, \
+            Interpreter(tools, Gate(POLICY), sandbox="process") as py:
+        r = py.run("s = get_stats([2, 4])\nw = get_weather('Rome', units='imperial')\n(s['mean'], w)")
+    assert r.error is None, r.error
+    assert list(r.value) == [3.0, "sunny in Rome (imperial)"]
+    assert [c.tool for c in r.tool_calls] == ["get_stats", "get_weather"]
+
+
+def test_a_code_agent_runs_with_mcp_tools(tmp_path: Path) -> None:
+    """CodeAgent takes the toolset's tools as they are."""
+    model = ScriptedModel(["```python\nfinal_answer(add(20, 22))\n```"])
+    with MCPToolset(stdio(tmp_path / "log")) as tools, \
+            CodeAgent(tools, model, POLICY, sandbox="process") as agent:
+        assert agent.run("add").answer == 42
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def http_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """The same server over streamable HTTP on a random localhost port."""
+    port, log = _free_port(), tmp_path / "log"
+    proc = subprocess.Popen([sys.executable, str(SERVER), "http", str(port), str(log)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the MCP test server died: {proc.stderr.read() if proc.stderr else ''}") from None
+            time.sleep(0.1)
+    try:
+        yield f"http://127.0.0.1:{port}/mcp", log
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stderr:
+            proc.stderr.close()
+
+
+def test_streamable_http_server_tools_are_governed(http_server: tuple[str, Path]) -> None:
+    """Over streamable HTTP, the same tools, the same gate."""
+    url, log = http_server
+    with MCPToolset(url) as tools:
+        gate = Gate(POLICY, tools=tools)
+        assert gate.call("get_weather", {"city": "Lima"}) == "sunny in Lima (metric)"
+        with pytest.raises(ToolDenied):
+            gate.call("fetch_url", {"url": "http://example.com"})
+    assert ran(log) == ["get_weather"]
+
+
+def test_a_server_that_cannot_start_is_a_toolset_error(tmp_path: Path) -> None:
+    """A command that is no MCP server fails loudly, naming the server."""
+    bad = StdioServerParameters(command=sys.executable, args=["-c", "import sys; sys.exit(3)"])
+    with pytest.raises(ToolsetError, match="the MCP server"):
+        MCPToolset(bad, timeout=20).open()
+    with pytest.raises(ConfigurationError, match="http:// or https://"):
+        MCPToolset("ftp://host/mcp")
