@@ -41,6 +41,7 @@ __all__ = [
     "RuleSpec",
     "ToolSpec",
     "parse_duration",
+    "policy_json_schema",
 ]
 
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
@@ -120,7 +121,9 @@ def _enum_schema(choices: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _one_or_list(item: dict[str, Any]) -> dict[str, Any]:
-    return {"anyOf": [item, {"type": "array", "items": item, "minItems": 1}]}
+    # if/then/else, not anyOf: a validator then reports the item that is wrong
+    # (`side_effect[0]: 'reed' is not one of [...]`), not "not valid under any of the given schemas".
+    return {"if": {"type": "array"}, "then": {"type": "array", "items": item, "minItems": 1}, "else": item}
 
 
 Duration = Annotated[
@@ -175,7 +178,9 @@ def _cost(value: object) -> int | str:
 CostField = Annotated[
     int | str,
     BeforeValidator(_cost),
-    WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "minLength": 1}],
+    # One schema with two types (not anyOf): each keyword applies to its own type, so -1 reads
+    # "less than the minimum of 0", not "not valid under any of the given schemas".
+    WithJsonSchema({"type": ["integer", "string"], "minimum": 0, "minLength": 1,
                     "description": "budget units per call: a whole number, or a CEL expression such as "
                                    "\"args.amount\" (int or double ≥ 0)"}),
 ]
@@ -347,3 +352,33 @@ class PolicyModel(_Strict):
                 "version", "unsupported version {value} (this proctor reads version 1)", {"value": repr(value)}
             )
         return value
+
+
+def _without_null(node: Any) -> Any:
+    """Drop the ``null`` branch pydantic gives optional fields: YAML users leave a key out, never write
+    ``null``, and a validator's "best match" would otherwise be ``'reed' is not of type 'null'``."""
+    if isinstance(node, list):
+        return [_without_null(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _without_null(value) for key, value in node.items()}
+    branches = out.get("anyOf")
+    if isinstance(branches, list) and {"type": "null"} in branches:
+        kept = [b for b in branches if b != {"type": "null"}]
+        del out["anyOf"]
+        if out.get("default", 0) is None:
+            del out["default"]
+        if len(kept) == 1 and not set(kept[0]) & set(out):
+            out.update(kept[0])
+        else:
+            out["anyOf"] = kept
+    return out
+
+
+def policy_json_schema() -> dict[str, Any]:
+    """The JSON Schema of policy files (`proctor policy schema`), shaped for editors and check-jsonschema."""
+    schema: dict[str, Any] = _without_null(PolicyModel.model_json_schema())
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    # Durations are written as strings in YAML; show the default the way a user writes it.
+    schema["$defs"]["ApprovalSpec"]["properties"]["timeout"]["default"] = "5m"
+    return schema
