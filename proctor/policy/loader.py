@@ -49,6 +49,19 @@ class Marks:
         return self.values.get(loc, (1, 1))
 
 
+def _yaml_hint(problem: str, text: str, line: int) -> str:
+    """What to do about a YAML syntax error ops commonly make."""
+    if "'\\t'" in problem or "\t" in problem:
+        return " (indent with spaces, not tabs)"
+    if "mapping values are not allowed" in problem:
+        lines = text.splitlines()
+        current = lines[line - 1].lstrip() if 0 < line <= len(lines) else ""
+        if current.startswith(("when:", "cost:", "- when:")):
+            return " (': ' inside a condition ends the YAML value: quote the CEL expression)"
+        return " (quote a value that contains ': ')"
+    return ""
+
+
 def _pos(mark: yaml.Mark) -> tuple[int, int]:
     return mark.line + 1, mark.column + 1
 
@@ -70,7 +83,8 @@ def compose_marked(text: str, source: str) -> tuple[Any, Marks, list[PolicyIssue
         line, col = _pos(exc.problem_mark) if exc.problem_mark else (1, 1)
         problem = exc.problem or "invalid YAML"
         context = f" {exc.context}" if exc.context else ""
-        issues.append(PolicyIssue(source, line, col, f"YAML syntax error: {problem}{context}"))
+        hint = _yaml_hint(problem, text, line)
+        issues.append(PolicyIssue(source, line, col, f"YAML syntax error: {problem}{context}{hint}"))
         return None, marks, issues
     except yaml.YAMLError as exc:
         issues.append(PolicyIssue(source, 1, 1, f"YAML error: {exc}"))
@@ -124,7 +138,11 @@ def compose_marked(text: str, source: str) -> tuple[Any, Marks, list[PolicyIssue
             return constructor.construct_object(node)
         except yaml.YAMLError as exc:
             problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            issues.append(PolicyIssue(source, *_pos(node.start_mark), f"YAML error: {problem}"))
+            hint = ""
+            if node.tag.startswith("!") and not node.tag.startswith("!!"):
+                hint = (f" (a value starting with '!' is a YAML tag: quote the CEL expression, "
+                        f"e.g. \"{node.tag}{' ' + node.value if node.value else ''}\")")
+            issues.append(PolicyIssue(source, *_pos(node.start_mark), f"YAML error: {problem}{hint}"))
             return _SKIP
 
     return build(root, ()), marks, issues
@@ -138,7 +156,9 @@ def load_policy_text(text: str, source: str) -> PolicyModel:
     try:
         model = validate_policy_data(data, source, marks)
     except PolicyError as exc:
-        issues.extend(exc.issues)
+        # A value YAML could not build is reported once, by YAML (not again as "should be a string").
+        broken = {(i.line, i.column) for i in issues}
+        issues.extend(i for i in exc.issues if (i.line, i.column) not in broken or "should be" not in i.message)
     if issues:
         raise PolicyError(sorted(issues, key=lambda i: (i.line, i.column)))
     return model

@@ -15,7 +15,7 @@ from proctor.cli import main
 from proctor.gate import Gate
 from proctor.policy import Policy
 from proctor.policy.cases import Case, load_cases, run_cases
-from proctor.tools import Tool
+from proctor.tools import Tool, as_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "policies"
@@ -26,7 +26,7 @@ def _tools(policy: Path) -> dict[str, Tool]:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     module = importlib.import_module(f"examples.policies.{policy.stem}_tools")
-    return {t.name: t for t in module.TOOLS}
+    return {t.name: t for t in map(as_tool, module.TOOLS)}
 
 
 def _through_gate(policy: Policy, tools: dict[str, Tool], case: Case) -> tuple[str, tuple[str, ...], str | None]:

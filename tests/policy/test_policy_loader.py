@@ -30,7 +30,8 @@ CORPUS: list[tuple[str, str, int, int, str]] = [
         "yaml-tab-indent",
         "version: 1\nrules:\n\t- name: a\n",
         3, 1,
-        "YAML syntax error: found character '\\t' that cannot start any token while scanning for the next token",
+        "YAML syntax error: found character '\\t' that cannot start any token while scanning for the next token "
+        "(indent with spaces, not tabs)",
     ),
     ("not-a-mapping", "- version: 1\n", 1, 1, "a policy is a mapping (version, default, tools, budgets, rules)"),
     ("empty-file", "# nothing here\n", 1, 1, "empty policy: a policy starts with `version: 1`"),
@@ -237,3 +238,23 @@ def test_merge_keys_and_recursive_aliases_are_refused() -> None:
     ]
     with pytest.raises(PolicyError, match="2:8: recursive YAML alias"):
         Policy.from_string("version: 1\nrules: &a\n  - *a\n")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("version: 1\nrules:\n\t- name: x\n", "<p>:3:1: YAML syntax error: found character '\\t' that cannot start any "
+         "token while scanning for the next token (indent with spaces, not tabs)"),
+        ("version: 1\nrules:\n  - name: r\n    when: !args.a\n    decision: deny\n",
+         "<p>:4:11: YAML error: could not determine a constructor for the tag '!args.a' (a value starting with '!' is "
+         "a YAML tag: quote the CEL expression, e.g. \"!args.a\")"),
+        ("version: 1\nrules:\n  - name: r\n    when: args.to == 'a': b\n    decision: deny\n",
+         "<p>:4:25: YAML syntax error: mapping values are not allowed here (': ' inside a condition ends the YAML "
+         "value: quote the CEL expression)"),
+    ],
+)
+def test_yaml_mistakes_carry_a_hint(text: str, expected: str) -> None:
+    """Tabs, a condition starting with '!' and ': ' inside a condition each say what to do, once."""
+    with pytest.raises(PolicyError) as caught:
+        Policy.from_string(text, "<p>")
+    assert [str(i) for i in caught.value.issues] == [expected]
