@@ -17,3 +17,11 @@ def _collect_garbage_per_module() -> Iterator[None]:
     """
     yield
     gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def _private_state_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`proctor run` without --audit writes to $XDG_STATE_HOME/proctor: a test's own directory, not the home's."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+    monkeypatch.delenv("PROCTOR_AUDIT", raising=False)
+    monkeypatch.delenv("PROCTOR_AUDIT_KEY", raising=False)

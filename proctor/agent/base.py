@@ -34,7 +34,7 @@ from proctor.telemetry import AgentSpan, agent_span, get_tracer, step_span
 from proctor.telemetry.logging import get_logger
 from proctor.tools import Tool
 
-__all__ = ["AgentBase", "FinalAnswerCheck", "StepCallback", "load_audit", "load_policy"]
+__all__ = ["AUDIT_KEY_ENV", "AgentBase", "FinalAnswerCheck", "StepCallback", "load_audit", "load_policy"]
 
 log = get_logger("proctor.agent")
 
@@ -58,14 +58,24 @@ def load_policy(policy: Policy | str | os.PathLike[str]) -> Policy:
     return policy
 
 
-def load_audit(audit: AuditSink | str | os.PathLike[str] | None) -> tuple[AuditSink | None, str | None, bool]:
-    """(sink, path, owned): a path becomes an `AuditLog` the agent owns and closes."""
+#: The signing key of audit logs opened from a path, when none is given (`proctor run` reads it too).
+AUDIT_KEY_ENV = "PROCTOR_AUDIT_KEY"
+
+
+def load_audit(audit: AuditSink | str | os.PathLike[str] | None, audit_key: Any = None,
+               ) -> tuple[AuditSink | None, str | None, bool]:
+    """(sink, path, owned): a path becomes an `AuditLog` the agent owns and closes.
+
+    `audit_key` (a private key file, PEM bytes or an Ed25519 key; default ``$PROCTOR_AUDIT_KEY``)
+    signs the log's checkpoints, so `proctor audit verify --pubkey` can tell who wrote it.
+    """
     if audit is None:
         return None, None, False
     if isinstance(audit, (str, os.PathLike)):
         from proctor.audit import AuditLog
 
-        sink: AuditSink = AuditLog(audit)
+        key = audit_key if audit_key is not None else (os.environ.get(AUDIT_KEY_ENV) or None)
+        sink: AuditSink = AuditLog(audit, signing_key=key)
         return sink, os.fspath(audit), True
     path = getattr(audit, "path", None)
     return audit, (os.fspath(path) if path is not None else None), False
@@ -103,6 +113,7 @@ class AgentBase:
         step_callbacks: Sequence[StepCallback] = (),
         program_callbacks: Sequence[StepCallback] = (),
         store: RunStore | str | os.PathLike[str] | None = None,
+        audit_key: Any = None,
     ) -> None:
         if max_steps < 1:
             raise ConfigurationError("max_steps must be at least 1")
@@ -110,7 +121,7 @@ class AgentBase:
             raise ConfigurationError("planning_interval must be at least 1 (or None)")
         self.model = model
         self.policy = load_policy(policy)
-        self.audit, self.audit_path, self._owns_audit = load_audit(audit)
+        self.audit, self.audit_path, self._owns_audit = load_audit(audit, audit_key)
         self.tracer = get_tracer(tracer)
         # Any: the gate's PolicyLike protocol is structural and Policy satisfies it at run time.
         self.gate = Gate(cast(Any, self.policy), approver=approver, audit=self.audit, tracer=self.tracer, tools=tools)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
-__all__ = ["main", "register"]
+__all__ = ["default_audit_path", "main", "register"]
 
 
 def _key_value(text: str) -> tuple[str, Any]:
@@ -30,6 +31,15 @@ def _key_value(text: str) -> tuple[str, Any]:
         return key, json.loads(value)
     except ValueError:
         return key, value  # not JSON: the text itself
+
+
+def default_audit_path() -> str:
+    """Where `proctor run` writes its audit trail when no --audit is given: never silently nowhere."""
+    explicit = os.environ.get("PROCTOR_AUDIT")
+    if explicit:
+        return explicit
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "proctor", "audit.jsonl")
 
 
 def register(subparsers: Any) -> None:
@@ -52,7 +62,14 @@ def register(subparsers: Any) -> None:
                    help="extra litellm argument, e.g. api_base=http://localhost:11434 or temperature=0 (repeatable)")
     p.add_argument("--approver", metavar="SPEC", default="console",
                    help="console (default) or webhook:URL (secret in $PROCTOR_WEBHOOK_SECRET)")
-    p.add_argument("--audit", metavar="PATH", help="append the audit trail to this log")
+    p.add_argument("--audit", metavar="PATH",
+                   help="append the audit trail to this log (default: $PROCTOR_AUDIT, else "
+                        "$XDG_STATE_HOME/proctor/audit.jsonl, i.e. ~/.local/state/proctor/audit.jsonl)")
+    p.add_argument("--audit-key", metavar="PATH",
+                   help="Ed25519 private key (PEM) signing the log's checkpoints (default: $PROCTOR_AUDIT_KEY); "
+                        "make one with `proctor audit keygen PATH`")
+    p.add_argument("--no-audit", action="store_true",
+                   help="run without an audit trail (said on stderr; the policy still decides every call)")
     p.add_argument("--agent", choices=("code", "tool-calling"), default="code",
                    help="code: the model writes Python (default); tool-calling: native function calls")
     p.add_argument("--max-steps", metavar="N", type=int, default=20, help="stop after N steps (default 20)")
@@ -72,6 +89,7 @@ def register(subparsers: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run the agent; print the steps and a summary (or JSON)."""
+    from proctor.agent.base import AUDIT_KEY_ENV
     from proctor.agent.loading import ToolLoadError, load_tools
     from proctor.errors import AuditError, PolicyError
     from proctor.telemetry.cli import cli_telemetry
@@ -94,6 +112,16 @@ def main(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(str(exc), file=sys.stderr)
         return 1
+    if args.no_audit and args.audit:
+        print("proctor run: --audit and --no-audit contradict each other; give one", file=sys.stderr)
+        return 2
+    if args.no_audit:
+        print("proctor run: no audit trail (--no-audit): nothing of this run is recorded", file=sys.stderr)
+    else:
+        args.audit = args.audit or default_audit_path()
+        key = args.audit_key or os.environ.get(AUDIT_KEY_ENV) or None
+        print(f"proctor run: audit trail: {args.audit}" + (" (signed)" if key else
+              f" (unsigned: --audit-key or ${AUDIT_KEY_ENV} signs it)"), file=sys.stderr)
     with cli_telemetry(args):
         try:
             return _run(args, tools, policy, approver)
@@ -119,10 +147,11 @@ def _run(args: argparse.Namespace, tools: list[Any], policy: Any, approver: Any)
     agent: AgentBase
     if args.agent == "code":
         agent = CodeAgent(tools, model, policy, approver=approver, audit=args.audit, max_steps=args.max_steps,
-                          authorized_imports=args.imports, sandbox=args.sandbox, timeout=args.timeout, **callbacks)
+                          authorized_imports=args.imports, sandbox=args.sandbox, timeout=args.timeout,
+                          audit_key=args.audit_key, **callbacks)
     else:
         agent = ToolCallingAgent(tools, model, policy, approver=approver, audit=args.audit,
-                                 max_steps=args.max_steps, **callbacks)
+                                 max_steps=args.max_steps, audit_key=args.audit_key, **callbacks)
     with agent:
         result = agent.run(args.task, principal=args.principal, labels={k: str(v) for k, v in args.label})
     if args.json:

@@ -71,11 +71,12 @@ class CodeAgent(AgentBase):
         step_callbacks: Sequence[StepCallback] = (),
         program_callbacks: Sequence[StepCallback] = (),
         store: RunStore | str | os.PathLike[str] | None = None,
+        audit_key: Any = None,
     ) -> None:
         super().__init__(tools, model, policy, approver=approver, audit=audit, max_steps=max_steps,
                          planning_interval=planning_interval, final_answer_checks=final_answer_checks,
                          tracer=tracer, name=name, instructions=instructions, step_callbacks=step_callbacks,
-                         program_callbacks=program_callbacks, store=store)
+                         program_callbacks=program_callbacks, store=store, audit_key=audit_key)
         self.authorized_imports = tuple(authorized_imports)
         self.sandbox = sandbox
         self.timeout = timeout

@@ -1,9 +1,11 @@
 """What an approver is asked and what it answers.
 
 An answer is bound to the exact call it approves: `binding` is
-sha256(canonical [tool, args, call id, policy sha256]) and the gate rejects an
+sha256(canonical [tool, redacted args, call id, policy sha256]) and the gate rejects an
 answer whose binding differs, so an approval can never be replayed onto other
-arguments, another call or a changed policy.
+arguments, another call or a changed policy. The arguments are the redacted ones (each
+redacted value an HMAC under the log's key): the binding is written to the audit log and
+sent to webhooks, and a plain hash of a card number is reversed by brute force in seconds.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class Grant:
 
 @dataclass(frozen=True, slots=True)
 class ApprovalRequest:
-    """One call waiting for a human. `args` are already redacted as the policy says."""
+    """One call waiting for a human. `args` are clear but for fields the policy hides from
+    approvers (`hide_from_approvers`); `redacted_args` are redacted as in the audit log."""
 
     call_id: str
     tool: str
@@ -61,6 +64,9 @@ class ApprovalRequest:
     expires_at_ns: int
     binding: str
     run: RunInfo = field(default_factory=RunInfo)
+    #: The arguments as the audit log holds them (every `redact` field replaced by its keyed
+    #: digest): what a store or a list shared by many may keep. `args` is what a human sees.
+    redacted_args: Mapping[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -86,3 +86,49 @@ def test_webhook_approver_needs_its_secret(monkeypatch: pytest.MonkeyPatch,
                  "--approver", "webhook:https://approvals.example/hook"])
     assert code == 2
     assert "PROCTOR_WEBHOOK_SECRET" in capsys.readouterr().err
+
+
+def test_run_signs_with_audit_key_and_verify_passes_without_warning(tmp_path: Path) -> None:
+    """`--audit-key` signs the checkpoints: `audit verify --pubkey` passes with no 'unsigned' warning."""
+    audit, key = tmp_path / "audit.jsonl", tmp_path / "audit.key"
+    assert main(["audit", "keygen", str(key)]) == 0
+    with serve([completion(PROGRAM)]) as fake:
+        proc = _proctor("Handle T-100", "--tools", "examples.tools_demo", "--policy", SUPPORT_POLICY,
+                        "--audit", str(audit), "--audit-key", str(key), "--json", base=fake.base)
+    assert proc.returncode == 0, proc.stderr
+    assert f"audit trail: {audit} (signed)" in proc.stderr
+    verify = subprocess.run([sys.executable, "-m", "proctor.cli", "audit", "verify", str(audit), "--pubkey",
+                             f"{key}.pub", "--json"], capture_output=True, text=True, timeout=60)
+    report = json.loads(verify.stdout)
+    assert verify.returncode == 0 and report["ok"] and report["signed_checkpoints"] >= 1
+    assert not any("unsigned" in w for w in report["warnings"]), report
+
+
+def test_run_without_audit_writes_to_the_default_path_and_says_so(tmp_path: Path) -> None:
+    """No --audit: the trail goes to $XDG_STATE_HOME/proctor/audit.jsonl, named on stderr; --no-audit says it."""
+    with serve([completion(PROGRAM), completion(PROGRAM)]) as fake:
+        proc = _proctor("Handle T-100", "--tools", "examples.tools_demo", "--policy", SUPPORT_POLICY, "--json",
+                        base=fake.base)
+        unaudited = _proctor("Handle T-100", "--tools", "examples.tools_demo", "--policy", SUPPORT_POLICY,
+                             "--json", "--no-audit", base=fake.base)
+    default = Path(os.environ["XDG_STATE_HOME"]) / "proctor" / "audit.jsonl"
+    assert proc.returncode == 0, proc.stderr
+    assert f"audit trail: {default}" in proc.stderr and default.exists()
+    assert json.loads(proc.stdout)["audit_path"] == str(default)
+    assert unaudited.returncode == 0 and "no audit trail (--no-audit)" in unaudited.stderr
+
+
+def test_run_refuses_a_tampered_log_naming_verify(tmp_path: Path) -> None:
+    """A complete but corrupted last line is tampering: exit 1, naming `proctor audit verify`, nothing appended."""
+    audit = tmp_path / "audit.jsonl"
+    from proctor.audit import AuditLog
+
+    with AuditLog(audit) as log:
+        log.append("step", {"step": 1})
+    (tmp_path / "audit.jsonl.checkpoint").unlink()
+    data = audit.read_bytes() + b'{"kind":"step","seq":2}\n'
+    audit.write_bytes(data)
+    proc = _proctor("Handle T-100", "--tools", "examples.tools_demo", "--policy", SUPPORT_POLICY,
+                    "--audit", str(audit), base="http://127.0.0.1:9/v1")
+    assert proc.returncode == 1 and "proctor audit verify" in proc.stderr, proc.stderr
+    assert audit.read_bytes() == data
