@@ -9,7 +9,8 @@ with AuditLog("audit.jsonl", signing_key="audit.key") as log:
 
 One writer per file, across threads and processes, whatever path names it (`flock` on the
 log file itself). Every append is one
-``write`` of one canonical line, then ``fsync`` when durable; a failed write marks the
+``write`` of one canonical line, then ``fsync`` when durable (concurrent durable appends
+share one fsync: group commit; each returns once its line is on disk); a failed write marks the
 log failed and every later append reports it — nothing is dropped silently. Opening
 an existing log re-verifies it, cuts a torn last line (bytes after the last newline, and
 only those) into a `recovery` record and closes dangling intents with `unknown` outcomes
@@ -55,6 +56,9 @@ _CUT_INLINE_MAX = 4096  # cut bytes up to this size are kept in the recovery rec
 class AuditLog:
     """An append-only audit log file; see the module docstring and docs/audit.md."""
 
+    #: Share fsyncs between concurrent durable appends; False only to measure the difference.
+    _group_commit = True
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -75,6 +79,13 @@ class AuditLog:
         self._interval = checkpoint_interval_s
         self._key = load_private_key(signing_key) if signing_key is not None else None
         self._mutex = threading.Lock()
+        # Group commit: durable appends write under `_mutex`, then share fsyncs. One thread at a time
+        # (the leader) fsyncs everything written so far; the others wait on `_sync_cond` until
+        # `_synced` (bytes known to be on disk) covers their record. Lock order: _mutex, then _sync_cond.
+        self._sync_cond = threading.Condition(threading.Lock())
+        self._synced = 0
+        self._syncing = False
+        self._closing = False
         self.error: str | None = None
         self.closed = False
         try:
@@ -191,7 +202,11 @@ class AuditLog:
     # -- appending ------------------------------------------------------------------------
 
     def append(self, kind: str, fields: Mapping[str, Any], *, durable: bool = True) -> AuditResult:
-        """Append one record; with `durable` (and durability "fsync") it is fsynced before this returns."""
+        """Append one record; with `durable` (and durability "fsync") it is fsynced before this returns.
+
+        Concurrent durable appends share fsyncs (group commit): each returns once an fsync that
+        started after its record was written has completed, so N threads pay far fewer than N fsyncs.
+        """
         with self._mutex:
             problem = self._refuse(kind, fields)
             if problem is not None:
@@ -200,7 +215,53 @@ class AuditLog:
                 sealed = self._checkpoint()
                 if not sealed.ok:
                     return sealed
-            return self._write(kind, dict(fields), durable)
+            if not self._group_commit:  # one fsync per durable record, under the lock (bench/concurrency.py)
+                return self._write(kind, dict(fields), durable)
+            result = self._write(kind, dict(fields), False)
+            if not result.ok or not durable or self.durability != "fsync":
+                return result
+            target = self._size
+        return self._sync_through(target, result)
+
+    def _sync_through(self, target: int, result: AuditResult) -> AuditResult:
+        """Return `result` once the first `target` bytes are on disk (fsyncing them, or waiting for the
+        fsync another thread is doing); a failed fsync fails the log, and this record with it."""
+        with self._sync_cond:
+            while True:
+                if self._synced >= target:
+                    return result
+                if self.error is not None or self._closing:
+                    return AuditResult(False, error=self.error or f"audit log {self.path} closed before the "
+                                                                  "record was on disk")
+                if not self._syncing:
+                    break
+                self._sync_cond.wait()
+            self._syncing = True
+        upto = self._size  # everything written so far rides on this fsync
+        failure: OSError | None = None
+        try:
+            sync_fd(self._fd)
+        except OSError as exc:
+            failure = exc
+        with self._sync_cond:
+            self._syncing = False
+            if failure is None:
+                self._synced = max(self._synced, upto)
+            self._sync_cond.notify_all()
+        if failure is None:
+            return result
+        with self._mutex:
+            reason = f"fsync of {self.path} failed: {failure.strerror or failure}"
+            if self.closed:  # never touch a closed descriptor (its number may belong to another file)
+                self.error = self.error or reason
+                return AuditResult(False, error=reason)
+            return self._failed(reason)
+
+    def _mark_synced(self) -> None:
+        """Everything written is on disk (after an fsync done under `_mutex`)."""
+        with self._sync_cond:
+            self._synced = max(self._synced, self._size)
+            self._sync_cond.notify_all()
 
     def _refuse(self, kind: str, fields: Mapping[str, Any]) -> str | None:
         if self.closed:
@@ -229,13 +290,16 @@ class AuditLog:
         if len(line) > MAX_LINE_BYTES:  # readers refuse longer lines, so it would make the log unverifiable
             return AuditResult(False, error=f"the {kind} record is {len(line) - 1} bytes, over the "
                                             f"{MAX_LINE_BYTES}-byte line limit; redact or shorten its fields")
+        synced = durable and (self.durability == "fsync" or kind == "checkpoint")
         try:
             write_all(self._fd, line)
-            if durable and (self.durability == "fsync" or kind == "checkpoint"):
+            if synced:
                 sync_fd(self._fd)
         except OSError as exc:
             return self._failed(f"writing {self.path} failed: {exc.strerror or exc}")
         self._size += len(line)
+        if synced:
+            self._mark_synced()
         self._seq = seq + 1
         self._head = h
         self._frontier.append(bytes.fromhex(h))
@@ -316,7 +380,13 @@ class AuditLog:
                     else:
                         with contextlib.suppress(OSError):
                             sync_fd(self._fd)
+                            self._mark_synced()
             finally:
+                with self._sync_cond:  # let an fsync in flight finish before the descriptor goes
+                    while self._syncing:
+                        self._sync_cond.wait()
+                    self._closing = True
+                    self._sync_cond.notify_all()
                 self.closed = True
                 unlock_log(self._fd)
                 atexit.unregister(self._at_exit)

@@ -198,21 +198,30 @@ class Policy:
         spec = self.model.tools.get(tool)
         declared_cost = declared_cost or 0  # a tool may declare None
         if spec is None:
-            return ToolFacts(declared_side_effect or "destructive", declared_cost, None, (), "fsync")
+            side_effect = declared_side_effect or "destructive"
+            return ToolFacts(side_effect, declared_cost, None, (), self._durability(side_effect, None))
         expression = None
         cost = spec.cost if spec.cost is not None else declared_cost
         if isinstance(cost, str):
             expression, cost = compile_expression(cost, COST_VARIABLES, "cost"), 0
+        side_effect = spec.side_effect or declared_side_effect or "destructive"
         return ToolFacts(
-            side_effect=spec.side_effect or declared_side_effect or "destructive",
+            side_effect=side_effect,
             cost=cost,
             timeout_s=spec.timeout,
             redact=spec.redact,
-            durability=spec.durability,
+            durability=self._durability(side_effect, spec.durability),
             labels=spec.labels,
             cost_expression=expression,
             hide_from_approvers=spec.hide_from_approvers,
         )
+
+    def _durability(self, side_effect: SideEffect, declared: Literal["fsync", "flush"] | None) -> Literal[
+            "fsync", "flush"]:
+        """A call's intent is fsynced unless its tool only reads: then the policy's `read_durability` (flush)."""
+        if declared is not None:
+            return declared
+        return self.model.read_durability if side_effect in ("none", "read") else "fsync"
 
     def cost_of(
         self, tool: str, args: Mapping[str, Any], declared_cost: int = 0, run: RunInfo | None = None

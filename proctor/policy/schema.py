@@ -186,6 +186,13 @@ CostField = Annotated[
 ]
 
 
+DurabilityField = Annotated[
+    Literal["fsync", "flush"],
+    BeforeValidator(_choice("durability", ("fsync", "flush"))),
+    WithJsonSchema(_enum_schema(("fsync", "flush"))),
+]
+
+
 class ToolSpec(_Strict):
     """Facts ops declare about one tool; each set field overrides the tool's own declaration."""
 
@@ -198,11 +205,9 @@ class ToolSpec(_Strict):
     redact: tuple[Annotated[str, Field(pattern=r"^[^.\s]+(\.[^.\s]+)*$")], ...] = ()
     #: Fields approvers do not see in clear either (by default a human sees what is being approved).
     hide_from_approvers: tuple[Annotated[str, Field(pattern=r"^[^.\s]+(\.[^.\s]+)*$")], ...] = ()
-    durability: Annotated[
-        Literal["fsync", "flush"],
-        BeforeValidator(_choice("durability", ("fsync", "flush"))),
-        WithJsonSchema(_enum_schema(("fsync", "flush"))),
-    ] = "fsync"
+    #: How the call's audit intent is written: fsync (on disk before the tool runs) or flush (handed to the
+    #: OS; lost only on a power cut). Unset: the policy's `read_durability` for none/read tools, else fsync.
+    durability: DurabilityField | None = None
     #: Safe to run again when a crash lost its outcome (a durable run resumes it instead of failing it).
     idempotent: bool = False
 
@@ -338,6 +343,9 @@ class PolicyModel(_Strict):
     budgets: tuple[BudgetSpec, ...] = ()
     rules: tuple[RuleSpec, ...] = ()
     approval: ApprovalSpec = Field(default_factory=ApprovalSpec)
+    #: Audit durability of calls to `none`/`read` tools without their own `durability`: flush (the
+    #: default: a read's intent is written and flushed, not fsynced) or fsync (every intent on disk).
+    read_durability: DurabilityField = "flush"
 
     @field_validator("budgets", "rules", mode="before")
     @classmethod

@@ -195,6 +195,20 @@ def test_facts(policy: Policy) -> None:
     assert policy.facts("send_email", None, 7).cost == 1
 
 
+def test_reads_default_to_flushed_intents_and_the_policy_can_switch_back(policy: Policy) -> None:
+    """A none/read tool's intent is flushed unless the policy says fsync; every other class is fsynced."""
+    assert policy.facts("get_weather").durability == "flush"
+    assert policy.facts("undeclared", "read").durability == "flush"
+    assert policy.facts("send_email").durability == "fsync"
+    assert policy.facts("undeclared").durability == "fsync"  # destructive
+    strict = Policy.from_dict({"version": 1, "read_durability": "fsync",
+                               "tools": {"get_weather": {"side_effect": "read"},
+                                         "ping": {"side_effect": "none", "durability": "flush"}}})
+    assert strict.facts("get_weather").durability == "fsync"
+    assert strict.facts("undeclared", "read").durability == "fsync"
+    assert strict.facts("ping").durability == "flush"  # a tool's own setting wins
+
+
 def test_approval_settings_and_read_access(policy: Policy) -> None:
     """approval, rules, budgets, default and source are readable."""
     assert policy.approval.timeout_s == 300.0 and policy.approval.on_timeout == "deny"

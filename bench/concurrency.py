@@ -1,0 +1,176 @@
+"""Many runs on one host, and the audit trail under them (issue #18, points 3 and 4).
+
+Side by side, in one run:
+
+- **threads**: calls/s of one `Interpreter` running a loop of allowed read calls, against 8
+  Interpreters (8 workers) driven from 8 threads of this process. Target: 8 >= 1.0x one.
+- **processes**: the same loop in 1, 2 and 4 host processes (one Interpreter each), aggregate
+  calls/s against one process. Target: >= 0.8 x N up to the number of cores.
+- **group commit**: 8 Interpreters in threads making *write* calls (fsynced intents, file
+  `AuditLog`), with group commit and with one fsync per record under the log's lock (what every
+  release before it did). Target: >= 3x. Also one Interpreter's read calls with the default
+  (flushed) intents against `read_durability: fsync`.
+
+Run: .venv/bin/python bench/concurrency.py [--calls 2000] [--dir DIR] [--sandbox process|bwrap]
+DIR should be on the disk the real audit log lives on (fsync cost is the disk's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from proctor import AuditLog, Gate, Interpreter, Policy, tool
+
+
+@tool(side_effect="read")
+def lookup(order: str) -> str:
+    """Look an order up.
+
+    Args:
+        order: Order id.
+    """
+    return "shipped"
+
+
+@tool(side_effect="write")
+def note(order: str) -> str:
+    """Write a note on an order.
+
+    Args:
+        order: Order id.
+    """
+    return "noted"
+
+
+def _policy(read_durability: str = "flush") -> Policy:
+    return Policy.from_dict({"version": 1, "read_durability": read_durability, "rules": [
+        {"name": "ok", "match": {"side_effect": ["read", "write"]}, "decision": "allow"}]})
+
+
+def _program(name: str, calls: int) -> str:
+    return f"for i in range({calls}):\n    {name}('A-1')\n"
+
+
+def _drive(interpreters: list[Interpreter], name: str, calls: int) -> float:
+    """Run one loop of `calls` calls in each interpreter, each from its own thread; return calls/s."""
+    barrier = threading.Barrier(len(interpreters) + 1)
+    errors: list[Any] = []
+
+    def work(py: Interpreter) -> None:
+        barrier.wait()
+        r = py.run(_program(name, calls))
+        if r.error is not None:
+            errors.append(r.error)
+
+    threads = [threading.Thread(target=work, args=(py,)) for py in interpreters]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    began = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - began
+    if errors:
+        raise RuntimeError(errors[0])
+    return len(interpreters) * calls / elapsed
+
+
+def in_threads(count: int, calls: int, sandbox: str, audit: Any = None, name: str = "lookup",
+               policy: Policy | None = None) -> float:
+    gate = Gate(policy or _policy(), audit=audit, tools=[lookup, note])
+    pys = [Interpreter([lookup, note], gate, sandbox=sandbox, timeout=600) for _ in range(count)]  # type: ignore[arg-type]
+    try:
+        for py in pys:
+            py.run("pass")  # the worker is up
+        return _drive(pys, name, calls)
+    finally:
+        for py in pys:
+            py.close()
+
+
+def _process_main(calls: int, sandbox: str, start: Any, out: Any) -> None:
+    gate = Gate(_policy(), tools=[lookup])
+    with Interpreter([lookup], gate, sandbox=sandbox, timeout=600) as py:  # type: ignore[arg-type]
+        py.run("pass")
+        start.wait()
+        began = time.perf_counter()
+        py.run(_program("lookup", calls))
+        out.put(calls / (time.perf_counter() - began))
+
+
+def in_processes(count: int, calls: int, sandbox: str) -> float:
+    ctx = multiprocessing.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_process_main, args=(calls, sandbox, start, out)) for _ in range(count)]
+    for p in procs:
+        p.start()
+    time.sleep(3.0)  # every host process is up with its worker
+    start.set()
+    rates = [out.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join()
+    return sum(rates)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dir", default=None)
+    parser.add_argument("--sandbox", default="process")
+    opts = parser.parse_args()
+    cores = len(os.sched_getaffinity(0))
+    print(f"{cores} usable cores; load average {os.getloadavg()[0]:.2f}; sandbox {opts.sandbox}; "
+          f"median of {opts.rounds} rounds")
+
+    one, eight = [], []
+    for _ in range(opts.rounds):
+        one.append(in_threads(1, opts.calls, opts.sandbox))
+        eight.append(in_threads(8, opts.calls // 4, opts.sandbox))
+    o, e = statistics.median(one), statistics.median(eight)
+    print(f"\nthreads   1 Interpreter {o:8.0f} calls/s | 8 Interpreters in threads {e:8.0f} calls/s "
+          f"| ratio {e / o:.2f}x (target >= 1.0x)")
+
+    base = statistics.median(in_processes(1, opts.calls, opts.sandbox) for _ in range(opts.rounds))
+    for n in (2, 4):
+        agg = statistics.median(in_processes(n, opts.calls, opts.sandbox) for _ in range(opts.rounds))
+        target = "target >= 0.8 x N" if n <= cores else f"beyond the {cores} cores: for reference"
+        print(f"processes {n} hosts {agg:8.0f} calls/s vs 1 host {base:8.0f} | {agg / base:.2f}x = "
+              f"{agg / base / n:.2f} x N ({target})")
+
+    with tempfile.TemporaryDirectory(dir=opts.dir) as tmp:
+        def audited(group: bool, count: int, name: str, read_durability: str = "flush") -> float:
+            AuditLog._group_commit = group
+            path = Path(tmp) / f"audit-{time.monotonic_ns()}.jsonl"
+            log = AuditLog(path)
+            try:
+                return in_threads(count, opts.calls // 8, opts.sandbox, audit=log, name=name,
+                                  policy=_policy(read_durability))
+            finally:
+                log.close()
+                AuditLog._group_commit = True
+
+        grouped, serial = [], []
+        for _ in range(opts.rounds):
+            grouped.append(audited(True, 8, "note"))
+            serial.append(audited(False, 8, "note"))
+        g, s = statistics.median(grouped), statistics.median(serial)
+        print(f"\nwrites, 8 Interpreters, file AuditLog: group commit {g:7.0f} calls/s | one fsync per record "
+              f"{s:7.0f} calls/s | {g / s:.2f}x (target >= 3x)")
+        flushed = statistics.median(audited(True, 1, "lookup") for _ in range(opts.rounds))
+        synced = statistics.median(audited(True, 1, "lookup", "fsync") for _ in range(opts.rounds))
+        print(f"reads, 1 Interpreter, file AuditLog: flushed intents (default) {flushed:7.0f} calls/s | "
+              f"read_durability: fsync {synced:7.0f} calls/s | {flushed / synced:.2f}x")
+    print(f"\nload average {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Group commit: concurrent durable appends share fsyncs, and none returns before its record is on disk."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import proctor.audit.log as log_module
+from proctor.audit import AuditLog, verify
+
+
+def test_concurrent_durable_appends_share_fsyncs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """8 threads x 25 durable appends need far fewer fsyncs than appends, each covering its record."""
+    covered: list[int] = []
+    real = log_module.sync_fd
+
+    def slow_sync(fd: int) -> None:
+        size = os.fstat(fd).st_size
+        time.sleep(0.002)  # a disk's fsync: long enough for other threads to queue behind it
+        real(fd)
+        covered.append(size)
+
+    monkeypatch.setattr(log_module, "sync_fd", slow_sync)
+    path = tmp_path / "audit.jsonl"
+    late: list[int] = []
+    with AuditLog(path, checkpoint_every=10_000) as log:
+
+        def writer(n: int) -> None:
+            for i in range(25):
+                result = log.append("call_intent", {"call_id": f"t{n}-{i}", "tool": "x", "run_id": "r"})
+                assert result.ok
+                size_after = log._size  # at least this record's end is written; it must be covered now
+                if max(covered, default=0) < min(size_after, _end_of(path, result.seq)):
+                    late.append(result.seq or 0)
+
+        threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        appended = log.seq
+    assert late == []
+    assert appended == 200
+    assert len(covered) < 200 // 2, f"{len(covered)} fsyncs for 200 durable appends"
+    assert verify(path).ok
+
+
+def test_a_failed_fsync_fails_every_waiting_append_and_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the shared fsync fails, the append waiting on it is not ok and the log takes no more records."""
+    def broken_sync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    with AuditLog(tmp_path / "audit.jsonl") as log:
+        monkeypatch.setattr(log_module, "sync_fd", broken_sync)
+        result = log.append("call_intent", {"call_id": "c1", "tool": "x", "run_id": "r"})
+        assert not result.ok and "fsync" in (result.error or "")
+        assert not log.append("call_intent", {"call_id": "c2", "tool": "x", "run_id": "r"}, durable=False).ok
+        monkeypatch.undo()
+
+
+def _end_of(path: Path, seq: int | None) -> int:
+    offset = 0
+    with open(path, "rb") as f:
+        for n, line in enumerate(f):
+            offset += len(line)
+            if n == seq:
+                return offset
+    return offset
