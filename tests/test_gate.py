@@ -132,9 +132,20 @@ def test_allowed_call_runs_and_is_audited_before_and_after() -> None:
     assert RUNS["lookup"] == 1
     assert audit.kinds() == ["run_started", "call_intent", "call_outcome"]
     intent = audit.of_kind("call_intent")[0]
-    assert intent["decision"] == "allow" and intent["rules"] == ["reads"] and intent["durable"] is True
+    assert intent["decision"] == "allow" and intent["rules"] == ["reads"]
+    assert intent["durable"] is False  # a read's intent is flushed, not fsynced, by default (read_durability)
     assert intent["policy_sha256"] == gate.policy.sha256
     assert audit.of_kind("call_outcome")[0]["status"] == "ok"
+
+
+def test_side_effecting_calls_keep_a_durable_intent_and_reads_can_too() -> None:
+    """A call with effects is fsynced before it runs; `read_durability: fsync` makes reads durable again."""
+    audit = InMemoryAudit()
+    make_gate(audit=audit).call("send_email", {"to": "a@example.com", "body": "b"})
+    assert audit.of_kind("call_intent")[0]["durable"] is True
+    strict = InMemoryAudit()
+    make_gate(audit=strict, policy={**POLICY, "read_durability": "fsync"}).call("lookup", {"order": "A1"})
+    assert strict.of_kind("call_intent")[0]["durable"] is True
 
 
 def test_denied_call_never_runs_and_names_the_rule() -> None:
