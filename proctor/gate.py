@@ -429,14 +429,14 @@ class Gate:
         except ToolDenied as exc:
             exc.call_id = p.call_id
             return self._refuse(p, exc)
-        p.redacted = self._redact(p.args, p.facts.redact)
-        p.state = "validated"
-        _safely(p.span.arguments, p.redacted.args)
         if p.journal is not None:  # a resumed step: calls made before the pause are answered from the journal
             replayed = p.journal.replay(self, p)
             if replayed is not None:
                 p.state = "done"
                 return cast(CallOutcome, replayed)
+        p.redacted = self._redact(p.args, p.facts.redact)
+        p.state = "validated"
+        _safely(p.span.arguments, p.redacted.args)
 
         p.decision = self._decide(p, p.args)
         p.state = "decided"

@@ -328,6 +328,8 @@ class AgentBase:
                     raise
                 finally:
                     self._close_chats(ctx)
+                    if ctx.journal is not None:
+                        ctx.journal.flush()
                     step.duration_ns = time.perf_counter_ns() - began
                     sspan.usage(step.usage.input_tokens, step.usage.output_tokens)
                     sspan.span.set_attribute("proctor.step.calls", len(step.tool_calls))

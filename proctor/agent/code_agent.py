@@ -117,6 +117,7 @@ class CodeAgent(AgentBase):
                 result = self.interpreter.run(step.code, context=ctx, seed=ctx.journal.seed)
             finally:
                 journal, ctx.journal = ctx.journal, None
+                journal.flush()
             if journal.diverged is not None or getattr(result, "state_lost", False):
                 log.warning("namespace_rebuild_incomplete", run_id=ctx.info.id, step=step.number,
                             error=str(journal.diverged or result.error))

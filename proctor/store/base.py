@@ -296,8 +296,13 @@ class RunStore(Protocol):
 
     # -- journal ----------------------------------------------------------------------------------
 
-    def journal_write(self, entry: JournalEntry) -> None:
-        """Write (or complete) the entry at (run_id, step, seq); durable when this returns."""
+    def journal_write(self, entry: JournalEntry, *, durable: bool = True) -> None:
+        """Write (or complete) the entry at (run_id, step, seq).
+
+        With `durable` it is on stable storage when this returns (an intent of a call with
+        effects); without, it survives the process being killed but perhaps not a power cut
+        (outcomes, and intents of reads: losing one only makes a resume run a read again or
+        report an outcome as unknown)."""
         ...
 
     def journal(self, run_id: str, step: int) -> list[JournalEntry]:

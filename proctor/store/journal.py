@@ -104,6 +104,9 @@ class StepJournal:
         #: How many calls were answered from the journal; the divergence that stopped the step, if one did.
         self.replayed = 0
         self.diverged: ReplayDiverged | None = None
+        # Replayed calls are recorded in one `call_replayed` audit record per stretch (see `flush`).
+        self._batch: list[dict[str, Any]] = []
+        self._gate: Any = None
         #: The `random` seed the step's program runs with (set by the agent), or None.
         self.seed: int | None = None
 
@@ -129,8 +132,10 @@ class StepJournal:
         """The outcome of call `p` from the journal, or None when it should run live."""
         entry = self._entries.get(p.seq)
         name = p.name
+        self._gate = gate
         if entry is None:
             if not self.quiet:
+                self.flush()  # what was replayed is recorded before the first live call
                 return None
             return self._diverge(gate, p, f"the program made a call ({name}) that it did not make when step "
                                           f"{self.step} first ran")
@@ -142,6 +147,7 @@ class StepJournal:
         if entry.state == "intent":
             if self.idempotent(name) and not self.quiet:
                 log.info("call_rerun_idempotent", tool=name, call_id=p.call_id, run_id=self.run_id)
+                self.flush()
                 return None
             return self._unknown(gate, p, entry)
         return self._answer(gate, p, entry)
@@ -163,9 +169,8 @@ class StepJournal:
         record = record_from_dict(entry.record) if entry.record else CallRecord(
             p.call_id, name, {}, p.side_effect, None, status, 0, str(error) if error else None)  # type: ignore[arg-type]
         self._apply(p, entry, record)
-        gate._record("call_replayed", {**self._where(p),
-                                       "tool": name, "status": status, "args_digest": entry.args_digest,
-                                       "error": str(error) if error else None, "quiet": self.quiet}, durable=False)
+        self._batch.append({"call_seq": p.seq, "call_id": p.call_id, "tool": name, "status": status,
+                            "args_digest": entry.args_digest, "error": str(error) if error else None})
         p.span.span.set_attribute("proctor.replayed", True)
         p.span.finish(status, type(error).__name__ if error else None, str(error) if error else None)
         self.replayed += 1
@@ -185,17 +190,18 @@ class StepJournal:
                             None, error_to_dict(error), entry.args, record.as_dict(),
                             {"tool": name, "side_effect": p.side_effect, "decision": "allow", "status": "failed"})
         try:
-            self.store.journal_write(done)
+            self.store.journal_write(done, durable=False)
         except StoreError as exc:
             log.error("journal_write_failed", call_id=p.call_id, error=str(exc))
+        self.flush()
         self._apply(p, done, record)
         # Close the intent the dead process left in the audit trail, then say what happened.
         gate._record("call_outcome", {"run_id": self.run_id, "call_id": p.call_id, "tool": name, "status": "failed",
                                       "duration_ns": 0, "error": str(error), "policy_sha256": gate.policy.sha256,
                                       "trace_id": p.span.trace_id, "span_id": p.span.span_id})
-        gate._record("call_replayed", {**self._where(p),
-                                       "tool": name, "status": "failed", "args_digest": entry.args_digest,
-                                       "error": str(error), "quiet": self.quiet}, durable=False)
+        self._batch.append({"call_seq": p.seq, "call_id": p.call_id, "tool": name, "status": "failed",
+                            "args_digest": entry.args_digest, "error": str(error)})
+        self.flush()
         p.span.finish("failed", "ToolFailed", str(error))
         self.replayed += 1
         return CallOutcome(record, None, error)
@@ -222,10 +228,21 @@ class StepJournal:
     def _where(self, p: Any) -> dict[str, Any]:
         return {"run_id": self.run_id, "step": self.step, "call_seq": p.seq, "call_id": p.call_id}
 
+    def flush(self) -> None:
+        """Record the calls replayed since the last flush as one `call_replayed` audit record.
+
+        Called before the first live call, on divergence, and by the agent when the step ends."""
+        if not self._batch or self._gate is None:
+            return
+        batch, self._batch = self._batch, []
+        self._gate._record("call_replayed", {"run_id": self.run_id, "step": self.step, "quiet": self.quiet,
+                                             "calls": batch}, durable=False)
+
     def _diverge(self, gate: Any, p: Any, message: str) -> CallOutcome:
         from proctor.gate import CallOutcome
 
         name = p.name
+        self.flush()
         error = ReplayDiverged(f"{message}; the step was stopped so that nothing runs twice", tool=name,
                                call_id=p.call_id)
         self.diverged = self.diverged or error
@@ -233,8 +250,8 @@ class StepJournal:
                                          "tool": name, "args_digest": args_digest(p.args), "error": str(error),
                                          "expected": self._entries[p.seq].tool if p.seq in self._entries else None})
         p.span.finish("denied", "ReplayDiverged", str(error))
-        record = CallRecord(p.call_id, name, p.redacted.args if p.redacted else {}, p.side_effect, None, "denied", 0,
-                            str(error), "ReplayDiverged")
+        shown = gate._redact(p.args, p.facts.redact).args
+        record = CallRecord(p.call_id, name, shown, p.side_effect, None, "denied", 0, str(error), "ReplayDiverged")
         return CallOutcome(record, None, error)
 
     # -- live calls -------------------------------------------------------------------------------
@@ -246,7 +263,8 @@ class StepJournal:
             return f"call {p.seq + 1} of step {self.step} is already recorded as done"
         try:
             self.store.journal_write(JournalEntry(self.run_id, self.step, p.seq, p.call_id, p.name,
-                                                  args_digest(p.args), "intent", args=_encode(p.args)))
+                                                  args_digest(p.args), "intent", args=_encode(p.args)),
+                                     durable=p.side_effect not in ("none", "read"))
         except StoreError as exc:
             return str(exc)
         return None
@@ -275,7 +293,7 @@ class StepJournal:
                               "decision": p.decision.outcome if p.decision else "deny", "status": status},
                              grant, time.time_ns())
         try:
-            self.store.journal_write(entry)
+            self.store.journal_write(entry, durable=False)
         except StoreError as exc:
             log.error("journal_write_failed", call_id=p.call_id, error=str(exc))
 

@@ -96,6 +96,10 @@ class Durable:
     def kinds(self) -> list[str]:
         return [json.loads(line)["kind"] for line in self.audit.read_text().splitlines() if line.strip()]
 
+    def records(self, kind: str) -> list[dict[str, Any]]:
+        lines = [json.loads(line) for line in self.audit.read_text().splitlines() if line.strip()]
+        return [r for r in lines if r["kind"] == kind]
+
     def verify(self) -> None:
         """`proctor audit verify` passes on the log."""
         done = self.cli("audit", "verify", str(self.audit))

@@ -1,0 +1,164 @@
+"""Resuming a step that made 1,000 calls before its pause: what replaying them from the journal costs.
+
+Run by hand: `.venv/bin/python bench/durable_resume.py [--calls 1000] [--rounds 5]`.
+
+The step's program makes N allowed reads, then one call that needs approval. Side by side,
+in one process, with the same interpreter (process isolation) and audit log:
+
+- live:   the program run with no store and no audit log, the pending call approved at
+          once (what the program costs: its compute and N + 1 gate round trips);
+- replay: the resumed step (N calls answered from the SQLite journal, the approved
+          call run live), plus reading the journal from the store.
+
+replay - live is the replay cost (target: ≤ 50 ms for N = 1,000). Also printed: the
+whole `agent.resume` (fresh worker, state restored, step re-run) and, for the record,
+what a store adds while the run is live (a SQLite commit per intent and per outcome,
+fsynced only for intents of calls with effects).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+from proctor import CodeAgent, InboxApprover, Policy, RunStore, ScriptedModel, tool
+from proctor.approval import ApprovalDecision, CallbackApprover
+from proctor.audit import AuditLog
+from proctor.gate import Gate
+from proctor.interpreter import Interpreter
+from proctor.store import ApprovalAnswer
+from proctor.store.journal import StepJournal
+
+POLICY = {
+    "version": 1,
+    "default": "deny",
+    "rules": [
+        {"name": "reads", "match": {"side_effect": ["none", "read"]}, "decision": "allow"},
+        {"name": "mail", "match": {"tool": "send"}, "decision": "require_approval", "reason": "a human checks"},
+    ],
+}
+
+
+@tool(side_effect="read")
+def look(x: int) -> int:
+    """Read a number.
+
+    Args:
+        x: Which one.
+    """
+    return x * 2
+
+
+@tool(side_effect="external")
+def send(to: str, body: str) -> str:
+    """Send a message.
+
+    Args:
+        to: Recipient.
+        body: Text.
+    """
+    return "sent"
+
+
+def program(n: int) -> str:
+    return (f"total = 0\nfor i in range({n}):\n    total += look(i)\n"
+            "send('x@evil.test', str(total))\nfinal_answer(total)\n")
+
+
+def live_ms(policy: Policy, code: str, audit_path: str | None) -> float:
+    approver = CallbackApprover(lambda r: ApprovalDecision.approve(r, "bench"))
+    audit = AuditLog(audit_path) if audit_path else None
+    gate = Gate(policy, approver=approver, audit=audit, tools=[look, send])
+    with Interpreter([look, send], gate, sandbox="process", timeout=120, hash_seed=0) as py:
+        ctx = gate.start_run()
+        ctx.next_step()
+        t = time.perf_counter()
+        r = py.run(code, context=ctx)
+        elapsed = (time.perf_counter() - t) * 1000
+    if audit is not None:
+        audit.close()
+    assert r.error is None, r.error
+    return elapsed
+
+
+def durable_round(policy: Policy, code: str, tmp: str, n: int) -> dict[str, float]:
+    store = RunStore.open(f"sqlite:///{tmp}/runs.db")
+    audit = f"{tmp}/audit.jsonl"
+    reply = f"```py\n{code}```"
+    with CodeAgent([look, send], ScriptedModel([reply]), policy, approver=InboxApprover(store), audit=audit,
+                   store=store, sandbox="process", timeout=120) as agent:
+        t = time.perf_counter()
+        first = agent.run("bench")
+        live_journaled = (time.perf_counter() - t) * 1000
+    assert first.status == "suspended", first.error
+    [pending] = store.list_approvals()
+    store.answer_approval(pending.id, ApprovalAnswer("approve", "bench"), binding=pending.binding)
+
+    # The replayed step alone, as `resume` runs it: journal read, fresh worker's run answered from it.
+    t = time.perf_counter()
+    entries = store.journal(first.run_id, 1)
+    load = (time.perf_counter() - t) * 1000
+    assert len(entries) == n
+    bench_audit = AuditLog(f"{tmp}/replay-audit.jsonl")
+    gate = Gate(policy, approver=InboxApprover(store), audit=bench_audit, tools=[look, send])
+    with Interpreter([look, send], gate, sandbox="process", timeout=120, hash_seed=0) as py:
+        ctx = gate.start_run(run_id=first.run_id)
+        ctx.next_step()
+        ctx.journal = StepJournal(store, first.run_id, 1, entries)
+        t = time.perf_counter()
+        r = py.run(code, context=ctx)
+        replay = (time.perf_counter() - t) * 1000
+    bench_audit.close()
+    assert r.error is None and ctx.journal.replayed == n, (r.error, ctx.journal.replayed)
+
+    # The whole resume, end to end, on a copy of the run suspended again at the same point.
+    with CodeAgent([look, send], ScriptedModel([reply]), policy, approver=InboxApprover(store), audit=audit,
+                   store=store, sandbox="process", timeout=120) as agent:
+        second = agent.run("bench")
+    [pending] = store.list_approvals()
+    store.answer_approval(pending.id, ApprovalAnswer("approve", "bench"), binding=pending.binding)
+    with CodeAgent([look, send], ScriptedModel([]), policy, approver=InboxApprover(store), audit=audit,
+                   store=store, sandbox="process", timeout=120) as agent:
+        agent.interpreter  # noqa: B018 - start the worker first: a resume's worker start is the same either way
+        t = time.perf_counter()
+        done = agent.resume(second.run_id)
+        resume = (time.perf_counter() - t) * 1000
+    assert done.status in ("done", "max_steps"), done.error
+    store.close()
+    return {"load": load, "replay": replay, "resume": resume, "live_journaled": live_journaled}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    policy = Policy.from_dict(POLICY)
+    code = program(args.calls)
+    rows: list[dict[str, float]] = []
+    for _ in range(args.rounds):
+        with tempfile.TemporaryDirectory() as tmp:
+            live = live_ms(policy, code, None)
+            audited = live_ms(policy, code, os.path.join(tmp, "live-audit.jsonl"))
+            rows.append({"live": live, "audited": audited, **durable_round(policy, code, tmp, args.calls)})
+
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in rows)
+
+    cost = med("replay") + med("load") - med("live")
+    print(f"calls before the pause: {args.calls}, rounds: {args.rounds}, load average: {os.getloadavg()[0]:.2f}")
+    print(f"live step, no audit, no store:   {med('live'):8.1f} ms   (the program's own cost: compute + "
+          f"{args.calls + 1} gate round trips)")
+    print(f"live step, audit log, no store:  {med('audited'):8.1f} ms   (an fsynced intent per call)")
+    print(f"replayed step (journal answers): {med('replay'):8.1f} ms   + journal read {med('load'):.1f} ms")
+    print(f"replay cost (replay + read - live): {cost:6.1f} ms   target ≤ 50 ms")
+    print(f"agent.resume end to end:         {med('resume'):8.1f} ms")
+    print(f"live run with audit + store:     {med('live_journaled'):8.1f} ms   (agent.run until suspended: "
+          f"{(med('live_journaled') - med('audited')) / args.calls * 1000:.0f} µs a call more than the audit alone)")
+
+
+if __name__ == "__main__":
+    main()
