@@ -36,7 +36,8 @@ class InboxApprover:
     def request(self, request: ApprovalRequest) -> ApprovalDecision:
         filed = self.store.file_approval(PendingApproval(
             id="", run_id=request.run.id, call_id=request.call_id, tool=request.tool, binding=request.binding,
-            policy_sha256=request.policy_sha256, side_effect=request.side_effect, args=dict(request.args),
+            policy_sha256=request.policy_sha256, side_effect=request.side_effect,
+            args=dict(request.redacted_args if request.redacted_args is not None else request.args),
             step=request.run.step, seq=_seq_of(request.call_id), principal=request.run.principal,
             labels=dict(request.run.labels), rules=list(request.rules), reason=request.reason,
             budget=dict(request.budget),
