@@ -401,6 +401,49 @@ class Gate:
             except Exception as exc:  # noqa: BLE001 - an exporter that raises does not change the call
                 log.error("span_end_failed", tool=name, error=repr(exc))
 
+    def refuse(
+        self,
+        tool: str,
+        reason: str,
+        *,
+        context: RunContext | None = None,
+        call_id: str | None = None,
+        parent: Context | None = None,
+        args_sha256: str | None = None,
+        args_bytes: int | None = None,
+    ) -> CallOutcome:
+        """Record and refuse a call whose arguments its caller would not hand over (over a size limit,
+        refused before they were decoded): intent and `denied` outcome without the arguments, with
+        their size and a keyed digest of their sha256. Never raises an `Exception`."""
+        call_id = call_id or new_id("call_")
+        try:
+            ctx = context or self.default_context()
+        except Exception as exc:  # noqa: BLE001 - no run to record it in: refuse, unrecorded
+            log.error("gate_no_run", tool=tool, error=repr(exc))
+            record = CallRecord(call_id, tool, {}, "destructive", None, "denied", 0, reason, "ToolDenied")
+            return CallOutcome(record, None, ToolDenied(reason, tool=tool, call_id=call_id))
+        opened = self._open_span(tool, call_id, ctx, parent)
+        p = _Pending(tool, call_id, ctx, opened.__enter__(), None)
+        try:
+            known = self.tools.get(tool)
+            if known is not None:
+                p.tool = known
+                p.facts = self.policy.facts(tool, known.side_effect, known.cost)
+                p.side_effect = p.facts.side_effect
+            digest = self._redact({"sha256": args_sha256}, ()).digest if args_sha256 else None
+            p.redacted = Redacted({}, digest or "")
+            return self._refuse(p, ToolDenied(reason, tool=tool, call_id=call_id),
+                                extra={"args_bytes": args_bytes})
+        except Exception as exc:  # noqa: BLE001 - the call is refused whatever fails here
+            log.error("gate_internal_error", tool=tool, state=p.state, error=repr(exc), **_fields(p.span))
+            record = CallRecord(call_id, tool, {}, "destructive", None, "denied", 0, reason, "ToolDenied")
+            return CallOutcome(record, None, ToolDenied(reason, tool=tool, call_id=call_id))
+        finally:
+            try:
+                opened.__exit__(None, None, None)
+            except Exception as exc:  # noqa: BLE001 - an exporter that raises does not change the call
+                log.error("span_end_failed", tool=tool, error=repr(exc))
+
     # -- the steps ------------------------------------------------------------------------------
     #
     # Each call walks these states, in order; `p.state` names the last one reached:
@@ -736,8 +779,9 @@ class Gate:
 
     # -- helpers --------------------------------------------------------------------------------
 
-    def _refuse(self, p: _Pending, error: ProctorError, *, audited: bool = True) -> CallOutcome:
-        """Record a call that did not run (its intent and a `denied` outcome), and return the error."""
+    def _refuse(self, p: _Pending, error: ProctorError, *, audited: bool = True,
+                extra: Mapping[str, Any] | None = None) -> CallOutcome:
+        """Record a call that did not run (its intent, with `extra` fields, and a `denied` outcome)."""
         error = self._clean(p, error)
         if p.reservation is not None:
             try:
@@ -748,6 +792,8 @@ class Gate:
         if audited and self.audit is not None:
             fields = self._call_fields(p)
             fields["error"] = str(error)
+            if extra:
+                fields.update(extra)
             self._record("call_intent", fields, durable=False)
             self._record("call_outcome", self._outcome_fields(p, "denied", error, 0), durable=False)
         if isinstance(error, CallRefused):

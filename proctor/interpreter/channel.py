@@ -37,6 +37,7 @@ __all__ = [
     "ProtocolError",
     "SCALAR_TYPES",
     "call_frame",
+    "count_values",
     "decode_value",
     "encode_value",
     "frame",
@@ -47,8 +48,15 @@ __all__ = [
 
 #: Largest frame either side accepts (bytes of JSON).
 MAX_MESSAGE = 16 * 1024 * 1024
-#: Deepest nesting of a value; deeper values are refused rather than recursed into.
+#: Deepest nesting of a value; deeper values are refused rather than recursed into. (The worker
+#: sets these two to its interpreter's limits; the host passes its own limits explicitly.)
 MAX_DEPTH = 100
+#: Most arrays and objects, and most values in all, a frame the worker sends may hold.
+MAX_CONTAINERS = 100_000
+MAX_VALUES = 250_000
+#: Largest call frame the worker sends: the host refuses one whose arguments are over the
+#: tool's limit by their size, reading past its frame limit without keeping the bytes.
+MAX_CALL = 2**32 - 1
 
 _HEADER = struct.Struct(">I")
 
@@ -148,25 +156,27 @@ def _encode(value: Any, depth: int) -> Any:
     )
 
 
-def decode_value(data: Any, _depth: int = 0) -> Any:
-    """Undo `encode_value`; raise `ProtocolError` for an unknown tag or a malformed one."""
+def decode_value(data: Any, _depth: int = 0, _limit: int = 0) -> Any:
+    """Undo `encode_value`; raise `ProtocolError` for an unknown tag, a malformed one, or a value
+    nested deeper than `_limit` levels (default `MAX_DEPTH`)."""
     if isinstance(data, _SCALARS):
         return data
-    if _depth >= MAX_DEPTH:
-        raise ProtocolError(f"value nested more than {MAX_DEPTH} levels deep")
+    limit = _limit or MAX_DEPTH
+    if _depth >= limit:
+        raise ProtocolError(f"value nested more than {limit} levels deep")
     d = _depth + 1
     if isinstance(data, list):
-        return [v if type(v) in SCALAR_TYPES else decode_value(v, d) for v in data]
+        return [v if type(v) in SCALAR_TYPES else decode_value(v, d, limit) for v in data]
     if not isinstance(data, dict):
         raise ProtocolError(f"unexpected JSON value of type {type(data).__name__}")
     if len(data) == 1:
         ((key, inner),) = data.items()
         if key.startswith("$"):
-            return _decode_tag(key, inner, d)
-    return {k: v if type(v) in SCALAR_TYPES else decode_value(v, d) for k, v in data.items()}
+            return _decode_tag(key, inner, d, limit)
+    return {k: v if type(v) in SCALAR_TYPES else decode_value(v, d, limit) for k, v in data.items()}
 
 
-def _decode_tag(tag: str, inner: Any, depth: int) -> Any:
+def _decode_tag(tag: str, inner: Any, depth: int, limit: int) -> Any:
     if tag not in _TAGS:
         raise ProtocolError(f"unknown value tag {tag!r}")
     if tag == "$bytes":
@@ -178,7 +188,7 @@ def _decode_tag(tag: str, inner: Any, depth: int) -> Any:
             raise ProtocolError(f"$bytes is not valid base64: {exc}") from None
     if not isinstance(inner, list):
         raise ProtocolError(f"{tag} must hold a list")
-    items = [decode_value(v, depth) for v in inner]
+    items = [decode_value(v, depth, limit) for v in inner]
     try:
         if tag == "$tuple":
             return tuple(items)
@@ -211,7 +221,7 @@ def call_frame(rid: int, run: int, tool: str, args: dict[str, Any]) -> bytes:
     """`frame({"t": "call", "id": rid, "run": run, "tool": tool, "args": args})`, sooner."""
     try:
         return _framed(f'{{"t":"call","id":{int(rid)},"run":{int(run)},"tool":{_ESCAPE(tool)},'
-                       f'"args":{_json(args)}}}')
+                       f'"args":{_json(args)}}}', MAX_CALL)
     except (ValueError, TypeError, RecursionError) as exc:
         raise EncodeError(f"message cannot be encoded: {str(exc)[:200]}") from None
 
@@ -239,11 +249,36 @@ def _json(value: Any) -> str:
     return _dumps(value)
 
 
-def _framed(text: str) -> bytes:
+def _framed(text: str, limit: int = 0) -> bytes:
     body = text.encode("ascii")
-    if len(body) > MAX_MESSAGE:
-        raise EncodeError(f"message of {len(body)} bytes is larger than the {MAX_MESSAGE}-byte limit")
+    limit = limit or MAX_MESSAGE
+    if len(body) > limit:
+        raise EncodeError(f"message of {len(body)} bytes is larger than the {limit}-byte limit")
     return _HEADER.pack(len(body)) + body
+
+
+_STRINGS: Any = None
+
+
+def count_values(body: bytes, max_containers: int, max_values: int) -> tuple[int, int]:
+    """(containers, values) of the JSON in `body`: arrays and objects, and all values (containers
+    and the items in them) — upper bounds, exact enough to hold against the two limits.
+
+    Counting brackets and commas is a C loop over the bytes; those inside strings only make the
+    counts high, so counts over a limit are redone without the strings (possessive regex: linear).
+    """
+    containers = body.count(b"[") + body.count(b"{")
+    values = containers + body.count(b",") + 1  # every value but the outermost follows a comma or opens a container
+    if containers <= max_containers and values <= max_values:
+        return containers, values
+    global _STRINGS
+    if _STRINGS is None:
+        import re  # rarely needed: the worker does not pay for it at start-up
+
+        _STRINGS = re.compile(rb'"(?:[^"\\]++|\\.)*+"')
+    bare: bytes = _STRINGS.sub(b"", body)
+    containers = bare.count(b"[") + bare.count(b"{")
+    return containers, containers + bare.count(b",") + 1
 
 
 def parse(body: bytes) -> dict[str, Any]:

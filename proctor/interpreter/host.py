@@ -20,7 +20,8 @@ import weakref
 from typing import Any
 
 from proctor.errors import SandboxError
-from proctor.interpreter.channel import MAX_MESSAGE, FrameReader, frame
+from proctor.interpreter.channel import frame
+from proctor.interpreter.limits import ChannelLimits, HostFrameReader
 from proctor.interpreter.sandbox import SandboxSpec, spawn
 
 SPIN_NS = 200_000
@@ -39,7 +40,8 @@ class WorkerDied(Exception):
 class WorkerProcess:
     """One running worker, its channel (a socketpair), its log pipe and its diagnostics pipe."""
 
-    def __init__(self, spec: SandboxSpec, init: dict[str, Any], *, log_cap: int) -> None:
+    def __init__(self, spec: SandboxSpec, init: dict[str, Any], *, log_cap: int,
+                 limits: ChannelLimits | None = None) -> None:
         self.spec = spec
         self.log_cap = log_cap
         self.started = time.perf_counter()
@@ -49,7 +51,7 @@ class WorkerProcess:
         self.logs = bytearray()
         self.logs_cut = False
         self.diag = bytearray()
-        self._reader = FrameReader(MAX_MESSAGE)
+        self._reader = HostFrameReader(limits or ChannelLimits())
         self._dead = False
         self._frozen: list[int] = []
         self._tmp = tempfile.TemporaryDirectory(prefix="proctor-worker-") if spec.isolation != "bwrap" else None
@@ -105,8 +107,9 @@ class WorkerProcess:
             # The usual case is one send of the whole frame; only a partial one is sliced (no copy).
             data = memoryview(data)[sent:] if sent < len(data) else b""
 
-    def read(self, timeout: float) -> list[dict[str, Any]]:
-        """Messages that arrive within `timeout` (maybe none); logs are drained on the way.
+    def read(self, timeout: float) -> list[tuple[int, Any]]:
+        """``(frame size, message)`` for the messages that arrive within `timeout` (maybe none); logs
+        are drained on the way. A message is a JSON object, or an `OversizedCall` refused by its size.
 
         Raises `ProtocolError` for a bad frame and `WorkerDied` when the channel closed.
         """
@@ -122,7 +125,7 @@ class WorkerProcess:
                 events = self._poll.poll(max(0, math.ceil(timeout * 1000)))
         except InterruptedError:
             return []
-        messages: list[dict[str, Any]] = []
+        messages: list[tuple[int, Any]] = []
         channel = False
         for fd, _ in events:
             if fd == self._sock_fd:

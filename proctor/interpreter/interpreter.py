@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any, Literal, Protocol
 
 from proctor.calls import CallRecord, new_id
+from proctor.canonical import canonical_sha256
 from proctor.errors import (
     ApprovalDenied,
     ConfigurationError,
@@ -30,6 +31,7 @@ from proctor.errors import (
 )
 from proctor.interpreter.channel import EncodeError, ProtocolError, encode_value, frame, reply_frame
 from proctor.interpreter.host import WorkerDied, WorkerProcess
+from proctor.interpreter.limits import ChannelLimits, OversizedCall, call_args_bytes, size_text
 from proctor.interpreter.messages import (
     CallRequest,
     Done,
@@ -71,7 +73,9 @@ class Interpreter:
                  authorized_imports: Iterable[str] = (), sandbox: SandboxMode = "auto",
                  memory_limit: int | None = 512 * MiB, max_output: int = 50_000, context: Any = None,
                  cpu_limit: int = 3600, max_processes: int = 64, start_timeout: float = 30.0,
-                 final_answer: Tool | Callable[..., Any] | None = None, hash_seed: int | None = None) -> None:
+                 final_answer: Tool | Callable[..., Any] | None = None, hash_seed: int | None = None,
+                 max_arg_bytes: int = 1 * MiB, max_run_arg_bytes: int = 64 * MiB, max_frame_bytes: int = 4 * MiB,
+                 max_depth: int = 100, max_containers: int = 100_000, max_values: int = 250_000) -> None:
         if sandbox not in ("auto", "bwrap", "process", "none"):
             raise ConfigurationError(f"sandbox must be 'auto', 'bwrap', 'process' or 'none', not {sandbox!r}")
         if timeout <= 0 or max_output <= 0:
@@ -90,6 +94,8 @@ class Interpreter:
         self.sandbox = sandbox
         self.isolation = self._choose_isolation(sandbox)
         self._names = {t.name for t in self.tools} | ({"final_answer"} if self.final_tool else set())
+        self.channel_limits = self._channel_limits(max_arg_bytes, max_run_arg_bytes, max_frame_bytes, max_depth,
+                                                   max_containers, max_values)
         # "*" allows every installed package, so it needs them bound like a named third-party one.
         needs_site = any(n == "*" or n.partition(".")[0] not in STDLIB for n in self.authorized_imports)
         # A fixed PYTHONHASHSEED (durable runs) makes set and str-hash order the same in every worker.
@@ -101,6 +107,10 @@ class Interpreter:
             "max_output": self.max_output, "isolation": self.isolation,
             "sys_path": site_paths() if needs_site else [],
             "limits": self._limits,
+            "channel": {"max_frame_bytes": self.channel_limits.max_frame_bytes,
+                        "max_depth": self.channel_limits.max_depth,
+                        "max_containers": self.channel_limits.max_containers,
+                        "max_values": self.channel_limits.max_values},
         }
         if self.final_tool is not None:
             self._init["final_tool"] = tool_spec(self.final_tool, final=True)
@@ -110,6 +120,8 @@ class Interpreter:
         self._seq = 0
         self._lost = False
         self._key = ""
+        self._arg_run: Any = None  # the run whose argument bytes `_arg_bytes` counts
+        self._arg_bytes = 0
         self._worker: WorkerProcess | None = None
         self._worker = self._start()
         self._ready(self._worker)
@@ -196,6 +208,7 @@ class Interpreter:
         deadline = time.monotonic() + self.timeout
         final: list[Any] = []
         run = self._seq
+        depth = self.channel_limits.max_depth
         # The protocol, from the host's side: after `run` the worker may send calls and one final
         # answer, all stamped with this run, then exactly one `done` carrying the run's key, and
         # nothing after it. An honest worker cannot do otherwise (it stops its threads' calls
@@ -206,17 +219,20 @@ class Interpreter:
             if now >= deadline:
                 return self._timed_out(calls, final)
             batch = worker.read(deadline - now)
-            for i, raw in enumerate(batch):
-                message = parse_worker_message(raw)
-                if isinstance(message, CallRequest):
+            for i, (size, raw) in enumerate(batch):
+                message = raw if type(raw) is OversizedCall else parse_worker_message(raw, depth)
+                if isinstance(message, (CallRequest, OversizedCall)):
                     if message.run != run:
                         raise ProtocolError(f"call stamped with run {message.run} during run {run}")
                     began = time.monotonic()
                     if began >= deadline:  # requests after the deadline never reach the gate
                         return self._timed_out(calls, final)
+                    if isinstance(message, OversizedCall):
+                        self._refuse_oversized(worker, message, ctx, parent, calls)
+                        continue
                     # Waiting on a tool or a human does not count. Refusals do: a program flooding
                     # the host with requests that are refused cannot stop its own clock that way.
-                    deadline += self._serve(worker, message, ctx, parent, calls, bool(final), began)
+                    deadline += self._serve(worker, message, ctx, parent, calls, bool(final), began, size)
                 elif isinstance(message, Final):
                     if message.run != run:
                         raise ProtocolError(f"final answer stamped with run {message.run} during run {run}")
@@ -239,7 +255,7 @@ class Interpreter:
                     raise ProtocolError("unexpected ready message during a run")
 
     def _serve(self, worker: WorkerProcess, req: CallRequest, ctx: Any, parent: Any,
-               calls: list[CallRecord], after_final: bool, began: float) -> float:
+               calls: list[CallRecord], after_final: bool, began: float, size: int) -> float:
         """Answer one request; return the seconds the program spent waiting for a tool or an
         approval (from `began` until the answer left), which do not count against its timeout."""
         if req.id in worker.seen_ids:
@@ -250,6 +266,19 @@ class Interpreter:
             refusal = "final_answer() was already called: the program may not call tools any more"
         elif req.tool not in self._names:
             refusal = f"unknown tool {req.tool!r} (this program can call: {', '.join(sorted(self._names))})"
+        else:
+            if ctx is not self._arg_run:
+                self._arg_run, self._arg_bytes = ctx, 0
+            nbytes = call_args_bytes(size, req.id, req.run, req.tool)
+            limit = self.channel_limits.max_run_arg_bytes
+            if self._arg_bytes + nbytes > limit:
+                reason = (f"{req.tool}: refused: this run's calls have sent {size_text(self._arg_bytes)} of "
+                          f"arguments, and this call's {size_text(nbytes)} would pass the run's limit of "
+                          f"{size_text(limit)} (max_run_arg_bytes)")
+                self._refuse_unread(worker, req.id, req.tool, reason, ctx, parent, calls,
+                                    _sha256_of(req.args), nbytes)
+                return 0.0
+            self._arg_bytes += nbytes
         if refusal is not None:
             record = refused_record(new_id("call_"), req.tool, refusal)
             calls.append(record)
@@ -294,6 +323,39 @@ class Interpreter:
             self._answer(worker, req, call_id, outcome.value, outcome.error)
             answered_at = time.monotonic()
         return answered_at - began if waited else 0.0
+
+    def _refuse_oversized(self, worker: WorkerProcess, call: OversizedCall, ctx: Any, parent: Any,
+                          calls: list[CallRecord]) -> None:
+        """A call refused by its size, before its arguments were decoded: audited with their digest."""
+        if call.id in worker.seen_ids:
+            raise ProtocolError(f"request id {call.id} used twice")
+        worker.seen_ids.add(call.id)
+        if call.what == "arguments":
+            reason = (f"{call.tool}: refused: its arguments are {size_text(call.size)}, over the limit of "
+                      f"{size_text(call.limit)} per call ({call.setting}); pass a smaller value, or a "
+                      "reference to the data")
+        else:
+            reason = (f"{call.tool}: refused: its arguments hold {call.size:,} {call.what}, over the limit of "
+                      f"{call.limit:,} ({call.setting})")
+        self._refuse_unread(worker, call.id, call.tool, reason, ctx, parent, calls, call.sha256, call.size)
+
+    def _refuse_unread(self, worker: WorkerProcess, rid: int, tool: str, reason: str, ctx: Any, parent: Any,
+                       calls: list[CallRecord], sha256: str | None, nbytes: int) -> None:
+        call_id = new_id("call_")
+        refuse = getattr(self.gate, "refuse", None)
+        record = None
+        if refuse is not None:
+            try:
+                outcome = refuse(tool, reason, context=ctx, call_id=call_id, parent=parent, args_sha256=sha256,
+                                 args_bytes=nbytes)
+                record = outcome.record
+            except Exception as exc:  # noqa: BLE001 - refused either way; the record says the gate failed
+                log.error("gate_refuse_raised", tool=tool, error=repr(exc))
+        if record is None:
+            record = refused_record(call_id, tool, reason)
+        calls.append(record)
+        log.warning("call_refused_by_size", tool=tool, reason=reason)
+        self._reply(worker, rid, error=ToolDenied(reason, tool=tool, call_id=call_id))
 
     def _answer(self, worker: WorkerProcess, req: CallRequest, call_id: str, value: Any,
                 error: ProctorError | None) -> None:
@@ -389,7 +451,27 @@ class Interpreter:
         return "process"
 
     def _start(self) -> WorkerProcess:
-        return WorkerProcess(self._spec, self._init, log_cap=self.max_output * 4 + 1024)
+        return WorkerProcess(self._spec, self._init, log_cap=self.max_output * 4 + 1024, limits=self.channel_limits)
+
+    def _channel_limits(self, max_arg_bytes: int, max_run_arg_bytes: int, max_frame_bytes: int, max_depth: int,
+                        max_containers: int, max_values: int) -> ChannelLimits:
+        """The host's bounds for this interpreter's workers; the policy's `tools:` may set a tool's own
+        argument limit, and the frame limit grows to fit the largest argument limit."""
+        per_tool: dict[str, int] = {}
+        facts = getattr(getattr(self.gate, "policy", None), "facts", None)
+        for t in self.tools:
+            try:
+                limit = getattr(facts(t.name, t.side_effect, t.cost), "max_arg_bytes", None) if facts else None
+            except Exception:  # noqa: BLE001 - no facts: the interpreter's limit applies
+                limit = None
+            if type(limit) is int and limit > 0:
+                per_tool[t.name] = limit
+        try:
+            largest = max([max_arg_bytes, *per_tool.values()])
+            return ChannelLimits(max(max_frame_bytes, largest + 4096), max_depth, max_containers, max_values,
+                                 max_arg_bytes, max_run_arg_bytes, per_tool)
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(f"Interpreter limits: {exc}") from None
 
     def _ready(self, worker: WorkerProcess) -> WorkerProcess:
         if worker.ready_at is not None:
@@ -400,7 +482,9 @@ class Interpreter:
                 left = end - time.monotonic()
                 if left <= 0:
                     raise SandboxError(f"the worker did not start within {self.start_timeout:g}s")
-                for raw in worker.read(left):
+                for _, raw in worker.read(left):
+                    if type(raw) is OversizedCall:
+                        raise ProtocolError("a call before the worker was ready")
                     message = parse_worker_message(raw)
                     if not isinstance(message, Ready):
                         raise ProtocolError(f"expected ready, got {type(message).__name__}")
@@ -476,3 +560,11 @@ class _Interrupted(Exception):
 
 def _replace(result: ExecutionResult, **changes: Any) -> ExecutionResult:
     return replace(result, **changes)
+
+
+def _sha256_of(args: Any) -> str | None:
+    """sha256 of the canonical JSON of decoded arguments (None if they have no canonical form)."""
+    try:
+        return canonical_sha256(args)
+    except Exception:  # noqa: BLE001 - the refusal stands without a digest
+        return None

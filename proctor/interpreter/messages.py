@@ -65,8 +65,11 @@ def _int(message: Mapping[str, Any], key: str) -> int:
 
 
 
-def parse_worker_message(message: Mapping[str, Any]) -> Ready | CallRequest | Final | Done:
-    """The typed form of one worker message, or `ProtocolError` saying what is wrong with it."""
+def parse_worker_message(message: Mapping[str, Any], max_depth: int = 0) -> Ready | CallRequest | Final | Done:
+    """The typed form of one worker message, or `ProtocolError` saying what is wrong with it.
+
+    Values nested deeper than `max_depth` (default `channel.MAX_DEPTH`) are refused as they are decoded.
+    """
     kind = message.get("t")
     if kind == "call" and len(message) == 5:
         # The hot path, a well-formed call whose args are a plain JSON object (keys are strings
@@ -82,7 +85,7 @@ def parse_worker_message(message: Mapping[str, Any]) -> Ready | CallRequest | Fi
                     and not (len(args) == 1 and next(iter(args)).startswith("$"))):
                 for value in args.values():
                     if type(value) not in SCALAR_TYPES:  # only scalars: the parsed dict is the value
-                        args = decode_value(args)
+                        args = decode_value(args, 0, max_depth)
                         break
                 return CallRequest(rid, run, tool, args)
     if not isinstance(kind, str) or kind not in _FIELDS:
@@ -94,13 +97,13 @@ def parse_worker_message(message: Mapping[str, Any]) -> Ready | CallRequest | Fi
         return Ready(_int(message, "pid"))
     run = _int(message, "run")
     if kind == "call":
-        tool, args = message["tool"], decode_value(message["args"])
+        tool, args = message["tool"], decode_value(message["args"], 0, max_depth)
         if not isinstance(tool, str) or not tool.isidentifier() or len(tool) > 200:
             raise ProtocolError("call message with a tool name that is not an identifier")
         if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
             raise ProtocolError("call message whose args are not a mapping of names")
         return CallRequest(_int(message, "id"), run, tool, args)
-    value = decode_value(message["value"])
+    value = decode_value(message["value"], 0, max_depth)
     if kind == "final":
         return Final(run, value)
     error, final, cut = message["error"], message["final"], message["cut"]

@@ -16,8 +16,9 @@ import os
 import sys
 
 from proctor import errors as proctor_errors
+from proctor.interpreter import channel as _channel
 from proctor.interpreter import guard, program
-from proctor.interpreter.channel import SCALAR_TYPES, EncodeError, call_frame, decode_value, encode_value, frame
+from proctor.interpreter.channel import SCALAR_TYPES, EncodeError, call_frame, decode_value, encode_value
 from proctor.interpreter.worker_io import Channel, Output
 
 # typing is not imported at run time: every import here is worker start-up time.
@@ -147,10 +148,10 @@ class Worker:
                 self.output.flush()
                 message = {"t": "final", "run": self.run_id, "value": _encode_result(answer)}
                 try:
-                    data = frame(message)
+                    data = self.channel.build(message)
                 except EncodeError as exc:
                     message["value"] = f"<value not sendable: {exc}>"
-                    data = frame(message)
+                    data = self.channel.build(message)
                 self.channel.send_in_run(data)
             raise FinalAnswer()
 
@@ -311,6 +312,11 @@ def main(fd: int) -> None:
     if init.get("sys_path"):
         sys.path.extend(str(p) for p in init["sys_path"])
     _apply_limits({str(k): int(v) for k, v in init.get("limits", {}).items()})
+    bounds = init.get("channel") or {}  # what the host accepts: send nothing over it
+    _channel.MAX_MESSAGE = int(bounds.get("max_frame_bytes", _channel.MAX_MESSAGE))
+    _channel.MAX_DEPTH = int(bounds.get("max_depth", _channel.MAX_DEPTH))
+    _channel.MAX_CONTAINERS = int(bounds.get("max_containers", _channel.MAX_CONTAINERS))
+    _channel.MAX_VALUES = int(bounds.get("max_values", _channel.MAX_VALUES))
     worker = Worker(channel, init)
     channel.send({"t": "ready", "pid": os.getpid()})
     worker.loop()

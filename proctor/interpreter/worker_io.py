@@ -9,7 +9,8 @@ import _thread
 import itertools
 import os
 
-from proctor.interpreter.channel import BlockingReader, frame, write_all
+from proctor.interpreter import channel as _channel
+from proctor.interpreter.channel import BlockingReader, EncodeError, count_values, frame, write_all
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -33,7 +34,19 @@ class Channel:
         self._reader = BlockingReader(fd)
 
     def send(self, message: dict[str, Any]) -> None:
-        self.send_bytes(frame(message))
+        self.send_bytes(self.build(message))
+
+    @staticmethod
+    def build(message: dict[str, Any]) -> bytes:
+        """The frame of `message`, within the host's limits (`EncodeError` otherwise: the host
+        would take a frame over them for a hostile worker's, and stop this one)."""
+        data = frame(message)
+        containers, values = _channel.MAX_CONTAINERS, _channel.MAX_VALUES
+        if len(data) > min(containers, (values - 1) // 2):
+            n, v = count_values(data, containers, values)
+            if n > containers or v > values:
+                raise EncodeError(f"message holds more than {containers:,} lists and dicts or {values:,} values")
+        return data
 
     def send_bytes(self, data: bytes) -> None:
         """Send a built frame whole (frames from threads never interleave)."""

@@ -54,6 +54,7 @@ class ToolFacts:
     cost_expression: Condition | None = None
     #: Fields approvers see redacted too (they see the rest of the arguments in clear).
     hide_from_approvers: tuple[str, ...] = ()
+    max_arg_bytes: int | None = None  # None: the interpreter's own limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +215,7 @@ class Policy:
             labels=spec.labels,
             cost_expression=expression,
             hide_from_approvers=spec.hide_from_approvers,
+            max_arg_bytes=spec.max_arg_bytes,
         )
 
     def _durability(self, side_effect: SideEffect, declared: Literal["fsync", "flush"] | None) -> Literal[

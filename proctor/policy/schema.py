@@ -139,6 +139,28 @@ OutcomeField = Annotated[
 ]
 DefaultField = Annotated[Outcome, BeforeValidator(_choice("default", OUTCOMES)), WithJsonSchema(_enum_schema(OUTCOMES))]
 Name = Annotated[str, Field(min_length=1, pattern=r"\S")]
+BYTE_SIZE_PATTERN = r"^[0-9]+ ?(B|KB|MB|GB|KiB|MiB|GiB)?$"
+_BYTE_UNITS = {"": 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+
+
+def parse_byte_size(value: object) -> int:
+    """``1048576``, ``"512KiB"``, ``"1 MiB"``, ``"4MB"`` -> bytes (a positive integer)."""
+    if type(value) is int and value > 0:
+        return value
+    m = re.fullmatch(r"([0-9]+) ?(B|KB|MB|GB|KiB|MiB|GiB)?", value.strip()) if isinstance(value, str) else None
+    if m is None or int(m.group(1)) <= 0:
+        raise PydanticCustomError(
+            "byte_size", "bad size {value} (write a positive number of bytes, or with a unit: 512KiB, 1MiB, 4MB)",
+            {"value": repr(value)})
+    return int(m.group(1)) * _BYTE_UNITS[m.group(2) or ""]
+
+
+ByteSize = Annotated[
+    int,
+    BeforeValidator(parse_byte_size),
+    WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 1},
+                              {"type": "string", "pattern": BYTE_SIZE_PATTERN, "examples": ["512KiB", "1MiB"]}]}),
+]
 Count = Annotated[int, Field(ge=0)]
 Amount = Annotated[float, Field(ge=0)]
 
@@ -210,6 +232,8 @@ class ToolSpec(_Strict):
     durability: DurabilityField | None = None
     #: Safe to run again when a crash lost its outcome (a durable run resumes it instead of failing it).
     idempotent: bool = False
+    #: Largest arguments one call may send, in bytes of JSON (the Interpreter checks it before decoding).
+    max_arg_bytes: ByteSize | None = None
 
     @field_validator("redact", "labels", "hide_from_approvers", mode="before")
     @classmethod

@@ -154,5 +154,11 @@ def test_call_and_reply_frames_refuse_what_frame_refuses() -> None:
     for make in (lambda v: reply_frame(1, v), lambda v: call_frame(1, 1, "t", {"v": v})):
         with pytest.raises(EncodeError):
             make(10**5000)
-        with pytest.raises(EncodeError):
-            make("x" * (MAX_MESSAGE + 1))
+    with pytest.raises(EncodeError):
+        reply_frame(1, "x" * (MAX_MESSAGE + 1))
+
+
+def test_an_oversized_call_still_leaves_the_worker() -> None:
+    """A call over the frame limit is framed: the host refuses it by its size, and audits the refusal."""
+    data = call_frame(1, 1, "t", {"v": "x" * (MAX_MESSAGE + 1)})
+    assert len(data) > MAX_MESSAGE

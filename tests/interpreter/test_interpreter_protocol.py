@@ -29,7 +29,11 @@ def msg(m):
 
 BROKEN = {
     "bad_json": "raw(struct.pack('>I', 5) + b'{{{{{')",
-    "oversized": "raw(struct.pack('>I', 2**31))",
+    "oversized": "raw(struct.pack('>I', 2**31) + b'{\"t\":\"done\",' + b' ' * 400)",
+    "oversized_call_not_closed": ("b = b'{\"t\":\"call\",\"id\":7,\"run\":RUN,\"tool\":\"lookup\",\"args\":' "
+                                  "+ b'[' + b'1,' * 3000000 + b'1]x'\nraw(struct.pack('>I', len(b)) + b)"),
+    "too_many_containers": ("b = json.dumps({'t': 'final', 'run': RUN, 'value': [[]] * 200000}).encode()\n"
+                            "raw(struct.pack('>I', len(b)) + b)"),
     "not_an_object": "raw(struct.pack('>I', 5) + b'[1,2]')",
     "unknown_type": "msg({'t': 'hello'})",
     "reply_from_worker": "msg({'t': 'reply', 'id': 1, 'ok': True, 'value': 1})",
