@@ -15,6 +15,8 @@ import os
 import sys
 from typing import Any
 
+from proctor.termsafe import terminal_safe
+
 __all__ = ["default_audit_path", "main", "register"]
 
 
@@ -103,14 +105,14 @@ def main(args: argparse.Namespace) -> int:
 
         approver = approver_from_spec(args.approver)
     except (ToolLoadError, ValueError) as exc:
-        print(f"proctor run: {exc}", file=sys.stderr)
+        print(terminal_safe(f"proctor run: {exc}"), file=sys.stderr)
         return 2
     try:
         from proctor.policy import Policy
 
         policy = Policy.from_yaml(args.policy)
     except PolicyError as exc:
-        print(str(exc), file=sys.stderr)
+        print(terminal_safe(str(exc), keep_newlines=True), file=sys.stderr)
         return 1
     if args.no_audit and args.audit:
         print("proctor run: --audit and --no-audit contradict each other; give one", file=sys.stderr)
@@ -126,7 +128,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             return _run(args, tools, policy, approver)
         except AuditError as exc:
-            print(f"proctor run: {exc}", file=sys.stderr)
+            print(terminal_safe(f"proctor run: {exc}"), file=sys.stderr)
             return 1
 
 
@@ -161,5 +163,5 @@ def _run(args: argparse.Namespace, tools: list[Any], policy: Any, approver: Any)
         console.print()
         console.print(summary_table(result, limits=limits))
     if result.status == "error" and not args.json:
-        print(f"proctor run: {result.error}", file=sys.stderr)
+        print(terminal_safe(f"proctor run: {result.error}", keep_newlines=True), file=sys.stderr)
     return 0 if result.status == "done" else 1

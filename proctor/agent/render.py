@@ -1,7 +1,9 @@
 """Showing a run on the terminal: each step's program, a table of its calls, and a closing summary.
 
 Used by ``proctor demo`` and ``proctor run``. Works the same without a terminal
-(plain text, no colours), so its output can be logged or piped.
+(plain text, no colours), so its output can be logged or piped. Everything a model,
+a program or a tool wrote goes through `proctor.termsafe.terminal_safe` (as `_t`):
+an ESC sequence in a tool result cannot erase the calls table above it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from rich.text import Text
 from proctor.agent.observations import format_args, truncate
 from proctor.agent.result import RunResult, StepRecord
 from proctor.calls import CallRecord
+from proctor.termsafe import terminal_safe as _t
 
 __all__ = [
     "DECISION_STYLE",
@@ -47,16 +50,16 @@ def _decision_label(call: CallRecord) -> Text:
         return Text("refused", style="red")
     text = Text(call.decision.outcome, style=DECISION_STYLE.get(call.decision.outcome, ""))
     if call.decision.rules:
-        text.append(f" {', '.join(call.decision.rules)}", style="dim")
+        text.append(f" {_t(', '.join(call.decision.rules))}", style="dim")
     return text
 
 
 def _status_label(call: CallRecord) -> Text:
     text = Text(call.status, style=STATUS_STYLE.get(call.status, ""))
     if call.status != "ok" and call.error_type:
-        text.append(f": {call.error_type}", style=STATUS_STYLE.get(call.status, ""))
+        text.append(f": {_t(call.error_type)}", style=STATUS_STYLE.get(call.status, ""))
     if call.approval:
-        text.append(f" ({call.approval})", style="dim")
+        text.append(f" ({_t(call.approval)})", style="dim")
     return text
 
 
@@ -69,7 +72,7 @@ def calls_table(calls: Sequence[CallRecord], *, title: str | None = None) -> Tab
     table.add_column("decision · rule", overflow="fold", ratio=3)
     table.add_column("result", overflow="fold", ratio=3)
     for i, call in enumerate(calls, 1):
-        table.add_row(str(i), Text(f"{call.tool}({format_args(call.args, 64)})"), call.side_effect,
+        table.add_row(str(i), Text(_t(f"{call.tool}({format_args(call.args, 64)})")), Text(_t(call.side_effect)),
                       _decision_label(call), _status_label(call))
     return table
 
@@ -87,15 +90,17 @@ class StepPrinter:
         self.console.rule(f"[bold]step {step.number}", align="left")
         thought = _thought(step.model_output)
         if thought:
-            self.console.print(Text(thought, style="italic cyan"))
+            self.console.print(Text(_t(thought, keep_newlines=True), style="italic cyan"))
         if step.code:
-            self.console.print(Syntax(step.code, "python", theme="ansi_dark", background_color="default",
+            code = _t(step.code, keep_newlines=True, keep_tabs=True)
+            self.console.print(Syntax(code, "python", theme="ansi_dark", background_color="default",
                                       word_wrap=True))
 
     def done(self, step: StepRecord) -> None:
         """After the step: the calls it made, what it printed, its error."""
         if step.kind == "planning":
-            self.console.print(Panel(Text(step.model_output.strip()), title=f"plan (before step {step.number})",
+            plan = Text(_t(step.model_output.strip(), keep_newlines=True))
+            self.console.print(Panel(plan, title=f"plan (before step {step.number})",
                                      border_style="dim"))
             return
         if step.tool_calls:
@@ -104,9 +109,9 @@ class StepPrinter:
         if self.show_output and step.observation:
             logs = step.observation.split("\n\nTool calls", 1)[0] if step.code else ""
             if logs.startswith("Execution logs:\n"):
-                parts.append(Text(truncate(logs[len("Execution logs:\n"):], 1500)))
+                parts.append(Text(_t(truncate(logs[len("Execution logs:\n"):], 1500), keep_newlines=True)))
         if step.error:
-            parts.append(Text(truncate(step.error, 600), style="bold red"))
+            parts.append(Text(_t(truncate(step.error, 600), keep_newlines=True), style="bold red"))
         if parts:
             self.console.print(Panel(Group(*parts), title="output", title_align="left", border_style="dim",
                                      expand=False))
@@ -166,11 +171,11 @@ def summary_table(result: RunResult, *, limits: Mapping[str, Mapping[str, Any]] 
 
     def row(key: str, value: str | Text) -> None:
         # Values are plain text: an answer or a path holding "[...]" must not be read as rich markup.
-        table.add_row(key, value if isinstance(value, Text) else Text(value))
+        table.add_row(key, value if isinstance(value, Text) else Text(_t(value, keep_newlines=True)))
 
     status_style = "green" if result.status == "done" else "yellow"
     row("status", Text(result.status, style=status_style)
-        + Text(f"  {result.error}" if result.error else "", style="dim"))
+        + Text(f"  {_t(result.error)}" if result.error else "", style="dim"))
     if result.answer is not None:
         row("answer", str(result.answer))
     steps = [s for s in result.steps if s.kind == "action"]

@@ -184,7 +184,7 @@ class ConsoleApprover:
         )
 
     def _say(self, message: str, style: str = "") -> None:
-        self.console.print(Text(message, style=style))
+        self.console.print(Text(safe_text(message), style=style))
 
     def _prompt(self, lines: _TtyLines, deadline: float, prompt: str) -> str:
         self.console.print(Text(prompt), end="", soft_wrap=True)

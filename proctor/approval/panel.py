@@ -1,16 +1,18 @@
 """The rich panel the console approver shows for one request.
 
 Everything shown comes from the request, which may carry text the model wrote.
-It is never parsed as rich markup, and control and format characters (ANSI
-escapes, bidi overrides, ...) are shown as escapes, so an argument cannot repaint
-the prompt or hide part of itself from the human deciding.
+It is never parsed as rich markup; control, format and invisible characters (ANSI
+escapes, bidi overrides, U+3164, U+034F, ...) are shown as escapes in reverse red,
+and characters that can pass for others (a Cyrillic ``\\u0435`` in ``bob@\\u0435xample.com``, a
+fullwidth letter, a no-break space) are highlighted with their code point, with a
+warning row naming each (`proctor.termsafe`), so an argument cannot repaint the
+prompt, hide part of itself or pass for another value.
 """
 
 from __future__ import annotations
 
 import json
 import time
-import unicodedata
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -21,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from proctor.approval.base import ApprovalRequest
+from proctor.termsafe import look_alikes, marked_text, terminal_safe
 
 __all__ = ["KEYS_HELP", "format_duration", "render_request", "safe_text"]
 
@@ -33,21 +36,11 @@ _SIDE_EFFECT_STYLE = {
     "external": "bold magenta",
     "destructive": "bold red",
 }
-_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cs", "Zl", "Zp"})
 
 
 def safe_text(value: str, *, keep_newlines: bool = False) -> str:
-    """`value` with every control/format character replaced by a visible escape."""
-    out: list[str] = []
-    for ch in value:
-        if keep_newlines and ch == "\n":
-            out.append(ch)
-        elif unicodedata.category(ch) in _UNSAFE_CATEGORIES:
-            code = ord(ch)
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
-        else:
-            out.append(ch)
-    return "".join(out)
+    """`value` escaped for the terminal: `proctor.termsafe.terminal_safe` (kept under this name)."""
+    return terminal_safe(value, keep_newlines=keep_newlines)
 
 
 def _json(value: Any, *, indent: int | None = None) -> str:
@@ -82,6 +75,19 @@ def _expiry_text(expires_at_ns: int, now_ns: int, limit: float | None) -> Text:
     return Text(text)
 
 
+def _look_alike_warning(*texts: str) -> Text | None:
+    """One line per distinct invisible or confusable character in what the panel shows."""
+    seen: dict[str, str] = {}
+    for text in texts:
+        for mark in look_alikes(text):
+            seen.setdefault(mark.char, f"{mark.kind}: {mark.label}")
+    if not seen:
+        return None
+    lines = [f"{line} ({terminal_safe(ch) if ch.isprintable() else 'shown as an escape'})"
+             for ch, line in seen.items()]
+    return Text("\n".join(lines), style="bold yellow")
+
+
 def render_request(request: ApprovalRequest, *, wait_limit: float | None = None, now_ns: int | None = None) -> Panel:
     """The panel for `request`; `wait_limit` is the console's own timeout when shorter than the expiry."""
     now = time.time_ns() if now_ns is None else now_ns
@@ -89,10 +95,14 @@ def render_request(request: ApprovalRequest, *, wait_limit: float | None = None,
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(overflow="fold")
     side_effect = str(request.side_effect)
-    grid.add_row("tool", Text(safe_text(request.tool), style="bold cyan"))
+    grid.add_row("tool", marked_text(request.tool, style="bold cyan"))
     grid.add_row("side effect", Text(safe_text(side_effect), style=_SIDE_EFFECT_STYLE.get(side_effect, "bold red")))
-    args = safe_text(_json(dict(request.args), indent=2), keep_newlines=True) if request.args else "{}"
-    grid.add_row("arguments", Text(args))
+    args = _json(dict(request.args), indent=2) if request.args else "{}"
+    grid.add_row("arguments", marked_text(args, keep_newlines=True))
+    warning = _look_alike_warning(request.tool, args, request.run.principal or "",
+                                  *(f"{k}={v}" for k, v in request.run.labels.items()))
+    if warning is not None:
+        grid.add_row("⚠ look-alikes", warning)
     grid.add_row("rules", Text(safe_text(", ".join(request.rules)) if request.rules else "(none)"))
     grid.add_row("reason", Text(safe_text(request.reason) if request.reason else "(none given)"))
     grid.add_row("budget left", _budget_text(request.budget))

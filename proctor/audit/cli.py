@@ -10,6 +10,8 @@ import argparse
 import sys
 from typing import Any
 
+from proctor.termsafe import terminal_safe
+
 __all__ = ["register"]
 
 _LARGE = 8 << 20  # logs bigger than this get a progress bar (when stderr is a terminal)
@@ -71,7 +73,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def _err(message: str) -> None:
-    print(f"proctor audit: {message}", file=sys.stderr)
+    print(terminal_safe(f"proctor audit: {message}"), file=sys.stderr)
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -112,13 +114,13 @@ def _verify(args: argparse.Namespace) -> int:
     f = report.failure
     if f is None:
         signed = f", {report.signed_checkpoints} signed" if report.signed_checkpoints else ""
-        print(f"{args.log}: intact: {report.records} records, {report.checkpoints} checkpoint(s){signed}, "
-              f"root {report.root[:16]}…")
+        print(terminal_safe(f"{args.log}: intact: {report.records} records, {report.checkpoints} checkpoint(s)"
+                            f"{signed}, root {report.root[:16]}…"))
     else:
         where = f"seq {f.seq}" + (f", line {f.line}, byte offset {f.offset}" if f.line is not None else "")
-        print(f"{args.log}: TAMPERED or corrupt: {f.code} at {where}: {f.message}")
+        print(terminal_safe(f"{args.log}: TAMPERED or corrupt: {f.code} at {where}: {f.message}"))
     for warning in report.warnings:
-        print(f"warning: {warning}")
+        print(terminal_safe(f"warning: {warning}"))
     return 0 if report.ok else 1
 
 
@@ -177,6 +179,7 @@ def _time(rec: dict[str, Any]) -> str:
 def _show(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     try:
         records, bad = _read_records(args.log)
@@ -194,12 +197,13 @@ def _show(args: argparse.Namespace) -> int:
     ]
     if args.limit is not None:
         picked = picked[len(picked) - args.limit:] if args.limit else []
-    table = Table(title=f"{args.log}: {len(picked)} of {len(records)} records")
+    table = Table(title=Text(terminal_safe(f"{args.log}: {len(picked)} of {len(records)} records")))
     for name in ("seq", "time", "kind", "run", "tool", "decision/status", "rules"):
         table.add_column(name, justify="right" if name == "seq" else "left", no_wrap=name in ("seq", "time"))
     for r in picked:
-        table.add_row(str(r.get("seq", "?")), _time(r), str(r.get("kind", "?")), str(r.get("run_id") or ""),
-                      str(r.get("tool") or ""), _decision(r), _rules(r))
+        cells = (str(r.get("seq", "?")), _time(r), str(r.get("kind", "?")), str(r.get("run_id") or ""),
+                 str(r.get("tool") or ""), _decision(r), _rules(r))
+        table.add_row(*(Text(terminal_safe(c)) for c in cells))  # record text is data, never markup
     Console().print(table)
     if bad:
         _err(f"{bad} unreadable line(s) skipped; run `proctor audit verify {args.log}`")
@@ -232,14 +236,14 @@ def _tail(args: argparse.Namespace) -> int:
                   f"run `proctor audit verify`)", flush=True)
             return
         if args.json:
-            print(raw.decode("utf-8", "replace"), flush=True)
+            print(terminal_safe(raw.decode("utf-8", "replace")), flush=True)
             return
         try:
             rec = json.loads(raw)
         except (ValueError, RecursionError):
             print(f"(unreadable line: {raw[:60]!r}…)", flush=True)
             return
-        print(_line(rec) if isinstance(rec, dict) else repr(rec), flush=True)
+        print(terminal_safe(_line(rec) if isinstance(rec, dict) else repr(rec)), flush=True)
 
     try:
         follow(args.log, emit, last=max(args.lines, 0), keep_following=args.follow)

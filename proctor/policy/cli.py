@@ -12,6 +12,8 @@ import json
 import sys
 from typing import Any
 
+from proctor.termsafe import terminal_safe
+
 __all__ = ["register"]
 
 
@@ -53,6 +55,13 @@ def register(subparsers: Any) -> None:
     schema.set_defaults(func=_schema)
 
 
+def _esc(text: object) -> str:
+    """Untrusted text for a rich table or markup line: terminal escapes made visible, markup escaped."""
+    from rich.markup import escape
+
+    return escape(terminal_safe(text))
+
+
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help(sys.stderr)
     return 2
@@ -67,7 +76,7 @@ def _load(path: str) -> Any:
         return Policy.from_yaml(path)
     except PolicyError as exc:
         for issue in exc.issues:
-            print(issue)
+            print(terminal_safe(issue))
         return None
 
 
@@ -85,7 +94,7 @@ def _load_tools(command: str, specs: list[str]) -> dict[str, Any] | None:
     try:
         return {t.name: t for t in load_tools(specs)}
     except (ProctorError, ValueError) as exc:
-        print(f"proctor policy {command}: {exc}", file=sys.stderr)
+        print(terminal_safe(f"proctor policy {command}: {exc}"), file=sys.stderr)
         return None
 
 
@@ -103,14 +112,15 @@ def _check(args: argparse.Namespace) -> int:
         findings = lint(policy, args.policy, tools or None)
     except PolicyError as exc:  # the file changed under us
         for issue in exc.issues:
-            print(issue)
+            print(terminal_safe(issue))
         return 1
     errors = [f for f in findings if f.severity == "error"]
     for finding in findings:
-        print(finding)
+        print(terminal_safe(finding))
     if errors:
         return 1
-    print(f"{args.policy}: ok ({len(policy.rules)} rules, {len(policy.budgets)} budgets, sha256 {policy.sha256})")
+    summary = f"{args.policy}: ok ({len(policy.rules)} rules, {len(policy.budgets)} budgets, sha256 {policy.sha256})"
+    print(terminal_safe(summary))
     return 0
 
 
@@ -151,12 +161,12 @@ def _explain(args: argparse.Namespace) -> int:
             }
         )
     except _UsageError as exc:
-        print(f"proctor policy explain: {exc}", file=sys.stderr)
+        print(terminal_safe(f"proctor policy explain: {exc}"), file=sys.stderr)
         return 2
     except ValidationError as exc:
         for err in exc.errors(include_url=False):
             where = ".".join(str(p) for p in err["loc"])
-            print(f"proctor policy explain: {where}: {err['msg']}", file=sys.stderr)
+            print(terminal_safe(f"proctor policy explain: {where}: {err['msg']}"), file=sys.stderr)
         return 2
     tools = _load_tools("explain", args.tools)
     if tools is None:
@@ -167,27 +177,27 @@ def _explain(args: argparse.Namespace) -> int:
     try:
         result = explain(policy, case.call(), tools=tools or None, usage=case.usage)
     except SimulationError as exc:
-        print(f"proctor policy explain: {exc}", file=sys.stderr)
+        print(terminal_safe(f"proctor policy explain: {exc}"), file=sys.stderr)
         return 2
     decision = result.decision
     if args.json:
         print(json.dumps(decision.as_dict()))  # exactly the Decision (DESIGN §4); a budget refusal names it in reason
         return 0
-    print(f"outcome:  {decision.outcome}")
-    print(f"rules:    {', '.join(decision.rules) or '(none)'}")
-    print(f"reason:   {decision.reason}")
+    print(terminal_safe(f"outcome:  {decision.outcome}"))
+    print(terminal_safe(f"rules:    {', '.join(decision.rules) or '(none)'}"))
+    print(terminal_safe(f"reason:   {decision.reason}"))
     if result.budget:
-        print(f"budget:   {result.budget} (refused before any human is asked)")
-    print(f"tool:     {args.tool} (side_effect {result.side_effect})")
-    print(f"policy:   {args.policy} sha256 {decision.policy_sha256}")
+        print(terminal_safe(f"budget:   {result.budget} (refused before any human is asked)"))
+    print(terminal_safe(f"tool:     {args.tool} (side_effect {result.side_effect})"))
+    print(terminal_safe(f"policy:   {args.policy} sha256 {decision.policy_sha256}"))
     if result.args is not None:
-        print(f"args:     {json.dumps(result.args, default=str)} (validated, schema defaults applied)")
+        print(terminal_safe(f"args:     {json.dumps(result.args, default=str)} (validated, schema defaults applied)"))
     else:
         print(_NO_DEFAULTS)
     print("considered:")
     for trace in result.rules:
         mark = "✔" if trace.matched else "·"
-        print(f"  {mark} {trace.name} [{trace.decision}] {trace.note}")
+        print(terminal_safe(f"  {mark} {trace.name} [{trace.decision}] {trace.note}"))
     if not result.rules:
         print("  (the policy has no rules)")
     return 0
@@ -195,7 +205,6 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _test(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
     from proctor.errors import PolicyError
@@ -213,9 +222,9 @@ def _test(args: argparse.Namespace) -> int:
         results = run_cases(policy, cases, tools or None, args.cases)
     except PolicyError as exc:
         for issue in exc.issues:
-            print(issue)
+            print(terminal_safe(issue))
         return 1
-    table = Table(title=escape(f"policy {args.policy}, cases {args.cases}"), title_justify="left")
+    table = Table(title=_esc(f"policy {args.policy}, cases {args.cases}"), title_justify="left")
     for column in ("#", "case", "tool", "expected", "got", "result"):
         table.add_column(column, no_wrap=column in ("#", "result"))
     for r in results:
@@ -226,14 +235,14 @@ def _test(args: argparse.Namespace) -> int:
             expected += f" budget {r.case.budget}" if r.case.budget else ""
             got += f" budget {r.budget}" if r.budget else ""
         verdict = "[green]PASS[/]" if r.passed else "[bold red]FAIL[/]"
-        table.add_row(str(r.index + 1), escape(r.label), escape(r.case.tool), escape(expected), escape(got), verdict)
+        table.add_row(str(r.index + 1), _esc(r.label), _esc(r.case.tool), _esc(expected), _esc(got), verdict)
     console = Console(highlight=False, width=max(100, Console().width))
     console.print(table)
     failed = [r for r in results if not r.passed]
     for r in failed:
-        console.print(f"[red]FAIL[/] {escape(r.label)}: {escape(r.decision.reason)}")
+        console.print(f"[red]FAIL[/] {_esc(r.label)}: {_esc(r.decision.reason)}")
     if not tools:
-        console.print(escape(_NO_DEFAULTS))
+        console.print(_esc(_NO_DEFAULTS))
     console.print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
 

@@ -24,6 +24,7 @@ import structlog
 from opentelemetry import trace
 
 from proctor.errors import ConfigurationError
+from proctor.termsafe import terminal_safe
 
 __all__ = ["add_otel_ids", "bind_call", "bind_run", "configure_logging", "get_logger"]
 
@@ -83,7 +84,7 @@ def configure_logging(*, json: bool | None = None, level: str | int = "info", st
         add_otel_ids,
     ]
     renderer: Any = (structlog.processors.JSONRenderer() if as_json
-                     else structlog.dev.ConsoleRenderer(colors=is_tty))
+                     else _TerminalSafe(structlog.dev.ConsoleRenderer(colors=is_tty)))
     tail: list[Any] = [structlog.processors.StackInfoRenderer(), structlog.processors.format_exc_info] if as_json \
         else [structlog.processors.StackInfoRenderer()]
     structlog.configure(
@@ -113,6 +114,18 @@ def _route_stdlib(shared: list[Any], renderer: Any, out: TextIO, level: int) -> 
     root.addHandler(handler)
     if root.level > level or root.level == stdlib_logging.NOTSET:
         root.setLevel(level)
+
+
+class _TerminalSafe:
+    """A console renderer whose string fields go through `proctor.termsafe.terminal_safe` first:
+    a log line carrying a tool's or a model's text cannot drive the terminal (JSON escapes itself)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __call__(self, logger: Any, name: str, event_dict: dict[str, Any]) -> Any:
+        safe = {k: terminal_safe(v, keep_newlines=True) if isinstance(v, str) else v for k, v in event_dict.items()}
+        return self.inner(logger, name, safe)
 
 
 class _LibraryLogger:

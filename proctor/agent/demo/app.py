@@ -29,6 +29,7 @@ from proctor.agent.render import StepPrinter, summary_table
 from proctor.agent.result import RunResult
 from proctor.approval import ApprovalDecision, ApprovalRequest, Approver, CallbackApprover, ConsoleApprover
 from proctor.policy import Policy
+from proctor.termsafe import terminal_safe
 
 __all__ = ["DemoOptions", "run_demo"]
 
@@ -179,7 +180,7 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> tuple[int, Ru
                     f"proctor audit show {audit_path}",
                     f"proctor policy explain {policy_path()} --tool issue_refund "
                     "--args '{\"order_id\": \"A-1057\", \"amount\": 240.0, \"reason\": \"damaged\"}'"):
-        console.print(f"  {command}", soft_wrap=True, markup=False)
+        console.print(terminal_safe(f"  {command}"), soft_wrap=True, markup=False)
     if spans is not None:
         from proctor.telemetry.setup import shutdown
 
