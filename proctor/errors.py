@@ -7,6 +7,7 @@ ProctorError                      base of everything below
 │   ├── ApprovalDenied            a human (or approval channel) said no, or the channel failed
 │   │   └── ApprovalTimeout       nobody answered before the approval expired
 │   └── BudgetExceeded            the call would pass a budget limit
+│       └── LedgerUnavailable     the shared budget ledger (Redis) could not be reached: fail closed
 ├── ToolFailed                    the tool ran and raised; carries the tool's message
 ├── PolicyError                   a policy file that cannot be loaded (file, line, column)
 ├── AuditError                    the audit trail could not be written: the call is refused
@@ -50,6 +51,7 @@ __all__ = [
     "CallRefused",
     "ConfigurationError",
     "ExecutionTimeout",
+    "LedgerUnavailable",
     "ModelError",
     "PolicyError",
     "PolicyIssue",
@@ -108,6 +110,13 @@ class BudgetExceeded(CallRefused):
     ) -> None:
         super().__init__(message, tool=tool, call_id=call_id, rules=rules)
         self.budget = budget
+
+
+class LedgerUnavailable(BudgetExceeded):
+    """The shared budget ledger could not be reached or answered too late, so the call was refused.
+
+    Nothing was reserved that will not expire on its own (a lease); the next call tries again.
+    """
 
 
 class ToolFailed(ProctorError):

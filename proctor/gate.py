@@ -50,6 +50,7 @@ from proctor.errors import (
     ToolFailed,
 )
 from proctor.interrupts import interruption
+from proctor.ledger.base import SharedLedger, open_ledger
 from proctor.redaction import Redacted, redact_args, secret_values
 from proctor.run import DEFAULT_HISTORY_LIMIT, LazyUsage, Ledger, RunContext
 from proctor.telemetry import metrics
@@ -96,7 +97,7 @@ class PolicyLike(Protocol):
     def decide(self, call: Call) -> Decision: ...
     def fixed_decision(self, tool: str, side_effect: SideEffect) -> Decision | None: ...
     def facts(self, tool: str, declared_side_effect: SideEffect | None = None, declared_cost: int = 0) -> _Facts: ...
-    def new_ledger(self) -> Ledger: ...
+    def new_ledger(self, run: RunInfo | None = None, shared: SharedLedger | None = None) -> Ledger: ...
 
 
 @quick_init
@@ -249,10 +250,13 @@ class Gate:
         tracer: Tracer | None = None,
         tools: Iterable[Tool | Callable[..., Any]] = (),
         history_limit: int = DEFAULT_HISTORY_LIMIT,
+        ledger: SharedLedger | str | None = None,
     ) -> None:
         self.policy = policy
         #: Calls of a run whose raw history entries and records are kept (see `RunContext`).
         self.history_limit = history_limit
+        # Budgets shared between runs (per principal, label, global): this process's, or Redis's.
+        self.ledger = open_ledger(ledger)
         self.approver = approver
         self.audit = audit
         self.tracer = get_tracer(tracer)
@@ -279,7 +283,7 @@ class Gate:
     ) -> RunContext:
         """Open a run: fresh budgets and history. Refused (`AuditError`) if the audit trail cannot record it."""
         info = RunInfo(id=run_id or new_id("run_"), principal=principal, labels=dict(labels or {}))
-        ctx = RunContext(info, self.policy.new_ledger(), history_limit=self.history_limit)
+        ctx = RunContext(info, self.policy.new_ledger(info, self.ledger), history_limit=self.history_limit)
         # The policy's history aggregates fold from the first call, so they outlive dropped entries.
         ctx.track(getattr(self.policy, "pipelines", ()))
         self._record(

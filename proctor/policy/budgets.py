@@ -8,15 +8,21 @@ one when given); `release` gives back a call that did not run.
 Limits:
 - ``calls``: a call is refused when it would be call number ``calls + 1``.
 - ``cost``: refused when the cost used plus this call's cost would pass the limit.
-- ``wall_time``: for a budget *without* ``match``, the time elapsed since the run
-  (or, for ``per: step``, the step) started; for a scoped budget, the summed duration
-  of its matching calls settled so far. A call is refused once the limit is reached.
+- ``wall_time``: for a run budget *without* ``match``, the time elapsed since the run
+  (or, for ``per: step``, the step) started; for a scoped or shared budget, the summed
+  duration of its counted calls settled so far. A call is refused once the limit is reached.
 - ``model_tokens`` / ``model_cost_usd``: charged by the agent after each model reply
   (`charge_model`) and checked between steps (`check_model`, which raises once the
   usage has reached the limit). Only budgets without ``match`` may carry them.
 
-``per: step`` budgets start afresh at each `next_step`; a reservation made in an
-earlier step no longer touches them when it is settled or released.
+Scopes (``per:``): ``run`` (the default) and ``step`` are counted here; ``step`` budgets
+start afresh at each `next_step`, and a reservation made in an earlier step no longer
+touches them when it is settled or released. ``principal``, ``label:KEY`` and ``global``
+budgets are pools shared between runs, held by a `proctor.ledger.SharedLedger` (the
+process's in-memory one, or Redis for a fleet): one pool per principal, per value of the
+run's label KEY (runs without the label share the pool of the empty value), or one for all.
+``window:`` makes a budget start afresh at each fixed window aligned on the Unix epoch;
+a reservation is settled or released in the window it was made in.
 A reservation is settled or released once; later calls for it are ignored.
 """
 
@@ -29,13 +35,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proctor.errors import BudgetExceeded
+from proctor.calls import RunInfo
+from proctor.errors import BudgetExceeded, LedgerUnavailable
+from proctor.ledger.base import Claim, Lease, PoolUsage, SharedLedger, default_ledger
 from proctor.policy.matching import Matcher
 from proctor.policy.schema import BudgetSpec
 
-__all__ = ["Ledger", "Reservation"]
+__all__ = ["Ledger", "Reservation", "pool_key", "window_start"]
 
 _MATCH_CACHE = 4096
+#: How long a windowed shared pool is kept past its window (a margin for clock skew and late settles).
+_WINDOW_MARGIN_S = 3600
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +58,9 @@ class Reservation:
     cost: float
     budgets: tuple[str, ...]
     step: int
+    #: (budget, window start) of each local windowed budget counted, so a late settle stays in its window.
+    windows: tuple[tuple[str, int], ...] = ()
+    lease: Lease | None = None
 
 
 #: The reservation of a call no budget counts: it holds nothing, so one serves them all.
@@ -77,20 +90,72 @@ def _num(value: float) -> float | int:
     return int(value) if float(value).is_integer() else value
 
 
+def window_start(spec: BudgetSpec, now_s: float) -> int:
+    """The start (Unix seconds) of the fixed window `now_s` falls in; 0 for a budget without window."""
+    if spec.window is None:
+        return 0
+    return int(now_s // spec.window * spec.window)
+
+
+def _scope_value(spec: BudgetSpec, run: RunInfo) -> str:
+    if spec.per == "principal":
+        return f"principal={run.principal or ''}"
+    key = spec.label_key
+    if key is not None:
+        return f"label:{key}={run.labels.get(key, '')}"
+    return "global"
+
+
+def pool_key(spec: BudgetSpec, run: RunInfo, now_s: float) -> str:
+    """The shared pool a call of `run` counts against for budget `spec` at time `now_s`."""
+    return f"{spec.name}|{_scope_value(spec, run)}|w={window_start(spec, now_s)}"
+
+
+def _describe(spec: BudgetSpec, run: RunInfo) -> str:
+    if spec.per == "principal":
+        who = f"principal {run.principal}" if run.principal else "runs without a principal"
+    elif spec.label_key is not None:
+        value = run.labels.get(spec.label_key)
+        who = f"label {spec.label_key}={value}" if value is not None else f"runs without label {spec.label_key}"
+    else:
+        who = "all runs"
+    window = f", window {spec.window:g}s" if spec.window is not None else ""
+    return f"for {who}{window}"
+
+
 class Ledger:
     """Thread-safe per-run budget accounting (see the module docstring for semantics)."""
 
-    def __init__(self, budgets: Sequence[BudgetSpec], *, clock: Callable[[], int] = time.monotonic_ns) -> None:
+    def __init__(
+        self,
+        budgets: Sequence[BudgetSpec],
+        *,
+        clock: Callable[[], int] = time.monotonic_ns,
+        run: RunInfo | None = None,
+        shared: SharedLedger | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self._budgets = tuple(_Budget(b, Matcher.from_spec(b.match)) for b in budgets)
         self._by_name = {b.name: b for b in self._budgets}
         self._clock = clock
+        self._wall = wall_clock
+        self._run = run or RunInfo(id="run")
+        self._shared_ledger = shared
         self._lock = threading.Lock()
-        self._used = {b.name: _Used() for b in self._budgets}
+        self._used = {b.name: _Used() for b in self._budgets if not b.spec.shared}
+        self._window: dict[str, int] = {}  # local windowed budget -> the window its usage belongs to
         self._open: dict[int, Reservation] = {}
         self._ids = itertools.count(1)
         self._step = 0
         self._started_ns = self._step_started_ns = clock()
         self._matching: dict[tuple[str, str], tuple[_Budget, ...]] = {}
+
+    @property
+    def shared(self) -> SharedLedger:
+        """The ledger holding this run's shared budgets (the process default unless given)."""
+        if self._shared_ledger is None:
+            self._shared_ledger = default_ledger()
+        return self._shared_ledger
 
     def _budgets_for(self, tool: str, side_effect: str) -> tuple[_Budget, ...]:
         key = (tool, side_effect)
@@ -107,6 +172,26 @@ class Ledger:
             return now - (self._step_started_ns if budget.spec.per == "step" else self._started_ns)
         return self._used[budget.name].wall_ns
 
+    def _roll(self, budget: _Budget, now_s: float) -> int:
+        """Start a local windowed budget afresh when its window has passed; return the current window."""
+        start = window_start(budget.spec, now_s)
+        if self._window.get(budget.name, start) != start:
+            self._used[budget.name] = _Used()
+        self._window[budget.name] = start
+        return start
+
+    def _claim(self, budget: _Budget, now_s: float) -> Claim:
+        spec, limit = budget.spec, budget.spec.limit
+        return Claim(
+            key=pool_key(spec, self._run, now_s),
+            budget=spec.name,
+            calls=limit.calls,
+            cost=limit.cost,
+            wall_ns=int(limit.wall_time * 1e9) if limit.wall_time is not None else None,
+            ttl_s=int(spec.window) + _WINDOW_MARGIN_S if spec.window is not None else None,
+            scope=_describe(spec, self._run),
+        )
+
     def reserve(self, tool: str, side_effect: str, cost: float) -> Reservation:
         """Count one call of `tool` against every budget it matches, or raise BudgetExceeded."""
         cost = cost or 0  # a tool may declare no cost
@@ -119,7 +204,10 @@ class Ledger:
             if not matching:
                 return _UNCOUNTED
             now = self._clock()
-            for budget in matching:
+            now_s = self._wall()
+            local = [b for b in matching if not b.spec.shared]
+            windows = tuple((b.name, self._roll(b, now_s)) for b in local if b.spec.window is not None)
+            for budget in local:
                 used, limit = self._used[budget.name], budget.spec.limit
                 problem = None
                 if limit.calls is not None and used.calls + 1 > limit.calls:
@@ -130,25 +218,53 @@ class Ledger:
                     problem = f"wall time {self._wall_ns(budget, now) / 1e9:.1f}s of {limit.wall_time:g}s used"
                 if problem:
                     per = " this step" if budget.spec.per == "step" else ""
+                    if budget.spec.window is not None:
+                        per = f" this window ({budget.spec.window:g}s)"
                     raise BudgetExceeded(f"{tool}: budget '{budget.name}' exhausted{per}: {problem}", tool=tool,
                                          budget=budget.name)  # fmt: skip
-            for budget in matching:
+            for budget in local:
                 used = self._used[budget.name]
                 used.calls += 1
                 used.cost += cost
             reservation = Reservation(
-                next(self._ids), tool, side_effect, cost, tuple(b.name for b in matching), self._step
+                next(self._ids), tool, side_effect, cost, tuple(b.name for b in matching), self._step, windows
             )
+            claims = [self._claim(b, now_s) for b in matching if b.spec.shared]
+            if not claims:
+                self._open[reservation.id] = reservation
+                return reservation
+        # Shared pools: one call to the shared ledger, outside the run's lock (it may cross a network).
+        try:
+            lease = self.shared.reserve(claims, cost, tool=tool)
+        except BaseException as exc:
+            with self._lock:
+                for used in self._live(reservation):
+                    used.calls -= 1
+                    used.cost -= reservation.cost
+            if isinstance(exc, BudgetExceeded):
+                raise
+            if isinstance(exc, Exception):
+                raise LedgerUnavailable(f"{tool}: refused: the budget ledger {self.shared.url} failed: {exc!r}",
+                                        tool=tool, budget=claims[0].budget) from exc  # fmt: skip
+            raise
+        reservation = Reservation(reservation.id, tool, side_effect, cost, reservation.budgets, reservation.step,
+                                  windows, lease)  # fmt: skip
+        with self._lock:
             self._open[reservation.id] = reservation
-            return reservation
+        return reservation
 
     def _live(self, reservation: Reservation) -> list[_Used]:
-        """The usage records a reservation still affects (per-step budgets only in its own step)."""
-        return [
-            self._used[name]
-            for name in reservation.budgets
-            if self._by_name[name].spec.per == "run" or reservation.step == self._step
-        ]
+        """The local usage records a reservation still affects (step and window budgets only in their own)."""
+        windows = dict(reservation.windows)
+        out = []
+        for name in reservation.budgets:
+            spec = self._by_name[name].spec
+            if spec.shared or (spec.per == "step" and reservation.step != self._step):
+                continue
+            if spec.window is not None and windows.get(name) != self._window.get(name):
+                continue
+            out.append(self._used[name])
+        return out
 
     def settle(self, reservation: Reservation, *, duration_ns: int, cost: float | None = None) -> None:
         """The call ran for `duration_ns`; `cost`, when given, replaces the reserved cost."""
@@ -161,6 +277,8 @@ class Ledger:
                 used.wall_ns += max(0, int(duration_ns))
                 if cost is not None:
                     used.cost += cost - reservation.cost
+        if reservation.lease is not None:
+            self.shared.settle(reservation.lease, duration_ns=duration_ns, cost=cost)
 
     def release(self, reservation: Reservation) -> None:
         """The call did not run: give back its call and its cost."""
@@ -172,28 +290,48 @@ class Ledger:
             for used in self._live(reservation):
                 used.calls -= 1
                 used.cost -= reservation.cost
+        if reservation.lease is not None:
+            self.shared.release(reservation.lease)
+
+    def _model_claims(self) -> list[Claim]:
+        now_s = self._wall()
+        return [self._claim(b, now_s) for b in self._budgets if b.spec.shared and b.spec.match is None]
 
     def charge_model(self, tokens: int, cost_usd: float) -> None:
         """Record what a model reply used (counted by every budget without `match`)."""
         with self._lock:
             for budget in self._budgets:
-                if budget.spec.match is None:
+                if budget.spec.match is None and not budget.spec.shared:
                     used = self._used[budget.name]
                     used.model_tokens += tokens
                     used.model_cost_usd += cost_usd
+        claims = self._model_claims()
+        if claims:
+            try:
+                self.shared.charge(claims, tokens=tokens, cost_usd=cost_usd)
+            except Exception as exc:  # noqa: BLE001 - the reply came; a lost charge must not end the run here
+                from proctor.telemetry.logging import get_logger
+
+                get_logger("proctor.budgets").error("model_charge_lost", tokens=tokens, error=repr(exc))
 
     def check_model(self) -> None:
         """Raise BudgetExceeded when a model_tokens or model_cost_usd limit has been reached."""
-        with self._lock:
-            for budget in self._budgets:
-                used, limit = self._used[budget.name], budget.spec.limit
-                if limit.model_tokens is not None and used.model_tokens >= limit.model_tokens:
-                    problem = f"{used.model_tokens} of {limit.model_tokens} model tokens used"
-                elif limit.model_cost_usd is not None and used.model_cost_usd >= limit.model_cost_usd:
-                    problem = f"${used.model_cost_usd:.4f} of ${limit.model_cost_usd:g} model cost used"
-                else:
-                    continue
-                raise BudgetExceeded(f"budget '{budget.name}' exhausted: {problem}", budget=budget.name)
+        usage = self.usage()
+        for budget in self._budgets:
+            used, limit = usage[budget.name], budget.spec.limit
+            tokens, usd = used.get("model_tokens"), used.get("model_cost_usd")
+            if limit.model_tokens is None and limit.model_cost_usd is None:
+                continue
+            if tokens is None or usd is None:
+                raise LedgerUnavailable(f"budget '{budget.name}': the budget ledger {self.shared.url} cannot be read",
+                                        budget=budget.name)  # fmt: skip
+            if limit.model_tokens is not None and tokens >= limit.model_tokens:
+                problem = f"{tokens} of {limit.model_tokens} model tokens used"
+            elif limit.model_cost_usd is not None and usd >= limit.model_cost_usd:
+                problem = f"${usd:.4f} of ${limit.model_cost_usd:g} model cost used"
+            else:
+                continue
+            raise BudgetExceeded(f"budget '{budget.name}' exhausted: {problem}", budget=budget.name)
 
     def preload(self, usage: Mapping[str, Mapping[str, float]]) -> None:
         """Start from recorded usage (`policy test` cases, `explain --usage`): ``{budget: {calls, cost, …}}``.
@@ -207,6 +345,9 @@ class Ledger:
                 budget = self._by_name.get(name)
                 if budget is None:
                     raise ValueError(f"no budget named {name!r} (budgets: {', '.join(self._by_name) or 'none'})")
+                if budget.spec.shared:  # its pool for this run (principal, label, global) in the shared ledger
+                    self._preload_shared(budget, used, fields)
+                    continue
                 record = self._used[name]
                 for key, value in used.items():
                     if key not in fields:
@@ -224,6 +365,18 @@ class Ledger:
                         setattr(record, key, int(value))
                     else:
                         setattr(record, key, value)
+
+    def _preload_shared(self, budget: _Budget, used: Mapping[str, float], fields: tuple[str, ...]) -> None:
+        preload = getattr(self.shared, "preload", None)
+        if preload is None:
+            raise ValueError(f"budget {budget.name!r} is shared ({budget.spec.per}); only an in-memory ledger "
+                             "can start from recorded usage")
+        unknown = [k for k in used if k not in fields]
+        if unknown:
+            raise ValueError(f"budget {budget.name!r}: unknown usage {unknown[0]!r} (expected {', '.join(fields)})")
+        pool = PoolUsage(int(used.get("calls", 0)), used.get("cost", 0), int(used.get("wall_time_ms", 0) * 1_000_000),
+                         int(used.get("model_tokens", 0)), float(used.get("model_cost_usd", 0.0)))
+        preload(pool_key(budget.spec, self._run, self._wall()), pool)
 
     def next_step(self) -> None:
         """Start a new step: `per: step` budgets start from zero."""
@@ -259,36 +412,69 @@ class Ledger:
             self._step = int(snapshot.get("step", self._step))
 
     def usage(self) -> dict[str, dict[str, Any]]:
-        """What each budget has used: calls, cost, wall_time_ms, model_tokens, model_cost_usd."""
+        """What each budget has used: calls, cost, wall_time_ms, model_tokens, model_cost_usd.
+
+        A shared budget whose ledger cannot be read reports None for each (a condition reading
+        it fails, and so denies).
+        """
+        out: dict[str, dict[str, Any]] = {}
         with self._lock:
             now = self._clock()
-            return {
-                b.name: {
-                    "calls": self._used[b.name].calls,
-                    "cost": _num(self._used[b.name].cost),
+            now_s = self._wall()
+            for b in self._budgets:
+                if b.spec.shared:
+                    continue
+                if b.spec.window is not None:
+                    self._roll(b, now_s)
+                used = self._used[b.name]
+                out[b.name] = {
+                    "calls": used.calls,
+                    "cost": _num(used.cost),
                     "wall_time_ms": self._wall_ns(b, now) // 1_000_000,
-                    "model_tokens": self._used[b.name].model_tokens,
-                    "model_cost_usd": self._used[b.name].model_cost_usd,
+                    "model_tokens": used.model_tokens,
+                    "model_cost_usd": used.model_cost_usd,
                 }
-                for b in self._budgets
-            }
+        shared = [b for b in self._budgets if b.spec.shared]
+        if shared:
+            keys = {b.name: pool_key(b.spec, self._run, now_s) for b in shared}
+            try:
+                pools = self.shared.usage(list(keys.values()))
+            except Exception:  # noqa: BLE001 - unknown usage reads as None: fail closed where it matters
+                pools = {}
+            for b in shared:
+                pool = pools.get(keys[b.name])
+                out[b.name] = (
+                    {"calls": pool.calls, "cost": _num(pool.cost), "wall_time_ms": pool.wall_ns // 1_000_000,
+                     "model_tokens": pool.model_tokens, "model_cost_usd": pool.model_cost_usd}
+                    if pool is not None else dict.fromkeys(_KINDS)
+                )  # fmt: skip
+        return {b.name: out[b.name] for b in self._budgets}
 
     def remaining(self) -> dict[str, dict[str, Any]]:
-        """What each budget may still use, for the limits it sets (never below zero)."""
+        """What each budget may still use, for the limits it sets (never below zero; None when unknown)."""
         used_now = self.usage()
         out: dict[str, dict[str, Any]] = {}
         for b in self._budgets:
             limit, used = b.spec.limit, used_now[b.name]
             left: dict[str, Any] = {}
-            if limit.calls is not None:
-                left["calls"] = max(0, limit.calls - used["calls"])
-            if limit.cost is not None:
-                left["cost"] = _num(max(0.0, limit.cost - used["cost"]))
-            if limit.wall_time is not None:
-                left["wall_time_ms"] = max(0, int(limit.wall_time * 1000) - used["wall_time_ms"])
-            if limit.model_tokens is not None:
-                left["model_tokens"] = max(0, limit.model_tokens - used["model_tokens"])
-            if limit.model_cost_usd is not None:
-                left["model_cost_usd"] = max(0.0, limit.model_cost_usd - used["model_cost_usd"])
+            for kind, cap, scale in (("calls", limit.calls, 1), ("cost", limit.cost, 1),
+                                     ("wall_time_ms", limit.wall_time, 1000),
+                                     ("model_tokens", limit.model_tokens, 1),
+                                     ("model_cost_usd", limit.model_cost_usd, 1)):  # fmt: skip
+                if cap is None:
+                    continue
+                if used[kind] is None:
+                    left[kind] = None
+                elif kind == "wall_time_ms":
+                    left[kind] = max(0, int(cap * scale) - used[kind])
+                elif kind == "cost":
+                    left[kind] = _num(max(0.0, cap - used[kind]))
+                elif kind == "model_cost_usd":
+                    left[kind] = max(0.0, cap - used[kind])
+                else:
+                    left[kind] = max(0, int(cap) - used[kind])
             out[b.name] = left
         return out
+
+
+_KINDS = ("calls", "cost", "wall_time_ms", "model_tokens", "model_cost_usd")

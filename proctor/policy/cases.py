@@ -12,6 +12,7 @@ A cases file is a YAML list; each case names a call and what the gate must decid
       expect: allow
       rules: [internal-mail]              # optional: exactly these rules decided it
       budget: run-calls                   # optional: this budget refused it (expect: deny)
+      budgets: [run-calls]                # optional: exactly these budgets count it (their match, per:, window:)
 
 Each case is decided by `proctor.policy.simulate.decide_like_gate`: with tools
 (`--tools`) arguments and history are validated and completed as in a real run, and
@@ -31,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from proctor.calls import OUTCOMES, STATUSES, Call, CallStatus, HistoryEntry, Outcome, RunInfo, SideEffect
 from proctor.errors import PolicyError, PolicyIssue
+from proctor.policy.budget_trace import trace_budgets
 from proctor.policy.engine import Policy
 from proctor.policy.loader import Marks, compose_marked
 from proctor.policy.simulate import Simulation, SimulationError, complete_history, decide_like_gate
@@ -86,6 +88,7 @@ class Case(_Model):
     expect: Outcome
     rules: list[str] | None = None
     budget: str | None = None
+    budgets: list[str] | None = None
 
     def call(self) -> Call:
         return Call(
@@ -106,6 +109,8 @@ class CaseResult:
     index: int
     case: Case
     simulation: Simulation
+    #: The budgets that count the call (whatever their usage), in file order.
+    counted_by: tuple[str, ...] = ()
 
     @property
     def decision(self) -> Any:
@@ -120,6 +125,8 @@ class CaseResult:
         if self.decision.outcome != self.case.expect:
             return False
         if self.case.budget is not None and self.case.budget != self.simulation.budget:
+            return False
+        if self.case.budgets is not None and sorted(self.case.budgets) != sorted(self.counted_by):
             return False
         return self.case.rules is None or sorted(self.case.rules) == sorted(self.decision.rules)
 
@@ -246,7 +253,8 @@ def run_cases(
         except SimulationError as exc:
             problems.append(PolicyIssue(source, 0, 0, f"{_label(i, case)}: {exc}"))
             continue
-        results.append(CaseResult(i, case, simulation))
+        counted = tuple(t.name for t in trace_budgets(policy, simulation.call) if t.counted)
+        results.append(CaseResult(i, case, simulation, counted))
     if problems:
         raise PolicyError(problems)
     return results

@@ -119,8 +119,15 @@ def _check(args: argparse.Namespace) -> int:
         print(terminal_safe(finding))
     if errors:
         return 1
+    from proctor.policy.budget_trace import describe_budget
+
     summary = f"{args.policy}: ok ({len(policy.rules)} rules, {len(policy.budgets)} budgets, sha256 {policy.sha256})"
     print(terminal_safe(summary))
+    for spec in policy.budgets:
+        print(terminal_safe(f"  {describe_budget(spec)}"))
+    if any(spec.shared for spec in policy.budgets):
+        print("  note: principal, label and global budgets are shared by the runs of one process; "
+              "give every process the same --ledger redis://… (or PROCTOR_LEDGER) to share them across a fleet")
     return 0
 
 
@@ -200,6 +207,19 @@ def _explain(args: argparse.Namespace) -> int:
         print(terminal_safe(f"  {mark} {trace.name} [{trace.decision}] {trace.note}"))
     if not result.rules:
         print("  (the policy has no rules)")
+    from proctor.policy.budget_trace import trace_budgets
+
+    traces = trace_budgets(policy, case.call())
+    if traces:
+        print("budgets:")
+    for t in traces:
+        if not t.counted:
+            print(terminal_safe(f"  · {t.name} does not count this call"))
+            continue
+        mark = "✘" if t.refusal else "✔"
+        pool = f" [pool {t.pool}]" if t.pool else ""
+        print(terminal_safe(f"  {mark} {t.name} counts it, {t.scope}{pool}"
+                            + (f": would refuse, {t.refusal}" if t.refusal else "")))
     return 0
 
 
@@ -234,6 +254,9 @@ def _test(args: argparse.Namespace) -> int:
         if r.case.budget is not None or r.budget is not None:
             expected += f" budget {r.case.budget}" if r.case.budget else ""
             got += f" budget {r.budget}" if r.budget else ""
+        if r.case.budgets is not None:
+            expected += f" counted by [{', '.join(sorted(r.case.budgets))}]"
+            got += f" counted by [{', '.join(sorted(r.counted_by))}]"
         verdict = "[green]PASS[/]" if r.passed else "[bold red]FAIL[/]"
         table.add_row(str(r.index + 1), _esc(r.label), _esc(r.case.tool), _esc(expected), _esc(got), verdict)
     console = Console(highlight=False, width=max(100, Console().width))

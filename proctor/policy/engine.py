@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from proctor.calls import SIDE_EFFECTS, Call, Decision, Outcome, RunInfo, SideEffect
 from proctor.canonical import canonical_sha256
 from proctor.errors import ToolDenied
+from proctor.ledger.base import SharedLedger
 from proctor.policy.activation import Activation
 from proctor.policy.aggregates import is_hidden, pipeline_named
 from proctor.policy.budgets import Ledger
@@ -251,9 +252,9 @@ class Policy:
                              tool=tool)
         return value
 
-    def new_ledger(self) -> Ledger:
-        """A fresh budget ledger for one run."""
-        return Ledger(self.model.budgets)
+    def new_ledger(self, run: RunInfo | None = None, shared: SharedLedger | None = None) -> Ledger:
+        """A fresh budget ledger for one run; its shared budgets (principal, label, global) draw on `shared`."""
+        return Ledger(self.model.budgets, run=run, shared=shared)
 
     # -- deciding -----------------------------------------------------------------
     def _compute_candidates(self, tool: str, side_effect: str) -> Candidates:

@@ -29,6 +29,7 @@ from pydantic_core import PydanticCustomError
 from proctor.calls import OUTCOMES, SIDE_EFFECTS, Outcome, SideEffect
 
 __all__ = [
+    "BUDGET_SCOPES",
     "COST_VARIABLES",
     "DURATION_PATTERN",
     "LABEL_PATTERN",
@@ -301,17 +302,69 @@ class LimitSpec(_Strict):
         return self
 
 
+#: What a budget's `per:` may say: these, or ``label:KEY`` (one pool per value of the run's label KEY).
+BUDGET_SCOPES = ("run", "step", "principal", "global")
+_LABEL_SCOPE = re.compile(r"^label:([A-Za-z0-9_.\-/]+)$")
+
+
+def _scope(value: object) -> str:
+    if isinstance(value, str) and (value in BUDGET_SCOPES or _LABEL_SCOPE.match(value)):
+        return value
+    raise PydanticCustomError(
+        "choice",
+        "unknown per {value} (expected run, step, principal, global or label:KEY)",
+        {"value": repr(value)},
+    )
+
+
+def _window(value: object) -> float:
+    seconds = parse_duration(value)
+    if seconds < 1:
+        raise PydanticCustomError("duration", "{value} is shorter than 1s", {"value": repr(value)})
+    return seconds
+
+
 class BudgetSpec(_Strict):
-    """A per-run (or per-step) allowance over the calls its match selects."""
+    """An allowance over the calls its match selects, per run (default), step, principal, label or globally.
+
+    `window`, when set, makes the budget start afresh at every fixed window (aligned on the
+    Unix epoch: a `24h` window resets at 00:00 UTC). Budgets shared between runs (principal,
+    label, global) live in the gate's ledger (`Gate(ledger=...)`), which may be shared by many
+    processes through Redis.
+    """
 
     name: Name
     match: MatchSpec | None = None
     limit: LimitSpec
     per: Annotated[
-        Literal["run", "step"],
-        BeforeValidator(_choice("per", ("run", "step"))),
-        WithJsonSchema(_enum_schema(("run", "step"))),
+        str,
+        BeforeValidator(_scope),
+        WithJsonSchema({"anyOf": [_enum_schema(BUDGET_SCOPES), {"type": "string", "pattern": _LABEL_SCOPE.pattern}]}),
     ] = "run"
+    window: (
+        Annotated[
+            float,
+            BeforeValidator(_window),
+            WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN, "examples": ["1h", "24h"]}),
+        ]
+        | None
+    ) = None
+
+    @property
+    def shared(self) -> bool:
+        """True when the budget counts calls of more than one run (principal, label, global)."""
+        return self.per not in ("run", "step")
+
+    @property
+    def label_key(self) -> str | None:
+        """KEY of ``per: label:KEY``, else None."""
+        return self.per[6:] if self.per.startswith("label:") else None
+
+    @model_validator(mode="after")
+    def _window_fits_scope(self) -> BudgetSpec:
+        if self.window is not None and self.per == "step":
+            raise PydanticCustomError("per_window", "a per: step budget starts afresh every step: remove window")
+        return self
 
     @model_validator(mode="after")
     def _model_limits_unscoped(self) -> BudgetSpec:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from proctor.calls import Call, Decision, HistoryEntry
 from proctor.errors import BudgetExceeded, ToolDenied
+from proctor.ledger.memory import MemoryLedger
 
 if TYPE_CHECKING:
     from proctor.policy.engine import Policy
@@ -101,7 +102,9 @@ def decide_like_gate(
     whose arguments its tool refuses, an unknown budget in `usage`).
     """
     by_name = _tools(tools)
-    ledger = policy.new_ledger()
+    # A ledger of its own: shared budgets (principal, label, global) start from `usage`, never from
+    # (and never charging) the pools of real runs in this process.
+    ledger = policy.new_ledger(call.run, MemoryLedger())
     try:
         ledger.preload(usage or {})
     except ValueError as exc:

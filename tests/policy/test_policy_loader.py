@@ -139,7 +139,7 @@ CORPUS: list[tuple[str, str, int, int, str]] = [
     ("unknown-limit-key", "version: 1\nbudgets:\n  - name: b\n    limit: {call: 1}\n", 4, 13,
      "budget 'b': unknown key 'call' (did you mean 'calls'?)"),
     ("bad-per", "version: 1\nbudgets:\n  - name: b\n    limit: {calls: 1}\n    per: call\n", 5, 10,
-     "budget 'b': unknown per 'call' (expected one of run, step)"),
+     "budget 'b': unknown per 'call' (expected run, step, principal, global or label:KEY)"),
     ("scoped-model-limit", "version: 1\nbudgets:\n  - name: b\n    match: {tool: x}\n    limit: {model_tokens: 5}\n",
      3, 5, "budget 'b': model_tokens and model_cost_usd count the whole run: remove match"),
     ("unknown-key-in-tools", "version: 1\ntools:\n  t: {side_efect: read}\n", 3, 7,
