@@ -1,18 +1,17 @@
 """`MemoryLedger`: the shared ledger of one process (the embedded default).
 
-Pools live in a dict under one lock; leases expire on the monotonic clock, like the
-Redis ledger's, so both pass the same conformance tests.
+Pools live in a dict under one lock. Its leases never expire: their holders are threads
+of this process, and when the process dies its pools die with it.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from proctor.errors import BudgetExceeded
-from proctor.ledger.base import DEFAULT_LEASE_S, Claim, Lease, PoolUsage
+from proctor.ledger.base import Claim, Lease, PoolUsage
 from proctor.ledger.checks import refusal
 
 __all__ = ["MemoryLedger"]
@@ -23,28 +22,14 @@ class MemoryLedger:
 
     url = "memory"
 
-    def __init__(self, *, lease_s: float = DEFAULT_LEASE_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self.lease_s = lease_s
-        self._clock = clock
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pools: dict[str, PoolUsage] = {}
-        # lease id -> (expiry, keys, cost)
-        self._leases: dict[str, tuple[float, tuple[str, ...], float]] = {}
+        self._leases: dict[str, Lease] = {}
         self._ids = itertools.count(1)
-
-    def _expire(self, now: float) -> None:
-        dead = [i for i, (expiry, _, _) in self._leases.items() if expiry <= now]
-        for lease_id in dead:
-            _, keys, cost = self._leases.pop(lease_id)
-            for key in keys:
-                pool = self._pools[key]
-                pool.calls -= 1
-                pool.cost -= cost
 
     def reserve(self, claims: Sequence[Claim], cost: float, *, tool: str = "") -> Lease:
         with self._lock:
-            now = self._clock()
-            self._expire(now)
             for claim in claims:
                 pool = self._pools.get(claim.key) or PoolUsage()
                 problem = refusal(claim, pool.calls, pool.cost, pool.wall_ns, cost)
@@ -55,26 +40,15 @@ class MemoryLedger:
                 pool.calls += 1
                 pool.cost += cost
             lease = Lease(f"m{next(self._ids)}", tuple(c.key for c in claims), cost)
-            self._leases[lease.id] = (now + self.lease_s, lease.keys, cost)
+            self._leases[lease.id] = lease
             return lease
-
-    def renew(self, leases: Sequence[Lease]) -> None:
-        """Push back the expiry of live leases (the Redis ledger's keeper does this for its own)."""
-        with self._lock:
-            now = self._clock()
-            for lease in leases:
-                held = self._leases.get(lease.id)
-                if held is not None:
-                    self._leases[lease.id] = (now + self.lease_s, held[1], held[2])
 
     def settle(self, lease: Lease, *, duration_ns: int, cost: float | None = None) -> None:
         with self._lock:
-            live = self._leases.pop(lease.id, None) is not None
+            if self._leases.pop(lease.id, None) is None:  # settled or released already (leases never expire here)
+                return
             for key in lease.keys:
-                pool = self._pools.setdefault(key, PoolUsage())
-                if not live:  # expired and given back, yet it ran: count it again
-                    pool.calls += 1
-                    pool.cost += lease.cost
+                pool = self._pools[key]
                 pool.wall_ns += max(0, int(duration_ns))
                 if cost is not None:
                     pool.cost += cost - lease.cost
@@ -97,7 +71,6 @@ class MemoryLedger:
 
     def usage(self, keys: Sequence[str]) -> Mapping[str, PoolUsage]:
         with self._lock:
-            self._expire(self._clock())
             out = {}
             for key in keys:
                 pool = self._pools.get(key) or PoolUsage()

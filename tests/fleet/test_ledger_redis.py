@@ -1,0 +1,199 @@
+"""RedisLedger against a real redis-server: the conformance suite, gates, failure and fleet load."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fleet_engines import RedisServer
+from ledger_conformance import LeaseConformance, LedgerConformance, MakeLedger
+
+from proctor import Gate, Policy, tool
+from proctor.errors import BudgetExceeded, LedgerUnavailable
+from proctor.ledger import SharedLedger, open_ledger
+from proctor.ledger.redis import RedisLedger
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = str(Path(__file__).with_name("fleet_worker.py"))
+
+
+@pytest.fixture
+def make_ledger(redis_server: RedisServer) -> Iterator[MakeLedger]:
+    """RedisLedgers on one fresh server; closed after the test."""
+    made: list[RedisLedger] = []
+
+    def make(lease_s: float) -> SharedLedger:
+        led = RedisLedger(redis_server.url, lease_s=lease_s)
+        made.append(led)
+        return led
+
+    yield make
+    for led in made:
+        led.close()
+
+
+class TestRedisLedger(LedgerConformance, LeaseConformance):
+    """RedisLedger keeps every promise of the protocol, leases included."""
+
+
+def _policy(limit: int = 1000) -> Policy:
+    return Policy.from_dict({"version": 1, "default": "allow",
+                             "budgets": [{"name": "g", "per": "global", "limit": {"calls": limit}}]})
+
+
+@tool(side_effect="write")
+def ping() -> str:
+    """Ping."""
+    return "pong"
+
+
+def test_gate_takes_a_redis_url_and_two_gates_share_the_pool(redis_server: RedisServer) -> None:
+    """Gate(policy, ledger=URL): two gates on one Redis draw on one global pool."""
+    g1 = Gate(_policy(3), tools=[ping], ledger=redis_server.url)
+    g2 = Gate(_policy(3), tools=[ping], ledger=redis_server.url)
+    try:
+        assert isinstance(g1.ledger, RedisLedger)
+        assert [g1.call("ping"), g2.call("ping"), g1.call("ping")] == ["pong"] * 3
+        with pytest.raises(BudgetExceeded, match="budget 'g' exhausted for all runs: 3 of 3 calls used"):
+            g2.call("ping")
+        assert g2.default_context().ledger.usage()["g"]["calls"] == 3
+    finally:
+        g1.ledger.close()
+        g2.ledger.close()
+
+
+def test_PROCTOR_LEDGER_names_the_default(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a ledger argument the gate uses PROCTOR_LEDGER."""
+    monkeypatch.setenv("PROCTOR_LEDGER", redis_server.url)
+    led = open_ledger()
+    try:
+        assert isinstance(led, RedisLedger) and led.ping()
+    finally:
+        led.close()
+
+
+def test_unreachable_redis_refuses_the_call_and_the_next_call_retries(tmp_path: Path) -> None:
+    """With Redis down the call is refused (LedgerUnavailable, the tool not run); once it is up, calls go on."""
+    server = RedisServer(tmp_path)
+    runs: list[int] = []
+
+    @tool(side_effect="write")
+    def effect() -> int:
+        """Do something."""
+        runs.append(1)
+        return len(runs)
+
+    gate = Gate(_policy(), tools=[effect], ledger=server.url + "&timeout=500ms")
+    try:
+        with pytest.raises(LedgerUnavailable, match="is unreachable or too slow"):
+            gate.call("effect")
+        assert runs == []
+        server.start()
+        assert gate.call("effect") == 1
+    finally:
+        gate.ledger.close()
+        server.stop()
+
+
+def _workers(url: str, counter: Path, n: int, calls: int, **env: str) -> list[subprocess.Popen[str]]:
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    return [subprocess.Popen([sys.executable, WORKER, url, str(counter), str(calls)],
+                             cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(n)]
+
+
+def _results(procs: list[subprocess.Popen[str]]) -> list[dict[str, int]]:
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=240)
+        assert p.returncode == 0, stderr[-3000:]
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+def test_sixteen_processes_share_a_global_budget_exactly(redis_server: RedisServer, tmp_path: Path) -> None:
+    """16 processes x 200 calls against a global budget of 1,000: exactly 1,000 run, the others are refused."""
+    counter = tmp_path / "ran"
+    results = _results(_workers(redis_server.url, counter, 16, 200))
+    assert sum(r["ran"] for r in results) == 1000
+    assert sum(r["refused"] for r in results) == 16 * 200 - 1000
+    assert counter.stat().st_size == 1000
+    led = RedisLedger(redis_server.url)
+    try:
+        pools = led.usage(["fleet-global|global|w=0"])
+        assert pools["fleet-global|global|w=0"].calls == 1000
+    finally:
+        led.close()
+
+
+def test_killed_holders_give_their_reservations_back(redis_server: RedisServer, tmp_path: Path) -> None:
+    """SIGKILLed processes holding reservations lose them when their leases expire; nothing overshoots."""
+    counter, hold = tmp_path / "ran", tmp_path / "holders"
+    url = redis_server.url + "&lease=1s"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    holders = [subprocess.Popen([sys.executable, WORKER, url, str(counter), "1", str(hold)],
+                                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for _ in range(4)]
+    deadline = time.monotonic() + 120
+    while not hold.exists() or len(hold.read_text().split()) < 4:
+        assert time.monotonic() < deadline, "the holders never reached their tool"
+        time.sleep(0.1)
+    led = RedisLedger(redis_server.url)
+    try:
+        assert led.usage(["fleet-global|global|w=0"])["fleet-global|global|w=0"].calls == 4
+        for p in holders:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+        results = _results(_workers(url, counter, 4, 300))
+        assert sum(r["ran"] for r in results) == 1000  # the 4 dead reservations came back
+        assert counter.stat().st_size == 1000
+        assert led.usage(["fleet-global|global|w=0"])["fleet-global|global|w=0"].calls == 1000
+    finally:
+        led.close()
+
+
+def _wait_for(predicate: object, what: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def test_redis_restarted_mid_run_refuses_while_down_then_goes_on(redis_server: RedisServer, tmp_path: Path) -> None:
+    """Calls are refused while Redis is down and run after its restart; the count survives, never overshooting."""
+    counter, stop = tmp_path / "ran", tmp_path / "stop"
+    procs = _workers(redis_server.url + "&timeout=300ms&lease=1s", counter, 2, 5000, FLEET_PACE_S="0.01",
+                     FLEET_STOP_FILE=str(stop))
+    try:
+        _wait_for(lambda: _size(counter) >= 20, "no call ran before the restart")
+        redis_server.stop()
+        time.sleep(1.0)
+        before = _size(counter)
+        time.sleep(0.5)
+        assert _size(counter) == before  # nothing runs while the ledger is down
+        redis_server.start()
+        _wait_for(lambda: _size(counter) >= before + 20, "calls did not go on after the restart")
+    finally:
+        stop.touch()
+    results = _results(procs)
+    ran = sum(r["ran"] for r in results)
+    assert sum(r["unavailable"] for r in results) > 0
+    assert _size(counter) == ran <= 1000
+    led = RedisLedger(redis_server.url)
+    try:
+        # A reserve whose answer was lost (a timeout) holds a lease nobody renews: it runs out within 1s.
+        _wait_for(lambda: led.usage(["fleet-global|global|w=0"])["fleet-global|global|w=0"].calls == ran,
+                  "the pool does not settle at the calls that ran", 10)
+    finally:
+        led.close()
