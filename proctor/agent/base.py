@@ -28,6 +28,7 @@ from proctor.calls import CallRecord, RunInfo
 from proctor.errors import BudgetExceeded, ConfigurationError, ProctorError, StoreError
 from proctor.gate import Gate, RunContext
 from proctor.interrupts import interruption, terminate_as_exception
+from proctor.ledger.base import SharedLedger
 from proctor.policy import Policy
 from proctor.store.base import RunStore
 from proctor.telemetry import AgentSpan, agent_span, get_tracer, step_span
@@ -71,6 +72,12 @@ def load_audit(audit: AuditSink | str | os.PathLike[str] | None, audit_key: Any 
     """
     if audit is None:
         return None, None, False
+    if isinstance(audit, str) and audit.startswith(("postgresql://", "postgres://")):
+        from proctor.audit.postgres import PostgresAuditLog  # one chain shared by a fleet (docs/fleet.md)
+
+        pg_key = audit_key if audit_key is not None else (os.environ.get(AUDIT_KEY_ENV) or None)
+        pg = PostgresAuditLog(audit, signing_key=pg_key)
+        return pg, pg.url, True
     if isinstance(audit, (str, os.PathLike)):
         from proctor.audit import AuditLog
 
@@ -114,6 +121,7 @@ class AgentBase:
         program_callbacks: Sequence[StepCallback] = (),
         store: RunStore | str | os.PathLike[str] | None = None,
         audit_key: Any = None,
+        ledger: SharedLedger | str | None = None,
     ) -> None:
         if max_steps < 1:
             raise ConfigurationError("max_steps must be at least 1")
@@ -124,7 +132,8 @@ class AgentBase:
         self.audit, self.audit_path, self._owns_audit = load_audit(audit, audit_key)
         self.tracer = get_tracer(tracer)
         # Any: the gate's PolicyLike protocol is structural and Policy satisfies it at run time.
-        self.gate = Gate(cast(Any, self.policy), approver=approver, audit=self.audit, tracer=self.tracer, tools=tools)
+        self.gate = Gate(cast(Any, self.policy), approver=approver, audit=self.audit, tracer=self.tracer, tools=tools,
+                         ledger=ledger)
         self.tools: list[Tool] = list(self.gate.tools.values())
         self.max_steps = max_steps
         self.planning_interval = planning_interval

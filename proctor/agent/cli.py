@@ -64,9 +64,13 @@ def register(subparsers: Any) -> None:
                    help="extra litellm argument, e.g. api_base=http://localhost:11434 or temperature=0 (repeatable)")
     p.add_argument("--approver", metavar="SPEC", default="console",
                    help="console (default) or webhook:URL (secret in $PROCTOR_WEBHOOK_SECRET)")
-    p.add_argument("--audit", metavar="PATH",
-                   help="append the audit trail to this log (default: $PROCTOR_AUDIT, else "
-                        "$XDG_STATE_HOME/proctor/audit.jsonl, i.e. ~/.local/state/proctor/audit.jsonl)")
+    p.add_argument("--audit", metavar="PATH|URL",
+                   help="append the audit trail to this log, or to postgresql://…?log=NAME shared by a fleet "
+                        "(default: $PROCTOR_AUDIT, else $XDG_STATE_HOME/proctor/audit.jsonl, "
+                        "i.e. ~/.local/state/proctor/audit.jsonl)")
+    p.add_argument("--ledger", metavar="URL", default=None,
+                   help="where budgets shared between runs live: redis://host:6379/0 for a fleet "
+                        "(default $PROCTOR_LEDGER, else this process)")
     p.add_argument("--audit-key", metavar="PATH",
                    help="Ed25519 private key (PEM) signing the log's checkpoints (default: $PROCTOR_AUDIT_KEY); "
                         "make one with `proctor audit keygen PATH`")
@@ -150,10 +154,11 @@ def _run(args: argparse.Namespace, tools: list[Any], policy: Any, approver: Any)
     if args.agent == "code":
         agent = CodeAgent(tools, model, policy, approver=approver, audit=args.audit, max_steps=args.max_steps,
                           authorized_imports=args.imports, sandbox=args.sandbox, timeout=args.timeout,
-                          audit_key=args.audit_key, **callbacks)
+                          audit_key=args.audit_key, ledger=args.ledger, **callbacks)
     else:
         agent = ToolCallingAgent(tools, model, policy, approver=approver, audit=args.audit,
-                                 max_steps=args.max_steps, audit_key=args.audit_key, **callbacks)
+                                 max_steps=args.max_steps, audit_key=args.audit_key,
+                                 ledger=args.ledger, **callbacks)
     with agent:
         result = agent.run(args.task, principal=args.principal, labels={k: str(v) for k, v in args.label})
     if args.json:

@@ -26,6 +26,7 @@ from proctor.approval.base import Approver
 from proctor.audit.base import AuditSink
 from proctor.gate import RunContext
 from proctor.interpreter.result import ProgramError
+from proctor.ledger.base import SharedLedger
 from proctor.policy import Policy
 from proctor.store.base import RunStore
 from proctor.telemetry.logging import get_logger
@@ -72,11 +73,13 @@ class CodeAgent(AgentBase):
         program_callbacks: Sequence[StepCallback] = (),
         store: RunStore | str | os.PathLike[str] | None = None,
         audit_key: Any = None,
+        ledger: SharedLedger | str | None = None,
     ) -> None:
         super().__init__(tools, model, policy, approver=approver, audit=audit, max_steps=max_steps,
                          planning_interval=planning_interval, final_answer_checks=final_answer_checks,
                          tracer=tracer, name=name, instructions=instructions, step_callbacks=step_callbacks,
-                         program_callbacks=program_callbacks, store=store, audit_key=audit_key)
+                         program_callbacks=program_callbacks, store=store, audit_key=audit_key,
+                         ledger=ledger)
         self.authorized_imports = tuple(authorized_imports)
         self.sandbox = sandbox
         self.timeout = timeout

@@ -34,6 +34,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_verify)
 
+    p = sub.add_parser("export", help="write a PostgreSQL audit log as JSON Lines (what `verify LOG` reads)")
+    p.add_argument("url", metavar="URL", help="postgresql://…?log=NAME")
+    p.add_argument("out", metavar="OUT", help="the JSON Lines file to write (its last checkpoint: OUT.checkpoint)")
+    p.set_defaults(func=_export)
+
     p = sub.add_parser("show", help="a table of records, filtered")
     p.add_argument("log", metavar="LOG")
     p.add_argument("--run", metavar="ID", help="only records of this run")
@@ -83,17 +88,22 @@ def _verify(args: argparse.Namespace) -> int:
     from proctor.audit.verify import verify
     from proctor.errors import AuditError
 
-    if not os.path.isfile(args.log):
+    database = args.log.startswith(("postgresql://", "postgres://"))  # exported, then the same verifier
+    if not database and not os.path.isfile(args.log):
         _err(f"{args.log}: no such log file")
         return 2
     if args.trusted_checkpoint is not None and not os.path.isfile(args.trusted_checkpoint):
         _err(f"{args.trusted_checkpoint}: no such checkpoint file")
         return 2
-    size = os.path.getsize(args.log)
+    size = 0 if database else os.path.getsize(args.log)
     options: dict[str, Any] = {"pubkey": args.pubkey, "trusted_checkpoint": args.trusted_checkpoint,
                                "side_file": not args.no_side_file, "workers": args.workers}
     try:
-        if size > _LARGE and sys.stderr.isatty() and not args.json:
+        if database:
+            from proctor.audit.postgres import verify_postgres
+
+            report = verify_postgres(args.log, **options)
+        elif size > _LARGE and sys.stderr.isatty() and not args.json:
             from rich.console import Console
             from rich.progress import Progress
 
@@ -122,6 +132,29 @@ def _verify(args: argparse.Namespace) -> int:
     for warning in report.warnings:
         print(terminal_safe(f"warning: {warning}"))
     return 0 if report.ok else 1
+
+
+def _export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    if not args.url.startswith(("postgresql://", "postgres://")):
+        _err(f"{args.url}: not a postgresql:// URL (a file log needs no export)")
+        return 2
+    from proctor.audit.postgres import export_jsonl
+    from proctor.audit.verify import side_file_path
+    from proctor.errors import AuditError
+
+    try:
+        with Path(args.out).open("wb") as out:
+            count = export_jsonl(args.url, out, side_file=side_file_path(args.out))
+    except AuditError as exc:
+        _err(str(exc))
+        return 1
+    except OSError as exc:
+        _err(f"cannot write {args.out}: {exc.strerror or exc}")
+        return 1
+    print(f"{args.out}: {count} records")
+    return 0
 
 
 def _read_records(path: str) -> tuple[list[dict[str, Any]], int]:

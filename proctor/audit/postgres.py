@@ -1,0 +1,504 @@
+"""`PostgresAuditLog`: the audit trail in PostgreSQL, one hash chain shared by many writers.
+
+The records are the file log's, byte for byte: the same canonical lines, envelope,
+hash chain (``h = sha256(0x00 ‖ record without h)``) and signed checkpoints, so
+`export_jsonl` writes a file `proctor audit verify` accepts, and `verify_postgres`
+reaches the same verdicts on the same evidence.
+
+Many writers, in many processes and on many hosts, append to one chain. The chain
+is serialised in the database: ``proctor_audit_append`` locks the log's row, gives
+each record the next ``seq`` and the current head as ``prev``, hashes it with
+PostgreSQL's own ``sha256`` and inserts it — one statement, one round trip. The
+client sends each record as canonical JSON cut at the places where ``h``, ``prev`` and
+``seq`` go; nothing of the record is re-encoded in the database.
+
+Durable on commit, with group commit at two levels:
+- in the process, concurrent appends wait for one writer thread, which sends every
+  record queued at that moment in one call (one transaction);
+- across processes, that transaction commits without waiting for the disk (so the row
+  lock is held for microseconds, not for a flush), and the writer then commits a tiny
+  synchronous transaction: its flush covers every earlier commit in the WAL, and
+  PostgreSQL flushes the concurrent ones together. An append returns ok only after
+  that flush; the WAL is a sequence, so a crash loses only a suffix of the chain, and
+  never a record some later durable record points to.
+
+A lost connection fails the appends in flight (the gate refuses those calls: fail
+closed); the next append reconnects. Schema: ``proctor_audit_logs`` (one row per log:
+head, seq, last checkpoint, Merkle frontier at it, redaction key) and
+``proctor_audit_records`` (log, seq, kind, line, h). URL:
+``postgresql://user@host/db?log=NAME`` (``log`` defaults to ``default``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+
+from proctor.audit.base import KINDS, AuditResult
+from proctor.audit.keys import KeySource, key_id, load_private_key, public_raw
+from proctor.audit.merkle import MerkleFrontier
+from proctor.audit.records import CALL_STATUSES, ENVELOPE, GENESIS, checkpoint_statement
+from proctor.audit.verify import VerifyReport, side_file_path, verify
+from proctor.canonical import canonical_bytes
+from proctor.errors import AuditError
+from proctor.redaction import Redacted, redact_args
+
+__all__ = ["SCHEMA", "PostgresAuditLog", "export_jsonl", "is_postgres_url", "verify_postgres"]
+
+_INTERNAL_KINDS = frozenset({"checkpoint", "recovery"})
+_KINDS = frozenset(KINDS)
+
+SCHEMA = r"""
+CREATE TABLE IF NOT EXISTS proctor_audit_logs (
+    name text PRIMARY KEY,
+    log_id text NOT NULL,
+    seq bigint NOT NULL DEFAULT 0,
+    head text NOT NULL,
+    redact_key bytea NOT NULL,
+    last_ckpt bigint,
+    ckpt_line text,
+    frontier_size bigint NOT NULL DEFAULT 0,
+    frontier text[] NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS proctor_audit_writers (
+    id text PRIMARY KEY,
+    flushes bigint NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS proctor_audit_records (
+    log text NOT NULL,
+    seq bigint NOT NULL,
+    kind text NOT NULL,
+    line text NOT NULL,
+    h text NOT NULL,
+    PRIMARY KEY (log, seq)
+);
+CREATE OR REPLACE FUNCTION proctor_audit_append(
+    p_log text, p_kind text[], p_n0 text[], p_n1 text[], p_n2 text[],
+    p_f0 text[], p_f1 text[], p_f2 text[], p_f3 text[])
+RETURNS TABLE(out_seq bigint, out_h text, out_last_ckpt bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    s bigint; hd text; ck bigint; body text; hh text;
+BEGIN
+    SELECT l.seq, l.head, l.last_ckpt INTO s, hd, ck FROM proctor_audit_logs l WHERE l.name = p_log FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no proctor audit log named %', p_log;
+    END IF;
+    FOR i IN 1 .. coalesce(array_length(p_kind, 1), 0) LOOP
+        body := p_n0[i] || hd || p_n1[i] || s::text || p_n2[i];
+        hh := encode(sha256('\x00'::bytea || convert_to(body, 'UTF8')), 'hex');
+        INSERT INTO proctor_audit_records (log, seq, kind, line, h)
+            VALUES (p_log, s, p_kind[i], p_f0[i] || hh || p_f1[i] || hd || p_f2[i] || s::text || p_f3[i], hh);
+        IF p_kind[i] = 'checkpoint' THEN ck := s; END IF;
+        out_seq := s; out_h := hh; out_last_ckpt := ck;
+        RETURN NEXT;
+        hd := hh;
+        s := s + 1;
+    END LOOP;
+    UPDATE proctor_audit_logs SET seq = s, head = hd, last_ckpt = ck WHERE name = p_log;
+END
+$$;
+"""
+
+_APPEND = "SELECT out_seq, out_h, out_last_ckpt FROM proctor_audit_append(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+# A synchronous commit of a transaction that wrote something flushes the WAL up to its commit
+# record, and so every commit before it: the durability barrier for the appends committed
+# asynchronously. Each writer bumps its own row, so barriers of many writers never wait on a lock
+# (a transaction that writes nothing, such as `SELECT txid_current()`, commits without a flush).
+_BARRIER = "UPDATE proctor_audit_writers SET flushes = flushes + 1 WHERE id = %s"
+
+
+def is_postgres_url(target: object) -> bool:
+    """True for ``postgresql://…`` and ``postgres://…``."""
+    return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
+
+
+def _split(url: str) -> tuple[str, str]:
+    """(conninfo for psycopg, log name) — `log` is taken out of the query."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    name = next((v for k, v in query if k == "log"), "default") or "default"
+    rest = [(k, v) for k, v in query if k != "log"]
+    return urlunsplit(parts._replace(query=urlencode(rest))), name
+
+
+def _shown(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        parts = parts._replace(netloc=f"{parts.username or ''}:***@{parts.hostname or ''}"
+                                      + (f":{parts.port}" if parts.port else ""))
+    return urlunsplit(parts)
+
+
+def _connect(conninfo: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
+    return psycopg.connect(conninfo, autocommit=autocommit, connect_timeout=5,
+                           options="-c synchronous_commit=off -c statement_timeout=10000")
+
+
+def ensure_schema(conn: psycopg.Connection[Any]) -> None:
+    """Create the tables and the append function once (concurrent first writers take turns)."""
+    with conn.transaction():
+        conn.execute("SET LOCAL synchronous_commit = on")
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('proctor_audit_schema'))")
+        exists = conn.execute("SELECT to_regprocedure('proctor_audit_append(text, text[], text[], text[], text[], "
+                              "text[], text[], text[], text[])') IS NOT NULL").fetchone()
+        if not (exists and exists[0]):
+            conn.execute(SCHEMA)
+
+
+def _template(kind: str, fields: Mapping[str, Any], ts_ns: int) -> tuple[list[str], list[str]]:
+    """The record's canonical text without h cut at prev and seq, and with h cut at h, prev and seq."""
+    hole_h, hole_p = secrets.token_hex(32), secrets.token_hex(32)
+    hole_s = secrets.randbelow(1 << 60) + (1 << 61)
+    record = dict(fields)
+    record.update(seq=hole_s, ts_ns=ts_ns, kind=kind, prev=hole_p)
+    body = canonical_bytes(record).decode("utf-8")
+    record["h"] = hole_h
+    full = canonical_bytes(record).decode("utf-8")
+    p_mark, s_mark, h_mark = f'"prev":"{hole_p}"', f'"seq":{hole_s}', f'"h":"{hole_h}"'
+    n0, rest = body.split(p_mark)
+    n1, n2 = rest.split(s_mark)
+    f0, rest = full.split(h_mark)
+    f1, rest = rest.split(p_mark)
+    f2, f3 = rest.split(s_mark)
+    return ([n0 + '"prev":"', '"' + n1 + '"seq":', n2],
+            [f0 + '"h":"', '"' + f1 + '"prev":"', '"' + f2 + '"seq":', f3])
+
+
+class _Pending:
+    __slots__ = ("done", "durable", "kind", "parts", "result")
+
+    def __init__(self, kind: str, parts: tuple[list[str], list[str]], durable: bool) -> None:
+        self.kind, self.parts, self.durable = kind, parts, durable
+        self.done = threading.Event()
+        self.result: AuditResult | None = None
+
+
+class PostgresAuditLog:
+    """An `AuditSink` appending to a hash chain in PostgreSQL (see the module docstring)."""
+
+    def __init__(
+        self,
+        url: str,
+        signing_key: KeySource | None = None,
+        checkpoint_every: int = 1000,
+        checkpoint_interval_s: float = 60.0,
+        *,
+        max_batch: int = 256,
+    ) -> None:
+        if checkpoint_every < 1 or checkpoint_interval_s <= 0:
+            raise ValueError("checkpoint_every must be ≥ 1 and checkpoint_interval_s > 0")
+        self._conninfo, self.name = _split(url)
+        self.url = _shown(url)
+        self.path = None  # not a file: `proctor audit verify URL` reads it
+        self._every = checkpoint_every
+        self._interval = checkpoint_interval_s
+        self._max_batch = max_batch
+        self._key = load_private_key(signing_key) if signing_key is not None else None
+        self.error: str | None = None
+        self.closed = False
+        self._queue: list[_Pending] = []
+        self._cond = threading.Condition()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._last_ckpt_time = time.monotonic()
+        self._last_ckpt: int | None = None
+        self._seq = 0
+        self._writer_id = secrets.token_hex(12)
+        try:
+            conn = self._connection()
+            ensure_schema(conn)
+            with conn.transaction():
+                conn.execute("SET LOCAL synchronous_commit = on")
+                conn.execute(
+                    "INSERT INTO proctor_audit_logs (name, log_id, head, redact_key) VALUES (%s, %s, %s, %s) "
+                    "ON CONFLICT (name) DO NOTHING",
+                    (self.name, secrets.token_hex(16), GENESIS, secrets.token_bytes(32)))
+                conn.execute("INSERT INTO proctor_audit_writers (id) VALUES (%s)", (self._writer_id,))
+            row = conn.execute("SELECT log_id, redact_key, seq, last_ckpt FROM proctor_audit_logs WHERE name = %s",
+                               (self.name,)).fetchone()
+        except psycopg.Error as exc:
+            self._drop()
+            raise AuditError(f"cannot open the audit log {self.url} (log {self.name!r}): {_why(exc)}") from None
+        assert row is not None
+        self.log_id, self._redaction_key = str(row[0]), bytes(row[1])
+        self._seq, self._last_ckpt = int(row[2]), row[3]
+        self._writer = threading.Thread(target=self._write_loop, name="proctor-audit-pg", daemon=True)
+        self._writer.start()
+        ref = weakref.ref(self)
+        self._at_exit = lambda: _close_if_alive(ref)
+        atexit.register(self._at_exit)
+
+    # -- the sink -------------------------------------------------------------------------
+
+    def append(self, kind: str, fields: Mapping[str, Any], *, durable: bool = True) -> AuditResult:
+        """Append one record; with `durable` it returns only once the record's commit is flushed."""
+        problem = self._refuse(kind, fields)
+        if problem is not None:
+            return AuditResult(False, error=problem)
+        try:
+            parts = _template(kind, fields, time.time_ns())
+        except (TypeError, ValueError, RecursionError) as exc:
+            return AuditResult(False, error=f"cannot encode the {kind} record: {exc}")
+        item = _Pending(kind, parts, durable)
+        with self._cond:
+            if self.closed:
+                return AuditResult(False, error=f"audit log {self.url} is closed")
+            self._queue.append(item)
+            self._cond.notify()
+        item.done.wait()
+        assert item.result is not None
+        return item.result
+
+    def _refuse(self, kind: str, fields: Mapping[str, Any]) -> str | None:
+        if self.closed:
+            return f"audit log {self.url} is closed"
+        if kind not in _KINDS or kind in _INTERNAL_KINDS:
+            allowed = ", ".join(k for k in KINDS if k not in _INTERNAL_KINDS)
+            return f"kind {kind!r} cannot be appended (allowed: {allowed})"
+        reserved = [name for name in ENVELOPE if name in fields]
+        if reserved:
+            return f"field(s) {', '.join(reserved)} are written by the log itself"
+        if kind in ("call_intent", "call_outcome") and not isinstance(fields.get("call_id"), str):
+            return f"a {kind} record needs a string call_id"
+        if kind == "call_outcome" and fields.get("status") not in CALL_STATUSES:
+            return f"call_outcome status must be one of {', '.join(CALL_STATUSES)}, not {fields.get('status')!r}"
+        return None
+
+    def redact(self, args: Mapping[str, Any], fields: Sequence[str]) -> Redacted:
+        """Replace `fields` of `args` by HMAC digests keyed with the log's redaction key (kept in the database)."""
+        return redact_args(args, fields, self._redaction_key)
+
+    @property
+    def seq(self) -> int:
+        """The seq after this writer's last append (other writers may have appended since)."""
+        return self._seq
+
+    def checkpoint(self) -> AuditResult:
+        """Write a signed checkpoint over the whole chain now (also every N records, T seconds and on close)."""
+        item = _Pending("checkpoint", ([], []), True)
+        with self._cond:
+            if self.closed:
+                return AuditResult(False, error=f"audit log {self.url} is closed")
+            self._queue.append(item)
+            self._cond.notify()
+        item.done.wait()
+        assert item.result is not None
+        return item.result
+
+    def close(self) -> None:
+        """Seal the chain with a checkpoint unless its last record is one; stop the writer; disconnect."""
+        with self._cond:
+            if self.closed:
+                return
+        self.checkpoint_if_unsealed()
+        with self._cond:
+            self.closed = True
+            self._cond.notify()
+        self._writer.join(timeout=30)
+        try:
+            self._connection().execute("DELETE FROM proctor_audit_writers WHERE id = %s", (self._writer_id,))
+        except psycopg.Error:
+            pass  # a stale writer row is harmless
+        self._drop()
+        atexit.unregister(self._at_exit)
+
+    def checkpoint_if_unsealed(self) -> None:
+        """Checkpoint when records follow the chain's last checkpoint (what `close` does)."""
+        item = _Pending("seal", ([], []), True)
+        with self._cond:
+            self._queue.append(item)
+            self._cond.notify()
+        item.done.wait()
+
+    def __enter__(self) -> PostgresAuditLog:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PostgresAuditLog({self.url!r}, log={self.name!r}, {'closed' if self.closed else 'open'})"
+
+    # -- the writer thread ----------------------------------------------------------------
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = _connect(self._conninfo)
+        return self._conn
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except psycopg.Error:
+                pass
+            self._conn = None
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self.closed:
+                    self._cond.wait()
+                if not self._queue and self.closed:
+                    return
+                batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+            records = [p for p in batch if p.kind not in ("checkpoint", "seal")]
+            try:
+                if records:
+                    self._write(records)
+                for p in batch:
+                    if p.kind == "checkpoint" or (p.kind == "seal" and self._unsealed()):
+                        p.result = self._checkpoint()
+                    elif p.kind == "seal":
+                        p.result = AuditResult(True, seq=self._last_ckpt)
+                if self._due():
+                    self._checkpoint()
+            except psycopg.Error as exc:
+                self._drop()
+                failure = AuditResult(False, error=f"the audit log {self.url} could not record it: {_why(exc)}")
+                for p in batch:
+                    p.result = p.result or failure
+            except Exception as exc:  # noqa: BLE001 - never leave a writer waiting
+                failure = AuditResult(False, error=f"the audit log {self.url} failed: {exc!r}")
+                for p in batch:
+                    p.result = p.result or failure
+            for p in batch:
+                p.done.set()
+
+    def _write(self, records: list[_Pending]) -> None:
+        conn = self._connection()
+        columns: list[list[str]] = [[] for _ in range(8)]
+        for p in records:
+            noh, full = p.parts
+            columns[0].append(p.kind)
+            for i, part in enumerate((*noh, *full)):
+                columns[i + 1].append(part)
+        rows = conn.execute(_APPEND, (self.name, *columns)).fetchall()
+        if any(p.durable for p in records):
+            with conn.transaction():
+                conn.execute("SET LOCAL synchronous_commit = on")
+                conn.execute(_BARRIER, (self._writer_id,))
+        for p, (seq, _h, last) in zip(records, rows, strict=True):
+            p.result = AuditResult(True, seq=int(seq))
+            self._seq, self._last_ckpt = int(seq) + 1, last
+
+    def _unsealed(self) -> bool:
+        row = self._connection().execute("SELECT seq, last_ckpt FROM proctor_audit_logs WHERE name = %s",
+                                         (self.name,)).fetchone()
+        return row is not None and row[0] > 0 and (row[1] is None or row[1] != row[0] - 1)
+
+    def _due(self) -> bool:
+        since = self._seq - (self._last_ckpt + 1 if self._last_ckpt is not None else 0)
+        return since >= self._every or (since > 0 and time.monotonic() - self._last_ckpt_time >= self._interval)
+
+    def _checkpoint(self) -> AuditResult:
+        """Lock the chain, extend the Merkle frontier to its head, sign, append the checkpoint — one transaction."""
+        conn = self._connection()
+        with conn.transaction():
+            conn.execute("SET LOCAL synchronous_commit = on")
+            row = conn.execute("SELECT seq, head, frontier_size, frontier FROM proctor_audit_logs "
+                               "WHERE name = %s FOR UPDATE", (self.name,)).fetchone()
+            assert row is not None
+            size, head, fsize, nodes = int(row[0]), str(row[1]), int(row[2]), list(row[3])
+            frontier = MerkleFrontier()
+            frontier._nodes = [bytes.fromhex(n) for n in nodes]
+            frontier.size = fsize
+            hashes = conn.execute("SELECT h FROM proctor_audit_records WHERE log = %s AND seq >= %s ORDER BY seq",
+                                  (self.name, fsize)).fetchall()
+            frontier.extend([bytes.fromhex(h) for (h,) in hashes])
+            if frontier.size != size:
+                raise AuditError(f"audit log {self.url}: {size} records in the head row but "
+                                 f"{frontier.size} in the table")
+            root = frontier.root_hex()
+            ts_ns = time.time_ns()
+            fields: dict[str, Any] = {"log": self.log_id, "size": size, "head": head, "root": root,
+                                      "key_id": None, "pub": None, "sig": None}
+            if self._key is not None:
+                statement = checkpoint_statement(self.log_id, size, head, root, ts_ns)
+                fields.update(key_id=key_id(self._key), pub=public_raw(self._key.public_key()).hex(),
+                              sig=self._key.sign(statement).hex())
+            noh, full = _template("checkpoint", fields, ts_ns)
+            ((seq, _h, _last),) = conn.execute(
+                _APPEND, (self.name, ["checkpoint"], *([x] for x in (*noh, *full)))).fetchall()
+            line = conn.execute("SELECT line FROM proctor_audit_records WHERE log = %s AND seq = %s",
+                                (self.name, seq)).fetchone()
+            conn.execute("UPDATE proctor_audit_logs SET frontier_size = %s, frontier = %s, ckpt_line = %s "
+                         "WHERE name = %s", (size, [n.hex() for n in frontier._nodes], line[0] if line else None,
+                                             self.name))
+        self._last_ckpt, self._seq = int(seq), int(seq) + 1
+        self._last_ckpt_time = time.monotonic()
+        return AuditResult(True, seq=int(seq))
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _close_if_alive(ref: weakref.ReferenceType[PostgresAuditLog]) -> None:
+    log = ref()
+    if log is not None:
+        log.close()
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def export_jsonl(url: str, out: IO[bytes], *, side_file: str | os.PathLike[str] | None = None) -> int:
+    """Write the log's records as JSON Lines to `out` (what the file verifier reads); return how many.
+
+    With `side_file`, also write the last checkpoint there, as the file log keeps it beside
+    itself (``LOG.checkpoint``), so a cut tail is detected the same way.
+    """
+    conninfo, name = _split(url)
+    count = 0
+    try:
+        with psycopg.connect(conninfo, connect_timeout=5, autocommit=True) as conn:
+            exists = conn.execute("SELECT to_regclass('proctor_audit_logs') IS NOT NULL").fetchone()
+            row = (conn.execute("SELECT ckpt_line FROM proctor_audit_logs WHERE name = %s", (name,)).fetchone()
+                   if exists and exists[0] else None)
+            if row is None:
+                raise AuditError(f"{_shown(url)}: no audit log named {name!r} in this database")
+            # One snapshot: rows appended meanwhile by live writers are not half-read.
+            with conn.transaction(), conn.cursor(name="proctor_export") as cur:
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                row = conn.execute("SELECT ckpt_line FROM proctor_audit_logs WHERE name = %s", (name,)).fetchone()
+                cur.itersize = 5000
+                cur.execute("SELECT line FROM proctor_audit_records WHERE log = %s ORDER BY seq", (name,))
+                for (line,) in cur:
+                    out.write(line.encode("utf-8") + b"\n")
+                    count += 1
+    except psycopg.Error as exc:
+        raise AuditError(f"cannot read the audit log {_shown(url)}: {_why(exc)}") from None
+    if side_file is not None and row is not None and row[0] is not None:
+        Path(side_file).write_bytes(row[0].encode("utf-8") + b"\n")
+    return count
+
+
+def verify_postgres(url: str, **options: Any) -> VerifyReport:
+    """Verify a PostgreSQL audit log: exported as the file log would be, then checked by the same verifier.
+
+    Options are `verify`'s (pubkey, trusted_checkpoint, side_file, workers, progress); the
+    checkpoint kept in the log's row plays the side file's part.
+    """
+    with tempfile.TemporaryDirectory(prefix="proctor-verify-") as tmp:
+        path = Path(tmp) / "audit.jsonl"
+        with path.open("wb") as out:
+            export_jsonl(url, out, side_file=side_file_path(path) if options.get("side_file", True) else None)
+        report = verify(path, **options)
+    report.path = _shown(url)
+    if report.side_file is not None:
+        report.side_file = f"{_shown(url)} (checkpoint kept in proctor_audit_logs)"
+    return report

@@ -1,0 +1,181 @@
+"""The PostgreSQL audit sink on a real server: same chain and verdicts as the file log, many writers, fail closed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from fleet_engines import PostgresServer
+
+from proctor import Gate, Policy, tool
+from proctor.audit import generate_keypair, verify
+from proctor.audit.postgres import PostgresAuditLog, export_jsonl, verify_postgres
+from proctor.cli import main
+from proctor.errors import AuditError
+
+WRITER = str(Path(__file__).with_name("audit_writer.py"))
+
+
+def _url(server: PostgresServer) -> str:
+    return f"{server.url}&log={uuid.uuid4().hex[:12]}"
+
+
+def _fill(url: str, n: int, **options: object) -> None:
+    with PostgresAuditLog(url, **options) as log:  # type: ignore[arg-type]
+        for i in range(n):
+            assert log.append("call_intent", {"call_id": f"c{i}", "run_id": "r", "tool": "t", "args": {"i": i}}).ok
+            assert log.append("call_outcome", {"call_id": f"c{i}", "run_id": "r", "tool": "t", "status": "ok"}).ok
+
+
+def test_signed_chain_verifies_in_the_database_and_as_exported_jsonl(postgres_server: PostgresServer,
+                                                                     tmp_path: Path) -> None:
+    """A log with signed checkpoints verifies by URL, and its JSON Lines export verifies with the file verifier."""
+    url = _url(postgres_server)
+    key, pub = tmp_path / "k", tmp_path / "k.pub"
+    generate_keypair(key)
+    _fill(url, 30, signing_key=key, checkpoint_every=16)
+    report = verify_postgres(url, pubkey=pub)
+    assert report.ok and report.records > 60 and report.signed_checkpoints >= 3, report.failure
+    out = tmp_path / "audit.jsonl"
+    assert main(["audit", "export", url, str(out)]) == 0
+    exported = verify(out, pubkey=pub)
+    assert exported.ok and (exported.records, exported.root) == (report.records, report.root)
+    assert main(["audit", "verify", url, "--pubkey", str(pub)]) == 0
+
+
+def _tamper(url: str, sql: str) -> None:
+    conninfo, _, query = url.partition("?")
+    host = query.split("host=")[1].split("&")[0]
+    name = query.split("log=")[1]
+    with psycopg.connect(f"{conninfo}?host={host}", autocommit=True) as conn:
+        conn.execute(sql.replace("LOG", f"'{name}'"))
+
+
+@pytest.mark.parametrize(("sql", "code"), [
+    ("UPDATE proctor_audit_records SET line = replace(line, '\"i\":3', '\"i\":4') WHERE log = LOG AND seq = 6",
+     "HASH_MISMATCH"),
+    ("DELETE FROM proctor_audit_records WHERE log = LOG AND seq = 9", "SEQ_GAP"),
+    ("DELETE FROM proctor_audit_records WHERE log = LOG AND seq > 20", "ROLLBACK"),
+])
+def test_tampering_in_the_database_gets_the_file_verdicts(postgres_server: PostgresServer, sql: str,
+                                                           code: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A changed record, a deleted one and a cut tail are found and named as in a file log."""
+    url = _url(postgres_server)
+    _fill(url, 12, checkpoint_every=1000)
+    assert verify_postgres(url).ok
+    _tamper(url, sql)
+    report = verify_postgres(url)
+    assert not report.ok and report.failure is not None
+    assert report.failure.code == code, report.failure
+    assert main(["audit", "verify", url]) == 1
+    assert "TAMPERED or corrupt" in capsys.readouterr().out
+
+
+def test_gate_writes_intent_before_the_tool_and_outcome_after(postgres_server: PostgresServer) -> None:
+    """Through a Gate, each call leaves an intent then an outcome in the database, redacted as a file log would."""
+    url = _url(postgres_server)
+    seen: list[int] = []
+
+    @tool(side_effect="write")
+    def pay(card: str, amount: int) -> int:
+        """Pay.
+
+        Args:
+            card: Card number.
+            amount: Amount.
+        """
+        seen.append(amount)
+        return amount
+
+    policy = Policy.from_dict({"version": 1, "default": "allow", "tools": {"pay": {"redact": ["card"]}}})
+    sink = PostgresAuditLog(url)
+    gate = Gate(policy, audit=sink, tools=[pay])
+    ctx = gate.start_run(principal="alice")
+    assert gate.call("pay", {"card": "4111", "amount": 5}, context=ctx) == 5
+    gate.finish_run(ctx)
+    sink.close()
+    out = Path(export_path := f"/tmp/{uuid.uuid4().hex}.jsonl")
+    try:
+        with out.open("wb") as f:
+            export_jsonl(url, f)
+        records = [json.loads(line) for line in out.read_text().splitlines()]
+    finally:
+        out.unlink()
+        Path(export_path + ".checkpoint").unlink(missing_ok=True)
+    kinds = [r["kind"] for r in records]
+    assert kinds[:4] == ["run_started", "call_intent", "call_outcome", "run_finished"] and kinds[-1] == "checkpoint"
+    assert "4111" not in json.dumps(records[1]["args"])
+
+
+def test_many_writers_in_many_processes_append_to_one_chain(postgres_server: PostgresServer) -> None:
+    """4 processes x 4 threads x 25 appends make one intact chain of 400 records (plus checkpoints)."""
+    url = _url(postgres_server)
+    PostgresAuditLog(url).close()  # create the log first
+    procs = [subprocess.Popen([sys.executable, WRITER, url, "4", "25"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    for p in procs:
+        _, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err[-3000:]
+    report = verify_postgres(url)
+    assert report.ok, report.failure
+    assert report.records - report.checkpoints == 400
+
+
+def test_lost_connection_refuses_intents_and_no_tool_runs_without_one(postgres_server: PostgresServer) -> None:
+    """With PostgreSQL gone the call is refused (AuditError) and the tool does not run; afterwards calls go on."""
+    url = _url(postgres_server)
+    runs: list[int] = []
+
+    @tool(side_effect="external")
+    def send() -> int:
+        """Send."""
+        runs.append(1)
+        return len(runs)
+
+    sink = PostgresAuditLog(url)
+    gate = Gate(Policy.from_dict({"version": 1, "default": "allow"}), audit=sink, tools=[send])
+    ctx = gate.start_run()
+    assert gate.call("send", context=ctx) == 1
+    postgres_server.stop()
+    try:
+        with pytest.raises(AuditError, match="could not record the call before it ran"):
+            gate.call("send", context=ctx)
+        assert runs == [1]
+    finally:
+        postgres_server.start()
+    assert gate.call("send", context=ctx) == 2
+    sink.close()
+    report = verify_postgres(url)
+    assert report.ok, report.failure
+
+
+def test_unreachable_database_refuses_to_open(tmp_path: Path) -> None:
+    """Opening a sink on a server that is not there raises AuditError naming the URL."""
+    with pytest.raises(AuditError, match="cannot open the audit log"):
+        PostgresAuditLog(f"postgresql://postgres@/postgres?host={tmp_path}&connect_timeout=2")
+
+
+def test_threads_share_one_sink_and_its_commits(postgres_server: PostgresServer) -> None:
+    """16 threads appending through one sink all get distinct seqs, and the chain verifies."""
+    url = _url(postgres_server)
+    seqs: list[int] = []
+    with PostgresAuditLog(url) as log:
+        def write(n: int) -> None:
+            for i in range(20):
+                r = log.append("step", {"run_id": "r", "n": n, "i": i})
+                assert r.ok and r.seq is not None
+                seqs.append(r.seq)
+
+        threads = [threading.Thread(target=write, args=(n,)) for n in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(set(seqs)) == 320
+    assert verify_postgres(url).ok
