@@ -178,22 +178,22 @@ def test_redis_restarted_mid_run_refuses_while_down_then_goes_on(redis_server: R
     try:
         _wait_for(lambda: _size(counter) >= 20, "no call ran before the restart")
         redis_server.stop()
-        time.sleep(1.0)
+        time.sleep(1.5)  # calls reserved just before the stop finish
         before = _size(counter)
         time.sleep(0.5)
-        assert _size(counter) == before  # nothing runs while the ledger is down
+        assert _size(counter) == before, "a call ran while the ledger was down"
         redis_server.start()
         _wait_for(lambda: _size(counter) >= before + 20, "calls did not go on after the restart")
     finally:
         stop.touch()
     results = _results(procs)
     ran = sum(r["ran"] for r in results)
-    assert sum(r["unavailable"] for r in results) > 0
-    assert _size(counter) == ran <= 1000
+    assert sum(r["unavailable"] for r in results) > 0, results
+    assert _size(counter) == ran <= 1000, results
     led = RedisLedger(redis_server.url)
     try:
         # A reserve whose answer was lost (a timeout) holds a lease nobody renews: it runs out within 1s.
         _wait_for(lambda: led.usage(["fleet-global|global|w=0"])["fleet-global|global|w=0"].calls == ran,
-                  "the pool does not settle at the calls that ran", 10)
+                  "the pool does not settle at the calls that ran", 30)
     finally:
         led.close()
