@@ -299,7 +299,7 @@ class Gate:
 
         Recorded as `run_resumed`; refused (`AuditError`) if the audit trail cannot record it.
         """
-        ctx = RunContext(info, self.policy.new_ledger())
+        ctx = RunContext(info, self.policy.new_ledger(info, self.ledger))
         self._record("run_resumed", {"run_id": info.id, "principal": info.principal, "labels": dict(info.labels),
                                      "step": info.step + 1, "policy_sha256": self.policy.sha256, **fields},
                      required=True)

@@ -313,8 +313,8 @@ class AgentBase:
                         response = saved
                         step.model_output, step.usage, step.cost_usd = saved.content, saved.usage, saved.cost_usd
                         charge = getattr(ctx.ledger, "charge_model", None)
-                        if charge is not None:
-                            charge(saved.usage.total_tokens, saved.cost_usd or 0.0)
+                        if charge is not None:  # the run's own budgets; shared pools counted it the first time
+                            charge(saved.usage.total_tokens, saved.cost_usd or 0.0, shared=False)
                     else:
                         response = self._generate(self.memory, ctx, step, sctx)
                         if durable is not None:

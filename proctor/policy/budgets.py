@@ -293,19 +293,40 @@ class Ledger:
         if reservation.lease is not None:
             self.shared.release(reservation.lease)
 
+    def replay(self, tool: str, side_effect: str, cost: float, duration_ns: int) -> None:
+        """Count a call that ran before a resume in this run's own budgets (never refused).
+
+        Shared pools (principal, label, global) are left alone: they counted the call when it ran.
+        """
+        cost = cost or 0
+        with self._lock:
+            now_s = self._wall()
+            for budget in self._budgets_for(tool, side_effect):
+                if budget.spec.shared:
+                    continue
+                if budget.spec.window is not None:
+                    self._roll(budget, now_s)
+                used = self._used[budget.name]
+                used.calls += 1
+                used.cost += cost
+                used.wall_ns += max(0, int(duration_ns))
+
     def _model_claims(self) -> list[Claim]:
         now_s = self._wall()
         return [self._claim(b, now_s) for b in self._budgets if b.spec.shared and b.spec.match is None]
 
-    def charge_model(self, tokens: int, cost_usd: float) -> None:
-        """Record what a model reply used (counted by every budget without `match`)."""
+    def charge_model(self, tokens: int, cost_usd: float, *, shared: bool = True) -> None:
+        """Record what a model reply used (counted by every budget without `match`).
+
+        `shared=False` for a reply replayed on resume: shared pools counted it the first time.
+        """
         with self._lock:
             for budget in self._budgets:
                 if budget.spec.match is None and not budget.spec.shared:
                     used = self._used[budget.name]
                     used.model_tokens += tokens
                     used.model_cost_usd += cost_usd
-        claims = self._model_claims()
+        claims = self._model_claims() if shared else []
         if claims:
             try:
                 self.shared.charge(claims, tokens=tokens, cost_usd=cost_usd)

@@ -219,6 +219,10 @@ class StepJournal:
             with p.ctx._lock:
                 p.ctx.grants.append(Grant(str(entry.grant["tool"]), dict(entry.grant.get("args") or {})))
         if record.status in ("ok", "failed", "timeout"):
+            replay = getattr(p.ctx.ledger, "replay", None)
+            if replay is not None:  # run budgets only: shared pools (principal, global…) counted it when it ran
+                replay(p.name, p.side_effect, p.facts.cost, record.duration_ns)
+                return
             try:
                 reservation = p.ctx.ledger.reserve(p.name, p.side_effect, p.facts.cost)
             except BudgetExceeded:
