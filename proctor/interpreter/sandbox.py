@@ -54,7 +54,8 @@ class SandboxSpec:
     """Everything that decides how one worker is started."""
 
     isolation: str  # "bwrap" | "process"
-    tmpfs_bytes: int = 64 * 1024 * 1024
+    tmpfs_bytes: int = 64 * 1024 * 1024  # /tmp
+    shm_bytes: int = 16 * 1024 * 1024  # /dev/shm
     extra_paths: tuple[str, ...] = ()  # read-only binds for authorized third-party packages
     env: dict[str, str] = field(default_factory=dict)
 
@@ -99,11 +100,13 @@ def site_paths() -> list[str]:
 
 _ARCH: dict[str, tuple[int, dict[str, int]]] = {
     "x86_64": (0xC000003E, dict(clone=56, fork=57, vfork=58, clone3=435, ptrace=101, mount=165, umount2=166,
+                               memfd_create=319, memfd_secret=447, shmget=29,
                                unshare=272, setns=308, keyctl=250, add_key=248, request_key=249, bpf=321,
                                perf_event_open=298, userfaultfd=323, io_uring_setup=425, io_uring_enter=426,
                                io_uring_register=427, chroot=161, pivot_root=155, process_vm_readv=310,
                                process_vm_writev=311, kexec_load=246, init_module=175, finit_module=313)),
     "aarch64": (0xC00000B7, dict(clone=220, clone3=435, ptrace=117, mount=40, umount2=39, unshare=97, setns=268,
+                                memfd_create=279, memfd_secret=447, shmget=194,
                                 keyctl=219, add_key=217, request_key=218, bpf=280, perf_event_open=241,
                                 userfaultfd=282, io_uring_setup=425, io_uring_enter=426, io_uring_register=427,
                                 chroot=51, pivot_root=41, process_vm_readv=270, process_vm_writev=271,
@@ -160,7 +163,10 @@ def build_command(spec: SandboxSpec, chan_fd: int, seccomp_fd: int | None, *, di
     cmd += ["--size", str(spec.tmpfs_bytes), "--tmpfs", "/tmp"]
     for path in _outermost(binds):
         cmd += ["--ro-bind", path, path]
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--chdir", "/tmp", "--clearenv"]
+    # Every writable place is a size-capped tmpfs: /tmp (above), and /dev/shm; bwrap's own /dev and the
+    # sandbox's root are tmpfs without a size, so both are made read-only once everything is mounted.
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--size", str(spec.shm_bytes), "--perms", "1777", "--tmpfs",
+            "/dev/shm", "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
     for key, value in (spec.env or worker_env()).items():
         cmd += ["--setenv", key, value]
     if seccomp_fd is not None:

@@ -70,6 +70,12 @@ CORPUS: dict[str, str] = {
     "write_canary": "open('CANARY', 'w').write('pwned')",
     "write_outdir": "open('OUTDIR/pwned', 'w').write('pwned')",
     "write_usr": "open('/usr/pwned', 'w').write('pwned')",
+    # filling the sandbox's writable places (issue #11.8: /dev was an uncapped tmpfs in host memory)
+    "fill_dev": "for i in range(100):\n    open('/dev/f%d' % i, 'w').write('x' * (1 << 26))",
+    "fill_dev_shm": "for i in range(100):\n    open('/dev/shm/f%d' % i, 'w').write('x' * (1 << 26))",
+    "fill_root": "for i in range(100):\n    open('/f%d' % i, 'w').write('x' * (1 << 26))",
+    "fill_memfd": "import os\nfds = [os.memfd_create('f%d' % i) for i in range(100)]\n"
+                  "for fd in fds:\n    os.write(fd, b'x' * (1 << 26))",
     # network
     "socket_localhost": "import socket\nsocket.create_connection(('127.0.0.1', PORT), timeout=0.5)",
     "urllib_localhost": "import urllib.request\nurllib.request.urlopen('http://127.0.0.1:PORT/', timeout=0.5)",
