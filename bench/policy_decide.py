@@ -8,6 +8,11 @@ charge over a limit and an unknown tool.
 
 Run: .venv/bin/python bench/policy_decide.py [--n 20000]
 Target (issue 2): p50 <= 20 µs at 100 rules, near-flat as non-matching rules are added.
+
+The last section (issue 13) times a decision whose rule sums over a 1,000-entry history
+(``sum(history.filter(…).map(…)) > 1000.0 - double(args.amount)``): through a Gate at
+call #1,000 of its run (the run's incremental fold, see `proctor.policy.aggregates`) and
+by `Policy.decide` over a plain 1,000-entry list (folded once per decision).
 """
 
 from __future__ import annotations
@@ -120,6 +125,44 @@ def main() -> None:
     flat_sizes = (10, 100, 1000, 10000)
     flat = interleaved([build(total) for total in flat_sizes], CALLS[:1], n // 2)
     print("  " + " | ".join(f"{total} rules {stats(s)[1]:.1f}" for total, s in zip(flat_sizes, flat, strict=True)))
+    history_sum(max(200, n // 50))
+
+
+SUM_RULE = ("sum(history.filter(h, h.tool == 'wire' && h.status == 'ok').map(h, double(h.args.amount)))"
+            " > 1000000000.0 - double(args.amount)")
+
+
+def history_sum(n: int) -> None:
+    """p50 µs of a decision under a sum() rule over 1,000 earlier calls: via a Gate, and via Policy.decide."""
+    from proctor import Gate, tool
+
+    @tool(side_effect="destructive")
+    def wire(amount: float) -> str:
+        """Wire money.
+
+        Args:
+            amount: How much.
+        """
+        return "ok"
+
+    policy = Policy.from_dict({"version": 1, "default": "allow", "rules": [
+        {"name": "cap", "match": {"tool": "wire"}, "when": SUM_RULE, "decision": "deny"}]})
+    gate = Gate(policy, tools=[wire])
+    ctx = gate.start_run()
+    for i in range(1000):
+        gate.call("wire", {"amount": float(i)}, context=ctx)
+    clock = time.perf_counter_ns
+    through_gate = []
+    for _ in range(n):  # each call adds an entry: the run grows from 1,000 by n calls
+        t0 = clock()
+        gate.call("wire", {"amount": 1.0}, context=ctx)
+        through_gate.append(clock() - t0)
+    history = tuple(HistoryEntry("wire", {"amount": float(i)}, "destructive", "allow", "ok") for i in range(1000))
+    call = Call("wire", {"amount": 1.0}, side_effect="destructive", history=history, run=RUN)
+    by_list = sample(policy, [call], n)
+    print(f"sum() over a 1,000-entry history: p50 {statistics.median(through_gate) / 1000:.1f} µs per gate.call "
+          f"at call #1,000+ (decision, run and audit-free call), "
+          f"{statistics.median(by_list) / 1000:.1f} µs per Policy.decide over a plain list")
 
 
 if __name__ == "__main__":
