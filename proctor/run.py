@@ -6,13 +6,13 @@ and its budget usage as `usage`, both read without copying.
 
 from __future__ import annotations
 
-import fnmatch
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol, overload
 
 from proctor.approval.base import Grant
+from proctor.approval.grants import grant_admits
 from proctor.calls import CallRecord, CallStatus, HistoryEntry, Outcome, RunInfo, SideEffect
 from proctor.redaction import scrub
 
@@ -165,10 +165,7 @@ class RunContext:
     def _granted(self, tool: str, args: Mapping[str, Any]) -> Grant | None:
         with self._lock:
             for grant in self.grants:
-                if grant.tool == tool and all(
-                    name in args and fnmatch.fnmatchcase(str(args[name]), pattern)
-                    for name, pattern in grant.args.items()
-                ):
+                if grant_admits(grant, tool, args):  # safe on free text: proctor.approval.grants
                     return grant
         return None
 

@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.text import Text
 
 from proctor.approval.base import ApprovalDecision, ApprovalRequest, Grant
+from proctor.approval.grants import GrantPattern, describe_grant
 from proctor.approval.panel import KEYS_HELP, format_duration, render_request, safe_text
 from proctor.errors import ConfigurationError
 from proctor.jsoninput import loads_bounded
@@ -95,6 +96,7 @@ def parse_grant_patterns(text: str, arg_names: set[str] | None = None) -> dict[s
         if arg_names is not None and name not in arg_names:
             have = ", ".join(sorted(arg_names)) or "none"
             raise ValueError(f"this call has no argument {name!r} (it has: {have})")
+        GrantPattern.parse(glob)  # ValueError names what the pattern may not hold
         patterns[name] = glob
     return patterns
 
@@ -210,6 +212,13 @@ class ConsoleApprover:
             if key in ("g", "grant"):
                 patterns = self._ask_patterns(request, lines, deadline)
                 if patterns is None:
+                    continue
+                # Before it is given: what the grant will admit, and that smuggled values are not.
+                for line in describe_grant(Grant(request.tool, patterns), request.args):
+                    self._say(line, "cyan")
+                sure = self._prompt(lines, deadline, "give this grant? [y/N] ").strip().lower()
+                if sure not in ("y", "yes"):
+                    self._say("no grant given", "yellow")
                     continue
                 scope = " ".join(f"{k}={v}" for k, v in patterns.items()) or "any arguments"
                 self._say(f"granted {request.tool} ({scope}) for the rest of the run by {name}", "bold green")

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from proctor.approval.base import ApprovalDecision, ApprovalRequest, Grant
+from proctor.approval.grants import GrantPattern
 from proctor.approval.signing import (
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
@@ -229,4 +230,9 @@ class WebhookApprover:
             isinstance(k, str) and isinstance(v, str) for k, v in patterns.items()
         ):
             raise _Deny(f"{self.name} answered granted with grant.args that is not an object of glob strings")
+        for name, text in patterns.items():
+            try:
+                GrantPattern.parse(text)
+            except ValueError as exc:  # a pattern we cannot read admits nothing: refuse the whole answer
+                raise _Deny(f"{self.name} answered granted with a bad pattern for {name[:40]!r}: {exc}") from None
         return Grant(request.tool, dict(patterns))

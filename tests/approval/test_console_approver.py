@@ -112,9 +112,31 @@ def test_grant_with_an_argument_pattern() -> None:
     child.expect_exact("no argument 'cc'")
     child.expect_exact("limit to arguments")
     child.sendline("to=*@partner.org")
+    child.expect_exact("<one or more word characters> then '@partner.org'")  # shown before it is given
+    child.expect_exact("give this grant? [y/N]")
+    child.sendline("y")
     (decision,) = decisions(child)
     assert decision["verdict"] == "grant"
     assert decision["grant"] == {"tool": "send_email", "args": {"to": "*@partner.org"}}
+
+
+def test_grant_preview_can_be_declined_and_bad_patterns_refused() -> None:
+    """A pattern with '?' or a space is refused; declining the preview gives no grant and asks again."""
+    child = spawn()
+    child.expect_exact(PROMPT)
+    child.sendline("g")
+    child.expect_exact("limit to arguments")
+    child.sendline("to=?@partner.org")
+    child.expect_exact("only * and ** are wildcards")
+    child.expect_exact("limit to arguments")
+    child.sendline("to=*@partner.org")
+    child.expect_exact("never e.g.")
+    child.expect_exact("give this grant? [y/N]")
+    child.sendline("n")
+    child.expect_exact("no grant given")
+    child.expect_exact(PROMPT)
+    child.sendline("a")
+    assert decisions(child)[0]["verdict"] == "approve"
 
 
 def test_grant_for_any_arguments() -> None:
@@ -124,6 +146,8 @@ def test_grant_for_any_arguments() -> None:
     child.sendline("g")
     child.expect_exact("limit to arguments")
     child.sendline("")
+    child.expect_exact("with any arguments")
+    child.sendline("y")
     assert decisions(child)[0]["grant"] == {"tool": "send_email", "args": {}}
 
 
