@@ -142,7 +142,15 @@ def build_command(spec: SandboxSpec, chan_fd: int, seccomp_fd: int | None, *, di
                   argv: Sequence[str] | None = None) -> list[str]:
     """The full argv starting the worker (bwrap-wrapped or plain)."""
     python = python_executable()
-    worker = list(argv) if argv is not None else [python, "-I", "-S", "-B", "-c", BOOTSTRAP, str(chan_fd)]
+    if argv is not None:
+        worker = list(argv)
+    elif "PYTHONHASHSEED" in spec.env:
+        # -I would ignore PYTHONHASHSEED (a durable run's fixed hash seed). The environment is built
+        # from nothing anyway (worker_env), so keep the rest of -I: no user site, no '' on sys.path.
+        worker = [python, "-s", "-S", "-B", "-c", "import sys;sys.path=[p for p in sys.path if p]\n" + BOOTSTRAP,
+                  str(chan_fd)]
+    else:
+        worker = [python, "-I", "-S", "-B", "-c", BOOTSTRAP, str(chan_fd)]
     if spec.isolation != "bwrap":
         return worker
     bwrap = shutil.which("bwrap") or "bwrap"

