@@ -1,6 +1,12 @@
 """Benchmark: proctor's Interpreter side by side with smolagents' LocalPythonExecutor.
 
     .venv/bin/python bench/interpreter.py [--markdown]
+    .venv/bin/python bench/interpreter.py --compare REF [--rounds N]
+
+`--compare REF` measures only (b), before and after in the same run: the proctor package of
+git revision REF (exported to a temporary directory) against this checkout's, in alternating
+rounds, each a fresh process running 10,000 governed calls next to a bare pipe measured just
+before them. It prints both p50s per round and the median of the after/before ratios.
 
 Measures (a) a 100,000-iteration arithmetic loop, (b) 10,000 calls of an allowed
 read-only tool (governed round trip p50 in 5 rounds, each next to a bare pipe round
@@ -222,8 +228,70 @@ def smolagents_figures() -> dict[str, Any] | str:
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+def one_round_b() -> dict[str, float]:
+    """One (b) round in this process: governed p50 and the bare pipe's just before (for --compare)."""
+    sandbox = "bwrap" if bwrap_status()[0] else "process"
+    gate = _gate()
+    with Interpreter([lookup], gate, sandbox=sandbox, timeout=60) as py:  # type: ignore[arg-type]
+        py.run(CALLS)  # warm-up: first-call costs, caches
+        bare = bare_pipe_p50(4000)
+        r = py.run(CALLS)
+        assert r.error is None, r.error
+    return {"call_p50_us": float(r.value), "bare_p50_us": bare}
+
+
+def compare(ref: str, rounds: int) -> int:
+    """(b) before (revision `ref`) and after (this checkout), alternating, in one run."""
+    import shutil
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    base = tempfile.mkdtemp(prefix="proctor-baseline-")
+    try:
+        archive = subprocess.run(["git", "-C", repo, "archive", ref, "proctor"], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", base], input=archive.stdout, check=True)
+        me = os.path.abspath(__file__)
+        rows = []
+        for i in range(rounds):
+            pair = {}
+            order = (("before", base), ("after", None)) if i % 2 == 0 else (("after", None), ("before", base))
+            for label, path in order:
+                env = dict(os.environ)
+                if path is not None:
+                    env["PYTHONPATH"] = path + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+                done = subprocess.run([sys.executable, me, "--round-b"], capture_output=True, text=True, env=env,
+                                      timeout=600, cwd=path or repo)
+                if done.returncode != 0:
+                    print(done.stderr[-2000:], file=sys.stderr)
+                    return 1
+                pair[label] = json.loads(done.stdout.strip().splitlines()[-1])
+            rows.append(pair)
+            b, a = pair["before"], pair["after"]
+            print(f"round {i + 1}: before {b['call_p50_us']:.1f} µs (bare {b['bare_p50_us']:.1f}), "
+                  f"after {a['call_p50_us']:.1f} µs (bare {a['bare_p50_us']:.1f}), "
+                  f"after/before {a['call_p50_us'] / b['call_p50_us']:.3f}", flush=True)
+        ratios = [r["after"]["call_p50_us"] / r["before"]["call_p50_us"] for r in rows]
+        # Each side relative to its own bare pipe, too: the VM's speed drifts between processes.
+        norm = [(r["after"]["call_p50_us"] / r["after"]["bare_p50_us"])
+                / (r["before"]["call_p50_us"] / r["before"]["bare_p50_us"]) for r in rows]
+        print(f"\n(b) before ({ref}) median {statistics.median(r['before']['call_p50_us'] for r in rows):.1f} µs, "
+              f"after median {statistics.median(r['after']['call_p50_us'] for r in rows):.1f} µs; "
+              f"after/before median {statistics.median(ratios):.3f} (each against its bare pipe: "
+              f"{statistics.median(norm):.3f}); target <= 1.10")
+        print(f"machine: {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}, python {sys.version.split()[0]}")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
 def main() -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    if "--round-b" in sys.argv:
+        print(json.dumps(one_round_b()))
+        return 0
+    if "--compare" in sys.argv:
+        ref = sys.argv[sys.argv.index("--compare") + 1]
+        rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 6
+        return compare(ref, rounds)
     bwrap_ok = bwrap_status()[0]
     bare_blocking = bare_pipe_p50(spin=False)
     gate_us = gate_submit_p50()
