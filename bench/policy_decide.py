@@ -145,24 +145,31 @@ def history_sum(n: int) -> None:
         """
         return "ok"
 
+    def per_call(condition: str) -> list[int]:
+        policy = Policy.from_dict({"version": 1, "default": "allow", "rules": [
+            {"name": "cap", "match": {"tool": "wire"}, "when": condition, "decision": "deny"}]})
+        gate = Gate(policy, tools=[wire])
+        ctx = gate.start_run()
+        for i in range(1000):
+            gate.call("wire", {"amount": float(i)}, context=ctx)
+        clock = time.perf_counter_ns
+        out = []
+        for _ in range(n):  # each call adds an entry: the run grows from 1,000 by n calls
+            t0 = clock()
+            gate.call("wire", {"amount": 1.0}, context=ctx)
+            out.append(clock() - t0)
+        return out
+
+    reference, through_gate = per_call("double(args.amount) > 1000000000.0"), per_call(SUM_RULE)
     policy = Policy.from_dict({"version": 1, "default": "allow", "rules": [
         {"name": "cap", "match": {"tool": "wire"}, "when": SUM_RULE, "decision": "deny"}]})
-    gate = Gate(policy, tools=[wire])
-    ctx = gate.start_run()
-    for i in range(1000):
-        gate.call("wire", {"amount": float(i)}, context=ctx)
-    clock = time.perf_counter_ns
-    through_gate = []
-    for _ in range(n):  # each call adds an entry: the run grows from 1,000 by n calls
-        t0 = clock()
-        gate.call("wire", {"amount": 1.0}, context=ctx)
-        through_gate.append(clock() - t0)
     history = tuple(HistoryEntry("wire", {"amount": float(i)}, "destructive", "allow", "ok") for i in range(1000))
     call = Call("wire", {"amount": 1.0}, side_effect="destructive", history=history, run=RUN)
-    by_list = sample(policy, [call], n)
-    print(f"sum() over a 1,000-entry history: p50 {statistics.median(through_gate) / 1000:.1f} µs per gate.call "
-          f"at call #1,000+ (decision, run and audit-free call), "
-          f"{statistics.median(by_list) / 1000:.1f} µs per Policy.decide over a plain list")
+    by_list = sample(policy, [call], min(n, 20))  # folded from scratch each time: slow, few samples
+    gate_p50, ref_p50 = statistics.median(through_gate) / 1000, statistics.median(reference) / 1000
+    print(f"sum() over a 1,000-entry history: p50 {gate_p50:.1f} µs per gate.call at call #1,000+ (no audit), "
+          f"{gate_p50 / ref_p50:.2f}x the same call under a rule that reads no history ({ref_p50:.1f} µs); "
+          f"{statistics.median(by_list) / 1000:.0f} µs per Policy.decide over a plain 1,000-entry list")
 
 
 if __name__ == "__main__":

@@ -665,6 +665,17 @@ class Gate:
         if decision.outcome == "deny":
             return ApprovalDenied(f"{name}: edited arguments denied by the policy: {decision.reason}",
                                   tool=name, call_id=p.call_id, rules=decision.rules)
+        if getattr(p.facts, "cost_expression", None) is not None:
+            # The cost comes from the arguments: the edited call is reserved at its own cost.
+            try:
+                cost = float(self.policy.cost_of(name, edited, p.tool.cost, p.ctx.info))  # type: ignore[attr-defined]
+                if p.reservation is not None:
+                    p.ctx.ledger.release(p.reservation)
+                    p.reservation = None
+                p.reservation = p.ctx.ledger.reserve(name, p.side_effect, cost)
+            except (ToolDenied, BudgetExceeded) as exc:
+                return ApprovalDenied(f"{name}: edited arguments refused: {exc}", tool=name, call_id=p.call_id,
+                                      rules=decision.rules)
         original = p.redacted
         p.args, p.decision = edited, decision
         p.redacted = self._redact(edited, p.facts.redact)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proctor.calls import Call, HistoryEntry
-from proctor.errors import BudgetExceeded, PolicyError, ToolDenied, ToolFailed
+from proctor.errors import BudgetExceeded, CallRefused, PolicyError, ToolDenied, ToolFailed
 from proctor.gate import Gate
 from proctor.policy import Policy
 from proctor.tools import tool
@@ -158,3 +158,24 @@ def test_policy_cost_of() -> None:
     assert policy.cost_of("a", {}) == 3
     assert policy.cost_of("b", {"n": 4}) == 8
     assert policy.cost_of("c", {}, declared_cost=2) == 2
+
+
+def test_an_edited_call_is_reserved_at_its_new_cost() -> None:
+    """An approver's edit that raises the amount is charged the new amount, and refused past the budget."""
+    from proctor.approval import ApprovalDecision, CallbackApprover
+
+    policy = Policy.from_dict({**INVOICES, "rules": [
+        {"name": "ask", "match": {"tool": "create_invoice"}, "decision": "require_approval"}]})  # fmt: skip
+
+    def edit_to(amount: float) -> CallbackApprover:
+        return CallbackApprover(lambda req: ApprovalDecision("edit", req.binding, "alice",
+                                                             args={"customer": "a", "amount": amount}))
+
+    gate = Gate(policy, approver=edit_to(700), tools=[create_invoice])
+    ctx = gate.start_run()
+    assert gate.call("create_invoice", {"customer": "a", "amount": 10}, context=ctx) == "invoice for 700.0"
+    assert ctx.ledger.usage()["invoiced"]["cost"] == 700
+    gate.approver = edit_to(400)
+    with pytest.raises(CallRefused, match="edited arguments refused: .*invoiced"):
+        gate.call("create_invoice", {"customer": "a", "amount": 10}, context=ctx)
+    assert ctx.ledger.usage()["invoiced"]["cost"] == 700
