@@ -176,6 +176,6 @@ def test_an_edited_call_is_reserved_at_its_new_cost() -> None:
     assert gate.call("create_invoice", {"customer": "a", "amount": 10}, context=ctx) == "invoice for 700.0"
     assert ctx.ledger.usage()["invoiced"]["cost"] == 700
     gate.approver = edit_to(400)
-    with pytest.raises(CallRefused, match="edited arguments refused: .*invoiced"):
+    with pytest.raises(CallRefused, match=r"edited arguments refused: .*invoiced"):
         gate.call("create_invoice", {"customer": "a", "amount": 10}, context=ctx)
     assert ctx.ledger.usage()["invoiced"]["cost"] == 700
