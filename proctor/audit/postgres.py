@@ -143,8 +143,11 @@ def _shown(url: str) -> str:
 
 
 def _connect(conninfo: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
-    return psycopg.connect(conninfo, autocommit=autocommit, connect_timeout=5,
-                           options="-c synchronous_commit=off -c statement_timeout=10000")
+    conn = psycopg.connect(conninfo, autocommit=autocommit, connect_timeout=5)
+    # Set here, not with `options=`, which would replace options the URL gives (a search_path…).
+    conn.execute("SET synchronous_commit = off")
+    conn.execute("SET statement_timeout = 10000")
+    return conn
 
 
 def ensure_schema(conn: psycopg.Connection[Any]) -> None:

@@ -1,0 +1,82 @@
+"""The PostgreSQL run store passes the store contract on a real server, and wakes waiters by NOTIFY."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from store_conformance import StoreConformance, _approval
+
+from proctor.errors import StoreError
+from proctor.store import ApprovalAnswer, RunStore
+from proctor.store.postgres import PostgresRunStore
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fleet"))
+from fleet_engines import PostgresServer
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[PostgresServer]:
+    """A PostgreSQL cluster for this module (run as nobody)."""
+    server = PostgresServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.cleanup()
+
+
+def _fresh(server: PostgresServer) -> str:
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    return f"{server.url}&options=-csearch_path%3D{schema}"
+
+
+class TestPostgresStore(StoreConformance):
+    """The conformance suite against a fresh schema of a real PostgreSQL."""
+
+    @pytest.fixture
+    def store_url(self, pg: PostgresServer) -> str:
+        return _fresh(pg)
+
+
+def test_open_by_url_gives_the_postgres_store(pg: PostgresServer) -> None:
+    """RunStore.open(postgresql://…) is a PostgresRunStore."""
+    store = RunStore.open(_fresh(pg))
+    try:
+        assert isinstance(store, PostgresRunStore)
+    finally:
+        store.close()
+
+
+def test_a_waiting_run_wakes_on_notify_not_on_a_poll(pg: PostgresServer) -> None:
+    """An answer from another connection wakes wait_for_answer at once (well before a 60 s timeout)."""
+    url = _fresh(pg)
+    waiter, answerer = RunStore.open(url), RunStore.open(url)
+    try:
+        filed = waiter.file_approval(_approval())
+        got: list[object] = []
+        thread = threading.Thread(target=lambda: got.append(waiter.wait_for_answer(filed.id, 60)))
+        began = time.monotonic()
+        thread.start()
+        time.sleep(0.5)
+        answerer.answer_approval(filed.id, ApprovalAnswer("approve", "bob"), binding=filed.binding)
+        thread.join(timeout=30)
+        assert got and getattr(got[0], "status", None) == "answered"
+        assert time.monotonic() - began < 30
+    finally:
+        waiter.close()
+        answerer.close()
+
+
+def test_unreachable_server_is_a_store_error(tmp_path: Path) -> None:
+    """A server that is not there fails to open with StoreError naming the store."""
+    with pytest.raises(StoreError, match="cannot open run store"):
+        PostgresRunStore(f"postgresql://postgres@/postgres?host={tmp_path}", connect_timeout_s=2)
