@@ -388,11 +388,15 @@ class PostgresAuditLog:
             columns[0].append(p.kind)
             for i, part in enumerate((*noh, *full)):
                 columns[i + 1].append(part)
-        rows = conn.execute(_APPEND, (self.name, *columns)).fetchall()
-        if any(p.durable for p in records):
-            with conn.transaction():
-                conn.execute("SET LOCAL synchronous_commit = on")
+        # One network round trip: the append (its own transaction, committed without waiting for the
+        # disk) and, behind it in the same pipeline, the barrier committed synchronously.
+        with conn.pipeline():
+            cursor = conn.execute(_APPEND, (self.name, *columns))
+            if any(p.durable for p in records):
+                conn.execute("SET synchronous_commit = on")
                 conn.execute(_BARRIER, (self._writer_id,))
+                conn.execute("SET synchronous_commit = off")
+        rows = cursor.fetchall()
         for p, (seq, _h, last) in zip(records, rows, strict=True):
             p.result = AuditResult(True, seq=int(seq))
             self._seq, self._last_ckpt = int(seq) + 1, last

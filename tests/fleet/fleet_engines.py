@@ -21,6 +21,12 @@ __all__ = ["PostgresServer", "RedisServer"]
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _wait(predicate: object, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -33,22 +39,28 @@ def _wait(predicate: object, timeout_s: float, what: str) -> None:
 class RedisServer:
     """A redis-server with append-only persistence (fsync always) on a Unix socket."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, tcp: bool = False) -> None:
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server is not installed: apt-get install redis-server (.ci/run does)")
         self.exe = exe
         self.dir = root
         self.socket = root / "redis.sock"
+        self.port = _free_port() if tcp else 0  # loopback TCP as well as the socket (for benchmarks)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"unix://{self.socket}?db=0"
 
+    @property
+    def tcp_url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [self.exe, "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
+            [self.exe, "--port", str(self.port), "--bind", "127.0.0.1",
+             "--unixsocket", str(self.socket), "--unixsocketperm", "700",
              "--dir", str(self.dir), "--save", "", "--appendonly", "yes", "--appendfsync", "always",
              "--daemonize", "no", "--loglevel", "warning", "--logfile", str(self.dir / "redis.log")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
