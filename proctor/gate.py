@@ -57,6 +57,7 @@ from proctor.telemetry import metrics
 from proctor.telemetry import semconv as sc
 from proctor.telemetry.logging import get_logger
 from proctor.telemetry.spans import ToolSpan, get_tracer, tool_span
+from proctor.textcaps import error_fields
 from proctor.tools import Tool, as_tool, run_with_timeout
 
 __all__ = ["CallOutcome", "Gate", "RunContext"]
@@ -783,7 +784,7 @@ class Gate:
         if self.audit is not None:
             if p.state not in _INTENT_WRITTEN:
                 fields = self._call_fields(p)
-                fields["error"] = str(error)
+                fields.update(error_fields(error))  # capped, with the digest of what was cut
                 self._record("call_intent", fields, durable=False)
             self._record("call_outcome", self._outcome_fields(p, status, error, 0))
         _safely(p.span.event, sc.CALL_INTERRUPTED_EVENT, {sc.PROCTOR_STATUS: status, sc.PROCTOR_REASON: str(error)})
@@ -806,7 +807,7 @@ class Gate:
             p.reservation = None
         if audited and self.audit is not None:
             fields = self._call_fields(p)
-            fields["error"] = str(error)
+            fields.update(error_fields(error))  # capped, with the digest of what was cut
             if extra:
                 fields.update(extra)
             self._record("call_intent", fields, durable=False)
@@ -840,7 +841,7 @@ class Gate:
     def _outcome_fields(self, p: _Pending, status: CallStatus, error: ProctorError | None,
                         duration_ns: int) -> dict[str, Any]:
         return {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": p.name, "status": status,
-                "duration_ns": duration_ns, "error": str(error) if error else None,
+                "duration_ns": duration_ns, **error_fields(error if error else None),
                 "policy_sha256": self.policy.sha256, "trace_id": p.span.trace_id, "span_id": p.span.span_id}
 
     def _call_fields(self, p: _Pending) -> dict[str, Any]:

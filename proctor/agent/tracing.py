@@ -20,6 +20,7 @@ from proctor.agent.models import Message, ModelResponse
 from proctor.telemetry.base import capture_content, content_json
 from proctor.telemetry.runs import provider_from_model
 from proctor.telemetry.semconv import GEN_AI_INPUT_MESSAGES, GEN_AI_OUTPUT_MESSAGES
+from proctor.textcaps import cap_text
 
 __all__ = ["HeldChat", "model_span", "record_input", "record_output", "record_response"]
 
@@ -72,7 +73,7 @@ def model_span(tracer: Tracer, parent: Context, *, model: str) -> Iterator[HeldC
         yield held
     except BaseException as exc:
         span.set_attribute("error.type", type(exc).__name__)
-        span.set_status(Status(StatusCode.ERROR, str(exc)))
+        span.set_status(Status(StatusCode.ERROR, cap_text(str(exc))))
         span.end()
         raise
     if held.response is None:

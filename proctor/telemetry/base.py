@@ -17,6 +17,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import INVALID_SPAN, NoOpTracer, ProxyTracer, Span, Status, StatusCode, Tracer
 
 from proctor.telemetry import semconv as sc
+from proctor.textcaps import MAX_SPAN_TEXT, cap_attributes, cap_text
 
 __all__ = [
     "MAX_CONTENT_CHARS",
@@ -99,8 +100,17 @@ def current_context() -> Context:
 
 
 def _set_error(span: Span, error_type: str | None, message: str | None) -> None:
-    span.set_attribute(sc.ERROR_TYPE, error_type or sc.ERROR_OTHER)
-    span.set_status(Status(StatusCode.ERROR, message))
+    span.set_attribute(sc.ERROR_TYPE, cap_text(error_type or sc.ERROR_OTHER))
+    span.set_status(Status(StatusCode.ERROR, None if message is None else cap_text(message)))
+
+
+def record_exception(span: Span, exc: BaseException) -> None:
+    """`span.record_exception(exc)` with its message and stack trace capped (`proctor.textcaps`)."""
+    import traceback
+
+    trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    span.record_exception(exc, attributes={"exception.message": cap_text(str(exc)),
+                                           "exception.stacktrace": cap_text(trace, 4 * MAX_SPAN_TEXT)})
 
 
 class _Handle:
@@ -127,7 +137,7 @@ class _Handle:
     def event(self, name: str, attributes: Mapping[str, Any] | None = None) -> None:
         """Add a span event (Jaeger's "Logs", Phoenix's "Events"): a refusal, an approval, a budget stop."""
         if self.recording:
-            self.span.add_event(name, dict(attributes or {}))
+            self.span.add_event(name, cap_attributes(attributes))
 
     def log_fields(self) -> dict[str, str]:
         """trace_id / span_id for a log event, so a log line leads to its span."""

@@ -28,7 +28,15 @@ from opentelemetry.trace import Link, Span, SpanContext, SpanKind, TraceFlags, T
 from proctor.calls import RunInfo
 from proctor.telemetry import metrics
 from proctor.telemetry import semconv as sc
-from proctor.telemetry.base import _OK_STATUSES, _Handle, _set_error, capture_content, content_json, get_tracer
+from proctor.telemetry.base import (
+    _OK_STATUSES,
+    _Handle,
+    _set_error,
+    capture_content,
+    content_json,
+    get_tracer,
+    record_exception,
+)
 
 __all__ = ["AgentSpan", "StepSpan", "agent_span", "provider_from_model", "step_span"]
 
@@ -93,7 +101,7 @@ class _Usage(_Handle):
 
     def _failed(self, exc: BaseException) -> None:
         if self.recording:
-            self.span.record_exception(exc)
+            record_exception(self.span, exc)
         if not self._finished or self._status in _OK_STATUSES:
             self.finish("failed", type(exc).__name__, str(exc))
 

@@ -34,6 +34,7 @@ from proctor.telemetry import metrics
 from proctor.telemetry import semconv as sc
 from proctor.telemetry.base import (
     _REFUSED_APPROVALS,
+    MAX_CONTENT_CHARS,
     _Handle,
     _set_error,
     capture_content,
@@ -41,10 +42,12 @@ from proctor.telemetry.base import (
     current_context,
     get_tracer,
     is_noop,
+    record_exception,
     set_capture_content,
     span_ids,
 )
 from proctor.telemetry.runs import AgentSpan, StepSpan, agent_span, step_span
+from proctor.textcaps import MAX_SPAN_TEXT, cap_attributes, cap_text
 
 __all__ = [
     "AgentSpan",
@@ -63,6 +66,8 @@ __all__ = [
     "step_span",
     "tool_span",
 ]
+
+_ATTR_LIMIT = max(MAX_SPAN_TEXT, MAX_CONTENT_CHARS + 64)
 
 # -- tool calls -------------------------------------------------------------------------------------
 
@@ -134,7 +139,7 @@ class ToolSpan(_Handle):
             sc.PROCTOR_APPROVAL_WAIT_MS: wait_ns // 1_000_000,
         }
         self._attrs.update(attrs)
-        self.span.add_event(sc.APPROVAL_RESOLVED_EVENT, dict(attrs))
+        self.span.add_event(sc.APPROVAL_RESOLVED_EVENT, cap_attributes(attrs))
         if wait_ns > 0:
             # The gate reports the wait once it is over; the child span is drawn after the
             # fact with the true start and end, which is what a trace view shows anyway.
@@ -189,12 +194,13 @@ class ToolSpan(_Handle):
             attrs[sc.PROCTOR_STATUS] = status
             if failed:
                 attrs[sc.ERROR_TYPE] = error_type
-                self.span.set_status(Status(StatusCode.ERROR, message))
+                self.span.set_status(Status(StatusCode.ERROR, None if message is None else cap_text(message)))
             self._flush()
 
     def _flush(self) -> None:
         if self._attrs:
-            self.span.set_attributes(self._attrs)
+            # Reason, rules… may quote a program's text; captured content is cut at MAX_CONTENT_CHARS already.
+            self.span.set_attributes(cap_attributes(self._attrs, _ATTR_LIMIT))
             self._attrs = {}
 
 
@@ -234,7 +240,7 @@ class tool_span:  # lower case: used as a function; a class because @contextmana
         handle = self._handle
         if exc is not None and not handle._finished:
             if handle.recording:
-                handle.span.record_exception(exc)
+                record_exception(handle.span, exc)
             handle.finish("failed", type(exc).__name__, str(exc))
         if handle.span is INVALID_SPAN:  # no SDK: nothing was gathered, and ending it does nothing
             return
