@@ -23,6 +23,7 @@ Any exception raised here fails the condition, which denies the call.
 
 from __future__ import annotations
 
+import logging
 import re
 import unicodedata
 from collections.abc import Callable, Mapping
@@ -39,6 +40,18 @@ __all__ = [
 ]
 
 _INT64 = (-(2**63), 2**63 - 1)
+
+
+class _QuietFunctionFailures(logging.Filter):
+    """The `cel` package logs a warning each time a Python function raises; proctor reports that
+    error itself (the condition fails and the call is denied naming it), so the warning is noise
+    on a console (`policy test` printed one per failing case)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Python function '")
+
+
+logging.getLogger("cel").addFilter(_QuietFunctionFailures())
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,3 +156,11 @@ def test_register_refuses_bad_definitions() -> None:
         register(CelFunction("x"))
     with pytest.raises(ValueError):
         register(CelFunction("no good", fn=len))
+
+
+def test_a_failing_function_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """The deny reason names the error; the cel package's own warning is not printed too."""
+    caplog.set_level("WARNING")
+    with pytest.raises(Exception, match="one address"):
+        compile_condition("email_domain('a@x.example, b@y.example') == 'x'").evaluate({})
+    assert [r for r in caplog.records if r.name.startswith("cel")] == []
