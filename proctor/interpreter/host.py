@@ -20,7 +20,7 @@ import weakref
 from typing import Any
 
 from proctor.errors import SandboxError
-from proctor.interpreter.channel import frame
+from proctor.interpreter.channel import ProtocolError, frame
 from proctor.interpreter.limits import ChannelLimits, HostFrameReader
 from proctor.interpreter.sandbox import SandboxSpec, spawn
 
@@ -30,11 +30,47 @@ SPIN_NS = 200_000
 #: (measured: 13.8 µs per recv at 256 KiB against 2.4 µs at 64 KiB).
 _RECV = 1 << 16
 
-__all__ = ["WorkerDied", "WorkerProcess"]
+__all__ = ["SeenIds", "WorkerDied", "WorkerProcess"]
 
 
 class WorkerDied(Exception):
     """The worker's channel closed: it exited or was killed."""
+
+
+class SeenIds:
+    """The request ids a worker has used, in memory that does not grow with the calls it makes.
+
+    A worker numbers its requests 1, 2, 3… (threads may send them slightly out of order): ids up
+    to `upto` have all been seen, and the few seen above it wait in `above` until the gap closes.
+    A worker that skips more than `MAX_GAPS` numbers breaks the protocol.
+    """
+
+    __slots__ = ("above", "upto")
+
+    MAX_GAPS = 4096
+
+    def __init__(self) -> None:
+        self.upto = 0
+        self.above: set[int] = set()
+
+    def __contains__(self, request_id: object) -> bool:
+        return isinstance(request_id, int) and (request_id <= self.upto or request_id in self.above)
+
+    def __len__(self) -> int:
+        return self.upto + len(self.above)
+
+    def add(self, request_id: int) -> None:
+        """Note `request_id` as used (the caller has checked it was not)."""
+        if request_id != self.upto + 1:
+            self.above.add(request_id)
+            if len(self.above) > self.MAX_GAPS:
+                raise ProtocolError(f"request ids skip more than {self.MAX_GAPS} numbers")
+            return
+        self.upto = request_id
+        above = self.above
+        while above and self.upto + 1 in above:
+            above.remove(self.upto + 1)
+            self.upto += 1
 
 
 class WorkerProcess:
@@ -47,7 +83,7 @@ class WorkerProcess:
         self.started = time.perf_counter()
         self.ready_at: float | None = None
         self.pid: int | None = None
-        self.seen_ids: set[int] = set()
+        self.seen_ids = SeenIds()
         self.logs = bytearray()
         self.logs_cut = False
         self.diag = bytearray()

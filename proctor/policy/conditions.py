@@ -261,13 +261,15 @@ def _type_message(text: str) -> str:
     return first
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=16384)
 def compile_condition(source: str) -> Condition:
     """Compile a `when` expression, checking it only uses known variables and functions."""
     return compile_expression(source, VARIABLES, what="when")
 
 
-@functools.lru_cache(maxsize=1024)
+# Large enough for every condition of a 10,000-rule policy: the schema compiles each `when` to
+# check it and the engine compiles it again, so a smaller cache compiled every condition twice.
+@functools.lru_cache(maxsize=16384)
 def compile_expression(source: str, variables: tuple[str, ...] = VARIABLES, what: str = "when") -> Condition:
     """Compile a CEL expression that may read only `variables`; errors are prefixed with `what`."""
     if not source.strip():

@@ -6,18 +6,23 @@ for fleets); see `proctor.store.base` for what a store keeps and promises.
 
 from __future__ import annotations
 
-from proctor.store.base import (
-    APPROVAL_STATES,
-    RUN_STATES,
-    ApprovalAnswer,
-    ApprovalState,
-    JournalEntry,
-    PendingApproval,
-    RunRecord,
-    RunState,
-    RunStore,
-    register_scheme,
-)
+from typing import TYPE_CHECKING
+
+import proctor._lazy as _lazy
+
+if TYPE_CHECKING:
+    from proctor.store.base import (
+        APPROVAL_STATES,
+        RUN_STATES,
+        ApprovalAnswer,
+        ApprovalState,
+        JournalEntry,
+        PendingApproval,
+        RunRecord,
+        RunState,
+        RunStore,
+        register_scheme,
+    )
 
 __all__ = [
     "APPROVAL_STATES",
@@ -31,3 +36,16 @@ __all__ = [
     "RunStore",
     "register_scheme",
 ]
+
+_lazy.install(__name__, {
+    "APPROVAL_STATES": "proctor.store.base",
+    "RUN_STATES": "proctor.store.base",
+    "ApprovalAnswer": "proctor.store.base",
+    "ApprovalState": "proctor.store.base",
+    "JournalEntry": "proctor.store.base",
+    "PendingApproval": "proctor.store.base",
+    "RunRecord": "proctor.store.base",
+    "RunState": "proctor.store.base",
+    "RunStore": "proctor.store.base",
+    "register_scheme": "proctor.store.base",
+})

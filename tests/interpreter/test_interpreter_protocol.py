@@ -102,3 +102,23 @@ def test_forged_call_is_gated_like_a_stub_call(forger: Interpreter, audit: InMem
     outcomes = {(o["tool"], o["status"]) for o in audit.of_kind("call_outcome")}
     assert ("wipe", "denied") in outcomes
     assert forger.run("1").value == 1  # the worker survived: forged requests are not protocol errors
+
+
+def test_seen_request_ids_stay_small_and_catch_reuse() -> None:
+    """Request ids are remembered as a watermark plus the few out of order: reuse is caught, memory stays flat."""
+    from proctor.interpreter.channel import ProtocolError
+    from proctor.interpreter.host import SeenIds
+
+    seen = SeenIds()
+    for i in (1, 2, 4, 3, 6):
+        assert i not in seen
+        seen.add(i)
+    assert all(i in seen for i in (1, 2, 3, 4, 6)) and 5 not in seen and 0 in seen
+    assert seen.upto == 4 and seen.above == {6}
+    for i in range(5, 100_000):
+        if i != 6:
+            seen.add(i)
+    assert seen.upto == 99_999 and not seen.above
+    with pytest.raises(ProtocolError, match="skip"):
+        for i in range(200_000, 200_000 + 2 * (SeenIds.MAX_GAPS + 1), 2):
+            seen.add(i)
