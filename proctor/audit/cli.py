@@ -32,6 +32,9 @@ def register(subparsers: Any) -> None:
                    help="check logs over 8 MiB in N processes, or 'auto': one per usable CPU (default); "
                         "the report is the same either way")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--strict", action="store_true",
+                   help="also fail (exit 1) when runs were left open: unfinished runs, intents without an outcome, "
+                        "approvals without a resolution, recovery records")
     p.set_defaults(func=_verify)
 
     p = sub.add_parser("export", help="write a PostgreSQL audit log as JSON Lines (what `verify LOG` reads)")
@@ -118,9 +121,14 @@ def _verify(args: argparse.Namespace) -> int:
     except OSError as exc:
         _err(f"cannot read {args.log}: {exc.strerror or exc}")
         return 1
+    strict_failed = report.ok and args.strict and report.run_problems > 0
+    code = 0 if report.ok and not strict_failed else 1
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
-        return 0 if report.ok else 1
+        out = report.to_dict()
+        out["strict"] = bool(args.strict)
+        out["run_problems"] = report.run_problems
+        print(json.dumps(out, indent=2, sort_keys=True))
+        return code
     f = report.failure
     if f is None:
         signed = f", {report.signed_checkpoints} signed" if report.signed_checkpoints else ""
@@ -131,7 +139,9 @@ def _verify(args: argparse.Namespace) -> int:
         print(terminal_safe(f"{args.log}: TAMPERED or corrupt: {f.code} at {where}: {f.message}"))
     for warning in report.warnings:
         print(terminal_safe(f"warning: {warning}"))
-    return 0 if report.ok else 1
+    if strict_failed:
+        print(terminal_safe(f"{args.log}: FAILED (--strict): {report.run_problems} run problem(s) above"))
+    return code
 
 
 def _export(args: argparse.Namespace) -> int:

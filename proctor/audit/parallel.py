@@ -3,7 +3,8 @@
 Almost all of verification is per line (parse, canonical re-encode, hash) and needs
 no state, so worker processes check contiguous segments of the file and send back
 what the chain needs: the segment's first seq and prev, its leaf hashes (32 bytes a
-record), its checkpoint records, and its net effect on the open intents. The parent
+record), its checkpoint records, and its net effect on what the log leaves open
+(`scan.OpenItems`: intents, runs, approvals, recoveries). The parent
 then checks the joins between segments, every checkpoint (signature, size, head,
 Merkle root — it owns the frontier) and the anchors, in file order.
 
@@ -27,7 +28,7 @@ from typing import Any
 from proctor.audit.base import KINDS
 from proctor.audit.lines import MAX_LINE_BYTES
 from proctor.audit.records import LineError, parse_line
-from proctor.audit.scan import ScanFailure, Scanner
+from proctor.audit.scan import OpenItems, ScanFailure, Scanner
 
 __all__ = ["scan_parallel"]
 
@@ -42,8 +43,7 @@ class _Segment:
     prev0: Any = None
     leaves: bytes = b""
     checkpoints: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
-    opened: dict[str, dict[str, Any]] = field(default_factory=dict)
-    closed: set[str] = field(default_factory=set)
+    open: OpenItems = field(default_factory=lambda: OpenItems(segment=True))
 
 
 def _check_segment(task: tuple[str, int, int]) -> _Segment:
@@ -59,7 +59,7 @@ def _check_segment(task: tuple[str, int, int]) -> _Segment:
     out = _Segment(True, len(lines))
     leaves = bytearray()
     prev_h: str | None = None
-    opened, closed = out.opened, out.closed
+    note = out.open.note
     for j, raw in enumerate(lines):
         try:
             rec, computed = parse_line(raw)
@@ -75,11 +75,8 @@ def _check_segment(task: tuple[str, int, int]) -> _Segment:
             return _Segment(False)
         if kind == "checkpoint":
             out.checkpoints.append((j, rec))
-        elif kind == "call_intent" and isinstance(rec.get("call_id"), str):
-            opened[rec["call_id"]] = {"seq": seq, "run_id": rec.get("run_id"), "tool": rec.get("tool")}
-        elif kind == "call_outcome" and isinstance(rec.get("call_id"), str):
-            if opened.pop(rec["call_id"], None) is None:
-                closed.add(rec["call_id"])
+        else:
+            note(kind, rec, seq)
         leaves += bytes.fromhex(h)
         prev_h = h
     out.leaves = bytes(leaves)
@@ -133,8 +130,6 @@ def _stitch(scanner: Scanner, seg: _Segment, lines_before: int) -> bool:
         return True
     if seg.seq0 != scanner.count or seg.prev0 != scanner.head:
         return False
-    for call_id in seg.closed:
-        scanner.intents.pop(call_id, None)
     checkpoints = dict(seg.checkpoints)
     anchors = {a.seq for a in scanner.anchors}
     leaves, frontier = seg.leaves, scanner.frontier
@@ -153,5 +148,5 @@ def _stitch(scanner: Scanner, seg: _Segment, lines_before: int) -> bool:
     except ScanFailure:
         return False
     scanner.head = leaves[-32:].hex()
-    scanner.intents.update(seg.opened)
+    scanner.open.merge(seg.open)
     return True

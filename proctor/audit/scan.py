@@ -23,7 +23,7 @@ from proctor.audit.lines import MAX_LINE_BYTES, too_long_message
 from proctor.audit.merkle import MerkleFrontier
 from proctor.audit.records import GENESIS, LineError, checkpoint_statement, is_hex64, parse_line, parse_record
 
-__all__ = ["Anchor", "Failure", "ScanFailure", "Scanner", "load_anchor"]
+__all__ = ["Anchor", "Failure", "OpenItems", "ScanFailure", "Scanner", "load_anchor"]
 
 _KINDS = frozenset(KINDS)
 #: Kinds the verifier's fast loops take inline: all but checkpoints, which `Scanner.feed` checks.
@@ -123,6 +123,68 @@ def _check_signature(rec: dict[str, Any], pinned: Ed25519PublicKey | None) -> tu
     return None
 
 
+class OpenItems:
+    """What a log leaves open, kept as records pass: the one bookkeeping every checker shares.
+
+    intents without an outcome, runs started and neither finished nor suspended, approvals
+    requested and not resolved, and the seqs of `recovery` records. `Scanner.feed` (the
+    reference path), the verifier's batch fast path and the parallel segment checker all
+    call `note`; a segment also keeps what it closed without opening (`closed`), so `merge`
+    applies it to what came before exactly as feeding its records in order would.
+    """
+
+    __slots__ = ("approvals", "closed", "intents", "recoveries", "runs")
+
+    def __init__(self, *, segment: bool = False) -> None:
+        self.intents: dict[str, dict[str, Any]] = {}
+        self.runs: dict[str, int] = {}
+        self.approvals: dict[str, int] = {}
+        self.recoveries: list[int] = []
+        # Per item kind, ids a segment closed (their opening may lie in an earlier segment).
+        self.closed: dict[str, set[str]] | None = {"intents": set(), "runs": set(), "approvals": set()} \
+            if segment else None
+
+    def note(self, kind: str, rec: dict[str, Any], seq: int) -> None:
+        """Account for one accepted record."""
+        book = _BOOK.get(kind)
+        if book is not None:
+            book(self, rec, seq)
+
+    def _open(self, which: str, key: Any, value: Any) -> None:
+        if isinstance(key, str):
+            getattr(self, which)[key] = value
+
+    def _close(self, which: str, key: Any) -> None:
+        if isinstance(key, str):
+            getattr(self, which).pop(key, None)
+            if self.closed is not None:
+                self.closed[which].add(key)
+
+    def merge(self, later: OpenItems) -> None:
+        """Apply a later segment's records (kept as its open and closed items) to these."""
+        assert later.closed is not None
+        for which in ("intents", "runs", "approvals"):
+            mine = getattr(self, which)
+            for key in later.closed[which]:
+                mine.pop(key, None)
+            mine.update(getattr(later, which))
+        self.recoveries += later.recoveries
+
+
+_BOOK: dict[str, Any] = {
+    "call_intent": lambda o, r, seq: o._open("intents", r.get("call_id"),
+                                             {"seq": seq, "run_id": r.get("run_id"), "tool": r.get("tool")}),
+    "call_outcome": lambda o, r, seq: o._close("intents", r.get("call_id")),
+    "run_started": lambda o, r, seq: o._open("runs", r.get("run_id"), seq),
+    "run_resumed": lambda o, r, seq: o._open("runs", r.get("run_id"), seq),
+    "run_finished": lambda o, r, seq: o._close("runs", r.get("run_id")),
+    "run_suspended": lambda o, r, seq: o._close("runs", r.get("run_id")),
+    "approval_requested": lambda o, r, seq: o._open("approvals", r.get("call_id"), seq),
+    "approval_resolved": lambda o, r, seq: o._close("approvals", r.get("call_id")),
+    "recovery": lambda o, r, seq: o.recoveries.append(seq),
+}
+
+
 @dataclass
 class Scanner:
     """Accepts records one line at a time; see the module docstring."""
@@ -132,7 +194,7 @@ class Scanner:
     count: int = 0
     head: str = GENESIS
     frontier: MerkleFrontier = field(default_factory=MerkleFrontier)
-    intents: dict[str, dict[str, Any]] = field(default_factory=dict)
+    open: OpenItems = field(default_factory=OpenItems)
     log_id: str | None = None
     checkpoints: int = 0
     signed: int = 0
@@ -143,6 +205,11 @@ class Scanner:
 
     def __post_init__(self) -> None:
         self.anchor_seqs = frozenset(a.seq for a in self.anchors)
+
+    @property
+    def intents(self) -> dict[str, dict[str, Any]]:
+        """Calls with an intent and no outcome yet: call id -> {seq, run_id, tool}."""
+        return self.open.intents
 
     def _fail(self, code: str, message: str, line: int | None, offset: int | None) -> ScanFailure:
         return ScanFailure(Failure(code, self.count, line, offset, message))
@@ -166,16 +233,10 @@ class Scanner:
             raise self._fail("SEQ_GAP", f"expected seq {pos}, found seq {seq}", line, offset)
         if rec.get("prev") != self.head:
             raise self._fail("PREV_MISMATCH", "prev is not the previous record's h", line, offset)
-        if kind == "call_intent":
-            call_id = rec.get("call_id")
-            if isinstance(call_id, str):
-                self.intents[call_id] = {"seq": pos, "run_id": rec.get("run_id"), "tool": rec.get("tool")}
-        elif kind == "call_outcome":
-            call_id = rec.get("call_id")
-            if isinstance(call_id, str):
-                self.intents.pop(call_id, None)
-        elif kind == "checkpoint":
+        if kind == "checkpoint":
             self._checkpoint(rec, line, offset)
+        else:
+            self.open.note(kind, rec, pos)
         if pos in self.anchor_seqs:
             self._anchors(pos, h, line, offset)
         self.head = h

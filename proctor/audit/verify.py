@@ -84,6 +84,18 @@ class VerifyReport:
     failure: Failure | None = None
     warnings: list[str] = field(default_factory=list)
     dangling_intents: list[str] = field(default_factory=list)
+    #: Runs with `run_started` and neither `run_finished` nor `run_suspended` (a crash or a kill).
+    unfinished_runs: list[str] = field(default_factory=list)
+    #: Calls whose `approval_requested` has no `approval_resolved`.
+    unresolved_approvals: list[str] = field(default_factory=list)
+    #: Seqs of `recovery` records: a writer stopped mid-way and the log was repaired on reopening.
+    recoveries: list[int] = field(default_factory=list)
+
+    @property
+    def run_problems(self) -> int:
+        """How many things the runs left open (each is a warning; `--strict` fails on any)."""
+        return (len(self.dangling_intents) + len(self.unfinished_runs) + len(self.unresolved_approvals)
+                + len(self.recoveries))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,20 +143,15 @@ def feed_lines(scanner: Scanner, parts: list[bytes], line: int, offset: int) -> 
     first) to `scanner`; return the updated (line, offset). Raises `ScanFailure`.
 
     The verifier's hot loop: exactly `Scanner.feed` on each line in turn, only faster.
-    Lines go in batches of `_BATCH` through `_accept_batch`, which either accepts a whole
-    batch of ordinary records or changes nothing; a batch it does not accept goes
-    through `_feed_each`, which takes ordinary lines inline and hands every other line
-    (not accepted by the fast path, a failed check, a checkpoint, a record an anchor
-    names) to `Scanner.feed`. So reports are those of feeding line by line; the tests
-    compare both over tamper corpora.
+    There are two paths and one bookkeeping (`scan.OpenItems.note`): lines go in batches
+    of `_BATCH` through `_accept_batch`, the fast path, which either accepts a whole batch
+    of ordinary records or changes nothing; a checkpoint, a record an anchor names, and
+    any batch the fast path does not accept go through `Scanner.feed`, the reference
+    path. So reports are those of feeding line by line; property tests check that the
+    fast path accepts nothing the reference rejects.
     """
     if not ORJSON_FAST:
-        feed = scanner.feed
-        for raw in parts:
-            line += 1
-            feed(raw, line, offset)
-            offset += len(raw) + 1
-        return line, offset
+        return _feed_reference(scanner, parts, line, offset)
     pending: list[bytes] = []  # leaves of accepted records not yet in the frontier
     done = i = 0  # parts[:i] are fed; parts[:done] are accounted for in `line` and `offset`
     while i < len(parts):
@@ -166,7 +173,7 @@ def feed_lines(scanner: Scanner, parts: list[bytes], line: int, offset: int) -> 
         pending.clear()
         line += i - done
         offset += sum(map(len, parts[done:i])) + i - done
-        line, offset = _feed_each(scanner, batch, line, offset)
+        line, offset = _feed_reference(scanner, batch, line, offset)
         i += len(batch)
         done = i
     scanner.frontier.extend(pending)
@@ -215,86 +222,21 @@ def _accept_batch(scanner: Scanner, lines: list[bytes], pending: list[bytes]) ->
             return False
     except (ValueError, TypeError, KeyError):  # orjson's errors, a missing field, an unhashable kind
         return False
-    intents = scanner.intents
-    for rec, kind, seq in zip(recs, kinds, seqs, strict=True):
-        if kind == "call_intent":
-            call_id = rec.get("call_id")
-            if isinstance(call_id, str):
-                intents[call_id] = {"seq": seq, "run_id": rec.get("run_id"), "tool": rec.get("tool")}
-        elif kind == "call_outcome":
-            call_id = rec.get("call_id")
-            if isinstance(call_id, str):
-                intents.pop(call_id, None)
+    list(map(scanner.open.note, kinds, recs, seqs))  # the bookkeeping Scanner.feed does, record by record
     pending += leaves
     scanner.count = count + k
     scanner.head = hs[-1]
     return True
 
 
-def _feed_each(self: Scanner, parts: list[bytes], line: int, offset: int) -> tuple[int, int]:
-    """`feed_lines` one line at a time: for an ordinary record what `Scanner.feed` does, inline
-    (the orjson fast path of `records.parse_record`, same acceptance test and hash cut,
-    and the envelope checks, with the chain state in locals and the leaves added to the
-    Merkle frontier in bulk); any other line goes through `Scanner.feed` itself.
-    """
-    loads, dumps, sort = orjson.loads, orjson.dumps, orjson.OPT_SORT_KEYS
-    sha, plain, anchors, intents = _sha256, PLAIN_KINDS, self.anchor_seqs, self.intents
-    count, head = self.count, self.head
-    leaves: list[bytes] = []
-    add = leaves.append
-    done = 0  # parts[:done] are accounted for in `line` and `offset`
-    for i, raw in enumerate(parts):
-        try:
-            rec = loads(raw)
-            same = type(rec) is dict and dumps(rec, option=sort) == raw
-        except (ValueError, TypeError):
-            same = False
-        if same and not (may_hold_float(raw) and holds_float(rec)):
-            try:  # a missing envelope field (KeyError) or an unhashable kind (TypeError): the reference path
-                h = rec["h"]
-                at = raw.find(b'"h":"')
-                if type(h) is str and at >= 0:
-                    hb = h.encode("utf-8")
-                    end = at + 5 + len(hb)
-                    if raw.startswith(hb, at + 5) and raw.startswith(b'",', end):
-                        leaf = sha(b"\x00" + raw[:at] + raw[end + 2 :]).digest()
-                        seq, kind = rec["seq"], rec["kind"]
-                        if (leaf.hex() == h and type(seq) is int and seq == count and type(rec["ts_ns"]) is int
-                                and kind in plain and type(kind) is str and rec["prev"] == head
-                                and count not in anchors):
-                            if kind == "call_intent":
-                                call_id = rec.get("call_id")
-                                if isinstance(call_id, str):
-                                    intents[call_id] = {"seq": count, "run_id": rec.get("run_id"),
-                                                        "tool": rec.get("tool")}
-                            elif kind == "call_outcome":
-                                call_id = rec.get("call_id")
-                                if isinstance(call_id, str):
-                                    intents.pop(call_id, None)
-                            add(leaf)
-                            head = h
-                            count += 1
-                            continue
-            except (KeyError, TypeError):
-                pass
-        # The reference path, with the state brought up to date first.
-        self.count, self.head = count - len(leaves), head
-        self.frontier.extend(leaves)
-        self.count = count
-        leaves.clear()
-        line += i - done
-        offset += sum(map(len, parts[done:i])) + i - done
-        done = i + 1
+def _feed_reference(scanner: Scanner, parts: list[bytes], line: int, offset: int) -> tuple[int, int]:
+    """Feed `parts` one line at a time through `Scanner.feed`, the reference path."""
+    feed = scanner.feed
+    for raw in parts:
         line += 1
-        self.feed(raw, line, offset)
+        feed(raw, line, offset)
         offset += len(raw) + 1
-        count, head = self.count, self.head
-    self.frontier.extend(leaves)
-    self.count, self.head = count, head
-    line += len(parts) - done
-    offset += sum(map(len, parts[done:])) + len(parts) - done
     return line, offset
-
 
 
 def verify(
@@ -359,6 +301,9 @@ def verify(
     report.log_id = scanner.log_id
     report.key_ids = sorted(scanner.key_ids)
     report.dangling_intents = sorted(scanner.intents)
+    report.unfinished_runs = sorted(scanner.open.runs)
+    report.unresolved_approvals = sorted(scanner.open.approvals)
+    report.recoveries = list(scanner.open.recoveries)
     if report.ok:
         report.warnings = _warnings(scanner, report, pinned=key is not None)
     return report
@@ -376,6 +321,15 @@ def _warnings(scanner: Scanner, report: VerifyReport, *, pinned: bool) -> list[s
         more = "…" if len(report.dangling_intents) > 5 else ""
         out.append(f"dangling intents: {len(report.dangling_intents)} call(s) with an intent and no outcome "
                    f"({shown}{more}); reopening the log records them as unknown")
+    if report.unfinished_runs:
+        out.append(f"unfinished runs: {len(report.unfinished_runs)} run(s) started and never finished "
+                   f"({_few(report.unfinished_runs)}): the writer was killed or crashed during them")
+    if report.unresolved_approvals:
+        out.append(f"unresolved approvals: {len(report.unresolved_approvals)} approval request(s) without a "
+                   f"resolution ({_few(report.unresolved_approvals)})")
+    if report.recoveries:
+        out.append(f"recovery records: {len(report.recoveries)} (at seq {_few([str(s) for s in report.recoveries])}): "
+                   "a writer stopped mid-append and the log was repaired when reopened")
     unsigned = scanner.checkpoints - scanner.signed
     if unsigned:
         out.append(f"unsigned checkpoints: {unsigned}; they fix the chain's shape but prove nothing about its author")
@@ -385,3 +339,7 @@ def _warnings(scanner: Scanner, report: VerifyReport, *, pinned: bool) -> list[s
     if scanner.checkpoints and report.side_file is None:
         out.append("no side file: cutting the log's tail can only be detected with --trusted-checkpoint")
     return out
+
+
+def _few(items: list[str], n: int = 5) -> str:
+    return ", ".join(items[:n]) + ("…" if len(items) > n else "")

@@ -60,10 +60,38 @@ def test_keygen_writes_a_private_and_a_public_key(tmp_path: Path, capsys: pytest
 
 
 def test_verify_intact_log(log: Path, keys: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    """An intact log exits 0 and says so; with the pinned key there is no key warning."""
+    """An intact log exits 0 and says so; with the pinned key the only warning is the run left open."""
     assert main(["audit", "verify", str(log), "--pubkey", str(keys[1])]) == 0
     out = capsys.readouterr().out
-    assert "intact: 6 records" in out and "warning" not in out
+    assert "intact: 6 records" in out
+    assert [line for line in out.splitlines() if line.startswith("warning")] == [
+        "warning: unfinished runs: 1 run(s) started and never finished (r1): the writer was killed or crashed "
+        "during them"]
+
+
+def test_verify_reports_what_runs_left_open_and_strict_fails_on_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Unfinished runs, dangling intents, unresolved approvals and recoveries are warnings; --strict fails."""
+    path = tmp_path / "a.jsonl"
+    with AuditLog(path, durability="flush") as audit:
+        audit.append("run_started", {"run_id": "r1"})
+        audit.append("approval_requested", {"run_id": "r1", "call_id": "c1", "tool": "wire"})
+        audit.append("call_intent", {"call_id": "c2", "run_id": "r1", "tool": "wire"})
+        audit.append("run_started", {"run_id": "r2"})
+        audit.append("run_finished", {"run_id": "r2", "status": "done"})
+    assert main(["audit", "verify", str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["unfinished_runs"], report["unresolved_approvals"], report["dangling_intents"]) == (
+        ["r1"], ["c1"], ["c2"])
+    assert report["recoveries"] == [] and report["run_problems"] == 3
+    AuditLog(path).close()  # reopening closes the dangling intent with a recovery record
+    assert main(["audit", "verify", str(path), "--strict"]) == 1
+    out = capsys.readouterr().out
+    assert "unfinished runs: 1" in out and "unresolved approvals: 1" in out and "recovery records: 1" in out
+    assert "FAILED (--strict)" in out
+    assert main(["audit", "verify", str(path), "--strict", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is True and report["strict"] is True and report["recoveries"] == [6]
 
 
 def test_verify_names_the_first_bad_record(log: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -252,8 +252,13 @@ def _scan(lines: list[bytes], *, batched: bool) -> tuple[Any, ...]:
                 offset += len(raw) + 1
     except ScanFailure as exc:
         failure = (exc.failure, exc.unreadable)
-    return (failure, scanner.count, scanner.head, scanner.frontier.root_hex(), scanner.intents, scanner.checkpoints,
+    return (failure, scanner.count, scanner.head, scanner.frontier.root_hex(), _open(scanner), scanner.checkpoints,
             scanner.signed, scanner.log_id, scanner.key_ids, scanner.last_checkpoint_seq)
+
+
+def _open(scanner: Scanner) -> tuple[Any, ...]:
+    o = scanner.open
+    return o.intents, o.runs, o.approvals, o.recoveries
 
 
 def _corpora(data: bytes, seed: int, edits: int) -> list[bytes]:
@@ -301,6 +306,14 @@ def _forge(record: dict[str, Any]) -> bytes:
 def _log(path: Path, records: int, every: int) -> bytes:
     with AuditLog(path, signing_key=signing_key(), durability="flush", checkpoint_every=every) as log:
         for i in range(records):
+            if i % 11 == 0:
+                log.append("run_started", {"run_id": f"r{i}"})
+            if i % 7 == 3:
+                log.append("approval_requested", {"run_id": "r", "call_id": f"c{i}", "tool": "t"})
+            if i % 14 == 3:
+                log.append("approval_resolved", {"run_id": "r", "call_id": f"c{i}", "verdict": "approve"})
+            if i % 13 == 12:
+                log.append("run_finished", {"run_id": f"r{i - 12}", "status": "done"})
             log.append("call_intent", {"call_id": f"c{i}", "tool": "t", "run_id": "r", "args": {"s": SPECIAL[i % 27]}})
             if i % 5:
                 n = BIG[i % len(BIG)] if i % 23 == 0 else i
@@ -318,6 +331,63 @@ def test_feed_lines_equals_feeding_line_by_line(tmp_path: Path, records: int, ev
         assert _scan(parts, batched=True) == _scan(parts, batched=False)
 
 
+_BASE: list[bytes] = []
+
+
+def _base_lines() -> list[bytes]:
+    """One real log of every kind the bookkeeping tracks (made once), as lines without newlines."""
+    if not _BASE:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            _BASE.extend(_log(Path(tmp) / "base.jsonl", 60, 25).split(b"\n")[:-1])
+    return _BASE
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_the_fast_path_accepts_nothing_the_reference_rejects(data: st.DataObject) -> None:
+    """Whenever `_accept_batch` accepts a batch (real, edited, reordered), `Scanner.feed` reaches the same state."""
+    lines = _base_lines()
+    start = data.draw(st.integers(0, len(lines) - 1), label="start")
+    batch = list(lines[start : start + data.draw(st.integers(1, 40), label="size")])
+    for _ in range(data.draw(st.integers(0, 3), label="edits")):
+        j = data.draw(st.integers(0, len(batch) - 1), label="line")
+        how = data.draw(st.sampled_from(["byte", "drop", "dup", "swap", "forge"]), label="how")
+        if how == "byte":
+            pos = data.draw(st.integers(0, len(batch[j]) - 1), label="pos")
+            batch[j] = batch[j][:pos] + bytes([data.draw(st.integers(0, 255), label="b")]) + batch[j][pos + 1 :]
+        elif how == "drop" and len(batch) > 1:
+            del batch[j]
+        elif how == "dup":
+            batch.insert(j, batch[j])
+        elif how == "swap" and j + 1 < len(batch):
+            batch[j], batch[j + 1] = batch[j + 1], batch[j]
+        elif how == "forge":
+            record = json.loads(batch[j])
+            del record["h"]
+            record[data.draw(st.sampled_from(["kind", "call_id", "run_id", "seq", "n"]), label="field")] = \
+                data.draw(json_leaf, label="value")
+            batch[j] = _forge(record)[:-1]
+    fast, reference = Scanner(pubkey=signing_key().public_key()), Scanner(pubkey=signing_key().public_key())
+    for scanner in (fast, reference):
+        offset = 0
+        for number, raw in enumerate(lines[:start], 1):
+            scanner.feed(raw, number, offset)
+            offset += len(raw) + 1
+    pending: list[bytes] = []
+    if not verify_module._accept_batch(fast, batch, pending):
+        assert (fast.count, fast.head, _open(fast)) == (reference.count, reference.head, _open(reference))
+        return
+    fast.frontier.extend(pending)
+    offset = 0
+    for number, raw in enumerate(batch, start + 1):
+        reference.feed(raw, number, offset)  # raises ScanFailure if the fast path accepted a bad batch
+        offset += len(raw) + 1
+    assert (fast.count, fast.head, fast.frontier.root_hex(), _open(fast)) == (
+        reference.count, reference.head, reference.frontier.root_hex(), _open(reference))
+
+
 def test_whole_batches_are_accepted_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On an intact log of plain records, only the checkpoint is fed line by line."""
     path = tmp_path / "b.jsonl"
@@ -326,13 +396,13 @@ def test_whole_batches_are_accepted_at_once(tmp_path: Path, monkeypatch: pytest.
             log.append("call_intent", {"call_id": f"c{i}", "tool": "t", "run_id": "r", "args": {"to": "a@b.example"}})
             log.append("call_outcome", {"call_id": f"c{i}", "status": "ok"})
     each: list[int] = []
-    original = verify_module._feed_each
+    original = verify_module._feed_reference
 
     def spy(scanner: Scanner, parts: list[bytes], line: int, offset: int) -> tuple[int, int]:
         each.append(len(parts))
         return original(scanner, parts, line, offset)
 
-    monkeypatch.setattr(verify_module, "_feed_each", spy)
+    monkeypatch.setattr(verify_module, "_feed_reference", spy)
     report = verify(path, pubkey=signing_key().public_key())
     assert report.ok and report.records == 401
     assert each == [1]  # only the closing checkpoint
