@@ -364,8 +364,13 @@ def test_the_fast_path_accepts_nothing_the_reference_rejects(data: st.DataObject
         elif how == "swap" and j + 1 < len(batch):
             batch[j], batch[j + 1] = batch[j + 1], batch[j]
         elif how == "forge":
-            record = json.loads(batch[j])
-            del record["h"]
+            try:
+                record = json.loads(batch[j])
+            except ValueError:  # a line an earlier edit broke: nothing to forge from
+                continue
+            if not isinstance(record, dict):
+                continue
+            record.pop("h", None)
             record[data.draw(st.sampled_from(["kind", "call_id", "run_id", "seq", "n"]), label="field")] = \
                 data.draw(json_leaf, label="value")
             batch[j] = _forge(record)[:-1]
