@@ -113,7 +113,7 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunRecord:
-        known = {f for f in cls.__dataclass_fields__}
+        known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def evolve(self, **changes: Any) -> RunRecord:
@@ -155,7 +155,7 @@ class JournalEntry:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JournalEntry:
-        known = {f for f in cls.__dataclass_fields__}
+        known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
@@ -215,7 +215,7 @@ class PendingApproval:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PendingApproval:
-        known = {f for f in cls.__dataclass_fields__}
+        known = cls.__dataclass_fields__
         values = {k: v for k, v in data.items() if k in known}
         answer = values.get("answer")
         if isinstance(answer, Mapping):

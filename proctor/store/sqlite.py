@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import orjson
+
 from proctor.calls import new_id
 from proctor.errors import ApprovalConflict, ApprovalNotFound, RunNotFound, StoreConflict, StoreError
 from proctor.store.base import (
@@ -68,6 +70,10 @@ CREATE INDEX IF NOT EXISTS approvals_by_binding ON approvals (binding);
 
 #: How often `wait_for_answer` looks for a change made by another connection.
 _POLL_S = 0.05
+
+
+def _loads(text: str) -> Any:
+    return orjson.loads(text)
 
 
 def _dumps(value: Any) -> str:
@@ -231,7 +237,7 @@ class SQLiteRunStore(RunStore):
 
     def journal(self, run_id: str, step: int) -> list[JournalEntry]:
         rows = self._query("SELECT data FROM journal WHERE run_id = ? AND step = ? ORDER BY seq", (run_id, step))
-        return [JournalEntry.from_dict(json.loads(r[0])) for r in rows]
+        return [JournalEntry.from_dict(_loads(r[0])) for r in rows]
 
     # -- approvals --------------------------------------------------------------------------------
 

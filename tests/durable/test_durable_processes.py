@@ -184,3 +184,19 @@ def test_tool_calling_agent_suspends_and_resumes(d: Durable) -> None:
     assert result is not None and result["status"] == "done" and result["answer"] == "sent", result
     assert [e[0] for e in d.effects()] == ["look", "send"]
     d.verify()
+
+
+def test_proctor_runs_resume_from_the_command_line(d: Durable) -> None:
+    """`proctor runs resume` in a third process finishes an approved run; the model is not asked again."""
+    policy = d.policy()
+    run_id, pending = _start_until_suspended(d, policy)
+    d.cli("approvals", "approve", str(pending["id"]), "--store", d.store, "--as", "bob")
+    done = d.cli("runs", "resume", run_id, "--store", d.store, "--tools", "durable_tools:TOOLS", "--policy",
+                 str(policy), "--model", "openai/never-called", "--audit", str(d.audit), "--import", "random",
+                 "--sandbox", "process", "--json")
+    result = __import__("json").loads(done.stdout)
+    assert result["status"] == "done" and result["answer"][0].startswith("sent 10-20-")
+    assert [e[0] for e in d.effects()] == ["look", "look", "send"]
+    listed = __import__("json").loads(d.cli("runs", "list", "--store", d.store, "--json").stdout)
+    assert [(r["run_id"], r["status"], r["waiting_for"]) for r in listed] == [(run_id, "done", [])]
+    d.verify()
