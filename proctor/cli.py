@@ -17,7 +17,7 @@ __all__ = ["main"]
 # Modules that define `register(subparsers) -> None`; each adds its subcommands and
 # sets `func` on its parsers. Imported at start-up, so they must import lightly.
 _COMMAND_MODULES = ("proctor.demo", "proctor.policy.cli", "proctor.audit.cli", "proctor.agent.cli",
-                    "proctor.store.cli")
+                    "proctor.store.cli", "proctor.serve.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

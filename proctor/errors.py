@@ -21,7 +21,9 @@ ProctorError                      base of everything below
 │   ├── RunNotFound               no run with that id in the store
 │   ├── ApprovalNotFound          no approval with that id in the store
 │   ├── StoreConflict             someone else changed the record first (or holds the run)
-│   └── ApprovalConflict          an answer with the wrong binding, or to an approval already closed
+│   ├── ApprovalConflict          an answer with the wrong binding, or to an approval already closed
+│   │   └── FourEyes              the approver is the principal of the run that asks
+│   └── InvalidAnswer (ValueError)  an answer the store cannot take (bad verdict, edited args the tool refuses)
 ├── ToolsetError                  a tool server (MCP) could not be started, reached or listed
 ├── ToolDefinitionError (TypeError)   an object cannot become a tool as written
 ├── ModelError (RuntimeError)         the model could not answer
@@ -51,6 +53,8 @@ __all__ = [
     "CallRefused",
     "ConfigurationError",
     "ExecutionTimeout",
+    "FourEyes",
+    "InvalidAnswer",
     "LedgerUnavailable",
     "ModelError",
     "PolicyError",
@@ -203,6 +207,15 @@ class StoreConflict(StoreError):
 
 class ApprovalConflict(StoreError):
     """The answer's binding is not the approval's, or the approval was already answered or voided."""
+
+
+class FourEyes(ApprovalConflict):
+    """Nobody answers a call of a run they are the principal of."""
+
+
+class InvalidAnswer(StoreError, ValueError):
+    """An answer that cannot be taken as given: an unknown verdict, a deny without a reason, edited
+    arguments the tool's schema refuses, a grant pattern that is not safe."""
 
 
 class ToolsetError(ProctorError):

@@ -578,6 +578,7 @@ class Gate:
             budget=p.ctx.ledger.remaining(), expires_at_ns=time.time_ns() + int(timeout_s * 1e9),
             binding=approval_binding(name, p.redacted.args, p.call_id, p.decision.policy_sha256), run=p.ctx.info,
             redacted_args=p.redacted.args,
+            parameters=p.tool.parameters,
         )
         self._record("approval_requested", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
                                             "args": p.redacted.args, "rules": list(p.decision.rules),

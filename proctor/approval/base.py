@@ -67,6 +67,9 @@ class ApprovalRequest:
     #: The arguments as the audit log holds them (every `redact` field replaced by its keyed
     #: digest): what a store or a list shared by many may keep. `args` is what a human sees.
     redacted_args: Mapping[str, Any] | None = None
+    #: The tool's JSON Schema of parameters, so an approver editing the arguments can be told at once
+    #: what the tool would refuse (the gate validates the edited call again in any case).
+    parameters: Mapping[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {

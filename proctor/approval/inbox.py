@@ -40,7 +40,7 @@ class InboxApprover:
             args=dict(request.redacted_args if request.redacted_args is not None else request.args),
             step=request.run.step, seq=_seq_of(request.call_id), principal=request.run.principal,
             labels=dict(request.run.labels), rules=list(request.rules), reason=request.reason,
-            budget=dict(request.budget),
+            budget=dict(request.budget), parameters=dict(request.parameters),
         ))
         if filed.status == "pending" and self.wait_s > 0:
             filed = self.store.wait_for_answer(filed.id, self.wait_s)
@@ -55,7 +55,9 @@ class InboxApprover:
         if answer.grant is not None:
             grant = Grant(str(answer.grant.get("tool", request.tool)), dict(answer.grant.get("args") or {}))
         verdict = answer.verdict if answer.verdict in ("approve", "deny", "edit", "grant") else "deny"
-        return ApprovalDecision(verdict, filed.binding, answer.approver, answer.reason,  # type: ignore[arg-type]
+        # The audit record names who answered and from where (the inbox saw the address).
+        who = f"{answer.approver} from {answer.address}" if answer.address else answer.approver
+        return ApprovalDecision(verdict, filed.binding, who, answer.reason,  # type: ignore[arg-type]
                                 dict(answer.args) if answer.args is not None else None, grant)
 
 

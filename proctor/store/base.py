@@ -161,7 +161,8 @@ class JournalEntry:
 
 @dataclass(frozen=True)
 class ApprovalAnswer:
-    """A human's answer as stored: verdict (``approve | deny | edit | grant``), who, why, edited args, grant."""
+    """A human's answer as stored: verdict (``approve | deny | edit | grant``), who, why, edited args, grant,
+    and where from (`address`: the client address the inbox saw, for the audit record)."""
 
     verdict: str
     approver: str
@@ -169,6 +170,7 @@ class ApprovalAnswer:
     args: Mapping[str, Any] | None = None
     grant: Mapping[str, Any] | None = None
     answered_at_ns: int = 0
+    address: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -202,9 +204,11 @@ class PendingApproval:
     expires_at_ns: int | None = None
     status: ApprovalState = "pending"
     answer: ApprovalAnswer | None = None
+    #: The tool's JSON Schema of parameters (edits are checked against it before they are stored).
+    parameters: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _normalise(self, ("rules",), ("args", "labels", "budget"))
+        _normalise(self, ("rules",), ("args", "labels", "budget", "parameters"))
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form (`proctor approvals list --json`, the inbox API)."""

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -291,10 +292,7 @@ class SQLiteRunStore(RunStore):
                                        "arguments or another policy; look at it again and answer the current one")
             if current.status != "pending":
                 raise ApprovalConflict(f"approval {approval_id} is already {current.status}; nothing to answer")
-            stamped = ApprovalAnswer(answer.verdict, answer.approver, answer.reason,
-                                     dict(answer.args) if answer.args is not None else None,
-                                     dict(answer.grant) if answer.grant is not None else None,
-                                     answer.answered_at_ns or time.time_ns())
+            stamped = replace(answer, answered_at_ns=answer.answered_at_ns or time.time_ns())
             return self._set_approval(db, approval_id, data, "answered", stamped)
 
     def void_approval(self, approval_id: str, reason: str = "") -> None:

@@ -1,0 +1,231 @@
+"""`proctor serve`: the approval inbox as a FastAPI application (pages and a JSON API over one run store).
+
+Pages (server-rendered, Jinja2; a small script adds keyboard shortcuts): ``/`` pending
+approvals (filter by tool, principal, run label), ``/approvals/{id}``, ``/runs``,
+``/runs/{id}``, ``/login``. API: ``GET /api/approvals``, ``GET /api/approvals/{id}``,
+``POST /api/approvals/{id}`` with ``{decision, binding, reason, args?, grant?}``, ``GET
+/api/runs``, ``GET /api/runs/{id}``. Status codes: 401 without valid credentials, 403
+for four eyes, a missing CSRF token or a cross-origin post, 404 unknown id, 409 a
+binding that does not match (or an approval no longer pending), 422 an answer that
+cannot be taken. See docs/approvals.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from pydantic import BaseModel
+
+from proctor.errors import ApprovalConflict, ApprovalNotFound, FourEyes, InvalidAnswer, RunNotFound, StoreError
+from proctor.serve.answers import answer, grant_preview
+from proctor.serve.auth import COOKIE, Identity, Sessions, cross_origin, csrf_ok, identify
+from proctor.serve.tokens import TokenFile
+from proctor.serve.views import approval_view, filter_approvals, run_view
+from proctor.store.base import RunStore
+
+__all__ = ["AnswerBody", "create_app"]
+
+HERE = Path(__file__).parent
+
+
+class AnswerBody(BaseModel):
+    """An answer through the API (the same fields as the approval page's form)."""
+
+    decision: str
+    binding: str
+    reason: str = ""
+    args: dict[str, Any] | None = None
+    grant: dict[str, Any] | None = None
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+_STATUS = ((FourEyes, 403), (ApprovalConflict, 409), (InvalidAnswer, 422), (ApprovalNotFound, 404),
+           (RunNotFound, 404), (StoreError, 503))
+
+
+def _status_of(exc: StoreError) -> int:
+    return next(code for kind, code in _STATUS if isinstance(exc, kind))
+
+
+def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None = None,
+               sessions: Sessions | None = None) -> FastAPI:
+    """The inbox over `store`, accepting the approvers in `tokens` (and a trusted proxy's header, if named)."""
+    app = FastAPI(title="proctor approval inbox", docs_url="/api/docs", redoc_url=None,
+                  openapi_url="/api/openapi.json")
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    templates = Jinja2Templates(directory=HERE / "templates")
+    templates.env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False, default=str)
+    sessions = sessions or Sessions()
+
+    def who(request: Request) -> Identity | None:
+        return identify(request, tokens, sessions, proxy_header)
+
+    def page(request: Request, name: str, identity: Identity | None, status: int = 200, **context: Any
+             ) -> HTMLResponse:
+        return templates.TemplateResponse(request, name, {"me": identity, **context}, status_code=status)
+
+    def guard_post(request: Request, identity: Identity | None, csrf: str | None) -> Identity:
+        if cross_origin(request):
+            raise _Refused(403, "cross-origin request refused")
+        if identity is None:
+            raise _Refused(401, "not signed in: log in, or send Authorization: Bearer TOKEN")
+        if not csrf_ok(identity, csrf):
+            raise _Refused(403, "missing or wrong CSRF token: reload the page and try again")
+        return identity
+
+    @app.exception_handler(_Refused)
+    async def refused(request: Request, exc: _Refused) -> Response:
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": str(exc)}, status_code=exc.status)
+        if exc.status == 401:
+            return RedirectResponse(f"/login?next={request.url.path}", status_code=303)
+        return page(request, "error.html", who(request), exc.status, message=str(exc), code=exc.status)
+
+    @app.exception_handler(StoreError)
+    async def store_error(request: Request, exc: StoreError) -> Response:
+        return await refused(request, _Refused(_status_of(exc), str(exc)))
+
+    def need(request: Request) -> Identity:
+        identity = who(request)
+        if identity is None:
+            raise _Refused(401, "not signed in: log in, or send Authorization: Bearer TOKEN")
+        return identity
+
+    # -- login ----------------------------------------------------------------------------------
+
+    @app.get("/login", response_class=HTMLResponse)
+    def login_page(request: Request, next: str = "/") -> HTMLResponse:
+        return page(request, "login.html", None, next=_local(next))
+
+    @app.post("/login")
+    async def login(request: Request) -> Response:
+        if cross_origin(request):
+            raise _Refused(403, "cross-origin request refused")
+        form = await request.form()
+        name = tokens.who(str(form.get("token", "")).strip())
+        target = _local(str(form.get("next", "/")))
+        if name is None:
+            return page(request, "login.html", None, 401, next=target, failed=True)
+        response = RedirectResponse(target, status_code=303)
+        response.set_cookie(COOKIE, sessions.open(name), httponly=True, samesite="strict",
+                            secure=request.url.scheme == "https", path="/")
+        return response
+
+    @app.post("/logout")
+    async def logout(request: Request) -> Response:
+        form = await request.form()
+        identity = guard_post(request, who(request), str(form.get("csrf", "")))
+        sid = request.cookies.get(COOKIE)
+        if sid and identity.via == "session":
+            sessions.close(sid)
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(COOKIE, path="/")
+        return response
+
+    # -- pages ----------------------------------------------------------------------------------
+
+    @app.get("/", response_class=HTMLResponse)
+    def pending(request: Request, tool: str = "", principal: str = "", label: str = "") -> HTMLResponse:
+        identity = need(request)
+        items = filter_approvals(store.list_approvals(status="pending"), tool=tool, principal=principal, label=label)
+        return page(request, "approvals.html", identity, approvals=[a.as_dict() for a in items],
+                    filters={"tool": tool, "principal": principal, "label": label})
+
+    @app.get("/approvals/{approval_id}", response_class=HTMLResponse)
+    def approval_page(request: Request, approval_id: str) -> HTMLResponse:
+        identity = need(request)
+        view = approval_view(store, store.get_approval(approval_id))
+        own = view["approval"]["principal"] is not None and view["approval"]["principal"] == identity.name
+        return page(request, "approval.html", identity, own=own, **view)
+
+    @app.post("/approvals/{approval_id}")
+    async def answer_form(request: Request, approval_id: str) -> Response:
+        form = await request.form()
+        identity = guard_post(request, who(request), str(form.get("csrf", "")))
+        decision = str(form.get("decision", ""))
+        args = None
+        if decision == "edit":
+            try:
+                args = json.loads(str(form.get("args", "")))
+            except ValueError as exc:
+                raise _Refused(422, f"the edited arguments are not JSON: {exc}") from None
+        grant = None
+        if decision == "grant":
+            try:
+                grant = {"args": json.loads(str(form.get("grant", "") or "{}"))}
+            except ValueError as exc:
+                raise _Refused(422, f"the grant patterns are not JSON: {exc}") from None
+        answer(store, approval_id, approver=identity.name, address=identity.address, decision=decision,
+               binding=str(form.get("binding", "")), reason=str(form.get("reason", "")), args=args, grant=grant)
+        return RedirectResponse(f"/approvals/{approval_id}", status_code=303)
+
+    @app.get("/runs", response_class=HTMLResponse)
+    def runs_page(request: Request, status: str = "") -> HTMLResponse:
+        identity = need(request)
+        runs = store.list_runs(status=status or None)  # type: ignore[arg-type]
+        return page(request, "runs.html", identity, runs=[r.as_dict() for r in runs], selected=status)
+
+    @app.get("/runs/{run_id}", response_class=HTMLResponse)
+    def run_page(request: Request, run_id: str) -> HTMLResponse:
+        identity = need(request)
+        return page(request, "run.html", identity, **run_view(store, store.get_run(run_id)))
+
+    # -- API ------------------------------------------------------------------------------------
+
+    @app.get("/api/approvals")
+    def api_approvals(request: Request, tool: str = "", principal: str = "", label: str = "",
+                      status: str = "pending") -> list[dict[str, Any]]:
+        need(request)
+        items = store.list_approvals(status=None if status == "all" else status)  # type: ignore[arg-type]
+        return [a.as_dict() for a in filter_approvals(items, tool=tool, principal=principal, label=label)]
+
+    @app.get("/api/approvals/{approval_id}")
+    def api_approval(request: Request, approval_id: str) -> dict[str, Any]:
+        need(request)
+        return approval_view(store, store.get_approval(approval_id))
+
+    @app.post("/api/approvals/{approval_id}")
+    def api_answer(request: Request, approval_id: str, body: AnswerBody) -> dict[str, Any]:
+        identity = guard_post(request, who(request), request.headers.get("x-csrf-token"))
+        answered = answer(store, approval_id, approver=identity.name, address=identity.address,
+                          decision=body.decision, binding=body.binding, reason=body.reason, args=body.args,
+                          grant=body.grant)
+        return answered.as_dict()
+
+    @app.get("/api/grant-preview")
+    def api_grant_preview(request: Request, tool: str, patterns: str = "{}") -> dict[str, str]:
+        need(request)
+        try:
+            parsed = json.loads(patterns)
+        except ValueError as exc:
+            raise _Refused(422, f"patterns are not JSON: {exc}") from None
+        return {"admits": grant_preview(tool, parsed if isinstance(parsed, dict) else {})}
+
+    @app.get("/api/runs")
+    def api_runs(request: Request, status: str = "") -> list[dict[str, Any]]:
+        need(request)
+        return [r.as_dict() for r in store.list_runs(status=status or None)]  # type: ignore[arg-type]
+
+    @app.get("/api/runs/{run_id}")
+    def api_run(request: Request, run_id: str) -> dict[str, Any]:
+        need(request)
+        return run_view(store, store.get_run(run_id))
+
+    app.state.store = store
+    return app
+
+
+def _local(target: str) -> str:
+    """A redirect target on this site only (an open redirect would let a link log someone in elsewhere)."""
+    return target if target.startswith("/") and not target.startswith("//") and "\\" not in target else "/"

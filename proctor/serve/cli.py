@@ -1,0 +1,116 @@
+"""``proctor serve``: the approval inbox; ``proctor serve token NAME --tokens FILE`` adds an approver.
+
+    proctor serve token alice --tokens tokens.txt      # prints alice's token (only its hash is kept)
+    proctor serve --store sqlite:///runs.db --tokens tokens.txt [--host 127.0.0.1] [--port 8765]
+    proctor serve ... --resume --tools tools:TOOLS --policy policy.yaml --model ID
+
+Exit codes: 0 served (stopped with Ctrl-C) or token added; 2 usage (no store, no token file,
+a missing extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("serve", help="the approval inbox: a web page and JSON API over a run store",
+                              description="Serve the approval inbox over a run store (see docs/approvals.md).")
+    p.add_argument("--store", metavar="URL", default=None, help="the run store (default $PROCTOR_STORE)")
+    p.add_argument("--tokens", metavar="FILE", help="the approvers' token file (hashes only)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8765, help="port (default 8765)")
+    p.add_argument("--trust-proxy-header", metavar="HEADER", default=None,
+                   help="take the approver's name from this header set by your authenticating reverse proxy "
+                        "(and the address from X-Forwarded-For); only behind such a proxy")
+    p.add_argument("--resume", action="store_true", help="resume suspended runs once their approvals are answered")
+    p.add_argument("--tools", metavar="MOD[:ATTR]", action="append", default=[], help="tools, for --resume")
+    p.add_argument("--policy", metavar="P", help="the policy file, for --resume")
+    p.add_argument("--model", metavar="ID", help="a litellm model id, for --resume")
+    p.add_argument("--audit", metavar="PATH", help="the audit log resumed runs append to")
+    p.set_defaults(func=_serve)
+    sub = p.add_subparsers(dest="action", metavar="token", required=False)
+    t = sub.add_parser("token", help="add an approver (or replace their token) and print the token")
+    t.add_argument("name", metavar="NAME")
+    t.add_argument("--tokens", metavar="FILE", required=True, help="the token file (created 0600 if missing)")
+    t.set_defaults(func=_token)
+
+
+def _token(args: argparse.Namespace) -> int:
+    from proctor.errors import ProctorError
+    from proctor.serve.tokens import add_token
+
+    try:
+        token = add_token(args.tokens, args.name)
+    except ProctorError as exc:
+        print(f"proctor serve token: {exc}", file=sys.stderr)
+        return 2
+    print(f"approver {args.name} added to {args.tokens}; their token (shown once): {token}")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    url = args.store or os.environ.get("PROCTOR_STORE", "")
+    if not url:
+        print("proctor serve: no run store: pass --store URL or set PROCTOR_STORE", file=sys.stderr)
+        return 2
+    if not args.tokens:
+        print("proctor serve: no token file: pass --tokens FILE (add approvers with `proctor serve token NAME "
+              "--tokens FILE`)", file=sys.stderr)
+        return 2
+    if args.resume and not (args.tools and args.policy and args.model):
+        print("proctor serve: --resume needs --tools, --policy and --model (as `proctor runs resume`)",
+              file=sys.stderr)
+        return 2
+    try:
+        import uvicorn
+
+        from proctor.serve.app import create_app
+    except ImportError as exc:
+        print(f"proctor serve: {exc.name} is missing: pip install 'proctor[serve]'", file=sys.stderr)
+        return 2
+    from proctor.errors import ProctorError
+    from proctor.serve.tokens import TokenFile
+    from proctor.store.base import RunStore
+
+    try:
+        tokens = TokenFile.load(args.tokens)
+        store = RunStore.open(url)
+    except ProctorError as exc:
+        print(f"proctor serve: {exc}", file=sys.stderr)
+        return 2
+    resumer = _resumer(args, store) if args.resume else None
+    app = create_app(store, tokens, proxy_header=args.trust_proxy_header)
+    print(f"proctor inbox on http://{args.host}:{args.port}/ ({len(tokens.hashes)} approver(s))", flush=True)
+    try:
+        if resumer is not None:
+            resumer.start()
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        if resumer is not None:
+            resumer.stop()
+        store.close()
+    return 0
+
+
+def _resumer(args: argparse.Namespace, store: Any) -> Any:
+    from proctor.agent.code_agent import CodeAgent
+    from proctor.agent.loading import load_tools
+    from proctor.agent.models import LiteLLMModel
+    from proctor.approval.inbox import InboxApprover
+    from proctor.policy import Policy
+    from proctor.serve.resumer import Resumer
+
+    tools = load_tools(args.tools)
+    policy = Policy.from_yaml(args.policy)
+
+    def make_agent() -> Any:
+        return CodeAgent(tools, LiteLLMModel(args.model), policy, approver=InboxApprover(store), audit=args.audit,
+                         store=store)
+
+    return Resumer(store, make_agent)

@@ -1,0 +1,20 @@
+// Keyboard shortcuts on an approval page: "a" approves, "d" moves to the deny reason (Enter sends it).
+// And a preview of what a grant would admit, asked of the server, before it is given.
+(function () {
+  document.addEventListener("keydown", function (e) {
+    var t = e.target;
+    if (e.ctrlKey || e.metaKey || e.altKey || (t && (t.tagName === "INPUT" || t.tagName === "TEXTAREA" || t.tagName === "SELECT"))) return;
+    if (e.key === "a") { var f = document.getElementById("approve-form"); if (f) { e.preventDefault(); f.submit(); } }
+    if (e.key === "d") { var r = document.getElementById("deny-reason"); if (r) { e.preventDefault(); r.focus(); } }
+  });
+  var grant = document.getElementById("grant-form");
+  if (grant) {
+    var box = document.getElementById("grant-patterns"), out = document.getElementById("grant-preview");
+    var show = function () {
+      var q = "/api/grant-preview?tool=" + encodeURIComponent(grant.dataset.tool) + "&patterns=" + encodeURIComponent(box.value || "{}");
+      fetch(q, {credentials: "same-origin"}).then(function (r) { return r.json(); })
+        .then(function (j) { out.textContent = j.admits ? "This grant admits " + j.admits + "." : (j.error || ""); });
+    };
+    box.addEventListener("input", show); show();
+  }
+})();
