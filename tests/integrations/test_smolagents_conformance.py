@@ -1,4 +1,4 @@
-"""The harness routing smolagents' executor tests through proctor works (bench/smolagents_executor.py has the figure)."""
+"""The harness routing smolagents' executor tests through proctor works (the figure: bench/smolagents_executor.py)."""
 
 from __future__ import annotations
 
