@@ -6,7 +6,10 @@ implement it):
 - ``X-Proctor-Timestamp: <unix seconds, integer>``
 - ``X-Proctor-Signature: v1=<hex hmac_sha256(secret, "<timestamp>." + body)>``
 
-`body` is the exact bytes sent (empty for a GET). Several ``v1=`` values may be
+`body` is the exact bytes sent. A request without a body (proctor's poll ``GET``) signs
+`request_payload(method, target)` instead — ``GET /proctor/status/call_7d3f`` — so the
+signature covers the method and the path with its query: a captured poll signature
+cannot be replayed against another path. Several ``v1=`` values may be
 given, comma-separated, so a receiver can sign with an old and a new secret while
 rotating; one match is enough. The timestamp is signed too, and must be within the
 replay window of the verifier's clock, so a captured message cannot be replayed
@@ -26,6 +29,7 @@ __all__ = [
     "SIGNATURE_SCHEME",
     "TIMESTAMP_HEADER",
     "SignatureError",
+    "request_payload",
     "sign",
     "signed_headers",
     "verify",
@@ -50,6 +54,11 @@ def _key(secret: str | bytes) -> bytes:
 
 def _body(body: str | bytes) -> bytes:
     return body.encode("utf-8") if isinstance(body, str) else bytes(body)
+
+
+def request_payload(method: str, target: str) -> bytes:
+    """What a request without a body signs: ``"<METHOD> <path?query>"`` (e.g. ``GET /status/c1``)."""
+    return f"{method.upper()} {target}".encode()
 
 
 def sign(secret: str | bytes, timestamp: int, body: str | bytes) -> str:

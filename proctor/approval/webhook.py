@@ -5,18 +5,22 @@ the service is down, slow, answers 5xx, garbage, an unsigned or stale or forged
 answer, an answer for another call, or no decision before the request expires —
 is a deny whose reason names it; `request()` never raises.
 
-Plain ``urllib.request`` (no extra dependency). Redirects are not followed: a
-redirect could move a signed request to a host the secret was not meant for.
+Plain ``http.client`` (no extra dependency). Redirects are not followed: a
+redirect could move a signed request to a host the secret was not meant for; for the
+same reason a poll URL must be on the webhook URL's origin (scheme, host and port).
+Each exchange ends within `request_timeout` as a whole, not per read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import socket
+import ssl
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +30,7 @@ from proctor.approval.signing import (
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     SignatureError,
+    request_payload,
     sign,
     signed_headers,
     verify,
@@ -48,9 +53,61 @@ class _Deny(Exception):
         self.timed_out = timed_out
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None  # the 3xx then surfaces as an HTTPError, which denies
+def _origin(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) with the scheme's default port filled in."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    return scheme, (parts.hostname or "").lower(), port or (443 if scheme == "https" else 80)
+
+
+def _origin_text(url: str) -> str:
+    scheme, host, port = _origin(url)
+    return f"{scheme}://{host}:{port}"
+
+
+def _http(method: str, parts: urllib.parse.SplitResult, target: str, body: bytes, headers: Mapping[str, str],
+          budget: float) -> tuple[int, Any, bytes]:
+    """One HTTP exchange that ends within `budget` seconds whatever the server does; raises
+    TimeoutError when time runs out. Redirects are never followed (a 3xx is just a status)."""
+    host = parts.hostname or ""
+    if parts.scheme == "https":
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+            host, parts.port, timeout=budget, context=ssl.create_default_context())
+    else:
+        conn = http.client.HTTPConnection(host, parts.port, timeout=budget)
+    fired = threading.Event()
+
+    def cut() -> None:  # the watchdog: wake any blocked recv/send at the deadline
+        fired.set()
+        sock = conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(budget, cut)
+    timer.daemon = True
+    timer.start()
+    try:
+        conn.connect()
+        if fired.is_set():
+            raise TimeoutError("connect")
+        conn.request(method, target, body=body if method == "POST" else None, headers=dict(headers))
+        response = conn.getresponse()
+        raw = response.read(MAX_ANSWER_BYTES + 1)
+        if fired.is_set():
+            raise TimeoutError("exchange")
+        return response.status, response.headers, raw
+    except (OSError, http.client.HTTPException):
+        if fired.is_set():
+            raise TimeoutError("exchange") from None
+        raise
+    finally:
+        timer.cancel()
+        conn.close()
 
 
 def encode_request(request: ApprovalRequest) -> bytes:
@@ -64,7 +121,7 @@ class WebhookApprover:
 
     `poll_interval` is the pause between polls of a pending request, `replay_window`
     how far an answer's timestamp may be from our clock, and `request_timeout` the
-    limit on each single HTTP exchange.
+    limit on each whole HTTP exchange (connect to last byte, however slowly it comes).
     """
 
     def __init__(
@@ -93,7 +150,6 @@ class WebhookApprover:
         self.request_timeout = request_timeout
         host = parts.hostname + (f":{parts.port}" if parts.port else "")
         self.name = f"webhook:{host}"
-        self._opener = urllib.request.build_opener(_NoRedirects)
 
     def __repr__(self) -> str:
         return f"WebhookApprover({self.url!r}, timeout={self.timeout!r})"  # never the secret
@@ -132,36 +188,46 @@ class WebhookApprover:
             time.sleep(min(self.poll_interval, remaining))
             if deadline - time.monotonic() <= 0:
                 raise _Deny(f"no decision from {self.name} within {limit:g}s (still pending)", timed_out=True)
-            answer = self._exchange("GET", poll_url, b"", deadline, limit)
+            try:
+                answer = self._exchange("GET", poll_url, b"", deadline, limit)
+            except _Deny as deny:
+                if deny.timed_out and deadline - time.monotonic() <= 0.05:  # the deadline cut the poll short
+                    raise _Deny(f"no decision from {self.name} within {limit:g}s (still pending)",
+                                timed_out=True) from None
+                raise
 
     def _exchange(self, method: str, url: str, body: bytes, deadline: float, limit: float) -> dict[str, Any]:
-        """One signed HTTP exchange; returns the verified JSON object or raises _Deny."""
+        """One signed HTTP exchange; returns the verified JSON object or raises _Deny.
+
+        The whole exchange — connect, send, status line, headers, body — ends by
+        `request_timeout` (and by the overall deadline): a watchdog shuts the socket down
+        when time is up, so a server dripping one byte at a time cannot hold it, and no
+        thread or socket outlives it.
+        """
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _Deny(f"no decision from {self.name} within {limit:g}s", timed_out=True)
+        parts = urllib.parse.urlsplit(url)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         headers = {"Accept": "application/json", "User-Agent": "proctor-approval/1"}
-        headers.update(signed_headers(self._secret, body))
+        # A poll has no body: its signature covers the method and the path with its query.
+        headers.update(signed_headers(self._secret, body if method == "POST" else request_payload(method, target)))
         if method == "POST":
             headers["Content-Type"] = "application/json"
-        http_request = urllib.request.Request(url, data=body if method == "POST" else None, headers=headers,
-                                              method=method)
         what = "request" if method == "POST" else "poll"
-        per_call = min(self.request_timeout, remaining)
+        budget = min(self.request_timeout, remaining)
+        cut_by_deadline = budget < self.request_timeout
         try:
-            with self._opener.open(http_request, timeout=per_call) as response:
-                raw = response.read(MAX_ANSWER_BYTES + 1)
-                answer_headers = response.headers
-        except urllib.error.HTTPError as exc:
-            exc.close()
-            kind = "server error" if exc.code >= 500 else "refusal" if exc.code >= 400 else "unexpected status"
-            raise _Deny(f"{self.name} answered the {what} with HTTP {exc.code} ({kind})") from exc
-        except (TimeoutError, urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-            reason = getattr(exc, "reason", exc)
-            if isinstance(reason, TimeoutError) or isinstance(exc, TimeoutError):
-                if per_call < self.request_timeout:  # our overall deadline cut this exchange short
-                    raise _Deny(f"no decision from {self.name} within {limit:g}s", timed_out=True) from exc
-                raise _Deny(f"{self.name} did not answer the {what} within {self.request_timeout:g}s") from exc
-            raise _Deny(f"cannot reach {self.name} ({what}): {reason}") from exc
+            status, answer_headers, raw = _http(method, parts, target, body, headers, budget)
+        except TimeoutError as exc:
+            if cut_by_deadline:  # our overall deadline cut this exchange short
+                raise _Deny(f"no decision from {self.name} within {limit:g}s", timed_out=True) from exc
+            raise _Deny(f"{self.name} did not answer the {what} within {self.request_timeout:g}s") from exc
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise _Deny(f"cannot reach {self.name} ({what}): {exc}") from exc
+        if not 200 <= status < 300:
+            kind = "server error" if status >= 500 else "refusal" if status >= 400 else "unexpected status"
+            raise _Deny(f"{self.name} answered the {what} with HTTP {status} ({kind})")
         if len(raw) > MAX_ANSWER_BYTES:
             raise _Deny(f"{self.name} answered with more than {MAX_ANSWER_BYTES} bytes")
         try:
@@ -193,8 +259,11 @@ class WebhookApprover:
         if not isinstance(poll, str) or not poll:
             raise _Deny(f"{self.name} answered pending without a poll URL")
         url = urllib.parse.urljoin(self.url, poll)
-        if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
-            raise _Deny(f"{self.name} gave a poll URL that is not http(s): {poll[:80]!r}")
+        if _origin(url) != _origin(self.url):
+            # A signed `pending` must not send our signed polls to another host, port or scheme
+            # (plain http in place of https, say).
+            raise _Deny(f"{self.name} gave a poll URL on another origin than {_origin_text(self.url)}: "
+                        f"{poll[:80]!r}")
         return url
 
     def _decision(self, request: ApprovalRequest, answer: Mapping[str, Any]) -> ApprovalDecision:

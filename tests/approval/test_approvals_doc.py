@@ -33,7 +33,7 @@ def test_worked_example_signatures_match_the_code() -> None:
     assert sign(secret, ts, body) == field("signature")
     answer = field("body", after="An answer to it")
     assert sign(secret, 1767225605, answer) == field("signature", after="An answer to it")
-    assert f"`{sign(secret, 1767225605, b'')}`" in DOC
+    assert f"`{sign(secret, 1767225605, b'GET /proctor/status/call_7d3f')}`" in DOC
 
 
 @pytest.fixture
