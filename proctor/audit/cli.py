@@ -48,6 +48,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tool", metavar="T", help="only records of this tool")
     p.add_argument("--outcome", metavar="O", help="only records whose decision or status is O")
     p.add_argument("--limit", metavar="N", type=int, help="only the last N matching records")
+    p.add_argument("--json", action="store_true", help="print the matching records as a JSON array")
+    p.add_argument("--wide", action="store_true", help="full ids and times (default: fits 80 columns)")
     p.set_defaults(func=_show)
 
     p = sub.add_parser("tail", help="print the last records; -f follows the log as it grows")
@@ -195,6 +197,8 @@ def _read_records(path: str) -> tuple[list[dict[str, Any]], int]:
 def _decision(rec: dict[str, Any]) -> str:
     if rec.get("status") is not None:
         return str(rec["status"])
+    if rec.get("kind") == "approval_resolved" and rec.get("verdict") is not None:
+        return str(rec["verdict"])
     decision = rec.get("decision")
     if isinstance(decision, dict):
         return str(decision.get("outcome", ""))
@@ -220,6 +224,9 @@ def _time(rec: dict[str, Any]) -> str:
 
 
 def _show(args: argparse.Namespace) -> int:
+    import os
+
+    from rich import box
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -240,17 +247,64 @@ def _show(args: argparse.Namespace) -> int:
     ]
     if args.limit is not None:
         picked = picked[len(picked) - args.limit:] if args.limit else []
-    table = Table(title=Text(terminal_safe(f"{args.log}: {len(picked)} of {len(records)} records")))
-    for name in ("seq", "time", "kind", "run", "tool", "decision/status", "rules"):
-        table.add_column(name, justify="right" if name == "seq" else "left", no_wrap=name in ("seq", "time"))
-    for r in picked:
-        cells = (str(r.get("seq", "?")), _time(r), str(r.get("kind", "?")), str(r.get("run_id") or ""),
-                 str(r.get("tool") or ""), _decision(r), _rules(r))
-        table.add_row(*(Text(terminal_safe(c)) for c in cells))  # record text is data, never markup
-    Console().print(table)
+    if not records and bad:
+        _err(f"{args.log}: not an audit log ({bad} unreadable line(s), no record); run `proctor audit verify`")
+        return 1
+    if args.json:
+        import json
+
+        print(json.dumps(picked, indent=2, sort_keys=True))
+    else:
+        # Default: one record a line at 80 columns (run column only when several runs are shown,
+        # long cells cut with an ellipsis); --wide: everything in full, wrapped.
+        wide = bool(args.wide)
+        runs = {r.get("run_id") for r in picked if r.get("run_id")}
+        names = ["seq", "time", "kind", "run", "tool", "verdict", "approval", "rules"]
+        if not wide and len(runs) <= 1:
+            names.remove("run")
+        title = f"{args.log if wide else os.path.basename(args.log)}: {len(picked)} of {len(records)} records"
+        caption = f"run {next(iter(runs))}" if len(runs) == 1 else None
+        table = Table(title=Text(terminal_safe(title)), caption=Text(terminal_safe(caption)) if caption else None,
+                      box=box.HEAVY_HEAD if wide else None, pad_edge=False, show_edge=wide, header_style="bold",
+                      padding=(0, 1))
+        for name in names:
+            table.add_column(name, justify="right" if name == "seq" else "left", no_wrap=not wide,
+                             overflow="fold" if wide else "ellipsis", min_width=None if wide else _MIN_WIDTH[name],
+                             max_width=None if wide else _MAX_WIDTH.get(name))
+        for r in picked:
+            kind = str(r.get("kind", "?"))
+            cell = {"seq": str(r.get("seq", "?")), "time": _time(r) if wide else _time(r)[11:19],
+                    "kind": kind if wide else _KIND_SHORT.get(kind, kind),
+                    "run": _short_id(r.get("run_id"), wide), "tool": str(r.get("tool") or ""),
+                    "verdict": _decision(r), "approval": _approval(r), "rules": _rules(r)}
+            table.add_row(*(Text(terminal_safe(cell[n])) for n in names))  # record text is data, never markup
+        Console().print(table)
     if bad:
         _err(f"{bad} unreadable line(s) skipped; run `proctor audit verify {args.log}`")
+        return 1
     return 0
+
+
+_MIN_WIDTH = {"seq": 4, "time": 8, "kind": 11, "run": 9, "tool": 10, "verdict": 9, "approval": 12, "rules": 8}
+_MAX_WIDTH = {"run": 9, "tool": 14, "verdict": 10, "approval": 16}
+_KIND_SHORT = {"call_intent": "intent", "call_outcome": "outcome", "approval_requested": "appr_asked",
+               "approval_resolved": "appr_done", "budget_exhausted": "budget_stop", "worker_started": "worker",
+               "run_started": "run_start", "run_finished": "run_end", "run_suspended": "run_pause",
+               "run_resumed": "run_resume", "call_replayed": "replayed"}
+
+
+def _short_id(value: Any, wide: bool) -> str:
+    text = "" if value is None else str(value)
+    return text if wide or len(text) <= 10 else "…" + text[-8:]
+
+
+def _approval(rec: dict[str, Any]) -> str:
+    """Who decided an approval, and how: from approval_resolved, or the intent's approval field."""
+    source = rec if rec.get("kind") == "approval_resolved" else rec.get("approval")
+    if not isinstance(source, dict) or not source.get("verdict"):
+        return ""
+    who = source.get("approver")
+    return f"{source['verdict']} by {who}" if who else str(source["verdict"])
 
 
 def _line(rec: dict[str, Any]) -> str:
@@ -288,6 +342,16 @@ def _tail(args: argparse.Namespace) -> int:
             return
         print(terminal_safe(_line(rec) if isinstance(rec, dict) else repr(rec)), flush=True)
 
+    import os
+    import time
+
+    if args.follow and not os.path.exists(args.log):
+        _err(f"{args.log} does not exist yet; waiting for it (Ctrl-C to stop)")
+        try:
+            while not os.path.exists(args.log):
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            return 0
     try:
         follow(args.log, emit, last=max(args.lines, 0), keep_following=args.follow)
     except KeyboardInterrupt:

@@ -253,3 +253,51 @@ def test_tail_follow_runs_until_interrupted(log: Path) -> None:
         os.kill(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=10)
     assert proc.returncode == 0, err
+
+
+def test_show_json_approval_column_and_80_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`show --json` prints the records; the table names who approved and fits 80 columns, one line a record."""
+    path = tmp_path / "a.jsonl"
+    with AuditLog(path, durability="flush") as audit:
+        audit.append("run_started", {"run_id": "run_" + "f" * 32})
+        audit.append("approval_resolved", {"run_id": "run_" + "f" * 32, "call_id": "c1", "tool": "send_email",
+                                           "verdict": "approve", "approver": "carol"})
+        audit.append("call_intent", {"call_id": "c1", "run_id": "run_" + "f" * 32, "tool": "send_email",
+                                     "decision": "require_approval", "rules": ["external-mail"],
+                                     "approval": {"verdict": "approve", "approver": "carol"}})
+    assert main(["audit", "show", str(path), "--json", "--tool", "send_email"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [r["kind"] for r in shown] == ["approval_resolved", "call_intent"]
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["audit", "show", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(len(line) <= 80 for line in lines) and len(lines) == 1 + 1 + 4 + 1  # title, header, records, run
+    assert "approve by carol" in lines[3] and "approve by carol" in lines[4]
+
+
+def test_show_of_garbage_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file that holds no record at all is not an audit log: exit 1, naming verify."""
+    path = tmp_path / "junk.txt"
+    path.write_bytes(b"hello\nworld\n\x00\xff\n")
+    assert main(["audit", "show", str(path)]) == 1
+    assert "proctor audit verify" in capsys.readouterr().err
+
+
+def test_tail_follow_waits_for_a_log_that_does_not_exist_yet(tmp_path: Path) -> None:
+    """`tail -f` on a missing log waits, then prints records once the log appears."""
+    path = tmp_path / "later.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "proctor.cli", "audit", "tail", "-f", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        assert proc.stderr is not None and "waiting for it" in proc.stderr.readline()
+        with AuditLog(path, durability="flush") as audit:
+            audit.append("run_started", {"run_id": "r-late"})
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "run_started" in line and "r-late" in line and time.monotonic() < deadline
+        assert proc.poll() is None  # still following
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
