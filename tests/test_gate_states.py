@@ -93,8 +93,8 @@ class FaultyPolicy:
             raise Fault("facts failed")
         return self.inner.facts(*args)
 
-    def new_ledger(self) -> Any:
-        return FaultyLedger(self.inner.new_ledger(), self.fault)
+    def new_ledger(self, *args: Any, **kwargs: Any) -> Any:
+        return FaultyLedger(self.inner.new_ledger(*args, **kwargs), self.fault)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
