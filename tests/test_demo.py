@@ -73,3 +73,21 @@ def test_demo_asks_on_a_terminal(tmp_path: Path) -> None:
         child.close()
     assert child.exitstatus == 0
     assert "approved by the approver" in (child.before or "")
+
+
+def test_demo_never_claims_an_export_that_failed(tmp_path: Path) -> None:
+    """With --otlp to a port where nothing listens, the summary says the export failed, not that it happened."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    env_timeout = {"OTEL_EXPORTER_OTLP_TIMEOUT": "1", "OTEL_METRICS_EXPORTER": "none"}
+    proc = subprocess.run([sys.executable, "-m", "proctor.cli", "demo", "--audit", str(tmp_path / "a.jsonl"),
+                           "--otlp", f"http://127.0.0.1:{port}", "--otlp-protocol", "http/protobuf"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                          env={**os.environ, **env_timeout, "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    assert "spans exported to" not in proc.stdout
+    assert "FAILED" in proc.stdout or "did not finish in time" in proc.stdout, proc.stdout

@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlparse
@@ -59,6 +60,9 @@ class Telemetry:
     meter_provider: MeterProvider | None = None
     endpoint: str | None = None
     protocol: str | None = None
+    #: Spans the OTLP exporter delivered, and spans it failed to deliver (a collector down or refusing).
+    exported: int = 0
+    export_failed: int = 0
     _done: bool = field(default=False, repr=False)
 
     def shutdown(self, timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> bool:
@@ -146,6 +150,34 @@ def _http_url(endpoint: str, path: str, per_signal: bool) -> str:
     if per_signal or endpoint.rstrip("/").endswith(path):
         return endpoint
     return endpoint.rstrip("/") + path
+
+
+def _counted(inner: SpanExporter, telemetry: Telemetry) -> SpanExporter:
+    """`inner`, counting on `telemetry` the spans it delivered and those it failed to deliver,
+    so nothing claims an export that failed. (Built here: the SDK is imported only when used.)"""
+    from opentelemetry.sdk.trace.export import SpanExporter as Base
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    class Counted(Base):
+        def export(self, batch: Sequence[ReadableSpan]) -> SpanExportResult:
+            try:
+                result = inner.export(batch)
+            except Exception:
+                telemetry.export_failed += len(batch)
+                raise
+            if result == SpanExportResult.SUCCESS:
+                telemetry.exported += len(batch)
+            else:
+                telemetry.export_failed += len(batch)
+            return result
+
+        def shutdown(self) -> None:
+            inner.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return inner.force_flush(timeout_millis)
+
+    return Counted()
 
 
 def _span_exporter(endpoint: str, protocol: str, per_signal: bool,
@@ -259,7 +291,8 @@ def configure_tracing(
     if want_otlp:
         endpoint, proto, per_signal = resolve_endpoint(otlp_endpoint, protocol)
         telemetry.endpoint, telemetry.protocol = endpoint, proto
-        provider.add_span_processor(BatchSpanProcessor(_span_exporter(endpoint, proto, per_signal, headers, timeout_s)))
+        exporter = _counted(_span_exporter(endpoint, proto, per_signal, headers, timeout_s), telemetry)
+        provider.add_span_processor(BatchSpanProcessor(exporter))
         metrics_exporters = _exporters("OTEL_METRICS_EXPORTER")
         if metrics is None:
             metrics = "none" not in metrics_exporters

@@ -86,7 +86,8 @@ def _tracer(opts: DemoOptions) -> tuple[Any, Any, str]:
                                  capture_content=opts.capture_content, set_global=False)
     endpoint = opts.otlp or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
         "OTEL_EXPORTER_OTLP_ENDPOINT")
-    note = f"spans exported to {endpoint}" if provider is not None and endpoint else (
+    # Said after the flush, from what the exporter really delivered (see `_export_note`).
+    note = f"export to {endpoint}" if provider is not None and endpoint else (
         "spans kept in memory (--otlp URL to export)")
     if provider is None:
         provider = TracerProvider()
@@ -131,6 +132,21 @@ def _intro(console: Console, policy: Policy, approval: str, audit_path: Path) ->
     console.print(Text("task: ", style="bold") + Text(script.TASK))
 
 
+def _export_note(note: str) -> str:
+    """After flushing: how many spans really reached the collector, or that the export failed."""
+    from proctor.telemetry import setup
+
+    telemetry = setup.current()
+    if telemetry is None or telemetry.endpoint is None or not note.startswith("export to"):
+        return note
+    if not setup.shutdown():
+        return f"{note} did not finish in time: spans may be lost (is the collector up?)"
+    if telemetry.export_failed or not telemetry.exported:
+        return (f"{note} FAILED: {telemetry.export_failed} span(s) not delivered, {telemetry.exported} delivered "
+                "(is a collector listening there?)")
+    return f"{telemetry.exported} spans exported to {telemetry.endpoint}"
+
+
 def run_demo(opts: DemoOptions, console: Console | None = None) -> tuple[int, RunResult]:
     """Play the demo; return (exit code, the run's result)."""
     from proctor.audit import AuditLog, generate_keypair, verify
@@ -168,6 +184,7 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> tuple[int, Ru
     effects += [f"email to {m['to']}" for m in shop.outbox]
     extra = [("what really ran", "\n".join(effects) or "nothing")]
     if spans is not None:
+        trace_note = _export_note(trace_note)
         finished = spans.get_finished_spans()
         tools = sum(1 for s in finished if s.name.startswith("execute_tool "))
         extra.append(("spans", f"{len(finished)} ({tools} execute_tool, one per call); {trace_note}"))
