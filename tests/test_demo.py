@@ -91,3 +91,16 @@ def test_demo_never_claims_an_export_that_failed(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "spans exported to" not in proc.stdout
     assert "FAILED" in proc.stdout or "did not finish in time" in proc.stdout, proc.stdout
+
+
+def test_demo_keys_sit_in_a_private_directory() -> None:
+    """Without --audit the demo's log, signing key and redaction key go to a directory only the user can read."""
+    import stat
+
+    console = Console(file=io.StringIO(), width=120)
+    code, result = run_demo(DemoOptions(answer=True, interactive=False), console=console)
+    assert code == 0 and result.audit_path is not None
+    folder = Path(result.audit_path).parent
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    for name in ("audit.jsonl.key", "audit.jsonl.redact-key"):
+        assert stat.S_IMODE((folder / name).stat().st_mode) == 0o600, name
