@@ -36,6 +36,7 @@ from proctor.approval.signing import (
     verify,
 )
 from proctor.errors import ConfigurationError
+from proctor.jsoninput import loads_bounded
 
 __all__ = ["WIRE_VERSION", "SignatureError", "WebhookApprover", "sign", "signed_headers", "verify"]
 
@@ -236,8 +237,8 @@ class WebhookApprover:
         except SignatureError as exc:
             raise _Deny(f"{self.name} answer rejected: {exc}") from exc
         try:
-            answer = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            answer = loads_bounded(raw.decode("utf-8"), "answer", max_bytes=MAX_ANSWER_BYTES)
+        except (UnicodeDecodeError, ValueError) as exc:
             raise _Deny(f"{self.name} answered with invalid JSON: {exc}") from exc
         if not isinstance(answer, dict):
             raise _Deny(f"{self.name} answered with JSON {type(answer).__name__}, expected an object")

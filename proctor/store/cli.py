@@ -197,10 +197,12 @@ def _answer(args: argparse.Namespace) -> int:
     approver = args.approver or getpass.getuser()
     edited: dict[str, Any] | None = None
     if args.verdict == "edit":
+        from proctor.jsoninput import loads_bounded
+
         try:
-            edited = json.loads(args.args)
+            edited = loads_bounded(args.args, "--args")  # size and depth bounded: no RecursionError
         except ValueError as exc:
-            raise _Usage(f"--args is not JSON: {exc}") from None
+            raise _Usage(f"--args is not usable JSON: {exc}") from None
         if not isinstance(edited, dict):
             raise _Usage("--args must be a JSON object of argument names to values")
     if args.verdict == "deny" and not args.reason:

@@ -172,3 +172,33 @@ def test_same_origin_polls_are_signed_over_method_and_path() -> None:
                   request_payload("DELETE", "/status/c1?x=1"), b""):
         with pytest.raises(SignatureError):
             verify(SECRET, ts, sig, other)
+
+
+def test_a_deeply_nested_signed_answer_is_a_plain_deny() -> None:
+    """A signed answer of 100,000 nested lists is refused as invalid JSON, not a RecursionError."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = b"[" * 100_000 + b"]" * 100_000
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            for name, value in {**signed_headers(SECRET, body), "Content-Length": str(len(body))}.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        approver = WebhookApprover(f"http://127.0.0.1:{server.server_address[1]}/approve", SECRET, timeout=5)
+        decision = approver.request(make_request(expires_in=30))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert decision.verdict == "deny" and "invalid JSON" in decision.reason and "nested deeper" in decision.reason
