@@ -72,7 +72,7 @@ def top_imports(cmd: list[str], n: int = 5) -> str:
 
 def build_seconds(rules: int) -> float:
     sys.path.insert(0, str(Path(__file__).parent))
-    from policy_decide import build  # noqa: PLC0415 - the same policies as bench/policy_decide.py
+    from policy_decide import build
 
     import proctor.policy.conditions as conditions
 
