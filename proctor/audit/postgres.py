@@ -112,6 +112,9 @@ END
 $$;
 """
 
+#: How long the writer thread waits for more appends before a flush (PostgreSQL's commit_delay, in-process).
+_LINGER_S = 0.002
+
 _APPEND = "SELECT out_seq, out_h, out_last_ckpt FROM proctor_audit_append(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 # A synchronous commit of a transaction that wrote something flushes the WAL up to its commit
 # record, and so every commit before it: the durability barrier for the appends committed
@@ -350,13 +353,23 @@ class PostgresAuditLog:
             self._conn = None
 
     def _write_loop(self) -> None:
+        last = 1  # the size of the last batch: as many writers are probably about to append again
         while True:
             with self._cond:
                 while not self._queue and not self.closed:
                     self._cond.wait()
                 if not self._queue and self.closed:
                     return
+                # Group commit: give the writers of the last batch a moment (at most _LINGER_S) to queue
+                # their next records, so one flush carries them all instead of one each.
+                deadline = time.monotonic() + _LINGER_S
+                while len(self._queue) < min(last, self._max_batch) and not self.closed:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
                 batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+                last = len(batch)
             records = [p for p in batch if p.kind not in ("checkpoint", "seal")]
             try:
                 if records:
