@@ -155,7 +155,7 @@ def test_crash_at_each_point_of_a_step_runs_nothing_twice(d: Durable, crash: str
     assert d.effects()[: len(before)] == before and len(d.effects("look")) == 1
     if crash.startswith(("before:", "after:")):
         assert "outcome unknown after a crash" in result["steps"][0]["error"]
-    d.verify()
+    d.verify(crashed=True)
 
 
 def test_an_idempotent_tool_is_run_again_after_a_crash(d: Durable) -> None:
@@ -167,7 +167,7 @@ def test_an_idempotent_tool_is_run_again_after_a_crash(d: Durable) -> None:
     result = d.process("resume", {"responses": []}, policy, run["run_id"])
     assert result is not None and result["status"] == "done" and result["answer"] == "noted n1"
     assert d.effects("note") == [["note", {"text": "n1"}]]
-    d.verify()
+    d.verify(crashed=True)
 
 
 def test_tool_calling_agent_suspends_and_resumes(d: Durable) -> None:
