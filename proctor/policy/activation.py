@@ -22,20 +22,28 @@ from proctor.policy.projection import Needs
 
 __all__ = ["Activation"]
 
+_PLAIN_FOLD_MIN = 32
 _ENTRY_FIELDS = frozenset(("tool", "args", "side_effect", "decision", "status", "labels"))  # HistoryEntry.as_dict()
 
 
 class Activation(Mapping[str, Any]):
     """The CEL variables of one call, each built on first use and shared by every rule."""
 
-    __slots__ = ("_added", "_cache", "_call", "_context", "_folds", "_functions", "_needs", "_side_effect")
+    __slots__ = ("_added", "_cache", "_call", "_context", "_folds", "_functions", "_needs", "_side_effect",
+                 "folds_history")
 
     def __init__(
-        self, call: Call, side_effect: str, needs: Needs | None = None, functions: tuple[str, ...] = ()
+        self, call: Call, side_effect: str, needs: Needs | None = None, functions: tuple[str, ...] = (),
+        plain_needs: Needs | None = None,
     ) -> None:
         self._call = call
         self._side_effect = side_effect
-        self._needs = needs or {}
+        history = call.history
+        #: Whether conditions read history through folds (hidden variables). A run's history keeps them
+        #: incrementally; a short plain list (Policy.decide, policy tests) is cheaper given to CEL whole,
+        #: as before folds existed: folding it costs one CEL execution per entry and stage.
+        self.folds_history = hasattr(history, "aggregate") or len(history) > _PLAIN_FOLD_MIN
+        self._needs = (needs if self.folds_history or plain_needs is None else plain_needs) or {}
         self._functions = functions
         self._cache: dict[str, Any] = {}
         self._context: Any = None

@@ -159,6 +159,8 @@ class Condition:
     fast: Any = None
     fast_variables: tuple[str, ...] = ()
     fast_calls: Any = None
+    #: What the original program reads (used for a short plain history, evaluated without folds).
+    plain_needs: Needs | None = None
 
     def evaluate(self, activation: Mapping[str, Any]) -> bool:
         """Evaluate against the variables in `activation` (only those referenced are read).
@@ -176,7 +178,7 @@ class Condition:
         """The expression's value for `activation` (any CEL value); raises EvaluationError."""
         try:
             cel_context = getattr(activation, "cel_context", None)
-            if cel_context is not None and self.fast is not None:
+            if cel_context is not None and self.fast is not None and getattr(activation, "folds_history", True):
                 try:
                     result = self.fast.execute(cel_context(self.fast_variables, self.functions))
                 except AggregateError:  # an aggregate is an error: let CEL see it as one, where || may absorb it
@@ -313,7 +315,8 @@ def compile_expression(source: str, variables: tuple[str, ...] = VARIABLES, what
     hidden = tuple(p.name for p in rewritten.pipelines)
     needs: Needs = {**needs_of(rewritten.source, plain), **dict.fromkeys(hidden)}
     return Condition(source=source, program=program, variables=names, needs=needs, functions=functions,
-                     fast=fast_program, fast_variables=plain + hidden, fast_calls=calls_program)
+                     fast=fast_program, fast_variables=plain + hidden, fast_calls=calls_program,
+                     plain_needs=needs_of(source, names))
 
 
 def _fast(source: str) -> tuple[Any, Any, Rewrite] | None:

@@ -92,6 +92,8 @@ class Candidates:
     others: tuple[CompiledRule, ...]  # require_approval and allow rules
     needs: Needs  # what the conditions of these rules read of each variable
     functions: tuple[str, ...] = ()  # the registered CEL functions their conditions call
+    #: `needs` without history folds: for a short plain history, which CEL reads whole (see Activation).
+    plain_needs: Needs | None = None
     #: The decision for every call, when none of these rules has a condition (most reads).
     fixed: Decision | None = None
 
@@ -276,6 +278,8 @@ class Policy:
             deny=tuple(r for r in rules if r.decision == "deny"),
             others=tuple(r for r in rules if r.decision != "deny"),
             needs=merge_needs([r.condition.needs for r in rules if r.condition is not None]),
+            plain_needs=merge_needs([r.condition.plain_needs or r.condition.needs
+                                     for r in rules if r.condition is not None]),
             functions=tuple(sorted({f for r in rules if r.condition is not None for f in r.condition.functions})),
             fixed=fixed,
         )
@@ -294,7 +298,7 @@ class Policy:
         candidates: Candidates = self.candidates(call.tool, side_effect)
         if candidates.fixed is not None:
             return candidates.fixed
-        activation = Activation(call, side_effect, candidates.needs, candidates.functions)
+        activation = Activation(call, side_effect, candidates.needs, candidates.functions, candidates.plain_needs)
         activation.prepare()
         denied: list[tuple[CompiledRule, str]] = []
         for rule in candidates.deny:
