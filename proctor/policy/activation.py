@@ -43,7 +43,8 @@ class Activation(Mapping[str, Any]):
         #: incrementally; a short plain list (Policy.decide, policy tests) is cheaper given to CEL whole,
         #: as before folds existed: folding it costs one CEL execution per entry and stage.
         self.folds_history = hasattr(history, "aggregate") or len(history) > _PLAIN_FOLD_MIN
-        self._needs = (needs if self.folds_history or plain_needs is None else plain_needs) or {}
+        # Without folds, the fold needs do not apply: the plain ones, or none (whole values).
+        self._needs = (needs if self.folds_history else plain_needs) or {}
         self._functions = functions
         self._cache: dict[str, Any] = {}
         self._context: Any = None
