@@ -167,3 +167,19 @@ def test_approvals_cli_json_fields_and_refusals(env: tuple[RunStore, str, Path],
     assert main(["approvals", "show", "apr_nope"]) == 1
     monkeypatch.delenv("PROCTOR_STORE")
     assert main(["approvals", "list"]) == 2
+
+
+def test_redacted_arguments_stay_redacted_in_the_store_and_the_answer_still_binds(
+        env: tuple[RunStore, str, Path]) -> None:
+    """A redacted field is stored as its digest, and the answer given to it approves the resumed call."""
+    store, _, tmp = env
+    policy = _policy(tools={"send": {"side_effect": "external", "redact": ["body"]}})
+    run_id = _suspend(store, tmp, policy=policy)
+    [pending] = store.list_approvals()
+    assert pending.args["to"] == "x@evil.test" and "$redacted" in pending.args["body"]
+    assert "10" not in json.dumps(pending.as_dict()["args"])
+    store.answer_approval(pending.id, ApprovalAnswer("approve", "bob"), binding=pending.binding)
+    with _agent(store, tmp, [], policy=policy) as agent:
+        r = agent.resume(run_id)
+    assert r.status == "done" and r.answer == "sent 10 to x@evil.test"
+    assert [c[0] for c in count(str(tmp / "effects.jsonl"))] == ["look", "send"]
