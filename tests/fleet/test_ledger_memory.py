@@ -21,3 +21,21 @@ def make_ledger() -> MakeLedger:
 
 class TestMemoryLedger(LedgerConformance):
     """MemoryLedger keeps every promise of the protocol."""
+
+
+def test_agents_and_the_cli_take_a_ledger() -> None:
+    """CodeAgent(ledger=…) hands it to its gate; `proctor run --ledger URL` parses into the same argument."""
+    import argparse
+
+    from proctor import CodeAgent, Policy, ScriptedModel
+    from proctor.agent.cli import register
+
+    shared = MemoryLedger()
+    policy = Policy.from_dict({"version": 1, "default": "allow"})
+    agent = CodeAgent([], ScriptedModel(["final_answer(1)"]), policy, ledger=shared)
+    assert agent.gate.ledger is shared
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["run", "t", "--tools", "m", "--policy", "p.yaml", "--model", "x",
+                              "--ledger", "redis://r:6379/0"])
+    assert args.ledger == "redis://r:6379/0"
