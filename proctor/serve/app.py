@@ -23,10 +23,10 @@ from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel
 
 from proctor.errors import ApprovalConflict, ApprovalNotFound, FourEyes, InvalidAnswer, RunNotFound, StoreError
-from proctor.serve.answers import answer, grant_preview
 from proctor.serve.auth import COOKIE, Identity, Sessions, cross_origin, csrf_ok, identify
 from proctor.serve.tokens import TokenFile
 from proctor.serve.views import approval_view, filter_approvals, run_view
+from proctor.store.answers import answer, grant_preview
 from proctor.store.base import RunStore
 
 __all__ = ["AnswerBody", "create_app"]

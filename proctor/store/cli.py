@@ -31,6 +31,13 @@ def _store_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON on stdout")
 
 
+def _server_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--server", metavar="URL", default=None,
+                   help="go through a `proctor serve` inbox instead of the store (default $PROCTOR_SERVER)")
+    p.add_argument("--token", metavar="T", default=None, help="your approver token for --server "
+                   "(default $PROCTOR_TOKEN)")
+
+
 def register(subparsers: Any) -> None:
     """Add ``proctor approvals`` and ``proctor runs``."""
     ap = subparsers.add_parser("approvals", help="list and answer calls waiting for a human (durable runs)",
@@ -40,17 +47,21 @@ def register(subparsers: Any) -> None:
     _store_arg(p)
     p.add_argument("--all", action="store_true", help="answered and void ones too")
     p.add_argument("--run", metavar="RUN_ID", help="only this run's")
+    _server_arg(p)
     p.set_defaults(func=_approvals_list)
     p = asub.add_parser("show", help="one approval in full")
     p.add_argument("id", metavar="ID")
     _store_arg(p)
+    _server_arg(p)
     p.set_defaults(func=_approvals_show)
     for verdict, helptext in (("approve", "let the call run"), ("deny", "refuse the call (the program sees why)"),
                               ("edit", "let it run with other arguments (--args)")):
         p = asub.add_parser(verdict, help=helptext)
         p.add_argument("id", metavar="ID")
         _store_arg(p)
-        p.add_argument("--as", dest="approver", metavar="NAME", help="who answers (default: your user name)")
+        _server_arg(p)
+        p.add_argument("--as", dest="approver", metavar="NAME",
+                       help="who answers (default: your user name; with --server the token names you)")
         p.add_argument("--reason", metavar="TEXT", default="", help="why (shown to the program on deny)")
         if verdict == "edit":
             p.add_argument("--args", metavar="JSON", required=True, help="the arguments to run with instead")
@@ -151,11 +162,18 @@ def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
 
 @_guard
 def _approvals_list(args: argparse.Namespace) -> int:
-    store = _open(args)
-    try:
-        items = store.list_approvals(status=None if args.all else "pending", run_id=args.run)
-    finally:
-        store.close()
+    client = _client(args)
+    if client is not None:
+        from proctor.store.base import PendingApproval
+
+        raw = client.approvals(status="all" if args.all else "pending", run_id=args.run)
+        items = [PendingApproval.from_dict(a) for a in raw]
+    else:
+        store = _open(args)
+        try:
+            items = store.list_approvals(status=None if args.all else "pending", run_id=args.run)
+        finally:
+            store.close()
     if args.json:
         print(json.dumps([a.as_dict() for a in items], default=str, indent=2))
         return 0
@@ -170,11 +188,17 @@ def _approvals_list(args: argparse.Namespace) -> int:
 
 @_guard
 def _approvals_show(args: argparse.Namespace) -> int:
-    store = _open(args)
-    try:
-        a = store.get_approval(args.id)
-    finally:
-        store.close()
+    client = _client(args)
+    if client is not None:
+        from proctor.store.base import PendingApproval
+
+        a = PendingApproval.from_dict(client.approval(args.id)["approval"])
+    else:
+        store = _open(args)
+        try:
+            a = store.get_approval(args.id)
+        finally:
+            store.close()
     if args.json:
         print(json.dumps(a.as_dict(), default=str, indent=2))
         return 0
@@ -191,10 +215,8 @@ def _approvals_show(args: argparse.Namespace) -> int:
 
 @_guard
 def _answer(args: argparse.Namespace) -> int:
-    from proctor.errors import ApprovalConflict
-    from proctor.store.base import ApprovalAnswer
+    from proctor.store.answers import answer
 
-    approver = args.approver or getpass.getuser()
     edited: dict[str, Any] | None = None
     if args.verdict == "edit":
         from proctor.jsoninput import loads_bounded
@@ -207,22 +229,49 @@ def _answer(args: argparse.Namespace) -> int:
             raise _Usage("--args must be a JSON object of argument names to values")
     if args.verdict == "deny" and not args.reason:
         raise _Usage("deny needs --reason: the program (and the model) are told why")
-    store = _open(args)
-    try:
-        current = store.get_approval(args.id)
-        if current.principal is not None and current.principal == approver:
-            raise ApprovalConflict(f"{approver} runs {current.run_id} and cannot answer its own calls (four eyes): "
-                                   "ask someone else")
-        answered = store.answer_approval(args.id, ApprovalAnswer(args.verdict, approver, args.reason, edited),
-                                         binding=current.binding)
-    finally:
-        store.close()
+    client = _client(args)
+    if client is not None:
+        if args.approver:
+            raise _Usage("--as does not go with --server: the server knows you by your token")
+        binding = client.approval(args.id)["approval"]["binding"]
+        data = client.answer(args.id, decision=args.verdict, binding=binding, reason=args.reason, args=edited)
+        from proctor.store.base import PendingApproval
+
+        answered = PendingApproval.from_dict(data)
+        approver = answered.answer.approver if answered.answer is not None else "?"
+    else:
+        approver = args.approver or getpass.getuser()
+        store = _open(args)
+        try:
+            current = store.get_approval(args.id)
+            answered = answer(store, args.id, approver=approver, address=f"cli:{_host()}", decision=args.verdict,
+                              binding=current.binding, reason=args.reason, args=edited)
+        finally:
+            store.close()
     if args.json:
         print(json.dumps(answered.as_dict(), default=str, indent=2))
     else:
         print(f"{answered.id}: {args.verdict} by {approver} ({answered.tool} of run {answered.run_id}); "
               f"resume it with `proctor runs resume {answered.run_id} …`")
     return 0
+
+
+def _client(args: argparse.Namespace) -> Any:
+    """An inbox client when --server (or $PROCTOR_SERVER) is given, else None (the store is used)."""
+    url = getattr(args, "server", None) or os.environ.get("PROCTOR_SERVER", "")
+    if not url:
+        return None
+    if getattr(args, "store", None):
+        raise _Usage("give --store or --server, not both")
+    from proctor.serve.client import InboxClient
+
+    return InboxClient(url, args.token or os.environ.get("PROCTOR_TOKEN", ""))
+
+
+def _host() -> str:
+    import socket
+
+    return socket.gethostname()
 
 
 # -- runs --------------------------------------------------------------------------------------------

@@ -1,0 +1,92 @@
+"""`proctor serve token`, `proctor approvals … --server`, and a server that resumes answered runs itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from browser import serving
+from inbox_helpers import SENT, Inbox
+
+from proctor.serve.app import create_app
+from proctor.serve.resumer import Resumer, ready_runs
+from proctor.serve.tokens import TokenFile
+from proctor.store.base import RunStore
+
+
+def proctor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "proctor.cli", *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def test_serve_token_prints_a_token_the_file_only_hashes(tmp_path: Path) -> None:
+    """`proctor serve token NAME` prints the token as its last word; the file keeps only its hash."""
+    out = proctor("serve", "token", "dana", "--tokens", str(tmp_path / "t.txt"))
+    assert out.returncode == 0, out.stderr
+    token = out.stdout.split()[-1]
+    assert TokenFile.load(tmp_path / "t.txt").who(token) == "dana"
+    assert token not in (tmp_path / "t.txt").read_text()
+    bad = proctor("serve", "token", "no spaces please", "--tokens", str(tmp_path / "t.txt"))
+    assert bad.returncode == 2 and "approver name" in bad.stderr
+
+
+def test_serve_without_a_token_file_is_a_usage_error(tmp_path: Path) -> None:
+    """`proctor serve` refuses to start without a store or a token file, in one line."""
+    out = proctor("serve", "--store", f"sqlite:///{tmp_path}/r.db")
+    assert out.returncode == 2 and "--tokens" in out.stderr
+
+
+def test_approvals_through_the_server(inbox: Inbox) -> None:
+    """`proctor approvals list/show/approve --server` answer through the API, as the token's approver."""
+    approval_id = inbox.suspend(principal="alice")
+    store = RunStore.open(inbox.store_url)
+    try:
+        with serving(create_app(store, TokenFile.load(inbox.tokens_path))) as url:
+            env = {"PROCTOR_TOKEN": inbox.tokens["bob"]}
+            listed = proctor("approvals", "list", "--server", url, "--json", env=env)
+            assert listed.returncode == 0, listed.stderr
+            assert [a["id"] for a in json.loads(listed.stdout)] == [approval_id]
+            shown = proctor("approvals", "show", approval_id, "--server", url, env=env)
+            assert shown.returncode == 0 and "outbound-mail" in shown.stdout
+            own = proctor("approvals", "approve", approval_id, "--server", url,
+                          env={"PROCTOR_TOKEN": inbox.tokens["alice"]})
+            assert own.returncode == 1 and "four eyes" in own.stderr
+            wrong = proctor("approvals", "list", "--server", url, env={"PROCTOR_TOKEN": "nope"})
+            assert wrong.returncode == 1 and "401" in wrong.stderr
+            ok = proctor("approvals", "approve", approval_id, "--server", url, "--reason", "fine", env=env)
+            assert ok.returncode == 0, ok.stderr
+        answer = store.get_approval(approval_id).answer
+        assert answer is not None and answer.approver == "bob" and answer.address == "127.0.0.1"
+    finally:
+        store.close()
+
+
+def test_resumer_takes_up_answered_runs(inbox: Inbox) -> None:
+    """A server started with --resume resumes a suspended run once its approval is answered; the call runs once."""
+    approval_id = inbox.suspend()
+    store = RunStore.open(inbox.store_url)
+    try:
+        resumer = Resumer(store, lambda: inbox.agent(store, responses=["```python\nfinal_answer('x')\n```"]),
+                          interval_s=0.2)
+        resumer.start()
+        try:
+            time.sleep(0.5)
+            assert ready_runs(store) == [] and resumer.resumed == []  # nothing answered yet: nothing resumed
+            current = store.get_approval(approval_id)
+            from proctor.store.answers import answer
+
+            answer(store, approval_id, approver="bob", address="test", decision="approve", binding=current.binding)
+            deadline = time.monotonic() + 120
+            while not resumer.resumed and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            resumer.stop()
+        assert resumer.resumed == [(current.run_id, "done")]
+        assert SENT == [("carol@partner.org", "your invoice")]
+        assert store.get_run(current.run_id).status == "done"
+    finally:
+        store.close()
