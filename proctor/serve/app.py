@@ -203,14 +203,16 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
                           grant=body.grant)
         return answered.as_dict()
 
-    @app.get("/api/grant-preview")
-    def api_grant_preview(request: Request, tool: str, patterns: str = "{}") -> dict[str, str]:
+    @app.get("/api/approvals/{approval_id}/grant-preview")
+    def api_grant_preview(request: Request, approval_id: str, patterns: str = "{}") -> dict[str, Any]:
         need(request)
         try:
             parsed = json.loads(patterns)
         except ValueError as exc:
             raise _Refused(422, f"patterns are not JSON: {exc}") from None
-        return {"admits": grant_preview(tool, parsed if isinstance(parsed, dict) else {})}
+        if not isinstance(parsed, dict) or not all(isinstance(v, str) for v in parsed.values()):
+            raise _Refused(422, 'patterns must be a JSON object of argument names to patterns')
+        return {"admits": grant_preview(store.get_approval(approval_id), parsed)}
 
     @app.get("/api/runs")
     def api_runs(request: Request, status: str = "") -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from typing import Any
 from proctor.errors import ApprovalConflict, FourEyes, InvalidAnswer
 from proctor.store.base import ApprovalAnswer, PendingApproval, RunStore
 
-__all__ = ["VERDICTS", "answer", "check_edit", "grant_preview"]
+__all__ = ["VERDICTS", "answer", "check_edit", "check_grant", "grant_preview"]
 
 VERDICTS = ("approve", "deny", "edit", "grant")
 
@@ -46,14 +46,7 @@ def answer(store: RunStore, approval_id: str, *, approver: str, address: str, de
         edited = check_edit(current, args)
     granted: dict[str, Any] | None = None
     if decision == "grant":
-        patterns = (grant or {}).get("args", {}) if isinstance(grant, Mapping) else None
-        if not isinstance(patterns, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
-                                                        for k, v in patterns.items()):
-            raise InvalidAnswer("a grant needs {\"args\": {name: pattern}} with string patterns ({} grants the tool)")
-        unknown = sorted(set(patterns) - set(current.parameters.get("properties", {}) or current.args))
-        if unknown:
-            raise InvalidAnswer(f"grant names no argument of {current.tool}: {', '.join(unknown)}")
-        granted = {"tool": current.tool, "args": dict(patterns)}
+        granted = check_grant(current, grant)
     stored = ApprovalAnswer(decision, approver, reason, edited, granted, time.time_ns(), address)
     return store.answer_approval(approval_id, stored, binding=binding)
 
@@ -86,10 +79,32 @@ def check_edit(approval: PendingApproval, args: Mapping[str, Any]) -> dict[str, 
     return edited
 
 
-def grant_preview(tool: str, patterns: Mapping[str, str]) -> str:
-    """What a grant admits, in words, shown before it is given."""
-    if not patterns:
-        return f"every later call of {tool} in this run, with any arguments"
-    parts = [f"{name} matches {pattern!r}" for name, pattern in sorted(patterns.items())]
-    return (f"later calls of {tool} in this run where " + " and ".join(parts)
-            + " (a * never matches whitespace, control characters, , ; < > \" ' or @)")
+def check_grant(approval: PendingApproval, grant: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A grant ``{"args": {name: pattern}}`` whose patterns are safe on free text (`GrantPattern`)."""
+    from proctor.approval.grants import GrantPattern
+
+    patterns = grant.get("args", {}) if isinstance(grant, Mapping) else None
+    if not isinstance(patterns, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                    for k, v in patterns.items()):
+        raise InvalidAnswer('a grant needs {"args": {name: pattern}} with string patterns ({} grants the tool)')
+    known = set(approval.parameters.get("properties", {})) or set(approval.args)
+    unknown = sorted(set(patterns) - known)
+    if unknown:
+        raise InvalidAnswer(f"the grant names no argument of {approval.tool}: {', '.join(unknown)}")
+    for text in patterns.values():
+        try:
+            GrantPattern.parse(text)
+        except ValueError as exc:
+            raise InvalidAnswer(str(exc)) from None
+    return {"tool": approval.tool, "args": dict(patterns)}
+
+
+def grant_preview(approval: PendingApproval, patterns: Mapping[str, str]) -> list[str]:
+    """What a grant would admit, in words (and whether this call is covered), shown before it is given."""
+    from proctor.approval.base import Grant
+    from proctor.approval.grants import describe_grant
+
+    try:
+        return describe_grant(Grant(approval.tool, dict(patterns)), approval.args)
+    except ValueError as exc:
+        raise InvalidAnswer(str(exc)) from None

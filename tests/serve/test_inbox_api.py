@@ -208,3 +208,21 @@ def test_waiting_run_wakes_on_an_answer(inbox: Inbox, client: TestClient) -> Non
         agent.close()
     finally:
         store.close()
+
+
+def test_grants_are_previewed_and_checked(inbox: Inbox, client: TestClient) -> None:
+    """The preview says what a grant admits (this call included); unsafe patterns and unknown arguments are 422."""
+    approval_id = inbox.suspend()
+    h = bearer(inbox, "bob")
+    preview = client.get(f"/api/approvals/{approval_id}/grant-preview", headers=h,
+                         params={"patterns": json.dumps({"to": "*@partner.org"})}).json()["admits"]
+    assert any("to=" in line and "admitted" in line for line in preview)
+    binding = client.get(f"/api/approvals/{approval_id}", headers=h).json()["approval"]["binding"]
+    for bad in ({"to": "[a-z]*@partner.org"}, {"to": "* @partner.org"}, {"recipient": "*@partner.org"}):
+        r = client.post(f"/api/approvals/{approval_id}", headers=h,
+                        json={"decision": "grant", "binding": binding, "grant": {"args": bad}})
+        assert r.status_code == 422, bad
+    ok = client.post(f"/api/approvals/{approval_id}", headers=h,
+                     json={"decision": "grant", "binding": binding, "grant": {"args": {"to": "*@partner.org"}}})
+    assert ok.status_code == 200 and ok.json()["answer"]["grant"] == {"tool": "send",
+                                                                     "args": {"to": "*@partner.org"}}

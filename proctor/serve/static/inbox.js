@@ -11,9 +11,10 @@
   if (grant) {
     var box = document.getElementById("grant-patterns"), out = document.getElementById("grant-preview");
     var show = function () {
-      var q = "/api/grant-preview?tool=" + encodeURIComponent(grant.dataset.tool) + "&patterns=" + encodeURIComponent(box.value || "{}");
+      var q = "/api/approvals/" + encodeURIComponent(grant.dataset.approval) + "/grant-preview?patterns=" + encodeURIComponent(box.value || "{}");
       fetch(q, {credentials: "same-origin"}).then(function (r) { return r.json(); })
-        .then(function (j) { out.textContent = j.admits ? "This grant admits " + j.admits + "." : (j.error || ""); });
+        .then(function (j) { out.textContent = j.admits ? "This grant admits " + j.admits.join("\n") : (j.error || ""); })
+        .catch(function () { out.textContent = "(the patterns are not JSON yet)"; });
     };
     box.addEventListener("input", show); show();
   }
