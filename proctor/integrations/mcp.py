@@ -43,7 +43,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from proctor.calls import SideEffect
-from proctor.errors import ConfigurationError, ToolsetError
+from proctor.errors import ConfigurationError, ToolFailed, ToolsetError
 from proctor.tools import Tool
 
 __all__ = ["MCPToolFailed", "MCPToolset", "side_effect_of"]
@@ -52,7 +52,7 @@ _JSON_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": float, "
                                "array": list[Any], "object": dict[str, Any], "null": type(None)}
 
 
-class MCPToolFailed(Exception):
+class MCPToolFailed(ToolFailed):
     """The MCP server answered the call with an error (``isError``); the gate records the call as failed."""
 
 
@@ -251,7 +251,8 @@ def _result_value(name: str, result: mcp_types.CallToolResult, output_schema: Ma
     """What a call returns: the structured content when there is some, else the text (or a description)."""
     texts = [c.text for c in result.content if isinstance(c, mcp_types.TextContent)]
     if result.isError:
-        raise MCPToolFailed("\n".join(texts) or f"the MCP server reported an error from {name}")
+        raise MCPToolFailed("\n".join(texts) or f"the MCP server reported an error from {name}", tool=name,
+                            error_type="MCPToolFailed")
     structured = result.structuredContent
     if structured is not None:
         wrapped = set((output_schema or {}).get("properties") or ()) == {"result"}

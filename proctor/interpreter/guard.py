@@ -124,7 +124,7 @@ class ImportPolicy:
             if level:
                 raise ImportError("relative imports are not allowed in the program")
             if not self.allows(name):
-                raise ImportError(f"import of {name!r} is not allowed; allowed modules: {self.listing}")
+                raise ImportError(f"Import of {name!r} is not allowed; allowed modules: {self.listing}")
             module = real_import(name, None, None, fromlist, 0)
             if self.everything:
                 return module
