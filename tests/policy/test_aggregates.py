@@ -91,7 +91,7 @@ def test_folded_conditions_agree_with_cel_over_the_whole_history(errors: bool) -
     """Every condition gives CEL's answer (errors included) from a plain list and from a trimmed run."""
     rng = random.Random(7 + errors)
     for trial in range(40):
-        history = _history(rng, rng.randint(0, 30), errors=errors)
+        history = _history(rng, rng.choice([rng.randint(0, 30), 70]), errors=errors)  # long lists are folded
         args = {"to": rng.choice(["a@example.com", "b@evil.com"]), "amount": 5}
         ctx = _run_with(history, limit=3)  # most entries dropped: folds must still see them all
         for source in CONDITIONS:
