@@ -77,3 +77,13 @@ def test_every_module_declares_all() -> None:
         assert names is not None, f"{info.name} has no __all__"
         for name in names:
             assert hasattr(module, name), f"{info.name}.__all__ lists missing {name}"
+
+
+def test_cli_help_imports_no_heavy_dependency() -> None:
+    """`proctor --help` builds its parser without CEL's native module, its CLI, pydantic, rich or OpenTelemetry."""
+    code = "import sys; from proctor.cli import build_parser; build_parser(); print(' '.join(sorted(sys.modules)))"
+    loaded = set(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+                 .stdout.split())
+    heavy = {"cel.cel", "cel.cli", "prompt_toolkit", "typer", "rich", "cryptography", "pydantic", "yaml",
+             "opentelemetry", "litellm", "fastapi"}
+    assert not {m for m in loaded if m in heavy or m.split(".")[0] in heavy - {"cel.cel", "cel.cli"}}
