@@ -425,7 +425,10 @@ class Interpreter:
                 self._worker = self._start()
             except SandboxError as exc:
                 log.error("worker_restart_failed", error=str(exc))
-        log.warning("worker_lost", reason=message)
+        if isinstance(error, StepInterrupted):  # by design (a suspension, a replay that diverged): not a fault
+            log.info("worker_stopped", reason=message)
+        else:
+            log.warning("worker_lost", reason=message)
         return ExecutionResult(None, logs, error or SandboxError(message), tuple(calls), state_lost=True,
                                isolation=self.isolation)
 
