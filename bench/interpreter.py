@@ -232,8 +232,8 @@ def one_round_b() -> dict[str, float]:
     """One (b) round in this process: governed p50 and the bare pipe's just before (for --compare)."""
     sandbox = "bwrap" if bwrap_status()[0] else "process"
     gate = _gate()
-    with Interpreter([lookup], gate, sandbox=sandbox, timeout=60) as py:  # type: ignore[arg-type]
-        py.run(CALLS)  # warm-up: first-call costs, caches
+    with Interpreter([lookup], gate, sandbox=sandbox, timeout=600) as py:  # type: ignore[arg-type]
+        py.run("for i in range(1000):\n    lookup('a')")  # warm-up: first-call costs, caches
         bare = bare_pipe_p50(4000)
         r = py.run(CALLS)
         assert r.error is None, r.error

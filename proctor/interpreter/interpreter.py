@@ -269,16 +269,21 @@ class Interpreter:
         else:
             if ctx is not self._arg_run:
                 self._arg_run, self._arg_bytes = ctx, 0
-            nbytes = call_args_bytes(size, req.id, req.run, req.tool)
-            limit = self.channel_limits.max_run_arg_bytes
-            if self._arg_bytes + nbytes > limit:
-                reason = (f"{req.tool}: refused: this run's calls have sent {size_text(self._arg_bytes)} of "
-                          f"arguments, and this call's {size_text(nbytes)} would pass the run's limit of "
-                          f"{size_text(limit)} (max_run_arg_bytes)")
-                self._refuse_unread(worker, req.id, req.tool, reason, ctx, parent, calls,
-                                    _sha256_of(req.args), nbytes)
-                return 0.0
-            self._arg_bytes += nbytes
+            # The frame's size less its envelope with one-digit ids: at most a few bytes over the
+            # arguments' size, and cheap; the exact size is worked out only near the limit.
+            used = self._arg_bytes + size - 45 - len(req.tool)
+            if used > self.channel_limits.max_run_arg_bytes:
+                nbytes = call_args_bytes(size, req.id, req.run, req.tool)
+                limit = self.channel_limits.max_run_arg_bytes
+                if self._arg_bytes + nbytes > limit:
+                    reason = (f"{req.tool}: refused: this run's calls have sent {size_text(self._arg_bytes)} of "
+                              f"arguments, and this call's {size_text(nbytes)} would pass the run's limit of "
+                              f"{size_text(limit)} (max_run_arg_bytes)")
+                    self._refuse_unread(worker, req.id, req.tool, reason, ctx, parent, calls,
+                                        _sha256_of(req.args), nbytes)
+                    return 0.0
+                used = self._arg_bytes + nbytes
+            self._arg_bytes = used
         if refusal is not None:
             record = refused_record(new_id("call_"), req.tool, refusal)
             calls.append(record)
