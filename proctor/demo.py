@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from proctor.termsafe import terminal_safe
+
 __all__ = ["main", "register"]
 
 
@@ -52,9 +54,9 @@ def main(args: argparse.Namespace) -> int:
                                        trace_console=args.trace_console,
                                        capture_content=getattr(args, "capture_content", None)))
     except ValueError as exc:  # a bad --otlp URL, for instance
-        print(f"proctor demo: {exc}", file=sys.stderr)
+        print(terminal_safe(f"proctor demo: {exc}"), file=sys.stderr)
         return 2
     except (ProctorError, OSError) as exc:  # an audit path that cannot be written, a locked log…
-        print(f"proctor demo: {exc}", file=sys.stderr)
+        print(terminal_safe(f"proctor demo: {exc}"), file=sys.stderr)
         return 1
     return code

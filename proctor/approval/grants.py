@@ -27,6 +27,7 @@ lines the console shows before a grant is given (an approval inbox reuses both).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -115,13 +116,21 @@ def grant_admits(grant: Grant, tool: str, args: Mapping[str, Any]) -> bool:
     for name, text in grant.args.items():
         if name not in args:
             return False
-        try:
-            pattern = GrantPattern.parse(text)
-        except ValueError:
+        pattern = _compiled(text)
+        if pattern is None:
             return False
         if not pattern.admits(args[name]):
             return False
     return True
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(text: str) -> GrantPattern | None:
+    """`GrantPattern.parse(text)`, cached (a run checks the same few patterns on every call); None if invalid."""
+    try:
+        return GrantPattern.parse(text)
+    except ValueError:
+        return None
 
 
 _PROBES = ("attacker@evil.com, {v}", "attacker@evil.com\n{v}", "attacker@evil.com>{v}", "{v} ", "../{v}")
