@@ -200,7 +200,7 @@ def test_the_writer_refuses_a_record_over_the_line_limit(tmp_path: Path) -> None
 
 
 def test_show_and_tail_skip_a_huge_line_with_bounded_memory(tmp_path: Path) -> None:
-    """`audit show` counts the long line as unreadable and `audit tail` marks it, without holding it."""
+    """`audit show` counts the long line as unreadable (exit 1) and `audit tail` marks it, without holding it."""
     path = tmp_path / "audit.jsonl"
     _log_with_records(path)
     _append_huge_line(path)
@@ -209,7 +209,8 @@ def test_show_and_tail_skip_a_huge_line_with_bounded_memory(tmp_path: Path) -> N
     for command in (["audit", "show", str(path)], ["audit", "tail", str(path), "-n", "3"]):
         code = f"from proctor.cli import main\nprint('RC', main({command!r}))\n"
         rss, out = _max_rss_mib(code)
-        assert "RC 0" in out and rss < 200, (command, rss)
+        expected = "RC 1" if command[1] == "show" else "RC 0"  # show exits 1 when it skipped unreadable lines
+        assert expected in out and rss < 200, (command, rss)
         if command[1] == "tail":
             assert f"a {_HUGE}-byte line" in out and "99" in out
 
@@ -246,7 +247,7 @@ def test_show_counts_a_deeply_nested_line_as_unreadable(tmp_path: Path, capsys: 
     _log_with_records(path)
     with path.open("ab") as f:
         f.write(b"[" * 1_000_000 + b"\n")
-    assert main(["audit", "show", str(path)]) == 0
+    assert main(["audit", "show", str(path)]) == 1  # records shown; the skipped line makes it exit 1
     assert "1 unreadable line" in capsys.readouterr().err
     assert main(["audit", "verify", str(path), "--no-side-file"]) == 1
     assert "PARSE at seq 4, line 5" in capsys.readouterr().out
