@@ -20,9 +20,19 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
 
-from proctor.errors import ApprovalConflict, ApprovalNotFound, FourEyes, InvalidAnswer, RunNotFound, StoreError
+from proctor.errors import (
+    ApprovalConflict,
+    ApprovalNotFound,
+    ConfigurationError,
+    FourEyes,
+    InvalidAnswer,
+    RunNotFound,
+    StoreError,
+)
+from proctor.jsoninput import loads_bounded
 from proctor.serve.auth import COOKIE, Identity, Sessions, cross_origin, csrf_ok, identify
 from proctor.serve.tokens import TokenFile
 from proctor.serve.views import approval_view, filter_approvals, run_view
@@ -154,20 +164,11 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
         form = await request.form()
         identity = guard_post(request, who(request), str(form.get("csrf", "")))
         decision = str(form.get("decision", ""))
-        args = None
-        if decision == "edit":
-            try:
-                args = json.loads(str(form.get("args", "")))
-            except ValueError as exc:
-                raise _Refused(422, f"the edited arguments are not JSON: {exc}") from None
-        grant = None
-        if decision == "grant":
-            try:
-                grant = {"args": json.loads(str(form.get("grant", "") or "{}"))}
-            except ValueError as exc:
-                raise _Refused(422, f"the grant patterns are not JSON: {exc}") from None
-        answer(store, approval_id, approver=identity.name, address=identity.address, decision=decision,
-               binding=str(form.get("binding", "")), reason=str(form.get("reason", "")), args=args, grant=grant)
+        args = _json(str(form.get("args", "")), "edited arguments") if decision == "edit" else None
+        grant = {"args": _json(str(form.get("grant", "") or "{}"), "grant patterns")} if decision == "grant" else None
+        await run_in_threadpool(answer, store, approval_id, approver=identity.name, address=identity.address,
+                                decision=decision, binding=str(form.get("binding", "")),
+                                reason=str(form.get("reason", "")), args=args, grant=grant)
         return RedirectResponse(f"/approvals/{approval_id}", status_code=303)
 
     @app.get("/runs", response_class=HTMLResponse)
@@ -195,9 +196,20 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
         need(request)
         return approval_view(store, store.get_approval(approval_id))
 
-    @app.post("/api/approvals/{approval_id}")
-    def api_answer(request: Request, approval_id: str, body: AnswerBody) -> dict[str, Any]:
+    # The body is parsed here, bounded in size and depth, not by FastAPI (deep JSON would be a 500);
+    # the schema is still published for /api/docs.
+    @app.post("/api/approvals/{approval_id}", openapi_extra={"requestBody": {
+        "required": True, "content": {"application/json": {"schema": AnswerBody.model_json_schema()}}}})
+    async def api_answer(request: Request, approval_id: str) -> dict[str, Any]:
         identity = guard_post(request, who(request), request.headers.get("x-csrf-token"))
+        raw = await request.body()
+        try:
+            body = AnswerBody.model_validate(_json(raw.decode("utf-8", "replace"), "answer"))
+        except ValidationError as exc:
+            raise _Refused(422, f"answer: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from None
+        return await run_in_threadpool(_answer_api, identity, approval_id, body)
+
+    def _answer_api(identity: Identity, approval_id: str, body: AnswerBody) -> dict[str, Any]:
         answered = answer(store, approval_id, approver=identity.name, address=identity.address,
                           decision=body.decision, binding=body.binding, reason=body.reason, args=body.args,
                           grant=body.grant)
@@ -206,10 +218,7 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
     @app.get("/api/approvals/{approval_id}/grant-preview")
     def api_grant_preview(request: Request, approval_id: str, patterns: str = "{}") -> dict[str, Any]:
         need(request)
-        try:
-            parsed = json.loads(patterns)
-        except ValueError as exc:
-            raise _Refused(422, f"patterns are not JSON: {exc}") from None
+        parsed = _json(patterns, "patterns")
         if not isinstance(parsed, dict) or not all(isinstance(v, str) for v in parsed.values()):
             raise _Refused(422, 'patterns must be a JSON object of argument names to patterns')
         return {"admits": grant_preview(store.get_approval(approval_id), parsed)}
@@ -226,6 +235,14 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
 
     app.state.store = store
     return app
+
+
+def _json(text: str, what: str) -> Any:
+    """JSON from a form field or a request body, bounded in size and depth (a 422 naming where it is wrong)."""
+    try:
+        return loads_bounded(text, what)
+    except ConfigurationError as exc:
+        raise _Refused(422, str(exc)) from None
 
 
 def _local(target: str) -> str:

@@ -226,3 +226,24 @@ def test_grants_are_previewed_and_checked(inbox: Inbox, client: TestClient) -> N
                      json={"decision": "grant", "binding": binding, "grant": {"args": {"to": "*@partner.org"}}})
     assert ok.status_code == 200 and ok.json()["answer"]["grant"] == {"tool": "send",
                                                                      "args": {"to": "*@partner.org"}}
+
+
+def test_hostile_json_is_a_422_not_a_crash(inbox: Inbox, client: TestClient) -> None:
+    """Deeply nested or malformed JSON in the API body, a form field or the grant preview is refused with 422."""
+    approval_id = inbox.suspend()
+    h = bearer(inbox, "bob")
+    deep = "[" * 50_000 + "]" * 50_000
+    assert client.post(f"/api/approvals/{approval_id}", headers={**h, "Content-Type": "application/json"},
+                       content=deep).status_code == 422
+    assert client.post(f"/api/approvals/{approval_id}", headers=h, json={"decision": "approve"}).status_code == 422
+    assert client.get(f"/api/approvals/{approval_id}/grant-preview", headers=h,
+                      params={"patterns": "[" * 2_000 + "]" * 2_000}).status_code == 422
+    client.post("/login", data={"token": inbox.tokens["bob"]})
+    page = client.get(f"/approvals/{approval_id}")
+    csrf = page.text.split('name="csrf" value="')[1].split('"')[0]
+    binding = client.get(f"/api/approvals/{approval_id}").json()["approval"]["binding"]
+    r = client.post(f"/approvals/{approval_id}", data={"decision": "edit", "binding": binding, "csrf": csrf,
+                                                       "args": deep}, follow_redirects=False)
+    assert r.status_code == 422 and "edited arguments" in r.text
+    assert client.get(f"/api/approvals/{approval_id}").json()["approval"]["status"] == "pending"
+    assert "requestBody" in client.get("/api/openapi.json").json()["paths"]["/api/approvals/{approval_id}"]["post"]
