@@ -7,7 +7,7 @@ and its budget usage as `usage`, both read without copying.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol, overload
 
@@ -71,6 +71,8 @@ class RunContext:
         #: Clear values of redacted arguments met in this run: scrubbed from every free text
         #: written about it (programs, errors, chat content) — see `scrub`.
         self.secrets: set[str] = set()
+        #: Called with each call's record as the gate settles it (`agent.run(task, stream=True)` sets it).
+        self.on_call: Callable[[CallRecord], None] | None = None
 
     def scrub(self, text: str) -> str:
         """`text` without any clear value of a redacted argument seen in this run."""
@@ -147,6 +149,8 @@ class RunContext:
                 self._seen_sorted = tuple(sorted(self._seen))
         if full:
             self._trim()
+        if self.on_call is not None:
+            self.on_call(record)
 
     def _trim(self) -> None:
         """Drop the oldest rows, down to `history_limit`, once every fold has taken them in."""

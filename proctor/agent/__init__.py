@@ -31,11 +31,13 @@ if TYPE_CHECKING:
     )
     from proctor.agent.parsing import CodeParseError, extract_code
     from proctor.agent.result import RUN_STATUSES, RunResult, RunStatus, StepRecord
+    from proctor.agent.streaming import CallEvent, StreamEvent
     from proctor.agent.tool_calling import ToolCallingAgent
 
 __all__ = [
     "RUN_STATUSES",
     "AgentBase",
+    "CallEvent",
     "CodeAgent",
     "CodeParseError",
     "FinalAnswerCheck",
@@ -49,6 +51,7 @@ __all__ = [
     "ScriptedModel",
     "StepCallback",
     "StepRecord",
+    "StreamEvent",
     "ToolCallRequest",
     "ToolCallingAgent",
     "Usage",
@@ -74,5 +77,7 @@ _lazy.install(__name__, {
     "RunResult": "proctor.agent.result",
     "RunStatus": "proctor.agent.result",
     "StepRecord": "proctor.agent.result",
+    "CallEvent": "proctor.agent.streaming",
+    "StreamEvent": "proctor.agent.streaming",
     "ToolCallingAgent": "proctor.agent.tool_calling",
 })

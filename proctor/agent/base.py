@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar, cast
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast, overload
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
@@ -34,6 +34,9 @@ from proctor.store.base import RunStore
 from proctor.telemetry import AgentSpan, agent_span, get_tracer, step_span
 from proctor.telemetry.logging import get_logger
 from proctor.tools import Tool
+
+if TYPE_CHECKING:
+    from proctor.agent.streaming import StreamEvent
 
 __all__ = ["AUDIT_KEY_ENV", "AgentBase", "FinalAnswerCheck", "StepCallback", "load_audit", "load_policy"]
 
@@ -149,6 +152,8 @@ class AgentBase:
         if self.store is None:
             self.store = getattr(approver, "store", None)
         self._held_chats: list[HeldChat] = []
+        # (step, record) for each call as the gate settles it: `run(task, stream=True)` listens here.
+        self._call_listeners: list[Callable[[int, CallRecord], None]] = []
 
     # -- subclass hooks -------------------------------------------------------------------------
 
@@ -185,10 +190,25 @@ class AgentBase:
 
     # -- the loop -------------------------------------------------------------------------------
 
+    @overload
+    def run(self, task: str, reset: bool = ..., principal: str | None = ..., labels: Mapping[str, str] | None = ...,
+            *, stream: Literal[False] = ...) -> RunResult: ...
+    @overload
+    def run(self, task: str, reset: bool = ..., principal: str | None = ..., labels: Mapping[str, str] | None = ...,
+            *, stream: Literal[True]) -> Iterator[StreamEvent]: ...
     def run(
-        self, task: str, reset: bool = True, principal: str | None = None, labels: Mapping[str, str] | None = None
-    ) -> RunResult:
-        """Run `task` to a final answer, `max_steps`, a budget stop or an error; never raises for those."""
+        self, task: str, reset: bool = True, principal: str | None = None, labels: Mapping[str, str] | None = None,
+        *, stream: bool = False,
+    ) -> RunResult | Iterator[StreamEvent]:
+        """Run `task` to a final answer, `max_steps`, a budget stop or an error; never raises for those.
+
+        With ``stream=True``, an iterator instead: each step (`StepRecord`) as it ends and each call
+        (`CallEvent`) as the gate settles it, then the `RunResult` (see `proctor.agent.streaming`).
+        """
+        if stream:
+            from proctor.agent.streaming import stream_run
+
+            return stream_run(self, lambda: self.run(task, reset, principal, labels))
         started = time.perf_counter_ns()
         if reset:
             self.memory = []
@@ -245,6 +265,8 @@ class AgentBase:
         pending: list[Any] = []
         resuming = durable is not None
         link = (durable.record.trace_id, durable.record.span_id) if durable is not None else None
+        if self._call_listeners:
+            ctx.on_call = lambda record: _tell(self._call_listeners, ctx.info.step, record)
         with terminate_as_exception(), \
                 agent_span(self.tracer, agent_name=self.name, run=ctx.info, model=self.model.model_id,
                            links=[link] if link and link[0] and link[1] else ()) as span:
@@ -460,6 +482,14 @@ class AgentBase:
             return
         if not result.ok:
             log.error("audit_step_failed", error=result.error)
+
+
+def _tell(listeners: Sequence[Callable[[int, CallRecord], None]], step: int, record: CallRecord) -> None:
+    for listener in listeners:
+        try:
+            listener(step, record)
+        except Exception as exc:  # noqa: BLE001 - a listener must not fail the call it hears about
+            log.warning("call_listener_failed", error=repr(exc))
 
 
 def _notify(callbacks: Sequence[StepCallback], step: StepRecord) -> None:
