@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast, overload
+from typing import IO, TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast, overload
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
@@ -154,6 +154,8 @@ class AgentBase:
         self._held_chats: list[HeldChat] = []
         # (step, record) for each call as the gate settles it: `run(task, stream=True)` listens here.
         self._call_listeners: list[Callable[[int, CallRecord], None]] = []
+        #: The result of the last run that ended (`replay` prints it); None before the first.
+        self.last_run: RunResult | None = None
 
     # -- subclass hooks -------------------------------------------------------------------------
 
@@ -223,6 +225,15 @@ class AgentBase:
             self.memory.append({"role": "system", "content": self._system_prompt()})
         self.memory.append({"role": "user", "content": f"New task:\n{task}"})
         return self._drive(ctx, task, steps, started, None)
+
+    def replay(self, file: IO[str] | None = None) -> None:
+        """Print the last run step by step: thought, program, each call with its decision, approval and
+        outcome, output and errors, then the summary; to `file` (default stdout), from memory alone."""
+        if self.last_run is None:
+            raise ConfigurationError("no run to replay: call agent.run(task) first")
+        from proctor.agent.render import print_run  # rich is only loaded when a run is shown
+
+        print_run(self.last_run, file=file)
 
     def resume(self, run_id: str) -> RunResult:
         """Go on with a suspended run (or one whose process died) from the store; see docs/durable.md.
@@ -307,9 +318,11 @@ class AgentBase:
                 durable.end(status, answer=answer, error=error, steps=steps, pending=pending)
         if interrupt is not None:
             raise interrupt
-        return RunResult(answer, status, steps, usage, cost, run_id=ctx.info.id, audit_path=self.audit_path,
-                         trace_id=trace_id, error=error, duration_ns=time.perf_counter_ns() - started,
-                         budget_usage=ctx.ledger.usage(), budget_remaining=ctx.ledger.remaining(), pending=pending)
+        self.last_run = RunResult(answer, status, steps, usage, cost, run_id=ctx.info.id,
+                                  audit_path=self.audit_path, trace_id=trace_id, error=error,
+                                  duration_ns=time.perf_counter_ns() - started, budget_usage=ctx.ledger.usage(),
+                                  budget_remaining=ctx.ledger.remaining(), pending=pending)
+        return self.last_run
 
     def _loop(self, ctx: RunContext, parent: AgentSpan, steps: list[StepRecord], durable: DurableRun | None = None,
               resuming: bool = False) -> Any:

@@ -9,7 +9,7 @@ an ESC sequence in a tool result cannot erase the calls table above it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import IO, Any
 
 from rich import box
 from rich.console import Console, Group
@@ -30,6 +30,7 @@ __all__ = [
     "calls_table",
     "decision_counts",
     "outcome_of",
+    "print_run",
     "summary_table",
 ]
 
@@ -196,3 +197,16 @@ def summary_table(result: RunResult, *, limits: Mapping[str, Mapping[str, Any]] 
     for key, value in extra:
         row(key, value)
     return table
+
+
+def print_run(result: RunResult, *, file: IO[str] | None = None) -> None:
+    """A finished run step by step, as `proctor run` showed it live, then its summary (`agent.replay()`)."""
+    wide = file is not None and not file.isatty()  # a log or a report: no terminal to fit
+    console = Console(file=file, highlight=False, width=120 if wide else None)
+    printer = StepPrinter(console)
+    for step in result.steps:
+        if step.kind == "action":
+            printer.program(step)
+        printer.done(step)
+    console.print()
+    console.print(summary_table(result))
