@@ -4,7 +4,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from inbox_helpers import SENT, Inbox
+
+from .inbox_helpers import SENT, Inbox
 
 
 @pytest.fixture

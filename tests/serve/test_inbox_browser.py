@@ -9,14 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import chromium, serving
-from inbox_helpers import SENT, Inbox, background
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from proctor.serve.app import create_app
 from proctor.serve.tokens import TokenFile
 from proctor.store.base import RunStore
+
+from .browser import chromium, serving
+from .inbox_helpers import SENT, Inbox, background
 
 pytestmark = pytest.mark.timeout(300)
 

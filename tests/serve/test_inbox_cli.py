@@ -9,13 +9,13 @@ import sys
 import time
 from pathlib import Path
 
-from browser import serving
-from inbox_helpers import SENT, Inbox
-
 from proctor.serve.app import create_app
 from proctor.serve.resumer import Resumer, ready_runs
 from proctor.serve.tokens import TokenFile
 from proctor.store.base import RunStore
+
+from .browser import serving
+from .inbox_helpers import SENT, Inbox
 
 
 def proctor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
