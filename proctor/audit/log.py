@@ -34,11 +34,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from proctor.audit.base import KINDS, AuditResult
+from proctor.audit.base import AuditResult
 from proctor.audit.keys import KeySource, key_id, load_private_key, public_raw
 from proctor.audit.lines import MAX_LINE_BYTES
 from proctor.audit.lockfile import lock_log, unlock_log
-from proctor.audit.records import CALL_STATUSES, ENVELOPE, checkpoint_statement, seal
+from proctor.audit.records import append_problem, checkpoint_statement, seal
 from proctor.audit.scan import Anchor, ScanFailure, Scanner, load_anchor
 from proctor.audit.storage import atomic_write, read_or_create_secret, sync_dir, sync_fd, write_all
 from proctor.audit.verify import scan_file, side_file_path
@@ -48,8 +48,6 @@ from proctor.redaction import Redacted, redact_args
 __all__ = ["DURABILITIES", "AuditLog"]
 
 DURABILITIES = ("fsync", "flush")
-_INTERNAL_KINDS = frozenset({"checkpoint", "recovery"})
-_KINDS = frozenset(KINDS)
 _CUT_INLINE_MAX = 4096  # cut bytes up to this size are kept in the recovery record itself
 
 
@@ -268,17 +266,7 @@ class AuditLog:
             return f"audit log {self.path} is closed"
         if self.error is not None:
             return f"audit log {self.path} failed earlier and takes no more records: {self.error}"
-        if kind not in _KINDS or kind in _INTERNAL_KINDS:
-            allowed = ", ".join(k for k in KINDS if k not in _INTERNAL_KINDS)
-            return f"kind {kind!r} cannot be appended (allowed: {allowed})"
-        reserved = [name for name in ENVELOPE if name in fields]
-        if reserved:
-            return f"field(s) {', '.join(reserved)} are written by the log itself"
-        if kind in ("call_intent", "call_outcome") and not isinstance(fields.get("call_id"), str):
-            return f"a {kind} record needs a string call_id"
-        if kind == "call_outcome" and fields.get("status") not in CALL_STATUSES:
-            return f"call_outcome status must be one of {', '.join(CALL_STATUSES)}, not {fields.get('status')!r}"
-        return None
+        return append_problem(kind, fields)
 
     def _write(self, kind: str, fields: dict[str, Any], durable: bool, ts_ns: int | None = None) -> AuditResult:
         seq = self._seq

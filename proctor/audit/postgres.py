@@ -46,10 +46,10 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 
-from proctor.audit.base import KINDS, AuditResult
+from proctor.audit.base import AuditResult
 from proctor.audit.keys import KeySource, key_id, load_private_key, public_raw
 from proctor.audit.merkle import MerkleFrontier
-from proctor.audit.records import CALL_STATUSES, ENVELOPE, GENESIS, checkpoint_statement
+from proctor.audit.records import GENESIS, append_problem, checkpoint_statement
 from proctor.audit.verify import VerifyReport, side_file_path, verify
 from proctor.canonical import canonical_bytes
 from proctor.errors import AuditError
@@ -57,8 +57,6 @@ from proctor.redaction import Redacted, redact_args
 
 __all__ = ["SCHEMA", "PostgresAuditLog", "export_jsonl", "is_postgres_url", "verify_postgres"]
 
-_INTERNAL_KINDS = frozenset({"checkpoint", "recovery"})
-_KINDS = frozenset(KINDS)
 
 SCHEMA = r"""
 CREATE TABLE IF NOT EXISTS proctor_audit_logs (
@@ -270,17 +268,7 @@ class PostgresAuditLog:
     def _refuse(self, kind: str, fields: Mapping[str, Any]) -> str | None:
         if self.closed:
             return f"audit log {self.url} is closed"
-        if kind not in _KINDS or kind in _INTERNAL_KINDS:
-            allowed = ", ".join(k for k in KINDS if k not in _INTERNAL_KINDS)
-            return f"kind {kind!r} cannot be appended (allowed: {allowed})"
-        reserved = [name for name in ENVELOPE if name in fields]
-        if reserved:
-            return f"field(s) {', '.join(reserved)} are written by the log itself"
-        if kind in ("call_intent", "call_outcome") and not isinstance(fields.get("call_id"), str):
-            return f"a {kind} record needs a string call_id"
-        if kind == "call_outcome" and fields.get("status") not in CALL_STATUSES:
-            return f"call_outcome status must be one of {', '.join(CALL_STATUSES)}, not {fields.get('status')!r}"
-        return None
+        return append_problem(kind, fields)
 
     def redact(self, args: Mapping[str, Any], fields: Sequence[str]) -> Redacted:
         """Replace `fields` of `args` by HMAC digests keyed with the log's redaction key (kept in the database)."""

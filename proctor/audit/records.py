@@ -21,6 +21,7 @@ import json.encoder
 from collections.abc import Callable, Mapping
 from typing import Any, TypeGuard
 
+from proctor.audit.base import KINDS
 from proctor.canonical import ORJSON_AGREES, canonical_bytes, jsonable
 
 try:
@@ -29,12 +30,14 @@ except ImportError:  # pragma: no cover - orjson is a dependency; without it onl
     orjson = None  # type: ignore[assignment]
 
 __all__ = [
+    "APPENDABLE_KINDS",
     "CALL_STATUSES",
     "CHECKPOINT_TYPE",
     "CODES",
     "ENVELOPE",
     "GENESIS",
     "LineError",
+    "append_problem",
     "checkpoint_statement",
     "duplicate_key",
     "is_hex64",
@@ -49,6 +52,26 @@ GENESIS = "0" * 64
 ENVELOPE = ("seq", "ts_ns", "kind", "prev", "h")
 #: `status` values of a `call_outcome` record.
 CALL_STATUSES = ("ok", "failed", "denied", "timeout", "unknown", "cancelled")
+#: The kinds a caller may append: every kind but those a log writes itself.
+APPENDABLE_KINDS = tuple(k for k in KINDS if k not in ("checkpoint", "recovery"))
+_APPENDABLE = frozenset(APPENDABLE_KINDS)
+
+
+def append_problem(kind: str, fields: Mapping[str, Any]) -> str | None:
+    """Why a record of `kind` with `fields` may not be appended to any audit sink, or None.
+
+    One rule for every sink (the file log, PostgreSQL), so they refuse the same records.
+    """
+    if kind not in _APPENDABLE:
+        return f"kind {kind!r} cannot be appended (allowed: {', '.join(APPENDABLE_KINDS)})"
+    reserved = [name for name in ENVELOPE if name in fields]
+    if reserved:
+        return f"field(s) {', '.join(reserved)} are written by the log itself"
+    if kind in ("call_intent", "call_outcome") and not isinstance(fields.get("call_id"), str):
+        return f"a {kind} record needs a string call_id"
+    if kind == "call_outcome" and fields.get("status") not in CALL_STATUSES:
+        return f"call_outcome status must be one of {', '.join(CALL_STATUSES)}, not {fields.get('status')!r}"
+    return None
 #: Domain separator inside every signed checkpoint statement.
 CHECKPOINT_TYPE = "proctor.audit.checkpoint.v1"
 #: Failure codes reported by verification, in the order a reader meets them.
