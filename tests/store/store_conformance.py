@@ -192,6 +192,14 @@ class StoreConformance:
         with pytest.raises(ApprovalNotFound):
             store.answer_approval("apr_nope", ApprovalAnswer("approve", "bob"), binding=filed.binding)
 
+    def test_answer_keeps_where_it_came_from(self, store: RunStore) -> None:
+        """Every field of an answer is stored, the inbox's client address and the time included."""
+        filed = store.file_approval(_approval())
+        given = ApprovalAnswer("grant", "bob", "ok for today", grant={"to": "*@example.com"},
+                               answered_at_ns=123, address="10.0.0.7")
+        assert store.answer_approval(filed.id, given, binding=filed.binding).answer == given
+        assert store.get_approval(filed.id).answer == given
+
     def test_void_approval_cannot_be_answered(self, store: RunStore) -> None:
         """A voided approval refuses answers."""
         filed = store.file_approval(_approval())
