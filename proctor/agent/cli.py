@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from proctor.termsafe import terminal_safe
+from proctor.urls import shown_url
 
 __all__ = ["default_audit_path", "main", "register"]
 
@@ -126,7 +127,7 @@ def main(args: argparse.Namespace) -> int:
     else:
         args.audit = args.audit or default_audit_path()
         key = args.audit_key or os.environ.get(AUDIT_KEY_ENV) or None
-        print(f"proctor run: audit trail: {_shown_target(args.audit)}" + (" (signed)" if key else
+        print(f"proctor run: audit trail: {shown_url(args.audit)}" + (" (signed)" if key else
               f" (unsigned: --audit-key or ${AUDIT_KEY_ENV} signs it)"), file=sys.stderr)
     with cli_telemetry(args):
         try:
@@ -171,14 +172,3 @@ def _run(args: argparse.Namespace, tools: list[Any], policy: Any, approver: Any)
         print(terminal_safe(f"proctor run: {result.error}", keep_newlines=True), file=sys.stderr)
     return 0 if result.status == "done" else 1
 
-
-def _shown_target(target: str) -> str:
-    """An audit path as is; a database URL with its password masked."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(target)
-    if "://" not in target or not parts.password:
-        return target
-    host = parts.hostname or ""
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"
-                                            + (f":{parts.port}" if parts.port else "")))

@@ -54,6 +54,7 @@ from proctor.audit.verify import VerifyReport, side_file_path, verify
 from proctor.canonical import canonical_bytes
 from proctor.errors import AuditError
 from proctor.redaction import Redacted, redact_args
+from proctor.urls import shown_url
 
 __all__ = ["SCHEMA", "PostgresAuditLog", "export_jsonl", "is_postgres_url", "verify_postgres"]
 
@@ -135,14 +136,6 @@ def _split(url: str) -> tuple[str, str]:
     return urlunsplit(parts._replace(query=urlencode(rest))), name
 
 
-def _shown(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        parts = parts._replace(netloc=f"{parts.username or ''}:***@{parts.hostname or ''}"
-                                      + (f":{parts.port}" if parts.port else ""))
-    return urlunsplit(parts)
-
-
 def _connect(conninfo: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
     conn = psycopg.connect(conninfo, autocommit=autocommit, connect_timeout=5)
     # Set here, not with `options=`, which would replace options the URL gives (a search_path…).
@@ -205,7 +198,7 @@ class PostgresAuditLog:
         if checkpoint_every < 1 or checkpoint_interval_s <= 0:
             raise ValueError("checkpoint_every must be ≥ 1 and checkpoint_interval_s > 0")
         self._conninfo, self.name = _split(url)
-        self.url = _shown(url)
+        self.url = shown_url(url)
         self.path = None  # not a file: `proctor audit verify URL` reads it
         self._every = checkpoint_every
         self._interval = checkpoint_interval_s
@@ -478,7 +471,7 @@ def export_jsonl(url: str, out: IO[bytes], *, side_file: str | os.PathLike[str] 
             row = (conn.execute("SELECT ckpt_line FROM proctor_audit_logs WHERE name = %s", (name,)).fetchone()
                    if exists and exists[0] else None)
             if row is None:
-                raise AuditError(f"{_shown(url)}: no audit log named {name!r} in this database")
+                raise AuditError(f"{shown_url(url)}: no audit log named {name!r} in this database")
             # One snapshot: rows appended meanwhile by live writers are not half-read.
             with conn.transaction(), conn.cursor(name="proctor_export") as cur:
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -489,7 +482,7 @@ def export_jsonl(url: str, out: IO[bytes], *, side_file: str | os.PathLike[str] 
                     out.write(line.encode("utf-8") + b"\n")
                     count += 1
     except psycopg.Error as exc:
-        raise AuditError(f"cannot read the audit log {_shown(url)}: {_why(exc)}") from None
+        raise AuditError(f"cannot read the audit log {shown_url(url)}: {_why(exc)}") from None
     if side_file is not None and row is not None and row[0] is not None:
         Path(side_file).write_bytes(row[0].encode("utf-8") + b"\n")
     return count
@@ -506,7 +499,7 @@ def verify_postgres(url: str, **options: Any) -> VerifyReport:
         with path.open("wb") as out:
             export_jsonl(url, out, side_file=side_file_path(path) if options.get("side_file", True) else None)
         report = verify(path, **options)
-    report.path = _shown(url)
+    report.path = shown_url(url)
     if report.side_file is not None:
-        report.side_file = f"{_shown(url)} (checkpoint kept in proctor_audit_logs)"
+        report.side_file = f"{shown_url(url)} (checkpoint kept in proctor_audit_logs)"
     return report

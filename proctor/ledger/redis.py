@@ -30,7 +30,7 @@ import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode
 
 import redis
 from redis.backoff import NoBackoff
@@ -40,6 +40,7 @@ from proctor.errors import BudgetExceeded, LedgerUnavailable
 from proctor.ledger.base import DEFAULT_LEASE_S, Claim, Lease, PoolUsage
 from proctor.ledger.checks import refusal
 from proctor.policy.schema import parse_duration
+from proctor.urls import shown_url
 
 __all__ = ["RedisLedger"]
 
@@ -168,16 +169,6 @@ def _split_url(url: str) -> tuple[str, dict[str, str]]:
     return base + ("?" + urlencode(theirs) if theirs else ""), ours
 
 
-def _shown(url: str) -> str:
-    """The URL without its query and with the password masked, for messages."""
-    base = url.partition("?")[0]
-    parts = urlsplit(base)
-    if parts.password:
-        netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return base
-
-
 class RedisLedger:
     """Budget pools in Redis, shared by every process that names the same URL (see the module docstring)."""
 
@@ -190,7 +181,7 @@ class RedisLedger:
         prefix: str | None = None,
     ) -> None:
         target, options = _split_url(url)
-        self.url = _shown(url)
+        self.url = shown_url(url, query=False)
         self.lease_s = lease_s if lease_s is not None else (
             parse_duration(options["lease"]) if "lease" in options else DEFAULT_LEASE_S)
         self.timeout_s = timeout_s if timeout_s is not None else (

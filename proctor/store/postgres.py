@@ -31,21 +31,12 @@ from psycopg.types.json import Jsonb
 from proctor.errors import StoreError
 from proctor.store.base import PendingApproval, register_scheme
 from proctor.store.sql import Db, SQLRunStore, schema
+from proctor.urls import shown_url
 
 __all__ = ["PostgresRunStore"]
 
 _CHANNEL = "proctor_approvals"
 _SCHEMA = schema("proctor_", text="text", bigint="bigint", json="jsonb")
-
-
-def _shown(url: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password:
-        parts = parts._replace(netloc=f"{parts.username or ''}:***@{parts.hostname or ''}"
-                                      + (f":{parts.port}" if parts.port else ""))
-    return urlunsplit(parts)
 
 
 class PostgresRunStore(SQLRunStore):
@@ -57,7 +48,7 @@ class PostgresRunStore(SQLRunStore):
 
     def __init__(self, url: str, *, connect_timeout_s: int = 5) -> None:
         self.url = url
-        self._shown = self.where = _shown(url)
+        self._shown = self.where = shown_url(url)
         self._timeout = connect_timeout_s
         self._lock = threading.RLock()
         self._conn: psycopg.Connection[Any] | None = None
