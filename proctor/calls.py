@@ -154,6 +154,9 @@ class Call:
     usage: Mapping[str, Any] = field(default_factory=dict)
     #: Labels of the tools whose calls ran earlier in the run (sorted, distinct): `seen` in conditions.
     seen: Sequence[str] = ()
+    #: Where values came from (`proctor.provenance.ProvenanceIndex`): what `provenance()` and
+    #: `from_user()` read. None outside a run that indexes (they then find no source).
+    provenance: Any = None
 
 
 @quick_init

@@ -51,6 +51,7 @@ from proctor.errors import (
 )
 from proctor.interrupts import interruption
 from proctor.ledger.base import SharedLedger, open_ledger
+from proctor.provenance import USER, ProvenanceIndex, ProvenanceLimits
 from proctor.redaction import Redacted, redact_args, secret_values
 from proctor.run import DEFAULT_HISTORY_LIMIT, LazyUsage, Ledger, RunContext
 from proctor.telemetry import metrics
@@ -252,8 +253,11 @@ class Gate:
         tools: Iterable[Tool | Callable[..., Any]] = (),
         history_limit: int = DEFAULT_HISTORY_LIMIT,
         ledger: SharedLedger | str | None = None,
+        provenance_limits: ProvenanceLimits | None = None,
     ) -> None:
         self.policy = policy
+        #: Caps of each run's provenance index (kept only when the policy calls provenance()/from_user()).
+        self.provenance_limits = provenance_limits or ProvenanceLimits()
         #: Calls of a run whose raw history entries and records are kept (see `RunContext`).
         self.history_limit = history_limit
         # Budgets shared between runs (per principal, label, global): this process's, or Redis's.
@@ -280,13 +284,19 @@ class Gate:
             self.tools[t.name] = t
 
     def start_run(
-        self, *, principal: str | None = None, labels: Mapping[str, str] | None = None, run_id: str | None = None
+        self, *, principal: str | None = None, labels: Mapping[str, str] | None = None, run_id: str | None = None,
+        task: str | None = None,
     ) -> RunContext:
-        """Open a run: fresh budgets and history. Refused (`AuditError`) if the audit trail cannot record it."""
+        """Open a run: fresh budgets and history. Refused (`AuditError`) if the audit trail cannot record it.
+
+        `task` is what the user asked: when the policy calls `provenance()`/`from_user()`, it is
+        indexed as the source ``user`` (the agents pass it themselves).
+        """
         info = RunInfo(id=run_id or new_id("run_"), principal=principal, labels=dict(labels or {}))
         ctx = RunContext(info, self.policy.new_ledger(info, self.ledger), history_limit=self.history_limit)
         # The policy's history aggregates fold from the first call, so they outlive dropped entries.
         ctx.track(getattr(self.policy, "pipelines", ()))
+        ctx.provenance = self._provenance_index(task)
         self._record(
             "run_started",
             {"run_id": info.id, "principal": info.principal, "labels": dict(info.labels),
@@ -295,12 +305,18 @@ class Gate:
         )
         return ctx
 
-    def resume_run(self, info: RunInfo, **fields: Any) -> RunContext:
+    def resume_run(self, info: RunInfo, *, task: str | None = None, **fields: Any) -> RunContext:
         """Reopen a durable run saved earlier (fresh ledger and history, for the caller to restore).
 
         Recorded as `run_resumed`; refused (`AuditError`) if the audit trail cannot record it.
+        The results of calls made before the pause are not in the new provenance index: it
+        counts them as unseen content of every label the policy gives tools (fail safe:
+        `provenance()` then includes those labels for every value; `from_user` still reads `task`).
         """
         ctx = RunContext(info, self.policy.new_ledger(info, self.ledger))
+        ctx.provenance = self._provenance_index(task)
+        if ctx.provenance is not None:
+            ctx.provenance.mark_incomplete(getattr(self.policy, "result_labels", ()))
         self._record("run_resumed", {"run_id": info.id, "principal": info.principal, "labels": dict(info.labels),
                                      "step": info.step + 1, "policy_sha256": self.policy.sha256, **fields},
                      required=True)
@@ -317,6 +333,30 @@ class Gate:
         for ended, count in ctx.status_counts.items():
             summary[ended] = summary.get(ended, 0) + count
         self._record("run_finished", {"run_id": ctx.info.id, "status": status, "calls": summary, **fields})
+
+    def _provenance_index(self, task: str | None) -> ProvenanceIndex | None:
+        """A run's index of where values came from, when the policy reads it (else None: no cost)."""
+        if not getattr(self.policy, "uses_provenance", False):
+            return None
+        index = ProvenanceIndex(self.provenance_limits)
+        if task:
+            index.add(task, (USER,))
+        return index
+
+    def _index_result(self, p: _Pending, value: Any, error: ProctorError | None) -> None:
+        """Index what a labelled tool returned (its value, or its error's text) under its labels.
+
+        Called before the result reaches the caller, so the next call's decision sees it. A
+        failure here marks the labels as not fully indexed (provenance then errs towards them).
+        """
+        index, labels = p.ctx.provenance, getattr(p.facts, "labels", ())
+        if index is None or not labels:
+            return
+        try:
+            index.add(str(error) if error is not None else value, labels)
+        except Exception as exc:  # noqa: BLE001 - the call has run; its provenance must fail safe, not crash it
+            log.error("provenance_index_failed", tool=p.name, error=repr(exc), **_fields(p.span))
+            index.mark_incomplete(labels)
 
     def default_context(self) -> RunContext:
         """The run used by calls made without a context (one per gate)."""
@@ -480,11 +520,21 @@ class Gate:
         if p.journal is not None:  # a resumed step: calls made before the pause are answered from the journal
             replayed = p.journal.replay(self, p)
             if replayed is not None:
+                if p.ctx.provenance is not None:
+                    self._index_result(p, getattr(replayed, "value", None), getattr(replayed, "error", None))
                 p.state = "done"
                 return cast(CallOutcome, replayed)
         p.redacted = self._redact(p.args, p.facts.redact)
         p.state = "validated"
         _safely(p.span.arguments, p.redacted.args)
+        # The class depends on the arguments (such a tool's static class is destructive: test that first).
+        if p.side_effect == "destructive" and getattr(p.facts, "side_effect_expression", None) is not None:
+            try:
+                p.side_effect = self.policy.side_effect_of(name, p.args, p.tool.side_effect,  # type: ignore[attr-defined]
+                                                           p.ctx.info)
+            except ToolDenied as exc:
+                exc.call_id = p.call_id
+                return self._refuse(p, exc)
 
         p.decision = self._decide(p, p.args)
         p.state = "decided"
@@ -550,7 +600,7 @@ class Gate:
                 return fixed
             call = Call(tool=p.name, args=args, side_effect=p.side_effect, cost=p.facts.cost,
                         history=p.ctx.history_view(), run=p.ctx.info, usage=LazyUsage(p.ctx.ledger),
-                        seen=p.ctx.seen_labels())
+                        seen=p.ctx.seen_labels(), provenance=p.ctx.provenance)
             return self.policy.decide(call)
         except Exception as exc:  # noqa: BLE001 - a policy that raises denies
             return Decision("deny", (), f"the policy could not decide: {exc!r}", self.policy.sha256)
@@ -663,6 +713,23 @@ class Gate:
         except ToolDenied as exc:
             return self._clean(p, ApprovalDenied(f"{name}: edited arguments rejected: {exc}", tool=name,
                                                  call_id=p.call_id))
+        if getattr(p.facts, "side_effect_expression", None) is not None:
+            try:
+                side_effect = self.policy.side_effect_of(name, edited, p.tool.side_effect,  # type: ignore[attr-defined]
+                                                         p.ctx.info)
+            except ToolDenied as exc:
+                return self._clean(p, ApprovalDenied(f"{name}: edited arguments refused: {exc}", tool=name,
+                                                     call_id=p.call_id))
+            if side_effect != p.side_effect:  # budgets match on the class: reserve the edited call anew
+                try:
+                    cost = self._cost(p) if getattr(p.facts, "cost_expression", None) is None else 0.0
+                    if p.reservation is not None:
+                        p.ctx.ledger.release(p.reservation)
+                        p.reservation = None
+                    p.side_effect = side_effect
+                    p.reservation = p.ctx.ledger.reserve(name, side_effect, cost)
+                except (ToolDenied, BudgetExceeded) as exc:
+                    return ApprovalDenied(f"{name}: edited arguments refused: {exc}", tool=name, call_id=p.call_id)
         decision = self._decide(p, edited)
         if decision.outcome == "deny":
             return ApprovalDenied(f"{name}: edited arguments denied by the policy: {decision.reason}",
@@ -710,6 +777,8 @@ class Gate:
         its own: nothing that fails here changes how the call ended (the tool has run)."""
         name = p.name
         error = p.error = self._clean(p, p.error) if p.error is not None else None
+        if p.ctx.provenance is not None:  # before the caller sees the result: its next call is decided on it
+            self._index_result(p, p.value, error)
         if p.on_result is not None:
             try:
                 p.on_result(p.value, error)

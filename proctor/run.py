@@ -73,6 +73,9 @@ class RunContext:
         self.secrets: set[str] = set()
         #: Called with each call's record as the gate settles it (`agent.run(task, stream=True)` sets it).
         self.on_call: Callable[[CallRecord], None] | None = None
+        #: Where values came from (`proctor.provenance.ProvenanceIndex`): kept by the gate only when its
+        #: policy calls `provenance()`/`from_user()`; None otherwise (nothing is indexed, nothing costs).
+        self.provenance: Any = None
 
     def scrub(self, text: str) -> str:
         """`text` without any clear value of a redacted argument seen in this run."""

@@ -217,7 +217,7 @@ class AgentBase:
             self._reset_executor()
         steps: list[StepRecord] = []
         try:
-            ctx = self.gate.start_run(principal=principal, labels=labels)
+            ctx = self.gate.start_run(principal=principal, labels=labels, task=task)
         except ProctorError as exc:
             return RunResult(None, "error", steps, Usage(), None, run_id="", audit_path=self.audit_path,
                              error=str(exc), duration_ns=time.perf_counter_ns() - started)
@@ -251,8 +251,8 @@ class AgentBase:
         info = RunInfo(id=record.run_id, step=max(0, record.step - 1), principal=record.principal,
                        labels=dict(record.labels))
         try:
-            ctx = self.gate.resume_run(info, previous_policy_sha256=record.policy_sha256,
-                                       linked_trace_id=record.trace_id)
+            ctx = self.gate.resume_run(info, task=_task_of(record.messages),
+                                       previous_policy_sha256=record.policy_sha256, linked_trace_id=record.trace_id)
         except ProctorError:
             durable.end("suspended", answer=None, error=record.error, steps=(), pending=())
             raise
@@ -511,3 +511,12 @@ def _notify(callbacks: Sequence[StepCallback], step: StepRecord) -> None:
             callback(step)
         except Exception as exc:  # noqa: BLE001 - a display callback must not end the run
             log.warning("step_callback_failed", error=repr(exc))
+
+
+def _task_of(messages: Any) -> str | None:
+    """The task a saved run was given (its first "New task:" message), for the resumed run's provenance."""
+    for message in messages or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if message.get("role") == "user" and isinstance(content, str) and content.startswith("New task:\n"):
+            return content.removeprefix("New task:\n")
+    return None

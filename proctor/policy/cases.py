@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -36,11 +36,12 @@ from proctor.policy.budget_trace import trace_budgets
 from proctor.policy.engine import Policy
 from proctor.policy.loader import Marks, compose_marked
 from proctor.policy.simulate import Simulation, SimulationError, complete_history, decide_like_gate
+from proctor.provenance import USER, ProvenanceIndex
 
 if TYPE_CHECKING:
     from proctor.tools import Tool
 
-__all__ = ["Case", "CaseResult", "HistoryItem", "RunItem", "load_cases", "run_cases"]
+__all__ = ["Case", "CaseResult", "HistoryItem", "ResultItem", "RunItem", "load_cases", "run_cases"]
 
 _USAGE_KEYS = ("calls", "cost", "wall_time_ms", "model_tokens", "model_cost_usd")
 
@@ -74,6 +75,26 @@ class RunItem(_Model):
         return RunInfo(self.id, self.step, self.principal, self.labels)
 
 
+class ResultItem(_Model):
+    """What a tool returned earlier in the run, for `provenance()`: indexed under the tool's labels
+    in the policy (`tool:`), or under `labels:` given here."""
+
+    tool: str | None = None
+    labels: list[str] | None = None
+    value: Any = None
+
+    def labels_in(self, policy: Policy) -> tuple[str, ...]:
+        if self.labels is not None:
+            return tuple(self.labels)
+        if self.tool is None:
+            raise SimulationError("results: give each result a tool (its labels come from the policy) or labels")
+        labels = policy.facts(self.tool).labels
+        if not labels:
+            raise SimulationError(f"results: tool {self.tool!r} has no labels in the policy, so the gate would not "
+                                  "index its results (give it labels, or labels: here)")
+        return labels
+
+
 class Case(_Model):
     """One table-driven case: a call and the outcome (and optionally rules, budget) expected."""
 
@@ -89,6 +110,21 @@ class Case(_Model):
     rules: list[str] | None = None
     budget: str | None = None
     budgets: list[str] | None = None
+    #: The run's task (the source `user` of `provenance()`/`from_user()`).
+    task: str | None = None
+    #: Earlier results of labelled tools (the other sources of `provenance()`).
+    results: list[ResultItem] = Field(default_factory=list)
+
+    def sources(self, policy: Policy) -> ProvenanceIndex | None:
+        """The run's provenance index as the gate would hold it (None when the policy reads none)."""
+        if not policy.uses_provenance:
+            return None
+        index = ProvenanceIndex()
+        if self.task:
+            index.add(self.task, (USER,))
+        for item in self.results:
+            index.add(item.value, item.labels_in(policy))
+        return index
 
     def call(self) -> Call:
         return Call(
@@ -138,6 +174,7 @@ class CaseResult:
 _FIELDS = {
     (): list(Case.model_fields),
     ("history",): list(HistoryItem.model_fields),
+    ("results",): list(ResultItem.model_fields),
     ("run",): list(RunItem.model_fields),
 }
 _CHOICES = {"expect": OUTCOMES, "decision": OUTCOMES, "status": STATUSES,
@@ -249,7 +286,11 @@ def run_cases(
     problems = []
     for i, case in enumerate(cases):
         try:
-            simulation = decide_like_gate(policy, case.call(), tools, case.usage)
+            call = case.call()
+            index = case.sources(policy)
+            if index is not None:
+                call = replace(call, provenance=index)
+            simulation = decide_like_gate(policy, call, tools, case.usage)
         except SimulationError as exc:
             problems.append(PolicyIssue(source, 0, 0, f"{_label(i, case)}: {exc}"))
             continue

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from typing import Any
 
 from proctor.termsafe import terminal_safe
@@ -40,6 +41,10 @@ def register(subparsers: Any) -> None:
     explain.add_argument("--usage", default="{}", metavar="JSON",
                          help='what budgets have used: {"outbound": {"calls": 4, "cost": 12}}')
     explain.add_argument("--side-effect", dest="side_effect", default=None, help="the tool's declared class")
+    explain.add_argument("--task", default=None, metavar="TEXT",
+                         help="the run's task: the source 'user' of provenance() and from_user()")
+    explain.add_argument("--results", default="[]", metavar="JSON",
+                         help="earlier results of labelled tools: a JSON list of {tool, value} or {labels, value}")
     explain.add_argument("--tools", action="append", default=[], metavar="MOD:ATTR", help=tools_help)
     explain.add_argument("--json", action="store_true",
                          help="print only outcome, rules, reason, policy_sha256")
@@ -164,6 +169,8 @@ def _explain(args: argparse.Namespace) -> int:
                 "run": _json_arg("run", args.run, dict),
                 "usage": _json_arg("usage", args.usage, dict),
                 "side_effect": args.side_effect,
+                "task": args.task,
+                "results": _json_arg("results", args.results, list),
                 "expect": "deny",  # unused: explain has no expectation
             }
         )
@@ -182,7 +189,11 @@ def _explain(args: argparse.Namespace) -> int:
     if policy is None:
         return 1
     try:
-        result = explain(policy, case.call(), tools=tools or None, usage=case.usage)
+        call = case.call()
+        index = case.sources(policy)
+        if index is not None:
+            call = replace(call, provenance=index)
+        result = explain(policy, call, tools=tools or None, usage=case.usage)
     except SimulationError as exc:
         print(terminal_safe(f"proctor policy explain: {exc}"), file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from proctor.calls import SIDE_EFFECTS, Call, Decision, Outcome, RunInfo, SideEffect
 from proctor.canonical import canonical_sha256
@@ -26,10 +26,19 @@ from proctor.policy.activation import Activation
 from proctor.policy.aggregates import is_hidden, pipeline_named
 from proctor.policy.budgets import Ledger
 from proctor.policy.conditions import Condition, EvaluationError, compile_condition, compile_expression
+from proctor.policy.functions import PROVENANCE_FUNCTIONS
+from proctor.policy.lets import check_lets, expand
 from proctor.policy.loader import load_policy_text, validate_policy_data
 from proctor.policy.matching import Matcher
 from proctor.policy.projection import Needs, merge_needs
-from proctor.policy.schema import COST_VARIABLES, BudgetSpec, PolicyModel, RuleSpec
+from proctor.policy.schema import (
+    COST_VARIABLES,
+    SIDE_EFFECT_VARIABLES,
+    BudgetSpec,
+    PolicyModel,
+    RuleSpec,
+    side_effect_is_expression,
+)
 from proctor.policy.yamlsafe import read_yaml_file
 
 if TYPE_CHECKING:
@@ -56,6 +65,9 @@ class ToolFacts:
     #: Fields approvers see redacted too (they see the rest of the arguments in clear).
     hide_from_approvers: tuple[str, ...] = ()
     max_arg_bytes: int | None = None  # None: the interpreter's own limit
+    #: `side_effect` as a CEL expression over the call (`tools: X: {side_effect: "…"}`); then
+    #: `side_effect` is destructive until the gate evaluates it with the call's arguments.
+    side_effect_expression: Condition | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +123,8 @@ def _normalized(model: PolicyModel) -> dict[str, Any]:
             if match:
                 item["match"] = {k: sorted(set(v)) if v is not None else None for k, v in match.items()}
         data[section] = sorted(data[section], key=lambda item: item["name"])
+    if not data["let"]:  # added later: absent when unused, so older policies keep their fingerprint
+        del data["let"]
     for spec in data["tools"].values():
         spec["redact"] = sorted(set(spec["redact"]))
         for later in ("labels", "hide_from_approvers"):
@@ -129,9 +143,26 @@ class Policy:
         self.source = source
         self.sha256 = canonical_sha256(_normalized(model))
         self.approval = ApprovalSettings(timeout_s=model.approval.timeout, on_timeout=model.approval.on_timeout)
+        #: The `let:` names, each expanded to a CEL expression without names (proctor.policy.lets).
+        self.lets = check_lets(model.let) if model.let else {}
         self.compiled = tuple(
-            CompiledRule(i, r, Matcher.from_spec(r.match), compile_condition(r.when) if r.when is not None else None)
+            CompiledRule(i, r, Matcher.from_spec(r.match),
+                         compile_condition(expand(r.when, self.lets)) if r.when is not None else None)
             for i, r in enumerate(model.rules)
+        )
+        #: Tools whose side-effect class is a CEL expression over the call, compiled.
+        self._side_effect_expressions = {
+            name: compile_expression(expand(spec.side_effect, self.lets), SIDE_EFFECT_VARIABLES, "side_effect")
+            for name, spec in model.tools.items()
+            if spec.side_effect is not None and side_effect_is_expression(spec.side_effect)
+        }
+        #: Every label the policy gives tools (their results are indexed under them).
+        self.result_labels = tuple(sorted({label for spec in model.tools.values() for label in spec.labels}))
+        #: Whether a condition reads where values came from: then each run keeps a provenance index.
+        self.uses_provenance = any(
+            PROVENANCE_FUNCTIONS.intersection(c.functions)
+            for c in (*(r.condition for r in self.compiled), *self._side_effect_expressions.values())
+            if c is not None
         )
         by_tool: dict[str, list[int]] = {}
         self._globbed: list[int] = []
@@ -202,13 +233,15 @@ class Policy:
         spec = self.model.tools.get(tool)
         declared_cost = declared_cost or 0  # a tool may declare None
         if spec is None:
-            side_effect = declared_side_effect or "destructive"
-            return ToolFacts(side_effect, declared_cost, None, (), self._durability(side_effect, None))
+            fixed: SideEffect = declared_side_effect or "destructive"
+            return ToolFacts(fixed, declared_cost, None, (), self._durability(fixed, None))
         expression = None
         cost = spec.cost if spec.cost is not None else declared_cost
         if isinstance(cost, str):
             expression, cost = compile_expression(cost, COST_VARIABLES, "cost"), 0
-        side_effect = spec.side_effect or declared_side_effect or "destructive"
+        dynamic = self._side_effect_expressions.get(tool)
+        side_effect: SideEffect = "destructive" if dynamic is not None else (
+            cast(SideEffect, spec.side_effect) or declared_side_effect or "destructive")
         return ToolFacts(
             side_effect=side_effect,
             cost=cost,
@@ -219,7 +252,35 @@ class Policy:
             cost_expression=expression,
             hide_from_approvers=spec.hide_from_approvers,
             max_arg_bytes=spec.max_arg_bytes,
+            side_effect_expression=dynamic,
         )
+
+    def side_effect_of(self, tool: str, args: Mapping[str, Any], declared: SideEffect | None = None,
+                       run: RunInfo | None = None) -> SideEffect:
+        """The class of this call of `tool`: its `side_effect` expression evaluated over the arguments,
+        else the policy's or the declared class (undeclared: destructive).
+
+        An expression that fails, or gives anything but a class, raises `ToolDenied` naming the
+        tool (the call is denied: fail closed).
+        """
+        expression = self._side_effect_expressions.get(tool)
+        if expression is None:
+            return self.facts(tool, declared).side_effect
+        variables = {"tool": tool, "args": dict(args), "run": (run or RunInfo()).as_dict()}
+        try:
+            value = expression.compute(variables)
+        except EvaluationError as exc:
+            raise ToolDenied(f"{tool}: denied: its side_effect `{expression.source}` could not be computed: {exc}",
+                             tool=tool) from None
+        if not isinstance(value, str) or value not in SIDE_EFFECTS:
+            raise ToolDenied(f"{tool}: denied: its side_effect `{expression.source}` gave {value!r}, not one of "
+                             f"{', '.join(SIDE_EFFECTS)}", tool=tool)
+        return value  # one of SIDE_EFFECTS, checked above
+
+    @property
+    def dynamic_side_effects(self) -> frozenset[str]:
+        """The tools whose side-effect class depends on the call (a CEL expression)."""
+        return frozenset(self._side_effect_expressions)
 
     def _durability(self, side_effect: SideEffect, declared: Literal["fsync", "flush"] | None) -> Literal[
             "fsync", "flush"]:
@@ -293,8 +354,14 @@ class Policy:
 
     def decide(self, call: Call) -> Decision:
         """Decide one call: deny > require_approval > allow among matching rules; else the default."""
-        spec = self.model.tools.get(call.tool)  # facts().side_effect, without building ToolFacts
-        side_effect = (spec.side_effect if spec is not None else None) or call.side_effect or "destructive"
+        if self._side_effect_expressions and call.tool in self._side_effect_expressions:
+            try:
+                side_effect: str = self.side_effect_of(call.tool, call.args, call.side_effect, call.run)
+            except ToolDenied as exc:
+                return Decision("deny", (), str(exc).removeprefix(f"{call.tool}: denied: "), self.sha256)
+        else:
+            spec = self.model.tools.get(call.tool)  # facts().side_effect, without building ToolFacts
+            side_effect = (spec.side_effect if spec is not None else None) or call.side_effect or "destructive"
         candidates: Candidates = self.candidates(call.tool, side_effect)
         if candidates.fixed is not None:
             return candidates.fixed

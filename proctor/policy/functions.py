@@ -11,7 +11,10 @@ function registered here, as a `CelFunction` in `FUNCTIONS`:
   gives ``x.com``); ``''`` without an ``@``; an error for several addresses.
 - the cel-go strings extension: `lowerAscii`, `upperAscii`, `split`, `join`,
   `replace`, `indexOf`, `lastIndexOf`, `substring`, `trim`, `charAt`;
-- aggregates over lists: `sum`, `min`, `max` (``sum(history.map(h, …))``).
+- aggregates over lists: `sum`, `min`, `max` (``sum(history.map(h, …))``);
+- data flow: `provenance(value)` — the labels of the sources (results of labelled tools, the
+  task as ``user``) `value`, an item of it or a token inside it appeared in, sorted — and
+  `from_user(value)`, true when the value as a whole came from the task (`proctor.provenance`).
 
 Method and call syntax are the same in CEL (``s.lowerAscii()`` is ``lowerAscii(s)``).
 A function that needs the call being decided (its run, history…) is registered with
@@ -33,6 +36,7 @@ from typing import Any
 __all__ = [
     "FUNCTIONS",
     "CelFunction",
+    "PROVENANCE_FUNCTIONS",
     "cel_sum",
     "email_domain",
     "normalize",
@@ -296,3 +300,33 @@ _BUILTIN: Mapping[str, tuple[Callable[..., Any], str]] = {
 }
 for _name, (_fn, _doc) in _BUILTIN.items():
     register(CelFunction(_name, fn=_fn, doc=_doc))
+
+
+# -- data flow (proctor.provenance) ----------------------------------------------------------------
+
+#: The functions that read the run's provenance index: a policy calling one makes the gate keep it.
+PROVENANCE_FUNCTIONS = frozenset({"provenance", "from_user"})
+
+
+def _no_sources(value: Any) -> list[str]:
+    return []
+
+
+def _not_from_user(value: Any) -> bool:
+    return False
+
+
+def _bind_provenance(call: Any) -> Callable[..., Any]:
+    index = getattr(call, "provenance", None)
+    return _no_sources if index is None else index.labels_of
+
+
+def _bind_from_user(call: Any) -> Callable[..., Any]:
+    index = getattr(call, "provenance", None)
+    return _not_from_user if index is None else index.from_user
+
+
+register(CelFunction("provenance", bind=_bind_provenance,
+                     doc="labels of the sources a value (or any item or token of it) appeared in, sorted"))
+register(CelFunction("from_user", bind=_bind_from_user,
+                     doc="true when the value as a whole (every item of a list or map) came from the task"))

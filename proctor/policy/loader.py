@@ -27,7 +27,7 @@ __all__ = ["Loc", "Marks", "compose_marked", "load_policy_text", "validate_polic
 Loc = tuple[str | int, ...]
 _SKIP = object()  # a node that could not be constructed (already reported)
 # Errors whose message already names what is wrong; others get the field path prefixed.
-_SELF_DESCRIBING = {"choice", "cel", "empty_match", "empty_limit", "version", "scoped_model_limit", "durability",
+_SELF_DESCRIBING = {"choice", "cel", "let", "empty_match", "empty_limit", "version", "scoped_model_limit", "durability",
                     "cost", "per_window"}
 # Our own error types: their message is complete, no pydantic "got …" suffix.
 _CUSTOM = {*_SELF_DESCRIBING, "duration", "tool_name", "empty"}

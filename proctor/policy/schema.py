@@ -12,6 +12,9 @@ item of a list, a position inside a CEL string) say so through the error's conte
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -20,6 +23,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationInfo,
+    ValidatorFunctionWrapHandler,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -31,6 +35,7 @@ from proctor.calls import OUTCOMES, SIDE_EFFECTS, Outcome, SideEffect
 __all__ = [
     "BUDGET_SCOPES",
     "COST_VARIABLES",
+    "SIDE_EFFECT_VARIABLES",
     "DURATION_PATTERN",
     "LABEL_PATTERN",
     "MODEL_LIMITS",
@@ -43,6 +48,7 @@ __all__ = [
     "ToolSpec",
     "parse_duration",
     "policy_json_schema",
+    "side_effect_is_expression",
 ]
 
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
@@ -174,6 +180,94 @@ LABEL_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*$"
 Label = Annotated[str, Field(pattern=LABEL_PATTERN)]
 #: Variables a cost expression may read (it is evaluated before the call, for its budgets).
 COST_VARIABLES = ("tool", "args", "run")
+#: Variables a side-effect expression may read (`tools: X: {side_effect: "…"}`), and the names (`let:`) it may use.
+SIDE_EFFECT_VARIABLES = ("tool", "args", "run")
+
+#: The policy's `let:` names while it is validated (None: no policy around, e.g. a RuleSpec on its own):
+#: name -> expanded expression, or None for each name when `let:` itself is invalid (reported there).
+_LETS: ContextVar[dict[str, str | None] | None] = ContextVar("proctor_policy_lets", default=None)
+
+
+@contextmanager
+def _lets_in_scope(raw: object) -> Iterator[None]:
+    from proctor.policy.conditions import ConditionError
+    from proctor.policy.lets import check_lets
+
+    lets: dict[str, str | None] | None = None
+    if isinstance(raw, dict) and raw:
+        try:
+            lets = dict(check_lets(raw))
+        except (ConditionError, TypeError):
+            lets = {str(k): None for k in raw}
+    token = _LETS.set(lets)
+    try:
+        yield
+    finally:
+        _LETS.reset(token)
+
+
+def _cel_error(exc: Any) -> PydanticCustomError:
+    return PydanticCustomError("cel", "{message}", {"message": exc.message, "cel_line": exc.line,
+                                                    "cel_col": exc.column})
+
+
+def compile_with_lets(source: str, variables: tuple[str, ...], what: str) -> str:
+    """Check `source` against `variables` and the policy's `let:` names (located errors), return it expanded.
+
+    Raises `PydanticCustomError` ("cel") for an unknown name or a syntax error; when `let:` itself is
+    invalid, only the source's own syntax is checked (the let error is reported once, there).
+    """
+    from proctor.policy.conditions import ConditionError, compile_expression
+    from proctor.policy.lets import expand
+
+    lets = _LETS.get() or {}
+    try:
+        compile_expression(source, tuple(dict.fromkeys((*variables, *lets))), what=what)
+        if any(v is None for v in lets.values()):
+            return source
+        used = {k: v for k, v in lets.items() if v is not None}
+        for bound in re.finditer(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_]\w*)\s*,", source):
+            if bound.group(1) in used:
+                line = source.count("\n", 0, bound.start(1)) + 1
+                col = bound.start(1) - (source.rfind("\n", 0, bound.start(1)) + 1) + 1
+                raise ConditionError(f"{what}: '{bound.group(1)}' is a let name; use another name for the macro's "
+                                     "variable", line, col)
+        expanded = expand(source, used)
+        if expanded != source:
+            compile_expression(expanded, variables, what=what)
+        return expanded
+    except ConditionError as exc:
+        raise _cel_error(exc) from None
+
+
+def side_effect_is_expression(value: str) -> bool:
+    """A tool's `side_effect` is a CEL expression unless it is one plain word (a class, or a typo of one)."""
+    return not re.fullmatch(r"\s*[A-Za-z_]+\s*", value)
+
+
+def _side_effect_or_expression(value: object) -> str:
+    if isinstance(value, str) and value in SIDE_EFFECTS:
+        return value
+    if isinstance(value, str) and value.strip() and side_effect_is_expression(value):
+        compile_with_lets(value, SIDE_EFFECT_VARIABLES, "side_effect")
+        return value
+    raise PydanticCustomError(
+        "choice",
+        "unknown side_effect {value} (expected one of {choices})",
+        {"value": repr(value), "choices": ", ".join(SIDE_EFFECTS)},
+    )
+
+
+ToolSideEffectField = Annotated[
+    str,
+    BeforeValidator(_side_effect_or_expression),
+    # One plain word must be a class (so `reed` reads "'reed' is not one of …"); anything else is CEL.
+    WithJsonSchema({"type": "string", "minLength": 1,
+                    "if": {"pattern": r"^\s*[A-Za-z_]+\s*$"}, "then": _enum_schema(SIDE_EFFECTS),
+                    "description": "a side-effect class, or a CEL expression over tool, args and run giving one, "
+                                   "e.g. \"size(args.participants.filter(p, !p.endsWith('@corp.example'))) > 0 ? "
+                                   "'external' : 'write'\""}),
+]
 
 
 def _cost(value: object) -> int | str:
@@ -219,7 +313,9 @@ DurabilityField = Annotated[
 class ToolSpec(_Strict):
     """Facts ops declare about one tool; each set field overrides the tool's own declaration."""
 
-    side_effect: SideEffectField | None = None
+    #: A class, or a CEL expression over tool, args and run giving one (checked when the call is made:
+    #: an error or an unknown class denies the call).
+    side_effect: ToolSideEffectField | None = None
     #: Budget units per call: a whole number, or a CEL expression over the arguments (``"args.amount"``).
     cost: CostField | None = None
     #: Data-flow labels: a call that ran adds them to the run's `seen`.
@@ -389,15 +485,41 @@ class RuleSpec(_Strict):
     def _compile(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        from proctor.policy.conditions import ConditionError, compile_condition
+        from proctor.policy.conditions import VARIABLES, ConditionError, compile_condition
 
+        if _LETS.get():
+            compile_with_lets(value, VARIABLES, "when")
+            return value
         try:
             compile_condition(value)
         except ConditionError as exc:
-            raise PydanticCustomError(
-                "cel", "{message}", {"message": exc.message, "cel_line": exc.line, "cel_col": exc.column}
-            ) from None
+            raise _cel_error(exc) from None
         return value
+
+
+def _let_section(value: object) -> object:
+    from proctor.policy.conditions import ConditionError
+    from proctor.policy.lets import check_lets
+
+    if not isinstance(value, dict):
+        raise PydanticCustomError("let", "let: should be a mapping of names to CEL expressions", {})
+    try:
+        check_lets(value)
+    except ConditionError as exc:
+        name = getattr(exc, "let_name", None)
+        raise PydanticCustomError("cel", "{message}", {"message": exc.message, "cel_line": exc.line,
+                                                       "cel_col": exc.column, "subloc": name}) from None
+    return value
+
+
+LetField = Annotated[
+    dict[str, str],
+    BeforeValidator(_let_section),
+    WithJsonSchema({"type": "object", "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+                    "additionalProperties": {"type": "string", "minLength": 1},
+                    "description": "named CEL expressions, usable by name in every when (and side_effect "
+                                   "expressions)"}),
+]
 
 
 class ApprovalSpec(_Strict):
@@ -415,6 +537,8 @@ class PolicyModel(_Strict):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, title="proctor policy (version 1)")
 
     version: Annotated[int, WithJsonSchema({"const": 1})]
+    #: Named CEL expressions defined once, usable by name in every `when` (see proctor.policy.lets).
+    let: LetField = Field(default_factory=dict)
     default: DefaultField = "deny"
     tools: dict[str, ToolSpec] = Field(default_factory=dict)
     budgets: tuple[BudgetSpec, ...] = ()
@@ -423,6 +547,13 @@ class PolicyModel(_Strict):
     #: Audit durability of calls to `none`/`read` tools without their own `durability`: flush (the
     #: default: a read's intent is written and flushed, not fsynced) or fsync (every intent on disk).
     read_durability: DurabilityField = "flush"
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _with_lets(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        # Rules and tools are checked knowing the `let:` names (a `when` may use them).
+        with _lets_in_scope(data.get("let") if isinstance(data, dict) else None):
+            return handler(data)
 
     @field_validator("budgets", "rules", mode="before")
     @classmethod

@@ -79,9 +79,9 @@ def complete_history(
                 except ToolDenied as exc:
                     raise SimulationError(f"history[{i}]: {exc}", i) from None
             declared_cost = tool.cost
-            side_effect = policy.facts(entry.tool, tool.side_effect, declared_cost).side_effect
+            side_effect = _class_of(policy, entry.tool, args, tool.side_effect, declared_cost)
         elif tools is None:  # the policy's `tools:` overrides the class the entry declares, as the gate's facts do
-            side_effect = policy.facts(entry.tool, entry.side_effect, declared_cost).side_effect
+            side_effect = _class_of(policy, entry.tool, args, entry.side_effect, declared_cost)
         labels = entry.labels or (() if tools is not None and tool is None
                                   else policy.facts(entry.tool, None, declared_cost).labels)
         out.append(replace(entry, args=args, side_effect=side_effect, labels=labels))
@@ -120,6 +120,7 @@ def decide_like_gate(
             return Simulation(decision, call, "destructive", defaults_applied=True)
         declared_side_effect, declared_cost = tool.side_effect, tool.cost
     facts = policy.facts(call.tool, declared_side_effect, declared_cost)
+    side_effect: str = facts.side_effect
     decided = replace(call, history=history, seen=call.seen or seen, side_effect=facts.side_effect,
                       cost=declared_cost, usage=ledger.usage())
     if by_name is not None:
@@ -130,20 +131,36 @@ def decide_like_gate(
             return Simulation(decision, decided, facts.side_effect, defaults_applied=True)
         decided = replace(decided, args=args)
     applied = by_name is not None
+    if call.tool in policy.dynamic_side_effects:  # the class depends on the arguments, as at the gate
+        try:
+            side_effect = policy.side_effect_of(call.tool, args, declared_side_effect, call.run)
+        except ToolDenied as exc:
+            return Simulation(Decision("deny", (), str(exc), policy.sha256), decided, "destructive",
+                              defaults_applied=applied)
     decision = policy.decide(decided)
     if decision.outcome == "deny":
-        return Simulation(decision, decided, facts.side_effect, defaults_applied=applied)
+        return Simulation(decision, decided, side_effect, defaults_applied=applied)
     try:
         cost = policy.cost_of(call.tool, args, declared_cost, call.run)
     except ToolDenied as exc:
-        return Simulation(replace(decision, outcome="deny", reason=str(exc)), decided, facts.side_effect,
+        return Simulation(replace(decision, outcome="deny", reason=str(exc)), decided, side_effect,
                           defaults_applied=applied)
     try:
-        ledger.reserve(call.tool, facts.side_effect, cost)
+        ledger.reserve(call.tool, side_effect, cost)
     except BudgetExceeded as exc:
         refused = Decision("deny", decision.rules, str(exc), policy.sha256)
-        return Simulation(refused, decided, facts.side_effect, budget=exc.budget, cost=cost, defaults_applied=applied)
-    return Simulation(decision, decided, facts.side_effect, cost=cost, defaults_applied=applied)
+        return Simulation(refused, decided, side_effect, budget=exc.budget, cost=cost, defaults_applied=applied)
+    return Simulation(decision, decided, side_effect, cost=cost, defaults_applied=applied)
+
+
+def _class_of(policy: Policy, tool: str, args: Mapping[str, Any], declared: Any, declared_cost: int) -> Any:
+    """The class the gate recorded for an earlier call (its expression over the args; destructive if it failed)."""
+    if tool in policy.dynamic_side_effects:
+        try:
+            return policy.side_effect_of(tool, args, declared)
+        except ToolDenied:
+            return "destructive"
+    return policy.facts(tool, declared, declared_cost).side_effect
 
 
 def _tools(tools: Mapping[str, Tool] | Iterable[Tool] | None) -> dict[str, Tool] | None:

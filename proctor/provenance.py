@@ -1,0 +1,415 @@
+"""Where values came from: a per-run index of what labelled tools returned and of the task.
+
+A policy that calls `provenance(value)` or `from_user(value)` makes the gate keep, for each
+run, a `ProvenanceIndex`: the results of every tool the policy gives `labels` (``tools: X:
+{labels: [untrusted]}``) are indexed under those labels, and the run's task text under the
+label ``user``. A later call's arguments are looked up in it (see docs/policy.md).
+
+What is indexed, from a result (any JSON-like value: strings, numbers, lists, maps, and
+the string form of anything else) and from the task:
+
+- every string value (and map key) as a whole, normalised: case-folded, whitespace
+  collapsed, trimmed;
+- every *token* inside it that looks like an identifier: a run of letters, digits and
+  ``. @ / : # + _ - % ~ = ? & ,`` holding a digit or a separator between two word
+  characters — e-mail addresses, URLs (also without their scheme, their host, and the
+  host without ``www.``), file names, record ids, account numbers, numbers; an IBAN
+  written in groups (``DE89 3704 0044 …``) also without its spaces. Trailing sentence
+  punctuation is dropped; numbers lose thousands commas and trailing decimal zeros
+  (``1,250.50`` is ``1250.5``). Everything is case-folded: ``Eve@Evil.example`` and
+  ``eve@evil.example`` are the same token;
+- numbers (int and float values) in their normalised text form;
+- for the task only, every run of one to `TASK_WORDS` whole words, so a name the user
+  wrote (``Emma Johnson``) is found as a whole.
+
+A value built from pieces (``'eve' + '@' + 'evil.example'``, a recipient read character by
+character, a translated or re-encoded string) is *not* traced: only values that appear as
+a whole, or as one of the tokens above, are found.
+
+Nothing is kept in clear: each entry is an 8-byte keyed BLAKE2b digest under a random key
+drawn for each index (never the audit key), mapped to the labels it was seen under.
+
+Memory is bounded (`ProvenanceLimits`): at most `max_result_chars` characters of one
+result and `max_result_tokens` of its entries are indexed, and at most `max_tokens`
+entries per run. What a cap leaves out is not lost silently: the labels of the content
+that could not be indexed are *added to every later `labels_of` answer* of the run
+(provenance then errs towards "may have come from an untrusted tool"), while
+`from_user` only ever answers from entries actually indexed — a full index never makes
+a value look as if the user had written it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "TASK_WORDS",
+    "USER",
+    "ProvenanceIndex",
+    "ProvenanceLimits",
+    "normalize_whole",
+    "tokens",
+]
+
+#: The label of the run's task text (`Gate.start_run(task=…)`).
+USER = "user"
+#: Longest run of whole words of the task indexed as one entry.
+TASK_WORDS = 8
+
+_SEPARATORS = ".@/:#+_-%~=?&,"
+# A token starts at a word character and runs over word characters and separators; the
+# lookahead keeps only those holding a digit or a separator between two word characters
+# (plain words are not identifiers). Matching stays in the regex engine: no per-word Python.
+_TOKEN = re.compile(
+    r"(?<![\w.@/:+%~=?&-])"
+    r"(?=[\w.@/:#+%~=?&,-]*?(?:\d|[^\W_][.@/:#+_%~=?&-]+[^\W_]))"
+    r"\w[\w.@/:#+%~=?&,-]*"
+)
+_IBAN = re.compile(r"(?<!\w)[a-z]{2}\d{2}(?: [a-z0-9]{4}){2,7}(?: [a-z0-9]{1,4})?(?!\w)")
+_TRAILING = ".,:;!?/#-=&"
+_NUMBER = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?")
+_SPACES = re.compile(r"\s+")
+# Characters that end a token besides whitespace (quotes, brackets, …): turned into spaces before splitting.
+_DELIMITERS = str.maketrans(dict.fromkeys("\"'`<>()[]{}|;!*^\\", "\n"))
+# A token that is its own only form: no trailing punctuation, no URL, no key=value, not a number with
+# separators, no comma-separated list.
+_SIMPLE = re.compile(r"^(?!www\.)(?!\d+\.\d*0$)[\w.@+%~#-]*\w$", re.MULTILINE)
+_IBAN_HEAD = re.compile(r"^[a-z]{2}\d{2}$", re.MULTILINE)
+_PIECES = re.compile(r"[=&?:]")
+_WORD = re.compile(r"\w+")
+
+
+def normalize_whole(text: str) -> str:
+    """A string as indexed whole: case-folded, whitespace collapsed and trimmed."""
+    folded = text.casefold()
+    words = folded.split()
+    return folded if len(words) == 1 and words[0] == folded else " ".join(words)
+
+
+def _number(text: str) -> str:
+    """``1,250.50`` -> ``1250.5``; ``007`` stays ``007`` (an account number keeps its zeros)."""
+    text = text.replace(",", "")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
+
+
+def _token_forms(token: str) -> Iterator[str]:
+    token = token.rstrip(_TRAILING)
+    if not token:
+        return
+    if _NUMBER.fullmatch(token):
+        yield _number(token)
+        return
+    if "," in token:  # a list written without spaces: each part is its own token
+        for part in token.split(","):
+            yield from _token_forms(part)
+        return
+    yield token
+    if _PIECES.search(token.replace("://", "")):  # key=value, a query string, mailto:x: each piece too
+        for piece in _PIECES.split(token.replace("://", "\0")):
+            if piece and piece != token and _TOKEN.fullmatch(piece):
+                yield from _token_forms(piece.replace("\0", "://"))
+    scheme = token.find("://")
+    rest = token[scheme + 3 :] if scheme > 0 else token if token.startswith("www.") else None
+    if rest:
+        yield rest
+        host = rest.split("/", 1)[0].split("?", 1)[0]
+        if host and host != rest:
+            yield host
+        if host.startswith("www.") and len(host) > 4:
+            yield host[4:]
+
+
+def tokens(text: str) -> set[str]:
+    """The identifier-like tokens of `text`, normalised as they are indexed (see the module docstring)."""
+    return _analyze(text)[1]
+
+
+def _analyze(text: str) -> tuple[str, set[str]]:
+    """`text` normalised as a whole (`normalize_whole`) and its tokens, from one case-fold and split."""
+    folded = text.casefold()
+    words = folded.split()
+    if len(words) == 1:  # one word (an address, an id, a name): the common argument
+        word = words[0]
+        if word.isalpha():
+            return word, set()
+        if _TOKEN.fullmatch(word) and _SIMPLE.fullmatch(word):
+            return word, {word}
+    whole = " ".join(words) if len(words) != 1 or folded != words[0] else folded
+    # Work in the regex engine and in C as much as possible (a 100 KB result must index in about a
+    # millisecond): the distinct non-alphabetic words, joined, tokenised in one pass; the tokens
+    # that are their own only form taken as they are; the few others (URLs, key=value, numbers
+    # with separators) normalised one by one.
+    candidates = [word for word in set(words) if not word.isalpha()]
+    if not candidates:
+        return whole, set()
+    found = _TOKEN.findall("\n".join(candidates).translate(_DELIMITERS))
+    blob = "\n".join(found)
+    out = set(_SIMPLE.findall(blob))
+    for token in set(found).difference(out):
+        out.update(_token_forms(token))
+    if _IBAN_HEAD.search(blob):  # an IBAN written in groups of four: also indexed without its spaces
+        for iban in _IBAN.findall(folded):
+            out.add(iban.replace(" ", ""))
+    return whole, out
+
+
+def _scalar_text(value: Any) -> str | None:
+    """The text a non-string leaf is indexed and looked up as (None: nothing to index)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return None
+        return _number(repr(value)) if "e" not in repr(value) else repr(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ProvenanceLimits:
+    """Caps on what one run's index holds (see the module docstring for what happens when reached)."""
+
+    #: Characters of one result indexed (strings past this are cut; the rest counts as not indexed).
+    max_result_chars: int = 1_000_000
+    #: Entries (whole values and tokens) one result may add.
+    max_result_tokens: int = 50_000
+    #: Entries one run's index may hold (about 80 bytes each: 200,000 is ~16 MB).
+    max_tokens: int = 200_000
+
+
+class ProvenanceIndex:
+    """One run's index: keyed digests of values and tokens, each mapped to the labels it came under.
+
+    Thread-safe: calls of one run may be settled by several threads.
+    """
+
+    __slots__ = ("_bits", "_entries", "_hasher", "_key", "_labels", "_lock", "_overflow", "limits")
+
+    def __init__(self, limits: ProvenanceLimits | None = None, *, key: bytes | None = None) -> None:
+        self.limits = limits or ProvenanceLimits()
+        self._key = key or os.urandom(32)  # per index: never the audit key, never persisted
+        self._entries: dict[bytes, int] = {}  # digest -> bitmask of labels
+        self._bits: dict[str, int] = {}  # label -> bit
+        self._labels: list[str] = []  # bit position -> label
+        self._overflow = 0  # labels of content a cap kept out (never includes `user`'s bit in answers)
+        self._lock = threading.Lock()
+        self._hasher = hashlib.blake2b(key=self._key, digest_size=8)  # copied per digest: no re-keying
+
+    # -- reading ---------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def overflowed(self) -> tuple[str, ...]:
+        """Labels of content a cap kept out of the index (added to every `labels_of` answer), sorted."""
+        return tuple(self._names(self._overflow))
+
+    def labels_of(self, value: Any) -> list[str]:
+        """The labels of the sources `value`, any item of it, or any token inside it appeared in, sorted.
+
+        After a cap was reached, the labels of what could not be indexed are always included
+        (except ``user``): an index that is full errs towards "may have come from there".
+        """
+        mask = 0
+        entries = self._entries
+        if isinstance(value, str):  # the common case, without the generators
+            whole, found = _analyze(value)
+            digest = self._digest
+            mask = entries.get(digest(whole), 0)
+            for token in found:
+                if token != whole:
+                    mask |= entries.get(digest(token), 0)
+        else:
+            for digest_ in self._probe(value):
+                mask |= entries.get(digest_, 0)
+        user = self._bits.get(USER)
+        overflow = self._overflow & ~(1 << user) if user is not None else self._overflow
+        return self._names(mask | overflow)
+
+    def from_user(self, value: Any) -> bool:
+        """Whether `value` as a whole came from the task: a string found whole (or made only of
+        task tokens), a number the task wrote, a list or map each of whose items did."""
+        user = self._bits.get(USER)
+        if user is None:
+            return False
+        return self._from(value, 1 << user, 0)
+
+    def _from(self, value: Any, bit: int, depth: int) -> bool:
+        if depth > 64:
+            return False
+        if isinstance(value, Mapping):
+            items = list(value.values())
+        elif isinstance(value, (list, tuple)):
+            items = list(value)
+        else:
+            return self._leaf_from(value, bit)
+        return bool(items) and all(self._from(item, bit, depth + 1) for item in items)
+
+    def _leaf_from(self, value: Any, bit: int) -> bool:
+        entries, digest = self._entries, self._digest
+        if isinstance(value, str):
+            whole, found = _analyze(value)
+            if entries.get(digest(whole), 0) & bit:
+                return True
+            return bool(found) and all(entries.get(digest(t), 0) & bit for t in found)
+        text = _scalar_text(value)
+        return text is not None and bool(entries.get(digest(text), 0) & bit)
+
+    def _probe(self, value: Any) -> Iterator[bytes]:
+        digest = self._digest
+        for leaf in _leaves(value, keys=False):
+            if leaf is _CUT:
+                return
+            if isinstance(leaf, str):
+                whole, found = _analyze(leaf)
+                yield digest(whole)
+                for token in found:
+                    if token != whole:
+                        yield digest(token)
+            else:
+                text = _scalar_text(leaf)
+                if text is not None:
+                    yield digest(text)
+
+    def _names(self, mask: int) -> list[str]:
+        return sorted(self._labels[i] for i in range(mask.bit_length()) if mask >> i & 1)
+
+    def _digest(self, text: str) -> bytes:
+        hasher = self._hasher.copy()
+        hasher.update(text.encode("utf-8", "surrogatepass"))
+        return hasher.digest()
+
+    # -- writing ---------------------------------------------------------------------------------
+    def add(self, value: Any, labels: Iterable[str]) -> int:
+        """Index one result (or the task) under `labels`; return the number of new entries.
+
+        Strings count against `max_result_chars`, entries against `max_result_tokens` and the
+        run's `max_tokens`; whatever a cap keeps out marks `labels` as overflowed.
+        """
+        names = tuple(labels)
+        if not names:
+            return 0
+        with self._lock:
+            mask = 0
+            for name in names:
+                bit = self._bits.get(name)
+                if bit is None:
+                    bit = self._bits[name] = len(self._labels)
+                    self._labels.append(name)
+                mask |= 1 << bit
+        limits = self.limits
+        chars_left = limits.max_result_chars
+        found: set[str] = set()
+        cut = False
+        for leaf in _leaves(value, keys=True):
+            if leaf is _CUT:
+                cut = True
+                break
+            if isinstance(leaf, str):
+                if len(leaf) > chars_left:
+                    leaf, cut = leaf[:chars_left], True
+                chars_left -= len(leaf)
+                whole, inside = _analyze(leaf)
+                found.add(whole)
+                found.update(inside)
+                if USER in names:
+                    found.update(_word_runs(leaf))
+            else:
+                text = _scalar_text(leaf)
+                if text is not None:
+                    found.add(text)
+            if chars_left <= 0 or len(found) > limits.max_result_tokens:
+                cut = True
+                break
+        if len(found) > limits.max_result_tokens:
+            found = set(list(found)[: limits.max_result_tokens])
+            cut = True
+        hash_of = self._digest
+        digests = [hash_of(text) for text in found]
+        added = 0
+        with self._lock:
+            entries = self._entries
+            room = limits.max_tokens - len(entries)
+            for digest in digests:
+                old = entries.get(digest)
+                if old is None:
+                    if room <= 0:
+                        cut = True
+                        continue
+                    room -= 1
+                    added += 1
+                    entries[digest] = mask
+                elif old & mask != mask:
+                    entries[digest] = old | mask
+            if cut:
+                self._overflow |= mask
+        return added
+
+    def mark_incomplete(self, labels: Iterable[str]) -> None:
+        """Say that content under `labels` exists that this index never saw (a resumed run: its
+        earlier results are not restored): every later answer includes them (``user`` excepted)."""
+        with self._lock:
+            for name in labels:
+                bit = self._bits.get(name)
+                if bit is None:
+                    bit = self._bits[name] = len(self._labels)
+                    self._labels.append(name)
+                self._overflow |= 1 << bit
+
+
+def _word_runs(text: str) -> Iterator[str]:
+    """Every run of 1..TASK_WORDS whole words of `text`, normalised (the task's names and phrases)."""
+    words = _WORD.findall(text.casefold())
+    for i in range(len(words)):
+        for j in range(i + 1, min(i + TASK_WORDS, len(words)) + 1):
+            yield " ".join(words[i:j])
+
+
+#: Yielded by `_leaves` when a value is nested deeper than `_MAX_DEPTH` or holds more than `_MAX_NODES`
+#: items (a cyclic structure, say): the rest of it is not indexed.
+_CUT: Any = object()
+_MAX_DEPTH = 64
+_MAX_NODES = 1_000_000
+
+
+def _leaves(value: Any, *, keys: bool) -> Iterator[Any]:
+    """The scalar leaves of a JSON-like value (map keys too when `keys`), depth-first, without recursion."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    budget = _MAX_NODES
+    while stack:
+        node, depth = stack.pop()
+        budget -= 1
+        if budget < 0 or depth > _MAX_DEPTH:
+            yield _CUT
+            return
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, Mapping):
+            for k, v in node.items():
+                if keys and isinstance(k, str):
+                    yield k
+                stack.append((v, depth + 1))
+        elif isinstance(node, (list, tuple, set, frozenset)):
+            stack.extend((item, depth + 1) for item in node)
+        elif isinstance(node, (int, float, bytes)) or node is None:
+            yield node
+        else:  # a model, a dataclass, anything else: indexed as the text a program would print
+            dump = getattr(node, "model_dump", None)
+            if callable(dump):
+                try:
+                    stack.append((dump(), depth + 1))
+                    continue
+                except Exception:  # noqa: BLE001 - fall back to its text
+                    pass
+            yield str(node)
