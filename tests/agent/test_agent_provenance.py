@@ -32,7 +32,8 @@ def send_email(to: str, body: str) -> str:
 
 POLICY = Policy.from_dict({
     "version": 1,
-    "tools": {"fetch_page": {"side_effect": "read", "labels": ["untrusted"]}, "send_email": {"side_effect": "external"}},
+    "tools": {"fetch_page": {"side_effect": "read", "labels": ["untrusted"]},
+              "send_email": {"side_effect": "external"}},
     "rules": [
         {"name": "reads", "match": {"side_effect": "read"}, "decision": "allow"},
         {"name": "mail", "match": {"tool": "send_email"}, "decision": "allow"},
