@@ -54,6 +54,7 @@ __all__ = [
     "ConfigurationError",
     "ExecutionTimeout",
     "FourEyes",
+    "ImageError",
     "InvalidAnswer",
     "LedgerUnavailable",
     "ModelError",
@@ -235,6 +236,10 @@ class ConfigurationError(ProctorError, ValueError, TypeError):
 
     Both a ValueError and a TypeError, as the builtin checks it replaces were one or the other.
     """
+
+
+class ImageError(ConfigurationError):
+    """An image proctor will not pass to a model: unreadable, of another format, or over a size limit."""
 
 
 class StepInterrupted(ProctorError):

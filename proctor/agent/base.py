@@ -9,6 +9,7 @@ at `max_steps`, or when a run-wide budget is exhausted.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -17,6 +18,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast, ove
 from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
 
+from proctor.agent.attachments import RunImages, with_images
 from proctor.agent.durable import DurableRun, RunCancelled, restore_context, step_from_dict
 from proctor.agent.models import Message, Model, ModelError, ModelResponse, Usage
 from proctor.agent.prompts import planning_prompt
@@ -156,6 +158,8 @@ class AgentBase:
         self._call_listeners: list[Callable[[int, CallRecord], None]] = []
         #: The result of the last run that ended (`replay` prints it); None before the first.
         self.last_run: RunResult | None = None
+        #: The images of the run in progress (the task's, and those tools returned): see `proctor.agent.attachments`.
+        self.images = RunImages()
 
     # -- subclass hooks -------------------------------------------------------------------------
 
@@ -194,23 +198,27 @@ class AgentBase:
 
     @overload
     def run(self, task: str, reset: bool = ..., principal: str | None = ..., labels: Mapping[str, str] | None = ...,
-            *, stream: Literal[False] = ...) -> RunResult: ...
+            *, stream: Literal[False] = ..., images: Sequence[Any] | None = ...) -> RunResult: ...
     @overload
     def run(self, task: str, reset: bool = ..., principal: str | None = ..., labels: Mapping[str, str] | None = ...,
-            *, stream: Literal[True]) -> Iterator[StreamEvent]: ...
+            *, stream: Literal[True], images: Sequence[Any] | None = ...) -> Iterator[StreamEvent]: ...
     def run(
         self, task: str, reset: bool = True, principal: str | None = None, labels: Mapping[str, str] | None = None,
-        *, stream: bool = False,
+        *, stream: bool = False, images: Sequence[Any] | None = None,
     ) -> RunResult | Iterator[StreamEvent]:
         """Run `task` to a final answer, `max_steps`, a budget stop or an error; never raises for those.
 
         With ``stream=True``, an iterator instead: each step (`StepRecord`) as it ends and each call
         (`CallEvent`) as the gate settles it, then the `RunResult` (see `proctor.agent.streaming`).
+        `images` (PIL images, paths or bytes) go to the model with the task, as content parts; one
+        that cannot be used raises `ImageError` before the run starts (`proctor.images` has the limits).
         """
+        run_images = RunImages()
+        loaded = run_images.add_task_images(images) if images else []  # a bad image raises here, in the caller
         if stream:
             from proctor.agent.streaming import stream_run
 
-            return stream_run(self, lambda: self.run(task, reset, principal, labels))
+            return stream_run(self, lambda: self.run(task, reset, principal, labels, images=loaded))
         started = time.perf_counter_ns()
         if reset:
             self.memory = []
@@ -221,9 +229,10 @@ class AgentBase:
         except ProctorError as exc:
             return RunResult(None, "error", steps, Usage(), None, run_id="", audit_path=self.audit_path,
                              error=str(exc), duration_ns=time.perf_counter_ns() - started)
+        self.images = run_images
         if not self.memory:
             self.memory.append({"role": "system", "content": self._system_prompt()})
-        self.memory.append({"role": "user", "content": f"New task:\n{task}"})
+        self.memory.append({"role": "user", "content": with_images(f"New task:\n{task}", loaded)})
         return self._drive(ctx, task, steps, started, None)
 
     def replay(self, file: IO[str] | None = None) -> None:
@@ -257,6 +266,7 @@ class AgentBase:
             durable.end("suspended", answer=None, error=record.error, steps=(), pending=())
             raise
         restore_context(ctx, record)
+        self.images = RunImages()  # images already in the saved messages are not counted again
         self.memory = [dict(m) for m in record.messages]
         self._reset_executor()
         steps = [step_from_dict(d) for d in record.steps]
@@ -338,7 +348,7 @@ class AgentBase:
             ctx.next_step()
             if durable is not None:
                 durable.step_started(ctx, number, self.memory, steps, resuming=again)
-            step = StepRecord(number)
+            step = StepRecord(number, images=self.images.pop_task())  # the task's images: in the first step
             began = time.perf_counter_ns()
             first_call = len(ctx.records)
             with step_span(self.tracer, step=number, parent=parent, run=ctx.info) as sspan:
@@ -377,6 +387,8 @@ class AgentBase:
                     step.duration_ns = time.perf_counter_ns() - began
                     sspan.usage(step.usage.input_tokens, step.usage.output_tokens)
                     sspan.span.set_attribute("proctor.step.calls", len(step.tool_calls))
+                    if step.images:  # what came in, by digest and size: never the image
+                        sspan.span.set_attribute("proctor.step.images", json.dumps(step.images, sort_keys=True))
                     steps.append(step)
                     self._record_step(ctx, step)
             if durable is not None:
@@ -419,7 +431,7 @@ class AgentBase:
                 log.error("chat_span_failed", error=repr(exc))
 
     def _plan(self, number: int, ctx: RunContext, parent: AgentSpan, steps: list[StepRecord]) -> None:
-        step = StepRecord(number, kind="planning")
+        step = StepRecord(number, kind="planning", images=self.images.pop_task())
         began = time.perf_counter_ns()
         with step_span(self.tracer, step=number, parent=parent, run=ctx.info) as sspan:
             sspan.span.set_attribute("proctor.step.kind", "planning")
@@ -484,10 +496,14 @@ class AgentBase:
         fields = {
             "run_id": ctx.info.id, "step": step.number, "step_kind": step.kind, "model": self.model.model_id,
             "usage": step.usage.as_dict(), "cost_usd": step.cost_usd,
-            "code": ctx.scrub(step.code) if step.code else step.code,  # it may quote a redacted value
+            # The thought and the program may quote a redacted value: scrubbed, never in clear.
+            "thought": ctx.scrub(step.thought) if step.thought else None,
+            "code": ctx.scrub(step.code) if step.code else step.code,
             "call_ids": [c.call_id for c in step.tool_calls], "error": ctx.scrub(step.error) if step.error else None,
             "final_answer": step.final_answer, "duration_ns": step.duration_ns,
         }
+        if step.images:  # digest, bytes, size and format of each image the step brought in: never the bytes
+            fields["images"] = step.images
         try:
             result = self.audit.append("step", fields, durable=False)
         except Exception as exc:  # noqa: BLE001 - sinks should not raise; a lost step record is logged

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
 
+from proctor.agent.attachments import with_images
 from proctor.agent.base import AgentBase, FinalAnswerCheck, StepCallback
 from proctor.agent.durable import DurableRun
 from proctor.agent.models import Message, Model, ModelResponse
@@ -145,8 +146,15 @@ class CodeAgent(AgentBase):
         step.code = code
         self._announce(step)
         journal = ctx.journal
-        result = self.interpreter.run(code, context=ctx, parent=parent,
-                                      seed=journal.seed if journal is not None else None)
+        interpreter = self.interpreter
+        interpreter.result_hook = self.images.take  # a tool's image reaches the program as a handle, not bytes
+        try:
+            result = interpreter.run(code, context=ctx, parent=parent,
+                                     seed=journal.seed if journal is not None else None)
+        finally:
+            interpreter.result_hook = None
+        images, described = self.images.drain()
+        step.images += described
         step.tool_calls = list(result.tool_calls)
         error = _error_text(result.error)
         if error:
@@ -158,7 +166,10 @@ class CodeAgent(AgentBase):
             # The worker was replaced (timeout or crash): say so, or the model will use names that are gone.
             step.observation += ("\n\nNote: the interpreter was restarted; variables and functions from earlier "
                                  "programs are gone.")
-        self.memory.append({"role": "user", "content": "Observation:\n" + step.observation})
+        if images:
+            step.observation += (f"\n\n{len(images)} image(s) returned by tool calls are attached below, in the "
+                                 "order of their handles.")
+        self.memory.append({"role": "user", "content": with_images("Observation:\n" + step.observation, images)})
         return step.final_answer, result.value if step.final_answer else None
 
 

@@ -88,7 +88,7 @@ def step_from_dict(data: Mapping[str, Any]) -> StepRecord:
                       data.get("observation", ""), [record_from_dict(c) for c in data.get("tool_calls") or ()],
                       Usage(int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0))),
                       data.get("cost_usd"), data.get("error"), int(data.get("duration_ns", 0)),
-                      bool(data.get("final_answer", False)))
+                      bool(data.get("final_answer", False)), [dict(i) for i in data.get("images") or ()])
 
 
 def _encode(value: Any) -> Any:

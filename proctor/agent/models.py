@@ -110,6 +110,25 @@ def estimate_tokens(text: str) -> int:
     return (len(text) + 3) // 4
 
 
+#: What `content_tokens` counts for one image part (a low-detail image in OpenAI's pricing).
+IMAGE_TOKENS = 85
+
+
+def content_tokens(content: Any) -> int:
+    """A rough token count of a message's content: text by `estimate_tokens`, each image `IMAGE_TOKENS`."""
+    if not isinstance(content, list):
+        return estimate_tokens(str(content or ""))
+    total = 0
+    for part in content:
+        if isinstance(part, Mapping) and part.get("type") == "image_url":
+            total += IMAGE_TOKENS
+        elif isinstance(part, Mapping):
+            total += estimate_tokens(str(part.get("text") or ""))
+        else:
+            total += estimate_tokens(str(part))
+    return total
+
+
 # -- scripted -------------------------------------------------------------------------------------
 
 ScriptItem = str | ModelResponse | Callable[[Sequence[Message]], "str | ModelResponse"]
@@ -147,7 +166,7 @@ class ScriptedModel:
                              f"{type(out).__name__}, expected str or ModelResponse")
         usage = out.usage
         if usage.total_tokens == 0:
-            prompt = sum(estimate_tokens(str(m.get("content") or "")) for m in messages)
+            prompt = sum(content_tokens(m.get("content")) for m in messages)
             reply = estimate_tokens(out.content) + sum(estimate_tokens(str(c.arguments)) for c in out.tool_calls)
             usage = Usage(prompt, reply)
         cost = out.cost_usd if out.cost_usd is not None else usage.total_tokens * self.cost_per_1k_tokens / 1000

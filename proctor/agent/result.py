@@ -39,6 +39,17 @@ class StepRecord:
     error: str | None = None
     duration_ns: int = 0
     final_answer: bool = False
+    #: Images the step brought into the run (the task's, or tools' results): descriptions, never bytes.
+    images: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def thought(self) -> str:
+        """What the model wrote before its program (its "Thought:"); for a planning step, the plan."""
+        text = self.model_output
+        for marker in ("```", "<code>"):
+            if marker in text:
+                text = text.split(marker, 1)[0]
+        return text.strip()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -53,6 +64,7 @@ class StepRecord:
             "error": self.error,
             "duration_ns": self.duration_ns,
             "final_answer": self.final_answer,
+            "images": [dict(i) for i in self.images],
         }
 
 

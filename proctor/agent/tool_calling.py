@@ -15,6 +15,7 @@ from typing import Any
 
 from opentelemetry.context import Context
 
+from proctor.agent.attachments import with_images
 from proctor.agent.base import AgentBase
 from proctor.agent.models import Message, ModelResponse
 from proctor.agent.observations import MAX_LOG_CHARS, describe_call, truncate
@@ -73,8 +74,9 @@ class ToolCallingAgent(AgentBase):
             record = outcome.record
             if outcome.error is not None:
                 content = f"Error: {type(outcome.error).__name__}: {outcome.error}"
-            else:
-                content = truncate(_render(outcome.value), MAX_LOG_CHARS)
+            else:  # an image becomes its handle here; the image follows the tool messages
+                content = truncate(_render(self.images.take(record.call_id, record.tool, outcome.value)),
+                                   MAX_LOG_CHARS)
             step.tool_calls.append(record)
             lines.append(describe_call(len(step.tool_calls), record))
             self.memory.append({"role": "tool", "tool_call_id": request.id, "content": content})
@@ -83,5 +85,10 @@ class ToolCallingAgent(AgentBase):
                 break
         step.observation = "\n".join(lines) if lines else "final answer"
         step.final_answer = finished
+        images, described = self.images.drain()
+        step.images += described
+        if images:  # tool messages hold text only: the images come in a user message after them
+            self.memory.append({"role": "user", "content": with_images(
+                f"The {len(images)} image(s) the calls above returned, in the order of their handles:", images)})
         return finished, answer
 

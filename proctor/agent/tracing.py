@@ -16,6 +16,7 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
+from proctor.agent.attachments import describe_content
 from proctor.agent.models import Message, ModelResponse
 from proctor.telemetry.base import capture_content, content_json
 from proctor.telemetry.runs import provider_from_model
@@ -84,9 +85,21 @@ def record_input(span: Span, messages: Sequence[Message], scrub: Callable[[str],
     """With content capture on: the chat input as `gen_ai.input.messages` (GenAI conventions), scrubbed."""
     if not (capture_content() and span.is_recording()):
         return
-    shaped = [{"role": str(m.get("role", "user")), "parts": [{"type": "text", "content": str(m.get("content") or "")}]}
-              for m in messages]
+    shaped = [{"role": str(m.get("role", "user")), "parts": _parts(m.get("content"))} for m in messages]
     span.set_attribute(GEN_AI_INPUT_MESSAGES, scrub(content_json(shaped)))
+
+
+def _parts(content: Any) -> list[dict[str, Any]]:
+    """A message's content as GenAI parts; an image is its description (digest, bytes), never its data."""
+    if not isinstance(content, list):
+        return [{"type": "text", "content": str(content or "")}]
+    parts: list[dict[str, Any]] = []
+    for part in describe_content(content):
+        if isinstance(part, dict) and part.get("type") == "text":
+            parts.append({"type": "text", "content": str(part.get("text") or "")})
+        else:
+            parts.append(part if isinstance(part, dict) else {"type": "text", "content": str(part)})
+    return parts
 
 
 def record_response(span: Span, response: ModelResponse) -> None:

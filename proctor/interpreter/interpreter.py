@@ -122,6 +122,9 @@ class Interpreter:
         self._key = ""
         self._arg_run: Any = None  # the run whose argument bytes `_arg_bytes` counts
         self._arg_bytes = 0
+        #: ``(call_id, tool, value) -> value``: what the program gets instead of a tool's result (an agent
+        #: swaps an image for a text handle here: the bytes stay on the host). None: the result as is.
+        self.result_hook: Callable[[str, str, Any], Any] | None = None
         self._worker: WorkerProcess | None = None
         self._worker = self._start()
         self._ready(self._worker)
@@ -367,6 +370,15 @@ class Interpreter:
         if error is not None:
             self._reply(worker, req.id, error=error)
             return
+        hook = self.result_hook
+        if hook is not None:
+            try:
+                value = hook(call_id, req.tool, value)
+            except Exception as exc:  # noqa: BLE001 - the tool ran; the program gets why its result did not come
+                self._reply(worker, req.id, error=ToolFailed(f"{req.tool}: ran, but its result could not be passed "
+                                                             f"on: {exc}", tool=req.tool, call_id=call_id,
+                                                             error_type=type(exc).__name__))
+                return
         try:
             data = reply_frame(req.id, encode_value(value, "result"))
         except EncodeError as exc:
