@@ -29,6 +29,7 @@ __all__ = [
     "StepPrinter",
     "calls_table",
     "decision_counts",
+    "describe_image",
     "outcome_of",
     "print_run",
     "summary_table",
@@ -36,14 +37,6 @@ __all__ = [
 
 DECISION_STYLE = {"allow": "green", "deny": "red", "require_approval": "yellow"}
 STATUS_STYLE = {"ok": "green", "denied": "red", "failed": "magenta", "timeout": "magenta"}
-
-
-def _thought(model_output: str) -> str:
-    """The text before the first code block (the model's "Thought:")."""
-    for marker in ("```", "<code>"):
-        if marker in model_output:
-            model_output = model_output.split(marker, 1)[0]
-    return model_output.strip()
 
 
 def _decision_label(call: CallRecord) -> Text:
@@ -73,7 +66,10 @@ def calls_table(calls: Sequence[CallRecord], *, title: str | None = None) -> Tab
     table.add_column("decision · rule", overflow="fold", ratio=3)
     table.add_column("result", overflow="fold", ratio=3)
     for i, call in enumerate(calls, 1):
-        table.add_row(str(i), Text(_t(f"{call.tool}({format_args(call.args, 64)})")), Text(_t(call.side_effect)),
+        # Arguments by name, sorted: the audit log keeps them in canonical (sorted) order, so a run
+        # replayed from the log reads the same as one shown from memory.
+        args = format_args(dict(sorted(call.args.items())), 64)
+        table.add_row(str(i), Text(_t(f"{call.tool}({args})")), Text(_t(call.side_effect)),
                       _decision_label(call), _status_label(call))
     return table
 
@@ -89,7 +85,7 @@ class StepPrinter:
         """Before the step's calls run (so an approval prompt appears after the code that asks for it)."""
         self.console.print()
         self.console.rule(f"[bold]step {step.number}", align="left")
-        thought = _thought(step.model_output)
+        thought = step.thought
         if thought:
             self.console.print(Text(_t(thought, keep_newlines=True), style="italic cyan"))
         if step.code:
@@ -106,6 +102,8 @@ class StepPrinter:
             return
         if step.tool_calls:
             self.console.print(calls_table(step.tool_calls))
+        for image in step.images:
+            self.console.print(Text(_t(describe_image(image)), style="dim"))
         parts: list[Any] = []
         if self.show_output and step.observation:
             logs = step.observation.split("\n\nTool calls", 1)[0] if step.code else ""
@@ -116,6 +114,14 @@ class StepPrinter:
         if parts:
             self.console.print(Panel(Group(*parts), title="output", title_align="left", border_style="dim",
                                      expand=False))
+
+
+def describe_image(image: Mapping[str, Any]) -> str:
+    """One line for an image a step brought in: where from, format, size, bytes and digest (never the image)."""
+    source = "with the task" if image.get("from") == "task" else f"from {image.get('tool') or 'a call'}"
+    digest = str(image.get("sha256") or "")[:16]
+    return (f"image {source}: {image.get('format')} {image.get('width')}x{image.get('height')}, "
+            f"{image.get('bytes')} bytes, sha256 {digest}…")
 
 
 def outcome_of(call: CallRecord) -> str:
@@ -199,14 +205,28 @@ def summary_table(result: RunResult, *, limits: Mapping[str, Mapping[str, Any]] 
     return table
 
 
-def print_run(result: RunResult, *, file: IO[str] | None = None) -> None:
-    """A finished run step by step, as `proctor run` showed it live, then its summary (`agent.replay()`)."""
+def print_run(result: RunResult, *, file: IO[str] | None = None,
+              notes: Mapping[int, Sequence[str]] | None = None, extra: Sequence[tuple[str, str]] = ()) -> None:
+    """A finished run step by step, as `proctor run` showed it live, then its summary (`agent.replay()`).
+
+    `notes[i]` are lines printed before step *i* (``notes[len(steps)]`` after the last): where a run
+    read from the audit log was suspended, resumed or cut short. `extra` rows end the summary.
+    """
     wide = file is not None and not file.isatty()  # a log or a report: no terminal to fit
     console = Console(file=file, highlight=False, width=120 if wide else None)
     printer = StepPrinter(console)
-    for step in result.steps:
+    notes = notes or {}
+
+    def say(before: int) -> None:
+        for line in notes.get(before, ()):
+            console.print()
+            console.print(Text("» " + _t(line, keep_newlines=True), style="bold yellow"))
+
+    for i, step in enumerate(result.steps):
+        say(i)
         if step.kind == "action":
             printer.program(step)
         printer.done(step)
+    say(len(result.steps))
     console.print()
-    console.print(summary_table(result))
+    console.print(summary_table(result, extra=extra))

@@ -42,9 +42,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("out", metavar="OUT", help="the JSON Lines file to write (its last checkpoint: OUT.checkpoint)")
     p.set_defaults(func=_export)
 
-    p = sub.add_parser("show", help="a table of records, filtered")
+    p = sub.add_parser("show", help="a table of records, filtered; --run ID: that run step by step",
+                       description="A table of the log's records. With --run ID alone, that run step by step "
+                       "(thought, program, each call with its decision, approval and outcome), from the log only.")
     p.add_argument("log", metavar="LOG")
-    p.add_argument("--run", metavar="ID", help="only records of this run")
+    p.add_argument("--run", metavar="ID", help="that run step by step (with --table or another filter: its records)")
+    p.add_argument("--table", action="store_true", help="with --run: the run's records as a table, not its steps")
     p.add_argument("--tool", metavar="T", help="only records of this tool")
     p.add_argument("--outcome", metavar="O", help="only records whose decision or status is O")
     p.add_argument("--limit", metavar="N", type=int, help="only the last N matching records")
@@ -169,31 +172,6 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_records(path: str) -> tuple[list[dict[str, Any]], int]:
-    """Every readable record of `path` (unreadable lines are counted, not fatal: `show` is not `verify`)."""
-    import json
-
-    from proctor.audit.lines import iter_lines
-
-    records: list[dict[str, Any]] = []
-    bad = 0
-    with open(path, "rb") as f:
-        for raw in iter_lines(f):  # a line over the limit is never read whole
-            if not isinstance(raw, bytes):
-                bad += 1
-                continue
-            try:
-                value = json.loads(raw)
-            except (ValueError, RecursionError):
-                bad += 1
-                continue
-            if isinstance(value, dict):
-                records.append(value)
-            else:
-                bad += 1
-    return records, bad
-
-
 def _decision(rec: dict[str, Any]) -> str:
     if rec.get("status") is not None:
         return str(rec["status"])
@@ -226,13 +204,18 @@ def _time(rec: dict[str, Any]) -> str:
 def _show(args: argparse.Namespace) -> int:
     import os
 
+    if args.run is not None and not (args.table or args.json or args.tool or args.outcome or args.limit is not None):
+        return _show_run(args)
+
     from rich import box
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
+    from proctor.audit.lines import read_records
+
     try:
-        records, bad = _read_records(args.log)
+        records, bad = read_records(args.log)
     except OSError as exc:
         _err(f"cannot read {args.log}: {exc.strerror or exc}")
         return 1
@@ -281,6 +264,29 @@ def _show(args: argparse.Namespace) -> int:
         Console().print(table)
     if bad:
         _err(f"{bad} unreadable line(s) skipped; run `proctor audit verify {args.log}`")
+        return 1
+    return 0
+
+
+def _show_run(args: argparse.Namespace) -> int:
+    """One run step by step, read from the log alone (`proctor.agent.replay`), printed as `agent.replay()` does."""
+    from proctor.agent.render import print_run
+    from proctor.agent.replay import run_from_log
+    from proctor.errors import AuditError
+
+    try:
+        replayed = run_from_log(args.log, args.run)
+    except OSError as exc:
+        _err(f"cannot read {args.log}: {exc.strerror or exc}")
+        return 1
+    except AuditError as exc:
+        _err(str(exc))
+        return 1
+    print_run(replayed.result, file=sys.stdout, notes=replayed.notes,
+              extra=[("read from", f"{args.log} alone: tool results, printed output and the answer's value "
+                                   "are not kept in the audit log")])
+    if replayed.skipped:
+        _err(f"{replayed.skipped} unreadable line(s) skipped; run `proctor audit verify {args.log}`")
         return 1
     return 0
 

@@ -8,11 +8,13 @@ whatever the file holds (a 300 MB line costs 16 MiB, not 300 MB).
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-__all__ = ["MAX_LINE_BYTES", "LongLine", "iter_lines", "too_long_message"]
+__all__ = ["MAX_LINE_BYTES", "LongLine", "iter_lines", "read_records", "too_long_message"]
 
 #: The longest record line (without its newline) a log may hold: 16 MiB.
 MAX_LINE_BYTES = 16 << 20
@@ -57,3 +59,25 @@ def iter_lines(f: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[bytes | Lon
                 break
         offset += length
         yield LongLine(start, length - 1 if chunk.endswith(b"\n") else length)
+
+
+def read_records(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], int]:
+    """Every readable record of the log at `path`, and how many lines were not one (over the limit,
+    not JSON, not an object): counted, not fatal, for readers that show a log (`verify` judges it)."""
+    records: list[dict[str, Any]] = []
+    bad = 0
+    with open(path, "rb") as f:
+        for raw in iter_lines(f):  # a line over the limit is never read whole
+            if not isinstance(raw, bytes):
+                bad += 1
+                continue
+            try:
+                value = json.loads(raw)
+            except (ValueError, RecursionError):
+                bad += 1
+                continue
+            if isinstance(value, dict):
+                records.append(value)
+            else:
+                bad += 1
+    return records, bad

@@ -283,12 +283,6 @@ def _waiting(store: Any, record: Any) -> list[Any]:
     return [a for a in store.list_approvals(status=None, run_id=record.run_id) if a.id in set(record.pending)]
 
 
-def _run_dict(store: Any, record: Any) -> dict[str, Any]:
-    out: dict[str, Any] = record.as_dict()
-    out["waiting_for"] = [{"id": a.id, "tool": a.tool, "status": a.status} for a in _waiting(store, record)]
-    return out
-
-
 @_guard
 def _runs_list(args: argparse.Namespace) -> int:
     store = _open(args)
@@ -318,28 +312,29 @@ def _runs_show(args: argparse.Namespace) -> int:
     store = _open(args)
     try:
         record = store.get_run(args.id)
-        data = _run_dict(store, record)
+        waiting = _waiting(store, record)
         journal = store.journal(record.run_id, record.step) if record.step else []
     finally:
         store.close()
+    data: dict[str, Any] = record.as_dict()
+    data["waiting_for"] = [{"id": a.id, "tool": a.tool, "status": a.status} for a in waiting]
     data["journal"] = [{"seq": e.seq, "call_id": e.call_id, "tool": e.tool, "state": e.state, "status": e.status}
                        for e in journal]
     if args.json:
         print(json.dumps(data, default=str, indent=2))
         return 0
-    print(f"run {record.run_id}  [{record.status}]  agent {record.agent or '-'}  principal {record.principal or '-'}")
-    print(f"  task     {record.task}")
-    print(f"  policy   {record.policy_sha256[:16]}…  step {record.step}  created {_when(record.created_at_ns)}  "
-          f"updated {_when(record.updated_at_ns)}")
-    for s in record.steps:
-        print(f"  step {s.get('number')}: {len(s.get('tool_calls') or [])} call(s)"
-              + (f", error: {s.get('error')}" if s.get("error") else ""))
-    if journal:
-        print(f"  step {record.step} in progress: " + ", ".join(f"{e.tool} {e.status or e.state}" for e in journal))
-    for w in data["waiting_for"]:
-        print(f"  waiting for {w['tool']} ({w['id']}, {w['status']})")
-    if record.error and record.status not in ("suspended",):
-        print(f"  error    {record.error}")
+    from proctor.agent.render import print_run
+    from proctor.agent.replay import run_from_store
+    from proctor.termsafe import terminal_safe
+
+    # The task, the model's text and the calls' arguments are data from users, models and tools.
+    print(terminal_safe(f"run {record.run_id}  [{record.status}]  agent {record.agent or '-'}  "
+                        f"principal {record.principal or '-'}"))
+    print(terminal_safe(f"  task     {record.task}", keep_newlines=True))
+    print(terminal_safe(f"  policy   {record.policy_sha256[:16]}…  step {record.step}  created "
+                        f"{_when(record.created_at_ns)}  updated {_when(record.updated_at_ns)}"))
+    replayed = run_from_store(record, journal, waiting)
+    print_run(replayed.result, file=sys.stdout, notes=replayed.notes)
     return 0
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from proctor.agent.replay import run_from_log
+
 from .openai_server import completion
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -193,4 +195,8 @@ def test_an_interrupted_run_records_every_ending(kind: str, moment: str, signum:
         assert by_tool == {"lookup": "ok"}
         assert len(steps) == 2 and steps[1]["call_ids"] == [] and name in steps[1]["error"]
     assert records[-1]["kind"] == "checkpoint"  # the log was closed and sealed on the way out
+    replayed = run_from_log(audit, finished[0]["run_id"])  # what `proctor audit show --run` prints
+    assert replayed.ended == "finished" and replayed.result.status == "interrupted"
+    assert any("interrupted" in note and name in note for note in replayed.notes[len(replayed.result.steps)])
+    assert [c.tool for c in replayed.result.tool_calls] == list(intents.values())
 

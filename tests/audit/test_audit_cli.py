@@ -176,11 +176,11 @@ def test_verify_shows_a_progress_bar_on_a_terminal(tmp_path: Path, workers: str)
 
 
 def test_show_filters(log: Path, wide: None, capsys: pytest.CaptureFixture[str]) -> None:
-    """show lists records in a table and filters by run, tool, outcome and limit."""
+    """show lists records in a table and filters by run (with --table), tool, outcome and limit."""
     assert main(["audit", "show", str(log)]) == 0
     out = capsys.readouterr().out
     assert "6 of 6 records" in out and "get_weather" in out and "reads" in out and "no-exfiltration" in out
-    assert main(["audit", "show", str(log), "--run", "r2"]) == 0
+    assert main(["audit", "show", str(log), "--run", "r2", "--table"]) == 0
     out = capsys.readouterr().out
     assert "2 of 6 records" in out and "get_weather" not in out
     assert main(["audit", "show", str(log), "--tool", "get_weather", "--outcome", "ok"]) == 0

@@ -183,3 +183,32 @@ def test_redacted_arguments_stay_redacted_in_the_store_and_the_answer_still_bind
         r = agent.resume(run_id)
     assert r.status == "done" and r.answer == "sent 10 to x@evil.test"
     assert [c[0] for c in count(str(tmp / "effects.jsonl"))] == ["look", "send"]
+
+
+def test_runs_show_and_audit_show_print_a_suspended_run_then_its_end(
+        env: tuple[RunStore, str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """`runs show` (the store) and `audit show --run` (the log) print the step in progress, what it waits for,
+    and after the resume every step to the end."""
+    store, url, tmp = env
+    run_id = _suspend(store, tmp)
+    [pending] = store.list_approvals()
+    assert main(["runs", "show", run_id, "--store", url]) == 0
+    shown = capsys.readouterr().out
+    for expected in ("[suspended]", "mail it", "step 1", "n = look(1)", "look(x=1)", "allow reads",
+                     "step 1 is in progress", f"waiting for approval {pending.id} of send", "suspended"):
+        assert expected in shown, (expected, shown)
+    assert main(["audit", "show", str(tmp / "audit.jsonl"), "--run", run_id]) == 0
+    logged = capsys.readouterr().out
+    for expected in ("n = look(1)", "look(x=1)", "send(body='10', to='x@evil.test')", "require_approval mail",
+                     f"run suspended at step 1: waiting for approval {pending.id}", "suspended"):
+        assert expected in logged, (expected, logged)
+    store.answer_approval(pending.id, ApprovalAnswer("approve", "bob"), binding=pending.binding)
+    with _agent(store, tmp, []) as agent:
+        assert agent.resume(run_id).status == "done"
+    assert main(["runs", "show", run_id, "--store", url]) == 0
+    shown = capsys.readouterr().out
+    assert "[done]" in shown and "approve by bob" in shown and "in progress" not in shown
+    assert main(["audit", "show", str(tmp / "audit.jsonl"), "--run", run_id]) == 0
+    logged = capsys.readouterr().out
+    assert "run resumed at step 1" in logged and "answered from the journal" in logged
+    assert "approve by bob" in logged and logged.rstrip().count("done") >= 1
