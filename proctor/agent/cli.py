@@ -143,13 +143,18 @@ def _run(args: argparse.Namespace, tools: list[Any], policy: Any, approver: Any)
     from proctor.agent.base import AgentBase
     from proctor.agent.code_agent import CodeAgent
     from proctor.agent.models import LiteLLMModel
+    from proctor.agent.progress import PausingApprover, ProgressLine
     from proctor.agent.render import StepPrinter, summary_table
     from proctor.agent.tool_calling import ToolCallingAgent
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 110)
     printer = StepPrinter(console)
-    callbacks: dict[str, Any] = {} if args.json else {"program_callbacks": [printer.program],
-                                                       "step_callbacks": [printer.done]}
+    # On a terminal, a live line while each program runs; on a pipe or in CI, nothing (see progress.py).
+    progress = ProgressLine(sys.stdout, enabled=None if not args.json else False)
+    if progress.enabled:
+        approver = PausingApprover(approver, progress)
+    callbacks: dict[str, Any] = {} if args.json else {"program_callbacks": [printer.program, progress.start],
+                                                       "step_callbacks": [progress.stop, printer.done]}
     model = LiteLLMModel(args.model, **dict(args.model_arg))
     agent: AgentBase
     if args.agent == "code":
@@ -160,8 +165,13 @@ def _run(args: argparse.Namespace, tools: list[Any], policy: Any, approver: Any)
         agent = ToolCallingAgent(tools, model, policy, approver=approver, audit=args.audit,
                                  max_steps=args.max_steps, audit_key=args.audit_key,
                                  ledger=args.ledger, **callbacks)
+    if progress.enabled:
+        agent._call_listeners.append(progress.call)
     with agent:
-        result = agent.run(args.task, principal=args.principal, labels={k: str(v) for k, v in args.label})
+        try:
+            result = agent.run(args.task, principal=args.principal, labels={k: str(v) for k, v in args.label})
+        finally:
+            progress.stop()  # an interrupt must not leave the line on the terminal
     if args.json:
         print(json.dumps(result.as_dict(), default=str, indent=2))
     else:
