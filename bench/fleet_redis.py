@@ -1,36 +1,98 @@
-"""Reserve + settle through a RedisLedger on loopback Redis: latency and round trips per call.
+"""Reserve + settle through a RedisLedger on loopback Redis: latency beside the floor, round trips per call.
 
-Run by hand: `.venv/bin/python bench/fleet_redis.py [CALLS]`. Starts its own redis-server
-(append-only, fsync every second — the docs/fleet.md setting) on a free loopback TCP port
-and measures, one call at a time, a reserve and a settle of a global budget, p50 and p99.
-Round trips are counted on the server (INFO commandstats: scripts run per call). Also
-shown side by side: a bare Redis PING (the floor of one round trip) and the in-memory
-ledger. Targets (issue #17): ≤ 2 round trips a call, p50 ≤ 150 µs. The machine's load
-average is printed with the figures: on a shared 2-core VM the absolute numbers move.
+Run by hand: `.venv/bin/python bench/fleet_redis.py [CALLS] [--rounds R] [--baseline REV]`.
+Starts its own redis-server (append-only, fsync every second — the docs/fleet.md setting)
+on a free loopback TCP port and a Unix socket, and measures one call at a time, p50 and p99:
+
+- the floor: a RESP PING written and read on a raw socket (one round trip, nothing else),
+  and a raw HINCRBY (one write: Redis appends it to its AOF before it answers);
+- a PING through redis-py's client (what a round trip costs through the library);
+- `RedisLedger` reserve, settle, and reserve + settle of a global budget, over TCP and
+  over the Unix socket;
+- with `--baseline REV`, the same through the `RedisLedger` of git revision REV (loaded
+  from `git show REV:proctor/ledger/redis.py`), for a before/after ratio.
+
+The kinds are interleaved, R rounds of CALLS/R each, so a busy neighbour slows them all
+alike. Round trips per call are counted twice, outside the timed loops: on the client
+(replies waited for) and on the server (INFO commandstats: scripts run). The load
+average is printed with the figures: on a shared VM compare the ratios, not the µs.
+Targets (issue #17): ≤ 2 round trips a call, p50 ≤ 150 µs.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import os
-import statistics
+import socket
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "fleet"))
 import redis
 from fleet_engines import RedisServer
 
-from proctor.ledger import Claim, MemoryLedger
+from proctor.ledger import Claim, MemoryLedger, redis_wire
 from proctor.ledger.redis import RedisLedger
 
+ROOT = Path(__file__).resolve().parents[1]
+
 CLAIM = Claim(key="bench|global|w=0", budget="bench", calls=10**9, cost=10.0**12, scope="for all runs")
+PING = b"*1\r\n$4\r\nPING\r\n"
+WRITE = b"*4\r\n$7\r\nHINCRBY\r\n$11\r\nbench:floor\r\n$1\r\nn\r\n$1\r\n1\r\n"
 
 
-def _percentiles(samples: list[int]) -> tuple[float, float]:
+def _pct(samples: list[int]) -> tuple[float, float]:
     ordered = sorted(samples)
     return ordered[len(ordered) // 2] / 1000, ordered[int(len(ordered) * 0.99)] / 1000
+
+
+def _raw(address: tuple[str, int] | str, message: bytes = PING) -> Callable[[], None]:
+    """One command (PING) on a raw blocking socket, reading until the whole reply is in."""
+    family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.connect(address)
+    if family == socket.AF_INET:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def ping() -> None:
+        sock.sendall(message)
+        got = sock.recv(64)
+        while not got.endswith(b"\r\n"):
+            got += sock.recv(64)
+
+    return ping
+
+
+def _baseline(rev: str) -> ModuleType:
+    """The redis ledger module as it was at `rev` (its other imports come from today's tree)."""
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:proctor/ledger/redis.py"],
+                            capture_output=True, text=True, check=True).stdout
+    path = Path(tempfile.mkdtemp(prefix="proctor-bench-")) / "redis_baseline.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("proctor_redis_baseline", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _pair(ledger: Any, reserve: list[int], settle: list[int], pair: list[int], n: int) -> None:
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        lease = ledger.reserve([CLAIM], 1, tool="bench")
+        t1 = time.perf_counter_ns()
+        ledger.settle(lease, duration_ns=1000)
+        t2 = time.perf_counter_ns()
+        reserve.append(t1 - t0)
+        settle.append(t2 - t1)
+        pair.append(t2 - t0)
 
 
 def _scripts_run(client: redis.Redis) -> int:
@@ -38,52 +100,88 @@ def _scripts_run(client: redis.Redis) -> int:
     return sum(int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
 
 
+def _client_round_trips(ledger: RedisLedger, calls: int) -> float:
+    """Replies the ledger waited for per reserve + settle (counted around its wire, untimed)."""
+    count = [0]
+    real = redis_wire.Wire.call
+
+    def counted(self: redis_wire.Wire, packed: bytes) -> Any:
+        count[0] += 1
+        return real(self, packed)
+
+    redis_wire.Wire.call = counted  # type: ignore[method-assign]
+    try:
+        for _ in range(calls):
+            ledger.settle(ledger.reserve([CLAIM], 1), duration_ns=1000)
+    finally:
+        redis_wire.Wire.call = real  # type: ignore[method-assign]
+    return count[0] / calls
+
+
 def main() -> None:
-    calls = int(sys.argv[1]) if len(sys.argv) > 1 else 5000
-    print(f"load average before: {os.getloadavg()[0]:.2f} (cpus: {os.cpu_count()})")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("calls", nargs="?", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--baseline", metavar="REV", help="also measure the RedisLedger of this git revision")
+    opts = parser.parse_args()
+    per_round = max(1, opts.calls // opts.rounds)
+    print(f"load average before: {os.getloadavg()[0]:.2f} (cpus: {os.cpu_count()}); hiredis: "
+          f"{redis.utils.HIREDIS_AVAILABLE}; redis-py {redis.__version__}")
+    rows: dict[str, list[int]] = {}
+
+    def row(name: str) -> list[int]:
+        return rows.setdefault(name, [])
+
     with tempfile.TemporaryDirectory() as root:
         server = RedisServer(Path(root), tcp=True)
         server.start()
         try:
             client = redis.Redis.from_url(server.tcp_url)
             client.config_set("appendfsync", "everysec")
-            ledger = RedisLedger(server.tcp_url)
-            for _ in range(200):  # warm up: scripts loaded, connection open
-                ledger.settle(ledger.reserve([CLAIM], 1), duration_ns=1)
-            ping: list[int] = []
-            for _ in range(calls):
-                t = time.perf_counter_ns()
-                client.ping()
-                ping.append(time.perf_counter_ns() - t)
+            version = client.info("server")["redis_version"]
+            raw_tcp, raw_unix = _raw(("127.0.0.1", server.port)), _raw(str(server.socket))
+            raw_write = _raw(("127.0.0.1", server.port), WRITE)
+            ledgers: dict[str, Any] = {"tcp": RedisLedger(server.tcp_url), "unix": RedisLedger(server.url)}
+            if opts.baseline:
+                old = _baseline(opts.baseline)
+                ledgers[f"tcp, {opts.baseline}"] = old.RedisLedger(server.tcp_url, prefix="baseline")
+            for ledger in ledgers.values():
+                for _ in range(300):  # warm up: scripts loaded, connections open
+                    ledger.settle(ledger.reserve([CLAIM], 1), duration_ns=1)
+            for _ in range(opts.rounds):
+                for name, ping in (("raw PING, tcp", raw_tcp), ("raw PING, unix", raw_unix),
+                                   ("raw HINCRBY (a write), tcp", raw_write), ("redis-py PING, tcp", client.ping)):
+                    samples = row(name)
+                    for _ in range(per_round):
+                        t = time.perf_counter_ns()
+                        ping()
+                        samples.append(time.perf_counter_ns() - t)
+                for name, ledger in ledgers.items():
+                    _pair(ledger, row(f"reserve, {name}"), row(f"settle, {name}"),
+                          row(f"reserve+settle, {name}"), per_round)
             before = _scripts_run(client)
-            pair: list[int] = []
-            for _ in range(calls):
-                t = time.perf_counter_ns()
-                lease = ledger.reserve([CLAIM], 1, tool="bench")
-                ledger.settle(lease, duration_ns=1000)
-                pair.append(time.perf_counter_ns() - t)
-            trips = (_scripts_run(client) - before) / calls
-            ledger.close()
+            client_trips = _client_round_trips(ledgers["tcp"], 1000)
+            server_trips = (_scripts_run(client) - before) / 1000
+            for ledger in ledgers.values():
+                ledger.close()
             client.close()
         finally:
             server.stop()
     memory = MemoryLedger()
-    mem: list[int] = []
-    for _ in range(calls):
-        t = time.perf_counter_ns()
-        memory.settle(memory.reserve([CLAIM], 1), duration_ns=1000)
-        mem.append(time.perf_counter_ns() - t)
-    p50, p99 = _percentiles(pair)
-    f50, f99 = _percentiles(ping)
-    m50, m99 = _percentiles(mem)
-    print(f"calls: {calls}")
-    print(f"redis PING (one round trip)        p50 {f50:7.1f} µs   p99 {f99:7.1f} µs")
-    print(f"RedisLedger reserve+settle          p50 {p50:7.1f} µs   p99 {p99:7.1f} µs   "
-          f"round trips/call {trips:.2f}   ({p50 / f50:.1f}x a PING)")
-    print(f"MemoryLedger reserve+settle         p50 {m50:7.1f} µs   p99 {m99:7.1f} µs")
-    print(f"targets: <= 2 round trips/call: {'met' if trips <= 2 else 'MISSED'}; "
-          f"p50 <= 150 µs: {'met' if p50 <= 150 else 'MISSED'}")
-    print(f"mean {statistics.fmean(pair) / 1000:.1f} µs; load average after: {os.getloadavg()[0]:.2f}")
+    _pair(memory, row("reserve, memory"), row("settle, memory"), row("reserve+settle, memory"), opts.calls)
+    floor = _pct(rows["raw PING, tcp"])[0]
+    print(f"Redis {version} on loopback; {opts.rounds} rounds x {per_round} calls per kind, interleaved")
+    print(f"{'':32s} {'p50 µs':>8s} {'p99 µs':>8s}  p50 / raw TCP PING")
+    for name, samples in rows.items():
+        p50, p99 = _pct(samples)
+        print(f"{name:32s} {p50:8.1f} {p99:8.1f}  {p50 / floor:5.2f}x")
+    pair50 = _pct(rows["reserve+settle, tcp"])[0]
+    print(f"round trips per reserve+settle: {client_trips:.2f} replies waited for (client), "
+          f"{server_trips:.2f} scripts run (server)")
+    print(f"targets: <= 2 round trips/call: {'met' if max(client_trips, server_trips) <= 2 else 'MISSED'}; "
+          f"p50 <= 150 µs (tcp): {'met' if pair50 <= 150 else 'MISSED'} ({pair50:.1f} µs = "
+          f"{pair50 / (2 * floor):.2f}x two raw round trips)")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

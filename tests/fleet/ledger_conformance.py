@@ -55,6 +55,16 @@ class LedgerConformance:
         used = led.usage([c.key])[c.key]
         assert (used.calls, used.cost, used.wall_ns) == (2, 10, 5_000_000)
 
+    def test_settling_twice_counts_once(self, make_ledger: MakeLedger) -> None:
+        """A settle repeated (a retry after a lost reply) changes nothing the first one did not."""
+        led = make_ledger(30)
+        c = _claim(calls=None, cost=10)
+        lease = led.reserve([c], 4)
+        led.settle(lease, duration_ns=7, cost=3)
+        led.settle(lease, duration_ns=7, cost=3)
+        used = led.usage([c.key])[c.key]
+        assert (used.calls, used.cost, used.wall_ns) == (1, 3, 7)
+
     def test_release_gives_back_once(self, make_ledger: MakeLedger) -> None:
         """A released lease returns its call; releasing it again changes nothing."""
         led = make_ledger(30)
@@ -114,6 +124,8 @@ class LeaseConformance:
                 assert time.monotonic() < deadline, "the dead holder's lease never expired"
                 time.sleep(0.05)
         other.settle(lease, duration_ns=1)
+        assert other.usage([_claim().key])[_claim().key].calls == 2
+        other.settle(lease, duration_ns=1)  # a retried late settle counts the call once
         assert other.usage([_claim().key])[_claim().key].calls == 2
 
     def test_a_live_holder_keeps_its_lease(self, make_ledger: MakeLedger) -> None:
