@@ -108,9 +108,13 @@ class RunInfo:
     step: int = 0
     principal: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    #: The name of the agent making the call (`run.agent`): the run's own agent, or a managed
+    #: agent it handed a task to (its calls belong to the same run); None outside agents.
+    agent: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "step": self.step, "principal": self.principal, "labels": dict(self.labels)}
+        return {"id": self.id, "step": self.step, "principal": self.principal, "labels": dict(self.labels),
+                "agent": self.agent}
 
 
 @quick_init

@@ -25,6 +25,7 @@ ProctorError                      base of everything below
 │   │   └── FourEyes              the approver is the principal of the run that asks
 │   └── InvalidAnswer (ValueError)  an answer the store cannot take (bad verdict, edited args the tool refuses)
 ├── ToolsetError                  a tool server (MCP) could not be started, reached or listed
+├── ManagedAgentError             a managed agent ended without a final answer (its parent's call fails)
 ├── ToolDefinitionError (TypeError)   an object cannot become a tool as written
 ├── ModelError (RuntimeError)         the model could not answer
 └── ConfigurationError (ValueError, TypeError)   an argument or setting proctor cannot use
@@ -57,6 +58,7 @@ __all__ = [
     "ImageError",
     "InvalidAnswer",
     "LedgerUnavailable",
+    "ManagedAgentError",
     "ModelError",
     "PolicyError",
     "PolicyIssue",
@@ -221,6 +223,11 @@ class InvalidAnswer(StoreError, ValueError):
 
 class ToolsetError(ProctorError):
     """A tool server (an MCP server) could not be started, reached or listed; its tools are not available."""
+
+
+class ManagedAgentError(ProctorError):
+    """A managed agent ended without a final answer (max_steps, a budget, an error); its parent's call
+    to it fails with this message, which says how the agent ended."""
 
 
 class ToolDefinitionError(ProctorError, TypeError):

@@ -36,6 +36,7 @@ from proctor.calls import (
     RunInfo,
     SideEffect,
     new_id,
+    side_effect_rank,
 )
 from proctor.errors import (
     ApprovalDenied,
@@ -51,6 +52,7 @@ from proctor.errors import (
 )
 from proctor.interrupts import interruption
 from proctor.ledger.base import SharedLedger, open_ledger
+from proctor.narrowing import Layer, narrow_decision, narrow_facts
 from proctor.provenance import USER, ProvenanceIndex, ProvenanceLimits
 from proctor.redaction import Redacted, redact_args, secret_values
 from proctor.run import DEFAULT_HISTORY_LIMIT, LazyUsage, Ledger, RunContext
@@ -61,7 +63,7 @@ from proctor.telemetry.spans import ToolSpan, get_tracer, tool_span
 from proctor.textcaps import error_fields
 from proctor.tools import Tool, as_tool, run_with_timeout
 
-__all__ = ["CallOutcome", "Gate", "RunContext"]
+__all__ = ["CallOutcome", "CallScope", "Gate", "RunContext"]
 
 log = get_logger("proctor.gate")
 ProctorErrorT = TypeVar("ProctorErrorT", bound=ProctorError)
@@ -118,6 +120,20 @@ class CallOutcome:
         return self.value
 
 
+@dataclass(frozen=True, slots=True)
+class CallScope:
+    """What the gate hands a tool that makes governed calls of its own (a managed agent, `Tool.in_call`):
+    the gate, the run and the call it runs in, the call's span (its children nest under it) and the
+    policy's timeout for it (the tool must keep to it itself: it is not run in a thread that could be
+    abandoned while it still makes calls)."""
+
+    gate: Gate
+    context: RunContext
+    call_id: str
+    parent: Context | None
+    timeout_s: float | None
+
+
 @dataclass
 class _Approval:
     """How an approval went, for the audit record and the span."""
@@ -144,8 +160,8 @@ class _Pending:
     call: a plain class with slots, which builds in a third of a dataclass's time.)"""
 
     __slots__ = ("approval", "args", "call_id", "ctx", "decision", "duration_ns", "error", "facts", "journal",
-                 "name", "on_result", "redacted", "reservation", "seq", "side_effect", "span", "started_ns", "state",
-                 "status", "tool", "value")
+                 "layer_facts", "layer_votes", "name", "on_result", "redacted", "reservation", "seq", "side_effect",
+                 "span", "started_ns", "state", "status", "tool", "value")
 
     def __init__(self, name: str, call_id: str, ctx: RunContext, span: ToolSpan,
                  on_result: Callable[[Any, ProctorError | None], None] | None) -> None:
@@ -168,6 +184,9 @@ class _Pending:
         self.journal: Any = ctx.journal
         self.seq = -1
         self.started_ns = time.perf_counter_ns()
+        # A managed agent's call (ctx.layers): each layer's facts of the tool and (layer, decision) pairs.
+        self.layer_facts: list[Any] = []
+        self.layer_votes: list[tuple[Layer | None, Decision]] = []
 
 
 @dataclass(frozen=True)
@@ -223,6 +242,13 @@ def _put(node: Mapping[str, Any], path: list[str], value: Any) -> dict[str, Any]
     out = dict(node)
     out[path[0]] = value if len(path) == 1 else _put(out.get(path[0]) or {}, path[1:], value)
     return out
+
+
+def agent_fields(ctx: RunContext) -> dict[str, Any]:
+    """The fields naming a managed agent in the audit records of its calls ({} for the run's own agent)."""
+    if ctx.parent_call_id is None:
+        return {}
+    return {"agent": ctx.info.agent, "parent_call_id": ctx.parent_call_id}
 
 
 def _safely(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
@@ -285,24 +311,27 @@ class Gate:
 
     def start_run(
         self, *, principal: str | None = None, labels: Mapping[str, str] | None = None, run_id: str | None = None,
-        task: str | None = None,
+        task: str | None = None, agent: str | None = None,
     ) -> RunContext:
         """Open a run: fresh budgets and history. Refused (`AuditError`) if the audit trail cannot record it.
 
         `task` is what the user asked: when the policy calls `provenance()`/`from_user()`, it is
-        indexed as the source ``user`` (the agents pass it themselves).
+        indexed as the source ``user`` (the agents pass it themselves). `agent` names the agent
+        running it (`run.agent` in conditions; managed agents it hands tasks to get their own name
+        there, see `RunContext.delegate`).
         """
-        info = RunInfo(id=run_id or new_id("run_"), principal=principal, labels=dict(labels or {}))
+        info = RunInfo(id=run_id or new_id("run_"), principal=principal, labels=dict(labels or {}), agent=agent)
         ctx = RunContext(info, self.policy.new_ledger(info, self.ledger), history_limit=self.history_limit)
+        if agent is not None:
+            ctx.agents = (agent,)
         # The policy's history aggregates fold from the first call, so they outlive dropped entries.
         ctx.track(getattr(self.policy, "pipelines", ()))
         ctx.provenance = self._provenance_index(task)
-        self._record(
-            "run_started",
-            {"run_id": info.id, "principal": info.principal, "labels": dict(info.labels),
-             "policy_sha256": self.policy.sha256},
-            required=True,
-        )
+        fields: dict[str, Any] = {"run_id": info.id, "principal": info.principal, "labels": dict(info.labels),
+                                  "policy_sha256": self.policy.sha256}
+        if agent is not None:
+            fields["agent"] = agent
+        self._record("run_started", fields, required=True)
         return ctx
 
     def resume_run(self, info: RunInfo, *, task: str | None = None, **fields: Any) -> RunContext:
@@ -470,7 +499,7 @@ class Gate:
         opened = self._open_span(tool, call_id, ctx, parent)
         p = _Pending(tool, call_id, ctx, opened.__enter__(), None)
         try:
-            known = self.tools.get(tool)
+            known = (ctx.tools if ctx.tools is not None else self.tools).get(tool)
             if known is not None:
                 p.tool = known
                 p.facts = self.policy.facts(tool, known.side_effect, known.cost)
@@ -499,14 +528,18 @@ class Gate:
 
     def _walk(self, p: _Pending, tool: Tool | str, raw_args: Mapping[str, Any] | None) -> CallOutcome:
         name = p.name
-        resolved = self.tools.get(name)
+        table = self.tools if p.ctx.tools is None else p.ctx.tools  # a managed agent's calls name its own tools
+        resolved = table.get(name)
         if resolved is None or (isinstance(tool, Tool) and tool is not resolved):
-            known = ", ".join(sorted(self.tools)) or "none"
+            known = ", ".join(sorted(table)) or "none"
             return self._refuse(p, ToolDenied(f"unknown tool {name!r} (known: {known})", tool=name,
                                               call_id=p.call_id))
         p.tool = resolved
         _safely(p.span.describe, resolved.description)
         p.facts = self.policy.facts(name, resolved.side_effect, resolved.cost)
+        if p.ctx.layers:  # a managed agent's own policies: the strictest facts of all (proctor.narrowing)
+            p.layer_facts = [layer.policy.facts(name, resolved.side_effect, resolved.cost) for layer in p.ctx.layers]
+            p.facts = narrow_facts(p.facts, p.layer_facts)
         p.side_effect = p.facts.side_effect
         if raw_args is not None and type(raw_args) is not dict and not isinstance(raw_args, Mapping):
             return self._refuse(p, ToolDenied(f"invalid call to {name}: arguments must be a mapping", tool=name))
@@ -532,6 +565,8 @@ class Gate:
             try:
                 p.side_effect = self.policy.side_effect_of(name, p.args, p.tool.side_effect,  # type: ignore[attr-defined]
                                                            p.ctx.info)
+                if p.ctx.layers:  # a managed agent's own policies may only make the class worse
+                    p.side_effect = max((p.side_effect, *(f.side_effect for f in p.layer_facts)), key=side_effect_rank)
             except ToolDenied as exc:
                 exc.call_id = p.call_id
                 return self._refuse(p, exc)
@@ -552,8 +587,8 @@ class Gate:
             p.reservation = p.ctx.ledger.reserve(name, p.side_effect, cost)
         except BudgetExceeded as exc:
             exc.tool, exc.call_id, exc.rules = name, p.call_id, p.decision.rules
-            self._record("budget_exhausted", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
-                                              "budget": exc.budget, "reason": str(exc)})
+            self._record_in(p, "budget_exhausted", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
+                                                    "budget": exc.budget, "reason": str(exc)})
             _safely(p.span.event, sc.BUDGET_EXHAUSTED_EVENT, {sc.PROCTOR_BUDGET_NAME: exc.budget or "",
                                                               sc.PROCTOR_REASON: str(exc)})
             return self._refuse(p, exc)
@@ -587,34 +622,81 @@ class Gate:
             return tool_span(_NOOP_TRACER, tool=name, call_id=call_id, run=ctx.info)
 
     def _cost(self, p: _Pending) -> float:
-        """The call's cost for its budgets: a policy may compute it from the arguments (raises ToolDenied)."""
+        """The call's cost for its budgets: a policy may compute it from the arguments (raises ToolDenied).
+        Under managed agents' own policies, the highest of every policy's cost."""
         if getattr(p.facts, "cost_expression", None) is None:
             return p.facts.cost
-        return float(self.policy.cost_of(p.name, p.args, p.tool.cost, p.ctx.info))  # type: ignore[attr-defined]
+        if not p.ctx.layers:
+            return float(self.policy.cost_of(p.name, p.args, p.tool.cost, p.ctx.info))  # type: ignore[attr-defined]
+        costs = [float(self.policy.cost_of(p.name, p.args, p.tool.cost, p.ctx.info))]  # type: ignore[attr-defined]
+        for layer, facts in zip(p.ctx.layers, p.layer_facts, strict=True):
+            if getattr(facts, "cost_expression", None) is None:
+                costs.append(float(facts.cost))
+            else:
+                costs.append(float(layer.policy.cost_of(p.name, p.args, p.tool.cost, p.ctx.info)))
+        return max(costs)
 
     def _decide(self, p: _Pending, args: Mapping[str, Any]) -> Decision:
         try:
             # Most calls match only rules without conditions: their decision needs no Call built.
             fixed = self.policy.fixed_decision(p.name, p.side_effect)
-            if fixed is not None:
+            if fixed is None:
+                call = Call(tool=p.name, args=args, side_effect=p.side_effect, cost=p.facts.cost,
+                            history=p.ctx.history_view(), run=p.ctx.info, usage=LazyUsage(p.ctx.ledger),
+                            seen=p.ctx.seen_labels(), provenance=p.ctx.provenance)
+                fixed = self.policy.decide(call)
+            if not p.ctx.layers:
                 return fixed
-            call = Call(tool=p.name, args=args, side_effect=p.side_effect, cost=p.facts.cost,
-                        history=p.ctx.history_view(), run=p.ctx.info, usage=LazyUsage(p.ctx.ledger),
-                        seen=p.ctx.seen_labels(), provenance=p.ctx.provenance)
-            return self.policy.decide(call)
+            return self._narrow(p, args, fixed)
         except Exception as exc:  # noqa: BLE001 - a policy that raises denies
             return Decision("deny", (), f"the policy could not decide: {exc!r}", self.policy.sha256)
 
+    def _narrow(self, p: _Pending, args: Mapping[str, Any], decision: Decision) -> Decision:
+        """The run policy's `decision`, made strictest with each managed agent's own policy (proctor.narrowing)."""
+        votes: list[tuple[Layer | None, Decision]] = [(None, decision)]
+        for layer in p.ctx.layers:
+            fixed = layer.policy.fixed_decision(p.name, p.side_effect)
+            if fixed is None:
+                # A layer's conditions see its own budgets as `usage`; history and run are the run's.
+                fixed = layer.policy.decide(Call(tool=p.name, args=args, side_effect=p.side_effect, cost=p.facts.cost,
+                                                 history=p.ctx.history_view(), run=p.ctx.info,
+                                                 usage=LazyUsage(layer.ledger), seen=p.ctx.seen_labels(),
+                                                 provenance=p.ctx.provenance))
+            votes.append((layer, fixed))
+        p.layer_votes = votes
+        return narrow_decision(decision, [(layer, vote) for layer, vote in votes if layer is not None])
+
     def _approve(self, p: _Pending) -> CallRefused | RunSuspended | None:
-        """Ask for approval (or find a grant); return the refusal, or None when the call may run."""
+        """Ask for approval (or find a grant); return the refusal, or None when the call may run.
+
+        A managed agent's call may need several: the run policy's from the gate's approver, and
+        each of its own policies' from that agent's approver (proctor.narrowing)."""
+        if not p.ctx.layers:
+            return self._ask(p, self.approver, None)
+        asked: list[tuple[Approver | None, list[Grant] | None]] = []
+        for layer, vote in p.layer_votes:  # the run policy's first (layer None), then each agent's own
+            if vote.outcome != "require_approval":
+                continue
+            who = (self.approver, None) if layer is None or layer.approver is None else (layer.approver, layer.grants)
+            if all(who[0] is not approver for approver, _ in asked):
+                asked.append(who)
+        for approver, grants in asked:
+            refusal = self._ask(p, approver, grants)
+            if refusal is not None:
+                return refusal
+        return None
+
+    def _ask(self, p: _Pending, approver: Approver | None, grants: list[Grant] | None
+             ) -> CallRefused | RunSuspended | None:
+        """One approval of the call by `approver`; `grants`: where its grants are kept (None: the run's)."""
         assert p.decision is not None and p.redacted is not None
         name = p.name
-        grant = p.ctx._granted(name, p.args)
+        grant = p.ctx._granted(name, p.args, grants)
         if grant is not None:
             p.approval = _Approval("grant", "grant", "approved by an earlier grant for this run", grant=grant)
             p.span.approval("granted", "grant", 0)
             return None
-        if self.approver is None:
+        if approver is None:
             return ApprovalDenied(f"{name}: needs approval ({p.decision.reason}) but no approver is configured",
                                   tool=name, call_id=p.call_id, rules=p.decision.rules)
         timeout_s = self.policy.approval.timeout_s
@@ -630,13 +712,12 @@ class Gate:
             redacted_args=p.redacted.args,
             parameters=p.tool.parameters,
         )
-        self._record("approval_requested", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
-                                            "args": p.redacted.args, "rules": list(p.decision.rules),
-                                            "reason": p.decision.reason, "expires_at_ns": request.expires_at_ns,
-                                            "binding": request.binding})
+        self._record_in(p, "approval_requested", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
+                                                  "args": p.redacted.args, "rules": list(p.decision.rules),
+                                                  "reason": p.decision.reason, "expires_at_ns": request.expires_at_ns,
+                                                  "binding": request.binding})
         _safely(p.span.event, sc.APPROVAL_REQUESTED_EVENT, {"proctor.approval.expires_at_ns": request.expires_at_ns})
         asked = time.perf_counter_ns()
-        approver = self.approver
         # The policy's approval timeout holds even for an approver that never answers (a
         # callback stuck on a socket): past expiry and a short grace, the call is refused.
         wait_s = max(0.0, (request.expires_at_ns - time.time_ns()) / 1e9) + _APPROVAL_GRACE_S
@@ -645,11 +726,19 @@ class Gate:
         except RunSuspended as suspended:  # an inbox with no answer yet: the run stops here and resumes later
             suspended.tool, suspended.call_id = name, p.call_id
             wait_ns = time.perf_counter_ns() - asked
+            if p.ctx.parent_call_id is not None:  # a managed agent cannot stop its parent's run to wait
+                refused = self._cannot_suspend(p, approver, suspended)
+                p.span.approval("timeout", type(approver).__name__, wait_ns)
+                self._record_in(p, "approval_resolved", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
+                                                         "verdict": "timeout", "approver": type(approver).__name__,
+                                                         "reason": str(suspended), "wait_ns": wait_ns, "grant": None,
+                                                         "refused": str(refused)})
+                return refused
             p.span.approval("suspended", type(approver).__name__, wait_ns)
-            self._record("approval_resolved", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
-                                               "verdict": "suspended", "approver": type(approver).__name__,
-                                               "reason": str(suspended), "approval_id": suspended.approval_id,
-                                               "wait_ns": wait_ns, "grant": None, "refused": None})
+            self._record_in(p, "approval_resolved", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
+                                                     "verdict": "suspended", "approver": type(approver).__name__,
+                                                     "reason": str(suspended), "approval_id": suspended.approval_id,
+                                                     "wait_ns": wait_ns, "grant": None, "refused": None})
             return suspended
         except TimeoutError:
             answer = ApprovalDecision.deny(request, "timeout", f"no answer from {type(approver).__name__} "
@@ -658,18 +747,34 @@ class Gate:
             answer = ApprovalDecision.deny(request, type(approver).__name__, f"approval channel failed: {exc!r}")
         wait_ns = time.perf_counter_ns() - asked
         p.state = "authorized"  # answered (the answer may still refuse the call)
-        refusal = self._judge_answer(p, request, answer)
+        refusal = self._judge_answer(p, request, answer, grants)
         verdict = "denied" if refusal is not None else answer.verdict
         p.approval = p.approval or _Approval(verdict, answer.approver, answer.reason)
         p.approval.wait_ns = wait_ns
         p.span.approval(verdict if refusal is None else ("timeout" if answer.timed_out else "denied"),
                         answer.approver, wait_ns)
-        self._record("approval_resolved", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
-                                           **p.approval.as_dict(),
-                                           "refused": str(refusal) if refusal is not None else None})
+        self._record_in(p, "approval_resolved", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
+                                                 **p.approval.as_dict(),
+                                                 "refused": str(refusal) if refusal is not None else None})
         return refusal
 
-    def _judge_answer(self, p: _Pending, request: ApprovalRequest, answer: Any) -> CallRefused | None:
+    def _cannot_suspend(self, p: _Pending, approver: Approver, suspended: RunSuspended) -> CallRefused:
+        """An inbox had no answer for a managed agent's call within its wait: refused (the run goes on)."""
+        store = getattr(approver, "store", None)
+        if suspended.approval_id and store is not None:
+            try:  # nobody should answer an approval whose call is gone
+                store.void_approval(suspended.approval_id)
+            except Exception as exc:  # noqa: BLE001 - the refusal stands; the approval stays listed
+                log.error("approval_void_failed", approval_id=suspended.approval_id, error=repr(exc))
+        wait = getattr(approver, "wait_s", None)
+        waited = f" within its wait ({wait:g}s)" if isinstance(wait, (int, float)) else ""
+        return ApprovalTimeout(f"{p.name}: no answer from the inbox{waited}, and managed agent "
+                               f"{p.ctx.info.agent!r} cannot suspend its parent's run: refused "
+                               "(give InboxApprover a longer wait= for calls made by managed agents)",
+                               tool=p.name, call_id=p.call_id, rules=p.decision.rules if p.decision else ())
+
+    def _judge_answer(self, p: _Pending, request: ApprovalRequest, answer: Any,
+                      grants: list[Grant] | None = None) -> CallRefused | None:
         assert p.decision is not None
         name, rules = p.name, p.decision.rules
         if not isinstance(answer, ApprovalDecision):
@@ -690,7 +795,7 @@ class Gate:
                 return ApprovalDenied(f"{name}: approval rejected: a grant for {grant.tool!r} answers no call to it",
                                       tool=name, call_id=p.call_id, rules=rules)
             with p.ctx._lock:
-                p.ctx.grants.append(grant)
+                (p.ctx.grants if grants is None else grants).append(grant)
             p.approval = _Approval("grant", answer.approver, answer.reason, grant=grant)
         elif answer.verdict == "edit":
             return self._apply_edit(p, answer)
@@ -759,11 +864,15 @@ class Gate:
         began = time.perf_counter_ns()
         p.state = "running"
         try:
-            p.value = p.tool.run(p.args, p.facts.timeout_s)
-        except TimeoutError:
+            if p.tool.in_call:  # it makes governed calls of its own (a managed agent): it gets this call
+                p.value = p.tool.run_in_call(p.args, CallScope(self, p.ctx, p.call_id, p.span.context,
+                                                               p.facts.timeout_s))
+            else:
+                p.value = p.tool.run(p.args, p.facts.timeout_s)
+        except TimeoutError as exc:
             p.status = "timeout"
-            p.error = ToolFailed(f"{name}: timed out after {p.facts.timeout_s:g}s", tool=name,
-                                 call_id=p.call_id, error_type="TimeoutError")
+            text = f"timed out after {p.facts.timeout_s:g}s" if p.facts.timeout_s is not None else "timed out"
+            p.error = ToolFailed(f"{name}: {exc or text}", tool=name, call_id=p.call_id, error_type="TimeoutError")
         except Exception as exc:  # noqa: BLE001 - a tool's exception is its result, not the gate's crash
             p.status = "failed"
             p.error = ToolFailed(f"{name}: {type(exc).__name__}: {exc}", tool=name, call_id=p.call_id,
@@ -829,10 +938,10 @@ class Gate:
                     call_id=p.call_id, error_type=type(exc).__name__))
             elif p.state != "done":
                 if p.state == "approving":
-                    self._record("approval_resolved", {"run_id": p.ctx.info.id, "call_id": p.call_id,
-                                                       "tool": p.name, "verdict": "cancelled", "approver": None,
-                                                       "reason": f"interrupted ({why})", "wait_ns": 0,
-                                                       "grant": None, "refused": None})
+                    self._record_in(p, "approval_resolved", {"run_id": p.ctx.info.id, "call_id": p.call_id,
+                                                             "tool": p.name, "verdict": "cancelled", "approver": None,
+                                                             "reason": f"interrupted ({why})", "wait_ns": 0,
+                                                             "grant": None, "refused": None})
                     _safely(p.span.event, sc.APPROVAL_RESOLVED_EVENT, {sc.PROCTOR_APPROVAL_OUTCOME: "cancelled"})
                 self._end_unknown(p, "cancelled", CallRefused(
                     f"{p.name}: cancelled ({why}) before the tool ran", tool=p.name, call_id=p.call_id))
@@ -910,13 +1019,16 @@ class Gate:
 
     def _outcome_fields(self, p: _Pending, status: CallStatus, error: ProctorError | None,
                         duration_ns: int) -> dict[str, Any]:
-        return {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": p.name, "status": status,
-                "duration_ns": duration_ns, **error_fields(error if error else None),
-                "policy_sha256": self.policy.sha256, "trace_id": p.span.trace_id, "span_id": p.span.span_id}
+        fields = {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": p.name, "status": status,
+                  "duration_ns": duration_ns, **error_fields(error if error else None),
+                  "policy_sha256": self.policy.sha256, "trace_id": p.span.trace_id, "span_id": p.span.span_id}
+        if p.ctx.parent_call_id is not None:
+            fields.update(agent_fields(p.ctx))
+        return fields
 
     def _call_fields(self, p: _Pending) -> dict[str, Any]:
         d = p.decision
-        return {
+        fields = {
             "run_id": p.ctx.info.id, "step": p.ctx.info.step, "principal": p.ctx.info.principal,
             "call_id": p.call_id, "tool": p.name, "side_effect": p.side_effect,
             "args": p.redacted.args if p.redacted else {}, "args_digest": p.redacted.digest if p.redacted else None,
@@ -925,6 +1037,9 @@ class Gate:
             "approval": p.approval.as_dict() if p.approval else None,
             "trace_id": p.span.trace_id, "span_id": p.span.span_id,
         }
+        if p.ctx.parent_call_id is not None:
+            fields.update(agent_fields(p.ctx))
+        return fields
 
     def _approver_view(self, p: _Pending, args: Mapping[str, Any]) -> dict[str, Any]:
         """The arguments as an approver sees them: clear, but for fields hidden from approvers too."""
@@ -948,6 +1063,12 @@ class Gate:
             return Redacted(dict(args), "")
         # No audit trail: redact for spans and approvers, but no record will hold a digest.
         return redact_args(args, fields, self._redaction_key, digest=False)
+
+    def _record_in(self, p: _Pending, kind: str, fields: Mapping[str, Any]) -> Any:
+        """`_record` of a record about call `p`: a managed agent's carry its name (`agent_fields`)."""
+        if p.ctx.parent_call_id is not None:
+            fields = {**fields, **agent_fields(p.ctx)}
+        return self._record(kind, fields)
 
     def _record(self, kind: str, fields: Mapping[str, Any], *, durable: bool = True,
                 required: bool = False) -> Any:

@@ -16,7 +16,7 @@ from proctor.approval.grants import grant_admits
 from proctor.calls import CallRecord, CallStatus, HistoryEntry, Outcome, RunInfo, SideEffect
 from proctor.redaction import scrub
 
-__all__ = ["DEFAULT_HISTORY_LIMIT", "LazyUsage", "Ledger", "RunContext"]
+__all__ = ["DEFAULT_HISTORY_LIMIT", "AgentContext", "LazyUsage", "Ledger", "RunContext"]
 
 
 class Ledger(Protocol):
@@ -45,6 +45,19 @@ class RunContext:
     entry is dropped, so it stays exact however long the run; only conditions reading raw
     entries in other ways see the last `history_limit` calls. `status_counts` counts every call.
     """
+
+    # What a managed agent's view of the run (`AgentContext`, made by `delegate`) sets; a run's own
+    # context keeps these class defaults, so the gate reads them at no cost per call.
+    #: The tools calls of this context may name (None: the gate's own table).
+    tools: Mapping[str, Any] | None = None
+    #: The managed agents' own policies a call must also pass (`proctor.narrowing.Layer`), outermost first.
+    layers: tuple[Any, ...] = ()
+    #: The parent's call that handed this context's agent its task (None for the run's own agent).
+    parent_call_id: str | None = None
+    #: Agents running in this context's chain, the run's own first (managed agents add theirs).
+    agents: tuple[str, ...] = ()
+    #: A `time.monotonic()` past which calls of this context are refused (a managed agent's time), or None.
+    deadline: float | None = None
 
     def __init__(self, info: RunInfo, ledger: Ledger, *, history_limit: int = DEFAULT_HISTORY_LIMIT) -> None:
         if history_limit < 1:
@@ -169,12 +182,98 @@ class RunContext:
                 rows, dropped = self._window  # appended to meanwhile, never trimmed (we hold _fold_lock)
                 self._window = (rows[end - dropped :], end)
 
-    def _granted(self, tool: str, args: Mapping[str, Any]) -> Grant | None:
+    def _granted(self, tool: str, args: Mapping[str, Any], grants: Sequence[Grant] | None = None) -> Grant | None:
         with self._lock:
-            for grant in self.grants:
+            for grant in self.grants if grants is None else grants:
                 if grant_admits(grant, tool, args):  # safe on free text: proctor.approval.grants
                     return grant
         return None
+
+    def delegate(self, agent: str, *, ledger: Ledger, tools: Mapping[str, Any], layer: Any = None,
+                 parent_call_id: str, deadline: float | None = None) -> AgentContext:
+        """The view of this run a managed agent `agent` works in (see `AgentContext`).
+
+        `ledger` counts its calls (it must draw on this context's ledger: `proctor.narrowing.StackedLedger`),
+        `tools` is the table its calls may name, `layer` its own policy (it can only narrow), and
+        `deadline` the `time.monotonic()` its calls are refused after (the earlier of this one's and it).
+        """
+        if deadline is None or (self.deadline is not None and self.deadline < deadline):
+            deadline = self.deadline
+        root = self._root if isinstance(self, AgentContext) else self
+        return AgentContext(root, replace(self.info, step=0, agent=agent), ledger, tools=tools,
+                            layers=self.layers + ((layer,) if layer is not None else ()),
+                            parent_call_id=parent_call_id, agents=(*self.agents, agent), deadline=deadline)
+
+
+class AgentContext(RunContext):
+    """A managed agent's view of its parent's run: the same run (id, history, records, `seen`,
+    secrets, grants, the budgets it draws on) with its own `run.agent`, step counter, tool table,
+    narrowing layers and deadline. Everything not set here is read from the run's own context
+    (`__getattr__`); methods that change run state are sent to it, so nothing forks.
+    """
+
+    def __init__(self, root: RunContext, info: RunInfo, ledger: Ledger, *, tools: Mapping[str, Any],
+                 layers: tuple[Any, ...], parent_call_id: str, agents: tuple[str, ...],
+                 deadline: float | None) -> None:
+        # RunContext.__init__ is not called: the run's state is the root's, reached through __getattr__.
+        self._root = root
+        self.info = info
+        self.ledger = ledger
+        self.tools = tools
+        self.layers = layers
+        self.parent_call_id = parent_call_id
+        self.agents = agents
+        self.deadline = deadline
+        self.journal = None  # a managed agent's calls are not journaled: it cannot suspend (docs/agents.md)
+        self.on_call = None
+        self._step_lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_root":  # not set yet (copy, pickle): never recurse
+            raise AttributeError(name)
+        return getattr(self._root, name)
+
+    def next_step(self) -> int:
+        """Start the managed agent's next step (its own `per: step` budgets; the parent's step goes on)."""
+        with self._step_lock:
+            self.info = replace(self.info, step=self.info.step + 1)
+            self.ledger.next_step()
+            return self.info.step
+
+    @property
+    def calls_made(self) -> int:
+        return self._root.calls_made
+
+    @property
+    def history(self) -> list[HistoryEntry]:
+        return self._root.history
+
+    def history_view(self) -> Sequence[HistoryEntry]:
+        return self._root.history_view()
+
+    def track(self, pipelines: Iterable[Any]) -> None:
+        self._root.track(pipelines)
+
+    def aggregate(self, pipeline: Any, upto: int) -> Any:
+        return self._root.aggregate(pipeline, upto)
+
+    def seen_labels(self) -> tuple[str, ...]:
+        return self._root.seen_labels()
+
+    def scrub(self, text: str) -> str:
+        return self._root.scrub(text)
+
+    def _remember_row(self, tool: str, args: Mapping[str, Any], side_effect: SideEffect, decision: Outcome,
+                      status: CallStatus, record: CallRecord, labels: tuple[str, ...] = ()) -> None:
+        self._root._remember_row(tool, args, side_effect, decision, status, record, labels=labels)
+        if self.on_call is not None:
+            self.on_call(record)
+
+    def _trim(self) -> None:
+        self._root._trim()
+
+    def _granted(self, tool: str, args: Mapping[str, Any], grants: Sequence[Grant] | None = None) -> Grant | None:
+        return self._root._granted(tool, args, grants)
 
 
 #: Statuses of a call whose tool started: its labels join the run's `seen`.

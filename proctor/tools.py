@@ -16,7 +16,7 @@ import typing
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any, ClassVar, overload
 
 import pydantic
 import pydantic_core
@@ -86,6 +86,13 @@ class Tool:
     source: Any = field(repr=False, default=None)
     #: A further check of validated arguments (an MCP tool's full JSON Schema): returns a problem, or None.
     _check: Callable[[Mapping[str, Any]], str | None] | None = field(repr=False, default=None)
+    #: True for a tool that makes governed calls itself (a managed agent): the gate runs it with
+    #: `run_in_call(args, scope)` (a `proctor.gate.CallScope`) instead of `run`.
+    in_call: ClassVar[bool] = False
+
+    def run_in_call(self, args: Mapping[str, Any], scope: Any) -> Any:
+        """Run inside the gate's call `scope`; only tools with `in_call` set implement it."""
+        raise NotImplementedError(f"tool {self.name!r} does not run inside a call")
 
     @classmethod
     def from_function(

@@ -9,10 +9,12 @@ at `max_steps`, or when a run-wide budget is exhausted.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import IO, TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast, overload
 
 from opentelemetry.context import Context
@@ -20,6 +22,7 @@ from opentelemetry.trace import Tracer
 
 from proctor.agent.attachments import RunImages, with_images
 from proctor.agent.durable import DurableRun, RunCancelled, restore_context, step_from_dict
+from proctor.agent.managed import MAX_AGENT_DEPTH, ScopedGate, agent_tool, managed_task
 from proctor.agent.models import Message, Model, ModelError, ModelResponse, Usage
 from proctor.agent.prompts import planning_prompt
 from proctor.agent.result import RunResult, RunStatus, StepRecord
@@ -27,10 +30,11 @@ from proctor.agent.tracing import HeldChat, model_span
 from proctor.approval.base import Approver
 from proctor.audit.base import AuditSink
 from proctor.calls import CallRecord, RunInfo
-from proctor.errors import BudgetExceeded, ConfigurationError, ProctorError, StoreError
-from proctor.gate import Gate, RunContext
+from proctor.errors import BudgetExceeded, ConfigurationError, ManagedAgentError, ProctorError, StoreError
+from proctor.gate import CallScope, Gate, RunContext, agent_fields
 from proctor.interrupts import interruption, terminate_as_exception
 from proctor.ledger.base import SharedLedger
+from proctor.narrowing import Layer, StackedLedger
 from proctor.policy import Policy
 from proctor.store.base import RunStore
 from proctor.telemetry import AgentSpan, agent_span, get_tracer, step_span
@@ -93,6 +97,11 @@ def load_audit(audit: AuditSink | str | os.PathLike[str] | None, audit_key: Any 
     return audit, (os.fspath(path) if path is not None else None), False
 
 
+def _no_policy() -> Policy:
+    """The gate policy of an agent without one: it refuses everything (such an agent runs only managed)."""
+    return Policy.from_dict({"version": 1, "default": "deny"})
+
+
 class _Stop(Exception):
     """Ends the loop early with a status."""
 
@@ -108,11 +117,16 @@ class AgentBase:
     #: The agent's name in spans (`invoke_agent {name}`) when none is given.
     default_name = "agent"
 
+    #: Set on the copy a managed invocation runs (`_run_managed`): every policy whose run-wide budgets
+    #: stop the loop (the run's and each managed agent's own), and the gate its interpreter talks to.
+    _budget_policies: Sequence[Any] = ()
+    _scoped_gate: Any = None
+
     def __init__(
         self,
         tools: Iterable[Tool | Callable[..., Any]],
         model: Model,
-        policy: Policy | str | os.PathLike[str],
+        policy: Policy | str | os.PathLike[str] | None = None,
         *,
         approver: Approver | None = None,
         audit: AuditSink | str | os.PathLike[str] | None = None,
@@ -127,23 +141,32 @@ class AgentBase:
         store: RunStore | str | os.PathLike[str] | None = None,
         audit_key: Any = None,
         ledger: SharedLedger | str | None = None,
+        description: str | None = None,
+        managed_agents: Sequence[AgentBase] = (),
     ) -> None:
         if max_steps < 1:
             raise ConfigurationError("max_steps must be at least 1")
         if planning_interval is not None and planning_interval < 1:
             raise ConfigurationError("planning_interval must be at least 1 (or None)")
         self.model = model
-        self.policy = load_policy(policy)
+        self.name = name or self.default_name
+        #: What the agent does, as a parent's model sees it when this agent is one of its `managed_agents`.
+        self.description = description
+        # Without a policy of its own, an agent only runs as a managed agent, under its parent's policy.
+        self.policy: Any = load_policy(policy) if policy is not None else None
         self.audit, self.audit_path, self._owns_audit = load_audit(audit, audit_key)
         self.tracer = get_tracer(tracer)
+        tools = list(tools)
+        #: The agents this one hands tasks to, by name; each is a tool of this agent (`proctor.agent.managed`).
+        self.managed_agents: dict[str, AgentBase] = self._check_managed(tools, managed_agents)
+        tools += [agent_tool(agent) for agent in self.managed_agents.values()]
         # Any: the gate's PolicyLike protocol is structural and Policy satisfies it at run time.
-        self.gate = Gate(cast(Any, self.policy), approver=approver, audit=self.audit, tracer=self.tracer, tools=tools,
-                         ledger=ledger)
+        self.gate = Gate(cast(Any, self.policy if self.policy is not None else _no_policy()), approver=approver,
+                         audit=self.audit, tracer=self.tracer, tools=tools, ledger=ledger)
         self.tools: list[Tool] = list(self.gate.tools.values())
         self.max_steps = max_steps
         self.planning_interval = planning_interval
         self.final_answer_checks = list(final_answer_checks)
-        self.name = name or self.default_name
         self.instructions = instructions
         self.step_callbacks = list(step_callbacks)
         self.program_callbacks = list(program_callbacks)
@@ -160,6 +183,21 @@ class AgentBase:
         self.last_run: RunResult | None = None
         #: The images of the run in progress (the task's, and those tools returned): see `proctor.agent.attachments`.
         self.images = RunImages()
+
+    def _check_managed(self, tools: Sequence[Any], agents: Sequence[AgentBase]) -> dict[str, AgentBase]:
+        taken = {getattr(t, "name", getattr(t, "__name__", None)) for t in tools}
+        out: dict[str, AgentBase] = {}
+        for agent in agents:
+            if not isinstance(agent, AgentBase):
+                raise ConfigurationError(f"managed_agents takes CodeAgent or ToolCallingAgent objects, got "
+                                         f"{type(agent).__name__}")
+            if agent is self:
+                raise ConfigurationError(f"agent {agent.name!r} cannot manage itself")
+            if agent.name in out or agent.name in taken:
+                raise ConfigurationError(f"managed agent name {agent.name!r} is already taken by another managed "
+                                         "agent or a tool of this agent: give each a distinct name=")
+            out[agent.name] = agent
+        return out
 
     # -- subclass hooks -------------------------------------------------------------------------
 
@@ -219,13 +257,16 @@ class AgentBase:
             from proctor.agent.streaming import stream_run
 
             return stream_run(self, lambda: self.run(task, reset, principal, labels, images=loaded))
+        if self.policy is None:
+            raise ConfigurationError(f"agent {self.name!r} has no policy of its own, so it runs only as a managed "
+                                     "agent (managed_agents=[…] of another agent): give it policy=… to run it")
         started = time.perf_counter_ns()
         if reset:
             self.memory = []
             self._reset_executor()
         steps: list[StepRecord] = []
         try:
-            ctx = self.gate.start_run(principal=principal, labels=labels, task=task)
+            ctx = self.gate.start_run(principal=principal, labels=labels, task=task, agent=self.name)
         except ProctorError as exc:
             return RunResult(None, "error", steps, Usage(), None, run_id="", audit_path=self.audit_path,
                              error=str(exc), duration_ns=time.perf_counter_ns() - started)
@@ -258,13 +299,14 @@ class AgentBase:
         durable = DurableRun.claim(self.store, run_id, self._idempotent_tools())
         record = durable.record
         info = RunInfo(id=record.run_id, step=max(0, record.step - 1), principal=record.principal,
-                       labels=dict(record.labels))
+                       labels=dict(record.labels), agent=self.name)
         try:
             ctx = self.gate.resume_run(info, task=_task_of(record.messages),
                                        previous_policy_sha256=record.policy_sha256, linked_trace_id=record.trace_id)
         except ProctorError:
             durable.end("suspended", answer=None, error=record.error, steps=(), pending=())
             raise
+        ctx.agents = (self.name,)
         restore_context(ctx, record)
         self.images = RunImages()  # images already in the saved messages are not counted again
         self.memory = [dict(m) for m in record.messages]
@@ -333,6 +375,91 @@ class AgentBase:
                                   duration_ns=time.perf_counter_ns() - started, budget_usage=ctx.ledger.usage(),
                                   budget_remaining=ctx.ledger.remaining(), pending=pending)
         return self.last_run
+
+    def _run_managed(self, task: str, additional_args: Mapping[str, Any] | None, scope: CallScope) -> Any:
+        """Work on `task` for a parent agent, inside its run: the gate runs this for the parent's call to
+        this agent (`proctor.agent.managed.AgentTool`). Returns the final answer; raises
+        `ManagedAgentError` (no answer), `TimeoutError` (the call's time is up) or `ConfigurationError`
+        (a chain that would run this agent twice, or too deep), which the gate records as the call's
+        ending. An interrupt goes through: the gate records the call as ended `unknown`."""
+        parent = scope.context
+        chain = parent.agents or ((parent.info.agent,) if parent.info.agent else ())
+        if self.name in chain:
+            raise ConfigurationError(f"agent {self.name!r} is already working in this call chain "
+                                     f"({' -> '.join(chain)}): an agent cannot hand a task to itself")
+        if len(chain) > MAX_AGENT_DEPTH:
+            raise ConfigurationError(f"managed agents nest at most {MAX_AGENT_DEPTH} deep "
+                                     f"({' -> '.join(chain)} -> {self.name})")
+        gate = scope.gate
+        deadline = time.monotonic() + scope.timeout_s if scope.timeout_s is not None else None
+        own: Layer | None = None
+        if self.policy is not None:  # its own policy narrows the run's; its budgets count its calls only
+            info = replace(parent.info, step=0, agent=self.name)
+            own = Layer(self.name, self.policy, self.policy.new_ledger(info, gate.ledger), self.gate.approver)
+        ledger = StackedLedger(parent.ledger, own.ledger if own is not None else None, agent=self.name,
+                               timeout_s=scope.timeout_s)
+        ctx = parent.delegate(self.name, ledger=ledger, tools=self.gate.tools, layer=own,
+                              parent_call_id=scope.call_id, deadline=deadline)
+        ledger.deadline = ctx.deadline  # the earlier of the parent's and this call's
+        runner = self._managed_copy(gate, ctx)
+        runner.memory.append({"role": "user",
+                              "content": "New task:\n" + managed_task(self.name, task, additional_args)})
+        steps: list[StepRecord] = []
+        started = time.perf_counter_ns()
+        answer: Any = None
+        error: str | None = None
+        status: RunStatus = "error"
+        try:
+            with agent_span(gate.tracer, agent_name=self.name, run=ctx.info, model=self.model.model_id,
+                            description=self.description, parent=scope.parent) as span:
+                try:
+                    answer = runner._loop(ctx, span, steps)
+                    status = "done"
+                except _Stop as stop:
+                    status, error = stop.status, str(stop)
+                except Exception as exc:  # noqa: BLE001 - reported to the parent as the call's error
+                    log.error("managed_agent_failed", run_id=ctx.info.id, agent=self.name, error=repr(exc))
+                    status, error = "error", f"{type(exc).__name__}: {exc}"
+                span.finish(status, None if status == "done" else status, ctx.scrub(error) if error else None)
+        finally:
+            runner._reset_executor_for_good()
+        usage = sum((s.usage for s in steps), Usage())
+        costs = [s.cost_usd for s in steps if s.cost_usd is not None]
+        self.last_run = RunResult(answer, status, steps, usage, sum(costs) if costs else None, run_id=ctx.info.id,
+                                  audit_path=self.audit_path, error=error,
+                                  duration_ns=time.perf_counter_ns() - started, budget_usage=ledger.usage(),
+                                  budget_remaining=ledger.remaining())
+        if status == "done":
+            return answer
+        said = ctx.scrub(error or status)
+        if ctx.deadline is not None and time.monotonic() >= ctx.deadline:
+            raise TimeoutError(f"managed agent {self.name!r} ran out of time after {len(steps)} step(s): {said}")
+        raise ManagedAgentError(f"managed agent {self.name!r} ended without a final answer ({status}): {said}")
+
+    def _managed_copy(self: _AgentT, gate: Gate, ctx: RunContext) -> _AgentT:
+        """A copy of this agent for one managed invocation: its own memory and executor, the run's gate,
+        audit trail and tracer, the policies whose run-wide budgets stop it. The agent itself is not
+        changed, so it can be handed tasks by several parents, or twice at once."""
+        runner = copy.copy(self)
+        runner.gate = gate
+        runner.audit, runner.tracer = gate.audit, gate.tracer
+        runner._owns_audit = runner._owns_store = False
+        runner.store = None
+        runner.memory, runner._held_chats, runner._call_listeners = [], [], []
+        runner.images = RunImages()
+        runner._budget_policies = (gate.policy, *(layer.policy for layer in ctx.layers))
+        runner._scoped_gate = ScopedGate(gate)
+        runner._fresh_executor()
+        if runner.policy is None:  # prompts describe the tools with the run's policy
+            runner.policy = gate.policy
+        runner.memory = [{"role": "system", "content": runner._system_prompt()}]
+        return runner
+
+    def _fresh_executor(self) -> None:
+        """On a managed copy: forget the original's executor (the copy starts its own on first use)."""
+
+    def _reset_executor_for_good(self) -> None:
+        """On a managed copy, when its invocation ends: stop its executor."""
 
     def _loop(self, ctx: RunContext, parent: AgentSpan, steps: list[StepRecord], durable: DurableRun | None = None,
               resuming: bool = False) -> Any:
@@ -448,7 +575,10 @@ class AgentBase:
         self.memory.append({"role": "user", "content": "Now proceed with your plan."})
 
     def _check_model_budget(self, ctx: RunContext) -> None:
-        """Between steps: stop at a model budget, or at a run-wide wall-time budget that has run out."""
+        """Between steps: stop at a model budget, or at a run-wide wall-time budget that has run out
+        (or, for a managed agent, when its time is up)."""
+        if ctx.deadline is not None and time.monotonic() >= ctx.deadline:
+            raise _Stop("error", f"the time given to managed agent {self.name!r} is up")
         check = getattr(ctx.ledger, "check_model", None)
         if check is not None:
             try:
@@ -464,7 +594,8 @@ class AgentBase:
                                                 f"{budget.limit.wall_time:g}s used")
 
     def _run_wide_budgets(self) -> list[Any]:
-        return [b for b in getattr(self.policy, "budgets", ()) if b.match is None and b.per == "run"]
+        policies = self._budget_policies or (self.policy,)
+        return [b for policy in policies for b in getattr(policy, "budgets", ()) if b.match is None and b.per == "run"]
 
     def _budget_stop(self, calls: Sequence[CallRecord], ctx: RunContext) -> str | None:
         """The reason to stop when a call was refused by a budget that covers the whole run."""
@@ -504,6 +635,8 @@ class AgentBase:
         }
         if step.images:  # digest, bytes, size and format of each image the step brought in: never the bytes
             fields["images"] = step.images
+        if ctx.parent_call_id is not None:  # a managed agent's step: same run, its own name
+            fields.update(agent_fields(ctx))
         try:
             result = self.audit.append("step", fields, durable=False)
         except Exception as exc:  # noqa: BLE001 - sinks should not raise; a lost step record is logged

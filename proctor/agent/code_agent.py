@@ -9,6 +9,7 @@ own; the step record lists every one of them.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +58,7 @@ class CodeAgent(AgentBase):
         self,
         tools: Iterable[Tool | Callable[..., Any]],
         model: Model,
-        policy: Policy | str | os.PathLike[str],
+        policy: Policy | str | os.PathLike[str] | None = None,
         *,
         approver: Approver | None = None,
         audit: AuditSink | str | os.PathLike[str] | None = None,
@@ -75,12 +76,14 @@ class CodeAgent(AgentBase):
         store: RunStore | str | os.PathLike[str] | None = None,
         audit_key: Any = None,
         ledger: SharedLedger | str | None = None,
+        description: str | None = None,
+        managed_agents: Sequence[AgentBase] = (),
     ) -> None:
         super().__init__(tools, model, policy, approver=approver, audit=audit, max_steps=max_steps,
                          planning_interval=planning_interval, final_answer_checks=final_answer_checks,
                          tracer=tracer, name=name, instructions=instructions, step_callbacks=step_callbacks,
                          program_callbacks=program_callbacks, store=store, audit_key=audit_key,
-                         ledger=ledger)
+                         ledger=ledger, description=description, managed_agents=managed_agents)
         self.authorized_imports = tuple(authorized_imports)
         self.sandbox = sandbox
         self.timeout = timeout
@@ -93,7 +96,8 @@ class CodeAgent(AgentBase):
             from proctor.interpreter import Interpreter
 
             # A durable run re-runs programs on resume: a fixed hash seed keeps set order the same.
-            self._interpreter = Interpreter(tools=self.tools, gate=self.gate, timeout=self.timeout,
+            gate = self._scoped_gate if self._scoped_gate is not None else self.gate  # a managed copy: the run's
+            self._interpreter = Interpreter(tools=self.tools, gate=gate, timeout=self.timeout,
                                             authorized_imports=self.authorized_imports, sandbox=self.sandbox,
                                             hash_seed=0 if self.store is not None else None)
         return self._interpreter
@@ -101,6 +105,14 @@ class CodeAgent(AgentBase):
     def _reset_executor(self) -> None:
         if self._interpreter is not None:
             self._interpreter.reset()
+
+    def _fresh_executor(self) -> None:
+        self._interpreter = None
+
+    def _reset_executor_for_good(self) -> None:
+        if self._interpreter is not None:
+            self._interpreter.close()
+            self._interpreter = None
 
     def close(self) -> None:
         if self._interpreter is not None:
@@ -147,6 +159,8 @@ class CodeAgent(AgentBase):
         self._announce(step)
         journal = ctx.journal
         interpreter = self.interpreter
+        if ctx.deadline is not None:  # a managed agent: no program runs past the time its parent's call gave it
+            interpreter.timeout = max(0.05, min(self.timeout, ctx.deadline - time.monotonic()))
         interpreter.result_hook = self.images.take  # a tool's image reaches the program as a handle, not bytes
         try:
             result = interpreter.run(code, context=ctx, parent=parent,

@@ -77,6 +77,8 @@ def code_agent_prompt(tools: Sequence[Tool], policy: PolicyDescriber, authorized
                       instructions: str | None = None) -> str:
     """The system prompt of a `CodeAgent`."""
     imports = ", ".join(sorted(authorized_imports)) if authorized_imports else "nothing (no imports)"
+    agents = [t for t in tools if t.in_call]
+    tools = [t for t in tools if not t.in_call]
     parts = [
         "You solve tasks by writing Python programs. Each turn, write one program in a ```python block. "
         "It runs, and you are shown what it printed, every tool call it made with the policy's decision, "
@@ -90,6 +92,7 @@ def code_agent_prompt(tools: Sequence[Tool], policy: PolicyDescriber, authorized
         "work with what is allowed and say what was refused.",
         "Tools (call them as Python functions; they return Python values):\n\n" + describe_tools(tools, policy)
         + "\n\ndef final_answer(answer: Any) -> None:\n    \"\"\"End the task with `answer`.\"\"\"",
+        *([_team(agents, policy)] if agents else []),
         f"You may import: {imports}. Variables and functions you define stay available to your later "
         "programs in this run. Print what you need to see: only printed output and the last expression's "
         "value come back to you.",
@@ -99,6 +102,14 @@ def code_agent_prompt(tools: Sequence[Tool], policy: PolicyDescriber, authorized
     if instructions:
         parts.append("Additional instructions:\n" + instructions)
     return "\n\n".join(parts)
+
+
+def _team(agents: Sequence[Tool], policy: PolicyDescriber) -> str:
+    """The managed agents a code agent may hand tasks to (smolagents' wording)."""
+    return ("You can also give tasks to team members (managed agents). Calling a team member works like calling a "
+            "tool: give the task as the 'task' argument; it returns the member's final answer. The member knows only "
+            "what you write, so be as detailed as you need. You may pass JSON data it needs as 'additional_args'. "
+            "Its own tool calls are governed by the same policy. Team members:\n\n" + describe_tools(agents, policy))
 
 
 def tool_calling_prompt(tools: Sequence[Tool], policy: PolicyDescriber, instructions: str | None = None) -> str:

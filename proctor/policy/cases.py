@@ -7,7 +7,7 @@ A cases file is a YAML list; each case names a call and what the gate must decid
       args: {to: bob@example.com}
       side_effect: external               # optional: the tool's own declaration
       history: [{tool: read_secret, side_effect: read}]   # optional: earlier calls
-      run: {principal: alice, labels: {env: prod}}        # optional
+      run: {principal: alice, labels: {env: prod}, agent: researcher}   # optional
       usage: {run-calls: {calls: 3}}                       # optional: what budgets used so far
       expect: allow
       rules: [internal-mail]              # optional: exactly these rules decided it
@@ -70,9 +70,11 @@ class RunItem(_Model):
     step: int = 0
     principal: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    #: The agent making the call (`run.agent`): a managed agent's name, or the run's own agent.
+    agent: str | None = None
 
     def info(self) -> RunInfo:
-        return RunInfo(self.id, self.step, self.principal, self.labels)
+        return RunInfo(self.id, self.step, self.principal, self.labels, self.agent)
 
 
 class ResultItem(_Model):

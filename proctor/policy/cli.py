@@ -37,7 +37,7 @@ def register(subparsers: Any) -> None:
     explain.add_argument("--tool", required=True)
     explain.add_argument("--args", default="{}", metavar="JSON", help="the call's arguments, a JSON object")
     explain.add_argument("--history", default="[]", metavar="JSON", help="earlier calls: a JSON list")
-    explain.add_argument("--run", default="{}", metavar="JSON", help="run info: id, step, principal, labels")
+    explain.add_argument("--run", default="{}", metavar="JSON", help="run info: id, step, principal, labels, agent")
     explain.add_argument("--usage", default="{}", metavar="JSON",
                          help='what budgets have used: {"outbound": {"calls": 4, "cost": 12}}')
     explain.add_argument("--side-effect", dest="side_effect", default=None, help="the tool's declared class")

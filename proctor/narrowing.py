@@ -1,0 +1,163 @@
+"""Narrowing: a managed agent's own policy can only take away from its parent's.
+
+A managed agent works inside its parent's run (`proctor.run.AgentContext`). Every call it
+makes is decided by the run's policy first — the gate's, with `run.agent` naming the managed
+agent — and then by the own policy of each managed agent in the chain (a `Layer`), and the
+strictest answer wins: deny beats require_approval beats allow. This is structural, not a
+convention: the gate has no path that skips the run's policy, and a layer's answer is only
+ever combined towards refusal.
+
+- facts: the worst side-effect class, the highest cost, the shortest timeout, the union of
+  redacted fields and labels, fsync if any layer asks for it (`narrow_facts`);
+- budgets: the call is reserved on the run's ledger *and* the layer's (`StackedLedger`): the
+  run's budgets count every call of the whole tree, a layer's only its agent's;
+- approvals: a call needs the approval of each policy that asks for one — the run's from the
+  gate's approver, a layer's from that agent's approver (or the gate's when it has none);
+  grants given by a layer's approver answer only that layer (`Layer.grants`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from proctor.calls import Decision, side_effect_rank
+from proctor.errors import BudgetExceeded
+
+__all__ = ["Layer", "StackedLedger", "narrow_decision", "narrow_facts"]
+
+_OUTCOME_RANK = {"allow": 0, "require_approval": 1, "deny": 2}
+
+
+@dataclass(eq=False)
+class Layer:
+    """A managed agent's own policy, budgets and approver, applied on top of the run's."""
+
+    agent: str
+    policy: Any  # a proctor.Policy (the gate's PolicyLike)
+    ledger: Any  # that policy's ledger for this invocation (a proctor.policy.budgets.Ledger)
+    approver: Any = None  # the agent's own approver; None: the gate's answers this layer too
+    #: Grants given by `approver` in this invocation: they answer this layer's approvals only.
+    grants: list[Any] = field(default_factory=list)
+
+
+def narrow_facts(base: Any, others: Sequence[Any]) -> Any:
+    """`base` (the run policy's facts of a tool) made strictest with each layer's facts of it."""
+    if not others:
+        return base
+    try:
+        names = {f.name for f in fields(base)}
+    except TypeError:  # not a dataclass: facts the gate cannot rebuild stay as the run policy gave them
+        return base
+    side_effect = max((base.side_effect, *(o.side_effect for o in others)), key=side_effect_rank)
+    changes: dict[str, Any] = {"side_effect": side_effect, "cost": max(base.cost, *(o.cost for o in others))}
+    timeouts = [t for t in (base.timeout_s, *(o.timeout_s for o in others)) if t is not None]
+    changes["timeout_s"] = min(timeouts) if timeouts else None
+    changes["redact"] = _union(base.redact, *(o.redact for o in others))
+    if any(getattr(f, "durability", "fsync") != "flush" for f in (base, *others)):
+        changes["durability"] = "fsync"
+    for name in ("labels", "hide_from_approvers"):
+        if name in names:
+            changes[name] = _union(getattr(base, name), *(getattr(o, name, ()) for o in others))
+    if "max_arg_bytes" in names:
+        limits = [m for m in (base.max_arg_bytes, *(getattr(o, "max_arg_bytes", None) for o in others)) if m]
+        changes["max_arg_bytes"] = min(limits) if limits else None
+    if "cost_expression" in names and base.cost_expression is None:
+        # Any layer computing the cost from the arguments sends the gate to `Gate._cost`, which takes the highest.
+        changes["cost_expression"] = next((o.cost_expression for o in others
+                                           if getattr(o, "cost_expression", None) is not None), None)
+    return replace(base, **{k: v for k, v in changes.items() if k in names})
+
+
+def _union(*groups: Sequence[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(x for g in groups for x in g))
+
+
+def narrow_decision(base: Decision, parts: Sequence[tuple[Layer, Decision]]) -> Decision:
+    """The strictest of the run policy's decision and each layer's; rules of a layer are named ``agent:rule``."""
+    outcome, reason = base.outcome, base.reason
+    rules = list(base.rules)
+    for layer, decision in parts:
+        rules.extend(f"{layer.agent}:{rule}" for rule in decision.rules)
+        if _OUTCOME_RANK[decision.outcome] > _OUTCOME_RANK[outcome]:
+            outcome, reason = decision.outcome, f"{layer.agent}'s own policy: {decision.reason}"
+    return Decision(outcome, tuple(rules), reason, base.policy_sha256)
+
+
+class StackedLedger:
+    """The budgets a managed agent's call is counted against: its parent's (the run's, so a run-wide
+    limit holds for the whole tree) and its own policy's, reserved together or not at all; and
+    its deadline, past which every reservation is refused.
+
+    `next_step` starts only the agent's own `per: step` budgets: the parent's step is still going on.
+    """
+
+    def __init__(self, base: Any, own: Any = None, *, agent: str = "", deadline: float | None = None,
+                 timeout_s: float | None = None) -> None:
+        self.base, self.own, self.agent, self.deadline, self.timeout_s = base, own, agent, deadline, timeout_s
+
+    def time_left(self) -> float | None:
+        """Seconds before the deadline (negative once passed), or None without one."""
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+    def reserve(self, tool: str, side_effect: str, cost: float) -> Any:
+        left = self.time_left()
+        if left is not None and left <= 0:
+            given = f" ({self.timeout_s:g}s)" if self.timeout_s is not None else ""
+            raise BudgetExceeded(f"{tool}: refused: the time given to managed agent {self.agent!r}{given} is up",
+                                 tool=tool)
+        first = self.base.reserve(tool, side_effect, cost)
+        if self.own is None:
+            return (first, None)
+        try:
+            second = self.own.reserve(tool, side_effect, cost)
+        except BaseException:
+            self.base.release(first)
+            raise
+        return (first, second)
+
+    def settle(self, reservation: Any, *, duration_ns: int, cost: float | None = None) -> None:
+        first, second = reservation
+        try:
+            self.base.settle(first, duration_ns=duration_ns, cost=cost)
+        finally:
+            if second is not None:
+                self.own.settle(second, duration_ns=duration_ns, cost=cost)
+
+    def release(self, reservation: Any) -> None:
+        first, second = reservation
+        try:
+            self.base.release(first)
+        finally:
+            if second is not None:
+                self.own.release(second)
+
+    def usage(self) -> dict[str, dict[str, Any]]:
+        """Both ledgers' usage; on a shared name the run's wins (the agent's policy cannot mask it)."""
+        return {**(self.own.usage() if self.own is not None else {}), **self.base.usage()}
+
+    def remaining(self) -> dict[str, dict[str, Any]]:
+        return {**(self.own.remaining() if self.own is not None else {}), **self.base.remaining()}
+
+    def next_step(self) -> None:
+        if self.own is not None:
+            self.own.next_step()
+
+    def charge_model(self, tokens: int, cost_usd: float, *, shared: bool = True) -> None:
+        """Model use of the managed agent counts in the run's model budgets too."""
+        for ledger in (self.base, self.own):
+            charge = getattr(ledger, "charge_model", None)
+            if charge is not None:
+                charge(tokens, cost_usd, shared=shared)
+
+    def check_model(self) -> None:
+        for ledger in (self.base, self.own):
+            check = getattr(ledger, "check_model", None)
+            if check is not None:
+                check()
+
+    def own_usage(self) -> Mapping[str, Any]:
+        """The agent's own policy's usage (what its conditions see as `usage`)."""
+        return self.own.usage() if self.own is not None else {}
