@@ -49,6 +49,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--run", metavar="ID", help="that run step by step (with --table or another filter: its records)")
     p.add_argument("--table", action="store_true", help="with --run: the run's records as a table, not its steps")
     p.add_argument("--tool", metavar="T", help="only records of this tool")
+    p.add_argument("--agent", metavar="NAME", help="only records of this managed agent (its calls and steps)")
     p.add_argument("--outcome", metavar="O", help="only records whose decision or status is O")
     p.add_argument("--limit", metavar="N", type=int, help="only the last N matching records")
     p.add_argument("--json", action="store_true", help="print the matching records as a JSON array")
@@ -204,7 +205,8 @@ def _time(rec: dict[str, Any]) -> str:
 def _show(args: argparse.Namespace) -> int:
     import os
 
-    if args.run is not None and not (args.table or args.json or args.tool or args.outcome or args.limit is not None):
+    if args.run is not None and not (args.table or args.json or args.tool or args.outcome or args.agent
+                                     or args.limit is not None):
         return _show_run(args)
 
     from rich import box
@@ -226,6 +228,7 @@ def _show(args: argparse.Namespace) -> int:
         r for r in records
         if (args.run is None or r.get("run_id") == args.run)
         and (args.tool is None or r.get("tool") == args.tool)
+        and (args.agent is None or r.get("agent") == args.agent)
         and (args.outcome is None or _decision(r) == args.outcome)
     ]
     if args.limit is not None:
@@ -242,9 +245,11 @@ def _show(args: argparse.Namespace) -> int:
         # long cells cut with an ellipsis); --wide: everything in full, wrapped.
         wide = bool(args.wide)
         runs = {r.get("run_id") for r in picked if r.get("run_id")}
-        names = ["seq", "time", "kind", "run", "tool", "verdict", "approval", "rules"]
+        names = ["seq", "time", "kind", "run", "agent", "tool", "verdict", "approval", "rules"]
         if not wide and len(runs) <= 1:
             names.remove("run")
+        if not any(r.get("agent") for r in picked if r.get("kind") != "run_started"):
+            names.remove("agent")  # only runs with managed agents name one on their records
         title = f"{args.log if wide else os.path.basename(args.log)}: {len(picked)} of {len(records)} records"
         caption = f"run {next(iter(runs))}" if len(runs) == 1 else None
         table = Table(title=Text(terminal_safe(title)), caption=Text(terminal_safe(caption)) if caption else None,
@@ -258,7 +263,8 @@ def _show(args: argparse.Namespace) -> int:
             kind = str(r.get("kind", "?"))
             cell = {"seq": str(r.get("seq", "?")), "time": _time(r) if wide else _time(r)[11:19],
                     "kind": kind if wide else _KIND_SHORT.get(kind, kind),
-                    "run": _short_id(r.get("run_id"), wide), "tool": str(r.get("tool") or ""),
+                    "run": _short_id(r.get("run_id"), wide), "agent": str(r.get("agent") or ""),
+                    "tool": str(r.get("tool") or ""),
                     "verdict": _decision(r), "approval": _approval(r), "rules": _rules(r)}
             table.add_row(*(Text(terminal_safe(cell[n])) for n in names))  # record text is data, never markup
         Console().print(table)
@@ -291,8 +297,9 @@ def _show_run(args: argparse.Namespace) -> int:
     return 0
 
 
-_MIN_WIDTH = {"seq": 4, "time": 8, "kind": 11, "run": 9, "tool": 10, "verdict": 9, "approval": 12, "rules": 8}
-_MAX_WIDTH = {"run": 9, "tool": 14, "verdict": 10, "approval": 16}
+_MIN_WIDTH = {"seq": 4, "time": 8, "kind": 11, "run": 9, "agent": 6, "tool": 10, "verdict": 9, "approval": 12,
+              "rules": 8}
+_MAX_WIDTH = {"run": 9, "agent": 12, "tool": 14, "verdict": 10, "approval": 16}
 _KIND_SHORT = {"call_intent": "intent", "call_outcome": "outcome", "approval_requested": "appr_asked",
                "approval_resolved": "appr_done", "budget_exhausted": "budget_stop", "worker_started": "worker",
                "run_started": "run_start", "run_finished": "run_end", "run_suspended": "run_pause",
@@ -315,7 +322,7 @@ def _approval(rec: dict[str, Any]) -> str:
 
 def _line(rec: dict[str, Any]) -> str:
     parts = [f"{rec.get('seq', '?'):>6}", _time(rec), f"{rec.get('kind', '?'):<18}"]
-    for key in ("run_id", "tool", "call_id"):
+    for key in ("run_id", "agent", "tool", "call_id"):
         if rec.get(key):
             parts.append(f"{key.removesuffix('_id')}={rec[key]}")
     if _decision(rec):

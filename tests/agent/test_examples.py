@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
     ("analytics_agent.py", [], ["cleanup refused", "exports must not contain personal data", "done"]),
     ("finance_agent.py", ["--yes"], ["approved by the approver", "denied by policy", "done"]),
     ("smolagents_agent.py", [], ["parties over six are booked by phone", "answer: booked Terraço for 6"]),
+    ("research_team.py", [], ["researcher's own policy: the researcher reads only the documentation site",
+                              "the researcher only reads", "mail sent: ['team@example.com']"]),
 ])
 def test_example_runs_offline(script: str, args: list[str], expected: list[str], tmp_path: Path) -> None:
     """Each example exits 0 without a terminal and writes an audit log that verifies."""

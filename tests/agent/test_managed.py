@@ -108,6 +108,25 @@ def test_audit_records_name_the_managed_agent_and_the_log_verifies(tmp_path: Pat
     assert started["agent"] == "manager"
 
 
+def test_audit_show_filters_and_shows_the_managed_agent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`proctor audit show --agent researcher` lists only its records; the table has an agent column."""
+    import json
+
+    from proctor.cli import main
+
+    sub = researcher(program("final_answer(get_price('pear'))"))
+    log = tmp_path / "audit.jsonl"
+    with manager(sub, program("final_answer(researcher(task='pear'))"), audit=log) as boss:
+        boss.run("Pear price?")
+    capsys.readouterr()
+    assert main(["audit", "show", str(log), "--agent", "researcher", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [r["kind"] for r in shown] == ["call_intent", "call_outcome", "step"]
+    assert main(["audit", "show", str(log)]) == 0
+    header = next(line for line in capsys.readouterr().out.splitlines() if "kind" in line)
+    assert "agent" in header.split()
+
+
 def _read(path: Path) -> list[dict[str, Any]]:
     import json
 

@@ -33,7 +33,8 @@ def _through_gate(policy: Policy, tools: dict[str, Tool], case: Case) -> tuple[s
     """Replay the case's history into a real run, then submit its call; (outcome, rules, budget) as the gate saw it."""
     asked: list[Any] = []
     gate = Gate(policy, approver=CallbackApprover(lambda request: asked.append(request) or False), tools=tools.values())
-    ctx = gate.start_run(principal=case.run.principal, labels=case.run.labels, run_id=case.run.id)
+    ctx = gate.start_run(principal=case.run.principal, labels=case.run.labels, run_id=case.run.id,
+                         agent=case.run.agent)
     for item in case.history:  # as the gate records a call: validated arguments, the policy's facts and labels
         tool = tools.get(item.tool)
         if tool is None:  # a call to an unknown tool is recorded as denied, without arguments
