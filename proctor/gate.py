@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
 
@@ -185,8 +185,8 @@ class _Pending:
         self.seq = -1
         self.started_ns = time.perf_counter_ns()
         # A managed agent's call (ctx.layers): each layer's facts of the tool and (layer, decision) pairs.
-        self.layer_facts: list[Any] = []
-        self.layer_votes: list[tuple[Layer | None, Decision]] = []
+        self.layer_facts: Sequence[Any] = ()
+        self.layer_votes: Sequence[tuple[Layer | None, Decision]] = ()
 
 
 @dataclass(frozen=True)
