@@ -194,7 +194,15 @@ def run_from_records(records: Iterable[Mapping[str, Any]], run_id: str, *,
     for rec in mine:
         calls.feed(rec)  # a step's calls as they stood when its record was written
         kind = rec.get("kind")
-        if kind == "step":
+        if kind == "step" and rec.get("parent_call_id") is not None:
+            # A managed agent's step (same run): told as a note before the parent's step that called it.
+            ids = [str(c) for c in rec.get("call_ids") or () if isinstance(c, str)]
+            claimed.update(ids)
+            done = [f"{c.tool} {c.status}" for c in (calls.record(i) for i in ids) if c is not None]
+            replayed.note(len(steps), f"managed agent {rec.get('agent')!r}, its step {_int(rec.get('step'))}: "
+                                      + (", ".join(done) or "no calls")
+                                      + (f"; error: {rec.get('error')}" if rec.get("error") else ""))
+        elif kind == "step":
             ids = [str(c) for c in rec.get("call_ids") or () if isinstance(c, str)]
             found = [c for c in (calls.record(i) for i in ids) if c is not None]
             claimed.update(ids)

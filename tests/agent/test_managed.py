@@ -125,6 +125,13 @@ def test_audit_show_filters_and_shows_the_managed_agent(tmp_path: Path, capsys: 
     assert main(["audit", "show", str(log)]) == 0
     header = next(line for line in capsys.readouterr().out.splitlines() if "kind" in line)
     assert "agent" in header.split()
+    from proctor.agent.replay import run_from_log
+
+    run_id = shown[0]["run_id"]
+    replayed = run_from_log(log, run_id)  # `audit show --run`: the parent's steps, the researcher's as notes
+    assert [c.tool for c in replayed.result.tool_calls] == ["researcher"]
+    assert any("managed agent 'researcher', its step 1: get_price ok" in n for ns in replayed.notes.values()
+               for n in ns)
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
