@@ -1,26 +1,38 @@
 """Durable audit intents per second into PostgreSQL with 1, 8 and 32 concurrent writers.
 
-Run by hand: `.venv/bin/python bench/fleet_pg_audit.py [SECONDS]`. Starts its own
-PostgreSQL 15 (as `nobody`, fsync on, synchronous_commit on — durable on commit) and
-appends `call_intent` records with `durable=True` (each append returns only after its
-commit is flushed) from N threads sharing one `PostgresAuditLog` (group commit inside the
-process), and from N processes with one writer each (group commit by PostgreSQL across
-processes). Prints intents/s and the p50/p99 latency of one append; the chain is verified
-at the end. Target (issue #17): ≥ 5,000 durable intents/s at 8 writers. The load average
-is printed with the figures (a shared 2-core VM: compare the rows, not other machines).
+Run by hand: `.venv/bin/python bench/fleet_pg_audit.py [SECONDS] [--tmpfs] [--set NAME=VALUE]…`.
+Starts its own PostgreSQL 15 (as `nobody`, fsync on, synchronous_commit on — durable on
+commit) and appends `call_intent` records with `durable=True` (each append returns only
+after its commit is flushed) from N threads sharing one `PostgresAuditLog` (group commit
+inside the process) and from N processes with one writer each (group commit by
+PostgreSQL across processes). Each row: intents/s, p50/p99 of one append, and what the
+server counted meanwhile (pg_stat_wal, pg_stat_database): WAL flushes, intents carried
+by one flush, transactions per intent. The chain is verified after each row.
+
+The disk's own flush rate is measured first (pg_test_fsync, fdatasync of one 8 kB write,
+in the cluster's directory): N writers that each wait for their intent to be durable
+before the next can never exceed N x that rate. `--tmpfs` runs the same on a cluster in
+/dev/shm, where a flush costs nothing: that row shows the software's bound, not
+durability. `--set` passes settings to the cluster (e.g. commit_delay=200). The load
+average is printed with the figures (a shared 2-core VM: compare rows, not machines).
+Target (issue #17): ≥ 5,000 durable intents/s at 8 writers.
 """
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing as mp
 import os
+import re
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "fleet"))
-from fleet_engines import PostgresServer
+import psycopg
+from fleet_engines import PG_BIN, PostgresServer
 
 from proctor.audit.postgres import PostgresAuditLog, verify_postgres
 
@@ -63,47 +75,89 @@ def _process(url: str, seconds: float, start: float, out: mp.Queue) -> None:  # 
 
 def _pct(samples: list[int]) -> str:
     s = sorted(samples)
-    return f"p50 {s[len(s) // 2] / 1000:8.0f} µs  p99 {s[int(len(s) * 0.99)] / 1000:8.0f} µs"
+    return f"p50 {s[len(s) // 2] / 1000:7.0f} µs  p99 {s[int(len(s) * 0.99)] / 1000:7.0f} µs"
+
+
+def _fsync_rate(directory: Path) -> float:
+    """fdatasync of one 8 kB write per second on `directory`'s file system (PostgreSQL's WAL default)."""
+    done = subprocess.run([str(PG_BIN / "pg_test_fsync"), "-s", "2", "-f", str(directory / "pg_test_fsync.out")],
+                          capture_output=True, text=True, timeout=120, check=True)
+    match = re.search(r"^\s*fdatasync\s+([\d.]+) ops/sec", done.stdout, re.M)
+    if match is None:
+        raise RuntimeError(f"cannot read pg_test_fsync's output: {done.stdout[-500:]}")
+    return float(match.group(1))
+
+
+def _counters(url: str) -> tuple[int, int]:
+    """(WAL flushes, committed transactions) so far, from the server's statistics."""
+    with psycopg.connect(url.partition("&log=")[0], autocommit=True) as conn:
+        row = conn.execute("SELECT (SELECT wal_sync FROM pg_stat_wal), "
+                           "(SELECT sum(xact_commit) FROM pg_stat_database)").fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def _row(label: str, url: str, seconds: float, count: int, latencies: list[int], before: tuple[int, int]) -> None:
+    time.sleep(0.5)  # the writers' backends have exited: their statistics are in
+    flushes, commits = (a - b for a, b in zip(_counters(url), before, strict=True))
+    report = verify_postgres(url)
+    print(f"{label:34s} {count / seconds:7.0f} intents/s  {_pct(latencies)}  "
+          f"{flushes / seconds:5.0f} flushes/s  {count / max(flushes, 1):5.1f} intents/flush  "
+          f"{commits / max(count, 1):4.2f} commits/intent  verify {'ok' if report.ok else report.failure}  "
+          f"load {os.getloadavg()[0]:.1f}")
+
+
+def _run(server: PostgresServer, where: str, seconds: float, procs: tuple[int, ...]) -> None:
+    rate = _fsync_rate(server.root)
+    print(f"\n{where}: pg_test_fsync fdatasync {rate:.0f}/s, so N writers waiting each for its own intent "
+          f"are bound by N x {rate:.0f}/s ({8 * rate:.0f}/s at 8)")
+    for writers in (1, 8, 32):
+        url = f"{server.url}&log=threads{writers}"
+        with PostgresAuditLog(url, checkpoint_every=100_000) as log:
+            before = _counters(url)
+            count, latencies = _threads(log, writers, seconds)
+        _row(f"{writers:3d} writer threads, one process", url, seconds, count, latencies, before)
+    ctx = mp.get_context("spawn")
+    for writers in procs:
+        url = f"{server.url}&log=procs{writers}"
+        PostgresAuditLog(url).close()
+        queue: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+        start = time.time() + 3 + writers * 0.5  # every process connected before the clock starts
+        workers = [ctx.Process(target=_process, args=(url, seconds, start, queue)) for _ in range(writers)]
+        for p in workers:
+            p.start()
+        while time.time() < start:
+            time.sleep(0.001)
+        before = _counters(url)
+        results = [queue.get(timeout=300) for _ in workers]
+        for p in workers:
+            p.join()
+        _row(f"{writers:3d} writer processes, one each", url, seconds, sum(c for c, _ in results),
+             [x for _, lat in results for x in lat], before)
 
 
 def main() -> None:
-    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 4.0
-    server = PostgresServer()
-    server.start()
-    try:
-        print(f"PostgreSQL 15, fsync=on, synchronous_commit=on; load average {os.getloadavg()[0]:.2f} "
-              f"(cpus {os.cpu_count()}); {seconds:g}s per row")
-        for writers in (1, 8, 32):
-            url = f"{server.url}&log=threads{writers}"
-            with PostgresAuditLog(url, checkpoint_every=100_000) as log:
-                count, latencies = _threads(log, writers, seconds)
-            report = verify_postgres(url)
-            print(f"{writers:3d} writer threads, one process:  {count / seconds:8.0f} durable intents/s  "
-                  f"{_pct(latencies)}  "
-                  f"verify {'ok' if report.ok else report.failure}  load {os.getloadavg()[0]:.2f}")
-        ctx = mp.get_context("spawn")
-        for writers in (1, 8):
-            url = f"{server.url}&log=procs{writers}"
-            PostgresAuditLog(url).close()
-            queue: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
-            start = time.time() + 3 + writers * 0.5  # every process connected before the clock starts
-            procs = [ctx.Process(target=_process, args=(url, seconds, start, queue)) for _ in range(writers)]
-            for p in procs:
-                p.start()
-            results = [queue.get(timeout=300) for _ in procs]
-            for p in procs:
-                p.join()
-            count = sum(c for c, _ in results)
-            latencies = [x for _, lat in results for x in lat]
-            report = verify_postgres(url)
-            print(f"{writers:3d} writer processes, one each:   {count / seconds:8.0f} durable intents/s  "
-                  f"{_pct(latencies)}  verify {'ok' if report.ok else report.failure}  "
-                  f"load {os.getloadavg()[0]:.2f}")
-        print("target: >= 5,000 durable intents/s at 8 writers; a durable intent costs a WAL flush shared by "
-              "the intents committed together, so the ceiling is (flushes/s of the disk) x (intents per flush): "
-              "measure the disk with /usr/lib/postgresql/15/bin/pg_test_fsync")
-    finally:
-        server.cleanup()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("seconds", nargs="?", type=float, default=4.0)
+    parser.add_argument("--tmpfs", action="store_true", help="also run on a cluster in /dev/shm (not durable)")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a cluster setting")
+    parser.add_argument("--procs", default="1,8", help="writer process counts (default 1,8)")
+    opts = parser.parse_args()
+    settings = dict(s.split("=", 1) for s in opts.set)
+    procs = tuple(int(n) for n in opts.procs.split(",") if n)
+    print(f"PostgreSQL 15, fsync=on, synchronous_commit=on {settings or ''}; load average "
+          f"{os.getloadavg()[0]:.2f} (cpus {os.cpu_count()}); {opts.seconds:g}s per row")
+    places = [("disk (the cluster in /tmp)", None)]
+    if opts.tmpfs:
+        places.append(("tmpfs (/dev/shm: the software's bound, NOT durable)", Path("/dev/shm")))
+    for where, parent in places:
+        server = PostgresServer(parent, settings)
+        server.start()
+        try:
+            _run(server, where, opts.seconds, procs)
+        finally:
+            server.cleanup()
+    print("\ntarget: >= 5,000 durable intents/s at 8 writers")
 
 
 if __name__ == "__main__":

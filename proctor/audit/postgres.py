@@ -109,6 +109,15 @@ BEGIN
     UPDATE proctor_audit_logs SET seq = s, head = hd, last_ckpt = ck WHERE name = p_log;
 END
 $$;
+CREATE OR REPLACE FUNCTION proctor_audit_barrier(p_writer text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- The calling transaction commits synchronously whatever the session says: its flush covers
+    -- every commit before it in the WAL (the writer's appends, committed without waiting).
+    PERFORM set_config('synchronous_commit', 'on', true);
+    UPDATE proctor_audit_writers SET flushes = flushes + 1 WHERE id = p_writer;
+END
+$$;
 """
 
 #: How long the writer thread waits for more appends before a flush (PostgreSQL's commit_delay, in-process).
@@ -119,7 +128,7 @@ _APPEND = "SELECT out_seq, out_h, out_last_ckpt FROM proctor_audit_append(%s, %s
 # record, and so every commit before it: the durability barrier for the appends committed
 # asynchronously. Each writer bumps its own row, so barriers of many writers never wait on a lock
 # (a transaction that writes nothing, such as `SELECT txid_current()`, commits without a flush).
-_BARRIER = "UPDATE proctor_audit_writers SET flushes = flushes + 1 WHERE id = %s"
+_BARRIER = "SELECT proctor_audit_barrier(%s)"
 
 
 def is_postgres_url(target: object) -> bool:
@@ -150,7 +159,8 @@ def ensure_schema(conn: psycopg.Connection[Any]) -> None:
         conn.execute("SET LOCAL synchronous_commit = on")
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('proctor_audit_schema'))")
         exists = conn.execute("SELECT to_regprocedure('proctor_audit_append(text, text[], text[], text[], text[], "
-                              "text[], text[], text[], text[])') IS NOT NULL").fetchone()
+                              "text[], text[], text[], text[])') IS NOT NULL "
+                              "AND to_regprocedure('proctor_audit_barrier(text)') IS NOT NULL").fetchone()
         if not (exists and exists[0]):
             conn.execute(SCHEMA)
 
@@ -382,14 +392,18 @@ class PostgresAuditLog:
             columns[0].append(p.kind)
             for i, part in enumerate((*noh, *full)):
                 columns[i + 1].append(part)
-        # One network round trip: the append (its own transaction, committed without waiting for the
-        # disk) and, behind it in the same pipeline, the barrier committed synchronously.
+        # One network round trip, two transactions. A pipeline is one transaction until its Sync,
+        # so the append gets an explicit one of its own, committed without waiting for the disk
+        # (the session's synchronous_commit is off): the chain's row lock is held for
+        # microseconds, not for a flush. Behind it, the barrier commits synchronously at the Sync.
         with conn.pipeline():
-            cursor = conn.execute(_APPEND, (self.name, *columns))
             if any(p.durable for p in records):
-                conn.execute("SET synchronous_commit = on")
+                conn.execute("BEGIN")
+                cursor = conn.execute(_APPEND, (self.name, *columns))
+                conn.execute("COMMIT")
                 conn.execute(_BARRIER, (self._writer_id,))
-                conn.execute("SET synchronous_commit = off")
+            else:
+                cursor = conn.execute(_APPEND, (self.name, *columns))
         rows = cursor.fetchall()
         for p, (seq, _h, last) in zip(records, rows, strict=True):
             p.result = AuditResult(True, seq=int(seq))

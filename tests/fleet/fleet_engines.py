@@ -98,10 +98,12 @@ class RedisServer:
 class PostgresServer:
     """A PostgreSQL 15 cluster run by `nobody`, on a Unix socket in a temporary directory."""
 
-    def __init__(self) -> None:
+    def __init__(self, parent: Path | None = None, settings: dict[str, str] | None = None) -> None:
+        """`parent`: where the cluster's directory goes (a tmpfs for benchmarks); `settings`: more `-c` options."""
         if not (PG_BIN / "initdb").exists():
             raise RuntimeError(f"PostgreSQL binaries not found in {PG_BIN}: apt-get install postgresql")
-        self.root = Path(tempfile.mkdtemp(prefix="proctor-pg-"))
+        self.settings = dict(settings or {})
+        self.root = Path(tempfile.mkdtemp(prefix="proctor-pg-", dir=parent))
         os.chmod(self.root, 0o755)
         self.data = self.root / "data"
         self.sockets = self.root / "run"
@@ -129,7 +131,8 @@ class PostgresServer:
                       "--no-sync", "-E", "UTF8", "--locale", "C")
         self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-w", "-t", "60", "-l", str(self.root / "pg.log"),
                   "-o", f"-k {self.sockets} -c listen_addresses='' -c max_connections=200 -c fsync=on "
-                        "-c synchronous_commit=on -c shared_buffers=32MB",
+                        "-c synchronous_commit=on -c shared_buffers=32MB"
+                        + "".join(f" -c {k}={v}" for k, v in self.settings.items()),
                   "start")
 
     def stop(self) -> None:

@@ -179,3 +179,25 @@ def test_threads_share_one_sink_and_its_commits(postgres_server: PostgresServer)
             t.join()
     assert len(set(seqs)) == 320
     assert verify_postgres(url).ok
+
+
+def test_a_durable_append_returns_only_after_its_wal_is_flushed() -> None:
+    """A durable append is on disk when it returns; a non-durable one is left to the WAL writer."""
+    server = PostgresServer(settings={"wal_writer_delay": "10s"})  # the WAL writer flushes nothing meanwhile
+    try:
+        server.start()
+        with psycopg.connect(server.url, autocommit=True) as conn, \
+                PostgresAuditLog(f"{server.url}&log=flush") as log:
+            def flushed(durable: bool) -> int:
+                count = 0
+                for i in range(10):
+                    assert log.append("step", {"run_id": "r", "i": i}, durable=durable).ok
+                    row = conn.execute("SELECT pg_current_wal_flush_lsn() >= pg_current_wal_insert_lsn()").fetchone()
+                    count += bool(row and row[0])
+                return count
+
+            # (background WAL, e.g. a standby snapshot, may land between an append and the check: 8 of 10)
+            assert flushed(True) >= 8
+            assert flushed(False) <= 2
+    finally:
+        server.cleanup()
