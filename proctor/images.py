@@ -31,11 +31,14 @@ from proctor.errors import ImageError
 
 __all__ = [
     "FORMATS",
+    "FROZEN_KEY",
     "MAX_IMAGES_PER_RUN",
     "MAX_IMAGE_BYTES",
     "MAX_IMAGE_PIXELS",
     "ImageData",
     "content_part",
+    "freeze_images",
+    "is_frozen_image",
     "is_image",
     "load_image",
 ]
@@ -103,6 +106,37 @@ def is_image(value: object) -> bool:
                                              for c in type(value).__mro__)
 
 
+#: The key of an image kept in a run store's journal (`freeze_images`): ``{"$image": {"format", "data"}}``.
+FROZEN_KEY = "$image"
+
+
+def freeze_images(value: Any, depth: int = 3) -> Any:
+    """`value` with each image (as a tool returned it, up to `depth` levels into lists, tuples and dicts)
+    as ``{"$image": {"format": …, "data": bytes}}``, which a run store's journal can keep; `load_image`
+    reads it back. An image that cannot be loaded is left as it is (and fails to encode, saying why)."""
+    if is_image(value):
+        try:
+            image = load_image(value)
+        except ImageError:
+            return value
+        return {FROZEN_KEY: {"format": image.format, "data": image.data}}
+    if depth <= 0:
+        return value
+    if isinstance(value, dict):
+        return {k: freeze_images(v, depth - 1) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(freeze_images(v, depth - 1) for v in value)
+    return value
+
+
+def is_frozen_image(value: object) -> bool:
+    """True for an image as `freeze_images` keeps it."""
+    if not (isinstance(value, dict) and len(value) == 1 and FROZEN_KEY in value):
+        return False
+    body = value[FROZEN_KEY]
+    return isinstance(body, dict) and isinstance(body.get("data"), bytes)
+
+
 def content_part(image: ImageData) -> dict[str, Any]:
     """The image as a chat message content part (OpenAI's format, which litellm takes for every provider)."""
     return {"type": "image_url", "image_url": {"url": image.data_uri()}}
@@ -166,6 +200,8 @@ def load_image(value: Any, what: str = "image") -> ImageData:
         return value
     if isinstance(value, (bytes, bytearray, memoryview)):
         return _from_bytes(bytes(value), what)
+    if is_frozen_image(value):  # journaled by a run store: checked again like any encoded image
+        return _from_bytes(value[FROZEN_KEY]["data"], what)
     if isinstance(value, (str, os.PathLike)):
         path = os.fspath(value)
         try:

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proctor.errors import ImageError
-from proctor.images import MAX_IMAGES_PER_RUN, ImageData, content_part, is_image, load_image
+from proctor.images import MAX_IMAGES_PER_RUN, ImageData, content_part, is_frozen_image, is_image, load_image
 
 __all__ = ["RunImages", "describe_content", "with_images"]
 
@@ -68,7 +68,7 @@ class RunImages:
         return self._walk(call_id, tool, value, _SCAN_DEPTH)
 
     def _walk(self, call_id: str, tool: str, value: Any, depth: int) -> Any:
-        if is_image(value):
+        if is_image(value) or is_frozen_image(value):  # frozen: a resumed run's call answered from its journal
             return self._swap(call_id, tool, value)
         if depth <= 0 or not _may_hold_images(value):
             return value

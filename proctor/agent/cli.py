@@ -86,6 +86,9 @@ def register(subparsers: Any) -> None:
                    help="worker isolation for the code agent (default auto: bwrap when available)")
     p.add_argument("--timeout", metavar="SECONDS", type=float, default=30.0,
                    help="time limit of one program (default 30)")
+    p.add_argument("--image", dest="images", metavar="PATH", action="append", default=[],
+                   help="an image the model is shown with the task: PNG, JPEG, GIF or WebP (repeatable; "
+                        "needs Pillow: pip install 'proctor[images]')")
     p.add_argument("--principal", metavar="NAME", help="who runs the agent (policy: run.principal)")
     p.add_argument("--label", metavar="KEY=VALUE", action="append", type=_key_value, default=[],
                    help="a run label (policy: run.labels; repeatable)")
@@ -98,7 +101,7 @@ def main(args: argparse.Namespace) -> int:
     """Run the agent; print the steps and a summary (or JSON)."""
     from proctor.agent.base import AUDIT_KEY_ENV
     from proctor.agent.loading import ToolLoadError, load_tools
-    from proctor.errors import AuditError, PolicyError
+    from proctor.errors import AuditError, ImageError, PolicyError
     from proctor.telemetry.cli import cli_telemetry
 
     if args.max_steps < 1:
@@ -119,6 +122,14 @@ def main(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(terminal_safe(str(exc), keep_newlines=True), file=sys.stderr)
         return 1
+    if args.images:  # read and checked before anything starts
+        from proctor.images import load_image
+
+        try:
+            args.images = [load_image(path, "--image") for path in args.images]
+        except ImageError as exc:
+            print(terminal_safe(f"proctor run: {exc}"), file=sys.stderr)
+            return 2
     if args.no_audit and args.audit:
         print("proctor run: --audit and --no-audit contradict each other; give one", file=sys.stderr)
         return 2
@@ -135,6 +146,7 @@ def main(args: argparse.Namespace) -> int:
         except AuditError as exc:
             print(terminal_safe(f"proctor run: {exc}"), file=sys.stderr)
             return 1
+
 
 
 def _run(args: argparse.Namespace, tools: list[Any], policy: Any, approver: Any) -> int:
@@ -169,7 +181,8 @@ def _run(args: argparse.Namespace, tools: list[Any], policy: Any, approver: Any)
         agent._call_listeners.append(progress.call)
     with agent:
         try:
-            result = agent.run(args.task, principal=args.principal, labels={k: str(v) for k, v in args.label})
+            result = agent.run(args.task, principal=args.principal, labels={k: str(v) for k, v in args.label},
+                               images=args.images or None)
         finally:
             progress.stop()  # an interrupt must not leave the line on the terminal
     if args.json:

@@ -181,7 +181,7 @@ def summary_table(result: RunResult, *, limits: Mapping[str, Mapping[str, Any]] 
         table.add_row(key, value if isinstance(value, Text) else Text(_t(value, keep_newlines=True)))
 
     status_style = "green" if result.status == "done" else "yellow"
-    row("status", Text(result.status, style=status_style)
+    row("status", Text(_t(result.status), style=status_style)
         + Text(f"  {_t(result.error)}" if result.error else "", style="dim"))
     if result.answer is not None:
         row("answer", str(result.answer))

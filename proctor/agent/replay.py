@@ -14,13 +14,14 @@ Everything here comes from a file: it is data. The renderer escapes it for the t
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from proctor.agent.models import Usage
-from proctor.agent.result import RunResult, StepRecord
+from proctor.agent.result import RUN_STATUSES, RunResult, StepRecord
 from proctor.calls import CallRecord, Decision
 from proctor.errors import AuditError
 
@@ -53,7 +54,9 @@ def run_from_log(path: str | os.PathLike[str], run_id: str) -> ReplayedRun:
     """The run `run_id` of the log file at `path`; `AuditError` when the log has none of its records."""
     from proctor.audit.lines import read_records
 
-    records, bad = read_records(path)
+    # A record names its run as "run_id":"<id>" in canonical JSON; the id is JSON-escaped there.
+    needle = json.dumps(run_id, ensure_ascii=False)[1:-1].encode("utf-8")
+    records, bad = read_records(path, containing=needle)
     replayed = run_from_records(records, run_id, audit_path=os.fspath(path))
     replayed.skipped = bad
     return replayed
@@ -157,6 +160,22 @@ class _Calls:
                           _error_type(status, error, decision, approval, budget), approval, budget or None)
 
 
+def _number(value: Any) -> float | None:
+    """A number from a record (canonical JSON keeps a float as ``{"$float": "0.25"}``)."""
+    if isinstance(value, Mapping) and set(value) == {"$float"}:  # how canonical JSON keeps a float
+        value = value["$float"]
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
 def _step(rec: Mapping[str, Any], calls: list[CallRecord]) -> StepRecord:
     usage = rec.get("usage") if isinstance(rec.get("usage"), Mapping) else {}
     assert isinstance(usage, Mapping)
@@ -165,7 +184,7 @@ def _step(rec: Mapping[str, Any], calls: list[CallRecord]) -> StepRecord:
     return StepRecord(_int(rec.get("step")), cast(Any, kind), model_output=str(rec.get("thought") or ""),
                       code=_text(rec.get("code")), tool_calls=calls,
                       usage=Usage(_int(usage.get("input_tokens")), _int(usage.get("output_tokens"))),
-                      cost_usd=float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) else None,
+                      cost_usd=_number(cost),
                       error=_text(rec.get("error")), duration_ns=_int(rec.get("duration_ns")),
                       final_answer=rec.get("final_answer") is True,
                       images=[dict(i) for i in rec.get("images") or () if isinstance(i, Mapping)])
@@ -279,13 +298,15 @@ def _ending(replayed: ReplayedRun, mine: list[dict[str, Any]], end: Mapping[str,
         return
     replayed.ended = "finished"
     status = str(end.get("status") or "error")
+    if status not in RUN_STATUSES:  # the log is data: only a status proctor writes is shown as one
+        result.error = f"unknown status {status!r} in the log" + (f": {end.get('error')}" if end.get("error") else "")
+        result.status = cast(Any, "unknown")
+        return
     result.status = cast(Any, status)
     result.error = _text(end.get("error"))
     usage = end.get("usage")
     if isinstance(usage, Mapping):
-        cost = usage.get("cost_usd")
-        if isinstance(cost, (int, float)) and not isinstance(cost, bool):
-            result.cost_usd = float(cost)
+        result.cost_usd = _number(usage.get("cost_usd"))
     if status == "interrupted":
         replayed.note(len(result.steps), f"the run was interrupted: {result.error or 'Ctrl-C or a signal'}")
 

@@ -61,15 +61,22 @@ def iter_lines(f: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[bytes | Lon
         yield LongLine(start, length - 1 if chunk.endswith(b"\n") else length)
 
 
-def read_records(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], int]:
+def read_records(path: str | os.PathLike[str], *, containing: bytes | None = None
+                 ) -> tuple[list[dict[str, Any]], int]:
     """Every readable record of the log at `path`, and how many lines were not one (over the limit,
-    not JSON, not an object): counted, not fatal, for readers that show a log (`verify` judges it)."""
+    not JSON, not an object): counted, not fatal, for readers that show a log (`verify` judges it).
+
+    With `containing`, only lines holding those bytes are parsed (one run's records of a big log
+    without decoding the rest); the caller still checks the field it wants.
+    """
     records: list[dict[str, Any]] = []
     bad = 0
     with open(path, "rb") as f:
         for raw in iter_lines(f):  # a line over the limit is never read whole
             if not isinstance(raw, bytes):
                 bad += 1
+                continue
+            if containing is not None and containing not in raw:
                 continue
             try:
                 value = json.loads(raw)

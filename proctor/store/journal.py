@@ -288,8 +288,13 @@ class StepJournal:
             try:
                 encoded = encode_value(value, "result")
             except EncodeError as exc:
-                err = {"type": "ToolFailed", "message": f"{p.name}: ran, but its {exc}",
-                       "error_type": "EncodeError"}
+                try:  # an image result is kept as its encoded bytes; the resumed run shows it again
+                    from proctor.images import freeze_images
+
+                    encoded = encode_value(freeze_images(value), "result")
+                except (EncodeError, ImportError):
+                    err = {"type": "ToolFailed", "message": f"{p.name}: ran, but its {exc}",
+                           "error_type": "EncodeError"}
         grant = p.approval.grant.as_dict() if p.approval is not None and p.approval.grant is not None else None
         entry = JournalEntry(self.run_id, self.step, p.seq, p.call_id, p.name, args_digest(p.args), "done",
                              status, encoded, err, _encode(p.args), record.as_dict(),

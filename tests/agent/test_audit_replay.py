@@ -118,3 +118,27 @@ def test_an_unknown_run_is_one_line_and_exit_1(tmp_path: Path, policy: Policy,
     assert main(["audit", "show", str(log), "--run", "run_nope"]) == 1
     err = capsys.readouterr().err
     assert "run_nope" in err and "proctor audit show LOG" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_hostile_log_cannot_drive_the_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Escapes in any field of a hand-written log (tool, rules, approval, status, pending) are shown escaped."""
+    from proctor.audit import AuditLog
+
+    esc = "\x1b[2J\x1b]0;pwned\x07"
+    log = tmp_path / "audit.jsonl"
+    with AuditLog(log, durability="flush") as audit:
+        audit.append("run_started", {"run_id": "r1"})
+        audit.append("call_intent", {"run_id": "r1", "step": 1, "call_id": "c1", "tool": "t" + esc,
+                                     "side_effect": "read", "args": {"k" + esc: "v" + esc}, "decision": "deny",
+                                     "rules": ["r" + esc], "approval": {"verdict": "denied", "approver": esc}})
+        audit.append("call_outcome", {"run_id": "r1", "call_id": "c1", "tool": "t", "status": "denied",
+                                      "error": esc})
+        audit.append("step", {"run_id": "r1", "step": 1, "step_kind": "action", "thought": esc, "code": esc,
+                              "call_ids": ["c1"], "error": esc,
+                              "images": [{"from": "call", "tool": esc, "format": esc, "sha256": esc}]})
+        audit.append("run_suspended", {"run_id": "r1", "step": 1, "pending": [esc]})
+        audit.append("run_resumed", {"run_id": "r1", "step": 1})
+        audit.append("run_finished", {"run_id": "r1", "status": "done" + esc, "error": esc})
+    text = _shown(log, "r1", capsys)
+    assert "\x1b" not in text and "\x07" not in text
+    assert "\\x1b[2J" in text and "unknown" in text

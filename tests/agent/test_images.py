@@ -229,3 +229,81 @@ def test_a_streamed_run_takes_images_and_a_bad_one_raises_in_the_caller(tmp_path
             agent.run("x", stream=True, images=[b"not an image"])
         *_, result = agent.run("Which colour?", stream=True, images=[_png()])
     assert result.status == "done" and len(_images_in(model.calls[0][-1])) == 1
+
+
+def test_litellm_sends_the_images_to_an_openai_compatible_server(tmp_path: Path) -> None:
+    """Through real litellm, the request body carries the task's image as an image_url data-URI part."""
+    from proctor.agent.models import LiteLLMModel
+
+    from .openai_server import completion, serve
+
+    png = _png((12, 12), (0, 255, 0))
+    with serve([completion('```python\nfinal_answer("green")\n```')]) as fake:
+        model = LiteLLMModel("openai/gpt-4o-mini", api_base=fake.base, api_key="test")
+        with CodeAgent([screenshot], model, ALLOW, sandbox="auto") as agent:
+            result = agent.run("Which colour?", images=[png])
+    assert result.status == "done" and result.answer == "green"
+    [task] = [m for m in fake.requests[0]["body"]["messages"] if m["role"] == "user"]
+    assert _images_in(task) == [png]
+
+
+def test_proctor_run_image_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`proctor run --image PATH` shows the model the image; an unreadable one exits 2 before anything runs."""
+    from .openai_server import completion, serve
+
+    picture = tmp_path / "p.png"
+    picture.write_bytes(_png())
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\ndefault: allow\nrules: []\n")
+    base = ["run", "Which colour?", "--tools", "examples.tools_demo:get_ticket", "--policy", str(policy),
+            "--model", "openai/gpt-4o-mini", "--model-arg", "api_key=test", "--audit", str(tmp_path / "a.jsonl"),
+            "--json"]
+    with serve([completion('```python\nfinal_answer("blue")\n```')]) as fake:
+        assert main([*base, "--model-arg", f"api_base={fake.base}", "--image", str(picture)]) == 0
+    [task] = [m for m in fake.requests[0]["body"]["messages"] if m["role"] == "user"]
+    assert _images_in(task) == [picture.read_bytes()]
+    capsys.readouterr()
+    assert main([*base, "--image", str(tmp_path / "missing.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("proctor run: --image: cannot read ") and "missing.png: No such file" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@tool(side_effect="external")
+def send(to: str) -> str:
+    """Send the picture.
+
+    Args:
+        to: Who gets it.
+    """
+    return f"sent to {to}"
+
+
+def test_a_resumed_run_shows_a_journaled_tool_image_again(tmp_path: Path) -> None:
+    """A tool image from before a suspension is kept in the journal and reaches the model after the resume."""
+    from proctor import InboxApprover, RunStore
+    from proctor.store import ApprovalAnswer
+
+    policy = Policy.from_dict({"version": 1, "default": "deny", "rules": [
+        {"name": "reads", "match": {"tool": "screenshot"}, "decision": "allow"},
+        {"name": "mail", "match": {"tool": "send"}, "decision": "require_approval"}]})
+    step = "```python\nshot = screenshot('home')\nprint(shot)\nsend('bob')\n```"
+    store = RunStore.open(f"sqlite:///{tmp_path}/runs.db")
+    try:
+        with CodeAgent([screenshot, send], ScriptedModel([step]), policy, approver=InboxApprover(store, wait="0s"),
+                       store=store, sandbox="auto") as agent:
+            first = agent.run("Send bob the home page")
+        assert first.status == "suspended"
+        [pending] = store.list_approvals()
+        store.answer_approval(pending.id, ApprovalAnswer("approve", "carol"), binding=pending.binding)
+        model = ScriptedModel(['```python\nfinal_answer("sent")\n```'])
+        with CodeAgent([screenshot, send], model, policy, approver=InboxApprover(store, wait="0s"), store=store,
+                       sandbox="auto") as agent:
+            second = agent.resume(first.run_id)
+    finally:
+        store.close()
+    assert second.status == "done" and second.answer == "sent"
+    observation = model.calls[0][-1]
+    assert "<image #1: PNG 40x30" in _parts(observation)[0]["text"]
+    [image] = _images_in(observation)
+    assert Image.open(io.BytesIO(image)).size == (40, 30)
