@@ -164,7 +164,7 @@ def _run(args: argparse.Namespace, tools: list[Any], policy: Any, approver: Any)
     # On a terminal, a live line while each program runs; on a pipe or in CI, nothing (see progress.py).
     progress = ProgressLine(sys.stdout, enabled=None if not args.json else False)
     if progress.enabled:
-        approver = PausingApprover(approver, progress)
+        approver = PausingApprover.around(approver, progress)
     callbacks: dict[str, Any] = {} if args.json else {"program_callbacks": [printer.program, progress.start],
                                                        "step_callbacks": [progress.stop, printer.done]}
     model = LiteLLMModel(args.model, **dict(args.model_arg))

@@ -142,11 +142,20 @@ class ProgressLine:
 
 
 class PausingApprover:
-    """An approver that erases the progress line while the approver it wraps asks its question."""
+    """An approver that erases the progress line while the approver it wraps asks its question.
+
+    Made with `around`, it carries the wrapped approver's class name: the gate names approvers by
+    their type in audit records and messages ("no answer from ConsoleApprover …").
+    """
 
     def __init__(self, approver: Any, progress: ProgressLine) -> None:
         self.approver = approver
         self.progress = progress
+
+    @classmethod
+    def around(cls, approver: Any, progress: ProgressLine) -> PausingApprover:
+        named: type[PausingApprover] = type(type(approver).__name__, (cls,), {"__module__": cls.__module__})
+        return named(approver, progress)
 
     def request(self, request: Any) -> Any:
         with self.progress.paused():

@@ -103,7 +103,9 @@ def test_the_line_is_cut_to_the_width_escaped_and_paused_for_an_approval() -> No
         return True
 
     time.sleep(0.05)
-    PausingApprover(CallbackApprover(ask), line).request(_request())
+    wrapped = PausingApprover.around(CallbackApprover(ask), line)
+    assert type(wrapped).__name__ == "CallbackApprover"  # how the gate names the approver in the audit log
+    wrapped.request(_request())
     line.stop()
     assert asked == [""]
     text = out.getvalue()
