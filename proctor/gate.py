@@ -456,7 +456,10 @@ class Gate:
         if ctx.journal is not None:  # a durable run: the call's id is its place in the step, the same on resume
             seq = ctx.journal.take()
             call_id = ctx.journal.call_id(seq)
-        opened = self._open_span(name, call_id, ctx, parent)
+        try:  # `_open_span`, inline: this is every call's path
+            opened = tool_span(self.tracer, tool=name, call_id=call_id, run=ctx.info, parent=parent)
+        except Exception as exc:  # noqa: BLE001 - a broken tracer costs the call its span, nothing more
+            opened = self._span_failed(name, call_id, ctx, exc)
         p = _Pending(name, call_id, ctx, opened.__enter__(), on_result)
         p.seq = seq
         raised: BaseException | None = None
@@ -535,18 +538,24 @@ class Gate:
             return self._refuse(p, ToolDenied(f"unknown tool {name!r} (known: {known})", tool=name,
                                               call_id=p.call_id))
         p.tool = resolved
-        _safely(p.span.describe, resolved.description)
-        p.facts = self.policy.facts(name, resolved.side_effect, resolved.cost)
+        span = p.span
+        # Without an OpenTelemetry SDK (span not recording) the span setters do nothing but note the
+        # decision for metrics, and cannot fail: they are skipped, or called without `_safely`
+        # (with `_cost` and `_open_span` inline: 2.6k instructions a call less, callgrind).
+        recording = span.recording
+        if recording:
+            _safely(span.describe, resolved.description)
+        facts = p.facts = self.policy.facts(name, resolved.side_effect, resolved.cost)
         if p.ctx.layers:  # a managed agent's own policies: the strictest facts of all (proctor.narrowing)
             p.layer_facts = [layer.policy.facts(name, resolved.side_effect, resolved.cost) for layer in p.ctx.layers]
-            p.facts = narrow_facts(p.facts, p.layer_facts)
-        p.side_effect = p.facts.side_effect
+            facts = p.facts = narrow_facts(facts, p.layer_facts)
+        p.side_effect = facts.side_effect
         if raw_args is not None and type(raw_args) is not dict and not isinstance(raw_args, Mapping):
             return self._refuse(p, ToolDenied(f"invalid call to {name}: arguments must be a mapping", tool=name))
-        if p.facts.redact and raw_args:  # raw, so a validation error quoting the value is scrubbed too
-            p.ctx.secrets.update(secret_values(raw_args, p.facts.redact))
+        if facts.redact and raw_args:  # raw, so a validation error quoting the value is scrubbed too
+            p.ctx.secrets.update(secret_values(raw_args, facts.redact))
         try:
-            p.args = resolved.validate(raw_args or {})
+            args = p.args = resolved.validate(raw_args or {})
         except ToolDenied as exc:
             exc.call_id = p.call_id
             return self._refuse(p, exc)
@@ -557,11 +566,12 @@ class Gate:
                     self._index_result(p, getattr(replayed, "value", None), getattr(replayed, "error", None))
                 p.state = "done"
                 return cast(CallOutcome, replayed)
-        p.redacted = self._redact(p.args, p.facts.redact)
+        p.redacted = self._redact(args, facts.redact)
         p.state = "validated"
-        _safely(p.span.arguments, p.redacted.args)
+        if recording:
+            _safely(span.arguments, p.redacted.args)
         # The class depends on the arguments (such a tool's static class is destructive: test that first).
-        if p.side_effect == "destructive" and getattr(p.facts, "side_effect_expression", None) is not None:
+        if p.side_effect == "destructive" and getattr(facts, "side_effect_expression", None) is not None:
             try:
                 p.side_effect = self.policy.side_effect_of(name, p.args, p.tool.side_effect,  # type: ignore[attr-defined]
                                                            p.ctx.info)
@@ -571,17 +581,20 @@ class Gate:
                 exc.call_id = p.call_id
                 return self._refuse(p, exc)
 
-        p.decision = self._decide(p, p.args)
+        decision = p.decision = self._decide(p, args)
         p.state = "decided"
-        _safely(p.span.decision, p.decision, p.side_effect)
-        if p.decision.outcome == "deny":
-            return self._refuse(p, ToolDenied(f"{name}: denied: {p.decision.reason}", tool=name,
-                                              call_id=p.call_id, rules=p.decision.rules))
+        if recording:
+            _safely(span.decision, decision, p.side_effect)
+        else:
+            span.decision(decision, p.side_effect)
+        if decision.outcome == "deny":
+            return self._refuse(p, ToolDenied(f"{name}: denied: {decision.reason}", tool=name,
+                                              call_id=p.call_id, rules=decision.rules))
 
         try:
-            cost = self._cost(p)
+            cost = facts.cost if getattr(facts, "cost_expression", None) is None else self._cost(p)
         except ToolDenied as exc:
-            exc.call_id, exc.rules = p.call_id, p.decision.rules
+            exc.call_id, exc.rules = p.call_id, decision.rules
             return self._refuse(p, exc)
         try:
             p.reservation = p.ctx.ledger.reserve(name, p.side_effect, cost)
@@ -593,8 +606,8 @@ class Gate:
                                                               sc.PROCTOR_REASON: str(exc)})
             return self._refuse(p, exc)
         p.state = "reserved"
-        if p.span.recording or metrics.enabled():  # remaining() costs a few µs; skip it when nobody reads it
-            _safely(p.span.budget, p.ctx.ledger.remaining())
+        if recording or metrics.enabled():  # remaining() costs a few µs; skip it when nobody reads it
+            _safely(span.budget, p.ctx.ledger.remaining())
 
         if p.decision.outcome == "require_approval":
             p.state = "approving"
@@ -602,12 +615,13 @@ class Gate:
             if refusal is not None:
                 return self._refuse(p, refusal)
         p.state = "authorized"
-        problem = p.journal.write_intent(p) if p.journal is not None else None
-        if problem is not None:
-            return self._refuse(p, AuditError(f"{name}: refused, the run store could not record the call before "
-                                              f"it ran: {problem}"))
+        if p.journal is not None:
+            problem = p.journal.write_intent(p)
+            if problem is not None:
+                return self._refuse(p, AuditError(f"{name}: refused, the run store could not record the call "
+                                                  f"before it ran: {problem}"))
         if self.audit is not None:
-            intent = self._record("call_intent", self._call_fields(p), durable=p.facts.durability != "flush")
+            intent = self._record("call_intent", self._call_fields(p), durable=facts.durability != "flush")
             if not intent.ok:
                 return self._refuse(p, AuditError(f"{name}: refused, the audit trail could not record the call "
                                                   f"before it ran: {intent.error}"), audited=False)
@@ -618,8 +632,12 @@ class Gate:
         try:
             return tool_span(self.tracer, tool=name, call_id=call_id, run=ctx.info, parent=parent)
         except Exception as exc:  # noqa: BLE001 - a broken tracer costs the call its span, nothing more
-            log.error("span_start_failed", tool=name, error=repr(exc))
-            return tool_span(_NOOP_TRACER, tool=name, call_id=call_id, run=ctx.info)
+            return self._span_failed(name, call_id, ctx, exc)
+
+    @staticmethod
+    def _span_failed(name: str, call_id: str, ctx: RunContext, exc: Exception) -> tool_span:
+        log.error("span_start_failed", tool=name, error=repr(exc))
+        return tool_span(_NOOP_TRACER, tool=name, call_id=call_id, run=ctx.info)
 
     def _cost(self, p: _Pending) -> float:
         """The call's cost for its budgets: a policy may compute it from the arguments (raises ToolDenied).
@@ -903,10 +921,16 @@ class Gate:
         if outcome is not None and not outcome.ok:
             # The tool already ran: its result stands, and the failed sink refuses every later intent.
             log.error("audit_outcome_lost", tool=name, error=outcome.error, **_fields(p.span))
-        if error is None and p.span.capturing:  # results get the policy's redaction too (mapping results)
-            _safely(p.span.result, p.value, redact=lambda v: self._redact(v, p.facts.redact).args)
-        _safely(p.span.finish, p.status, error.error_type if isinstance(error, ToolFailed) else None,
-                str(error) if error else None)
+        span = p.span
+        if error is None and span.recording and span.capturing:  # results get the policy's redaction too
+            _safely(span.result, p.value, redact=lambda v: self._redact(v, p.facts.redact).args)
+        try:  # `_safely`, inline: this is every call's path
+            if error is None:
+                span.finish(p.status)
+            else:
+                span.finish(p.status, error.error_type if isinstance(error, ToolFailed) else None, str(error))
+        except Exception as exc:  # noqa: BLE001 - telemetry must never change how a call ends
+            log.error("span_update_failed", method="finish", error=repr(exc))
         p.state = "done"
         record = self._remember(p, p.status, error)
         if p.journal is not None:
