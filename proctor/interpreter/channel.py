@@ -25,7 +25,7 @@ TYPE_CHECKING = False  # typing is not imported at run time: the worker imports 
 if TYPE_CHECKING:
     from typing import Any
 
-#: How long a reader polls before it blocks (see `BlockingReader._spin`).
+#: How long the worker's reader polls before it blocks, when its host lets it (see `BlockingReader._spin`).
 SPIN_NS = 200_000
 
 __all__ = [
@@ -226,14 +226,17 @@ def call_frame(rid: int, run: int, tool: str, args: dict[str, Any]) -> bytes:
         raise EncodeError(f"message cannot be encoded: {str(exc)[:200]}") from None
 
 
-def reply_frame(rid: int, value: Any) -> bytes:
-    """`frame({"t": "reply", "id": rid, "ok": True, "value": value})`, sooner."""
+def reply_frame(rid: int, value: Any, spin: bool = True) -> bytes:
+    """`frame({"t": "reply", "id": rid, "ok": True, "value": value})`, sooner; with ``"spin": false``
+    added when the worker should block at once while it waits for its next message (see
+    `proctor.interpreter.spinning`)."""
     try:
-        return _framed(f'{{"t":"reply","id":{int(rid)},"ok":true,"value":{_json(value)}}}')
+        return _framed(f'{{"t":"reply","id":{int(rid)},"ok":true,"value":{_json(value)}{_END[spin]}')
     except (ValueError, TypeError, RecursionError) as exc:
         raise EncodeError(f"message cannot be encoded: {str(exc)[:200]}") from None
 
 
+_END = (',"spin":false}', "}")  # a reply's last bytes, by whether the worker may spin
 _ESCAPE = json.encoder.encode_basestring_ascii
 _LITERALS = {None: "null", True: "true", False: "false"}
 
@@ -343,10 +346,16 @@ def write_all(fd: int, data: bytes) -> None:
 
 
 class BlockingReader:
-    """Frames from a blocking fd, one ``read`` per frame in the common case (the worker's side)."""
+    """Frames from a blocking fd, one ``read`` per frame in the common case (the worker's side).
+
+    It polls for up to `SPIN_NS` before it blocks unless the last message it read said
+    ``"spin": false``: the host says so while more interpreters are active than the machine
+    has cores for, when polling would take a core from an end that has work.
+    """
 
     def __init__(self, fd: int, max_message: int = MAX_MESSAGE) -> None:
         self.fd = fd
+        self.spin = True
         self._splitter = FrameReader(max_message)
         self._ready: list[dict[str, Any]] = []
         self._poll = select.poll()  # registered once: half the cost of a select() per look
@@ -364,9 +373,11 @@ class BlockingReader:
     def recv(self) -> dict[str, Any] | None:
         """The next message; None once the other side closed the channel."""
         if self._ready:
-            return self._ready.pop(0)
+            message = self._ready.pop(0)
+            self.spin = message.get("spin") is not False
+            return message
         while True:
-            if not self._poll.poll(0):
+            if self.spin and not self._poll.poll(0):
                 self._spin()
             chunk = os.read(self.fd, 1 << 16)
             if not chunk:
@@ -376,4 +387,6 @@ class BlockingReader:
             messages = self._splitter.feed(chunk)
             if messages:
                 self._ready += messages[1:]
-                return messages[0]
+                message = messages[0]
+                self.spin = message.get("spin") is not False
+                return message

@@ -20,11 +20,11 @@ import weakref
 from typing import Any
 
 from proctor.errors import SandboxError
+from proctor.interpreter import spinning
 from proctor.interpreter.channel import ProtocolError, frame
 from proctor.interpreter.limits import ChannelLimits, HostFrameReader
 from proctor.interpreter.sandbox import SandboxSpec, spawn
 
-SPIN_NS = 200_000
 #: Bytes asked of the socket per recv. Not more: CPython allocates the whole size before
 #: reading, and past glibc's mmap threshold (128 KiB) that is an mmap/munmap pair per call
 #: (measured: 13.8 µs per recv at 256 KiB against 2.4 µs at 64 KiB).
@@ -88,6 +88,8 @@ class WorkerProcess:
         self.logs_cut = False
         self.diag = bytearray()
         self._reader = HostFrameReader(limits or ChannelLimits())
+        #: Whether this end polled before blocking at its last wait; replies tell the worker the same.
+        self.spin = True
         self._dead = False
         self._frozen: list[int] = []
         self._tmp = tempfile.TemporaryDirectory(prefix="proctor-worker-") if spec.isolation != "bwrap" else None
@@ -154,11 +156,13 @@ class WorkerProcess:
         try:
             events = self._poll.poll(0)
             if not events:
-                spin_until = time.perf_counter_ns() + SPIN_NS
-                while not events and time.perf_counter_ns() < spin_until:
-                    events = self._poll.poll(0)
-            if not events:
-                events = self._poll.poll(max(0, math.ceil(timeout * 1000)))
+                self.spin = spin = spinning.may_spin()
+                if spin:  # only while this interpreter has cores to itself (see `spinning`)
+                    spin_until = time.perf_counter_ns() + spinning.SPIN_NS
+                    while not events and time.perf_counter_ns() < spin_until:
+                        events = self._poll.poll(0)
+                if not events:
+                    events = self._poll.poll(max(0, math.ceil(timeout * 1000)))
         except InterruptedError:
             return []
         messages: list[tuple[int, Any]] = []

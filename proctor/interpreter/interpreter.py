@@ -29,6 +29,7 @@ from proctor.errors import (
     ToolDenied,
     ToolFailed,
 )
+from proctor.interpreter import spinning
 from proctor.interpreter.channel import EncodeError, ProtocolError, encode_value, frame, reply_frame
 from proctor.interpreter.host import WorkerDied, WorkerProcess
 from proctor.interpreter.limits import ChannelLimits, OversizedCall, call_args_bytes, size_text
@@ -177,6 +178,7 @@ class Interpreter:
                 return ExecutionResult(None, "", SandboxError(f"the program cannot be sent to the worker: {exc}"),
                                        isolation=self.isolation)
             ctx = None
+            spinning.enter()  # while more runs are active than the cores hold, nobody spins
             try:
                 worker = self._ready(self._worker or self._start())
                 ctx = context or self._run_context()
@@ -200,6 +202,8 @@ class Interpreter:
             except BaseException as exc:  # Ctrl-C, or a bug: never leave a program running behind
                 self._lose(f"interrupted: {type(exc).__name__}", calls)
                 raise
+            finally:
+                spinning.leave()
             if lost and not result.state_lost:
                 result = _replace(result, state_lost=True)
             return _replace(result, duration=time.monotonic() - started)
@@ -380,7 +384,7 @@ class Interpreter:
                                                              error_type=type(exc).__name__))
                 return
         try:
-            data = reply_frame(req.id, encode_value(value, "result"))
+            data = reply_frame(req.id, encode_value(value, "result"), worker.spin)
         except EncodeError as exc:
             failed = ToolFailed(f"{req.tool}: ran, but its {exc}", tool=req.tool, call_id=call_id,
                                 error_type="EncodeError")
@@ -390,7 +394,10 @@ class Interpreter:
 
     @staticmethod
     def _reply(worker: WorkerProcess, rid: int, *, error: ProctorError) -> None:
-        worker.send({"t": "reply", "id": rid, "ok": False, "error": error_payload(error)})
+        message = {"t": "reply", "id": rid, "ok": False, "error": error_payload(error)}
+        if not worker.spin:
+            message["spin"] = False
+        worker.send(message)
 
     def _finish(self, worker: WorkerProcess, done: Done, calls: list[CallRecord], final: list[Any]) -> ExecutionResult:
         worker.drain_logs()

@@ -1,0 +1,207 @@
+"""Whether the two ends of a channel may poll before they block (spin), or must block at once.
+
+Polling for up to `SPIN_NS` before a blocking read makes one interpreter's round trip several
+times faster on a VM (a vCPU that goes idle in a blocking read wakes up slowly; see
+docs/benchmarks.md). But a spinning end occupies a core: it pays only while each end of the
+channel has a core of its own. With more interpreters active than the machine has cores for
+(2 per interpreter: its host thread and its worker), spinners take the cores — and, in one
+host process, the GIL — from the ends that have work, and throughput falls (8 Interpreters in
+threads of one process reached 0.78x one Interpreter; 2 host processes 0.49 x N, both on a quiet
+2-core machine, all spinning).
+
+So a host spins only while the interpreters active on this machine fit its cores, and a core
+is idle for each end:
+
+- in this process, only while a single `Interpreter.run` is in progress (`enter`/`leave`):
+  a second host thread spinning would hold the GIL the first needs;
+- across processes, while the runs of every host process, each seen through a small shared
+  page (`/dev/shm/proctor-hosts-<uid>`), take at most half the usable cores. Each host process
+  holds one 64-byte slot of the page (a `lockf` range lock, released when the process ends) and
+  writes there, about once a millisecond while it serves calls, the time and its number of
+  active runs; a slot not written for `RECENT_NS` does not count (a process that crashed, or
+  that is waiting for a human). Reading the page is a memory read; it is re-read at most once
+  per `CHECK_NS`;
+- while the machine's runnable threads (the 4th field of `/proc/loadavg`, read at most once
+  per `CHECK_NS`) do not outnumber its usable cores: on a machine busy with other work, a
+  spinning end only takes turns from it (measured under a load of 8 on 2 cores: one
+  Interpreter spinning used 426 µs of host CPU a call).
+
+The worker follows its host: each reply (and each run message) says whether the worker may spin
+while it waits for the next one. None of this is a security boundary: the page only decides
+who spins, and a worker that spins anyway only burns its own CPU limit.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+import struct
+import tempfile
+import threading
+import time
+
+__all__ = ["CHECK_NS", "RECENT_NS", "SPIN_NS", "enter", "leave", "may_spin"]
+
+#: How long a reader polls before it blocks, when it may spin.
+SPIN_NS = 200_000
+#: A host process whose slot was written this recently counts as active.
+RECENT_NS = 20_000_000
+#: How often the shared page is read again (and this process's slot written).
+CHECK_NS = 1_000_000
+#: Set to True to never spin (tests, and instruction counts that must not include polling).
+DISABLED = False
+
+_SLOTS = 32
+_SLOT = 64  # bytes per slot: one cache line, so hosts writing their slots do not share one
+_PAGE = _SLOTS * _SLOT
+_FIELDS = struct.Struct("<qq")  # time written (monotonic ns), active runs
+
+_lock = threading.Lock()
+_runs = 0  # Interpreter runs in progress in this process
+_cpus = 0
+_verdict = True  # the last decision, reused for CHECK_NS
+_checked = -(1 << 62)
+_board: _Board | None = None
+_board_pid = 0  # the process that opened `_board` (a forked child opens its own)
+_loadavg = -1  # fd of /proc/loadavg; -1 not opened yet, -2 unavailable
+
+
+def enter() -> None:
+    """An `Interpreter.run` starts in this process (other processes see it at once)."""
+    _count(1)
+
+
+def leave() -> None:
+    """An `Interpreter.run` ended."""
+    _count(-1)
+
+
+def _count(step: int) -> None:
+    global _runs, _checked
+    board = _open_board()
+    with _lock:
+        _runs += step
+        _checked = -(1 << 62)  # decide afresh at the next wait
+        if board is not None:
+            board.write(time.monotonic_ns(), _runs)
+
+
+def may_spin() -> bool:
+    """Whether a channel end of this process may poll before it blocks, now."""
+    global _verdict, _checked
+    now = time.monotonic_ns()
+    if now - _checked < CHECK_NS:
+        return _verdict
+    _checked = now
+    _verdict = _decide(now)
+    return _verdict
+
+
+def _decide(now: int) -> bool:
+    global _cpus
+    runs = _runs
+    if DISABLED or runs > 1:
+        return False
+    if not _cpus:
+        try:
+            _cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            _cpus = os.cpu_count() or 1
+    if _cpus < 2:
+        return False  # one core: the other end can only run when this one stops
+    running = _running()
+    if running is not None and running > _cpus:
+        return False
+    board = _open_board()
+    if board is None:
+        return True
+    board.write(now, runs)
+    return (board.others(now) + runs) * 2 <= _cpus
+
+
+def _running() -> int | None:
+    """Threads runnable on this machine right now, this one included (None where unknown)."""
+    global _loadavg
+    if _loadavg == -1:
+        try:
+            _loadavg = os.open("/proc/loadavg", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            _loadavg = -2
+    if _loadavg < 0:
+        return None
+    try:
+        fields = os.pread(_loadavg, 128, 0).split()  # b"0.52 0.58 0.59 3/412 12345"
+        return int(fields[3].partition(b"/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class _Board:
+    """The shared page: one slot per host process, written by its owner, read by everyone."""
+
+    def __init__(self, fd: int, page: mmap.mmap, slot: int | None) -> None:
+        self.fd, self.page, self.slot = fd, page, slot
+        self._view = memoryview(page).cast("q")  # slot i's fields are items 8*i and 8*i + 1
+
+    def write(self, now: int, runs: int) -> None:
+        if self.slot is not None:
+            _FIELDS.pack_into(self.page, self.slot * _SLOT, now, runs)
+
+    def others(self, now: int) -> int:
+        """Active runs of the other host processes (those that wrote their slot within RECENT_NS)."""
+        view = self._view
+        total = 0
+        for i, at in enumerate(view[0::8].tolist()):  # slots never used hold 0: one test each
+            if at and now - at < RECENT_NS and i != self.slot:
+                total += max(0, min(view[8 * i + 1], _SLOTS))  # runs as written, bounded
+        return total
+
+
+def _open_board() -> _Board | None:
+    global _board, _board_pid
+    pid = os.getpid()
+    if _board_pid == pid:
+        return _board
+    with _lock:
+        if _board_pid != pid:
+            _board, _board_pid = _make_board(), pid
+    return _board
+
+
+def _page_path() -> str:
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    return os.path.join(base, f"proctor-hosts-{os.getuid()}")
+
+
+def _make_board() -> _Board | None:
+    """Open (or create) this user's page and claim a slot; None where that is not possible."""
+    try:
+        import fcntl
+    except ImportError:  # not on Linux/Unix: decide from this process alone
+        return None
+    path = _page_path()
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            raise OSError("not this user's regular file")
+        if info.st_size < _PAGE:
+            os.ftruncate(fd, _PAGE)
+        page = mmap.mmap(fd, _PAGE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except (OSError, ValueError):
+        os.close(fd)
+        return None
+    slot = None
+    for i in range(_SLOTS):
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, _SLOT, i * _SLOT)
+        except OSError:
+            continue
+        slot = i
+        break
+    # The fd stays open for the life of the process: closing any fd of the file would drop the lock.
+    return _Board(fd, page, slot)

@@ -1,0 +1,124 @@
+"""Tests for who may spin on the channel: only an interpreter that has the machine's cores to itself."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from proctor.interpreter import spinning
+from proctor.interpreter.channel import BlockingReader, frame, reply_frame
+
+
+@pytest.fixture
+def page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private shared page, two usable cores and an otherwise idle machine, for this test alone."""
+    path = tmp_path / "hosts"
+    monkeypatch.setattr(spinning, "_page_path", lambda: str(path))
+    monkeypatch.setattr(spinning, "_board", None)
+    monkeypatch.setattr(spinning, "_board_pid", 0)
+    monkeypatch.setattr(spinning, "_cpus", 2)
+    monkeypatch.setattr(spinning, "_running", lambda: 1)
+    monkeypatch.setattr(spinning, "_runs", 0)
+    monkeypatch.setattr(spinning, "_checked", -(1 << 62))
+    yield path
+    board = spinning._board
+    if board is not None:
+        os.close(board.fd)  # drops this test's slot lock
+
+
+def _fresh() -> bool:
+    spinning._checked = -(1 << 62)
+    return spinning.may_spin()
+
+
+def test_one_run_spins_and_a_second_run_in_the_process_stops_it(page: Path) -> None:
+    """A lone run may spin; with two runs in progress in one process neither does, until one ends."""
+    spinning.enter()
+    try:
+        assert _fresh() is True
+        spinning.enter()
+        assert _fresh() is False
+        spinning.leave()
+        assert _fresh() is True
+    finally:
+        spinning.leave()
+
+
+def test_a_run_in_another_host_process_stops_spinning(page: Path) -> None:
+    """Another process's active run, seen through the shared page, stops this one spinning; its end restarts it."""
+    code = textwrap.dedent(f"""
+        import sys
+        from proctor.interpreter import spinning
+        spinning._page_path = lambda: {str(page)!r}
+        spinning.enter()
+        print("in", spinning._board.slot, flush=True)
+        sys.stdin.readline()
+        spinning.leave()
+        print("out", flush=True)
+        sys.stdin.readline()
+    """)
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        assert child.stdout.readline().startswith("in ")
+        spinning.enter()
+        try:
+            assert spinning._board is not None and spinning._board.slot is not None
+            assert _fresh() is False
+            child.stdin.write("\n")
+            child.stdin.flush()
+            assert child.stdout.readline().strip() == "out"
+            assert _fresh() is True
+        finally:
+            spinning.leave()
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+        child.stdout.close()
+
+
+def test_a_busy_machine_or_one_core_stops_spinning(page: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More runnable threads than cores, or a single core, and a lone run blocks at once."""
+    spinning.enter()
+    try:
+        monkeypatch.setattr(spinning, "_running", lambda: 3)
+        assert _fresh() is False
+        monkeypatch.setattr(spinning, "_running", lambda: 2)
+        assert _fresh() is True
+        monkeypatch.setattr(spinning, "_cpus", 1)
+        assert _fresh() is False
+    finally:
+        spinning.leave()
+
+
+def test_a_page_owned_by_someone_else_is_not_used(page: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A symlink planted at the page's path is not followed: the host decides from its own process alone."""
+    target = page.parent / "elsewhere"
+    target.write_bytes(b"")
+    page.symlink_to(target)
+    assert spinning._make_board() is None
+    assert target.read_bytes() == b""
+
+
+def test_replies_tell_the_worker_whether_to_spin() -> None:
+    """A reply saying "spin": false makes the worker's reader block at once until a message says otherwise."""
+    assert reply_frame(7, "a", False) == frame({"t": "reply", "id": 7, "ok": True, "value": "a", "spin": False})
+    host, worker = socket.socketpair()
+    try:
+        reader = BlockingReader(worker.fileno())
+        host.sendall(reply_frame(1, "a", False))
+        assert reader.recv() == {"t": "reply", "id": 1, "ok": True, "value": "a", "spin": False}
+        assert reader.spin is False
+        host.sendall(reply_frame(2, "b"))
+        assert reader.recv() == {"t": "reply", "id": 2, "ok": True, "value": "b"}
+        assert reader.spin is True
+    finally:
+        host.close()
+        worker.close()
