@@ -45,7 +45,9 @@ def register(subparsers: Any) -> None:
     p = sub.add_parser("show", help="a table of records, filtered; --run ID: that run step by step",
                        description="A table of the log's records. With --run ID alone, that run step by step "
                        "(thought, program, each call with its decision, approval and outcome), from the log only.")
-    p.add_argument("log", metavar="LOG")
+    p.add_argument("log", metavar="LOG", nargs="?", default=None,
+                   help="the log file (default: where `proctor run` writes, $PROCTOR_AUDIT or "
+                        "$XDG_STATE_HOME/proctor/audit.jsonl)")
     p.add_argument("--run", metavar="ID", help="that run step by step (with --table or another filter: its records)")
     p.add_argument("--table", action="store_true", help="with --run: the run's records as a table, not its steps")
     p.add_argument("--tool", metavar="T", help="only records of this tool")
@@ -204,6 +206,14 @@ def _time(rec: dict[str, Any]) -> str:
 
 def _show(args: argparse.Namespace) -> int:
     import os
+
+    if args.log is None:  # the log `proctor run` wrote to when given no --audit
+        from proctor.agent.cli import default_audit_path
+
+        args.log = default_audit_path()
+        if not os.path.isfile(args.log):
+            _err(f"no LOG given and no log at {args.log} (where `proctor run` writes by default); name the log file")
+            return 2
 
     if args.run is not None and not (args.table or args.json or args.tool or args.outcome or args.agent
                                      or args.limit is not None):

@@ -142,3 +142,17 @@ def test_a_hostile_log_cannot_drive_the_terminal(tmp_path: Path, capsys: pytest.
     text = _shown(log, "r1", capsys)
     assert "\x1b" not in text and "\x07" not in text
     assert "\\x1b[2J" in text and "unknown" in text
+
+
+def test_without_a_log_path_show_reads_the_log_proctor_run_writes_by_default(
+        tmp_path: Path, policy: Policy, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`proctor audit show --run ID` alone reads $PROCTOR_AUDIT, the log `proctor run` uses without --audit."""
+    log = tmp_path / "default.jsonl"
+    with CodeAgent(TOOLS, ScriptedModel([STEP_2]), policy, audit=str(log), sandbox="auto") as agent:
+        run_id = agent.run("go").run_id
+    monkeypatch.setenv("PROCTOR_AUDIT", str(log))
+    assert main(["audit", "show", "--run", run_id]) == 0
+    assert "Thought: the plum it is." in capsys.readouterr().out
+    monkeypatch.setenv("PROCTOR_AUDIT", str(tmp_path / "none.jsonl"))
+    assert main(["audit", "show", "--run", run_id]) == 2
+    assert "no LOG given" in capsys.readouterr().err
