@@ -7,7 +7,9 @@ after its commit is flushed) from N threads sharing one `PostgresAuditLog` (grou
 inside the process) and from N processes with one writer each (group commit by
 PostgreSQL across processes). Each row: intents/s, p50/p99 of one append, and what the
 server counted meanwhile (pg_stat_wal, pg_stat_database): WAL flushes, intents carried
-by one flush, transactions per intent. The chain is verified after each row.
+by one flush, transactions per intent; and the CPU time an intent cost, in the writers'
+processes and in PostgreSQL's (from /proc), with what two idle cores would then carry —
+the software's bound, whatever the neighbours do. The chain is verified after each row.
 
 The disk's own flush rate is measured first (pg_test_fsync, fdatasync of one 8 kB write,
 in the cluster's directory): N writers that each wait for their intent to be durable
@@ -69,8 +71,10 @@ def _process(url: str, seconds: float, start: float, out: mp.Queue) -> None:  # 
     with PostgresAuditLog(url, checkpoint_every=100_000) as log:
         while time.time() < start:
             time.sleep(0.001)
+        cpu = time.process_time()
         count, latencies = _threads(log, 1, seconds)
-    out.put((count, latencies))
+        cpu = time.process_time() - cpu
+    out.put((count, latencies, cpu))
 
 
 def _pct(samples: list[int]) -> str:
@@ -88,23 +92,44 @@ def _fsync_rate(directory: Path) -> float:
     return float(match.group(1))
 
 
-def _counters(url: str) -> tuple[int, int]:
-    """(WAL flushes, committed transactions) so far, from the server's statistics."""
-    with psycopg.connect(url.partition("&log=")[0], autocommit=True) as conn:
+def _server_cpu(server: PostgresServer) -> float:
+    """CPU seconds used by the cluster: the postmaster, its live children and those it has reaped."""
+    postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
+    ticks = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile: the postmaster has its time now
+        if int(entry) == postmaster:
+            ticks += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+        elif int(fields[1]) == postmaster:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _counters(server: PostgresServer) -> tuple[float, ...]:
+    """(WAL flushes, committed transactions, server CPU s) so far."""
+    with psycopg.connect(server.url, autocommit=True) as conn:
         row = conn.execute("SELECT (SELECT wal_sync FROM pg_stat_wal), "
                            "(SELECT sum(xact_commit) FROM pg_stat_database)").fetchone()
     assert row is not None
-    return int(row[0]), int(row[1])
+    return float(row[0]), float(row[1]), _server_cpu(server)
 
 
-def _row(label: str, url: str, seconds: float, count: int, latencies: list[int], before: tuple[int, int]) -> None:
+def _row(label: str, server: PostgresServer, url: str, seconds: float, count: int, latencies: list[int],
+         client_cpu: float, before: tuple[float, ...]) -> None:
     time.sleep(0.5)  # the writers' backends have exited: their statistics are in
-    flushes, commits = (a - b for a, b in zip(_counters(url), before, strict=True))
+    flushes, commits, server_cpu = (a - b for a, b in zip(_counters(server), before, strict=True))
     report = verify_postgres(url)
-    print(f"{label:34s} {count / seconds:7.0f} intents/s  {_pct(latencies)}  "
-          f"{flushes / seconds:5.0f} flushes/s  {count / max(flushes, 1):5.1f} intents/flush  "
-          f"{commits / max(count, 1):4.2f} commits/intent  verify {'ok' if report.ok else report.failure}  "
-          f"load {os.getloadavg()[0]:.1f}")
+    cpu = (client_cpu + server_cpu) / max(count, 1)
+    print(f"{label:34s} {count / seconds:6.0f} intents/s  {_pct(latencies)}  "
+          f"{flushes / seconds:4.0f} flushes/s  {count / max(flushes, 1):5.1f} intents/flush  "
+          f"{commits / max(count, 1):4.2f} commits/intent  CPU/intent {client_cpu / max(count, 1) * 1e6:4.0f} µs "
+          f"client + {server_cpu / max(count, 1) * 1e6:4.0f} µs server (2 idle cores: {2 / max(cpu, 1e-9):6.0f}/s)  "
+          f"verify {'ok' if report.ok else report.failure}  load {os.getloadavg()[0]:.1f}")
 
 
 def _run(server: PostgresServer, where: str, seconds: float, procs: tuple[int, ...]) -> None:
@@ -114,9 +139,11 @@ def _run(server: PostgresServer, where: str, seconds: float, procs: tuple[int, .
     for writers in (1, 8, 32):
         url = f"{server.url}&log=threads{writers}"
         with PostgresAuditLog(url, checkpoint_every=100_000) as log:
-            before = _counters(url)
+            before = _counters(server)
+            cpu = time.process_time()
             count, latencies = _threads(log, writers, seconds)
-        _row(f"{writers:3d} writer threads, one process", url, seconds, count, latencies, before)
+            cpu = time.process_time() - cpu
+        _row(f"{writers:3d} writer threads, one process", server, url, seconds, count, latencies, cpu, before)
     ctx = mp.get_context("spawn")
     for writers in procs:
         url = f"{server.url}&log=procs{writers}"
@@ -128,12 +155,12 @@ def _run(server: PostgresServer, where: str, seconds: float, procs: tuple[int, .
             p.start()
         while time.time() < start:
             time.sleep(0.001)
-        before = _counters(url)
+        before = _counters(server)
         results = [queue.get(timeout=300) for _ in workers]
         for p in workers:
             p.join()
-        _row(f"{writers:3d} writer processes, one each", url, seconds, sum(c for c, _ in results),
-             [x for _, lat in results for x in lat], before)
+        _row(f"{writers:3d} writer processes, one each", server, url, seconds, sum(c for c, _, _ in results),
+             [x for _, lat, _ in results for x in lat], sum(c for _, _, c in results), before)
 
 
 def main() -> None:
