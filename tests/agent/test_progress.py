@@ -117,3 +117,30 @@ def _request() -> object:
 
     return ApprovalRequest(call_id="c2", tool="t", side_effect="write", args={}, rules=(), reason="",
                            policy_sha256="", budget={}, expires_at_ns=time.time_ns() + 10**10, binding="")
+
+
+def test_an_approval_asked_at_the_terminal_gets_a_clean_screen(tmp_path: Path) -> None:
+    """Under a pty, the line is erased before the approval panel and not redrawn until the answer."""
+    args, env = _setup(tmp_path)
+    (tmp_path / "policy.yaml").write_text(POLICY.replace("decision: allow", "decision: require_approval"))
+    with serve([completion(PROGRAM)]) as fake:
+        child = pexpect.spawn(sys.executable, [*args, "--model-arg", f"api_base={fake.base}"], cwd=str(tmp_path),
+                              env=env, encoding="utf-8", timeout=180, dimensions=(40, 100))
+        child.logfile_read = transcript = io.StringIO()
+        try:
+            child.expect(r"\[a\]pprove")
+            child.expect("> ")
+            asked = transcript.getvalue()
+            time.sleep(1.0)  # a few redraw intervals: the line must stay away while the human reads
+            child.sendline("a")
+            child.expect("> ")  # the second call asks too
+            child.sendline("a")
+            child.expect("summary")
+            child.expect(pexpect.EOF)
+        finally:
+            child.close()
+    seen = transcript.getvalue()
+    assert child.exitstatus == 0, seen
+    panel = asked.rindex("tick")  # the panel names the call; the line was erased before it
+    assert "program running" not in asked[panel:]
+    assert "program running" not in seen[len(asked):seen.index("\n", len(asked))]
