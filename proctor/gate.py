@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
 
@@ -162,6 +162,8 @@ class _Pending:
     __slots__ = ("approval", "args", "call_id", "ctx", "decision", "duration_ns", "error", "facts", "journal",
                  "layer_facts", "layer_votes", "name", "on_result", "redacted", "reservation", "seq", "side_effect",
                  "span", "started_ns", "state", "status", "tool", "value")
+    layer_facts: list[Any]
+    layer_votes: list[tuple[Layer | None, Decision]]
 
     def __init__(self, name: str, call_id: str, ctx: RunContext, span: ToolSpan,
                  on_result: Callable[[Any, ProctorError | None], None] | None) -> None:
@@ -184,9 +186,8 @@ class _Pending:
         self.journal: Any = ctx.journal
         self.seq = -1
         self.started_ns = time.perf_counter_ns()
-        # A managed agent's call (ctx.layers): each layer's facts of the tool and (layer, decision) pairs.
-        self.layer_facts: Sequence[Any] = ()
-        self.layer_votes: Sequence[tuple[Layer | None, Decision]] = ()
+        # `layer_facts` and `layer_votes` are set (and read) only for a managed agent's call (ctx.layers):
+        # each layer's facts of the tool, and the (layer, decision) pairs (the run policy's first, layer None).
 
 
 @dataclass(frozen=True)

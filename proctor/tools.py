@@ -16,7 +16,7 @@ import typing
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, overload
+from typing import Any, overload
 
 import pydantic
 import pydantic_core
@@ -87,8 +87,9 @@ class Tool:
     #: A further check of validated arguments (an MCP tool's full JSON Schema): returns a problem, or None.
     _check: Callable[[Mapping[str, Any]], str | None] | None = field(repr=False, default=None)
     #: True for a tool that makes governed calls itself (a managed agent): the gate runs it with
-    #: `run_in_call(args, scope)` (a `proctor.gate.CallScope`) instead of `run`.
-    in_call: ClassVar[bool] = False
+    #: `run_in_call(args, scope)` (a `proctor.gate.CallScope`) instead of `run`. (A field, not a
+    #: class attribute: the gate reads it on every call, and an instance attribute is the faster read.)
+    in_call: bool = field(repr=False, default=False)
 
     def run_in_call(self, args: Mapping[str, Any], scope: Any) -> Any:
         """Run inside the gate's call `scope`; only tools with `in_call` set implement it."""

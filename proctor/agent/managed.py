@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from proctor.errors import ConfigurationError
 from proctor.tools import Tool
@@ -41,7 +41,7 @@ class AgentTool(Tool):
     inside the call (`Tool.in_call`), never in a thread of its own."""
 
     agent: Any = field(repr=False, default=None)
-    in_call: ClassVar[bool] = True
+    in_call: bool = field(repr=False, default=True)
 
     def run(self, args: Mapping[str, Any], timeout_s: float | None = None) -> Any:
         raise ConfigurationError(f"managed agent {self.name!r} runs only as a call through its parent's gate")
