@@ -66,12 +66,24 @@ def calls_table(calls: Sequence[CallRecord], *, title: str | None = None) -> Tab
     table.add_column("decision · rule", overflow="fold", ratio=3)
     table.add_column("result", overflow="fold", ratio=3)
     for i, call in enumerate(calls, 1):
-        # Arguments by name, sorted: the audit log keeps them in canonical (sorted) order, so a run
-        # replayed from the log reads the same as one shown from memory.
-        args = format_args(dict(sorted(call.args.items())), 64)
+        args = _call_args(call.args)
         table.add_row(str(i), Text(_t(f"{call.tool}({args})")), Text(_t(call.side_effect)),
                       _decision_label(call), _status_label(call))
     return table
+
+
+def _call_args(args: Mapping[str, Any], per_value: int = 32, limit: int = 160) -> str:
+    """``a='x', n=2`` sorted by name, each value cut on its own so every name stays in view.
+
+    Sorted because the audit log keeps arguments in canonical (sorted) order: a run replayed from
+    the log reads the same as one shown from memory.
+    """
+    parts = []
+    for name, value in sorted(args.items()):
+        text = format_args({name: value}, len(name) + 1 + per_value)
+        parts.append(text)
+    joined = ", ".join(parts)
+    return joined if len(joined) <= limit else joined[: limit - 1] + "…"
 
 
 class StepPrinter:

@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
     ("analytics_agent.py", [], ["cleanup refused", "exports must not contain personal data", "done"]),
     ("finance_agent.py", ["--yes"], ["approved by the approver", "denied by policy", "done"]),
     ("smolagents_agent.py", [], ["parties over six are booked by phone", "answer: booked Terraço for 6"]),
+    ("vision_agent.py", [], ["image from screenshot: PNG 320x200", "image with the task: PNG 320x200",
+                             "deny no-public-bugs", "bug filed on the internal tracker", "proctor audit show"]),
     ("research_team.py", [], ["researcher's own policy: the researcher reads only the documentation site",
                               "the researcher only reads", "mail sent: ['team@example.com']"]),
 ])
