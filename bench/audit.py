@@ -1,7 +1,10 @@
 """Audit trail throughput: records/s written (fsync, flush) and verified.
 
 Run by hand: ``.venv/bin/python bench/audit.py [--records 200000] [--fsync-records 2000] [--dir DIR]
-[--workers N] [--runs 5]``.
+[--workers N] [--runs 5]``, or ``--compare REV [--records N] [--runs 7]``: verify speed of the proctor
+package at git revision REV (before) and of this checkout (after) on one generated log, each run a
+fresh process, before and after alternating, at 1 and 2 workers; prints after/before of the medians
+and of each adjacent pair (the machine's speed drifts, adjacent runs see the same machine).
 Verify is measured in one process and with ``workers="auto"``, what ``proctor audit verify``
 does by default (one process per usable CPU).
 DIR should be on the filesystem the real log will live on (fsync cost is the disk's). Verify
@@ -12,8 +15,12 @@ best is the closest to what the code costs, the median to what one run may see.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -57,14 +64,69 @@ def write(path: Path, n: int, durability: str, key: Path) -> float:
     return (n // 2 * 2) / elapsed
 
 
+def verify_once(log: str, pub: str, workers: int) -> float:
+    """Records/s of one `verify` of `log` in this process (for --compare's subprocesses)."""
+    start = time.perf_counter()
+    report = verify(log, pubkey=pub, workers=workers)
+    elapsed = time.perf_counter() - start
+    assert report.ok, report.failure
+    return report.records / elapsed
+
+
+def compare(ref: str, records: int, runs: int, directory: str | None) -> None:
+    """Verify before (revision `ref`) and after (this checkout), alternating fresh processes, on one log."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        d = Path(tmp)
+        base = d / "before"
+        base.mkdir()
+        archive = subprocess.run(["git", "-C", repo, "archive", ref, "proctor"], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
+        key, pub, _ = generate_keypair(d / "key")
+        log = d / "flush.jsonl"
+        write(log, records, "flush", key)
+        # Intent/outcome pairs and the writer's checkpoints: the kinds with bookkeeping and the reference path.
+        me = os.path.abspath(__file__)
+        for workers in (1, 2):
+            rates: dict[str, list[float]] = {"before": [], "after": []}
+            for i in range(runs):
+                order = [("before", str(base)), ("after", repo)]
+                if i % 2:
+                    order.reverse()
+                for label, path in order:
+                    env = {**os.environ, "PYTHONPATH": path}
+                    done = subprocess.run([sys.executable, me, "--verify-once", str(log), str(pub), str(workers)],
+                                          env=env, capture_output=True, text=True, cwd=str(d), check=False)
+                    if done.returncode != 0:
+                        raise SystemExit(done.stderr[-2000:])
+                    rates[label].append(float(done.stdout.split()[-1]))
+            b, a = rates["before"], rates["after"]
+            pairs = [x / y for x, y in zip(a, b, strict=True)]
+            print(f"workers={workers}: before median {statistics.median(b):,.0f} rec/s (best {max(b):,.0f}), "
+                  f"after median {statistics.median(a):,.0f} (best {max(a):,.0f}); after/before: medians "
+                  f"{statistics.median(a) / statistics.median(b):.3f}, best {max(a) / max(b):.3f}, "
+                  f"median of pairs {statistics.median(pairs):.3f}", flush=True)
+        print(json.dumps({"ref": ref, "records": records, "runs": runs, "load": round(os.getloadavg()[0], 2),
+                          "cpus": os.cpu_count()}))
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def main() -> None:
+    if "--verify-once" in sys.argv:
+        log, pub, workers = sys.argv[sys.argv.index("--verify-once") + 1 :][:3]
+        print(verify_once(log, pub, int(workers)))
+        return
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--fsync-records", type=int, default=2_000)
     parser.add_argument("--dir", default=None)
     parser.add_argument("--workers", default="auto", help="processes for parallel verify (default: auto, as the CLI)")
     parser.add_argument("--runs", type=int, default=5, help="verify runs per setting (best and median are shown)")
+    parser.add_argument("--compare", metavar="REV", help="verify before (git revision REV) and after, alternating")
     args = parser.parse_args()
+    if args.compare:
+        compare(args.compare, args.records, args.runs, args.dir)
+        return
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         d = Path(tmp)
         key, pub, _ = generate_keypair(d / "key")

@@ -27,8 +27,14 @@ from typing import Any
 
 from proctor.audit.base import KINDS
 from proctor.audit.lines import MAX_LINE_BYTES
-from proctor.audit.records import LineError, parse_line
+from proctor.audit.records import ORJSON_FAST, LineError, parse_line
 from proctor.audit.scan import OpenItems, ScanFailure, Scanner
+from proctor.audit.verify import _BATCH, check_batch
+
+try:
+    import orjson
+except ImportError:  # pragma: no cover - then ORJSON_FAST is False and lines are checked one by one
+    orjson = None  # type: ignore[assignment]
 
 __all__ = ["scan_parallel"]
 
@@ -47,7 +53,12 @@ class _Segment:
 
 
 def _check_segment(task: tuple[str, int, int]) -> _Segment:
-    """Check lines in [start, end) of `path`; the chain inside the segment too, but not its first link."""
+    """Check lines in [start, end) of `path`; the chain inside the segment too, but not its first link.
+
+    Batches of lines go through `verify.check_batch` (the sequential scan's fast path, which
+    lets checkpoints through here: the parent checks them); a batch it does not accept is
+    checked line by line, and any line that fails makes the whole segment fail.
+    """
     path, start, end = task
     with open(path, "rb") as f:
         f.seek(start)
@@ -57,30 +68,58 @@ def _check_segment(task: tuple[str, int, int]) -> _Segment:
     lines = data.split(b"\n")
     lines.pop()
     out = _Segment(True, len(lines))
+    if not lines:
+        return out
+    try:
+        first = orjson.loads(lines[0]) if orjson is not None else None
+    except ValueError:
+        first = None
+    seq0, prev0 = (first.get("seq"), first.get("prev")) if type(first) is dict else (None, None)
+    out.seq0, out.prev0 = seq0, prev0  # if orjson cannot read the first line, _check_each sets them
     leaves = bytearray()
-    prev_h: str | None = None
+    head = prev0
+    note_many = out.open.note_many
+    for j in range(0, len(lines), _BATCH):
+        batch = lines[j : j + _BATCH]
+        checked = (check_batch(batch, seq0 + j, head, _KINDS)
+                   if ORJSON_FAST and type(seq0) is int and type(head) is str else None)
+        if checked is None:
+            if not _check_each(out, batch, j, head, leaves):
+                return _Segment(False)
+            head = leaves[-32:].hex()
+        else:
+            recs, kinds, seqs, hs, batch_leaves = checked
+            out.checkpoints += [(j + i, rec) for i, rec in enumerate(recs) if kinds[i] == "checkpoint"]
+            note_many(kinds, recs, seqs)
+            leaves += b"".join(batch_leaves)
+            head = hs[-1]
+    out.leaves = bytes(leaves)
+    return out
+
+
+def _check_each(out: _Segment, lines: list[bytes], j0: int, head: Any, leaves: bytearray) -> bool:
+    """`_check_segment` one line at a time (lines `j0`, … of the segment); False at the first bad line."""
     note = out.open.note
-    for j, raw in enumerate(lines):
+    for j, raw in enumerate(lines, j0):
         try:
             rec, computed = parse_line(raw)
         except LineError:
-            return _Segment(False)
+            return False
         h, seq, kind = rec["h"], rec.get("seq"), rec.get("kind")
         if (computed != h or type(seq) is not int or type(rec.get("ts_ns")) is not int
                 or type(kind) is not str or kind not in _KINDS):
-            return _Segment(False)
+            return False
         if j == 0:
             out.seq0, out.prev0 = seq, rec.get("prev")
-        elif seq != out.seq0 + j or rec.get("prev") != prev_h:
-            return _Segment(False)
+        elif seq != out.seq0 + j or rec.get("prev") != head:
+            return False
         if kind == "checkpoint":
             out.checkpoints.append((j, rec))
         else:
             note(kind, rec, seq)
         leaves += bytes.fromhex(h)
-        prev_h = h
-    out.leaves = bytes(leaves)
-    return out
+        head = h
+    return True
 
 
 def _segments(path: str, size: int, count: int) -> list[tuple[str, int, int]] | None:
@@ -131,22 +170,26 @@ def _stitch(scanner: Scanner, seg: _Segment, lines_before: int) -> bool:
     if seg.seq0 != scanner.count or seg.prev0 != scanner.head:
         return False
     checkpoints = dict(seg.checkpoints)
-    anchors = {a.seq for a in scanner.anchors}
-    leaves, frontier = seg.leaves, scanner.frontier
+    seq0, leaves, frontier = scanner.count, seg.leaves, scanner.frontier
+    # Records a checkpoint or an anchor is about need the state just before them; the runs
+    # of leaves between them go into the frontier in bulk.
+    stops = sorted(checkpoints.keys() | {a.seq - seq0 for a in scanner.anchors if 0 <= a.seq - seq0 < seg.lines})
+    done = 0
     try:
-        for j in range(seg.lines):
-            leaf = leaves[32 * j : 32 * j + 32]
-            pos = scanner.count
-            if j in checkpoints or pos in anchors:
-                scanner.head = leaves[32 * j - 32 : 32 * j].hex() if j else scanner.head
-                if j in checkpoints:
-                    scanner._checkpoint(checkpoints[j], lines_before + j + 1, 0)
-                if pos in anchors:
-                    scanner._anchors(pos, leaf.hex(), lines_before + j + 1, 0)
-            frontier.append(leaf)
-            scanner.count = pos + 1
+        for j in stops:
+            frontier.extend([leaves[i : i + 32] for i in range(32 * done, 32 * j, 32)])
+            pos = scanner.count = seq0 + j
+            scanner.head = leaves[32 * j - 32 : 32 * j].hex() if j else scanner.head
+            if j in checkpoints:
+                scanner._checkpoint(checkpoints[j], lines_before + j + 1, 0)
+            if pos in scanner.anchor_seqs:
+                scanner._anchors(pos, leaves[32 * j : 32 * j + 32].hex(), lines_before + j + 1, 0)
+            frontier.append(leaves[32 * j : 32 * j + 32])
+            done = j + 1
+        frontier.extend([leaves[i : i + 32] for i in range(32 * done, len(leaves), 32)])
     except ScanFailure:
         return False
+    scanner.count = seq0 + seg.lines
     scanner.head = leaves[-32:].hex()
     scanner.open.merge(seg.open)
     return True

@@ -150,6 +150,27 @@ class OpenItems:
         if book is not None:
             book(self, rec, seq)
 
+    def note_many(self, kinds: list[str], recs: list[dict[str, Any]], seqs: list[int]) -> None:
+        """`note` each record in turn, with intents and outcomes (most records) taken inline.
+
+        The verifier's fast loops call this once per batch: a call of `note` per record
+        was 2% of verify's instructions. Tests check it against `note` record by record.
+        """
+        intents, closed, book = self.intents, self.closed, _BOOK
+        for kind, rec, seq in zip(kinds, recs, seqs, strict=True):
+            if kind == "call_intent":
+                key = rec.get("call_id")
+                if isinstance(key, str):
+                    intents[key] = {"seq": seq, "run_id": rec.get("run_id"), "tool": rec.get("tool")}
+            elif kind == "call_outcome":
+                key = rec.get("call_id")
+                if isinstance(key, str):
+                    intents.pop(key, None)
+                    if closed is not None:
+                        closed["intents"].add(key)
+            elif kind in book:
+                book[kind](self, rec, seq)
+
     def _open(self, which: str, key: Any, value: Any) -> None:
         if isinstance(key, str):
             getattr(self, which)[key] = value

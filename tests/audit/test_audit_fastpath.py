@@ -548,3 +548,31 @@ def test_an_anchor_inside_a_batch_is_checked(tmp_path: Path) -> None:
     report = verify(b, pubkey=signing_key().public_key(), trusted_checkpoint=str(a) + ".checkpoint")
     assert report.failure is not None
     assert (report.failure.code, report.failure.seq, report.failure.line) == ("FORK", 100, 101)
+
+
+_BOOK_KINDS = ["call_intent", "call_outcome", "run_started", "run_resumed", "run_finished", "run_suspended",
+               "approval_requested", "approval_resolved", "recovery", "step", "checkpoint"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(_BOOK_KINDS), st.sampled_from(["a", "b", "c", 5, None]),
+                          st.sampled_from(["r", "s", 7])), max_size=40), st.booleans())
+def test_note_many_is_note_record_by_record(items: list[tuple[str, Any, Any]], segment: bool) -> None:
+    """OpenItems.note_many leaves what calling note on each record in turn leaves, segments included."""
+    from proctor.audit.scan import OpenItems
+
+    kinds = [kind for kind, _, _ in items]
+    recs = [{"call_id": call_id, "run_id": run_id, "tool": "t"} for _, call_id, run_id in items]
+    seqs = list(range(len(items)))
+    one, many = OpenItems(segment=segment), OpenItems(segment=segment)
+    for kind, rec, seq in zip(kinds, recs, seqs, strict=True):
+        one.note(kind, rec, seq)
+    many.note_many(kinds, recs, seqs)
+    assert (one.intents, one.runs, one.approvals, one.recoveries, one.closed) == (
+        many.intents, many.runs, many.approvals, many.recoveries, many.closed)
+
+
+@given(st.lists(st.sampled_from([b"\n", b"a", b"\r", b"\r\n", b"{}", b"\x00"]), max_size=30).map(b"".join))
+def test_split_lines_is_bytes_split(data: bytes) -> None:
+    """The verifier's memchr line splitting cuts a chunk exactly where bytes.split(b"\\n") does."""
+    assert verify_module._split_lines(data) == data.split(b"\n")
