@@ -147,10 +147,11 @@ def main() -> None:
               f"{agg / base / n:.2f} x N ({target})")
 
     with tempfile.TemporaryDirectory(dir=opts.dir) as tmp:
-        def audited(group: bool, count: int, name: str, read_durability: str = "flush") -> float:
+        def audited(group: bool, count: int, name: str, read_durability: str = "flush",
+                    durability: str = "fsync") -> float:
             AuditLog._group_commit = group
             path = Path(tmp) / f"audit-{time.monotonic_ns()}.jsonl"
-            log = AuditLog(path)
+            log = AuditLog(path, durability=durability)
             try:
                 return in_threads(count, opts.calls // 8, opts.sandbox, audit=log, name=name,
                                   policy=_policy(read_durability))
@@ -158,13 +159,19 @@ def main() -> None:
                 log.close()
                 AuditLog._group_commit = True
 
-        grouped, serial = [], []
+        grouped, serial, flushed_only, unaudited = [], [], [], []
         for _ in range(opts.rounds):
             grouped.append(audited(True, 8, "note"))
             serial.append(audited(False, 8, "note"))
+            # The ceilings: the same log never fsyncing, and no audit sink at all.
+            flushed_only.append(audited(True, 8, "note", durability="flush"))
+            unaudited.append(in_threads(8, opts.calls // 8, opts.sandbox, name="note"))
         g, s = statistics.median(grouped), statistics.median(serial)
+        f, n = statistics.median(flushed_only), statistics.median(unaudited)
         print(f"\nwrites, 8 Interpreters, file AuditLog: group commit {g:7.0f} calls/s | one fsync per record "
               f"{s:7.0f} calls/s | {g / s:.2f}x (target >= 3x)")
+        print(f"  ceilings: the log never fsyncing (durability=flush) {f:7.0f} calls/s ({f / s:.2f}x), "
+              f"no audit sink {n:7.0f} calls/s ({n / s:.2f}x)")
         flushed = statistics.median(audited(True, 1, "lookup") for _ in range(opts.rounds))
         synced = statistics.median(audited(True, 1, "lookup", "fsync") for _ in range(opts.rounds))
         print(f"reads, 1 Interpreter, file AuditLog: flushed intents (default) {flushed:7.0f} calls/s | "
