@@ -44,7 +44,7 @@ import hashlib
 import os
 import re
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,6 +222,7 @@ class ProvenanceIndex:
         (except ``user``): an index that is full errs towards "may have come from there".
         """
         mask = 0
+        unseen = self._overflow
         entries = self._entries
         if isinstance(value, str):  # the common case, without the generators
             whole, found = _analyze(value)
@@ -232,9 +233,12 @@ class ProvenanceIndex:
                     mask |= entries.get(digest(token), 0)
         else:
             for digest_ in self._probe(value):
+                if digest_ is None:  # nested too deep to walk: the part not looked at may come from any source
+                    unseen |= (1 << len(self._labels)) - 1
+                    break
                 mask |= entries.get(digest_, 0)
         user = self._bits.get(USER)
-        overflow = self._overflow & ~(1 << user) if user is not None else self._overflow
+        overflow = unseen & ~(1 << user) if user is not None else unseen
         return self._names(mask | overflow)
 
     def from_user(self, value: Any) -> bool:
@@ -248,8 +252,8 @@ class ProvenanceIndex:
     def _from(self, value: Any, bit: int, depth: int) -> bool:
         if depth > 64:
             return False
-        if isinstance(value, Mapping):
-            items = list(value.values())
+        if isinstance(value, Mapping):  # a key that is data (an IBAN, an address) must be the user's too
+            items = [k for k in value if isinstance(k, str) and _data_key(k)] + list(value.values())
         elif isinstance(value, (list, tuple)):
             items = list(value)
         else:
@@ -266,10 +270,12 @@ class ProvenanceIndex:
         text = _scalar_text(value)
         return text is not None and bool(entries.get(digest(text), 0) & bit)
 
-    def _probe(self, value: Any) -> Iterator[bytes]:
+    def _probe(self, value: Any) -> Iterator[bytes | None]:
+        """The digests to look `value` up by; None last when it is nested too deep to walk whole."""
         digest = self._digest
-        for leaf in _leaves(value, keys=False):
+        for leaf in _leaves(value, keys=_data_key):
             if leaf is _CUT:
+                yield None
                 return
             if isinstance(leaf, str):
                 whole, found = _analyze(leaf)
@@ -383,8 +389,15 @@ _MAX_DEPTH = 64
 _MAX_NODES = 1_000_000
 
 
-def _leaves(value: Any, *, keys: bool) -> Iterator[Any]:
-    """The scalar leaves of a JSON-like value (map keys too when `keys`), depth-first, without recursion."""
+def _data_key(key: str) -> bool:
+    """Whether a map key is data rather than a field name: ``{'GB29NWBK60161331926819': 100}`` or
+    ``{'eve@evil.example': 'cc'}``, not ``{'to': …}`` (a key with a digit, or not an identifier)."""
+    return not key.isidentifier() or any(c.isdigit() for c in key)
+
+
+def _leaves(value: Any, *, keys: bool | Callable[[str], bool]) -> Iterator[Any]:
+    """The scalar leaves of a JSON-like value, depth-first, without recursion; map keys too when `keys`
+    (all of them if True, those it accepts if a function)."""
     stack: list[tuple[Any, int]] = [(value, 0)]
     budget = _MAX_NODES
     while stack:
@@ -397,7 +410,7 @@ def _leaves(value: Any, *, keys: bool) -> Iterator[Any]:
             yield node
         elif isinstance(node, Mapping):
             for k, v in node.items():
-                if keys and isinstance(k, str):
+                if keys and isinstance(k, str) and (keys is True or keys(k)):
                     yield k
                 stack.append((v, depth + 1))
         elif isinstance(node, (list, tuple, set, frozenset)):
