@@ -312,14 +312,15 @@ class Gate:
 
     def start_run(
         self, *, principal: str | None = None, labels: Mapping[str, str] | None = None, run_id: str | None = None,
-        task: str | None = None, agent: str | None = None,
+        task: str | None = None, agent: str | None = None, provenance: bool = False,
     ) -> RunContext:
         """Open a run: fresh budgets and history. Refused (`AuditError`) if the audit trail cannot record it.
 
         `task` is what the user asked: when the policy calls `provenance()`/`from_user()`, it is
         indexed as the source ``user`` (the agents pass it themselves). `agent` names the agent
         running it (`run.agent` in conditions; managed agents it hands tasks to get their own name
-        there, see `RunContext.delegate`).
+        there, see `RunContext.delegate`). `provenance=True` keeps the run's provenance index even
+        when this gate's policy reads none (a managed agent's own policy does).
         """
         info = RunInfo(id=run_id or new_id("run_"), principal=principal, labels=dict(labels or {}), agent=agent)
         ctx = RunContext(info, self.policy.new_ledger(info, self.ledger), history_limit=self.history_limit)
@@ -327,7 +328,7 @@ class Gate:
             ctx.agents = (agent,)
         # The policy's history aggregates fold from the first call, so they outlive dropped entries.
         ctx.track(getattr(self.policy, "pipelines", ()))
-        ctx.provenance = self._provenance_index(task)
+        ctx.provenance = self._provenance_index(task, provenance)
         fields: dict[str, Any] = {"run_id": info.id, "principal": info.principal, "labels": dict(info.labels),
                                   "policy_sha256": self.policy.sha256}
         if agent is not None:
@@ -335,7 +336,8 @@ class Gate:
         self._record("run_started", fields, required=True)
         return ctx
 
-    def resume_run(self, info: RunInfo, *, task: str | None = None, **fields: Any) -> RunContext:
+    def resume_run(self, info: RunInfo, *, task: str | None = None, provenance: bool = False,
+                   **fields: Any) -> RunContext:
         """Reopen a durable run saved earlier (fresh ledger and history, for the caller to restore).
 
         Recorded as `run_resumed`; refused (`AuditError`) if the audit trail cannot record it.
@@ -344,7 +346,7 @@ class Gate:
         `provenance()` then includes those labels for every value; `from_user` still reads `task`).
         """
         ctx = RunContext(info, self.policy.new_ledger(info, self.ledger))
-        ctx.provenance = self._provenance_index(task)
+        ctx.provenance = self._provenance_index(task, provenance)
         if ctx.provenance is not None:
             ctx.provenance.mark_incomplete(getattr(self.policy, "result_labels", ()))
         self._record("run_resumed", {"run_id": info.id, "principal": info.principal, "labels": dict(info.labels),
@@ -364,9 +366,9 @@ class Gate:
             summary[ended] = summary.get(ended, 0) + count
         self._record("run_finished", {"run_id": ctx.info.id, "status": status, "calls": summary, **fields})
 
-    def _provenance_index(self, task: str | None) -> ProvenanceIndex | None:
-        """A run's index of where values came from, when the policy reads it (else None: no cost)."""
-        if not getattr(self.policy, "uses_provenance", False):
+    def _provenance_index(self, task: str | None, wanted: bool = False) -> ProvenanceIndex | None:
+        """A run's index of where values came from, when a policy reads it (else None: no cost)."""
+        if not (wanted or getattr(self.policy, "uses_provenance", False)):
             return None
         index = ProvenanceIndex(self.provenance_limits)
         if task:

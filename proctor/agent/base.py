@@ -160,6 +160,12 @@ class AgentBase:
         #: The agents this one hands tasks to, by name; each is a tool of this agent (`proctor.agent.managed`).
         self.managed_agents: dict[str, AgentBase] = self._check_managed(tools, managed_agents)
         tools += [agent_tool(agent) for agent in self.managed_agents.values()]
+        # The policies of this agent and of every agent it manages: the run keeps a provenance index when
+        # any of them reads it (a managed agent's own provenance() rule must not go blind), and a resumed
+        # run counts earlier results under all their labels as unseen.
+        self._provenance_policies: tuple[Any, ...] = tuple(dict.fromkeys(
+            p for p in (self.policy, *(q for a in self.managed_agents.values() for q in a._provenance_policies))
+            if p is not None))
         # Any: the gate's PolicyLike protocol is structural and Policy satisfies it at run time.
         self.gate = Gate(cast(Any, self.policy if self.policy is not None else _no_policy()), approver=approver,
                          audit=self.audit, tracer=self.tracer, tools=tools, ledger=ledger)
@@ -266,7 +272,8 @@ class AgentBase:
             self._reset_executor()
         steps: list[StepRecord] = []
         try:
-            ctx = self.gate.start_run(principal=principal, labels=labels, task=task, agent=self.name)
+            ctx = self.gate.start_run(principal=principal, labels=labels, task=task, agent=self.name,
+                                      provenance=self._reads_provenance())
         except ProctorError as exc:
             return RunResult(None, "error", steps, Usage(), None, run_id="", audit_path=self.audit_path,
                              error=str(exc), duration_ns=time.perf_counter_ns() - started)
@@ -301,12 +308,15 @@ class AgentBase:
         info = RunInfo(id=record.run_id, step=max(0, record.step - 1), principal=record.principal,
                        labels=dict(record.labels), agent=self.name)
         try:
-            ctx = self.gate.resume_run(info, task=_task_of(record.messages),
+            ctx = self.gate.resume_run(info, task=record.task, provenance=self._reads_provenance(),
                                        previous_policy_sha256=record.policy_sha256, linked_trace_id=record.trace_id)
         except ProctorError:
             durable.end("suspended", answer=None, error=record.error, steps=(), pending=())
             raise
         ctx.agents = (self.name,)
+        if ctx.provenance is not None:  # earlier results of tools the managed agents' policies label: unseen too
+            ctx.provenance.mark_incomplete(label for p in self._provenance_policies
+                                           for label in getattr(p, "result_labels", ()))
         restore_context(ctx, record)
         self.images = RunImages()  # images already in the saved messages are not counted again
         self.memory = [dict(m) for m in record.messages]
@@ -314,6 +324,10 @@ class AgentBase:
         steps = [step_from_dict(d) for d in record.steps]
         self._rebuild(ctx, durable, steps)
         return self._drive(ctx, record.task, steps, started, durable)
+
+    def _reads_provenance(self) -> bool:
+        """Whether a policy of this agent or of an agent it manages calls provenance()/from_user()."""
+        return any(getattr(p, "uses_provenance", False) for p in self._provenance_policies)
 
     def _idempotent_tools(self) -> set[str]:
         tools = getattr(self.policy, "model", None)
@@ -660,12 +674,3 @@ def _notify(callbacks: Sequence[StepCallback], step: StepRecord) -> None:
             callback(step)
         except Exception as exc:  # noqa: BLE001 - a display callback must not end the run
             log.warning("step_callback_failed", error=repr(exc))
-
-
-def _task_of(messages: Any) -> str | None:
-    """The task a saved run was given (its first "New task:" message), for the resumed run's provenance."""
-    for message in messages or ():
-        content = message.get("content") if isinstance(message, dict) else None
-        if message.get("role") == "user" and isinstance(content, str) and content.startswith("New task:\n"):
-            return content.removeprefix("New task:\n")
-    return None

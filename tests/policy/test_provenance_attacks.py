@@ -75,3 +75,5 @@ def test_an_injected_value_nested_past_the_walk_depth_is_not_hidden() -> None:
     for _ in range(80):
         deep = [deep]
     assert "untrusted" in ctx.provenance.labels_of(deep)
+    with pytest.raises(ToolDenied):  # and at the gate, the call is refused either way
+        gate.call("send_money", {"transfers": deep}, context=ctx)
