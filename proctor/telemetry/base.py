@@ -50,13 +50,28 @@ def capture_content() -> bool:
     return _capture
 
 
+def _plain(value: Any) -> Any:
+    """What JSON cannot hold: an image as its description (digest, bytes, size, format), anything else its repr."""
+    from proctor.images import is_image
+
+    if is_image(value):
+        from proctor.errors import ImageError
+        from proctor.images import load_image
+
+        try:
+            return {"image": load_image(value).describe()}
+        except ImageError as exc:
+            return f"[image not described: {exc}]"
+    return repr(value)
+
+
 def content_json(value: Any) -> str:
     """`value` as compact JSON (repr for what JSON cannot hold), cut at MAX_CONTENT_CHARS."""
     if isinstance(value, str):
         text = value
     else:
         try:
-            text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True, default=repr)
+            text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True, default=_plain)
         except (TypeError, ValueError):
             text = repr(value)
     if len(text) > MAX_CONTENT_CHARS:

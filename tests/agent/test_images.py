@@ -207,6 +207,10 @@ def test_spans_carry_image_digests_never_their_data(tmp_path: Path) -> None:
     assert steps and all("base64" not in str(s.attributes["proctor.step.images"]) for s in steps)
     assert '"tool": "screenshot"' in str(steps[0].attributes["proctor.step.images"]) or \
         '"tool": "screenshot"' in str(steps[-1].attributes["proctor.step.images"])
+    [call] = capture.spans("execute_tool screenshot")
+    shot = load_image(screenshot.fn("home"))
+    result = str(call.attributes.get("gen_ai.tool.call.result"))
+    assert shot.sha256 in result and '"width":40' in result and "base64" not in result
 
 
 def test_replay_from_the_log_lists_each_steps_images(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
