@@ -24,6 +24,7 @@ import base64
 import hashlib
 import io
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,14 +161,20 @@ def _from_bytes(data: bytes, what: str) -> ImageData:
     _check_bytes(len(data), what)
     pil = _pil()
     try:
-        with pil.open(io.BytesIO(data)) as img:  # reads the header only: size and format
-            fmt = str(img.format or "").upper()
-            width, height = img.size
-            if fmt in FORMATS:
-                _check_size(width, height, what)
-                img.verify()  # structure and checksums, without decoding the pixels
+        with warnings.catch_warnings():
+            # Pillow's own bomb check (far above ours) warns, then raises: both mean "too many pixels".
+            warnings.simplefilter("error", pil.DecompressionBombWarning)
+            with pil.open(io.BytesIO(data)) as img:  # reads the header only: size and format
+                fmt = str(img.format or "").upper()
+                width, height = img.size
+                if fmt in FORMATS:
+                    _check_size(width, height, what)
+                    img.verify()  # structure and checksums, without decoding the pixels
     except ImageError:
         raise
+    except (pil.DecompressionBombError, pil.DecompressionBombWarning):
+        raise ImageError(f"{what}: the image has more pixels than the limit of {MAX_IMAGE_PIXELS:,} "
+                         "(MAX_IMAGE_PIXELS); scale it down first") from None
     except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds for a bad file
         raise ImageError(f"{what}: not a readable image ({type(exc).__name__}: {exc})") from None
     if fmt not in FORMATS:

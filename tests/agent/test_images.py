@@ -311,3 +311,25 @@ def test_a_resumed_run_shows_a_journaled_tool_image_again(tmp_path: Path) -> Non
     assert "<image #1: PNG 40x30" in _parts(observation)[0]["text"]
     [image] = _images_in(observation)
     assert Image.open(io.BytesIO(image)).size == (40, 30)
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG whose header claims `width` x `height` pixels, with one tiny compressed row: a decompression bomb."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + \
+        chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("side", [6000, 10_000, 20_000])
+def test_a_decompression_bomb_is_refused_from_its_header(side: int) -> None:
+    """A few hundred bytes claiming 36 to 400 million pixels are refused before any pixel is decoded."""
+    bomb = _png_header(side, side)
+    assert len(bomb) < 200
+    with pytest.raises(ImageError, match="MAX_IMAGE_PIXELS"):
+        load_image(bomb, "images[0]")
