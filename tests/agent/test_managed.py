@@ -355,3 +355,38 @@ def test_policy_test_and_explain_know_run_agent(tmp_path: Path, capsys: pytest.C
     assert main(["policy", "explain", str(policy), "--tool", "send_note", "--args", "{}",
                  "--run", '{"agent": "researcher"}', "--json"]) == 0
     assert '"deny"' in capsys.readouterr().out
+
+
+@tool(side_effect="read")
+def read_secret(name: str) -> str:
+    """Read a secret the researcher may use.
+
+    Args:
+        name: Which secret.
+    """
+    return "s3cret"
+
+
+def test_the_parents_gate_does_not_know_the_sub_agents_tools() -> None:
+    """A tool only the researcher has is not callable in the parent's context, even by a forged request."""
+    sub = CodeAgent([read_secret], ScriptedModel([program("final_answer(len(read_secret('db')))")]),
+                    name="researcher", description=RESEARCHER)
+    with manager(sub, program("final_answer(researcher(task='x'))")) as boss:
+        result = boss.run("Go.")
+        assert result.answer == 6 and "read_secret" not in boss.gate.tools
+        ctx = boss.gate.start_run(agent="manager")
+        forged = boss.gate.submit("read_secret", {"name": "db"}, context=ctx)
+    assert forged.record.status == "denied" and "unknown tool" in str(forged.error)
+
+
+def test_a_durable_parent_runs_its_managed_agent_and_finishes(tmp_path: Path) -> None:
+    """With a run store the parent's call to the researcher is journaled like any call; the run ends done."""
+    from proctor.store import RunStore
+
+    store = RunStore.open(str(tmp_path / "runs.db"))
+    sub = researcher(program("final_answer(get_price('plum'))"))
+    with manager(sub, program("final_answer(researcher(task='plum'))"), store=store) as boss:
+        result = boss.run("Plum?")
+    assert result.status == "done" and result.answer == 0.5
+    assert store.get_run(result.run_id).status == "done"
+    store.close()
