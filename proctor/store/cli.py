@@ -126,10 +126,10 @@ def _guard(func: Any) -> Any:
         try:
             return int(func(args))
         except _Usage as exc:
-            print(f"proctor {args.command} {args.action}: {exc}", file=sys.stderr)
+            _out(f"proctor {args.command} {args.action}: {exc}", file=sys.stderr)
             return 2
         except ProctorError as exc:
-            print(f"proctor {args.command} {args.action}: {exc}", file=sys.stderr)
+            _out(f"proctor {args.command} {args.action}: {exc}", file=sys.stderr)
             return 1
 
     run.__name__ = func.__name__
@@ -147,13 +147,24 @@ def _short(value: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _out(text: str, file: Any = None) -> None:
+    """Print a line for a human: ids, tasks, arguments, reasons and names come from models, tools and
+    users, so they go through `terminal_safe` (no escape sequence reaches the terminal)."""
+    from proctor.termsafe import terminal_safe
+
+    print(terminal_safe(text, keep_newlines=True), file=file)
+
+
 def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
+
+    from proctor.termsafe import terminal_safe
 
     table = Table(*headers, highlight=False)
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(terminal_safe(cell)) for cell in row))  # data, never rich markup
     Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(table)
 
 
@@ -178,7 +189,7 @@ def _approvals_list(args: argparse.Namespace) -> int:
         print(json.dumps([a.as_dict() for a in items], default=str, indent=2))
         return 0
     if not items:
-        print("no pending approvals" if not args.all else "no approvals")
+        _out("no pending approvals" if not args.all else "no approvals")
         return 0
     _print_table(("id", "tool", "args", "run", "principal", "rule", "requested", "status"),
                  [(a.id, a.tool, _short(a.args), a.run_id, a.principal or "-", ", ".join(a.rules) or "-",
@@ -202,13 +213,13 @@ def _approvals_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(a.as_dict(), default=str, indent=2))
         return 0
-    print(f"approval {a.id}  [{a.status}]")
-    print(f"  call      {a.tool}({_short(a.args, 200)})  side effect: {a.side_effect}")
-    print(f"  run       {a.run_id}  step {a.step}, call {a.seq + 1}  principal: {a.principal or '-'}")
-    print(f"  asked by  {', '.join(a.rules) or 'the default'}: {a.reason}")
-    print(f"  requested {_when(a.requested_at_ns)}  binding {a.binding}")
+    _out(f"approval {a.id}  [{a.status}]")
+    _out(f"  call      {a.tool}({_short(a.args, 200)})  side effect: {a.side_effect}")
+    _out(f"  run       {a.run_id}  step {a.step}, call {a.seq + 1}  principal: {a.principal or '-'}")
+    _out(f"  asked by  {', '.join(a.rules) or 'the default'}: {a.reason}")
+    _out(f"  requested {_when(a.requested_at_ns)}  binding {a.binding}")
     if a.answer is not None:
-        print(f"  answer    {a.answer.verdict} by {a.answer.approver} at {_when(a.answer.answered_at_ns)}"
+        _out(f"  answer    {a.answer.verdict} by {a.answer.approver} at {_when(a.answer.answered_at_ns)}"
               + (f": {a.answer.reason}" if a.answer.reason else ""))
     return 0
 
@@ -251,7 +262,7 @@ def _answer(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(answered.as_dict(), default=str, indent=2))
     else:
-        print(f"{answered.id}: {args.verdict} by {approver} ({answered.tool} of run {answered.run_id}); "
+        _out(f"{answered.id}: {args.verdict} by {approver} ({answered.tool} of run {answered.run_id}); "
               f"resume it with `proctor runs resume {answered.run_id} …`")
     return 0
 
@@ -298,7 +309,7 @@ def _runs_list(args: argparse.Namespace) -> int:
                           for r, w in rows], indent=2))
         return 0
     if not rows:
-        print("no runs")
+        _out("no runs")
         return 0
     _print_table(("run", "status", "step", "principal", "task", "waiting for", "updated"),
                  [(r.run_id, r.status, str(r.step), r.principal or "-", _short(r.task, 40).strip('"'),
@@ -347,9 +358,9 @@ def _runs_cancel(args: argparse.Namespace) -> int:
     finally:
         store.close()
     if record.status != "cancelled" or before.status == "cancelled":
-        print(f"run {record.run_id} is {record.status}: nothing to cancel", file=sys.stderr)
+        _out(f"run {record.run_id} is {record.status}: nothing to cancel", file=sys.stderr)
         return 1
-    print(f"run {record.run_id} cancelled")
+    _out(f"run {record.run_id} cancelled")
     return 0
 
 
@@ -386,6 +397,6 @@ def _runs_resume(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.as_dict(), default=str, indent=2))
     else:
-        print(f"run {result.run_id}: {result.status}" + (f": {result.answer!r}" if result.status == "done" else "")
+        _out(f"run {result.run_id}: {result.status}" + (f": {result.answer!r}" if result.status == "done" else "")
               + (f" ({result.error})" if result.error else ""))
     return 0 if result.status in ("done", "suspended") else 1

