@@ -59,6 +59,17 @@ class SeenIds:
     def __len__(self) -> int:
         return self.upto + len(self.above)
 
+    def take(self, request_id: int) -> bool:
+        """Note `request_id` as used; False if it was used before. (One call on every tool call's
+        path: the usual next id in order is two comparisons and a store.)"""
+        if request_id == self.upto + 1 and not self.above:
+            self.upto = request_id
+            return True
+        if request_id in self:
+            return False
+        self.add(request_id)
+        return True
+
     def add(self, request_id: int) -> None:
         """Note `request_id` as used (the caller has checked it was not)."""
         if request_id != self.upto + 1:

@@ -123,6 +123,7 @@ class Interpreter:
         self._key = ""
         self._arg_run: Any = None  # the run whose argument bytes `_arg_bytes` counts
         self._arg_bytes = 0
+        self._run_arg_limit = self.channel_limits.max_run_arg_bytes  # read on every call
         #: ``(call_id, tool, value) -> value``: what the program gets instead of a tool's result (an agent
         #: swaps an image for a text handle here: the bytes stay on the host). None: the result as is.
         self.result_hook: Callable[[str, str, Any], Any] | None = None
@@ -228,7 +229,14 @@ class Interpreter:
             batch = worker.read(deadline - now)
             for i, (size, raw) in enumerate(batch):
                 message = raw if type(raw) is OversizedCall else parse_worker_message(raw, depth)
-                if isinstance(message, (CallRequest, OversizedCall)):
+                if type(message) is CallRequest:  # the usual message: its checks first, on their own
+                    if message.run != run:
+                        raise ProtocolError(f"call stamped with run {message.run} during run {run}")
+                    began = time.monotonic()
+                    if began >= deadline:  # requests after the deadline never reach the gate
+                        return self._timed_out(calls, final)
+                    deadline += self._serve(worker, message, ctx, parent, calls, bool(final), began, size)
+                elif isinstance(message, (CallRequest, OversizedCall)):
                     if message.run != run:
                         raise ProtocolError(f"call stamped with run {message.run} during run {run}")
                     began = time.monotonic()
@@ -265,9 +273,8 @@ class Interpreter:
                calls: list[CallRecord], after_final: bool, began: float, size: int) -> float:
         """Answer one request; return the seconds the program spent waiting for a tool or an
         approval (from `began` until the answer left), which do not count against its timeout."""
-        if req.id in worker.seen_ids:
+        if not worker.seen_ids.take(req.id):
             raise ProtocolError(f"request id {req.id} used twice")
-        worker.seen_ids.add(req.id)
         refusal = None
         if after_final:
             refusal = "final_answer() was already called: the program may not call tools any more"
@@ -279,7 +286,7 @@ class Interpreter:
             # The frame's size less its envelope with one-digit ids: at most a few bytes over the
             # arguments' size, and cheap; the exact size is worked out only near the limit.
             used = self._arg_bytes + size - 45 - len(req.tool)
-            if used > self.channel_limits.max_run_arg_bytes:
+            if used > self._run_arg_limit:
                 nbytes = call_args_bytes(size, req.id, req.run, req.tool)
                 limit = self.channel_limits.max_run_arg_bytes
                 if self._arg_bytes + nbytes > limit:
@@ -339,9 +346,8 @@ class Interpreter:
     def _refuse_oversized(self, worker: WorkerProcess, call: OversizedCall, ctx: Any, parent: Any,
                           calls: list[CallRecord]) -> None:
         """A call refused by its size, before its arguments were decoded: audited with their digest."""
-        if call.id in worker.seen_ids:
+        if not worker.seen_ids.take(call.id):
             raise ProtocolError(f"request id {call.id} used twice")
-        worker.seen_ids.add(call.id)
         if call.what == "arguments":
             reason = (f"{call.tool}: refused: its arguments are {size_text(call.size)}, over the limit of "
                       f"{size_text(call.limit)} per call ({call.setting}); pass a smaller value, or a "

@@ -122,3 +122,13 @@ def test_seen_request_ids_stay_small_and_catch_reuse() -> None:
     with pytest.raises(ProtocolError, match="skip"):
         for i in range(200_000, 200_000 + 2 * (SeenIds.MAX_GAPS + 1), 2):
             seen.add(i)
+
+
+def test_taking_a_request_id_refuses_every_reuse_in_order_or_not() -> None:
+    """`SeenIds.take` (the per-call check) accepts each id once, in order or out of it, and refuses repeats."""
+    from proctor.interpreter.host import SeenIds
+
+    seen = SeenIds()
+    assert [seen.take(i) for i in (1, 2, 4, 3, 4, 2, 5, 0, 7, 7, 6)] == [
+        True, True, True, True, False, False, True, False, True, False, True]
+    assert seen.upto == 7 and not seen.above
