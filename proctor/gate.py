@@ -721,6 +721,10 @@ class Gate:
             return ApprovalDenied(f"{name}: needs approval ({p.decision.reason}) but no approver is configured",
                                   tool=name, call_id=p.call_id, rules=p.decision.rules)
         timeout_s = self.policy.approval.timeout_s
+        if p.ctx.layers or p.ctx.deadline is not None:  # a managed agent: the shortest wait, within its time
+            timeout_s = min([timeout_s, *(layer.policy.approval.timeout_s for layer in p.ctx.layers)])
+            if p.ctx.deadline is not None:
+                timeout_s = max(0.0, min(timeout_s, p.ctx.deadline - time.monotonic()))
         # A human sees the clear arguments (nobody can approve a wire without seeing where it
         # goes) except fields the policy hides from approvers too. The binding is computed over
         # the redacted arguments: it is written to the log and sent to webhooks, and a hash of

@@ -390,3 +390,40 @@ def test_a_durable_parent_runs_its_managed_agent_and_finishes(tmp_path: Path) ->
     assert result.status == "done" and result.answer == 0.5
     assert store.get_run(result.run_id).status == "done"
     store.close()
+
+
+def test_an_approval_wait_inside_the_sub_agent_ends_with_its_time() -> None:
+    """A human who never answers a researcher's call cannot hold the run past the researcher's timeout."""
+    import threading
+
+    never = threading.Event()
+
+    def stuck(_req: ApprovalRequest) -> bool:
+        never.wait(30)  # an approver that does not answer (released at the end of the test)
+        return True
+
+    code = "try:\n    send_note('boss', 'hi')\nexcept ApprovalTimeout as e:\n    final_answer(str(e))"
+    sub = researcher(program(code))
+    policy = parent_policy(tools={"researcher": {"side_effect": "read", "timeout": "2s"}})
+    began = time.monotonic()
+    try:
+        with manager(sub, program("final_answer(researcher(task='x'))"), policy=policy,
+                     approver=CallbackApprover(stuck)) as boss:
+            result = boss.run("Go.")
+    finally:
+        never.set()
+    assert "approval timed out" in result.answer
+    assert time.monotonic() - began < 25  # the policy's approval timeout (5 min) did not apply
+
+
+def test_the_sub_agents_model_use_counts_in_the_runs_model_budget() -> None:
+    """A run-wide model_tokens budget counts the researcher's replies too: it stops the tree."""
+    policy = parent_policy(budgets=[{"name": "tokens", "limit": {"model_tokens": 2000}}])  # a reply: ~850 tokens
+    sub = researcher(program("print(1)"), program("print(2)"), program("final_answer(3)"))
+    code = "try:\n    researcher(task='x')\nexcept ToolFailed as e:\n    print(e)"
+    with manager(sub, program(code), program("final_answer('late')"), policy=policy) as boss:
+        result = boss.run("Go.")
+    assert sub.last_run is not None and sub.last_run.status == "budget_exhausted" and 1 <= len(sub.last_run.steps) < 3
+    assert result.status == "budget_exhausted" and len(result.steps) == 1
+    spent = sum(s.usage.total_tokens for s in [*result.steps, *sub.last_run.steps])
+    assert result.budget_usage["tokens"]["model_tokens"] == spent > 2000
