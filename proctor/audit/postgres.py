@@ -109,13 +109,26 @@ BEGIN
     UPDATE proctor_audit_logs SET seq = s, head = hd, last_ckpt = ck WHERE name = p_log;
 END
 $$;
-CREATE OR REPLACE FUNCTION proctor_audit_barrier(p_writer text) RETURNS void
+CREATE OR REPLACE PROCEDURE proctor_audit_append_durable(
+    p_log text, p_writer text, p_kind text[], p_n0 text[], p_n1 text[], p_n2 text[],
+    p_f0 text[], p_f1 text[], p_f2 text[], p_f3 text[],
+    INOUT out_seq bigint[] DEFAULT NULL, INOUT out_h text[] DEFAULT NULL, INOUT out_last_ckpt bigint[] DEFAULT NULL)
 LANGUAGE plpgsql AS $$
 BEGIN
-    -- The calling transaction commits synchronously whatever the session says: its flush covers
-    -- every commit before it in the WAL (the writer's appends, committed without waiting).
+    -- The records, in a transaction committed without waiting for the disk: the chain's row
+    -- lock is held for the microseconds of the inserts, not for a flush.
+    PERFORM set_config('synchronous_commit', 'off', true);
+    SELECT array_agg(a.out_seq ORDER BY a.out_seq), array_agg(a.out_h ORDER BY a.out_seq),
+           array_agg(a.out_last_ckpt ORDER BY a.out_seq)
+      INTO out_seq, out_h, out_last_ckpt
+      FROM proctor_audit_append(p_log, p_kind, p_n0, p_n1, p_n2, p_f0, p_f1, p_f2, p_f3) a;
+    COMMIT;
+    -- The barrier: a transaction that writes a row of this writer's and commits synchronously;
+    -- its flush covers every commit before it in the WAL, the records' included, and PostgreSQL
+    -- flushes concurrent writers' barriers together. (An upsert: it writes even if the row went.)
     PERFORM set_config('synchronous_commit', 'on', true);
-    UPDATE proctor_audit_writers SET flushes = flushes + 1 WHERE id = p_writer;
+    INSERT INTO proctor_audit_writers (id, flushes) VALUES (p_writer, 1)
+        ON CONFLICT (id) DO UPDATE SET flushes = proctor_audit_writers.flushes + 1;
 END
 $$;
 """
@@ -126,11 +139,10 @@ _LINGER_S = 0.002
 # The record parts go as binary text arrays (%b): psycopg's text array format escapes every quote
 # of the JSON with a Python regex callback, which cost 3/4 of the client's CPU per batch.
 _APPEND = "SELECT out_seq, out_h, out_last_ckpt FROM proctor_audit_append(%s, %b, %b, %b, %b, %b, %b, %b, %b)"
-# A synchronous commit of a transaction that wrote something flushes the WAL up to its commit
-# record, and so every commit before it: the durability barrier for the appends committed
-# asynchronously. Each writer bumps its own row, so barriers of many writers never wait on a lock
-# (a transaction that writes nothing, such as `SELECT txid_current()`, commits without a flush).
-_BARRIER = "SELECT proctor_audit_barrier(%s)"
+# A durable batch: the append and the durability barrier, two transactions in one statement (the
+# procedure commits between them), so one round trip and no pipeline. The result: seqs, hashes,
+# last checkpoints, as arrays.
+_APPEND_DURABLE = "CALL proctor_audit_append_durable(%s, %s, %b, %b, %b, %b, %b, %b, %b, %b, NULL, NULL, NULL)"
 
 
 def is_postgres_url(target: object) -> bool:
@@ -162,7 +174,9 @@ def ensure_schema(conn: psycopg.Connection[Any]) -> None:
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('proctor_audit_schema'))")
         exists = conn.execute("SELECT to_regprocedure('proctor_audit_append(text, text[], text[], text[], text[], "
                               "text[], text[], text[], text[])') IS NOT NULL "
-                              "AND to_regprocedure('proctor_audit_barrier(text)') IS NOT NULL").fetchone()
+                              "AND to_regprocedure('proctor_audit_append_durable(text, text, text[], text[], text[], "
+                              "text[], text[], text[], text[], text[], bigint[], text[], bigint[])') IS NOT NULL"
+                              ).fetchone()
         if not (exists and exists[0]):
             conn.execute(SCHEMA)
 
@@ -394,19 +408,12 @@ class PostgresAuditLog:
             columns[0].append(p.kind)
             for i, part in enumerate((*noh, *full)):
                 columns[i + 1].append(part)
-        # One network round trip, two transactions. A pipeline is one transaction until its Sync,
-        # so the append gets an explicit one of its own, committed without waiting for the disk
-        # (the session's synchronous_commit is off): the chain's row lock is held for
-        # microseconds, not for a flush. Behind it, the barrier commits synchronously at the Sync.
-        with conn.pipeline():
-            if any(p.durable for p in records):
-                conn.execute("BEGIN")
-                cursor = conn.execute(_APPEND, (self.name, *columns))
-                conn.execute("COMMIT")
-                conn.execute(_BARRIER, (self._writer_id,))
-            else:
-                cursor = conn.execute(_APPEND, (self.name, *columns))
-        rows = cursor.fetchall()
+        if any(p.durable for p in records):
+            row = conn.execute(_APPEND_DURABLE, (self.name, self._writer_id, *columns)).fetchone()
+            assert row is not None
+            rows = list(zip(row[0], row[1], row[2], strict=True))
+        else:
+            rows = conn.execute(_APPEND, (self.name, *columns)).fetchall()
         for p, (seq, _h, last) in zip(records, rows, strict=True):
             p.result = AuditResult(True, seq=int(seq))
             self._seq, self._last_ckpt = int(seq) + 1, last
