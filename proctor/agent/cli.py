@@ -164,7 +164,8 @@ def _run(args: argparse.Namespace, tools: list[Any], policy: Any, approver: Any)
     # On a terminal, a live line while each program runs; on a pipe or in CI, nothing (see progress.py).
     progress = ProgressLine(sys.stdout, enabled=None if not args.json else False)
     if progress.enabled:
-        approver = PausingApprover.around(approver, progress)
+        # The console approver asks at this terminal: the line steps aside; others ask elsewhere.
+        approver = PausingApprover.around(approver, progress, terminal=args.approver == "console")
     callbacks: dict[str, Any] = {} if args.json else {"program_callbacks": [printer.program, progress.start],
                                                        "step_callbacks": [progress.stop, printer.done]}
     model = LiteLLMModel(args.model, **dict(args.model_arg))

@@ -58,6 +58,7 @@ class ProgressLine:
         self._began = 0.0
         self._paused = 0
         self._shown = False
+        self._waiting = ""
 
     # -- hooks -----------------------------------------------------------------------------------
 
@@ -104,6 +105,17 @@ class ProgressLine:
             with self._lock:
                 self._paused -= 1
 
+    @contextmanager
+    def waiting(self, what: str) -> Iterator[None]:
+        """Say on the line what the program waits for (an approval asked elsewhere: a webhook, an inbox)."""
+        with self._lock:
+            self._waiting = what
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._waiting = ""
+
     # -- drawing ---------------------------------------------------------------------------------
 
     def text(self, width: int) -> str:
@@ -114,7 +126,9 @@ class ProgressLine:
         if self._refused:
             calls += f" ({self._refused} not ok)"
         line = f"{frame} step {self._step}: program running · {calls} · {elapsed:.1f}s"
-        if self._last:
+        if self._waiting:
+            line += f" · {terminal_safe(self._waiting)}"
+        elif self._last:
             line += f" · last: {terminal_safe(self._last)}"
         limit = max(width - 1, 10)
         return line if len(line) <= limit else line[: limit - 1] + "…"
@@ -142,23 +156,30 @@ class ProgressLine:
 
 
 class PausingApprover:
-    """An approver that erases the progress line while the approver it wraps asks its question.
+    """An approver that keeps the progress line out of the way of the approver it wraps.
 
-    Made with `around`, it carries the wrapped approver's class name: the gate names approvers by
-    their type in audit records and messages ("no answer from ConsoleApprover …").
+    One that asks at this terminal (`terminal=True`, the console approver) gets the line erased
+    while it asks; one that asks elsewhere (a webhook, an inbox) leaves the line up, saying what
+    the program waits for. Made with `around`, it carries the wrapped approver's class name: the
+    gate names approvers by their type in audit records and messages ("no answer from
+    ConsoleApprover …").
     """
 
-    def __init__(self, approver: Any, progress: ProgressLine) -> None:
+    def __init__(self, approver: Any, progress: ProgressLine, *, terminal: bool = True) -> None:
         self.approver = approver
         self.progress = progress
+        self.terminal = terminal
 
     @classmethod
-    def around(cls, approver: Any, progress: ProgressLine) -> PausingApprover:
+    def around(cls, approver: Any, progress: ProgressLine, *, terminal: bool = True) -> PausingApprover:
         named: type[PausingApprover] = type(type(approver).__name__, (cls,), {"__module__": cls.__module__})
-        return named(approver, progress)
+        return named(approver, progress, terminal=terminal)
 
     def request(self, request: Any) -> Any:
-        with self.progress.paused():
+        if self.terminal:
+            with self.progress.paused():
+                return self.approver.request(request)
+        with self.progress.waiting(f"waiting for approval of {getattr(request, 'tool', 'a call')}"):
             return self.approver.request(request)
 
     def __getattr__(self, name: str) -> Any:  # store, timeout…: whatever the gate or agent reads of it

@@ -112,6 +112,24 @@ def test_the_line_is_cut_to_the_width_escaped_and_paused_for_an_approval() -> No
     assert "step 2: program running · 1 call" in text and text.endswith(ERASE)
 
 
+def test_an_approval_asked_elsewhere_is_named_on_the_line() -> None:
+    """With a webhook-like approver the line stays up and says which call waits for an answer."""
+    out = _Tty()
+    line = ProgressLine(out, interval=0.01, enabled=True)
+    line.start(StepRecord(1, code="x()"))
+    seen: list[str] = []
+
+    def ask(_request: object) -> bool:
+        time.sleep(0.1)
+        seen.append(out.getvalue())
+        return True
+
+    PausingApprover.around(CallbackApprover(ask), line, terminal=False).request(_request())
+    line.stop()
+    assert "waiting for approval of t" in seen[0]
+    assert "waiting for approval" not in line.text(200)
+
+
 def _request() -> object:
     from proctor.approval.base import ApprovalRequest
 
