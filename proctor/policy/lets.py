@@ -25,7 +25,11 @@ from collections.abc import Mapping
 
 from proctor.policy.conditions import VARIABLES, ConditionError, compile_expression, known_functions
 
-__all__ = ["LET_NAME", "RESERVED", "check_lets", "expand", "names_used"]
+__all__ = ["LET_NAME", "MAX_EXPANDED", "RESERVED", "check_lets", "expand", "names_used"]
+
+#: Longest text a condition may grow to once its names are replaced: names used several times inside
+#: other names multiply (20 lines of `a: "b + b"` would be a million copies), so past this it is an error.
+MAX_EXPANDED = 100_000
 
 LET_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: CEL's reserved words and literals, which no name may take.
@@ -33,6 +37,7 @@ RESERVED = frozenset({
     "true", "false", "null", "in", "as", "break", "const", "continue", "else", "for", "function", "if",
     "import", "let", "loop", "package", "namespace", "return", "var", "void", "while",
     "int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type", "dyn",
+    "has",  # the one global macro: `has(args.x)` must keep meaning it
 })  # fmt: skip
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MACRO_VAR = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_]\w*)\s*,")
@@ -91,7 +96,12 @@ def expand(source: str, lets: Mapping[str, str]) -> str:
     if not pieces:
         return source
     pieces.append(source[last:])
-    return "".join(pieces)
+    out = "".join(pieces)
+    if len(out) > MAX_EXPANDED:
+        raise ConditionError(f"with its names replaced it grows to {len(out):,} characters (more than "
+                             f"{MAX_EXPANDED:,}): a name used several times inside other names multiplies; "
+                             "use each name fewer times", 0, 0)
+    return out
 
 
 def _position(source: str, offset: int) -> tuple[int, int]:
@@ -147,7 +157,10 @@ def check_lets(lets: Mapping[str, str]) -> dict[str, str]:
             raise _located(ConditionError(f"let '{stack[-1]}': names refer to each other in a cycle ({cycle})",
                                           *_position(source, at)), stack[-1])
         inner = {n: resolve(n, (*stack, name)) for n in names_used(lets[name], lets)}
-        expanded[name] = expand(lets[name], inner)
+        try:
+            expanded[name] = expand(lets[name], inner)
+        except ConditionError as exc:
+            raise _located(ConditionError(f"let '{name}': {exc.message}", 0, 0), name) from None
         return expanded[name]
 
     for name in names:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -77,3 +78,35 @@ def test_an_injected_value_nested_past_the_walk_depth_is_not_hidden() -> None:
     assert "untrusted" in ctx.provenance.labels_of(deep)
     with pytest.raises(ToolDenied):  # and at the gate, the call is refused either way
         gate.call("send_money", {"transfers": deep}, context=ctx)
+
+
+def _let_policy(let: str, when: str) -> str:
+    return (f"version: 1\ndefault: allow\nlet:\n{let}rules:\n  - name: r\n    match: {{tool: send_money}}\n"
+            f"    when: \"{when}\"\n    decision: deny\n")
+
+
+def test_let_names_that_multiply_are_a_located_load_error_not_a_hang() -> None:
+    """22 lines of `a: "b + b"` (four million copies once replaced) fail at load, naming the let, at once."""
+    from proctor.errors import PolicyError
+
+    names = [f"n{i}" for i in range(22)]
+    let = "".join(f"  {a}: \"{b} + {b}\"\n" for a, b in itertools.pairwise(names)) + f"  {names[-1]}: \"1\"\n"
+    with pytest.raises(PolicyError, match=r"let 'n\d+': with its names replaced it grows to .* characters"):
+        Policy.from_string(_let_policy(let, "n0 > 0"))
+
+
+def test_a_condition_using_a_long_name_too_often_is_a_located_load_error() -> None:
+    """A when that repeats a long name until it passes the cap is refused at its rule."""
+    from proctor.errors import PolicyError
+
+    long = " || ".join(f"args.note == 'n{i}'" for i in range(2000))
+    with pytest.raises(PolicyError, match=r"rule 'r'.*grows to"):
+        Policy.from_string(_let_policy(f"  big: \"{long}\"\n", " || ".join(["big"] * 5)))
+
+
+def test_has_cannot_be_shadowed_by_a_let_name() -> None:
+    """`has` keeps meaning CEL's macro: a let named has is refused where it is defined."""
+    from proctor.errors import PolicyError
+
+    with pytest.raises(PolicyError, match="let name 'has' is a CEL keyword"):
+        Policy.from_string(_let_policy("  has: \"false\"\n", "has(args.note)"))
