@@ -24,6 +24,7 @@ import base64
 import hashlib
 import io
 import os
+import stat
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -175,6 +176,9 @@ def _from_bytes(data: bytes, what: str) -> ImageData:
     except (pil.DecompressionBombError, pil.DecompressionBombWarning):
         raise ImageError(f"{what}: the image has more pixels than the limit of {MAX_IMAGE_PIXELS:,} "
                          "(MAX_IMAGE_PIXELS); scale it down first") from None
+    except pil.UnidentifiedImageError:
+        raise ImageError(f"{what}: not a readable image (no {', '.join(FORMATS)} or other known header); "
+                         "give an image file or its bytes") from None
     except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds for a bad file
         raise ImageError(f"{what}: not a readable image ({type(exc).__name__}: {exc})") from None
     if fmt not in FORMATS:
@@ -212,9 +216,14 @@ def load_image(value: Any, what: str = "image") -> ImageData:
     if isinstance(value, (str, os.PathLike)):
         path = os.fspath(value)
         try:
-            size = os.stat(path).st_size
-            _check_bytes(size, f"{what} ({path})")
-            with open(path, "rb") as f:
+            # Non-blocking open: a FIFO or a device given as a path must not hang the caller; only a
+            # regular file is read, and what it is is asked of the opened file (no swap after a check).
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+            with os.fdopen(fd, "rb") as f:
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode):
+                    raise ImageError(f"{what}: {path} is not a regular file; give the path of an image file")
+                _check_bytes(st.st_size, f"{what} ({path})")
                 data = f.read(MAX_IMAGE_BYTES + 1)
         except OSError as exc:
             raise ImageError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
