@@ -1043,7 +1043,12 @@ class Gate:
         )
 
     def _remember(self, p: _Pending, status: CallStatus, error: ProctorError | None) -> CallRecord:
-        record = self._record_of(p, status, error)
+        if error is None:  # every call that succeeded: `_record_of` inline, without the error's fields
+            record = CallRecord(p.call_id, p.name, p.redacted.args if p.redacted else {}, p.side_effect, p.decision,
+                                status, time.perf_counter_ns() - p.started_ns, None, None,
+                                f"{p.approval.verdict} by {p.approval.approver}" if p.approval else None, None)
+        else:
+            record = self._record_of(p, status, error)
         p.ctx._remember_row(p.name, p.args, p.side_effect, p.decision.outcome if p.decision else "deny", status,
                             record, labels=getattr(p.facts, "labels", ()))
         return record

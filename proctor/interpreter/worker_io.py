@@ -30,7 +30,7 @@ class Channel:
         self._inbox: dict[Any, dict[str, Any]] = {}
         self._reading = False
         self.run_open = False
-        self._ids = itertools.count(1)
+        self.ids = itertools.count(1)  #: request ids, 1, 2, 3…
         self._reader = BlockingReader(fd)
 
     def send(self, message: dict[str, Any]) -> None:
@@ -74,7 +74,7 @@ class Channel:
             self.run_open = False
 
     def next_id(self) -> int:
-        return next(self._ids)
+        return next(self.ids)
 
     def wait(self, key: Any) -> dict[str, Any]:
         """Block until the message for `key` (a request id, or "ctl") arrives; one thread reads at a time."""
