@@ -427,3 +427,19 @@ def test_the_sub_agents_model_use_counts_in_the_runs_model_budget() -> None:
     assert result.status == "budget_exhausted" and len(result.steps) == 1
     spent = sum(s.usage.total_tokens for s in [*result.steps, *sub.last_run.steps])
     assert result.budget_usage["tokens"]["model_tokens"] == spent > 2000
+
+
+def test_the_runs_wall_time_budget_stops_the_sub_agent_too() -> None:
+    """A run-wide wall_time budget refuses the researcher's calls once spent, and stops it and its parent."""
+    loop = ("n = 0\nfor i in range(60):\n    try:\n        slow_lookup('x')\n        n += 1\n"
+            "    except BudgetExceeded as e:\n        print(e.budget)\n        break\nprint(n)")
+    sub = CodeAgent([slow_lookup], ScriptedModel([program(loop), program("final_answer('late')")]),
+                    name="researcher", description=RESEARCHER)
+    # Generous for a loaded machine: the parent must reach its call to the researcher within it.
+    policy = parent_policy(budgets=[{"name": "run-time", "limit": {"wall_time": "6s"}}])
+    code = "try:\n    researcher(task='slow')\nexcept ToolFailed as e:\n    print(e)"
+    with manager(sub, program(code), program("final_answer('never')"), policy=policy) as boss:
+        result = boss.run("Slow.")
+    assert sub.last_run is not None and sub.last_run.status == "budget_exhausted"
+    assert [c.budget for c in sub.last_run.tool_calls if c.status == "denied"] == ["run-time"]
+    assert result.status == "budget_exhausted" and result.answer is None
