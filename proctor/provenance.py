@@ -12,12 +12,14 @@ the string form of anything else) and from the task:
   collapsed, trimmed;
 - every *token* inside it that looks like an identifier: a run of letters, digits and
   ``. @ / : # + _ - % ~ = ? & ,`` holding a digit or a separator between two word
-  characters — e-mail addresses, URLs (also without their scheme, their host, and the
-  host without ``www.``), file names, record ids, account numbers, numbers; an IBAN
+  characters (it may follow leading separators: ``/etc/passwd``, ``+15551234567``) — e-mail
+  addresses, URLs (also without their scheme, without ``www.``, their host, and the host
+  without its port or ``www.``), file names, record ids, account numbers, numbers; an IBAN
   written in groups (``DE89 3704 0044 …``) also without its spaces. Trailing sentence
-  punctuation is dropped; numbers lose thousands commas and trailing decimal zeros
-  (``1,250.50`` is ``1250.5``). Everything is case-folded: ``Eve@Evil.example`` and
-  ``eve@evil.example`` are the same token;
+  punctuation and markdown emphasis (``_…_``, ``~…~``) are dropped; numbers lose thousands
+  commas and trailing decimal zeros (``1,250.50`` is ``1250.5``). Everything is case-folded
+  (non-ASCII text NFKC-normalised first): ``Eve@Evil.example`` and ``eve@evil.example`` are
+  the same token;
 - numbers (int and float values) in their normalised text form;
 - for the task only, every run of one to `TASK_WORDS` whole words, so a name the user
   wrote (``Emma Johnson``) is found as a whole.
@@ -44,6 +46,7 @@ import hashlib
 import os
 import re
 import threading
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -65,29 +68,37 @@ TASK_WORDS = 8
 _SEPARATORS = ".@/:#+_-%~=?&,"
 # A token starts at a word character and runs over word characters and separators; the
 # lookahead keeps only those holding a digit or a separator between two word characters
-# (plain words are not identifiers). Matching stays in the regex engine: no per-word Python.
+# (plain words are not identifiers). It may start after leading separators (``/etc/passwd``,
+# ``+15551234567``, ``//host/x``), never inside a word. Matching stays in the regex engine.
 _TOKEN = re.compile(
-    r"(?<![\w.@/:+%~=?&-])"
+    r"(?<!\w)"
     r"(?=[\w.@/:#+%~=?&,-]*?(?:\d|[^\W_][.@/:#+_%~=?&-]+[^\W_]))"
     r"\w[\w.@/:#+%~=?&,-]*"
 )
 _IBAN = re.compile(r"(?<!\w)[a-z]{2}\d{2}(?: [a-z0-9]{4}){2,7}(?: [a-z0-9]{1,4})?(?!\w)")
-_TRAILING = ".,:;!?/#-=&"
+_TRAILING = ".,:;!?/#-=&_~"
+_LEADING = "_~"  # markdown emphasis and strike-through around a token: _eve@evil.example_
 _NUMBER = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?")
 _SPACES = re.compile(r"\s+")
 # Characters that end a token besides whitespace (quotes, brackets, …): turned into spaces before splitting.
 _DELIMITERS = str.maketrans(dict.fromkeys("\"'`<>()[]{}|;!*^\\", "\n"))
 # A token that is its own only form: no trailing punctuation, no URL, no key=value, not a number with
 # separators, no comma-separated list.
-_SIMPLE = re.compile(r"^(?!www\.)(?!\d+\.\d*0$)[\w.@+%~#-]*\w$", re.MULTILINE)
+_SIMPLE = re.compile(r"^(?!www\.)(?!_)(?!\d+\.\d*0$)[\w.@+%~#-]*[^\W_]$", re.MULTILINE)
+_PORT = re.compile(r":\d+$")
 _IBAN_HEAD = re.compile(r"^[a-z]{2}\d{2}$", re.MULTILINE)
 _PIECES = re.compile(r"[=&?:]")
 _WORD = re.compile(r"\w+")
 
 
+def _fold(text: str) -> str:
+    """Case-folded, and for non-ASCII text NFKC-normalised first (a fullwidth at sign is ``@``)."""
+    return (text if text.isascii() else unicodedata.normalize("NFKC", text)).casefold()
+
+
 def normalize_whole(text: str) -> str:
-    """A string as indexed whole: case-folded, whitespace collapsed and trimmed."""
-    folded = text.casefold()
+    """A string as indexed whole: case-folded (NFKC), whitespace collapsed and trimmed."""
+    folded = _fold(text)
     words = folded.split()
     return folded if len(words) == 1 and words[0] == folded else " ".join(words)
 
@@ -101,7 +112,7 @@ def _number(text: str) -> str:
 
 
 def _token_forms(token: str) -> Iterator[str]:
-    token = token.rstrip(_TRAILING)
+    token = token.rstrip(_TRAILING).lstrip(_LEADING)
     if not token:
         return
     if _NUMBER.fullmatch(token):
@@ -120,11 +131,16 @@ def _token_forms(token: str) -> Iterator[str]:
     rest = token[scheme + 3 :] if scheme > 0 else token if token.startswith("www.") else None
     if rest:
         yield rest
+        if rest.startswith("www.") and len(rest) > 4:  # the address without www. (and its path)
+            yield rest[4:]
         host = rest.split("/", 1)[0].split("?", 1)[0]
         if host and host != rest:
             yield host
-        if host.startswith("www.") and len(host) > 4:
-            yield host[4:]
+        bare = _PORT.sub("", host)  # evil.example:443 is evil.example
+        if bare != host:
+            yield bare
+        if bare.startswith("www.") and len(bare) > 4:
+            yield bare[4:]
 
 
 def tokens(text: str) -> set[str]:
@@ -134,7 +150,7 @@ def tokens(text: str) -> set[str]:
 
 def _analyze(text: str) -> tuple[str, set[str]]:
     """`text` normalised as a whole (`normalize_whole`) and its tokens, from one case-fold and split."""
-    folded = text.casefold()
+    folded = _fold(text)
     words = folded.split()
     if len(words) == 1:  # one word (an address, an id, a name): the common argument
         word = words[0]
@@ -376,7 +392,7 @@ class ProvenanceIndex:
 
 def _word_runs(text: str) -> Iterator[str]:
     """Every run of 1..TASK_WORDS whole words of `text`, normalised (the task's names and phrases)."""
-    words = _WORD.findall(text.casefold())
+    words = _WORD.findall(_fold(text))
     for i in range(len(words)):
         for j in range(i + 1, min(i + TASK_WORDS, len(words)) + 1):
             yield " ".join(words[i:j])
