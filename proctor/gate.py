@@ -922,9 +922,12 @@ class Gate:
             p.ctx.ledger.settle(p.reservation, duration_ns=p.duration_ns)
         except Exception as exc:  # noqa: BLE001 - the budget may now under-count; say so
             log.error("budget_settle_failed", tool=name, error=repr(exc), **_fields(p.span))
+        # Outcomes are written, not fsynced (docs/audit.md §3): the next durable record — the next
+        # intent of a call with effects, a checkpoint, close — makes them durable before another tool
+        # with effects runs; a power cut before that leaves the intent, which reopening closes `unknown`.
+        # One fsync a call instead of two, shared between threads by group commit.
         outcome = None if self.audit is None else self._record(
-            "call_outcome", self._outcome_fields(p, p.status, error, p.duration_ns),
-            durable=p.facts.durability != "flush")
+            "call_outcome", self._outcome_fields(p, p.status, error, p.duration_ns), durable=False)
         if outcome is not None and not outcome.ok:
             # The tool already ran: its result stands, and the failed sink refuses every later intent.
             log.error("audit_outcome_lost", tool=name, error=outcome.error, **_fields(p.span))

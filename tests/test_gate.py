@@ -139,10 +139,11 @@ def test_allowed_call_runs_and_is_audited_before_and_after() -> None:
 
 
 def test_side_effecting_calls_keep_a_durable_intent_and_reads_can_too() -> None:
-    """A call with effects is fsynced before it runs; `read_durability: fsync` makes reads durable again."""
+    """A call with effects has its intent fsynced before it runs, its outcome only written; reads can be fsynced."""
     audit = InMemoryAudit()
     make_gate(audit=audit).call("send_email", {"to": "a@example.com", "body": "b"})
     assert audit.of_kind("call_intent")[0]["durable"] is True
+    assert audit.of_kind("call_outcome")[0]["durable"] is False  # made durable by the next durable record
     strict = InMemoryAudit()
     make_gate(audit=strict, policy={**POLICY, "read_durability": "fsync"}).call("lookup", {"order": "A1"})
     assert strict.of_kind("call_intent")[0]["durable"] is True
