@@ -269,7 +269,8 @@ class ProvenanceIndex:
         if depth > 64:
             return False
         if isinstance(value, Mapping):  # a key that is data (an IBAN, an address) must be the user's too
-            items = [k for k in value if isinstance(k, str) and _data_key(k)] + list(value.values())
+            items = [k for k in value if (isinstance(k, int) and not isinstance(k, bool))
+                     or (isinstance(k, str) and _data_key(k))] + list(value.values())
         elif isinstance(value, (list, tuple)):
             items = list(value)
         else:
@@ -426,7 +427,8 @@ def _leaves(value: Any, *, keys: bool | Callable[[str], bool]) -> Iterator[Any]:
             yield node
         elif isinstance(node, Mapping):
             for k, v in node.items():
-                if keys and isinstance(k, str) and (keys is True or keys(k)):
+                if keys and ((isinstance(k, int) and not isinstance(k, bool))  # {12345678: 100}: data
+                             or (isinstance(k, str) and (keys is True or keys(k)))):
                     yield k
                 stack.append((v, depth + 1))
         elif isinstance(node, (list, tuple, set, frozenset)):
