@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest bench bench-agentdojo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,17 @@ pytest: $(VENV)/.dev-installed
 test: lint typecheck pytest
 
 bench: $(VENV)/.dev-installed
-	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
+	for b in bench/*.py; do [ $$b = bench/agentdojo.py ] || $(BIN)/python $$b || exit 1; done
+
+# AgentDojo (bench/agentdojo.py) needs agentdojo, which stays out of the dev extra: its own venv.
+.venv-agentdojo/.installed: bench/requirements-agentdojo.txt pyproject.toml
+	$(PYTHON) -m venv .venv-agentdojo
+	.venv-agentdojo/bin/pip install -q --upgrade pip
+	.venv-agentdojo/bin/pip install -q -r bench/requirements-agentdojo.txt -e .
+	touch $@
+
+bench-agentdojo: .venv-agentdojo/.installed
+	.venv-agentdojo/bin/python bench/agentdojo.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-agentdojo .pytest_cache .mypy_cache .ruff_cache

@@ -22,7 +22,8 @@ the string form of anything else) and from the task:
   the same token;
 - numbers (int and float values) in their normalised text form;
 - for the task only, every run of one to `TASK_WORDS` whole words, so a name the user
-  wrote (``Emma Johnson``) is found as a whole.
+  wrote (``Emma Johnson``) is found as a whole; a number of one or two digits in the task
+  (a day, a count) is not indexed on its own: too ambiguous to attribute an id to the user.
 
 A value built from pieces (``'eve' + '@' + 'evil.example'``, a recipient read character by
 character, a translated or re-encoded string) is *not* traced: only values that appear as
@@ -42,6 +43,7 @@ a value look as if the user had written it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -145,11 +147,23 @@ def _token_forms(token: str) -> Iterator[str]:
 
 def tokens(text: str) -> set[str]:
     """The identifier-like tokens of `text`, normalised as they are indexed (see the module docstring)."""
-    return _analyze(text)[1]
+    return set(_analyze(text)[1])
 
 
-def _analyze(text: str) -> tuple[str, set[str]]:
+@functools.lru_cache(maxsize=4096)
+def _analyze_short(text: str) -> tuple[str, frozenset[str]]:
+    """`_analyze` of a short argument asked about, remembered (a decision often asks about the same value
+    twice). Only lookups use it: what results hold is never cached in clear."""
+    whole, found = _analyze_text(text)
+    return whole, frozenset(found)
+
+
+def _analyze(text: str) -> tuple[str, set[str] | frozenset[str]]:
     """`text` normalised as a whole (`normalize_whole`) and its tokens, from one case-fold and split."""
+    return _analyze_short(text) if len(text) <= 256 else _analyze_text(text)
+
+
+def _analyze_text(text: str) -> tuple[str, set[str]]:
     folded = _fold(text)
     words = folded.split()
     if len(words) == 1:  # one word (an address, an id, a name): the common argument
@@ -210,12 +224,13 @@ class ProvenanceIndex:
     Thread-safe: calls of one run may be settled by several threads.
     """
 
-    __slots__ = ("_bits", "_entries", "_hasher", "_key", "_labels", "_lock", "_overflow", "limits")
+    __slots__ = ("_bits", "_entries", "_fields", "_hasher", "_key", "_labels", "_lock", "_overflow", "limits")
 
     def __init__(self, limits: ProvenanceLimits | None = None, *, key: bytes | None = None) -> None:
         self.limits = limits or ProvenanceLimits()
         self._key = key or os.urandom(32)  # per index: never the audit key, never persisted
         self._entries: dict[bytes, int] = {}  # digest -> bitmask of labels
+        self._fields: dict[bytes, int] = {}  # digest of a result's whole value (a field, an item) -> labels
         self._bits: dict[str, int] = {}  # label -> bit
         self._labels: list[str] = []  # bit position -> label
         self._overflow = 0  # labels of content a cap kept out (never includes `user`'s bit in answers)
@@ -256,6 +271,32 @@ class ProvenanceIndex:
         user = self._bits.get(USER)
         overflow = unseen & ~(1 << user) if user is not None else unseen
         return self._names(mask | overflow)
+
+    def text_labels(self, value: Any) -> list[str]:
+        """The labels of the sources in which `value` (or an item of it) appeared **only inside longer
+        text** — a token in a message body, a page, a file's content — never as a whole value of a
+        result (a field, an item of a list) nor in the task: what a model reading prose picked out.
+
+        After a cap was reached, the overflowing labels are included, as for `labels_of`.
+        """
+        mask = 0
+        unseen = self._overflow
+        entries, fields, digest = self._entries, self._fields, self._digest
+        user = self._bits.get(USER)
+        user_bit = 0 if user is None else 1 << user
+        for leaf in _leaves(value, keys=False):
+            if leaf is _CUT:  # nested too deep to walk: the part not looked at may come from any source
+                unseen |= (1 << len(self._labels)) - 1
+                break
+            text = normalize_whole(leaf) if isinstance(leaf, str) else _scalar_text(leaf)
+            if text is None:
+                continue
+            key = digest(text)
+            found = entries.get(key, 0)
+            if found & user_bit:  # the user wrote it: not something a model picked out of prose
+                continue
+            mask |= found & ~fields.get(key, 0)
+        return self._names(mask | (unseen & ~user_bit))
 
     def from_user(self, value: Any) -> bool:
         """Whether `value` as a whole came from the task: a string found whole (or made only of
@@ -334,6 +375,7 @@ class ProvenanceIndex:
         limits = self.limits
         chars_left = limits.max_result_chars
         found: set[str] = set()
+        wholes: set[str] = set()  # whole values of a result (not of the task: its words are no fields)
         cut = False
         for leaf in _leaves(value, keys=True):
             if leaf is _CUT:
@@ -343,15 +385,20 @@ class ProvenanceIndex:
                 if len(leaf) > chars_left:
                     leaf, cut = leaf[:chars_left], True
                 chars_left -= len(leaf)
-                whole, inside = _analyze(leaf)
+                whole, inside = _analyze_text(leaf)  # never cached: results are not kept in clear anywhere
                 found.add(whole)
+                wholes.add(whole)
                 found.update(inside)
                 if USER in names:
                     found.update(_word_runs(leaf))
+                    # A number of one or two digits in a task is a day, a count, a list item: too
+                    # ambiguous to say the user gave that id or amount (`June 13` is not file 13).
+                    found.difference_update(t for t in inside | {whole} if t.isdecimal() and len(t) < 3)
             else:
                 text = _scalar_text(leaf)
                 if text is not None:
                     found.add(text)
+                    wholes.add(text)
             if chars_left <= 0 or len(found) > limits.max_result_tokens:
                 cut = True
                 break
@@ -360,6 +407,7 @@ class ProvenanceIndex:
             cut = True
         hash_of = self._digest
         digests = [hash_of(text) for text in found]
+        field_digests = [] if USER in names else [hash_of(text) for text in wholes]
         added = 0
         with self._lock:
             entries = self._entries
@@ -375,6 +423,10 @@ class ProvenanceIndex:
                     entries[digest] = mask
                 elif old & mask != mask:
                     entries[digest] = old | mask
+            fields = self._fields
+            for digest in field_digests:
+                if digest in entries:  # not for an entry a cap kept out
+                    fields[digest] = fields.get(digest, 0) | mask
             if cut:
                 self._overflow |= mask
         return added
@@ -395,7 +447,8 @@ def _word_runs(text: str) -> Iterator[str]:
     """Every run of 1..TASK_WORDS whole words of `text`, normalised (the task's names and phrases)."""
     words = _WORD.findall(_fold(text))
     for i in range(len(words)):
-        for j in range(i + 1, min(i + TASK_WORDS, len(words)) + 1):
+        first = i + 2 if words[i].isdecimal() and len(words[i]) < 3 else i + 1  # not a short number alone
+        for j in range(first, min(i + TASK_WORDS, len(words)) + 1):
             yield " ".join(words[i:j])
 
 

@@ -14,7 +14,8 @@ function registered here, as a `CelFunction` in `FUNCTIONS`:
 - aggregates over lists: `sum`, `min`, `max` (``sum(history.map(h, …))``);
 - data flow: `provenance(value)` — the labels of the sources (results of labelled tools, the
   task as ``user``) `value`, an item of it or a token inside it appeared in, sorted — and
-  `from_user(value)`, true when the value as a whole came from the task (`proctor.provenance`).
+  `from_user(value)`, true when the value as a whole came from the task, and `text_provenance(value)`,
+  the labels of the sources where it appeared only inside longer text (`proctor.provenance`).
 
 Method and call syntax are the same in CEL (``s.lowerAscii()`` is ``lowerAscii(s)``).
 A function that needs the call being decided (its run, history…) is registered with
@@ -305,7 +306,7 @@ for _name, (_fn, _doc) in _BUILTIN.items():
 # -- data flow (proctor.provenance) ----------------------------------------------------------------
 
 #: The functions that read the run's provenance index: a policy calling one makes the gate keep it.
-PROVENANCE_FUNCTIONS = frozenset({"provenance", "from_user"})
+PROVENANCE_FUNCTIONS = frozenset({"provenance", "from_user", "text_provenance"})
 
 
 def _no_sources(value: Any) -> list[str]:
@@ -321,6 +322,11 @@ def _bind_provenance(call: Any) -> Callable[..., Any]:
     return _no_sources if index is None else index.labels_of
 
 
+def _bind_text_provenance(call: Any) -> Callable[..., Any]:
+    index = getattr(call, "provenance", None)
+    return _no_sources if index is None else index.text_labels
+
+
 def _bind_from_user(call: Any) -> Callable[..., Any]:
     index = getattr(call, "provenance", None)
     return _not_from_user if index is None else index.from_user
@@ -328,5 +334,7 @@ def _bind_from_user(call: Any) -> Callable[..., Any]:
 
 register(CelFunction("provenance", bind=_bind_provenance,
                      doc="labels of the sources a value (or any item or token of it) appeared in, sorted"))
+register(CelFunction("text_provenance", bind=_bind_text_provenance,
+                     doc="labels of the sources in which a value appeared only inside longer text, never whole"))
 register(CelFunction("from_user", bind=_bind_from_user,
                      doc="true when the value as a whole (every item of a list or map) came from the task"))
