@@ -45,6 +45,8 @@ class ReplayedRun:
     ended: str
     notes: dict[int, list[str]] = field(default_factory=dict)
     skipped: int = 0
+    #: Records of the run that do not hold in the log's hash chain (edited, inserted or appended by hand).
+    broken: list[str] = field(default_factory=list)
 
     def note(self, before: int, text: str) -> None:
         self.notes.setdefault(before, []).append(text)
@@ -56,9 +58,10 @@ def run_from_log(path: str | os.PathLike[str], run_id: str) -> ReplayedRun:
 
     # A record names its run as "run_id":"<id>" in canonical JSON; the id is JSON-escaped there.
     needle = json.dumps(run_id, ensure_ascii=False)[1:-1].encode("utf-8")
-    records, bad = read_records(path, containing=needle)
+    broken: list[str] = []
+    records, bad = read_records(path, containing=needle, broken=broken)
     replayed = run_from_records(records, run_id, audit_path=os.fspath(path))
-    replayed.skipped = bad
+    replayed.skipped, replayed.broken = bad, broken
     return replayed
 
 

@@ -301,10 +301,12 @@ def _show_run(args: argparse.Namespace) -> int:
     print_run(replayed.result, file=sys.stdout, notes=replayed.notes,
               extra=[("read from", f"{args.log} alone: tool results, printed output and the answer's value "
                                    "are not kept in the audit log")])
+    if replayed.broken:
+        _err(f"the records shown do not all hold in the log's hash chain ({len(replayed.broken)} problem(s), "
+             f"first: {replayed.broken[0]}): some may be forged or edited; run `proctor audit verify {args.log}`")
     if replayed.skipped:
         _err(f"{replayed.skipped} unreadable line(s) skipped; run `proctor audit verify {args.log}`")
-        return 1
-    return 0
+    return 1 if replayed.skipped or replayed.broken else 0
 
 
 _MIN_WIDTH = {"seq": 4, "time": 8, "kind": 11, "run": 9, "agent": 6, "tool": 10, "verdict": 9, "approval": 12,

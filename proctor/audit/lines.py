@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 __all__ = ["MAX_LINE_BYTES", "LongLine", "iter_lines", "read_records", "too_long_message"]
 
@@ -61,23 +61,40 @@ def iter_lines(f: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[bytes | Lon
         yield LongLine(start, length - 1 if chunk.endswith(b"\n") else length)
 
 
-def read_records(path: str | os.PathLike[str], *, containing: bytes | None = None
-                 ) -> tuple[list[dict[str, Any]], int]:
+def read_records(path: str | os.PathLike[str], *, containing: bytes | None = None,
+                 broken: list[str] | None = None) -> tuple[list[dict[str, Any]], int]:
     """Every readable record of the log at `path`, and how many lines were not one (over the limit,
     not JSON, not an object): counted, not fatal, for readers that show a log (`verify` judges it).
 
     With `containing`, only lines holding those bytes are parsed (one run's records of a big log
-    without decoding the rest); the caller still checks the field it wants.
+    without decoding the rest); the caller still checks the field it wants. With `broken` as well,
+    each such line is also checked where it stands in the hash chain — canonical, matching its
+    own ``h``, linked to the line before it and from the line after it — and what does not hold
+    is described there (a record edited, inserted or appended by hand); `verify` checks the rest.
     """
     records: list[dict[str, Any]] = []
     bad = 0
+    check = containing is not None and broken is not None
+    before: bytes | None = None  # the line before this one (raw), for its h
+    linked: tuple[int, str] | None = None  # (line number, h) of the last line read, for the next line's prev
+    number = 0
     with open(path, "rb") as f:
         for raw in iter_lines(f):  # a line over the limit is never read whole
+            number += 1
             if not isinstance(raw, bytes):
                 bad += 1
+                before = linked = None
                 continue
+            if check and linked is not None:
+                if _field(raw, "prev") != linked[1]:
+                    cast(list[str], broken).append(f"line {linked[0]}: the line after it does not link to it")
+                linked = None
             if containing is not None and containing not in raw:
+                before = raw
                 continue
+            if check:
+                linked = _check_link(raw, before, number, cast(list[str], broken))
+                before = raw
             try:
                 value = json.loads(raw)
             except (ValueError, RecursionError):
@@ -88,3 +105,28 @@ def read_records(path: str | os.PathLike[str], *, containing: bytes | None = Non
             else:
                 bad += 1
     return records, bad
+
+
+def _field(raw: bytes, name: str) -> Any:
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return value.get(name) if isinstance(value, dict) else None
+
+
+def _check_link(raw: bytes, before: bytes | None, number: int, broken: list[str]) -> tuple[int, str] | None:
+    """Check one line where it stands in the chain; return (number, h) for the next line's check."""
+    from proctor.audit.records import LineError, parse_line
+
+    try:
+        value, computed = parse_line(raw)
+    except LineError as exc:
+        broken.append(f"line {number}: {exc}")
+        return None
+    h = value.get("h")
+    if h != computed:
+        broken.append(f"line {number}: the record does not match its hash")
+    if before is not None and value.get("prev") != _field(before, "h"):
+        broken.append(f"line {number}: the record does not link to the line before it")
+    return (number, h) if isinstance(h, str) else None
