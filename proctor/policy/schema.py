@@ -245,11 +245,29 @@ def side_effect_is_expression(value: str) -> bool:
     return not re.fullmatch(r"\s*[A-Za-z_]+\s*", value)
 
 
+# A string literal the expression can give as its value: the whole expression, or a branch of `?:`.
+_RESULT_LITERAL = re.compile(r"""(?:^|[?:])\s*(['"])([^'"\\]*)\1\s*(?=$|[:)])""")
+
+
+def _check_result_literals(source: str) -> None:
+    """A literal the expression would give that is no class (``'externa'``) is a load error, not a run-time deny."""
+    from proctor.policy.conditions import ConditionError
+
+    for m in _RESULT_LITERAL.finditer(source):
+        if m.group(2) not in SIDE_EFFECTS:
+            at = m.start(1)
+            line = source.count("\n", 0, at) + 1
+            col = at - (source.rfind("\n", 0, at) + 1) + 1
+            raise _cel_error(ConditionError(f"side_effect: '{m.group(2)}' is not a side-effect class (expected one "
+                                            f"of {', '.join(SIDE_EFFECTS)})", line, col))
+
+
 def _side_effect_or_expression(value: object) -> str:
     if isinstance(value, str) and value in SIDE_EFFECTS:
         return value
     if isinstance(value, str) and value.strip() and side_effect_is_expression(value):
         compile_with_lets(value, SIDE_EFFECT_VARIABLES, "side_effect")
+        _check_result_literals(value)
         return value
     raise PydanticCustomError(
         "choice",

@@ -145,3 +145,15 @@ def test_one_runs_results_never_reach_another_runs_index() -> None:
     assert not second.provenance.from_user("DE89370400440532013000")
     assert not first.provenance.from_user("FR1420041010050500013M02606")
     assert first.provenance is not second.provenance
+
+
+def test_a_side_effect_expression_giving_a_literal_that_is_no_class_fails_at_load() -> None:
+    """`args.x ? 'externa' : 'write'` is a located load error, not a call denied at run time."""
+    from proctor.errors import PolicyError
+
+    text = ("version: 1\ndefault: allow\ntools:\n  send_money: {side_effect: \"args.x ? 'externa' : 'write'\"}\n"
+            "rules: []\n")
+    with pytest.raises(PolicyError, match=r"<string>:4:\d+: .*'externa' is not a side-effect class"):
+        Policy.from_string(text)
+    ok = text.replace("'externa'", "'external'").replace("args.x ?", "args.kind == 'internal' ?")
+    assert Policy.from_string(ok).side_effect_of("send_money", {"kind": "internal"}) == "external"
