@@ -101,6 +101,9 @@ def may_spin() -> bool:
 def _decide(now: int) -> bool:
     global _cpus
     runs = _runs
+    board = _open_board()
+    if board is not None:  # whatever this process decides, the others see its runs
+        board.write(now, runs)
     if DISABLED or runs > 1:
         return False
     if not _cpus:
@@ -113,10 +116,8 @@ def _decide(now: int) -> bool:
     running = _running()
     if running is not None and running > _cpus:
         return False
-    board = _open_board()
     if board is None:
         return True
-    board.write(now, runs)
     return (board.others(now) + runs) * 2 <= _cpus
 
 

@@ -122,3 +122,19 @@ def test_replies_tell_the_worker_whether_to_spin() -> None:
     finally:
         host.close()
         worker.close()
+
+
+def test_a_busy_process_still_shows_its_runs_to_the_others(page: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that does not spin (two runs, or a loaded machine) keeps writing its runs for the other hosts."""
+    spinning.enter()
+    spinning.enter()
+    try:
+        monkeypatch.setattr(spinning, "_running", lambda: 9)
+        board = spinning._board
+        assert board is not None and board.slot is not None
+        board.write(1, 0)  # as if its slot had gone stale
+        assert _fresh() is False
+        assert board._view[8 * board.slot + 1] == 2 and board._view[8 * board.slot] > 1
+    finally:
+        spinning.leave()
+        spinning.leave()
