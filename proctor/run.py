@@ -58,6 +58,9 @@ class RunContext:
     agents: tuple[str, ...] = ()
     #: A `time.monotonic()` past which calls of this context are refused (a managed agent's time), or None.
     deadline: float | None = None
+    #: The strictest sandbox mode of the agents in this context's chain (`proctor.agent.managed.strictest_sandbox`):
+    #: a managed agent's programs run in no weaker a sandbox. None: no agent running programs named one.
+    sandbox_floor: str | None = None
 
     def __init__(self, info: RunInfo, ledger: Ledger, *, history_limit: int = DEFAULT_HISTORY_LIMIT) -> None:
         if history_limit < 1:

@@ -22,7 +22,7 @@ from opentelemetry.trace import Tracer
 
 from proctor.agent.attachments import RunImages, with_images
 from proctor.agent.durable import DurableRun, RunCancelled, restore_context, step_from_dict
-from proctor.agent.managed import MAX_AGENT_DEPTH, ScopedGate, agent_tool, managed_task
+from proctor.agent.managed import MAX_AGENT_DEPTH, ScopedGate, agent_tool, managed_task, strictest_sandbox
 from proctor.agent.models import Message, Model, ModelError, ModelResponse, Usage
 from proctor.agent.prompts import planning_prompt
 from proctor.agent.result import RunResult, RunStatus, StepRecord
@@ -274,6 +274,7 @@ class AgentBase:
         try:
             ctx = self.gate.start_run(principal=principal, labels=labels, task=task, agent=self.name,
                                       provenance=self._reads_provenance())
+            ctx.sandbox_floor = getattr(self, "sandbox", None)  # managed agents' programs run no looser
         except ProctorError as exc:
             return RunResult(None, "error", steps, Usage(), None, run_id="", audit_path=self.audit_path,
                              error=str(exc), duration_ns=time.perf_counter_ns() - started)
@@ -314,6 +315,7 @@ class AgentBase:
             durable.end("suspended", answer=None, error=record.error, steps=(), pending=())
             raise
         ctx.agents = (self.name,)
+        ctx.sandbox_floor = getattr(self, "sandbox", None)
         if ctx.provenance is not None:  # earlier results of tools the managed agents' policies label: unseen too
             ctx.provenance.mark_incomplete(label for p in self._provenance_policies
                                            for label in getattr(p, "result_labels", ()))
@@ -415,6 +417,7 @@ class AgentBase:
         ctx = parent.delegate(self.name, ledger=ledger, tools=self.gate.tools, layer=own,
                               parent_call_id=scope.call_id, deadline=deadline)
         ledger.deadline = ctx.deadline  # the earlier of the parent's and this call's
+        ctx.sandbox_floor = strictest_sandbox(parent.sandbox_floor, getattr(self, "sandbox", None))
         runner = self._managed_copy(gate, ctx)
         runner.memory.append({"role": "user",
                               "content": "New task:\n" + managed_task(self.name, task, additional_args)})
@@ -463,6 +466,8 @@ class AgentBase:
         runner.images = RunImages()
         runner._budget_policies = (gate.policy, *(layer.policy for layer in ctx.layers))
         runner._scoped_gate = ScopedGate(gate)
+        if ctx.sandbox_floor is not None and hasattr(runner, "sandbox"):
+            runner.sandbox = ctx.sandbox_floor  # never looser than an agent above it (strictest_sandbox)
         runner._fresh_executor()
         if runner.policy is None:  # prompts describe the tools with the run's policy
             runner.policy = gate.policy

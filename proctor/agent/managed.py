@@ -26,10 +26,13 @@ from typing import Any
 from proctor.errors import ConfigurationError
 from proctor.tools import Tool
 
-__all__ = ["MAX_AGENT_DEPTH", "AgentTool", "ScopedGate", "agent_tool", "managed_task"]
+__all__ = ["MAX_AGENT_DEPTH", "AgentTool", "ScopedGate", "agent_tool", "managed_task", "strictest_sandbox"]
 
 #: Managed agents may hand tasks on to their own managed agents this many levels deep.
 MAX_AGENT_DEPTH = 5
+
+# How much each sandbox mode holds a program in: "auto" is bubblewrap where it runs, else a process.
+_SANDBOX_RANK = {"none": 0, "process": 1, "auto": 2, "bwrap": 3}
 
 _TASK_DOC = "Long, detailed description of the task: the agent knows only what you write here."
 _ARGS_DOC = "Optional JSON data the agent needs for the task (shown to it with the task)."
@@ -68,6 +71,17 @@ def agent_tool(agent: Any) -> AgentTool:
     built = AgentTool.from_function(call, name=name)  # side effect undeclared: destructive unless the policy says
     object.__setattr__(built, "agent", agent)
     return built  # type: ignore[return-value]
+
+
+def strictest_sandbox(*modes: str | None) -> str | None:
+    """The mode that holds a program in most tightly of `modes` (None: no sandbox named, ignored).
+
+    A managed agent's programs run in the strictest of its own mode and every mode above it in the
+    chain: a sub-agent declared with ``sandbox="process"`` inside a parent isolated by bubblewrap
+    would otherwise reach the host's files and network directly, around the gate.
+    """
+    named = [m for m in modes if m is not None]
+    return max(named, key=lambda m: _SANDBOX_RANK.get(m, len(_SANDBOX_RANK))) if named else None
 
 
 def managed_task(name: str, task: str, additional_args: Mapping[str, Any] | None = None) -> str:

@@ -146,3 +146,36 @@ def test_the_task_a_parent_hands_a_sub_agent_is_not_the_users() -> None:
     with boss:
         result = boss.run("Deal with my inbox.")
     assert result.answer == "ToolDenied"
+
+
+def test_a_sub_agent_declared_with_a_looser_sandbox_runs_in_its_parents(tmp_path: Any) -> None:
+    """A sub-agent built with sandbox="process" under a parent isolated by bubblewrap runs its programs in
+    bubblewrap too (a host process, with "*" imports, could reach the host's files around the gate)."""
+    import shutil
+
+    if shutil.which("bwrap") is None:
+        raise AssertionError("bubblewrap (bwrap) is required for this test: apt-get install bubblewrap")
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("host only")
+    probe = (f"try:\n    seen = open({str(secret)!r}).read()\nexcept OSError as e:\n"
+             "    seen = type(e).__name__\nfinal_answer(seen)")
+    sub = CodeAgent([read_inbox], ScriptedModel([program(probe)]),
+                    Policy.from_dict({"version": 1, "default": "allow", "rules": []}), name="researcher",
+                    description="Reads mail.", sandbox="process")
+    boss = CodeAgent([], ScriptedModel([program("final_answer(researcher(task='look'))")]), _parent_policy(),
+                     name="manager", managed_agents=[sub], sandbox="bwrap")
+    with boss:
+        result = boss.run("Look.")
+    assert result.status == "done", result.error
+    assert result.answer == "FileNotFoundError"  # inside the parent's bubblewrap the host's /tmp is not there
+    assert sub.sandbox == "process"  # the agent itself is unchanged; only its work inside the parent is held
+
+
+def test_strictest_sandbox_orders_the_modes() -> None:
+    """bwrap holds tightest, then auto (bubblewrap where it runs), then process, then none."""
+    from proctor.agent.managed import strictest_sandbox
+
+    assert strictest_sandbox("process", "bwrap") == "bwrap"
+    assert strictest_sandbox("auto", "process") == "auto"
+    assert strictest_sandbox(None, "none", "process") == "process"
+    assert strictest_sandbox(None, None) is None
