@@ -29,6 +29,7 @@ ProctorError                      base of everything below
 ├── ToolDefinitionError (TypeError)   an object cannot become a tool as written
 ├── ModelError (RuntimeError)         the model could not answer
 └── ConfigurationError (ValueError, TypeError)   an argument or setting proctor cannot use
+    └── ImageError                an image proctor will not pass to a model (unreadable, format, size)
 ```
 
 The three last keep a builtin base (in parentheses) so code that catches the builtin

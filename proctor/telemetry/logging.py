@@ -14,11 +14,12 @@ last-resort handler, info and debug are silent, and stdout is never written to.
 
 from __future__ import annotations
 
+import io
 import logging as stdlib_logging
 import sys
 from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import structlog
 from opentelemetry import trace
@@ -56,6 +57,19 @@ def bind_call(call_id: str, **fields: Any) -> Iterator[None]:
         yield
 
 
+class _CurrentStderr(io.TextIOBase):
+    """A text stream that is always the current `sys.stderr`."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def _level(level: str | int) -> int:
     if isinstance(level, int):
         return level
@@ -73,7 +87,10 @@ def configure_logging(*, json: bool | None = None, level: str | int = "info", st
     written. `stdlib`: also render records of the standard `logging` module (the
     OpenTelemetry exporters', for instance) the same way, at WARNING and above.
     """
-    out = stream if stream is not None else sys.stderr
+    # Without a stream, write to whatever sys.stderr is when a line is written, not to the object it is
+    # now: a caller that swaps stderr later (a test runner's capture, a daemon redirecting it) must not
+    # leave the logger holding a closed file, where every later log line would raise.
+    out = stream if stream is not None else cast(TextIO, _CurrentStderr())  # (a TextIOBase: TextIO to typing)
     is_tty = bool(getattr(out, "isatty", lambda: False)())
     as_json = (not is_tty) if json is None else json
     min_level = _level(level)

@@ -113,3 +113,15 @@ def test_unknown_level_is_an_error() -> None:
     """A misspelt level is refused with the valid ones named."""
     with pytest.raises(ValueError, match="use debug, info"):
         configure_logging(level="loud")
+
+
+def test_without_a_stream_lines_go_to_the_stderr_of_the_moment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Logging configured on one sys.stderr follows a later swap; a closed earlier stderr is never written to."""
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr("sys.stderr", first)
+    configure_logging(json=True, stdlib=False)
+    first.close()  # what a test runner's capture or a daemonising process does to the old stream
+    monkeypatch.setattr("sys.stderr", second)
+    get_logger("proctor.test").error("after_the_swap", n=1)
+    [line] = _lines(second, "proctor.test")
+    assert line["event"] == "after_the_swap" and line["n"] == 1
