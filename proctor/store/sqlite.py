@@ -98,6 +98,14 @@ class SQLiteRunStore(SQLRunStore):
             except sqlite3.Error as exc:
                 raise StoreError(f"run store {self.path}: {exc}") from exc
 
+    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        """A read outside any write transaction: WAL readers never wait for writers, nor take their lock."""
+        with self._lock:
+            try:
+                return list(self._db.execute(self._sql(sql), params))
+            except sqlite3.Error as exc:
+                raise StoreError(f"run store {self.path}: {exc}") from exc
+
     def _encode(self, data: dict[str, Any]) -> str:
         return json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
