@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
@@ -33,7 +34,10 @@ def server(inbox: Inbox) -> Iterator[tuple[str, RunStore]]:
 def wait_for(check: Callable[[], Any], what: str, timeout: float = 60) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        value = check()
+        try:
+            value = check()
+        except (NoSuchElementException, StaleElementReferenceException):
+            value = None  # the page is between a form's POST and the page it leads to: look again
         if value:
             return value
         time.sleep(0.1)
