@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from proctor.approval.base import ApprovalDecision, ApprovalRequest, Grant
 from proctor.errors import RunSuspended
-from proctor.policy.schema import parse_duration
+from proctor.policy.validators import parse_duration
 from proctor.store.base import PendingApproval, RunStore
 
 __all__ = ["InboxApprover"]

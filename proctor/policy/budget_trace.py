@@ -10,13 +10,15 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proctor.calls import Call
 from proctor.policy.budgets import pool_key, window_start
 from proctor.policy.engine import Policy
 from proctor.policy.matching import Matcher
-from proctor.policy.schema import BudgetSpec
+
+if TYPE_CHECKING:
+    from proctor.policy.schema import BudgetSpec
 
 __all__ = ["BudgetTrace", "describe_budget", "trace_budgets"]
 

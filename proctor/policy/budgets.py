@@ -33,13 +33,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proctor.calls import RunInfo
 from proctor.errors import BudgetExceeded, LedgerUnavailable
 from proctor.ledger.base import Claim, Lease, PoolUsage, SharedLedger, default_ledger
 from proctor.policy.matching import Matcher
-from proctor.policy.schema import BudgetSpec
+
+if TYPE_CHECKING:
+    from proctor.policy.schema import BudgetSpec
 
 __all__ = ["Ledger", "Reservation", "pool_key", "window_start"]
 

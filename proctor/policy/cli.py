@@ -72,12 +72,20 @@ def _usage(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
-def _load(path: str) -> Any:
-    """The policy at `path`, or None after printing every issue."""
+def _load(path: str, *, fast: bool = False) -> Any:
+    """The policy at `path`, or None after printing every issue.
+
+    `fast`: validated without importing pydantic (`proctor.policy.fastcheck`: the same checks and
+    messages; the policy's parts are plain records), for a command that only reads the policy.
+    """
     from proctor.errors import PolicyError
-    from proctor.policy import Policy
+    from proctor.policy.engine import Policy
+    from proctor.policy.loader import load_policy_text
+    from proctor.policy.yamlsafe import read_yaml_file
 
     try:
+        if fast:
+            return Policy(load_policy_text(read_yaml_file(path, "policy"), path, fast=True), path)
         return Policy.from_yaml(path)
     except PolicyError as exc:
         for issue in exc.issues:
@@ -104,13 +112,16 @@ def _load_tools(command: str, specs: list[str]) -> dict[str, Any] | None:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from proctor.policy import _native_core
+
+    _native_core.install()  # the validator without pydantic_core's __init__ (start-up: one thread)
     from proctor.errors import PolicyError
     from proctor.policy.lint import lint
 
     tools = _load_tools("check", args.tools)
     if tools is None:
         return 2
-    policy = _load(args.policy)
+    policy = _load(args.policy, fast=True)
     if policy is None:
         return 1
     try:

@@ -31,18 +31,12 @@ from proctor.policy.lets import check_lets, expand
 from proctor.policy.loader import load_policy_text, validate_policy_data
 from proctor.policy.matching import Matcher
 from proctor.policy.projection import Needs, merge_needs
-from proctor.policy.schema import (
-    COST_VARIABLES,
-    SIDE_EFFECT_VARIABLES,
-    BudgetSpec,
-    PolicyModel,
-    RuleSpec,
-    side_effect_is_expression,
-)
+from proctor.policy.validators import COST_VARIABLES, SIDE_EFFECT_VARIABLES, side_effect_is_expression
 from proctor.policy.yamlsafe import read_yaml_file
 
 if TYPE_CHECKING:
     from proctor.policy.explain import Explanation
+    from proctor.policy.schema import BudgetSpec, PolicyModel, RuleSpec
 
 __all__ = ["ApprovalSettings", "CompiledRule", "Policy", "ToolFacts"]
 

@@ -3,8 +3,9 @@
 YAML is composed into nodes (PyYAML's safe composer keeps each node's marks) and
 turned into plain data by hand, so duplicate keys are caught and every key and value
 keeps its position, indexed by its path (``("rules", 2, "match", "tool")``). The data
-is then validated by the pydantic models of `proctor.policy.schema`, and each
-pydantic error is mapped back through its path to a position in the file.
+is then validated by the pydantic models of `proctor.policy.schema` (or, for `proctor policy
+check`, by their compiled core schema without importing pydantic: `proctor.policy.fastcheck`),
+and each validation error is mapped back through its path to a position in the file.
 """
 
 from __future__ import annotations
@@ -12,15 +13,19 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
-from pydantic_core import ErrorDetails
+from pydantic_core._pydantic_core import ValidationError  # where it is defined (see policy._native_core)
 
 from proctor.errors import PolicyError, PolicyIssue
-from proctor.policy.schema import ApprovalSpec, BudgetSpec, LimitSpec, MatchSpec, PolicyModel, RuleSpec, ToolSpec
+from proctor.policy._core_schema import FIELDS
 from proctor.policy.yamlsafe import check_yaml
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
+
+    from proctor.policy.schema import PolicyModel
 
 __all__ = ["Loc", "Marks", "compose_marked", "load_policy_text", "validate_policy_data"]
 
@@ -148,13 +153,17 @@ def compose_marked(text: str, source: str) -> tuple[Any, Marks, list[PolicyIssue
     return build(root, ()), marks, issues
 
 
-def load_policy_text(text: str, source: str) -> PolicyModel:
-    """Parse and validate a policy file's text; raises PolicyError listing every issue."""
+def load_policy_text(text: str, source: str, *, fast: bool = False) -> PolicyModel:
+    """Parse and validate a policy file's text; raises PolicyError listing every issue.
+
+    `fast`: validate without importing pydantic (`proctor.policy.fastcheck`): the same checks and
+    errors, but the result is made of plain records with the models' fields, not the models.
+    """
     data, marks, issues = compose_marked(text, source)
     if issues and data is None:
         raise PolicyError(issues)
     try:
-        model = validate_policy_data(data, source, marks)
+        model = validate_policy_data(data, source, marks, fast=fast)
     except PolicyError as exc:
         # A value YAML could not build is reported once, by YAML (not again as "should be a string").
         broken = {(i.line, i.column) for i in issues}
@@ -164,10 +173,11 @@ def load_policy_text(text: str, source: str) -> PolicyModel:
     return model
 
 
-def validate_policy_data(data: Any, source: str, marks: Marks | None = None) -> PolicyModel:
+def validate_policy_data(data: Any, source: str, marks: Marks | None = None, *, fast: bool = False) -> PolicyModel:
     """Validate plain data (from YAML, or a dict) into a PolicyModel; raises PolicyError listing every issue.
 
     Without `marks` (a dict given in code) issues are at line 0, column 0 and name the path instead.
+    `fast`: as `load_policy_text`'s.
     """
     if data is None:
         raise PolicyError(PolicyIssue(source, 1, 1, "empty policy: a policy starts with `version: 1`"))
@@ -178,12 +188,22 @@ def validate_policy_data(data: Any, source: str, marks: Marks | None = None) -> 
         )
     issues = _duplicate_names(data, source, marks)
     try:
-        model = PolicyModel.model_validate(dict(data))
+        model = _validate(dict(data), fast)
     except ValidationError as exc:
         issues.extend(_issue(err, data, source, marks) for err in exc.errors(include_url=False))
     if issues:
         raise PolicyError(sorted(issues, key=lambda i: (i.line, i.column)))
     return model
+
+
+def _validate(data: dict[str, Any], fast: bool) -> PolicyModel:
+    if fast:
+        from proctor.policy.fastcheck import validate
+
+        return validate(data)
+    from proctor.policy.schema import PolicyModel
+
+    return PolicyModel.model_validate(data)
 
 
 def _duplicate_names(data: Mapping[str, Any], source: str, marks: Marks | None) -> list[PolicyIssue]:
@@ -207,20 +227,21 @@ def _duplicate_names(data: Mapping[str, Any], source: str, marks: Marks | None) 
     return issues
 
 
-def _model_at(loc: Loc) -> type[BaseModel] | None:
-    """The model whose keys live at `loc` (for did-you-mean on unknown keys)."""
+def _keys_at(loc: Loc) -> tuple[str, ...] | None:
+    """The keys of the model that lives at `loc` (for did-you-mean on unknown keys)."""
     n, head = len(loc), loc[0] if loc else None
-    table: dict[tuple[Any, int, Any], type[BaseModel]] = {
-        (None, 0, None): PolicyModel,
-        ("tools", 2, None): ToolSpec,
-        ("rules", 2, None): RuleSpec,
-        ("budgets", 2, None): BudgetSpec,
-        ("rules", 3, "match"): MatchSpec,
-        ("budgets", 3, "match"): MatchSpec,
-        ("budgets", 3, "limit"): LimitSpec,
-        ("approval", 1, None): ApprovalSpec,
+    table: dict[tuple[Any, int, Any], str] = {
+        (None, 0, None): "PolicyModel",
+        ("tools", 2, None): "ToolSpec",
+        ("rules", 2, None): "RuleSpec",
+        ("budgets", 2, None): "BudgetSpec",
+        ("rules", 3, "match"): "MatchSpec",
+        ("budgets", 3, "match"): "MatchSpec",
+        ("budgets", 3, "limit"): "LimitSpec",
+        ("approval", 1, None): "ApprovalSpec",
     }
-    return table.get((head, n, loc[2] if n == 3 else None))
+    model = table.get((head, n, loc[2] if n == 3 else None))
+    return FIELDS[model] if model else None
 
 
 def _entity(loc: Loc, data: Mapping[str, Any]) -> tuple[str, Loc]:
@@ -245,8 +266,8 @@ def _issue(err: ErrorDetails, data: Mapping[str, Any], source: str, marks: Marks
     entity, inner = _entity(loc, data)
     path = ".".join(str(p) for p in inner)
     if kind == "extra_forbidden":
-        model = _model_at(loc[:-1])
-        options = sorted(model.model_fields) if model else []
+        keys = _keys_at(loc[:-1])
+        options = sorted(keys) if keys else []
         close = difflib.get_close_matches(str(loc[-1]), options, n=1)
         hint = f"did you mean '{close[0]}'?" if close else f"expected one of {', '.join(options)}"
         message = f"unknown key '{loc[-1]}' ({hint})"

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING
 
-from proctor.policy.schema import MatchSpec
+if TYPE_CHECKING:
+    from proctor.policy.schema import MatchSpec
 
 __all__ = ["Matcher", "is_glob"]
 

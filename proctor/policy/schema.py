@@ -159,7 +159,9 @@ class MatchSpec(_Strict):
 
     tool: (
         Annotated[
-            tuple[str, ...], BeforeValidator(_v.check_names), WithJsonSchema(_one_or_list({"type": "string", "minLength": 1}))
+            tuple[str, ...],
+            BeforeValidator(_v.check_names),
+            WithJsonSchema(_one_or_list({"type": "string", "minLength": 1})),
         ]
         | None
     ) = None
@@ -266,7 +268,7 @@ class PolicyModel(_Strict):
     read_durability: DurabilityField = "flush"
 
     # Rules and tools are checked knowing the `let:` names (a `when` may use them).
-    _with_lets = model_validator(mode="wrap")(_v.with_lets)
+    _with_lets = model_validator(mode="wrap")(_v.with_lets)  # type: ignore[arg-type]  # a function, not a classmethod
     _lists = field_validator("budgets", "rules", mode="before")(_v.tuple_from_list)
     _version = field_validator("version", mode="before")(_v.check_version)
 

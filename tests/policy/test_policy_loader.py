@@ -9,6 +9,7 @@ import pytest
 
 from proctor.errors import PolicyError
 from proctor.policy import Policy
+from proctor.policy.loader import load_policy_text
 
 GOOD_RULE = "  - {name: ok, decision: allow}\n"
 
@@ -158,11 +159,12 @@ CORPUS: list[tuple[str, str, int, int, str]] = [
 ]
 
 
+@pytest.mark.parametrize("fast", [False, True], ids=["models", "fastcheck"])
 @pytest.mark.parametrize(("text", "line", "column", "message"), [c[1:] for c in CORPUS], ids=[c[0] for c in CORPUS])
-def test_broken_policy_is_located_precisely(text: str, line: int, column: int, message: str) -> None:
-    """Each broken policy raises PolicyError whose only issue has this line, column and message."""
+def test_broken_policy_is_located_precisely(text: str, line: int, column: int, message: str, fast: bool) -> None:
+    """Each broken policy raises PolicyError whose only issue has this line, column and message (both validators)."""
     with pytest.raises(PolicyError) as caught:
-        Policy.from_string(text, source="policy.yaml")
+        Policy(load_policy_text(text, "policy.yaml", fast=fast), "policy.yaml")
     issues = caught.value.issues
     assert [(i.line, i.column, i.message) for i in issues] == [(line, column, message)]
     assert str(issues[0]) == f"policy.yaml:{line}:{column}: {message}"
@@ -174,8 +176,9 @@ def test_corpus_is_large_enough() -> None:
     assert len({c[0] for c in CORPUS}) == len(CORPUS)
 
 
-def test_several_errors_are_reported_together_in_file_order() -> None:
-    """A file with many mistakes lists them all, sorted by position, not only the first."""
+@pytest.mark.parametrize("fast", [False, True], ids=["models", "fastcheck"])
+def test_several_errors_are_reported_together_in_file_order(fast: bool) -> None:
+    """A file with many mistakes lists them all, sorted by position, not only the first (both validators)."""
     text = textwrap.dedent(
         """\
         version: 1
@@ -194,7 +197,7 @@ def test_several_errors_are_reported_together_in_file_order() -> None:
         """
     )
     with pytest.raises(PolicyError) as caught:
-        Policy.from_string(text, source="p.yaml")
+        load_policy_text(text, "p.yaml", fast=fast)
     located = [(i.line, i.column) for i in caught.value.issues]
     assert located == [(3, 25), (6, 20), (9, 12), (10, 15), (11, 11), (12, 20)]
     assert (caught.value.file, caught.value.line, caught.value.column) == ("p.yaml", 3, 25)
