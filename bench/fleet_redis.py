@@ -71,16 +71,23 @@ def _raw(address: tuple[str, int] | str, message: bytes = PING) -> Callable[[], 
 
 
 def _baseline(rev: str) -> ModuleType:
-    """The redis ledger module as it was at `rev` (its other imports come from today's tree)."""
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:proctor/ledger/redis.py"],
-                            capture_output=True, text=True, check=True).stdout
-    path = Path(tempfile.mkdtemp(prefix="proctor-bench-")) / "redis_baseline.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("proctor_redis_baseline", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The redis ledger module as it was at `rev`, with its wire of `rev` too (other imports: today's tree)."""
+    def source(path: str) -> str:
+        return subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"],
+                              capture_output=True, text=True, check=True).stdout
+
+    folder = Path(tempfile.mkdtemp(prefix="proctor-bench-"))
+    modules = {}
+    for name, path in (("proctor_redis_wire_baseline", "proctor/ledger/redis_wire.py"),
+                       ("proctor_redis_baseline", "proctor/ledger/redis.py")):
+        text = source(path).replace("from proctor.ledger.redis_wire import", "from proctor_redis_wire_baseline import")
+        (folder / f"{name}.py").write_text(text)
+        spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = modules[name] = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return modules["proctor_redis_baseline"]
 
 
 def _pair(ledger: Any, reserve: list[int], settle: list[int], pair: list[int], n: int) -> None:

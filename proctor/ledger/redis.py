@@ -53,61 +53,81 @@ _CACHE = 1024
 
 _NOW = """
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 """
 
-# A lease is a member "<lease id>|<reserved cost>" of the pool's lease set (score: expiry), so no
-# other key holds it. Leases that expired are given back by the next reserve, which keeps their
-# members a week in the pool's ``:x`` set: a late settle finds its lease there and counts the call
-# again, once; a settle that finds its lease in neither set was already done (settles repeat safely).
-
-# KEYS: pool hashes. ARGV: lease id, lease ms, cost, then 4 per pool: calls, cost, wall_ns limits ('' = none), ttl s.
-# Returns 1, or {0, failing pool index (1-based), calls, cost, wall_ns}.
-_RESERVE = Script(_NOW + """
-local cost = tonumber(ARGV[3])
-local member, expiry = ARGV[1] .. '|' .. ARGV[3], now + tonumber(ARGV[2])
-for i, key in ipairs(KEYS) do
-  local z = key .. ':l'
-  local dead = redis.call('ZRANGEBYSCORE', z, '-inf', now)
-  if #dead > 0 then
-    local x, back = key .. ':x', 0
-    for _, d in ipairs(dead) do
-      back = back + tonumber(string.match(d, '|(.*)$'))
-      redis.call('ZADD', x, now, d)
+# A lease is a field of each of its pools' hashes: name = lease id (it has dots: counters do not),
+# value = "<expiry ms>|<reserved cost>". A reserve that would pass a call or cost limit first gives
+# back the pool's expired leases (`_PURGE`): their fields go, their calls and cost are subtracted,
+# and their ids are kept a week in the pool's ``:x`` set, where a late settle finds them and counts
+# the call again, once. A settle that finds its lease in neither place was already done (settles
+# repeat safely). Until a limit needs the room, an expired lease stays counted, as if it had been
+# renewed; a late settle of it then finds it in the hash and counts it once, as any settle.
+_PURGE = """
+local function purge(key, now)
+  local all, x, gone, back = redis.call('HGETALL', key), key .. ':x', 0, 0
+  for j = 1, #all, 2 do
+    local f, v = all[j], all[j + 1]
+    if string.find(f, '.', 1, true) then
+      local bar = string.find(v, '|', 1, true)
+      if tonumber(string.sub(v, 1, bar - 1)) <= now then
+        gone, back = gone + 1, back + tonumber(string.sub(v, bar + 1))
+        redis.call('HDEL', key, f)
+        redis.call('ZADD', x, now, f)
+      end
     end
-    redis.call('ZREMRANGEBYSCORE', z, '-inf', now)
-    redis.call('HINCRBY', key, 'calls', -#dead)
+  end
+  if gone > 0 then
+    redis.call('HINCRBY', key, 'calls', -gone)
     if back ~= 0 then redis.call('HINCRBYFLOAT', key, 'cost', -back) end
     redis.call('ZREMRANGEBYSCORE', x, '-inf', now - 604800000)
     redis.call('EXPIRE', x, 604800)
   end
+  return gone, back
+end
+"""
+
+# KEYS: pool hashes. ARGV: lease id, lease ms, cost, then 4 per pool: calls, cost, wall_ns limits ('' = none), ttl s.
+# Returns 1, or {0, failing pool index (1-based), calls, cost, wall_ns}. On the way of a call that fits:
+# TIME, one HMGET and one HSET per pool (and an EXPIRE when a pool with a ttl is made).
+_RESERVE = Script(_NOW + _PURGE + """
+local id, cost = ARGV[1], tonumber(ARGV[3])
+local seen = {}
+for i, key in ipairs(KEYS) do
   local u = redis.call('HMGET', key, 'calls', 'cost', 'wall_ns')
   local calls, used, wall = tonumber(u[1] or 0), tonumber(u[2] or 0), tonumber(u[3] or 0)
-  local b = 3 + (i - 1) * 4
-  local lc, lcost, lwall = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
-  if (lc ~= '' and calls + 1 > tonumber(lc)) or (lcost ~= '' and used + cost > tonumber(lcost) + 1e-9)
-     or (lwall ~= '' and wall >= tonumber(lwall)) then
+  local b = i * 4
+  local lc, lcost, lwall = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+  if (lc and calls + 1 > lc) or (lcost and used + cost > lcost + 1e-9) then
+    local gone, back = purge(key, now)
+    calls, used = calls - gone, used - back
+  end
+  if (lc and calls + 1 > lc) or (lcost and used + cost > lcost + 1e-9) or (lwall and wall >= lwall) then
     return {0, i, tostring(calls), tostring(used), tostring(wall)}
   end
+  seen[i] = {calls + 1, used + cost, u[1]}
 end
+local lease = (now + tonumber(ARGV[2])) .. '|' .. ARGV[3]
 for i, key in ipairs(KEYS) do
-  local z = key .. ':l'
-  redis.call('HINCRBY', key, 'calls', 1)
-  if cost ~= 0 then redis.call('HINCRBYFLOAT', key, 'cost', cost) end
-  redis.call('ZADD', z, expiry, member)
-  local ttl = ARGV[3 + i * 4]
-  if ttl ~= '' then redis.call('EXPIRE', key, ttl); redis.call('EXPIRE', z, ttl) end
+  local s = seen[i]
+  if cost ~= 0 then
+    redis.call('HSET', key, 'calls', s[1], 'cost', string.format('%.17g', s[2]), id, lease)
+  else
+    redis.call('HSET', key, 'calls', s[1], id, lease)
+  end
+  local ttl = ARGV[i * 4 + 3]
+  if ttl ~= '' and not s[3] then redis.call('EXPIRE', key, ttl) end
 end
 return 1
 """)
 
-# KEYS: pool hashes. ARGV: lease member, duration ns, cost delta ('' = none), reserved cost. Returns 1 when late.
+# KEYS: pool hashes. ARGV: lease id, duration ns, cost delta ('' = none), reserved cost. Returns 1 when late.
 _SETTLE = Script("""
-local member, dur, delta, reserved = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local id, dur, delta, reserved = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local late = 0
 for _, key in ipairs(KEYS) do
-  local held = redis.call('ZREM', key .. ':l', member) == 1
-  if not held and redis.call('ZREM', key .. ':x', member) == 1 then
+  local held = redis.call('HDEL', key, id) == 1
+  if not held and redis.call('ZREM', key .. ':x', id) == 1 then
     held, late = true, 1
     redis.call('HINCRBY', key, 'calls', 1)
     if reserved ~= 0 then redis.call('HINCRBYFLOAT', key, 'cost', reserved) end
@@ -120,11 +140,11 @@ end
 return late
 """)
 
-# KEYS: pool hashes. ARGV: lease member, reserved cost.
+# KEYS: pool hashes. ARGV: lease id, reserved cost.
 _RELEASE = Script("""
 local cost = tonumber(ARGV[2])
 for _, key in ipairs(KEYS) do
-  if redis.call('ZREM', key .. ':l', ARGV[1]) == 1 then
+  if redis.call('HDEL', key, ARGV[1]) == 1 then
     redis.call('HINCRBY', key, 'calls', -1)
     if cost ~= 0 then redis.call('HINCRBYFLOAT', key, 'cost', -cost) end
   end
@@ -132,10 +152,13 @@ end
 return 1
 """)
 
-# KEYS: the lease sets (…:l) of (pool, lease) pairs. ARGV: lease ms, then one lease member per key.
+# KEYS: the pool hashes of (pool, lease) pairs. ARGV: lease ms, then per key: lease id, reserved cost.
 _RENEW = Script(_NOW + """
-local lease_ms = tonumber(ARGV[1])
-for i, z in ipairs(KEYS) do redis.call('ZADD', z, 'XX', now + lease_ms, ARGV[i + 1]) end
+local expiry = now + tonumber(ARGV[1])
+for i, key in ipairs(KEYS) do
+  local id = ARGV[i * 2]
+  if redis.call('HEXISTS', key, id) == 1 then redis.call('HSET', key, id, expiry .. '|' .. ARGV[i * 2 + 1]) end
+end
 return 1
 """)
 
@@ -148,17 +171,25 @@ end
 return 1
 """)
 
-# KEYS: pool hashes. Returns, per pool, {calls, cost, wall_ns, tok, usd} after giving back expired leases' counts
-# (read-only: the expired leases are purged by the next reserve; here they are only left out).
+# KEYS: pool hashes. Returns, per pool, {calls, cost, wall_ns, tok, usd} with expired leases' counts left out
+# (read-only: a reserve that needs their room gives them back).
 _USAGE = Script(_NOW + """
 local out = {}
 for i, key in ipairs(KEYS) do
-  local u = redis.call('HMGET', key, 'calls', 'cost', 'wall_ns', 'tok', 'usd')
-  local calls, cost = tonumber(u[1] or 0), tonumber(u[2] or 0)
-  for _, d in ipairs(redis.call('ZRANGEBYSCORE', key .. ':l', '-inf', now)) do
-    calls = calls - 1; cost = cost - tonumber(string.match(d, '|(.*)$'))
+  local all, h, calls, cost = redis.call('HGETALL', key), {}, 0, 0
+  for j = 1, #all, 2 do
+    local f, v = all[j], all[j + 1]
+    if string.find(f, '.', 1, true) then
+      local bar = string.find(v, '|', 1, true)
+      if tonumber(string.sub(v, 1, bar - 1)) <= now then
+        calls, cost = calls - 1, cost - tonumber(string.sub(v, bar + 1))
+      end
+    else
+      h[f] = v
+    end
   end
-  out[i] = {tostring(calls), tostring(cost), tostring(u[3] or 0), tostring(u[4] or 0), tostring(u[5] or 0)}
+  out[i] = {tostring(calls + (tonumber(h.calls) or 0)), tostring(cost + (tonumber(h.cost) or 0)),
+            h.wall_ns or '0', h.tok or '0', h.usd or '0'}
 end
 return out
 """)
@@ -174,6 +205,18 @@ def _split_url(url: str) -> tuple[str, dict[str, str]]:
         else:
             theirs.append((k, v))
     return base + ("?" + urlencode(theirs) if theirs else ""), ours
+
+
+#: Every RedisLedger of this process, so that a forked child drops its parent's leases (at fork, not per call).
+_LEDGERS: weakref.WeakSet[RedisLedger] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for ledger in list(_LEDGERS):
+        ledger._forked()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 class RedisLedger:
@@ -198,19 +241,20 @@ class RedisLedger:
         self._wire = Wire(redis.ConnectionPool.from_url(
             target, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s,
             retry=Retry(NoBackoff(), 0), retry_on_timeout=False, health_check_interval=0,
+            protocol=2,  # RESP2: no push message can come between a command and its reply
         ))
         self._lease_ms = bulk(b"%d" % int(self.lease_s * 1000))
-        self._fixed: dict[tuple[Claim, ...], tuple[int, bytes, bytes]] = {}
+        self._fixed: dict[tuple[Claim, ...], tuple[int, tuple[str, ...], bytes, bytes]] = {}
         self._keys: dict[tuple[str, ...], bytes] = {}
         self._ids = itertools.count(1)
-        self._id_prefix = f"{os.getpid():x}.{os.urandom(4).hex()}."
+        self._id_prefix = _id_prefix()
         self._lock = threading.Lock()
         self._held: dict[str, Lease] = {}
         self._backlog: list[tuple[str, Lease, int, float | None]] = []  # (op, lease, duration_ns, cost)
-        self._pid = os.getpid()
         self._stop = threading.Event()
         self._keeper: threading.Thread | None = None
         weakref.finalize(self, self._stop.set)
+        _LEDGERS.add(self)
 
     def __repr__(self) -> str:
         return f"RedisLedger({self.url!r}, lease_s={self.lease_s:g})"
@@ -227,42 +271,47 @@ class RedisLedger:
             part = self._keys[keys] = bulk(b"%d" % len(keys)) + b"".join(bulk(self._key(k).encode()) for k in keys)
         return part
 
-    def _fixed_part(self, claims: tuple[Claim, ...]) -> tuple[int, bytes, bytes]:
-        """For a reserve of `claims`: how many RESP strings follow EVALSHA, the keys part, the limits part."""
-        fixed = self._fixed.get(claims)
-        if fixed is None:
-            if len(self._fixed) >= _CACHE:
-                self._fixed.clear()
-            limits = b"".join(
-                bulk(b"" if c.calls is None else b"%d" % c.calls)
-                + bulk(b"" if c.cost is None else repr(float(c.cost)).encode())
-                + bulk(b"" if c.wall_ns is None else b"%d" % c.wall_ns)
-                + bulk(b"" if c.ttl_s is None else b"%d" % c.ttl_s)
-                for c in claims)
-            fixed = self._fixed[claims] = (4 + 5 * len(claims), self._keys_part(tuple(c.key for c in claims)), limits)
+    def _fixed_part(self, claims: tuple[Claim, ...]) -> tuple[int, tuple[str, ...], bytes, bytes]:
+        """For a reserve of `claims`: how many RESP strings follow the sha, the pools' names, keys, limits."""
+        if len(self._fixed) >= _CACHE:
+            self._fixed.clear()
+        limits = b"".join(
+            bulk(b"" if c.calls is None else b"%d" % c.calls)
+            + bulk(b"" if c.cost is None else repr(float(c.cost)).encode())
+            + bulk(b"" if c.wall_ns is None else b"%d" % c.wall_ns)
+            + bulk(b"" if c.ttl_s is None else b"%d" % c.ttl_s)
+            for c in claims)
+        names = tuple(c.key for c in claims)
+        # After EVALSHA and the sha: numkeys, the keys, id, lease ms, cost, 4 limits a pool.
+        fixed = self._fixed[claims] = (4 + 5 * len(claims), names, self._keys_part(names), limits)
         return fixed
 
-    def _ensure_keeper(self) -> None:
-        if self._pid != os.getpid():  # a forked child holds none of its parent's leases
-            self._pid, self._held, self._backlog = os.getpid(), {}, []
-            self._lock = threading.Lock()
-            self._id_prefix = f"{os.getpid():x}.{os.urandom(4).hex()}."
-            self._keeper = None
-        if self._keeper is None or not self._keeper.is_alive():
-            self._keeper = threading.Thread(target=self._keep, name="proctor-ledger-keeper", daemon=True)
-            self._keeper.start()
+    def _forked(self) -> None:
+        """In a forked child: none of the parent's leases, backlog, keeper or lease ids are this process's."""
+        self._held, self._backlog = {}, []
+        self._lock = threading.Lock()
+        self._id_prefix = _id_prefix()
+        self._keeper = None
+
+    def _start_keeper(self) -> None:
+        with self._lock:
+            if self._keeper is None:
+                self._keeper = threading.Thread(target=self._keep, name="proctor-ledger-keeper", daemon=True)
+                self._keeper.start()
 
     # -- the protocol ---------------------------------------------------------------------------------
 
     def reserve(self, claims: Sequence[Claim], cost: float, *, tool: str = "") -> Lease:
         """Count one call against every claimed pool in one script, or raise BudgetExceeded/LedgerUnavailable."""
-        self._ensure_keeper()
+        if self._keeper is None:
+            self._start_keeper()
         claims = tuple(claims)
-        lease = Lease(self._id_prefix + str(next(self._ids)), tuple(c.key for c in claims), float(cost))
-        count, keys, limits = self._fixed_part(claims)
+        count, names, keys, limits = self._fixed.get(claims) or self._fixed_part(claims)
+        lease = Lease(self._id_prefix + str(next(self._ids)), names, float(cost))
+        ident, amount = lease.id.encode(), repr(lease.cost).encode()
         try:
-            result = self._wire.run(_RESERVE, count, keys + bulk(lease.id.encode()) + self._lease_ms
-                                    + bulk(repr(lease.cost).encode()) + limits)
+            result = self._wire.run(_RESERVE, count, b"%b$%d\r\n%b\r\n%b$%d\r\n%b\r\n%b" % (
+                keys, len(ident), ident, self._lease_ms, len(amount), amount, limits))
         except redis.RedisError as exc:
             raise LedgerUnavailable(f"{tool}: refused: the budget ledger {self.url} is unreachable or too slow "
                                     f"({type(exc).__name__}: {exc}); the next call tries again",
@@ -333,10 +382,11 @@ class RedisLedger:
 
     def _run_settle(self, lease: Lease, duration_ns: int, cost: float | None) -> bool:
         delta = b"" if cost is None else repr(float(cost) - lease.cost).encode()
+        ident, dur, amount = lease.id.encode(), b"%d" % max(0, int(duration_ns)), repr(lease.cost).encode()
         try:
-            self._wire.run(_SETTLE, 5 + len(lease.keys),
-                           self._keys_part(lease.keys) + bulk(_member(lease))
-                           + bulk(b"%d" % max(0, int(duration_ns))) + bulk(delta) + bulk(repr(lease.cost).encode()))
+            self._wire.run(_SETTLE, 5 + len(lease.keys), self._keys_part(lease.keys) + (
+                b"$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
+                    len(ident), ident, len(dur), dur, len(delta), delta, len(amount), amount)))
         except redis.RedisError:
             return False
         return True
@@ -344,7 +394,7 @@ class RedisLedger:
     def _run_release(self, lease: Lease) -> bool:
         try:
             self._wire.run(_RELEASE, 3 + len(lease.keys),
-                           self._keys_part(lease.keys) + bulk(_member(lease)) + bulk(repr(lease.cost).encode()))
+                           self._keys_part(lease.keys) + bulk(lease.id.encode()) + bulk(repr(lease.cost).encode()))
         except redis.RedisError:
             return False
         return True
@@ -365,25 +415,34 @@ class RedisLedger:
         """Renew this process's leases every third of a lease; retry failed settles and releases."""
         period = max(0.05, self.lease_s / 3)
         while not self._stop.wait(period):
-            with self._lock:
-                held = list(self._held.values())
-            pairs = [(self._key(k) + ":l", _member(lease)) for lease in held for k in lease.keys]
-            if pairs:
-                tail = bulk(b"%d" % len(pairs)) + b"".join(bulk(z.encode()) for z, _ in pairs) + self._lease_ms
-                try:
-                    self._wire.run(_RENEW, 2 + 2 * len(pairs), tail + b"".join(bulk(m) for _, m in pairs))
-                except redis.RedisError:
-                    pass  # Redis is away: the leases run out there; a late settle counts the call again
-            if self._backlog:
-                self._flush()
+            try:
+                self._renew()
+                if self._backlog:
+                    self._flush()
+            except Exception as exc:  # noqa: BLE001 - the keeper must outlive one failure; the next round retries
+                from proctor.telemetry.logging import get_logger
+
+                get_logger("proctor.ledger").error("ledger_keeper_failed", url=self.url, error=repr(exc))
+
+    def _renew(self) -> None:
+        with self._lock:
+            held = list(self._held.values())
+        pairs = [(self._key(k).encode(), lease) for lease in held for k in lease.keys]
+        if not pairs:
+            return
+        tail = bulk(b"%d" % len(pairs)) + b"".join(bulk(key) for key, _ in pairs) + self._lease_ms + b"".join(
+            bulk(lease.id.encode()) + bulk(repr(lease.cost).encode()) for _, lease in pairs)
+        try:
+            self._wire.run(_RENEW, 2 + 3 * len(pairs), tail)
+        except redis.RedisError:
+            pass  # Redis is away: the leases run out there; a late settle counts the call again
 
 
-def _member(lease: Lease) -> bytes:
-    """The lease as its pools' lease sets hold it: id and reserved cost."""
-    return (lease.id + "|" + repr(lease.cost)).encode()
+def _id_prefix() -> str:
+    """The start of this process's lease ids: pid and 32 random bits, with dots (pool counters have none)."""
+    return f"{os.getpid():x}.{os.urandom(4).hex()}."
 
 
 def _clean(value: float) -> float:
     """Costs summed as floats in Redis, rounded back to what was added (9 decimals)."""
     return round(value, 9)
-
