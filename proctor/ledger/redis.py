@@ -9,14 +9,19 @@ Each operation is one Lua script — one round trip, atomic on the server:
   twice changes nothing;
 - release: end the lease and give back its call and cost.
 
-A pool is a hash (`calls`, `cost`, `wall_ns`, `tok`, `usd`) at ``{prefix}b:<pool key>``
-with its leases in a sorted set (``…:l``, member ``<lease id>|<reserved cost>``, score =
-expiry in Redis's own milliseconds, so hosts' clocks do not matter) and the leases that
-expired and were given back in ``…:x`` (kept a week, for late settles). A keeper thread
-renews the leases this process holds, every third of the lease, in one script call;
-a process that dies stops renewing, and its reservations come back within one lease.
-The scripts go out pre-encoded on the ledger's own connections (`redis_wire`): one
-round trip each, with little of redis-py's per-command work around it.
+A pool is a hash at ``{prefix}b:<pool key>``: its counters (`calls`, `cost`, `wall_ns`,
+`tok`, `usd`) and one field per live lease (name: the lease id, which has dots; value:
+``<expiry ms>|<reserved cost>``, the expiry in Redis's own milliseconds, so hosts' clocks
+do not matter). A reserve that fits runs TIME, HMGET and one HSET a pool; only when a
+limit would refuse does it give back the pool's expired leases (until then they stay
+counted, as if renewed: a reserve is never refused for them), keeping their ids a week in
+``…:x`` for late settles. A keeper thread renews the leases this process holds, every
+third of the lease, in one script call; a process that dies stops renewing, and its
+reservations come back once expired. The scripts go out pre-encoded on the ledger's own
+connections (`redis_wire`): one round trip each, with little of redis-py's per-command
+work around it. A settle does not wait for its reply (settles repeat safely): the reply
+is read with the next command on that connection, or by the keeper, and a settle whose
+reply is an error or never comes is sent again by the keeper.
 
 Fail closed: a reserve that cannot reach Redis, or gets no answer within the socket
 timeout, raises `LedgerUnavailable`; the next call tries again (no retries inside a
@@ -242,7 +247,7 @@ class RedisLedger:
             target, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s,
             retry=Retry(NoBackoff(), 0), retry_on_timeout=False, health_check_interval=0,
             protocol=2,  # RESP2: no push message can come between a command and its reply
-        ))
+        ), lost=self._lost)
         self._lease_ms = bulk(b"%d" % int(self.lease_s * 1000))
         self._fixed: dict[tuple[Claim, ...], tuple[int, tuple[str, ...], bytes, bytes]] = {}
         self._keys: dict[tuple[str, ...], bytes] = {}
@@ -252,8 +257,10 @@ class RedisLedger:
         self._held: dict[str, Lease] = {}
         self._backlog: list[tuple[str, Lease, int, float | None]] = []  # (op, lease, duration_ns, cost)
         self._stop = threading.Event()
+        self._wake = threading.Event()  # the keeper's: a round now (settles to send again), or stop
         self._keeper: threading.Thread | None = None
-        weakref.finalize(self, self._stop.set)
+        self._settle_loaded = False  # until one settle ran, Redis may lack its script: wait for that reply
+        weakref.finalize(self, _stop_keeper, self._stop, self._wake)
         _LEDGERS.add(self)
 
     def __repr__(self) -> str:
@@ -326,12 +333,23 @@ class RedisLedger:
         return lease
 
     def settle(self, lease: Lease, *, duration_ns: int, cost: float | None = None) -> None:
-        """End the lease, keep the call counted, add its duration; retried by the keeper if Redis is away."""
+        """End the lease, keep the call counted, add its duration; retried by the keeper if Redis is away.
+
+        The script is written without waiting for its reply (a settle repeats safely): the reply is
+        read by the next command on that connection or by the keeper, and a settle whose reply is an
+        error or lost goes to the keeper's backlog, which sends it again.
+        """
         with self._lock:
             self._held.pop(lease.id, None)
-        if not self._run_settle(lease, duration_ns, cost):
-            with self._lock:
-                self._backlog.append(("settle", lease, duration_ns, cost))
+        note = ("settle", lease, duration_ns, cost)
+        try:
+            if self._settle_loaded:
+                self._wire.send(_SETTLE, 5 + len(lease.keys), self._settle_tail(lease, duration_ns, cost), note)
+            else:
+                self._wire.run(_SETTLE, 5 + len(lease.keys), self._settle_tail(lease, duration_ns, cost))
+                self._settle_loaded = True
+        except redis.RedisError:
+            self._lost([note])
 
     def release(self, lease: Lease) -> None:
         """End the lease and give back its call and cost; retried by the keeper if Redis is away."""
@@ -365,9 +383,10 @@ class RedisLedger:
 
     def close(self) -> None:
         """Stop the keeper (after one last try at the backlog) and drop the connections."""
-        self._stop.set()
+        _stop_keeper(self._stop, self._wake)
         if self._keeper is not None and self._keeper is not threading.current_thread():
             self._keeper.join(timeout=self.timeout_s + 1)
+        self._wire.drain()  # the replies of settles sent: the lost ones join the backlog
         self._flush()
         self._wire.close()
 
@@ -380,16 +399,26 @@ class RedisLedger:
 
     # -- internals ------------------------------------------------------------------------------------
 
-    def _run_settle(self, lease: Lease, duration_ns: int, cost: float | None) -> bool:
+    def _settle_tail(self, lease: Lease, duration_ns: int, cost: float | None) -> bytes:
         delta = b"" if cost is None else repr(float(cost) - lease.cost).encode()
         ident, dur, amount = lease.id.encode(), b"%d" % max(0, int(duration_ns)), repr(lease.cost).encode()
+        return self._keys_part(lease.keys) + b"$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
+            len(ident), ident, len(dur), dur, len(delta), delta, len(amount), amount)
+
+    def _run_settle(self, lease: Lease, duration_ns: int, cost: float | None) -> bool:
         try:
-            self._wire.run(_SETTLE, 5 + len(lease.keys), self._keys_part(lease.keys) + (
-                b"$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
-                    len(ident), ident, len(dur), dur, len(delta), delta, len(amount), amount)))
+            self._wire.run(_SETTLE, 5 + len(lease.keys), self._settle_tail(lease, duration_ns, cost))
         except redis.RedisError:
             return False
         return True
+
+    def _lost(self, notes: list[tuple[str, Lease, int, float | None]]) -> None:
+        """Settles whose replies were errors or never came: the keeper sends them again, now."""
+        with self._lock:
+            self._backlog.extend(notes)
+        self._wake.set()
+        if self._keeper is None:
+            self._start_keeper()
 
     def _run_release(self, lease: Lease) -> bool:
         try:
@@ -414,8 +443,13 @@ class RedisLedger:
     def _keep(self) -> None:
         """Renew this process's leases every third of a lease; retry failed settles and releases."""
         period = max(0.05, self.lease_s / 3)
-        while not self._stop.wait(period):
+        while True:
+            self._wake.wait(period)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
+                self._wire.drain()
                 self._renew()
                 if self._backlog:
                     self._flush()
@@ -436,6 +470,11 @@ class RedisLedger:
             self._wire.run(_RENEW, 2 + 3 * len(pairs), tail)
         except redis.RedisError:
             pass  # Redis is away: the leases run out there; a late settle counts the call again
+
+
+def _stop_keeper(stop: threading.Event, wake: threading.Event) -> None:
+    stop.set()
+    wake.set()
 
 
 def _id_prefix() -> str:

@@ -27,6 +27,7 @@ import os
 import socket
 import struct
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import hiredis
@@ -64,10 +65,12 @@ class Script:
 class _Link:
     """One connection: redis-py's (which made it and closes it) and, on a plain socket, our reader of it."""
 
-    __slots__ = ("buffer", "conn", "reader", "sock")
+    __slots__ = ("buffer", "conn", "pending", "reader", "sock")
 
     def __init__(self, conn: Any, timeout_s: float | None) -> None:
         self.conn = conn
+        #: Commands written with `Wire.send` whose replies are still to be read, in order (their notes).
+        self.pending: list[Any] = []
         conn.connect()  # redis-py: connect, authenticate, select the database
         sock = getattr(conn, "_sock", None)
         self.sock: socket.socket | None = None
@@ -109,13 +112,23 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 class Wire:
-    """Connections to one Redis, each carrying one command and its reply at a time."""
+    """Connections to one Redis, each carrying its commands and their replies in order.
 
-    def __init__(self, pool: redis.ConnectionPool) -> None:
+    `call` waits for its reply. `send` does not: the reply is read by the next command on
+    the same connection (or by `drain`); a note given with it comes back through `lost`
+    when that reply is an error or never comes (the connection failed), so the caller
+    can send it again — `send` is for commands that are safe to repeat.
+    """
+
+    #: Notes of commands sent whose replies never come back this many at a time at most.
+    MAX_PENDING = 64
+
+    def __init__(self, pool: redis.ConnectionPool, lost: Callable[[list[Any]], None] | None = None) -> None:
         self._pool = pool
         self._idle: list[_Link] = []
         timeout = pool.connection_kwargs.get("socket_timeout")
         self._timeout_s: float | None = float(timeout) if timeout else None
+        self._lost = lost
         _WIRES.add(self)
 
     def run(self, script: Script, count: int, tail: bytes) -> Any:
@@ -130,40 +143,49 @@ class Wire:
         except NoScriptError:
             return self.call(head + script.body + tail)
 
+    def send(self, script: Script, count: int, tail: bytes, note: Any) -> None:
+        """Write `script`'s call (by its sha) without waiting for the reply; raises redis.RedisError if not written.
+
+        On a TLS connection (redis-py's send and read) the reply is waited for, as by `run`.
+        """
+        link = self._link()
+        if link.sock is None or len(link.pending) >= self.MAX_PENDING:
+            self._idle.append(link)
+            self.run(script, count, tail)
+            return
+        try:
+            link.sock.sendall(b"*%d\r\n" % (count + 2) + script.evalsha + tail)
+        except BaseException as exc:
+            self._fail(link)
+            if isinstance(exc, OSError):
+                raise redis.ConnectionError(f"{type(exc).__name__}: {exc}") from None
+            raise
+        link.pending.append(note)
+        self._idle.append(link)
+
     def call(self, packed: bytes) -> Any:
         """Send one packed command and return its reply (an error reply raises, as redis-py's do)."""
+        link = self._link()
         try:
-            link = self._idle.pop()
-        except IndexError:
-            # Made as the pool would, without its count (a pool refuses past max_connections, and
-            # connections dropped after errors would add up to that).
-            link = self._connect()
-        sock = link.sock
-        try:
-            if sock is None:
+            if link.sock is None:
                 link.conn.send_packed_command((packed,), check_health=False)
                 reply = link.conn.read_response()
             else:
-                sock.sendall(packed)
-                reader, buffer = link.reader, link.buffer
-                reply = reader.gets()
-                while reply is False:
-                    got = sock.recv_into(buffer)
-                    if not got:
-                        raise ConnectionError("Redis closed the connection")
-                    reader.feed(buffer, 0, got)  # type: ignore[arg-type]  # any buffer (its stub says bytes)
-                    reply = reader.gets()
+                link.sock.sendall(packed)
+                if link.pending:
+                    self._confirm(link)
+                reply = self._read(link)
         except ResponseError:  # from redis-py's read: an error reply leaves the connection in step
             self._idle.append(link)
             raise
         except BlockingIOError:  # the kernel's timeout
-            link.close()
+            self._fail(link)
             raise redis.TimeoutError(f"no answer from Redis within {self._timeout_s:g}s") from None
         except (OSError, hiredis.ProtocolError) as exc:
-            link.close()
+            self._fail(link)
             raise redis.ConnectionError(f"{type(exc).__name__}: {exc}") from None
         except BaseException:
-            link.close()  # a timeout or a lost connection: a late reply must not meet the next command
+            self._fail(link)  # a late reply must not meet the next command
             raise
         self._idle.append(link)
         if type(reply) is ResponseError:
@@ -172,7 +194,38 @@ class Wire:
             raise reply
         return reply
 
-    def _connect(self) -> _Link:
+    def drain(self) -> None:
+        """Read the replies of commands sent earlier on the idle connections (the keeper's and close's turn)."""
+        for link in [link for link in list(self._idle) if link.pending]:
+            try:
+                self._idle.remove(link)  # taken meanwhile by a caller, which reads them itself
+            except ValueError:
+                continue
+            try:
+                self._confirm(link)
+            except (OSError, hiredis.ProtocolError):
+                self._fail(link)
+                continue
+            except BaseException:
+                self._fail(link)
+                raise
+            self._idle.append(link)
+
+    def close(self) -> None:
+        """Close the idle connections (one in use is closed when its command ends); unread replies count as lost."""
+        idle, self._idle = self._idle, []
+        for link in idle:
+            self._fail(link)
+
+    # -- internals ------------------------------------------------------------------------------------
+
+    def _link(self) -> _Link:
+        try:
+            return self._idle.pop()
+        except IndexError:
+            pass
+        # Made as the pool would, without its count (a pool refuses past max_connections, and
+        # connections dropped after errors would add up to that).
         conn = self._pool.connection_class(**self._pool.connection_kwargs)
         try:
             return _Link(conn, self._timeout_s)
@@ -183,8 +236,34 @@ class Wire:
             conn.disconnect()
             raise redis.ConnectionError(f"{type(exc).__name__}: {exc}") from None
 
-    def close(self) -> None:
-        """Close the idle connections (one in use is closed when its command ends)."""
-        idle, self._idle = self._idle, []
-        for link in idle:
-            link.close()
+    @staticmethod
+    def _read(link: _Link) -> Any:
+        """One reply from a plain socket (raises OSError when the socket fails or times out)."""
+        reader, buffer, sock = link.reader, link.buffer, link.sock
+        assert sock is not None
+        reply = reader.gets()
+        while reply is False:
+            got = sock.recv_into(buffer)
+            if not got:
+                raise ConnectionError("Redis closed the connection")
+            reader.feed(buffer, 0, got)  # type: ignore[arg-type]  # any buffer (its stub says bytes)
+            reply = reader.gets()
+        return reply
+
+    def _confirm(self, link: _Link) -> None:
+        """Read the replies owed for the commands sent on `link`; those that are errors go to `lost`."""
+        failed = []
+        while link.pending:
+            reply = self._read(link)
+            note = link.pending.pop(0)
+            if type(reply) is ResponseError:
+                failed.append(note)
+        if failed and self._lost is not None:
+            self._lost(failed)
+
+    def _fail(self, link: _Link) -> None:
+        """Close `link`; the commands sent on it whose replies were not read are lost (they may have run)."""
+        pending, link.pending = link.pending, []
+        link.close()
+        if pending and self._lost is not None:
+            self._lost(pending)

@@ -225,3 +225,21 @@ def test_redis_restarted_mid_run_refuses_while_down_then_goes_on(redis_server: R
                   "the pool does not settle at the calls that ran", 30)
     finally:
         led.close()
+
+
+def test_a_settle_whose_reply_is_lost_is_sent_again(redis_server: RedisServer) -> None:
+    """A settle written just before Redis went away (its reply never read) is sent again once Redis is back."""
+    from proctor.ledger import Claim
+
+    claim = Claim(key="s|global|w=0", budget="s", calls=10, scope="for all runs")
+    led = RedisLedger(redis_server.url, lease_s=1.5, timeout_s=0.5)
+    try:
+        led.settle(led.reserve([claim], 0), duration_ns=1)  # the first settle waits for its reply
+        lease = led.reserve([claim], 0)
+        redis_server.stop()
+        led.settle(lease, duration_ns=10)  # written (or not) into a connection whose server is gone
+        redis_server.start()
+        _wait_for(lambda: led.usage([claim.key])[claim.key].wall_ns == 11, "the lost settle was never sent again", 30)
+        assert led.usage([claim.key])[claim.key].calls == 2
+    finally:
+        led.close()
