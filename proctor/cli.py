@@ -12,20 +12,30 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-__all__ = ["main"]
+__all__ = ["COMMANDS", "build_parser", "main"]
 
-# Modules that define `register(subparsers) -> None`; each adds its subcommands and
-# sets `func` on its parsers. Imported at start-up, so they must import lightly.
-_COMMAND_MODULES = ("proctor.demo", "proctor.policy.cli", "proctor.audit.cli", "proctor.agent.cli",
-                    "proctor.store.cli", "proctor.serve.cli")
+# Each command, and the module that defines `register(subparsers) -> None` for it: the module adds
+# its commands and sets `func` on their parsers. Imported at start-up, so they must import lightly.
+COMMANDS = {
+    "demo": "proctor.demo",
+    "policy": "proctor.policy.cli",
+    "audit": "proctor.audit.cli",
+    "run": "proctor.agent.cli",
+    "approvals": "proctor.store.cli",
+    "runs": "proctor.store.cli",
+    "serve": "proctor.serve.cli",
+}
+_COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `proctor` parser; given the `command` about to run, only that command's module is imported
+    (`proctor policy check` need not import the agent's, the store's and the server's commands)."""
     parser = argparse.ArgumentParser(
         prog="proctor", description="Governed tool execution for LLM agents that act by writing Python."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _COMMAND_MODULES:
+    for name in (COMMANDS[command],) if command is not None and command in COMMANDS else _COMMAND_MODULES:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -46,7 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
     if func is None:

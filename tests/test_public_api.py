@@ -87,3 +87,18 @@ def test_cli_help_imports_no_heavy_dependency() -> None:
     heavy = {"cel.cel", "cel.cli", "prompt_toolkit", "typer", "rich", "cryptography", "pydantic", "yaml",
              "opentelemetry", "litellm", "fastapi"}
     assert not {m for m in loaded if m in heavy or m.split(".")[0] in heavy - {"cel.cel", "cel.cli"}}
+
+
+def test_cli_command_table_names_what_each_module_registers() -> None:
+    """`proctor.cli.COMMANDS` maps each command to the module registering it, so `proctor X` imports only X's module."""
+    import argparse
+
+    from proctor.cli import COMMANDS, build_parser
+
+    for module in set(COMMANDS.values()):
+        parser = argparse.ArgumentParser()
+        sub = parser.add_subparsers()
+        importlib.import_module(module).register(sub)
+        assert set(sub.choices) == {c for c, m in COMMANDS.items() if m == module}
+    assert set(build_parser()._subparsers._group_actions[0].choices) == set(COMMANDS)  # type: ignore[union-attr]
+    assert set(build_parser("policy")._subparsers._group_actions[0].choices) == {"policy"}  # type: ignore[union-attr]
