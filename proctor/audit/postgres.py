@@ -53,6 +53,7 @@ from proctor.audit.records import GENESIS, append_problem, checkpoint_statement
 from proctor.audit.verify import VerifyReport, side_file_path, verify
 from proctor.canonical import canonical_bytes
 from proctor.errors import AuditError
+from proctor.pgconn import PgConnection, why
 from proctor.redaction import Redacted, redact_args
 from proctor.urls import shown_url
 
@@ -159,14 +160,6 @@ def _split(url: str) -> tuple[str, str]:
     return urlunsplit(parts._replace(query=urlencode(rest))), name
 
 
-def _connect(conninfo: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
-    conn = psycopg.connect(conninfo, autocommit=autocommit, connect_timeout=5)
-    # Set here, not with `options=`, which would replace options the URL gives (a search_path…).
-    conn.execute("SET synchronous_commit = off")
-    conn.execute("SET statement_timeout = 10000")
-    return conn
-
-
 def ensure_schema(conn: psycopg.Connection[Any]) -> None:
     """Create the tables and the append function once (concurrent first writers take turns)."""
     with conn.transaction():
@@ -234,7 +227,7 @@ class PostgresAuditLog:
         self.closed = False
         self._queue: list[_Pending] = []
         self._cond = threading.Condition()
-        self._conn: psycopg.Connection[Any] | None = None
+        self._db = PgConnection(self._conninfo, ("SET synchronous_commit = off", "SET statement_timeout = 10000"))
         self._last_ckpt_time = time.monotonic()
         self._last_ckpt: int | None = None
         self._seq = 0
@@ -253,7 +246,7 @@ class PostgresAuditLog:
                                (self.name,)).fetchone()
         except psycopg.Error as exc:
             self._drop()
-            raise AuditError(f"cannot open the audit log {self.url} (log {self.name!r}): {_why(exc)}") from None
+            raise AuditError(f"cannot open the audit log {self.url} (log {self.name!r}): {why(exc)}") from None
         assert row is not None
         self.log_id, self._redaction_key = str(row[0]), bytes(row[1])
         self._seq, self._last_ckpt = int(row[2]), row[3]
@@ -347,17 +340,10 @@ class PostgresAuditLog:
     # -- the writer thread ----------------------------------------------------------------
 
     def _connection(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = _connect(self._conninfo)
-        return self._conn
+        return self._db.get()
 
     def _drop(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except psycopg.Error:
-                pass
-            self._conn = None
+        self._db.drop()
 
     def _write_loop(self) -> None:
         last = 1  # the size of the last batch: as many writers are probably about to append again
@@ -390,7 +376,7 @@ class PostgresAuditLog:
                     self._checkpoint()
             except psycopg.Error as exc:
                 self._drop()
-                failure = AuditResult(False, error=f"the audit log {self.url} could not record it: {_why(exc)}")
+                failure = AuditResult(False, error=f"the audit log {self.url} could not record it: {why(exc)}")
                 for p in batch:
                     p.result = p.result or failure
             except Exception as exc:  # noqa: BLE001 - never leave a writer waiting
@@ -466,11 +452,6 @@ class PostgresAuditLog:
         return AuditResult(True, seq=int(seq))
 
 
-def _why(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
-
-
 def _close_if_alive(ref: weakref.ReferenceType[PostgresAuditLog]) -> None:
     log = ref()
     if log is not None:
@@ -505,7 +486,7 @@ def export_jsonl(url: str, out: IO[bytes], *, side_file: str | os.PathLike[str] 
                     out.write(line.encode("utf-8") + b"\n")
                     count += 1
     except psycopg.Error as exc:
-        raise AuditError(f"cannot read the audit log {shown_url(url)}: {_why(exc)}") from None
+        raise AuditError(f"cannot read the audit log {shown_url(url)}: {why(exc)}") from None
     if side_file is not None and row is not None and row[0] is not None:
         Path(side_file).write_bytes(row[0].encode("utf-8") + b"\n")
     return count

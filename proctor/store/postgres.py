@@ -29,6 +29,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from proctor.errors import StoreError
+from proctor.pgconn import PgConnection, why
 from proctor.store.base import PendingApproval, register_scheme
 from proctor.store.sql import Db, SQLRunStore, schema
 from proctor.urls import shown_url
@@ -51,7 +52,7 @@ class PostgresRunStore(SQLRunStore):
         self._shown = self.where = shown_url(url)
         self._timeout = connect_timeout_s
         self._lock = threading.RLock()
-        self._conn: psycopg.Connection[Any] | None = None
+        self._db = PgConnection(url, ("SET synchronous_commit = on",), connect_timeout_s=connect_timeout_s)
         self._closed = False
         try:
             with self._tx() as db:
@@ -66,18 +67,10 @@ class PostgresRunStore(SQLRunStore):
     def _connection(self) -> psycopg.Connection[Any]:
         if self._closed:
             raise StoreError(f"run store {self._shown} is closed")
-        if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.url, autocommit=True, connect_timeout=self._timeout)
-            self._conn.execute("SET synchronous_commit = on")  # (not `options=`: it would replace the URL's)
-        return self._conn
+        return self._db.get()
 
     def _drop(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except psycopg.Error:
-                pass
-            self._conn = None
+        self._db.drop()
 
     @contextmanager
     def _tx(self, *, durable: bool = True) -> Iterator[psycopg.Connection[Any]]:
@@ -92,8 +85,7 @@ class PostgresRunStore(SQLRunStore):
             except psycopg.Error as exc:
                 if isinstance(exc, psycopg.OperationalError):
                     self._drop()
-                first = (str(exc).strip().splitlines() or [""])[0]
-                raise StoreError(f"run store {self._shown}: {type(exc).__name__}: {first}") from None
+                raise StoreError(f"run store {self._shown}: {why(exc)}") from None
 
     def _encode(self, data: dict[str, Any]) -> Jsonb:
         return Jsonb(data)

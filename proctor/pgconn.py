@@ -1,0 +1,54 @@
+"""One PostgreSQL connection, made on first use and again once lost: what the audit sink and the run store share.
+
+Both keep a single autocommit connection, open it lazily, set their session settings on
+it (with SET, not the `options=` connection parameter, which would replace options the
+URL itself gives, such as a search_path), and drop it after an error so that the next
+operation reconnects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+__all__ = ["PgConnection", "why"]
+
+
+class PgConnection:
+    """A lazily made autocommit connection to `conninfo`, with `settings` (SET statements) run on each new one."""
+
+    def __init__(self, conninfo: str, settings: Sequence[str] = (), *, connect_timeout_s: int = 5) -> None:
+        self.conninfo = conninfo
+        self._settings = tuple(settings)
+        self._timeout = connect_timeout_s
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def get(self) -> psycopg.Connection[Any]:
+        """The connection, made now if there is none or it was closed (raises psycopg.Error)."""
+        if self._conn is None or self._conn.closed:
+            conn = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=self._timeout)
+            try:
+                for statement in self._settings:
+                    conn.execute(statement)
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
+        return self._conn
+
+    def drop(self) -> None:
+        """Close the connection (quietly: it may be broken already); the next `get` makes a new one."""
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except psycopg.Error:
+                pass
+            self._conn = None
+
+
+def why(exc: BaseException) -> str:
+    """A database error in one line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
