@@ -132,11 +132,11 @@ def _row(label: str, server: PostgresServer, url: str, seconds: float, count: in
           f"verify {'ok' if report.ok else report.failure}  load {os.getloadavg()[0]:.1f}")
 
 
-def _run(server: PostgresServer, where: str, seconds: float, procs: tuple[int, ...]) -> None:
+def _run(server: PostgresServer, where: str, seconds: float, threads: tuple[int, ...], procs: tuple[int, ...]) -> None:
     rate = _fsync_rate(server.root)
     print(f"\n{where}: pg_test_fsync fdatasync {rate:.0f}/s, so N writers waiting each for its own intent "
           f"are bound by N x {rate:.0f}/s ({8 * rate:.0f}/s at 8)")
-    for writers in (1, 8, 32):
+    for writers in threads:
         url = f"{server.url}&log=threads{writers}"
         with PostgresAuditLog(url, checkpoint_every=100_000) as log:
             before = _counters(server)
@@ -168,9 +168,11 @@ def main() -> None:
     parser.add_argument("seconds", nargs="?", type=float, default=4.0)
     parser.add_argument("--tmpfs", action="store_true", help="also run on a cluster in /dev/shm (not durable)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a cluster setting")
-    parser.add_argument("--procs", default="1,8", help="writer process counts (default 1,8)")
+    parser.add_argument("--threads", default="1,8,32", help="writer thread counts (default 1,8,32)")
+    parser.add_argument("--procs", default="1,8,32", help="writer process counts (default 1,8,32)")
     opts = parser.parse_args()
     settings = dict(s.split("=", 1) for s in opts.set)
+    threads = tuple(int(n) for n in opts.threads.split(",") if n)
     procs = tuple(int(n) for n in opts.procs.split(",") if n)
     print(f"PostgreSQL 15, fsync=on, synchronous_commit=on {settings or ''}; load average "
           f"{os.getloadavg()[0]:.2f} (cpus {os.cpu_count()}); {opts.seconds:g}s per row")
@@ -181,7 +183,7 @@ def main() -> None:
         server = PostgresServer(parent, settings)
         server.start()
         try:
-            _run(server, where, opts.seconds, procs)
+            _run(server, where, opts.seconds, threads, procs)
         finally:
             server.cleanup()
     print("\ntarget: >= 5,000 durable intents/s at 8 writers")
