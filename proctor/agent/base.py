@@ -82,8 +82,13 @@ def load_audit(audit: AuditSink | str | os.PathLike[str] | None, audit_key: Any 
     if audit is None:
         return None, None, False
     if isinstance(audit, str) and audit.startswith(("postgresql://", "postgres://")):
-        from proctor.audit.postgres import PostgresAuditLog  # one chain shared by a fleet (docs/fleet.md)
+        try:
+            from proctor.audit.postgres import PostgresAuditLog  # one chain shared by a fleet (docs/fleet.md)
+        except ImportError as exc:
+            from proctor.urls import shown_url
 
+            raise ConfigurationError(f"audit={shown_url(audit, query=False)} needs {exc.name or 'psycopg'}: "
+                                     "pip install 'proctor[postgres]'") from None
         pg_key = audit_key if audit_key is not None else (os.environ.get(AUDIT_KEY_ENV) or None)
         pg = PostgresAuditLog(audit, signing_key=pg_key)
         return pg, pg.url, True

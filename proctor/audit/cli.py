@@ -111,7 +111,11 @@ def _verify(args: argparse.Namespace) -> int:
                                "side_file": not args.no_side_file, "workers": args.workers}
     try:
         if database:
-            from proctor.audit.postgres import verify_postgres
+            try:
+                from proctor.audit.postgres import verify_postgres
+            except ImportError as exc:
+                _err(f"verifying a postgresql:// log needs {exc.name or 'psycopg'}: pip install 'proctor[postgres]'")
+                return 2
 
             report = verify_postgres(args.log, **options)
         elif size > _LARGE and sys.stderr.isatty() and not args.json:
@@ -158,7 +162,11 @@ def _export(args: argparse.Namespace) -> int:
     if not args.url.startswith(("postgresql://", "postgres://")):
         _err(f"{args.url}: not a postgresql:// URL (a file log needs no export)")
         return 2
-    from proctor.audit.postgres import export_jsonl
+    try:
+        from proctor.audit.postgres import export_jsonl
+    except ImportError as exc:
+        _err(f"exporting a postgresql:// log needs {exc.name or 'psycopg'}: pip install 'proctor[postgres]'")
+        return 2
     from proctor.audit.verify import side_file_path
     from proctor.errors import AuditError
 

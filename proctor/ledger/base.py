@@ -125,11 +125,17 @@ def open_ledger(ledger: SharedLedger | str | None = None) -> SharedLedger:
     url = ledger.strip()
     if url in ("memory", "memory://", ""):
         return default_ledger()
-    if url.startswith(("redis://", "rediss://", "unix://")):
-        from proctor.ledger.redis import RedisLedger
+    from proctor.errors import ConfigurationError
+    from proctor.urls import shown_url
 
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        try:
+            from proctor.ledger.redis import RedisLedger
+        except ImportError as exc:  # the extra is missing: say how to get it, never fall back to a local ledger
+            raise ConfigurationError(f"the ledger {shown_url(url, query=False)} needs {exc.name or 'redis'}: "
+                                     "pip install 'proctor[redis]'") from None
         return RedisLedger(url)
-    raise ValueError(f"unknown ledger {url!r}: use memory or redis://host:6379/0")
+    raise ConfigurationError(f"unknown ledger {shown_url(url, query=False)!r}: use memory or redis://host:6379/0")
 
 
 def _num(value: float) -> Any:
