@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from proctor.calls import Call
-from proctor.policy.budgets import pool_key, window_start
 from proctor.policy.engine import Policy
 from proctor.policy.matching import Matcher
 
@@ -67,6 +66,8 @@ def _scope(spec: BudgetSpec, call: Call, now_s: float) -> str:
         who = {"run": "per run", "step": "per step"}.get(spec.per, "global")
     if spec.window is None:
         return who
+    from proctor.policy.budgets import window_start  # here: `policy check` describes budgets without it
+
     start = window_start(spec, now_s)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start))
     return f"{who}, window {spec.window:g}s (from {stamp})"
@@ -87,6 +88,8 @@ def _refusal(spec: BudgetSpec, used: Mapping[str, Any], cost: float) -> str | No
 
 def trace_budgets(policy: Policy, call: Call, *, now_s: float | None = None) -> tuple[BudgetTrace, ...]:
     """Every budget of `policy`, in file order, against `call` and its `usage`."""
+    from proctor.policy.budgets import pool_key
+
     now_s = time.time() if now_s is None else now_s
     facts = policy.facts(call.tool, call.side_effect, call.cost or 0)
     out = []

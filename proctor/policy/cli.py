@@ -72,21 +72,33 @@ def _usage(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
-def _load(path: str, *, fast: bool = False) -> Any:
-    """The policy at `path`, or None after printing every issue.
+def _load(path: str) -> Any:
+    """The policy at `path`, or None after printing every issue."""
+    from proctor.errors import PolicyError
+    from proctor.policy import Policy
 
-    `fast`: validated without importing pydantic (`proctor.policy.fastcheck`: the same checks and
-    messages; the policy's parts are plain records), for a command that only reads the policy.
+    try:
+        return Policy.from_yaml(path)
+    except PolicyError as exc:
+        for issue in exc.issues:
+            print(terminal_safe(issue))
+        return None
+
+
+def _load_for_check(path: str) -> tuple[Any, Any] | None:
+    """The policy at `path` and the positions of its keys and values, or None after printing every issue.
+
+    Validated without importing pydantic (`proctor.policy.fastcheck`: the same checks and messages;
+    the policy's parts are plain records): `check` only reads the policy, and starts fast.
     """
     from proctor.errors import PolicyError
     from proctor.policy.engine import Policy
-    from proctor.policy.loader import load_policy_text
+    from proctor.policy.loader import load_policy_marked
     from proctor.policy.yamlsafe import read_yaml_file
 
     try:
-        if fast:
-            return Policy(load_policy_text(read_yaml_file(path, "policy"), path, fast=True), path)
-        return Policy.from_yaml(path)
+        model, marks = load_policy_marked(read_yaml_file(path, "policy"), path, fast=True)
+        return Policy(model, path), marks
     except PolicyError as exc:
         for issue in exc.issues:
             print(terminal_safe(issue))
@@ -115,21 +127,16 @@ def _check(args: argparse.Namespace) -> int:
     from proctor.policy import _native_core
 
     _native_core.install()  # the validator without pydantic_core's __init__ (start-up: one thread)
-    from proctor.errors import PolicyError
     from proctor.policy.lint import lint
 
     tools = _load_tools("check", args.tools)
     if tools is None:
         return 2
-    policy = _load(args.policy, fast=True)
-    if policy is None:
+    loaded = _load_for_check(args.policy)
+    if loaded is None:
         return 1
-    try:
-        findings = lint(policy, args.policy, tools or None)
-    except PolicyError as exc:  # the file changed under us
-        for issue in exc.issues:
-            print(terminal_safe(issue))
-        return 1
+    policy, marks = loaded
+    findings = lint(policy, args.policy, tools or None, marks=marks)  # positions from the text validated
     errors = [f for f in findings if f.severity == "error"]
     for finding in findings:
         print(terminal_safe(finding))

@@ -21,10 +21,8 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from proctor.calls import SIDE_EFFECTS, Call, Decision, Outcome, RunInfo, SideEffect
 from proctor.canonical import canonical_sha256
 from proctor.errors import ToolDenied
-from proctor.ledger.base import SharedLedger
 from proctor.policy.activation import Activation
 from proctor.policy.aggregates import is_hidden, pipeline_named
-from proctor.policy.budgets import Ledger
 from proctor.policy.conditions import Condition, EvaluationError, compile_condition, compile_expression
 from proctor.policy.functions import PROVENANCE_FUNCTIONS
 from proctor.policy.lets import check_lets, expand
@@ -35,6 +33,8 @@ from proctor.policy.validators import COST_VARIABLES, SIDE_EFFECT_VARIABLES, sid
 from proctor.policy.yamlsafe import read_yaml_file
 
 if TYPE_CHECKING:
+    from proctor.ledger.base import SharedLedger
+    from proctor.policy.budgets import Ledger
     from proctor.policy.explain import Explanation
     from proctor.policy.schema import BudgetSpec, PolicyModel, RuleSpec
 
@@ -311,6 +311,8 @@ class Policy:
 
     def new_ledger(self, run: RunInfo | None = None, shared: SharedLedger | None = None) -> Ledger:
         """A fresh budget ledger for one run; its shared budgets (principal, label, global) draw on `shared`."""
+        from proctor.policy.budgets import Ledger  # here: loading a policy (`policy check`) needs no ledger
+
         return Ledger(self.model.budgets, run=run, shared=shared)
 
     # -- deciding -----------------------------------------------------------------

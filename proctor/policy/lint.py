@@ -67,9 +67,14 @@ def lint_policy(path: str, tools: Mapping[str, Tool] | None = None) -> list[Find
     return lint(Policy.from_yaml(path), path, tools)
 
 
-def lint(policy: Policy, path: str | None = None, tools: Mapping[str, Tool] | None = None) -> list[Finding]:
-    """Every finding for `policy` (loaded from `path`, read again for positions), sorted by position."""
-    marks = compose_marked(read_yaml_file(path, "policy"), path)[1] if path else Marks()
+def lint(policy: Policy, path: str | None = None, tools: Mapping[str, Tool] | None = None, *,
+         marks: Marks | None = None) -> list[Finding]:
+    """Every finding for `policy` (loaded from `path`), sorted by position.
+
+    Positions come from `marks` (`load_policy_marked` gives them), else from reading `path` again.
+    """
+    if marks is None:
+        marks = compose_marked(read_yaml_file(path, "policy"), path)[1] if path else Marks()
     source = path or policy.source
     findings: list[Finding] = []
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from proctor.policy.schema import PolicyModel
 
-__all__ = ["Loc", "Marks", "compose_marked", "load_policy_text", "validate_policy_data"]
+__all__ = ["Loc", "Marks", "compose_marked", "load_policy_marked", "load_policy_text", "validate_policy_data"]
 
 Loc = tuple[str | int, ...]
 _SKIP = object()  # a node that could not be constructed (already reported)
@@ -159,6 +159,11 @@ def load_policy_text(text: str, source: str, *, fast: bool = False) -> PolicyMod
     `fast`: validate without importing pydantic (`proctor.policy.fastcheck`): the same checks and
     errors, but the result is made of plain records with the models' fields, not the models.
     """
+    return load_policy_marked(text, source, fast=fast)[0]
+
+
+def load_policy_marked(text: str, source: str, *, fast: bool = False) -> tuple[PolicyModel, Marks]:
+    """`load_policy_text`, with the positions of the text's keys and values (for `proctor.policy.lint`)."""
     data, marks, issues = compose_marked(text, source)
     if issues and data is None:
         raise PolicyError(issues)
@@ -170,7 +175,7 @@ def load_policy_text(text: str, source: str, *, fast: bool = False) -> PolicyMod
         issues.extend(i for i in exc.issues if (i.line, i.column) not in broken or "should be" not in i.message)
     if issues:
         raise PolicyError(sorted(issues, key=lambda i: (i.line, i.column)))
-    return model
+    return model, marks
 
 
 def validate_policy_data(data: Any, source: str, marks: Marks | None = None, *, fast: bool = False) -> PolicyModel:
