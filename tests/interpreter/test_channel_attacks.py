@@ -1,0 +1,44 @@
+"""A worker that writes its own frames and stops reading cannot hold its host past the run's deadline."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from test_interpreter_protocol import PRELUDE
+
+from proctor.errors import ProctorError
+from proctor.interpreter import Interpreter
+
+_FLOOD = """
+import itertools, time
+for i in itertools.count(10**6):
+    msg({'t': 'call', 'id': i, 'run': RUN, 'tool': 'lookup', 'args': {'order': 'x' * 2000}})
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="scaling: a reply is written with send_bytes' own 10 s timeout, not the "
+                   "run's deadline, so a worker that floods calls and never reads keeps a 2 s run 10 s (redteam 18:40)")
+def test_a_worker_flooding_calls_without_reading_replies_ends_at_its_deadline(
+        make: Callable[..., Interpreter]) -> None:
+    """Forged calls written without reading a reply fill the channel: the run still ends by its 2 s deadline."""
+    interp = make(sandbox="process", authorized_imports=["os", "stat", "struct", "json", "time", "itertools"],
+                  timeout=2)
+    r = interp.run(PRELUDE + _FLOOD.replace("RUN", str(interp._seq + 1)))
+    assert isinstance(r.error, ProctorError)
+    assert r.duration < 3.5, r.duration  # 2 s, and generous room for a loaded machine; it was 10 s
+    assert interp.run("6 * 7").value == 42
+
+
+@pytest.mark.parametrize("body", [
+    "raw(struct.pack('>I', 100) + b'{\"t\":')",  # a frame cut short, then silence
+    "raw(b'\\x00\\x00')",  # half a length header
+    "raw(struct.pack('>I', 4000))\nfor _ in range(400):\n    raw(b' ')\n    time.sleep(0.02)",  # a byte at a time
+])
+def test_a_frame_left_unfinished_ends_the_run_at_its_deadline(make: Callable[..., Interpreter], body: str) -> None:
+    """A partial frame, half a header or a frame trickled in bytes: the run ends at its 2 s deadline, host fine."""
+    interp = make(sandbox="process", authorized_imports=["os", "stat", "struct", "json", "time"], timeout=2)
+    r = interp.run("import time\n" + PRELUDE + body + "\ntime.sleep(30)")
+    assert isinstance(r.error, ProctorError)
+    assert r.duration < 3.5, r.duration
+    assert interp.run("6 * 7").value == 42
