@@ -11,7 +11,10 @@ from typing import Any
 
 from proctor.policy import validators as V
 
-__all__ = ["FIELDS", "core_schema"]
+__all__ = ["FIELDS", "PYDANTIC_CORE_VERSION", "core_schema"]
+
+#: The pydantic-core release that wrote this schema (and the only one that reads it here).
+PYDANTIC_CORE_VERSION = '2.50.5'
 
 #: Each model's fields, in order.
 FIELDS: dict[str, tuple[str, ...]] = {'PolicyModel': ('version', 'let', 'default', 'tools', 'budgets', 'rules', 'approval', 'read_durability'),

@@ -9,8 +9,11 @@ model replaced by a plain `Record` class of the same name and fields. `validate`
 schema in `pydantic_core`: the same checks in the same order, the same errors (so the loader
 locates them the same way), and records whose attributes are the models' fields.
 
+A core schema is read by the pydantic-core release that wrote it: with any other release
+installed, `validate` uses the models themselves (the same result, at pydantic's start-up cost).
+
 The schema module is generated, never edited: after changing `proctor.policy.schema` or
-`proctor.policy.validators`, run ``python -m proctor.policy.fastcheck --write``
+`proctor.policy.validators`, or upgrading pydantic, run ``python -m proctor.policy.fastcheck --write``
 (tests/policy/test_fastcheck.py fails while it is stale).
 """
 
@@ -29,7 +32,7 @@ if TYPE_CHECKING:
 
     from proctor.policy.schema import PolicyModel
 
-__all__ = ["RECORDS", "Record", "generate", "validate"]
+__all__ = ["RECORDS", "Record", "generate", "usable", "validate"]
 
 GENERATED = Path(__file__).with_name("_core_schema.py")
 
@@ -90,9 +93,24 @@ def _validator() -> SchemaValidator:
     return SchemaValidator(core_schema(RECORDS, _default))
 
 
+@functools.cache
+def usable() -> bool:
+    """Whether the installed pydantic-core is the release the schema was generated with."""
+    from pydantic_core._pydantic_core import __version__
+
+    from proctor.policy._core_schema import PYDANTIC_CORE_VERSION
+
+    return bool(__version__ == PYDANTIC_CORE_VERSION)
+
+
 def validate(data: Any) -> PolicyModel:
     """`PolicyModel.model_validate(data)` without pydantic: raises pydantic_core's ValidationError with the
-    same errors; returns a `Record` tree with the model's fields (typed as the model it stands for)."""
+    same errors; returns a `Record` tree with the model's fields (typed as the model it stands for).
+    With another pydantic-core than the schema's, the model itself validates (see the module docstring)."""
+    if not usable():
+        from proctor.policy.schema import PolicyModel
+
+        return PolicyModel.model_validate(data)
     return _validator().validate_python(data)  # type: ignore[no-any-return]
 
 
@@ -151,6 +169,8 @@ def generate() -> str:
     """The source of proctor/policy/_core_schema.py, from `proctor.policy.schema`'s models."""
     import pprint
 
+    import pydantic_core
+
     from proctor.policy import schema
 
     models = ("PolicyModel", "ToolSpec", "MatchSpec", "LimitSpec", "BudgetSpec", "RuleSpec", "ApprovalSpec")
@@ -165,7 +185,9 @@ def generate() -> str:
         "from collections.abc import Callable, Mapping\n"
         "from typing import Any\n\n"
         "from proctor.policy import validators as V\n\n"
-        '__all__ = ["FIELDS", "core_schema"]\n\n'
+        '__all__ = ["FIELDS", "PYDANTIC_CORE_VERSION", "core_schema"]\n\n'
+        "#: The pydantic-core release that wrote this schema (and the only one that reads it here).\n"
+        f"PYDANTIC_CORE_VERSION = {pydantic_core.__version__!r}\n\n"
         "#: Each model's fields, in order.\n"
         f"FIELDS: dict[str, tuple[str, ...]] = {pprint.pformat(fields, width=116, sort_dicts=False)}\n\n\n"
         "def core_schema(records: Mapping[str, type], default: Callable[[str, dict[str, Any]], Any]) -> "

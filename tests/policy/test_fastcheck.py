@@ -117,3 +117,24 @@ def test_records_read_like_the_models() -> None:
     assert fast.cost_of("pay", {"amount": 7}) == slow.cost_of("pay", {"amount": 7}) == 7
     assert (fast.budgets[0].label_key, fast.budgets[0].shared) == (slow.budgets[0].label_key, True) == ("team", True)
     assert fast.approval == slow.approval
+
+
+def test_another_pydantic_core_release_falls_back_to_the_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a pydantic-core other than the one that wrote the schema, the models validate: same issues, real models."""
+    from proctor.policy import _core_schema
+    from proctor.policy.schema import PolicyModel
+
+    monkeypatch.setattr(_core_schema, "PYDANTIC_CORE_VERSION", "0.0.0")
+    fastcheck.usable.cache_clear()
+    try:
+        assert not fastcheck.usable()
+        assert isinstance(load_policy_text("version: 1\n", "p.yaml", fast=True), PolicyModel)
+        with pytest.raises(PolicyError) as fallback:
+            load_policy_text(BROKEN, "policy.yaml", fast=True)
+        with pytest.raises(PolicyError) as models:
+            load_policy_text(BROKEN, "policy.yaml")
+        assert [str(i) for i in fallback.value.issues] == [str(i) for i in models.value.issues]
+    finally:
+        monkeypatch.undo()
+        fastcheck.usable.cache_clear()
+    assert fastcheck.usable()
