@@ -1,22 +1,24 @@
 """Reserve + settle through a RedisLedger on loopback Redis: latency beside the floor, round trips per call.
 
-Run by hand: `.venv/bin/python bench/fleet_redis.py [CALLS] [--rounds R] [--baseline REV]`.
-Starts its own redis-server (append-only, fsync every second — the docs/fleet.md setting)
-on a free loopback TCP port and a Unix socket, and measures one call at a time, p50 and p99:
+Run by hand: `.venv/bin/python bench/fleet_redis.py [CALLS] [--rounds R] [--baseline REV]…
+[--appendfsync everysec|always|no]`. Starts its own redis-server (append-only; fsync every
+second unless told otherwise — `always` puts an AOF fsync in every write's answer) on a free
+loopback TCP port and a Unix socket, and measures one call at a time, p50 and p99:
 
 - the floor: a RESP PING written and read on a raw socket (one round trip, nothing else),
   and a raw HINCRBY (one write: Redis appends it to its AOF before it answers);
 - a PING through redis-py's client (what a round trip costs through the library);
-- `RedisLedger` reserve, settle, and reserve + settle of a global budget, over TCP and
-  over the Unix socket;
-- with `--baseline REV`, the same through the `RedisLedger` of git revision REV (loaded
-  from `git show REV:proctor/ledger/redis.py`), for a before/after ratio.
+- `RedisLedger` reserve, settle, and reserve + settle of a global budget, back to back,
+  over TCP and over the Unix socket;
+- with `--baseline REV` (repeatable), the same through the `RedisLedger` of git revision
+  REV (its `proctor/ledger/redis.py` and `redis_wire.py`), for before/after ratios.
 
 The kinds are interleaved, R rounds of CALLS/R each, so a busy neighbour slows them all
 alike. Round trips per call are counted twice, outside the timed loops: on the client
-(replies waited for) and on the server (INFO commandstats: scripts run). The load
-average is printed with the figures: on a shared VM compare the ratios, not the µs.
-Targets (issue #17): ≤ 2 round trips a call, p50 ≤ 150 µs.
+(commands whose reply it waited for, and commands written without waiting — a settle,
+whose reply is read with the next command) and on the server (INFO commandstats: scripts
+run). The load average is printed with the figures: on a shared VM compare the ratios,
+not the µs. Targets (issue #17): ≤ 2 round trips a call, p50 ≤ 150 µs.
 """
 
 from __future__ import annotations
@@ -134,6 +136,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("calls", nargs="?", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--appendfsync", default="everysec", choices=("everysec", "always", "no"),
+                        help="Redis's AOF fsync policy (docs/fleet.md: always for no lost counts, everysec)")
     parser.add_argument("--baseline", metavar="REV", action="append", default=[],
                         help="also measure the RedisLedger of this git revision (repeatable)")
     opts = parser.parse_args()
@@ -150,7 +154,7 @@ def main() -> None:
         server.start()
         try:
             client = redis.Redis.from_url(server.tcp_url)
-            client.config_set("appendfsync", "everysec")
+            client.config_set("appendfsync", opts.appendfsync)
             version = client.info("server")["redis_version"]
             raw_tcp, raw_unix = _raw(("127.0.0.1", server.port)), _raw(str(server.socket))
             raw_write = _raw(("127.0.0.1", server.port), WRITE)
@@ -183,7 +187,8 @@ def main() -> None:
     memory = MemoryLedger()
     _pair(memory, row("reserve, memory"), row("settle, memory"), row("reserve+settle, memory"), opts.calls)
     floor = _pct(rows["raw PING, tcp"])[0]
-    print(f"Redis {version} on loopback; {opts.rounds} rounds x {per_round} calls per kind, interleaved")
+    print(f"Redis {version} on loopback, appendonly yes, appendfsync {opts.appendfsync}; "
+          f"{opts.rounds} rounds x {per_round} calls per kind, interleaved")
     print(f"{'':32s} {'p50 µs':>8s} {'p99 µs':>8s}  p50 / raw TCP PING")
     for name, samples in rows.items():
         p50, p99 = _pct(samples)
