@@ -6,6 +6,9 @@ Side by side, in one run:
   Interpreters (8 workers) driven from 8 threads of this process. Target: 8 >= 1.0x one.
 - **processes**: the same loop in 1, 2 and 4 host processes (one Interpreter each), aggregate
   calls/s against one process. Target: >= 0.8 x N up to the number of cores.
+- both with the channel ends *placed* (`proctor.interpreter.spinning.PIN`, the default: a host
+  thread and its worker kept on one core while the cores are scarce) and, beside it in the same
+  rounds, not placed (`PIN = False`, as before).
 - **group commit**: 8 Interpreters in threads making *write* calls (fsynced intents, file
   `AuditLog`), with group commit (and outcomes written, made durable by the next fsync) and as
   every release before it did: one fsync per durable record under the log's lock, outcomes fsynced
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from proctor import AuditLog, Gate, Interpreter, Policy, tool
+from proctor.interpreter import spinning
 
 
 @tool(side_effect="read")
@@ -85,7 +89,8 @@ def _drive(interpreters: list[Interpreter], name: str, calls: int) -> float:
 
 
 def in_threads(count: int, calls: int, sandbox: str, audit: Any = None, name: str = "lookup",
-               policy: Policy | None = None) -> float:
+               policy: Policy | None = None, pin: bool = True) -> float:
+    spinning.PIN = pin
     gate = Gate(policy or _policy(), audit=audit, tools=[lookup, note])
     pys = [Interpreter([lookup, note], gate, sandbox=sandbox, timeout=600) for _ in range(count)]  # type: ignore[arg-type]
     try:
@@ -97,7 +102,8 @@ def in_threads(count: int, calls: int, sandbox: str, audit: Any = None, name: st
             py.close()
 
 
-def _process_main(calls: int, sandbox: str, start: Any, out: Any) -> None:
+def _process_main(calls: int, sandbox: str, start: Any, out: Any, pin: bool) -> None:
+    spinning.PIN = pin
     gate = Gate(_policy(), tools=[lookup])
     with Interpreter([lookup], gate, sandbox=sandbox, timeout=600) as py:  # type: ignore[arg-type]
         py.run("pass")
@@ -107,10 +113,10 @@ def _process_main(calls: int, sandbox: str, start: Any, out: Any) -> None:
         out.put(calls / (time.perf_counter() - began))
 
 
-def in_processes(count: int, calls: int, sandbox: str) -> float:
+def in_processes(count: int, calls: int, sandbox: str, pin: bool = True) -> float:
     ctx = multiprocessing.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_process_main, args=(calls, sandbox, start, out)) for _ in range(count)]
+    procs = [ctx.Process(target=_process_main, args=(calls, sandbox, start, out, pin)) for _ in range(count)]
     for p in procs:
         p.start()
     time.sleep(3.0)  # every host process is up with its worker
@@ -145,25 +151,34 @@ def main() -> None:
 
     one: list[float] = []
     eight: list[float] = []
+    loose: list[float] = []
     for _ in range(0 if opts.audit_only else opts.rounds):
         one.append(in_threads(1, opts.calls, opts.sandbox))
         eight.append(in_threads(8, opts.calls // 4, opts.sandbox))
+        loose.append(in_threads(8, opts.calls // 4, opts.sandbox, pin=False))
     if not opts.audit_only:
-        o, e = statistics.median(one), statistics.median(eight)
+        o, e, u = statistics.median(one), statistics.median(eight), statistics.median(loose)
         print(f"\nthreads   1 Interpreter {o:8.0f} calls/s | 8 Interpreters in threads {e:8.0f} calls/s "
               f"| ratio {e / o:.2f}x (target >= 1.0x)")
+        print(f"          not placed (PIN = False):        8 in threads {u:8.0f} calls/s | ratio {u / o:.2f}x")
         scaling(opts, cores)
     audit_rows(opts)
     print(f"\nload average {os.getloadavg()[0]:.2f}")
 
 
 def scaling(opts: argparse.Namespace, cores: int) -> None:
-    base = statistics.median(in_processes(1, opts.calls, opts.sandbox) for _ in range(opts.rounds))
+    rates: dict[tuple[int, bool], list[float]] = {}
+    for _ in range(opts.rounds):  # interleaved: each round measures every row once
+        for n, pin in ((1, True), (2, True), (2, False), (4, True), (4, False)):
+            rates.setdefault((n, pin), []).append(in_processes(n, opts.calls, opts.sandbox, pin))
+    base = statistics.median(rates[1, True])
     for n in (2, 4):
-        agg = statistics.median(in_processes(n, opts.calls, opts.sandbox) for _ in range(opts.rounds))
         target = "target >= 0.8 x N" if n <= cores else f"beyond the {cores} cores: for reference"
-        print(f"processes {n} hosts {agg:8.0f} calls/s vs 1 host {base:8.0f} | {agg / base:.2f}x = "
-              f"{agg / base / n:.2f} x N ({target})")
+        for pin in (True, False):
+            agg = statistics.median(rates[n, pin])
+            how = "" if pin else " not placed"
+            print(f"processes {n} hosts{how} {agg:8.0f} calls/s vs 1 host {base:8.0f} | {agg / base:.2f}x = "
+                  f"{agg / base / n:.2f} x N ({target})")
 
 
 def audit_rows(opts: argparse.Namespace) -> None:

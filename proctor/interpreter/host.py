@@ -101,6 +101,8 @@ class WorkerProcess:
         self._reader = HostFrameReader(limits or ChannelLimits())
         #: Whether this end polled before blocking at its last wait; replies tell the worker the same.
         self.spin = True
+        self._placement: tuple[int, frozenset[int]] | None = None  # the `spinning.placement` applied
+        self._pids: list[int] | None = None  # the worker's processes (bubblewrap's and the worker's own)
         self._dead = False
         self._frozen: list[int] = []
         self._tmp = tempfile.TemporaryDirectory(prefix="proctor-worker-") if spec.isolation != "bwrap" else None
@@ -165,15 +167,19 @@ class WorkerProcess:
         if self._dead:
             raise WorkerDied("the worker is gone")
         try:
-            events = self._poll.poll(0)
-            if not events:
-                self.spin = spin = spinning.may_spin()
-                if spin:  # only while this interpreter has cores to itself (see `spinning`)
+            self.spin = spin = spinning.may_spin()
+            if spinning.placement is not self._placement:
+                self._place(spinning.placement)
+            if spin:  # only while this interpreter has cores to itself (see `spinning`)
+                events = self._poll.poll(0)
+                if not events:
                     spin_until = time.perf_counter_ns() + spinning.SPIN_NS
                     while not events and time.perf_counter_ns() < spin_until:
                         events = self._poll.poll(0)
-                if not events:
-                    events = self._poll.poll(max(0, math.ceil(timeout * 1000)))
+                    if not events:
+                        events = self._poll.poll(max(0, math.ceil(timeout * 1000)))
+            else:  # one poll: each is a system call, and in a process of many runs a turn of the GIL
+                events = self._poll.poll(max(0, math.ceil(timeout * 1000)))
         except InterruptedError:
             return []
         messages: list[tuple[int, Any]] = []
@@ -200,6 +206,26 @@ class WorkerProcess:
                 if len(chunk) < _RECV:
                     break  # most likely all there is; poll says when more comes
         return messages
+
+    def _place(self, where: tuple[int, frozenset[int]] | None) -> None:
+        """Pin the calling host thread and the worker's processes as `where` says (None: undo)."""
+        self._placement = where
+        spinning.pin_thread(where[0] if where is not None else None)
+        cores = where[1] if where is not None else spinning.allowed()
+        if self._dead or not cores:
+            return
+        if self._pids is None:
+            self._pids = _tree(self.proc.pid)
+        for pid in self._pids:
+            try:
+                os.sched_setaffinity(pid, cores)
+            except OSError:  # gone, or not ours to move: it only runs where the scheduler puts it
+                pass
+
+    def unplace(self) -> None:
+        """A run ended: its thread and the worker go back to every core (the next run places them again)."""
+        if self._placement is not None:
+            self._place(None)
 
     def drain_logs(self) -> None:
         if self._dead:
@@ -340,6 +366,17 @@ def _children(pid: int) -> list[int]:
                 out += [int(c) for c in fh.read().split()]
         except (OSError, ValueError):
             continue
+    return out
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and its descendants (bubblewrap's processes and the worker under it)."""
+    out: list[int] = []
+    todo = [pid]
+    while todo and len(out) < 16:
+        p = todo.pop()
+        out.append(p)
+        todo += _children(p)
     return out
 
 

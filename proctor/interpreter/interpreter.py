@@ -204,7 +204,9 @@ class Interpreter:
                 self._lose(f"interrupted: {type(exc).__name__}", calls)
                 raise
             finally:
-                spinning.leave()
+                spinning.leave()  # gives this thread its affinity back, if it was placed
+                if self._worker is not None:
+                    self._worker.unplace()
             if lost and not result.state_lost:
                 result = _replace(result, state_lost=True)
             return _replace(result, duration=time.monotonic() - started)

@@ -27,8 +27,21 @@ is idle for each end:
   Interpreter spinning used 426 µs of host CPU a call).
 
 The worker follows its host: each reply (and each run message) says whether the worker may spin
-while it waits for the next one. None of this is a security boundary: the page only decides
-who spins, and a worker that spins anyway only burns its own CPU limit.
+while it waits for the next one.
+
+When the ends may not spin because this machine's interpreters fill its cores (not because of
+other work), they are *placed* (`placement`): a round trip is strictly one end after the other,
+so a host process with one active run keeps its host thread and its worker on one core, and the
+hand-offs between them are switches on that core, not wake-ups of another, idle, vCPU (on this
+VM such a wake-up costs tens of µs, and the scheduler packed two interpreters' four ends onto
+one vCPU: 2 host processes made 1.03x one). Each process picks the core fewest other host
+processes are on (their slots on the page say which), so two hosts on two cores take one each.
+A process with several runs (threads: one GIL) keeps its host threads on one core and their
+workers on the others. A host thread's own affinity is restored when its run ends.
+`PIN = False` turns placing off.
+
+None of this is a security boundary: the page only decides who spins and where, and a worker
+that spins anyway, or moves itself, only burns its own CPU limit.
 """
 
 from __future__ import annotations
@@ -41,7 +54,9 @@ import tempfile
 import threading
 import time
 
-__all__ = ["CHECK_NS", "RECENT_NS", "SPIN_NS", "enter", "leave", "may_spin"]
+__all__ = [
+    "CHECK_NS", "PIN", "RECENT_NS", "SPIN_NS", "allowed", "enter", "leave", "may_spin", "pin_thread", "placement",
+]
 
 #: How long a reader polls before it blocks, when it may spin.
 SPIN_NS = 200_000
@@ -49,17 +64,26 @@ SPIN_NS = 200_000
 RECENT_NS = 20_000_000
 #: How often the shared page is read again (and this process's slot written).
 CHECK_NS = 1_000_000
-#: Set to True to never spin (tests, and instruction counts that must not include polling).
+#: Set to True to never spin nor place (tests, and instruction counts that must not include polling).
 DISABLED = False
+#: Set to False to never pin a host thread and its worker to cores when they may not spin.
+PIN = True
+#: Where this process's channel ends should run now: None (wherever the scheduler puts them), or
+#: (the core of its host threads, the cores of their workers). Replaced, never changed in place:
+#: a host compares it by identity at each wait.
+placement: tuple[int, frozenset[int]] | None = None
 
 _SLOTS = 32
 _SLOT = 64  # bytes per slot: one cache line, so hosts writing their slots do not share one
 _PAGE = _SLOTS * _SLOT
-_FIELDS = struct.Struct("<qq")  # time written (monotonic ns), active runs
+_FIELDS = struct.Struct("<qqq")  # time written (monotonic ns), active runs, host core (-1: not placed)
 
 _lock = threading.Lock()
 _runs = 0  # Interpreter runs in progress in this process
 _cpus = 0
+_allowed: frozenset[int] = frozenset()  # the cores this process may use (its affinity when first asked)
+_core = -1  # the core of this process's host threads while placed
+_local = threading.local()  # per host thread: the affinity it had before it was pinned
 _verdict = True  # the last decision, reused for CHECK_NS
 _checked = -(1 << 62)
 _board: _Board | None = None
@@ -73,8 +97,31 @@ def enter() -> None:
 
 
 def leave() -> None:
-    """An `Interpreter.run` ended."""
+    """An `Interpreter.run` ended (in the thread that ran it: its own affinity comes back)."""
     _count(-1)
+    pin_thread(None)
+
+
+def pin_thread(core: int | None) -> None:
+    """Keep the calling thread on `core` (None: give it back the affinity it had before)."""
+    saved = getattr(_local, "saved", None)
+    try:
+        if core is None:
+            if saved is not None:
+                _local.saved = None
+                os.sched_setaffinity(0, saved)
+            return
+        if saved is None:
+            _local.saved = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {core})
+    except (AttributeError, OSError, ValueError):  # no affinity on this platform, or a core that went away
+        pass
+
+
+def allowed() -> frozenset[int]:
+    """The cores this process may use (a worker no longer placed gets them all back)."""
+    _usable()
+    return _allowed
 
 
 def _count(step: int) -> None:
@@ -84,7 +131,7 @@ def _count(step: int) -> None:
         _runs += step
         _checked = -(1 << 62)  # decide afresh at the next wait
         if board is not None:
-            board.write(time.monotonic_ns(), _runs)
+            board.write(time.monotonic_ns(), _runs, _core)
 
 
 def may_spin() -> bool:
@@ -99,26 +146,63 @@ def may_spin() -> bool:
 
 
 def _decide(now: int) -> bool:
-    global _cpus
     runs = _runs
     board = _open_board()
     if board is not None:  # whatever this process decides, the others see its runs
-        board.write(now, runs)
-    if DISABLED or runs > 1:
+        board.write(now, runs, _core)
+    cpus = _usable()
+    if DISABLED or cpus < 2:  # one core: the other end can only run when this one stops
+        _place(None)
         return False
+    running = _running()
+    others, loads = board.others(now) if board is not None else (0, {})
+    total = others + runs
+    calm = running is None or running <= cpus  # no more runnable threads than cores
+    if runs <= 1 and calm and total * 2 <= cpus:
+        _place(None)
+        return True
+    # Our own interpreters fill the cores (not other work: then a pinned end could not move off a
+    # busy core): keep each round trip's hand-offs on one core.
+    if PIN and runs >= 1 and (runs > 1 or total * 2 > cpus) and (running is None or running <= max(cpus, total + 1)):
+        _place(_choose(loads, board.slot if board is not None else None, runs))
+    else:
+        _place(None)
+    return False
+
+
+def _usable() -> int:
+    global _cpus, _allowed
     if not _cpus:
         try:
-            _cpus = len(os.sched_getaffinity(0))
+            _allowed = frozenset(os.sched_getaffinity(0))
         except (AttributeError, OSError):
-            _cpus = os.cpu_count() or 1
-    if _cpus < 2:
-        return False  # one core: the other end can only run when this one stops
-    running = _running()
-    if running is not None and running > _cpus:
-        return False
-    if board is None:
-        return True
-    return (board.others(now) + runs) * 2 <= _cpus
+            _allowed = frozenset()
+        _cpus = len(_allowed) or os.cpu_count() or 1
+    return _cpus
+
+
+def _choose(loads: dict[int, int], slot: int | None, runs: int) -> tuple[int, frozenset[int]] | None:
+    """The core for this process's host threads (the least used by other host processes; ties split by
+    slot, so two processes deciding at once part), and the cores for its workers."""
+    cores = sorted(_allowed)
+    if len(cores) < 2:
+        return None
+    use = {c: loads.get(c, 0) for c in cores}
+    least = min(use.values())
+    if _core in use and use[_core] <= least:
+        core = _core  # stay put while no core is emptier
+    else:
+        ties = [c for c in cores if use[c] == least]
+        core = ties[(slot if slot is not None else os.getpid()) % len(ties)]
+    workers = frozenset({core}) if runs <= 1 else _allowed - {core}
+    return core, workers
+
+
+def _place(where: tuple[int, frozenset[int]] | None) -> None:
+    global placement, _core
+    if where != placement:
+        placement = where
+        _core = where[0] if where is not None else -1
 
 
 def _running() -> int | None:
@@ -145,18 +229,24 @@ class _Board:
         self.fd, self.page, self.slot = fd, page, slot
         self._view = memoryview(page).cast("q")  # slot i's fields are items 8*i and 8*i + 1
 
-    def write(self, now: int, runs: int) -> None:
+    def write(self, now: int, runs: int, core: int = -1) -> None:
         if self.slot is not None:
-            _FIELDS.pack_into(self.page, self.slot * _SLOT, now, runs)
+            _FIELDS.pack_into(self.page, self.slot * _SLOT, now, runs, core)
 
-    def others(self, now: int) -> int:
-        """Active runs of the other host processes (those that wrote their slot within RECENT_NS)."""
+    def others(self, now: int) -> tuple[int, dict[int, int]]:
+        """Active runs of the other host processes (those that wrote their slot within RECENT_NS), and
+        those runs by the core their host threads are placed on."""
         view = self._view
         total = 0
+        loads: dict[int, int] = {}
         for i, at in enumerate(view[0::8].tolist()):  # slots never used hold 0: one test each
             if at and now - at < RECENT_NS and i != self.slot:
-                total += max(0, min(view[8 * i + 1], _SLOTS))  # runs as written, bounded
-        return total
+                runs = max(0, min(view[8 * i + 1], _SLOTS))  # runs as written, bounded
+                total += runs
+                core = view[8 * i + 2]
+                if runs and core >= 0:
+                    loads[core] = loads.get(core, 0) + runs
+        return total, loads
 
 
 def _open_board() -> _Board | None:

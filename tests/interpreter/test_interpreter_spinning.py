@@ -27,6 +27,8 @@ def page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setattr(spinning, "_running", lambda: 1)
     monkeypatch.setattr(spinning, "_runs", 0)
     monkeypatch.setattr(spinning, "_checked", -(1 << 62))
+    monkeypatch.setattr(spinning, "placement", None)
+    monkeypatch.setattr(spinning, "_core", -1)
     yield path
     board = spinning._board
     if board is not None:
@@ -138,3 +140,125 @@ def test_a_busy_process_still_shows_its_runs_to_the_others(page: Path, monkeypat
     finally:
         spinning.leave()
         spinning.leave()
+
+
+def _cores_of(pid: int) -> set[int]:
+    return set(os.sched_getaffinity(pid))
+
+
+def test_two_host_processes_that_may_not_spin_take_a_core_each(page: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two host processes with a run each, on two cores, keep each host and its worker on a core of its own."""
+    monkeypatch.setattr(spinning, "_allowed", frozenset({0, 1}))
+    code = textwrap.dedent(f"""
+        import sys
+        from proctor.interpreter import spinning
+        spinning._page_path = lambda: {str(page)!r}
+        spinning._cpus, spinning._allowed, spinning._running = 2, frozenset({{0, 1}}), lambda: 1
+        spinning.enter()
+        print("in", flush=True)
+        sys.stdin.readline()
+        spinning._checked = -(1 << 62)
+        print(spinning.may_spin(), spinning.placement, flush=True)
+        sys.stdin.readline()
+        spinning.leave()
+    """)
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        assert child.stdout.readline().strip() == "in"
+        spinning.enter()
+        try:
+            assert _fresh() is False
+            assert spinning.placement is not None
+            mine, workers = spinning.placement
+            assert workers == {mine}
+            child.stdin.write("\n")
+            child.stdin.flush()
+            spin, theirs = child.stdout.readline().strip().split(" ", 1)
+            assert spin == "False" and theirs == repr((1 - mine, frozenset({1 - mine})))
+        finally:
+            spinning.leave()
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+        child.stdout.close()
+
+
+def test_a_process_of_many_runs_keeps_its_hosts_on_one_core_and_workers_off_it(
+        page: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several runs in one process (one GIL): host threads share a core, their workers get the others."""
+    monkeypatch.setattr(spinning, "_allowed", frozenset({0, 1, 2}))
+    monkeypatch.setattr(spinning, "_cpus", 3)
+    spinning.enter()
+    spinning.enter()
+    try:
+        assert _fresh() is False
+        assert spinning.placement is not None
+        host, workers = spinning.placement
+        assert host in {0, 1, 2} and workers == {0, 1, 2} - {host}
+    finally:
+        spinning.leave()
+        spinning.leave()
+    assert _fresh() is True and spinning.placement is None
+
+
+def test_other_work_on_the_machine_or_pin_off_leaves_ends_where_the_scheduler_puts_them(
+        page: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine busy with other work (a pinned end could not leave a busy core), or PIN = False: nothing is placed."""
+    monkeypatch.setattr(spinning, "_allowed", frozenset({0, 1}))
+    spinning.enter()
+    spinning.enter()
+    try:
+        assert _fresh() is False and spinning.placement is not None
+        monkeypatch.setattr(spinning, "_running", lambda: 9)
+        assert _fresh() is False and spinning.placement is None
+        monkeypatch.setattr(spinning, "_running", lambda: 1)
+        monkeypatch.setattr(spinning, "PIN", False)
+        assert _fresh() is False and spinning.placement is None
+    finally:
+        spinning.leave()
+        spinning.leave()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="placing channel ends needs two usable cores")
+def test_a_placed_run_pins_its_host_thread_and_worker_and_gives_the_cores_back(
+        page: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a placed run serves calls its tools run on the host core and the worker on the others; afterwards
+    both have every core again."""
+    from proctor.gate import Gate
+    from proctor.interpreter import Interpreter
+    from proctor.policy import Policy
+    from proctor.tools import tool
+
+    seen: list[set[int]] = []
+    worker_seen: list[set[int]] = []
+    pids: list[int] = []
+
+    @tool(side_effect="read")
+    def where() -> str:
+        """Say where this tool runs."""
+        seen.append(set(os.sched_getaffinity(0)))
+        worker_seen.append(_cores_of(pids[0]))
+        return "here"
+
+    everything = _cores_of(0)
+    monkeypatch.setattr(spinning, "_allowed", frozenset(everything))
+    monkeypatch.setattr(spinning, "_cpus", len(everything))
+    rule = {"name": "ok", "match": {"tool": "where"}, "decision": "allow"}
+    policy = Policy.from_dict({"version": 1, "rules": [rule]})
+    with Interpreter([where], Gate(policy, tools=[where]), sandbox="process") as py:
+        assert py._worker is not None
+        worker = py._worker.proc.pid
+        pids.append(worker)
+        spinning.enter()  # a second run in this process: the cores are scarce, ends are placed
+        try:
+            result = py.run("where()\nwhere()")
+            assert result.error is None, result.error
+            assert spinning.placement is not None
+            host, workers = spinning.placement
+            assert seen == [{host}, {host}] and worker_seen == [workers, workers]
+            assert py._worker is not None and py._worker.proc.pid == worker
+        finally:
+            spinning.leave()
+        assert _cores_of(0) == everything and _cores_of(worker) == everything
+    assert workers == everything - {host}
