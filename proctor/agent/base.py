@@ -280,6 +280,11 @@ class AgentBase:
             ctx = self.gate.start_run(principal=principal, labels=labels, task=task, agent=self.name,
                                       provenance=self._reads_provenance())
             ctx.sandbox_floor = getattr(self, "sandbox", None)  # managed agents' programs run no looser
+            if not reset and self.memory and ctx.provenance is not None:
+                # The transcript and the worker's variables carry earlier runs' results, which this run's
+                # index never saw: count them as unseen content of every label (as a resumed run does).
+                ctx.provenance.mark_incomplete(label for p in self._provenance_policies
+                                               for label in getattr(p, "result_labels", ()))
         except ProctorError as exc:
             return RunResult(None, "error", steps, Usage(), None, run_id="", audit_path=self.audit_path,
                              error=str(exc), duration_ns=time.perf_counter_ns() - started)
