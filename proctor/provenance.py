@@ -224,7 +224,8 @@ class ProvenanceIndex:
     Thread-safe: calls of one run may be settled by several threads.
     """
 
-    __slots__ = ("_bits", "_entries", "_fields", "_hasher", "_key", "_labels", "_lock", "_overflow", "limits")
+    __slots__ = ("_bits", "_entries", "_fields", "_hasher", "_key", "_labels", "_lock", "_named", "_overflow",
+                 "_probes", "limits")
 
     def __init__(self, limits: ProvenanceLimits | None = None, *, key: bytes | None = None) -> None:
         self.limits = limits or ProvenanceLimits()
@@ -236,6 +237,8 @@ class ProvenanceIndex:
         self._overflow = 0  # labels of content a cap kept out (never includes `user`'s bit in answers)
         self._lock = threading.Lock()
         self._hasher = hashlib.blake2b(key=self._key, digest_size=8)  # copied per digest: no re-keying
+        self._probes: dict[str, tuple[bytes, tuple[bytes, ...], tuple[bytes, ...]]] = {}  # argument -> digests
+        self._named: dict[int, tuple[str, ...]] = {}  # label mask -> its sorted names
 
     # -- reading ---------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -252,25 +255,29 @@ class ProvenanceIndex:
         After a cap was reached, the labels of what could not be indexed are always included
         (except ``user``): an index that is full errs towards "may have come from there".
         """
+        return list(self.sources_of(value))
+
+    def sources_of(self, value: Any) -> tuple[str, ...]:
+        """`labels_of` as a tuple (the same object for the same labels: nothing is built per call)."""
         mask = 0
         unseen = self._overflow
         entries = self._entries
-        if isinstance(value, str):  # the common case, without the generators
-            whole, found = _analyze(value)
-            digest = self._digest
-            mask = entries.get(digest(whole), 0)
-            for token in found:
-                if token != whole:
-                    mask |= entries.get(digest(token), 0)
+        if isinstance(value, str):  # the common case: the argument's digests are remembered
+            probe = self._probes.get(value)
+            if probe is None:
+                probe = self._probe_str(value)
+            for digest_ in probe[1]:
+                mask |= entries.get(digest_, 0)
         else:
-            for digest_ in self._probe(value):
-                if digest_ is None:  # nested too deep to walk: the part not looked at may come from any source
+            for found in self._probe(value):
+                if found is None:  # nested too deep to walk: the part not looked at may come from any source
                     unseen |= (1 << len(self._labels)) - 1
                     break
-                mask |= entries.get(digest_, 0)
-        user = self._bits.get(USER)
-        overflow = unseen & ~(1 << user) if user is not None else unseen
-        return self._names(mask | overflow)
+                mask |= entries.get(found, 0)
+        if unseen:
+            user = self._bits.get(USER)
+            mask |= unseen & ~(1 << user) if user is not None else unseen
+        return self._names(mask)
 
     def text_labels(self, value: Any) -> list[str]:
         """The labels of the sources in which `value` (or an item of it) appeared **only inside longer
@@ -279,6 +286,10 @@ class ProvenanceIndex:
 
         After a cap was reached, the overflowing labels are included, as for `labels_of`.
         """
+        return list(self.text_sources_of(value))
+
+    def text_sources_of(self, value: Any) -> tuple[str, ...]:
+        """`text_labels` as a tuple (the same object for the same labels)."""
         mask = 0
         unseen = self._overflow
         entries, fields, digest = self._entries, self._fields, self._digest
@@ -304,6 +315,8 @@ class ProvenanceIndex:
         user = self._bits.get(USER)
         if user is None:
             return False
+        if type(value) is str:  # the common case, without the walk
+            return self._leaf_from(value, 1 << user)
         return self._from(value, 1 << user, 0)
 
     def _from(self, value: Any, bit: int, depth: int) -> bool:
@@ -319,14 +332,32 @@ class ProvenanceIndex:
         return bool(items) and all(self._from(item, bit, depth + 1) for item in items)
 
     def _leaf_from(self, value: Any, bit: int) -> bool:
-        entries, digest = self._entries, self._digest
+        entries = self._entries
         if isinstance(value, str):
-            whole, found = _analyze(value)
-            if entries.get(digest(whole), 0) & bit:
+            probe = self._probes.get(value)
+            if probe is None:
+                probe = self._probe_str(value)
+            if entries.get(probe[0], 0) & bit:
                 return True
-            return bool(found) and all(entries.get(digest(t), 0) & bit for t in found)
+            tokens_ = probe[2]
+            return bool(tokens_) and all(entries.get(t, 0) & bit for t in tokens_)
         text = _scalar_text(value)
-        return text is not None and bool(entries.get(digest(text), 0) & bit)
+        return text is not None and bool(entries.get(self._digest(text), 0) & bit)
+
+    def _probe_str(self, value: str) -> tuple[bytes, tuple[bytes, ...], tuple[bytes, ...]]:
+        """The digests a string argument is looked up by — (whole, whole and every token, every token) —
+        remembered per index (they depend on the key and the text only, not on what is indexed)."""
+        whole, found = _analyze(value)
+        digest = self._digest
+        whole_digest = digest(whole)
+        tokens_ = tuple(digest(t) for t in found)
+        probe = (whole_digest, (whole_digest, *(digest(t) for t in found if t != whole)), tokens_)
+        if len(value) <= 256:  # as `_analyze_short`: short arguments only (an address, an id, a name)
+            probes = self._probes
+            if len(probes) >= _PROBES:
+                probes.clear()
+            probes[value] = probe
+        return probe
 
     def _probe(self, value: Any) -> Iterator[bytes | None]:
         """The digests to look `value` up by; None last when it is nested too deep to walk whole."""
@@ -346,8 +377,12 @@ class ProvenanceIndex:
                 if text is not None:
                     yield digest(text)
 
-    def _names(self, mask: int) -> list[str]:
-        return sorted(self._labels[i] for i in range(mask.bit_length()) if mask >> i & 1)
+    def _names(self, mask: int) -> tuple[str, ...]:
+        names = self._named.get(mask)
+        if names is None:  # bits are never reassigned: a mask names the same labels for the index's life
+            names = self._named[mask] = tuple(sorted(self._labels[i] for i in range(mask.bit_length())
+                                                     if mask >> i & 1))
+        return names
 
     def _digest(self, text: str) -> bytes:
         hasher = self._hasher.copy()
@@ -455,6 +490,8 @@ def _word_runs(text: str) -> Iterator[str]:
 #: Yielded by `_leaves` when a value is nested deeper than `_MAX_DEPTH` or holds more than `_MAX_NODES`
 #: items (a cyclic structure, say): the rest of it is not indexed.
 _CUT: Any = object()
+#: String arguments whose lookup digests an index remembers (then it starts again).
+_PROBES = 4096
 _MAX_DEPTH = 64
 _MAX_NODES = 1_000_000
 

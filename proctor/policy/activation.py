@@ -17,7 +17,8 @@ import cel
 from proctor.calls import Call, HistoryEntry
 from proctor.policy.aggregates import Fold, fold_list, is_hidden, pipeline_named
 from proctor.policy.conditions import check_value
-from proctor.policy.functions import FUNCTIONS
+from proctor.policy.functions import FUNCTIONS, boxed
+from proctor.policy.probes import is_probe, probe_named
 from proctor.policy.projection import Needs
 
 __all__ = ["Activation"]
@@ -78,8 +79,11 @@ class Activation(Mapping[str, Any]):
             self._context = cel.Context()
         for name in names:
             if name not in self._added:
-                value = self[name]
-                check_value(value)  # a cyclic or absurdly deep value would crash the converter
+                if name.startswith("__pv"):  # a probe: a bool or a cel.OptionalValue, nothing to check
+                    value = self._probe(name)  # raises probes.Unresolved when its path does not resolve
+                else:
+                    value = self[name]
+                    check_value(value)  # a cyclic or absurdly deep value would crash the converter
                 self._context.add_variable(name, value)
                 self._added.add(name)
         for fn in functions:
@@ -116,10 +120,23 @@ class Activation(Mapping[str, Any]):
             value = list(call.seen)
         elif is_hidden(name):
             return self._fold(name).value()  # not cached: an error must raise every time
+        elif is_probe(name):
+            value = self._probe(name)  # raises probes.Unresolved (not cached) when its path does not resolve
         else:
             raise KeyError(name)
         self._cache[name] = value
         return value
+
+    def _probe(self, name: str) -> Any:
+        """A provenance call on a path of `args`, answered as CEL would have it from the function."""
+        probe = probe_named(name)
+        value = probe.argument(self._call.args)
+        index = self._call.provenance
+        if probe.function == "from_user":
+            return False if index is None else index.from_user(value)
+        if index is None:
+            return boxed(())
+        return boxed(index.sources_of(value) if probe.function == "provenance" else index.text_sources_of(value))
 
     @property
     def call(self) -> Call:

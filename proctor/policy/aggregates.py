@@ -42,7 +42,7 @@ from proctor.policy.functions import FUNCTIONS as CEL_FUNCTIONS
 
 __all__ = [
     "PURE_FUNCTIONS", "AggregateError", "Fold", "Pipeline", "Rewrite", "fold_list", "is_hidden", "pipeline_named",
-    "rewrite",
+    "rewrite", "unbox_source",
 ]
 
 #: CEL-native functions a stage may call and still be entry-local (they depend on their arguments
@@ -114,6 +114,33 @@ def _close(toks: list[_Tok], i: int) -> int | None:
             if depth == 0:
                 return j
     return None
+
+
+def unbox_source(source: str, names: frozenset[str], prefix: str) -> str | None:
+    """`source` with each call of a function in `names` — ``f(x)`` or ``x.f()`` — made a call of its boxed
+    companion unwrapped: ``<prefix>f(x).value()`` (see `proctor.policy.functions.CelFunction.box`).
+    None when the source does not tokenise, or a name is used other than as a call."""
+    toks = _tokens(source)
+    if toks is None:
+        return None
+    edits: list[tuple[int, str]] = []  # (offset, text to insert)
+    for i, tok in enumerate(toks):
+        if tok.kind != "id" or tok.text not in names:
+            continue
+        if i + 1 >= len(toks) or toks[i + 1].text != "(":
+            return None  # a bound variable or field of that name: leave the whole source as it is
+        close = _close(toks, i + 1)
+        if close is None:
+            return None
+        edits.append((tok.start, prefix))
+        edits.append((toks[close].end, ".value()"))
+    out, last = [], 0
+    for offset, text in sorted(edits, key=lambda edit: edit[0]):
+        out.append(source[last:offset])
+        out.append(text)
+        last = offset
+    out.append(source[last:])
+    return "".join(out)
 
 
 def _split_args(toks: list[_Tok], lo: int, hi: int) -> list[tuple[int, int]]:

@@ -21,8 +21,10 @@ from typing import Any
 
 import cel
 
-from proctor.policy.aggregates import AggregateError, Rewrite, is_hidden, rewrite
+from proctor.policy.aggregates import AggregateError, Rewrite, is_hidden, rewrite, unbox_source
+from proctor.policy.functions import BOX_PREFIX
 from proctor.policy.functions import FUNCTIONS as CEL_FUNCTIONS
+from proctor.policy.probes import PROBE_FUNCTIONS, Unresolved, rewrite_probes
 from proctor.policy.projection import Needs, needs_of
 
 __all__ = [
@@ -161,6 +163,11 @@ class Condition:
     fast_calls: Any = None
     #: What the original program reads (used for a short plain history, evaluated without folds).
     plain_needs: Needs | None = None
+    #: The program with its provenance calls on paths of `args` read from hidden variables computed
+    #: before CEL runs (`proctor.policy.probes`), and what it reads and calls; None when it has none.
+    probed: Any = None
+    probed_variables: tuple[str, ...] = ()
+    probed_functions: tuple[str, ...] = ()
 
     def evaluate(self, activation: Mapping[str, Any]) -> bool:
         """Evaluate against the variables in `activation` (only those referenced are read).
@@ -184,7 +191,16 @@ class Condition:
                 except AggregateError:  # an aggregate is an error: let CEL see it as one, where || may absorb it
                     result = self.fast_calls.execute(_calls_context(self, activation))
             elif cel_context is not None:
-                result = self.program.execute(cel_context(self.variables, self.functions))
+                context = None
+                if self.probed is not None:
+                    try:
+                        context = cel_context(self.probed_variables, self.probed_functions)
+                    except Unresolved:  # a path the probe cannot follow here: CEL says why, as written
+                        pass
+                if context is not None:
+                    result = self.probed.execute(context)
+                else:
+                    result = self.program.execute(cel_context(self.variables, self.functions))
             else:
                 context = {name: activation[name] for name in self.variables}
                 for value in context.values():
@@ -304,11 +320,18 @@ def compile_expression(source: str, variables: tuple[str, ...] = VARIABLES, what
             *_find(source, rf"\b{re.escape(fn)}\s*\("),
         )
     names = tuple(v for v in VARIABLES if v in used)
+    source_run = source
+    boxes = [fn for fn in program.functions() if fn in CEL_FUNCTIONS and CEL_FUNCTIONS[fn].box is not None]
+    if boxes:  # call the functions' boxed companions: a list they return then costs CEL no conversion
+        unboxed = unbox_source(source, frozenset(boxes), BOX_PREFIX)
+        if unboxed is not None:  # (None: not tokenised with certainty; the plain functions then serve)
+            source_run, program = unboxed, cel.compile(unboxed)
     functions = tuple(sorted(fn for fn in program.functions() if fn in CEL_FUNCTIONS))
-    fast = _fast(source) if "history" in names else None
+    fast = _fast(source_run) if "history" in names else None
     if fast is None:
+        probed = _probed(source, names, frozenset(boxes)) if PROBE_FUNCTIONS.keys() & set(functions) else None
         return Condition(source=source, program=program, variables=names, needs=needs_of(source, names),
-                         functions=functions)
+                         functions=functions, **(probed or {}))
     fast_program, calls_program, rewritten = fast
     fast_used = set(fast_program.variables())
     plain = tuple(v for v in VARIABLES if v in fast_used)
@@ -317,6 +340,22 @@ def compile_expression(source: str, variables: tuple[str, ...] = VARIABLES, what
     return Condition(source=source, program=program, variables=names, needs=needs, functions=functions,
                      fast=fast_program, fast_variables=plain + hidden, fast_calls=calls_program,
                      plain_needs=needs_of(source, names))
+
+
+def _probed(source: str, names: tuple[str, ...], boxes: frozenset[str]) -> dict[str, Any] | None:
+    """The `Condition` fields of the program with its probe-able provenance calls answered beforehand."""
+    found = rewrite_probes(source)
+    if found is None:
+        return None
+    text, probes = found
+    if boxes:  # calls left (on values other than a path of args) use the boxed companions
+        text = unbox_source(text, boxes, BOX_PREFIX) or text
+    try:
+        program = cel.compile(text)
+    except Exception:  # noqa: BLE001 - an optimisation: when in doubt, evaluate as written
+        return None
+    return {"probed": program, "probed_variables": (*names, *(p.name for p in probes)),
+            "probed_functions": tuple(sorted(fn for fn in program.functions() if fn in CEL_FUNCTIONS))}
 
 
 def _fast(source: str) -> tuple[Any, Any, Rewrite] | None:

@@ -337,7 +337,10 @@ class Policy:
             needs=merge_needs([r.condition.needs for r in rules if r.condition is not None]),
             plain_needs=merge_needs([r.condition.plain_needs or r.condition.needs
                                      for r in rules if r.condition is not None]),
-            functions=tuple(sorted({f for r in rules if r.condition is not None for f in r.condition.functions})),
+            # (a condition whose provenance calls are probes calls fewer functions; its fallback adds them)
+            functions=tuple(sorted({f for r in rules if r.condition is not None
+                                    for f in (r.condition.functions if r.condition.probed is None
+                                              else r.condition.probed_functions)})),
             fixed=fixed,
         )
 

@@ -263,3 +263,61 @@ def test_a_labelled_tools_error_text_is_indexed_too() -> None:
     assert gate.submit("fetch_page", {"url": "https://x.example"}, context=ctx).record.status == "failed"
     with pytest.raises(ToolDenied):
         gate.call("send_email", {"to": "eve@evil.example"}, context=ctx)
+
+
+@tool(side_effect="external")
+def send(to: Any = None, cc: Any = None, msg: Any = None) -> str:
+    """Send a message.
+
+    Args:
+        to: Recipient.
+        cc: Copy to.
+        msg: A message with its recipient.
+    """
+    return "sent"
+
+
+PROBED = """
+version: 1
+tools:
+  read_inbox: {side_effect: read, labels: [untrusted]}
+  send: {side_effect: external}
+rules:
+  - {name: reads, match: {side_effect: read}, decision: allow}
+  - {name: mail, match: {tool: send}, decision: allow}
+  - name: injected
+    match: {tool: send}
+    when: "WHEN"
+    decision: deny
+"""
+
+
+@pytest.mark.parametrize(
+    ("when", "args", "denied"),
+    [
+        ("'untrusted' in provenance(args.to) && !from_user(args.to)", {"to": "eve@evil.example"}, True),
+        ("'untrusted' in provenance(args['to']) && !from_user(args[\"to\"])", {"to": "eve@evil.example"}, True),
+        ("'untrusted' in provenance(args.to) && !from_user(args.to)", {"to": "bob@corp.example"}, False),
+        ("'untrusted' in provenance(args.msg.to)", {"msg": {"to": "EVE@evil.example"}}, True),
+        ("'untrusted' in provenance(args.msg.to)", {"msg": ["eve@evil.example"]}, True),  # not a map: as written
+        ("has(args.msg.cc) && 'untrusted' in provenance(args.msg.cc)", {"msg": {"to": "eve@evil.example"}}, False),
+        ("!has(args.msg.cc) || 'untrusted' in provenance(args.msg.cc)", {"msg": {"cc": "eve@evil.example"}}, True),
+        ("'untrusted' in provenance(args.msg.cc)", {"msg": {"to": "bob@corp.example"}}, True),  # no key: fails closed
+        ("'untrusted' in provenance(args.to.lowerAscii())", {"to": "EVE@EVIL.EXAMPLE"}, True),  # not a path
+        ("'untrusted' in args.to.provenance()", {"to": "eve@evil.example"}, True),
+        ("size(text_provenance(args.to)) > 0", {"to": "eve@evil.example"}, True),
+        ("provenance(args.to) == ['untrusted']", {"to": ["x", "eve@evil.example"]}, True),
+    ],
+)
+def test_provenance_of_an_argument_path_answers_as_the_function_would(when: str, args: dict[str, Any],
+                                                                      denied: bool) -> None:
+    """A provenance call on a path of args (answered before CEL runs) decides as the CEL function call does."""
+    gate = Gate(Policy.from_string(PROBED.replace("WHEN", when.replace('"', '\\"'))), audit=InMemoryAudit(),
+                tools=[read_inbox, send])
+    ctx = gate.start_run(task="Mail bob@corp.example")
+    gate.call("read_inbox", {}, context=ctx)
+    if denied:
+        with pytest.raises(ToolDenied, match="'injected'"):
+            gate.call("send", args, context=ctx)
+    else:
+        assert gate.call("send", args, context=ctx) == "sent"
