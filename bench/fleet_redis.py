@@ -162,6 +162,7 @@ def main() -> None:
             for n, rev in enumerate(opts.baseline):
                 old = _baseline(rev, n)
                 ledgers[f"tcp, {rev}"] = old.RedisLedger(server.tcp_url, prefix=f"baseline{n}")
+                ledgers[f"unix, {rev}"] = old.RedisLedger(server.url, prefix=f"baseline{n}u")
             for ledger in ledgers.values():
                 for _ in range(300):  # warm up: scripts loaded, connections open
                     ledger.settle(ledger.reserve([CLAIM], 1), duration_ns=1)

@@ -243,3 +243,24 @@ def test_a_settle_whose_reply_is_lost_is_sent_again(redis_server: RedisServer) -
         assert led.usage([claim.key])[claim.key].calls == 2
     finally:
         led.close()
+
+
+def test_a_settle_answered_with_an_error_is_sent_again(redis_server: RedisServer) -> None:
+    """A settle Redis refuses (its script cache flushed: NOSCRIPT) is sent again, whole, by the keeper."""
+    import redis as redis_py
+
+    from proctor.ledger import Claim
+
+    claim = Claim(key="e|global|w=0", budget="e", calls=10, scope="for all runs")
+    led = RedisLedger(redis_server.url, lease_s=1.5)
+    admin = redis_py.Redis.from_url(redis_server.url)
+    try:
+        led.settle(led.reserve([claim], 0), duration_ns=1)
+        lease = led.reserve([claim], 0)
+        admin.script_flush()
+        led.settle(lease, duration_ns=10)  # EVALSHA of a script Redis no longer has
+        _wait_for(lambda: led.usage([claim.key])[claim.key].wall_ns == 11, "the refused settle was not sent again", 30)
+        assert led.usage([claim.key])[claim.key].calls == 2
+    finally:
+        admin.close()
+        led.close()
