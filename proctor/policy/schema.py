@@ -7,6 +7,10 @@ message an ops engineer should read; the loader adds the file, line, column and 
 rule/budget/tool the error concerns. Validators that can point *inside* a value (an
 item of a list, a position inside a CEL string) say so through the error's context
 (``subloc``, ``cel_line``/``cel_col``) and the loader narrows the location.
+
+Those validators are functions of `proctor.policy.validators` (no pydantic there), and the models'
+compiled core schema is generated into `proctor.policy._core_schema` for `proctor policy check`
+(`proctor.policy.fastcheck`): after changing a model, run ``python -m proctor.policy.fastcheck --write``.
 """
 
 from __future__ import annotations
