@@ -7,7 +7,7 @@ runs THREADS threads, each its own run, calling `effect` (side_effect write: its
 before it runs) and `peek` (a read) in a loop. The tool notes ``E <token>`` in an events file before it
 acts, and every completed fsync/fdatasync of the process is noted as ``S <bytes of the log on disk>``
 (os.fsync and os.fdatasync are wrapped in the child, whatever code calls them). The parent SIGKILLs the
-child after a random 0-40 ms. Prints one JSON summary line.
+child a random 0-40 ms after its first effect. Prints one JSON summary line.
 """
 
 from __future__ import annotations
@@ -88,11 +88,24 @@ def child(work: Path, run: int, ready_fd: int, threads: int) -> None:
     worker(0)
 
 
+def _wait_for_an_effect(events: Path, seen: int, timeout_s: float) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if events.exists():
+            with events.open("rb") as f:
+                f.seek(seen)
+                if b"E " in f.read():
+                    return
+        time.sleep(0.002)
+
+
 def main() -> None:
     work, runs, seed, threads = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     rng = random.Random(seed)
     problems: list[str] = []
+    events = work / "events.txt"
     for run in range(runs):
+        seen = events.stat().st_size if events.exists() else 0
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child never returns
@@ -105,6 +118,7 @@ def main() -> None:
         ready, _, _ = select.select([r], [], [], 20)
         if not ready:
             problems.append(f"run {run}: child never opened the log")
+        _wait_for_an_effect(events, seen, 20)  # on a loaded machine the child may take a while to start working
         time.sleep(rng.uniform(0, 0.04))
         os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
