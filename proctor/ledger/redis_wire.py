@@ -30,11 +30,18 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import hiredis
 import redis
+
+try:  # the `redis` extra brings it; without it every connection goes through redis-py's send and read
+    import hiredis
+except ImportError:  # pragma: no cover - installed with the extra
+    hiredis = None  # type: ignore[assignment]
 from redis.exceptions import NoScriptError, ResponseError
 
 __all__ = ["Script", "Wire", "bulk", "command"]
+
+#: hiredis's error for bytes that are not RESP (never raised without hiredis: those links use redis-py's reader).
+_ProtocolError: type[Exception] = hiredis.ProtocolError if hiredis is not None else redis.InvalidResponse
 
 #: A reply larger than this is read in more than one recv (the ledger's replies are a few dozen bytes).
 _BUFFER = 16384
@@ -75,7 +82,8 @@ class _Link:
         sock = getattr(conn, "_sock", None)
         self.sock: socket.socket | None = None
         protocol = getattr(conn, "protocol", 2)
-        if type(sock) is socket.socket and str(protocol) == "2" and _kernel_timeout(sock, timeout_s):
+        if (hiredis is not None and type(sock) is socket.socket and str(protocol) == "2"
+                and _kernel_timeout(sock, timeout_s)):
             self.sock = sock
             self.reader = hiredis.Reader(replyError=ResponseError)
             self.buffer = bytearray(_BUFFER)
@@ -181,7 +189,7 @@ class Wire:
         except BlockingIOError:  # the kernel's timeout
             self._fail(link)
             raise redis.TimeoutError(f"no answer from Redis within {self._timeout_s:g}s") from None
-        except (OSError, hiredis.ProtocolError) as exc:
+        except (OSError, _ProtocolError) as exc:
             self._fail(link)
             raise redis.ConnectionError(f"{type(exc).__name__}: {exc}") from None
         except BaseException:
@@ -203,7 +211,7 @@ class Wire:
                 continue
             try:
                 self._confirm(link)
-            except (OSError, hiredis.ProtocolError):
+            except (OSError, _ProtocolError):
                 self._fail(link)
                 continue
             except BaseException:
