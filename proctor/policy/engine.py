@@ -304,6 +304,9 @@ class Policy:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
             raise ToolDenied(f"{tool}: denied: its cost `{expression.source}` gave {value!r}, not a number",
                              tool=tool)
+        if value == float("inf"):  # a double that overflowed: no ledger can count it (Redis refuses infinities)
+            raise ToolDenied(f"{tool}: denied: its cost `{expression.source}` gave {value!r}, not a finite number",
+                             tool=tool)
         if value < 0:
             raise ToolDenied(f"{tool}: denied: its cost `{expression.source}` gave {value!r}, a negative cost",
                              tool=tool)

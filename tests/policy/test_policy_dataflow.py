@@ -133,10 +133,10 @@ def test_cost_from_arguments_counts_against_cost_budgets() -> None:
 @pytest.mark.parametrize(
     ("expression", "message"),
     [("args.amount - 2000.0", "a negative cost"), ("args.customer", "not a number"),
-     ("args.missing", "could not be computed")],
+     ("args.missing", "could not be computed"), ("args.amount * 1e308 * 1e308", "not a finite number")],
 )
 def test_bad_cost_denies_naming_the_tool(expression: str, message: str) -> None:
-    """A cost expression that errors, is negative or is not a number denies the call, naming the tool."""
+    """A cost expression that errors, is negative or is not a finite number denies the call, naming the tool."""
     policy = Policy.from_dict({**INVOICES, "tools": {"create_invoice": {"cost": expression}}})
     gate = Gate(policy, tools=[create_invoice])
     with pytest.raises(ToolDenied, match=f"create_invoice: denied: .*{message}"):
