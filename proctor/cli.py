@@ -63,16 +63,19 @@ def _main(argv: Sequence[str] | None) -> int:
     if func is None:
         parser.print_help(sys.stderr)
         return 2
-    from proctor.interrupts import Terminated
-
     try:
         return int(func(args))
     except KeyboardInterrupt:
         print("interrupted (SIGINT); what happened so far is in the audit log", file=sys.stderr)
         return 130
-    except Terminated as exc:
+    except BaseException as exc:
+        # A Terminated exists only where a command imported proctor.interrupts (which imports signal):
+        # looked up there, so commands that never install its handlers do not import it.
+        interrupts = sys.modules.get("proctor.interrupts")
+        if interrupts is None or not isinstance(exc, interrupts.Terminated):
+            raise
         print("terminated; what happened so far is in the audit log", file=sys.stderr)
-        return 128 + exc.signum
+        return 128 + int(exc.signum)
 
 
 if __name__ == "__main__":
