@@ -93,13 +93,16 @@ _loadavg = -1  # fd of /proc/loadavg; -1 not opened yet, -2 unavailable
 
 def enter() -> None:
     """An `Interpreter.run` starts in this process (other processes see it at once)."""
+    _local.depth = getattr(_local, "depth", 0) + 1  # runs in progress in this thread (a tool may run another)
     _count(1)
 
 
 def leave() -> None:
-    """An `Interpreter.run` ended (in the thread that ran it: its own affinity comes back)."""
+    """An `Interpreter.run` ended (in the thread that ran it: its own affinity comes back with its last run)."""
     _count(-1)
-    pin_thread(None)
+    _local.depth = depth = getattr(_local, "depth", 1) - 1
+    if depth <= 0:
+        pin_thread(None)
 
 
 def pin_thread(core: int | None) -> None:

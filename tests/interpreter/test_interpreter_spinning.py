@@ -262,3 +262,19 @@ def test_a_placed_run_pins_its_host_thread_and_worker_and_gives_the_cores_back(
             spinning.leave()
         assert _cores_of(0) == everything and _cores_of(worker) == everything
     assert workers == everything - {host}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="placing channel ends needs two usable cores")
+def test_a_thread_gets_its_own_cores_back_when_its_outermost_run_ends(page: Path) -> None:
+    """A run inside a run in one thread (a tool running another interpreter) keeps it placed until the outer ends."""
+    everything = _cores_of(0)
+    core = min(everything)
+    spinning.enter()
+    try:
+        spinning.pin_thread(core)
+        spinning.enter()
+        spinning.leave()
+        assert _cores_of(0) == {core}
+    finally:
+        spinning.leave()
+    assert _cores_of(0) == everything
