@@ -167,19 +167,19 @@ class WorkerProcess:
         if self._dead:
             raise WorkerDied("the worker is gone")
         try:
-            self.spin = spin = spinning.may_spin()
-            if spinning.placement is not self._placement:
-                self._place(spinning.placement)
-            if spin:  # only while this interpreter has cores to itself (see `spinning`)
-                events = self._poll.poll(0)
-                if not events:
+            # A look first (the message is often there already), except in a process of several runs:
+            # there each poll is also a turn of the GIL, so it waits with one poll that blocks.
+            events = self._poll.poll(0) if spinning.runs < 2 else None
+            if not events:
+                self.spin = spin = spinning.may_spin()
+                if spinning.placement is not self._placement:
+                    self._place(spinning.placement)
+                if spin:  # only while this interpreter has cores to itself (see `spinning`)
                     spin_until = time.perf_counter_ns() + spinning.SPIN_NS
                     while not events and time.perf_counter_ns() < spin_until:
                         events = self._poll.poll(0)
-                    if not events:
-                        events = self._poll.poll(max(0, math.ceil(timeout * 1000)))
-            else:  # one poll: each is a system call, and in a process of many runs a turn of the GIL
-                events = self._poll.poll(max(0, math.ceil(timeout * 1000)))
+                if not events:
+                    events = self._poll.poll(max(0, math.ceil(timeout * 1000)))
         except InterruptedError:
             return []
         messages: list[tuple[int, Any]] = []

@@ -56,6 +56,7 @@ import time
 
 __all__ = [
     "CHECK_NS", "PIN", "RECENT_NS", "SPIN_NS", "allowed", "enter", "leave", "may_spin", "pin_thread", "placement",
+    "runs",
 ]
 
 #: How long a reader polls before it blocks, when it may spin.
@@ -79,7 +80,8 @@ _PAGE = _SLOTS * _SLOT
 _FIELDS = struct.Struct("<qqq")  # time written (monotonic ns), active runs, host core (-1: not placed)
 
 _lock = threading.Lock()
-_runs = 0  # Interpreter runs in progress in this process
+#: `Interpreter.run`s in progress in this process.
+runs = 0
 _cpus = 0
 _allowed: frozenset[int] = frozenset()  # the cores this process may use (its affinity when first asked)
 _core = -1  # the core of this process's host threads while placed
@@ -128,18 +130,20 @@ def allowed() -> frozenset[int]:
 
 
 def _count(step: int) -> None:
-    global _runs, _checked
+    global runs, _checked
     board = _open_board()
     with _lock:
-        _runs += step
+        runs += step
         _checked = -(1 << 62)  # decide afresh at the next wait
         if board is not None:
-            board.write(time.monotonic_ns(), _runs, _core)
+            board.write(time.monotonic_ns(), runs, _core)
 
 
 def may_spin() -> bool:
     """Whether a channel end of this process may poll before it blocks, now."""
     global _verdict, _checked
+    if DISABLED:
+        return False
     now = time.monotonic_ns()
     if now - _checked < CHECK_NS:
         return _verdict
@@ -149,25 +153,26 @@ def may_spin() -> bool:
 
 
 def _decide(now: int) -> bool:
-    runs = _runs
+    active = runs
     board = _open_board()
     if board is not None:  # whatever this process decides, the others see its runs
-        board.write(now, runs, _core)
+        board.write(now, active, _core)
     cpus = _usable()
     if DISABLED or cpus < 2:  # one core: the other end can only run when this one stops
         _place(None)
         return False
     running = _running()
     others, loads = board.others(now) if board is not None else (0, {})
-    total = others + runs
+    total = others + active
     calm = running is None or running <= cpus  # no more runnable threads than cores
-    if runs <= 1 and calm and total * 2 <= cpus:
+    if active <= 1 and calm and total * 2 <= cpus:
         _place(None)
         return True
     # Our own interpreters fill the cores (not other work: then a pinned end could not move off a
     # busy core): keep each round trip's hand-offs on one core.
-    if PIN and runs >= 1 and (runs > 1 or total * 2 > cpus) and (running is None or running <= max(cpus, total + 1)):
-        _place(_choose(loads, board.slot if board is not None else None, runs))
+    ours = running is None or running <= max(cpus, total + 1)  # what runs is (about) our ends
+    if PIN and active >= 1 and (active > 1 or total * 2 > cpus) and ours:
+        _place(_choose(loads, board.slot if board is not None else None, active))
     else:
         _place(None)
     return False

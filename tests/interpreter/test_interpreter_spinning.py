@@ -25,7 +25,7 @@ def page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setattr(spinning, "_board_pid", 0)
     monkeypatch.setattr(spinning, "_cpus", 2)
     monkeypatch.setattr(spinning, "_running", lambda: 1)
-    monkeypatch.setattr(spinning, "_runs", 0)
+    monkeypatch.setattr(spinning, "runs", 0)
     monkeypatch.setattr(spinning, "_checked", -(1 << 62))
     monkeypatch.setattr(spinning, "placement", None)
     monkeypatch.setattr(spinning, "_core", -1)

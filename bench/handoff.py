@@ -1,0 +1,176 @@
+"""The hand-off floor of this machine: round trips between two processes over a socketpair, as
+an Interpreter's host and worker make them, with and without each pair pinned to one core.
+
+No proctor code: each pair is a "host" that sends 100 bytes and blocks in recv, and a "worker"
+that blocks in recv and answers, each burning `--host-us` / `--worker-us` of CPU per round trip
+(thread CPU time, so the work is the same however the scheduler shares the cores). Pairs run in
+parallel; `pinned` keeps pair i's two processes on core i mod cores, so every hand-off is a switch
+on one core; `free` leaves them where the scheduler puts them (wake-ups may land on an idle vCPU).
+Rounds are interleaved. Use it to tell what the machine costs from what the channel costs:
+a round trip of the real Interpreter is bounded below by the `--host-us 0 --worker-us 0` row.
+
+`--threads 8` models 8 Interpreters in threads of one process instead: 8 host threads (one GIL,
+their work is Python bytecode holding it) each with its worker process, laid out `free`, `split`
+(host threads on one core, workers on the others: what `proctor.interpreter.spinning` places)
+or `pairs` (thread i and its worker on core i mod cores), against one pair alone.
+
+Run: .venv/bin/python bench/handoff.py [--trips 4000] [--rounds 3] [--host-us 50] [--worker-us 30] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import socket
+import statistics
+import threading
+import time
+from typing import Any
+
+
+def _burn(us: int) -> None:
+    end = time.thread_time_ns() + us * 1000
+    while time.thread_time_ns() < end:
+        pass
+
+
+def _pair(trips: int, host_us: int, worker_us: int, core: int | None, start: Any, out: Any) -> None:
+    host, worker = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # the worker
+        host.close()
+        if core is not None:
+            os.sched_setaffinity(0, {core})
+        while True:
+            message = worker.recv(65536)
+            if not message:
+                os._exit(0)
+            _burn(worker_us)
+            worker.send(message)
+    worker.close()
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    message = b"x" * 100
+    start.wait()
+    began = time.perf_counter()
+    for _ in range(trips):
+        host.send(message)
+        host.recv(65536)
+        _burn(host_us)
+    out.put(trips / (time.perf_counter() - began))
+    host.close()
+    os.waitpid(pid, 0)
+
+
+def run(pairs: int, trips: int, host_us: int, worker_us: int, pinned: bool) -> float:
+    """Round trips per second of `pairs` pairs together."""
+    ctx = multiprocessing.get_context("fork")
+    start, out = ctx.Event(), ctx.Queue()
+    cores = sorted(os.sched_getaffinity(0))
+    procs = [ctx.Process(target=_pair, args=(trips, host_us, worker_us, cores[i % len(cores)] if pinned else None,
+                                              start, out)) for i in range(pairs)]
+    for p in procs:
+        p.start()
+    time.sleep(0.3)
+    start.set()
+    total = sum(out.get(timeout=600) for _ in procs)
+    for p in procs:
+        p.join()
+    return total
+
+
+def _echo(sock: socket.socket, worker_us: int, core: int | None) -> None:
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    while True:
+        message = sock.recv(65536)
+        if not message:
+            os._exit(0)
+        _burn(worker_us)
+        sock.send(message)
+
+
+def in_threads(count: int, trips: int, host_us: int, worker_us: int, layout: str) -> float:
+    """Round trips per second of `count` host threads of this process, each with its own worker process."""
+    cores = sorted(os.sched_getaffinity(0))
+    socks, pids = [], []
+    for i in range(count):
+        host, worker = socket.socketpair()
+        core = {"split": cores[-1], "pairs": cores[i % len(cores)]}.get(layout)
+        pid = os.fork()
+        if pid == 0:
+            host.close()
+            _echo(worker, worker_us, core)
+        worker.close()
+        socks.append(host)
+        pids.append(pid)
+
+    def serve(host: socket.socket, i: int) -> None:
+        core = {"split": cores[0], "pairs": cores[i % len(cores)]}.get(layout)
+        if core is not None:
+            os.sched_setaffinity(0, {core})
+        message = b"x" * 100
+        for _ in range(trips):
+            host.send(message)
+            host.recv(65536)
+            _burn(host_us)
+
+    threads = [threading.Thread(target=serve, args=(s, i)) for i, s in enumerate(socks)]
+    began = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rate = count * trips / (time.perf_counter() - began)
+    for s in socks:
+        s.close()
+    for pid in pids:
+        os.waitpid(pid, 0)
+    return rate
+
+
+def threads_main(opts: argparse.Namespace) -> None:
+    rates: dict[str, list[float]] = {}
+    for _ in range(opts.rounds):
+        rates.setdefault("one", []).append(in_threads(1, opts.trips, opts.host_us, opts.worker_us, "free"))
+        for layout in ("free", "split", "pairs"):
+            rates.setdefault(layout, []).append(
+                in_threads(opts.threads, opts.trips // opts.threads, opts.host_us, opts.worker_us, layout))
+    one = statistics.median(rates["one"])
+    print(f"1 host thread, work {opts.host_us}+{opts.worker_us} µs: {one:8.0f} round trips/s")
+    for layout in ("free", "split", "pairs"):
+        rate = statistics.median(rates[layout])
+        print(f"{opts.threads} host threads, {layout:5}: {rate:8.0f} round trips/s ({rate / one:.2f}x one)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trips", type=int, default=4000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--host-us", type=int, default=50)
+    parser.add_argument("--worker-us", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=0, help="model N Interpreters in threads of one process")
+    opts = parser.parse_args()
+    cores = len(os.sched_getaffinity(0))
+    print(f"{cores} usable cores; load average {os.getloadavg()[0]:.2f}; median of {opts.rounds} rounds; "
+          f"round trips/s of all pairs together")
+    if opts.threads:
+        threads_main(opts)
+        print(f"load average {os.getloadavg()[0]:.2f}")
+        return
+    rows = [(p, w, pin) for w in ((0, 0), (opts.host_us, opts.worker_us)) for p in (1, 2) for pin in (False, True)]
+    rates: dict[Any, list[float]] = {}
+    for _ in range(opts.rounds):
+        for pairs, (h, w), pin in rows:
+            rates.setdefault((pairs, h, w, pin), []).append(run(pairs, opts.trips, h, w, pin))
+    for (pairs, h, w, pin), got in rates.items():
+        rate = statistics.median(got)
+        one = statistics.median(rates[1, h, w, pin])
+        print(f"{pairs} pair(s), work {h:3d}+{w:3d} µs, {'pinned' if pin else 'free  '}: {rate:8.0f} round trips/s "
+              f"({1e6 * pairs / rate:6.1f} µs each; {rate / one:.2f}x one pair = {rate / one / pairs:.2f} x N)")
+    print(f"load average {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
