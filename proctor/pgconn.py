@@ -8,6 +8,8 @@ operation reconnects.
 
 from __future__ import annotations
 
+import os
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +26,7 @@ class PgConnection:
         self._settings = tuple(settings)
         self._timeout = connect_timeout_s
         self._conn: psycopg.Connection[Any] | None = None
+        _ALL.add(self)
 
     def get(self) -> psycopg.Connection[Any]:
         """The connection, made now if there is none or it was closed (raises psycopg.Error)."""
@@ -46,6 +49,25 @@ class PgConnection:
             except psycopg.Error:
                 pass
             self._conn = None
+
+
+#: Every PgConnection of this process, so that a forked child stops using its parent's sessions (at fork).
+_ALL: weakref.WeakSet[PgConnection] = weakref.WeakSet()
+#: Connections a forked child inherited: kept referenced and never closed there — closing one (or letting
+#: it be collected) would send the server a Terminate on the parent's socket and end the parent's session.
+_INHERITED: list[Any] = []
+
+
+def _after_fork_in_child() -> None:
+    """The child shares the parent's sockets: two processes on one session would read each other's
+    replies. Each connection is set aside untouched; the child's next `get` makes its own."""
+    for holder in list(_ALL):
+        if holder._conn is not None:
+            _INHERITED.append(holder._conn)
+            holder._conn = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def why(exc: BaseException) -> str:

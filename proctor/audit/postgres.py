@@ -255,6 +255,7 @@ class PostgresAuditLog:
         ref = weakref.ref(self)
         self._at_exit = lambda: _close_if_alive(ref)
         atexit.register(self._at_exit)
+        _OPEN.add(self)
 
     # -- the sink -------------------------------------------------------------------------
 
@@ -450,6 +451,24 @@ class PostgresAuditLog:
         self._last_ckpt, self._seq = int(seq), int(seq) + 1
         self._last_ckpt_time = time.monotonic()
         return AuditResult(True, seq=int(seq))
+
+
+#: Every PostgresAuditLog of this process, so that a forked child stops using its parent's (at fork).
+_OPEN: weakref.WeakSet[PostgresAuditLog] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has the parent's sink without its writer thread (appends would wait for ever)
+    and with the parent's writer id: each is closed in the child, so its appends are refused at once
+    and its exit neither waits nor removes the parent's writer row. The child opens its own sink."""
+    for log in list(_OPEN):
+        log._cond = threading.Condition()
+        log._queue = []
+        log.closed = True
+        atexit.unregister(log._at_exit)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _close_if_alive(ref: weakref.ReferenceType[PostgresAuditLog]) -> None:
