@@ -1,21 +1,32 @@
 """What provenance costs: indexing a 100 KB result, and a `provenance()` decision at call #1,000 of a
 run whose labelled results hold 1 MB of text (issue #19: ≤ 2 ms and ≤ 10 µs).
 
-Run by hand: `.venv/bin/python bench/provenance.py`. Times are CPU time of this process
-(`time.process_time`), so a loaded or CPU-throttled machine does not inflate them; each figure is the
-best of several repetitions, and is printed next to the same decision without the provenance
-condition (side by side, one run) so the ratio is what to compare across machines.
+Run by hand: `.venv/bin/python bench/provenance.py [--compare REV]`. Times are CPU time of the
+measuring process (`time.process_time`), so a loaded or CPU-throttled machine does not inflate them;
+each figure is the best of several repetitions, and the decision is printed next to the same decision
+without the provenance condition (side by side, one run), so the difference is what to compare.
+With `--compare REV` the same measurements run for the `proctor` package of git revision REV and for
+this tree, each in its own process, alternately (two rounds, best of each), and are printed side by
+side with their ratio and issue #19's targets.
 
 Texts: "mail" is realistic — e-mails as JSON with senders, ids, dates, amounts and prose (about one
 token per 60 characters); "dense" holds a distinct address and a distinct number every ~40
-characters, the worst case for the tokenizer and the digests.
+characters, the worst case for the tokenizer and the digests; "page" is a listing of addresses,
+URLs, IBANs and amounts; "words" is random prose (no tokens at all).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import random
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from proctor.calls import Call
 from proctor.gate import Gate
@@ -50,6 +61,33 @@ def dense_text(size: int, seed: int = 1) -> str:
         out.append(item)
         n += len(item)
     return "".join(out)[:size]
+
+
+def page_text(size: int, seed: int = 1) -> str:
+    rng = random.Random(seed)
+    out, n = [], 0
+    while n < size:
+        item = (f"{rng.choice(WORDS).title()} <ops{rng.randint(1, 10**6)}@vendor{rng.randint(1, 999)}.example> "
+                f"https://www.shop{rng.randint(1, 999)}.example/order?id={rng.randint(1, 10**6)} "
+                f"GB{rng.randint(10, 99)} NWBK {rng.randint(1000, 9999)} {rng.randint(1000, 9999)} "
+                f"{rng.randint(10, 99)} ; due {rng.randint(1, 99999):,}.{rng.randint(10, 99)} EUR\n")
+        out.append(item)
+        n += len(item)
+    return "".join(out)[:size]
+
+
+def words_text(size: int, seed: int = 1) -> str:
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    out, n = [], 0
+    while n < size:
+        word = "".join(rng.choice(letters) for _ in range(rng.randint(2, 11)))
+        out.append(word)
+        n += len(word) + 1
+    return " ".join(out)[:size]
+
+
+TEXTS = {"mail": mail_text, "dense": dense_text, "page": page_text, "words": words_text}
 
 
 def best(fn: Callable[[], object], repeat: int = 7, number: int = 1) -> float:
@@ -98,21 +136,23 @@ rules:
     when: "'untrusted' in provenance(args.to) && !from_user(args.to)"
     decision: require_approval
 """
+# The same condition with a term only CEL can evaluate: the provenance calls are answered before CEL runs
+# (hidden variables), and CEL evaluates the rest.
+MIXED = POLICY.replace("!from_user(args.to)\"", "!from_user(args.to) && size(args.to) > 0\"")
 PLAIN = POLICY.replace("\"'untrusted' in provenance(args.to) && !from_user(args.to)\"",
                        "\"args.to == 'x@evil.example'\"")
 
 
-def main() -> None:
-    print("indexing one result (CPU time, best of 7):")
-    for name, make in (("mail", mail_text), ("dense", dense_text)):
+def measure() -> dict[str, float]:
+    """Every figure, in seconds of CPU time: indexing each text, and the two decisions."""
+    figures: dict[str, float] = {}
+    for name, make in TEXTS.items():
         text = make(100_000)
-        cost = best(lambda text=text: ProvenanceIndex().add(text, ["untrusted"]))
+        figures[f"index {name}"] = best(lambda text=text: ProvenanceIndex().add(text, ["untrusted"]))
         entries = ProvenanceIndex()
         entries.add(text, ["untrusted"])
-        print(f"  100 KB {name:5}: {cost * 1e3:6.2f} ms  ({len(entries)} entries)")
-    print("a decision at call #1,000 of a run whose labelled results hold 1 MB of text:")
-    figures = {}
-    for label, text in (("provenance()", POLICY), ("plain condition", PLAIN)):
+        figures[f"entries {name}"] = len(entries)
+    for label, text in (("provenance()", POLICY), ("provenance() in CEL", MIXED), ("plain condition", PLAIN)):
         gate = Gate(Policy.from_string(text), tools=[read_inbox, send_email])
         ctx = gate.start_run(task="Summarise my inbox and mail it to bob@corp.example")
         for page in range(999):
@@ -121,12 +161,78 @@ def main() -> None:
         call = Call("send_email", {"to": "user42@mail.example", "body": "hi"}, side_effect="external",
                     history=ctx.history_view(), run=ctx.info, seen=ctx.seen_labels(), provenance=ctx.provenance)
         assert isinstance(policy, Policy)
-        figures[label] = best(lambda policy=policy, call=call: policy.decide(call), number=2000)
-        print(f"  Policy.decide with {label:16}: {figures[label] * 1e6:6.2f} µs"
-              + (f"  (index: {len(ctx.provenance)} entries)" if ctx.provenance is not None else ""))
-    extra = figures["provenance()"] - figures["plain condition"]
-    print(f"  the provenance() condition costs {extra * 1e6:.2f} µs more "
-          f"({figures['provenance()'] / figures['plain condition']:.2f}x the plain decision)")
+        figures[f"decide {label}"] = best(lambda policy=policy, call=call: policy.decide(call), number=2000)
+    figures["provenance() extra"] = figures["decide provenance()"] - figures["decide plain condition"]
+    figures["provenance() in CEL extra"] = figures["decide provenance() in CEL"] - figures["decide plain condition"]
+    return figures
+
+
+TARGETS = {"index": 2e-3, "provenance() extra": 10e-6, "provenance() in CEL extra": 10e-6}
+
+
+def _target(key: str) -> float | None:
+    return TARGETS.get(key, TARGETS["index"] if key.startswith("index ") else None)
+
+
+def _show(key: str, value: float) -> str:
+    if key.startswith("entries"):
+        return f"{value:,.0f}"
+    return f"{value * 1e3:.2f} ms" if key.startswith("index") else f"{value * 1e6:.2f} µs"
+
+
+def _run(tree: Path | None) -> dict[str, float]:
+    """`measure()` in a fresh process, with the `proctor` package of `tree` (None: this tree)."""
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--json"], env=env, check=True,
+                         capture_output=True, text=True, cwd=tree or Path(__file__).resolve().parent.parent,
+                         timeout=1800)
+    figures: dict[str, float] = json.loads(out.stdout)
+    return figures
+
+
+def compare(rev: str) -> None:
+    repo = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "-C", str(repo), "archive", rev, "proctor"], capture_output=True,
+                                 check=True)
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        before: dict[str, float] = {}
+        after: dict[str, float] = {}
+        for _ in range(2):  # alternately, so a change of load touches both sides
+            for side, tree in ((before, Path(tmp)), (after, None)):
+                for key, value in _run(tree).items():
+                    side[key] = min(side.get(key, value), value)
+    print(f"provenance costs, before ({rev}) and after (this tree), CPU time, best of 2 runs x 7:")
+    print(f"  {'figure':28} {'before':>12} {'after':>12} {'after/before':>13} {'target':>9}  holds")
+    for key in after:
+        target = _target(key)
+        ratio = f"{after[key] / before[key]:.2f}x" if before.get(key) else "-"
+        holds = "" if target is None else ("yes" if after[key] <= target else "no")
+        print(f"  {key:28} {_show(key, before.get(key, 0.0)):>12} {_show(key, after[key]):>12} {ratio:>13} "
+              f"{'' if target is None else _show(key, target):>9}  {holds}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--compare", metavar="REV", help="also measure the proctor package of git revision REV")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    opts = parser.parse_args()
+    if opts.json:
+        print(json.dumps(measure()))
+        return
+    if opts.compare:
+        compare(opts.compare)
+        return
+    figures = measure()
+    print("provenance costs (CPU time, best of 7), against issue #19's targets; a decision's 'extra' is its cost")
+    print("minus the plain condition's (negative: a condition made only of provenance calls skips CEL altogether):")
+    for key, value in figures.items():
+        target = _target(key)
+        holds = None if target is None else "holds" if value <= target else "no"
+        verdict = "" if target is None else f"  (target <= {_show(key, target)}: {holds})"
+        print(f"  {key:28} {_show(key, value):>12}{verdict}")
 
 
 if __name__ == "__main__":

@@ -18,12 +18,13 @@ from proctor.calls import Call, HistoryEntry
 from proctor.policy.aggregates import Fold, fold_list, is_hidden, pipeline_named
 from proctor.policy.conditions import check_value
 from proctor.policy.functions import FUNCTIONS, boxed
-from proctor.policy.probes import is_probe, probe_named
+from proctor.policy.probes import Unresolved, is_probe, probe_named
 from proctor.policy.projection import Needs
 
 __all__ = ["Activation"]
 
 _PLAIN_FOLD_MIN = 32
+_SCALARS = (str, int, float, bool, type(None))
 _ENTRY_FIELDS = frozenset(("tool", "args", "side_effect", "decision", "status", "labels"))  # HistoryEntry.as_dict()
 
 
@@ -126,6 +127,21 @@ class Activation(Mapping[str, Any]):
             raise KeyError(name)
         self._cache[name] = value
         return value
+
+    def probe_answer(self, name: str) -> Any:
+        """A probe's answer for a condition evaluated in Python (`probes.python_condition`): a tuple of labels,
+        or from_user's bool; raises `probes.Unresolved` unless the argument is a plain scalar at its path
+        (then the condition goes to CEL, which converts and checks it as it always has)."""
+        probe = probe_named(name)
+        value = probe.argument(self._call.args)
+        if not isinstance(value, _SCALARS):
+            raise Unresolved(name)
+        index = self._call.provenance
+        if probe.function == "from_user":
+            return False if index is None else index.from_user(value)
+        if index is None:
+            return ()
+        return index.sources_of(value) if probe.function == "provenance" else index.text_sources_of(value)
 
     def _probe(self, name: str) -> Any:
         """A provenance call on a path of `args`, answered as CEL would have it from the function."""

@@ -24,7 +24,7 @@ import cel
 from proctor.policy.aggregates import AggregateError, Rewrite, is_hidden, rewrite, unbox_source
 from proctor.policy.functions import BOX_PREFIX
 from proctor.policy.functions import FUNCTIONS as CEL_FUNCTIONS
-from proctor.policy.probes import PROBE_FUNCTIONS, Unresolved, rewrite_probes
+from proctor.policy.probes import PROBE_FUNCTIONS, Unresolved, python_condition, rewrite_probes
 from proctor.policy.projection import Needs, needs_of
 
 __all__ = [
@@ -168,6 +168,8 @@ class Condition:
     probed: Any = None
     probed_variables: tuple[str, ...] = ()
     probed_functions: tuple[str, ...] = ()
+    #: The condition as a Python function when it is made only of probes (`probes.python_condition`).
+    python: Any = None
 
     def evaluate(self, activation: Mapping[str, Any]) -> bool:
         """Evaluate against the variables in `activation` (only those referenced are read).
@@ -183,6 +185,14 @@ class Condition:
 
     def compute(self, activation: Mapping[str, Any]) -> Any:
         """The expression's value for `activation` (any CEL value); raises EvaluationError."""
+        python = self.python
+        if python is not None:
+            answer = getattr(activation, "probe_answer", None)
+            if answer is not None:
+                try:
+                    return bool(python(answer))
+                except Unresolved:  # an argument that is not a plain scalar at its path: CEL decides
+                    pass
         try:
             cel_context = getattr(activation, "cel_context", None)
             if cel_context is not None and self.fast is not None and getattr(activation, "folds_history", True):
@@ -355,7 +365,8 @@ def _probed(source: str, names: tuple[str, ...], boxes: frozenset[str]) -> dict[
     except Exception:  # noqa: BLE001 - an optimisation: when in doubt, evaluate as written
         return None
     return {"probed": program, "probed_variables": (*names, *(p.name for p in probes)),
-            "probed_functions": tuple(sorted(fn for fn in program.functions() if fn in CEL_FUNCTIONS))}
+            "probed_functions": tuple(sorted(fn for fn in program.functions() if fn in CEL_FUNCTIONS)),
+            "python": python_condition(source)}
 
 
 def _fast(source: str) -> tuple[Any, Any, Rewrite] | None:

@@ -337,7 +337,10 @@ class Policy:
         return Candidates(
             deny=tuple(r for r in rules if r.decision == "deny"),
             others=tuple(r for r in rules if r.decision != "deny"),
-            needs=merge_needs([r.condition.needs for r in rules if r.condition is not None]),
+            # (a condition decided in Python from probes needs no variable converted; if it falls back to
+            # CEL, its variables are converted then)
+            needs=merge_needs([r.condition.needs for r in rules
+                               if r.condition is not None and r.condition.python is None]),
             plain_needs=merge_needs([r.condition.plain_needs or r.condition.needs
                                      for r in rules if r.condition is not None]),
             # (a condition whose provenance calls are probes calls fewer functions; its fallback adds them)

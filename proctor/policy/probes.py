@@ -10,6 +10,11 @@ variable (``__pv3``); the decision computes it in Python from `Call.args` and th
 hands it to CEL ready-made (a list of labels as a `cel.OptionalValue` the program unwraps with
 ``.value()``; `from_user` as a bool).
 
+A condition made only of such calls joined by ``in`` (a string literal in a list of labels), ``!``,
+``&&``, ``||``, parentheses and ``true``/``false`` is also compiled to a Python function
+(`python_condition`): for a call whose arguments at those paths are plain strings, numbers or
+null, it is decided without CEL at all (no conversion of `args`, no context).
+
 The meaning is CEL's: when a path does not resolve plainly for a call (a missing key, a value
 that is not a dict on the way), the condition is evaluated as written instead, so CEL reports
 the error (or ``has()``/``||`` absorbs it) exactly as before. Probes are interned process-wide
@@ -20,12 +25,13 @@ from __future__ import annotations
 
 import ast
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from proctor.policy.aggregates import _close, _tokens
 
-__all__ = ["PROBE_FUNCTIONS", "Probe", "Unresolved", "is_probe", "probe_named", "rewrite_probes"]
+__all__ = ["PROBE_FUNCTIONS", "Probe", "Unresolved", "is_probe", "probe_named", "python_condition", "rewrite_probes"]
 
 #: The functions whose calls on a path of `args` are answered before CEL runs; True: returns a list.
 PROBE_FUNCTIONS: dict[str, bool] = {"provenance": True, "text_provenance": True, "from_user": False}
@@ -133,3 +139,112 @@ def rewrite_probes(source: str) -> tuple[str, tuple[Probe, ...]] | None:
         last = end
     out.append(source[last:])
     return "".join(out), tuple(dict.fromkeys(probes))
+
+
+# -- conditions made only of probes ----------------------------------------------------------------
+
+#: A compiled condition: given a function answering a probe's hidden name, its value.
+PythonCondition = Callable[[Callable[[str], Any]], bool]
+
+
+def python_condition(source: str) -> PythonCondition | None:
+    """`source` as a Python function when it is made only of probe-able calls, ``in``, ``!``, ``&&``,
+    ``||``, parentheses and ``true``/``false`` (CEL's precedence); None otherwise.
+
+    The function asks `answer(name)` for each probe it reaches (short-circuiting as CEL does; no term can
+    fail, so evaluation order does not change the value): a tuple of labels, or from_user's bool.
+    """
+    toks = _tokens(source)
+    if not toks:
+        return None
+    parser = _Parser(source, toks)
+    try:
+        fn = parser.disjunction()
+    except _Unsupported:
+        return None
+    return fn if parser.at == len(toks) else None
+
+
+class _Unsupported(Exception):
+    pass
+
+
+class _Parser:
+    def __init__(self, source: str, toks: list[Any]) -> None:
+        self.source, self.toks, self.at = source, toks, 0
+
+    def _peek(self, offset: int = 0) -> Any:
+        at = self.at + offset
+        return self.toks[at] if at < len(self.toks) else None
+
+    def _take(self, text: str) -> bool:
+        tok = self._peek()
+        if tok is not None and tok.text == text and tok.kind in ("op", "id"):
+            self.at += 1
+            return True
+        return False
+
+    def disjunction(self) -> PythonCondition:
+        terms = [self.conjunction()]
+        while self._take("||"):
+            terms.append(self.conjunction())
+        if len(terms) == 1:
+            return terms[0]
+        if len(terms) == 2:
+            first, second = terms
+            return lambda answer: first(answer) or second(answer)
+        return lambda answer: any(term(answer) for term in terms)
+
+    def conjunction(self) -> PythonCondition:
+        terms = [self.unary()]
+        while self._take("&&"):
+            terms.append(self.unary())
+        if len(terms) == 1:
+            return terms[0]
+        if len(terms) == 2:
+            first, second = terms
+            return lambda answer: first(answer) and second(answer)
+        return lambda answer: all(term(answer) for term in terms)
+
+    def unary(self) -> PythonCondition:
+        if self._take("!"):
+            inner = self.unary()
+            return lambda answer: not inner(answer)
+        return self.primary()
+
+    def primary(self) -> PythonCondition:
+        tok = self._peek()
+        if tok is None:
+            raise _Unsupported
+        if self._take("("):
+            inner = self.disjunction()
+            if not self._take(")"):
+                raise _Unsupported
+            return inner
+        if tok.kind == "id" and tok.text in ("true", "false"):
+            self.at += 1
+            constant = tok.text == "true"
+            return lambda answer: constant
+        if tok.kind == "str":
+            label = _key(tok.text)
+            self.at += 1
+            if label is None or not self._take("in"):
+                raise _Unsupported
+            name = self.call(lists=True)
+            return lambda answer: label in answer(name)
+        name = self.call(lists=False)
+        return lambda answer: answer(name)
+
+    def call(self, *, lists: bool) -> str:
+        """A probe-able call here: its hidden name (a list function when `lists`, else from_user)."""
+        tok = self._peek()
+        if tok is None or tok.kind != "id" or PROBE_FUNCTIONS.get(tok.text) is not lists:
+            raise _Unsupported
+        close = _close(self.toks, self.at + 1) if self._peek(1) is not None and self._peek(1).text == "(" else None
+        if close is None:
+            raise _Unsupported
+        found = rewrite_probes(self.source[tok.start : self.toks[close].end])
+        if found is None or len(found[1]) != 1 or found[0] != found[1][0].name + (".value()" if lists else ""):
+            raise _Unsupported
+        self.at = close + 1
+        return found[1][0].name
