@@ -215,7 +215,10 @@ class WorkerProcess:
         if self._dead or not cores:
             return
         if self._pids is None:
-            self._pids = _tree(self.proc.pid)
+            # Under bubblewrap its processes (which cannot create others) stay the same for the worker's
+            # life; in process mode only the worker itself: its program's children are none of ours, and
+            # their pids, once they exit, could name someone else's process.
+            self._pids = _tree(self.proc.pid) if self.spec.isolation == "bwrap" else [self.proc.pid]
         for pid in self._pids:
             try:
                 os.sched_setaffinity(pid, cores)
