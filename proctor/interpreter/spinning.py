@@ -171,10 +171,13 @@ def _decide(now: int) -> bool:
     # Our own interpreters fill the cores (not other work: then a pinned end could not move off a
     # busy core): keep each round trip's hand-offs on one core.
     ours = running is None or running <= max(cpus, total + 1)  # what runs is (about) our ends
+    was = _core
     if PIN and active >= 1 and (active > 1 or total * 2 > cpus) and ours:
         _place(_choose(loads, board.slot if board is not None else None, active))
     else:
         _place(None)
+    if board is not None and _core != was:  # at once: a host deciding next sees this core taken
+        board.write(now, active, _core)
     return False
 
 

@@ -281,3 +281,16 @@ def test_a_thread_gets_its_own_cores_back_when_its_outermost_run_ends(page: Path
     finally:
         spinning.leave()
     assert _cores_of(0) == everything
+
+
+def test_a_host_takes_the_emptiest_core_and_stays_while_none_is_emptier(
+        page: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Other hosts' cores steer the choice; ties part by slot; a placed host moves only for an emptier core."""
+    monkeypatch.setattr(spinning, "_allowed", frozenset({0, 1}))
+    assert spinning._choose({0: 1}, 0, 1) == (1, frozenset({1}))
+    assert spinning._choose({0: 1, 1: 1}, 2, 1) == (0, frozenset({0}))
+    assert spinning._choose({0: 1, 1: 1}, 3, 1) == (1, frozenset({1}))
+    monkeypatch.setattr(spinning, "_core", 1)
+    assert spinning._choose({0: 1, 1: 1}, 2, 1) == (1, frozenset({1}))
+    assert spinning._choose({1: 2}, 2, 1) == (0, frozenset({0}))
+    assert spinning._choose({7: 5, -3: 9}, 1, 1) == (1, frozenset({1}))  # cores not ours are ignored
