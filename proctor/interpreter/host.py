@@ -167,9 +167,10 @@ class WorkerProcess:
         if self._dead:
             raise WorkerDied("the worker is gone")
         try:
-            # A look first (the message is often there already), except in a process of several runs:
-            # there each poll is also a turn of the GIL, so it waits with one poll that blocks.
-            events = self._poll.poll(0) if spinning.runs < 2 else None
+            # A look first (the message is often there already), except when placed (the worker shares
+            # this core: it has not run yet) or in a process of several runs (each poll is also a turn of
+            # the GIL): then one poll that blocks.
+            events = self._poll.poll(0) if self._placement is None and spinning.runs < 2 else None
             if not events:
                 self.spin = spin = spinning.may_spin()
                 if spinning.placement is not self._placement:
