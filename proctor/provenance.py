@@ -270,7 +270,7 @@ class ProvenanceIndex:
         # The digest of a text is Python's string hash (SipHash-1-3, 64 bits) of a secret per-index prefix of
         # 128 random bits followed by the text: computed in C, about a tenth of a keyed BLAKE2b call.
         self._prefix = hashlib.blake2b(self._key, digest_size=16).hexdigest().translate(_LETTERS)
-        self._probes: dict[str, tuple[int, tuple[int, ...], tuple[int, ...]]] = {}  # argument -> digests
+        self._probes: dict[str, tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = {}  # arg -> digests
         self._named: dict[int, tuple[str, ...]] = {}  # label mask -> its sorted names
 
     # -- reading ---------------------------------------------------------------------------------
@@ -378,19 +378,28 @@ class ProvenanceIndex:
             for token in tokens_:
                 if not entries.get(token, 0) & bit:
                     return False
+            # Made of task tokens, and the words around them must be the task's too: "ls /tmp/data; rm -rf ~"
+            # is not the user's because the task named /tmp/data.
+            for word in probe[3]:
+                if not entries.get(word, 0) & bit:
+                    return False
             return True
         text = _scalar_text(value)
         return text is not None and bool(entries.get(self._digest(text), 0) & bit)
 
-    def _probe_str(self, value: str) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
-        """The digests a string argument is looked up by — (whole, whole and every token, every token) —
+    def _probe_str(self, value: str) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """The digests a string argument is looked up by — (whole, whole and every token, every token, every
+        word outside the tokens) —
         remembered per index (they depend on the key and the text only, not on what is indexed)."""
         whole, found = _analyze(value)
         digest = self._digest
         whole_digest = digest(whole)
         # (a token written with dashes counts as its dashless spelling: either may be what the user wrote)
         tokens_ = tuple(digest(t) for t in found if "-" not in t or t.replace("-", "") not in found)
-        probe = (whole_digest, (whole_digest, *(digest(t) for t in found if t != whole)), tokens_)
+        inside = {w for t in found for w in _WORD.findall(t)}
+        words = tuple(digest(w) for w in set(_WORD.findall(whole)).difference(inside)
+                      if not (w.isdecimal() and len(w) < 3))  # (short numbers of the task are not indexed alone)
+        probe = (whole_digest, (whole_digest, *(digest(t) for t in found if t != whole)), tokens_, words)
         if len(value) <= 256:  # as `_analyze_short`: short arguments only (an address, an id, a name)
             probes = self._probes
             if len(probes) >= _PROBES:
