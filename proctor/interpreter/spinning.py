@@ -19,7 +19,7 @@ is idle for each end:
   holds one 64-byte slot of the page (a `lockf` range lock, released when the process ends) and
   writes there, about once a millisecond while it serves calls, the time and its number of
   active runs; a slot not written for `RECENT_NS` does not count (a process that crashed, or
-  that is waiting for a human). Reading the page is a memory read; it is re-read at most once
+  that is waiting for a human). Reading the page is one `pread`; it is re-read at most once
   per `CHECK_NS`;
 - while the machine's runnable threads (the 4th field of `/proc/loadavg`, read at most once
   per `CHECK_NS`) do not outnumber its usable cores: on a machine busy with other work, a
@@ -46,7 +46,6 @@ that spins anyway, or moves itself, only burns its own CPU limit.
 
 from __future__ import annotations
 
-import mmap
 import os
 import stat
 import struct
@@ -234,20 +233,32 @@ def _running() -> int | None:
 
 
 class _Board:
-    """The shared page: one slot per host process, written by its owner, read by everyone."""
+    """The shared page: one slot per host process, written by its owner, read by everyone.
 
-    def __init__(self, fd: int, page: mmap.mmap, slot: int | None) -> None:
-        self.fd, self.page, self.slot = fd, page, slot
-        self._view = memoryview(page).cast("q")  # slot i's fields are items 8*i and 8*i + 1
+    Read and written with pread/pwrite, never mapped: anyone of this user (a process-mode program
+    with `os`) can truncate the file, and a mapped page past a file's end is SIGBUS for every
+    process touching it. A short read counts the missing slots as never used.
+    """
+
+    def __init__(self, fd: int, slot: int | None) -> None:
+        self.fd, self.slot = fd, slot
 
     def write(self, now: int, runs: int, core: int = -1) -> None:
         if self.slot is not None:
-            _FIELDS.pack_into(self.page, self.slot * _SLOT, now, runs, core)
+            try:
+                os.pwrite(self.fd, _FIELDS.pack(now, runs, core), self.slot * _SLOT)
+            except OSError:  # a full or broken /dev/shm: the others just do not see this process
+                pass
 
     def others(self, now: int) -> tuple[int, dict[int, int]]:
         """Active runs of the other host processes (those that wrote their slot within RECENT_NS), and
         those runs by the core their host threads are placed on."""
-        view = self._view
+        try:
+            data = os.pread(self.fd, _PAGE, 0)
+        except OSError:
+            return 0, {}
+        whole = len(data) - len(data) % _SLOT
+        view = memoryview(data)[:whole].cast("q")  # slot i's fields are items 8*i, 8*i + 1 and 8*i + 2
         total = 0
         loads: dict[int, int] = {}
         for i, at in enumerate(view[0::8].tolist()):  # slots never used hold 0: one test each
@@ -293,8 +304,7 @@ def _make_board() -> _Board | None:
             raise OSError("not this user's regular file")
         if info.st_size < _PAGE:
             os.ftruncate(fd, _PAGE)
-        page = mmap.mmap(fd, _PAGE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    except (OSError, ValueError):
+    except OSError:
         os.close(fd)
         return None
     slot = None
@@ -306,4 +316,4 @@ def _make_board() -> _Board | None:
         slot = i
         break
     # The fd stays open for the life of the process: closing any fd of the file would drop the lock.
-    return _Board(fd, page, slot)
+    return _Board(fd, slot)
