@@ -29,8 +29,16 @@ A value built from pieces (``'eve' + '@' + 'evil.example'``, a recipient read ch
 character, a translated or re-encoded string) is *not* traced: only values that appear as
 a whole, or as one of the tokens above, are found.
 
-Nothing is kept in clear: each entry is an 8-byte keyed BLAKE2b digest under a random key
-drawn for each index (never the audit key), mapped to the labels it was seen under.
+Nothing is kept in clear: each entry is a 64-bit keyed digest — Python's string hash
+(SipHash-1-3) of a secret prefix of 128 random bits drawn for each index (never the audit key)
+followed by the text, so it does not depend on Python's own hash key (``PYTHONHASHSEED``) —
+mapped to the labels it was seen under. Without the prefix nobody can compute a digest or craft
+a collision; it is a fingerprint compared only inside this process, never shown or stored.
+
+Invisible characters (zero-width space and joiners, word joiner, BOM, soft hyphen) are removed
+and non-ASCII dashes read as ``-`` before anything else; a token of letter-and-digit groups
+joined by dashes, each group holding a digit (``123-456-789``, ``de89-3704-…``), is also
+indexed without its dashes.
 
 Memory is bounded (`ProvenanceLimits`): at most `max_result_chars` characters of one
 result and `max_result_tokens` of its entries are indexed, and at most `max_tokens`
@@ -91,7 +99,11 @@ _PORT = re.compile(r":\d+$")
 _IBAN_HEAD = re.compile(r"\n[a-z]{2}\d{2}\n")
 # A candidate line that is its own only token (see `_analyze_text`): bitmap character classes, a literal
 # newline first (the engine skips to each line), no lookbehind.
-_CLEAN = re.compile(r"\n(?!www\.)(?!\d+\.\d*0\n)([a-z0-9](?:[a-z0-9.@+%#-]*[a-z0-9])?)(?=\n)")
+_CLEAN = re.compile(r"\n(?!www\.)(?!\d+\.\d*0\n)(?=[a-z]*[0-9.@+%#-])([a-z0-9](?:[a-z0-9.@+%#-]*[a-z0-9])?)(?=\n)")
+_URL_LINE = re.compile(r"\n([a-z][a-z0-9+.-]*://(www\.)?([a-z0-9-]+(?:\.[a-z0-9-]+)*)((?:/[a-z0-9._~%/-]*[a-z0-9])?))"
+                       r"(?<=[a-z0-9])(?=\n)")
+_NUMBER_LINE = re.compile(r"\n(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d*0)(?=\n)")
+_TIME_LINE = re.compile(r"\n((\d+):(\d+))(?=\n)")
 _DASHED = re.compile(r"\n((?:[a-z]*\d[a-z0-9]*-)+[a-z]*\d[a-z0-9]*)(?=\n)")
 # Characters a reader does not see inside a token (zero-width space/joiners, word joiner, BOM, soft hyphen):
 # removed before anything else, so they cannot split a token.
@@ -199,18 +211,48 @@ def _analyze_text(text: str) -> tuple[str, set[str]]:
         rest = [line for line in set(blob.split("\n")).difference(out) if line and not line.isalpha()]
     else:
         out, rest = set(), [blob]
+    if len(rest) > 8:  # plain URLs, numbers with separators and times, in bulk (the forms `_token_forms` gives)
+        rest = _common_forms(rest, out)
+    iban_head = _IBAN_HEAD.search(blob) is not None
     if rest:
         found = _TOKEN.findall("\n".join(rest))
-        simple = _SIMPLE.findall("\n".join(found))
+        joined = "\n".join(found)
+        iban_head = iban_head or _IBAN_HEAD.search(f"\n{joined}\n") is not None
+        simple = _SIMPLE.findall(joined)
         out.update(simple)
         for token in set(found).difference(simple):
             out.update(_token_forms(token))
     if "-" in blob:  # an account number or IBAN written with dashes: also without them
         out = _dashless(out)
-    if _IBAN_HEAD.search(blob):  # an IBAN written in groups of four: also indexed without its spaces
+    if iban_head:  # an IBAN written in groups of four: also indexed without its spaces
         for iban in _IBAN.findall(folded):
             out.add(iban.replace(" ", ""))
     return whole, out
+
+
+def _common_forms(lines: list[str], out: set[str]) -> list[str]:
+    """Add to `out` the forms of the `lines` that are plain URLs (``https://www.x.example/a/b``: also without
+    the scheme, without ``www.``, the host), numbers with thousands commas or trailing decimal zeros, or
+    times (``10:45``: also ``10`` and ``45``), exactly as `_token_forms` gives them; return the other lines."""
+    blob = "\n" + "\n".join(lines) + "\n"
+    done: set[str] = set()
+    for url, www, host, path in _URL_LINE.findall(blob):
+        done.add(url)
+        rest = www + host + path
+        out.add(url)
+        out.add(rest)
+        if www:
+            out.add(host + path)
+            out.add(host)
+        if path:
+            out.add(www + host)
+    for number in _NUMBER_LINE.findall(blob):
+        done.add(number)
+        out.add(_number(number))
+    for time_, hours, minutes in _TIME_LINE.findall(blob):
+        done.add(time_)
+        out.update((time_, hours, minutes))
+    return [line for line in lines if line not in done] if done else lines
 
 
 def _dashless(found: set[str]) -> set[str]:

@@ -187,3 +187,8 @@ def test_zero_width_characters_and_soft_hyphens_do_not_hide_a_token() -> None:
     assert index.labels_of("GB29NWBK60161331926819") == ["untrusted"]
     assert index.labels_of("e\u200cve@evil.example") == ["untrusted"]  # hidden in the argument too
     assert "eve@evil.example" in tokens(hidden)
+
+
+def test_a_plain_word_in_quotes_or_brackets_is_no_token() -> None:
+    """Quotes, brackets and JSON punctuation around a plain word do not make it a token."""
+    assert tokens('{"body": "feedback", "tags": ["(urgent)", "<note>"]} x1') == {"x1"}
