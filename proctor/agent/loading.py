@@ -51,7 +51,24 @@ def _import(module_name: str) -> Any:
                 f"{module_name!r} imports {exc.name!r}, which is in the current directory: proctor resolves only "
                 "the named tools module there (so no file can shadow what proctor imports); make them one "
                 "package (a directory with __init__.py) or install it") from None
-        raise
+        raise ToolLoadError(f"cannot import {module_name!r}: {_failure(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - the tools module itself failed at import: its error in one line
+        raise ToolLoadError(f"cannot import {module_name!r}: {_failure(exc)}") from None
+
+
+def _failure(exc: BaseException) -> str:
+    """An import's error in one line, with the file and line where it happened."""
+    import traceback
+
+    where = ""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        where = f"{exc.filename}:{exc.lineno}"
+    else:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+        if frames:
+            where = f"{frames[-1].filename}:{frames[-1].lineno}"
+    text = (exc.msg if isinstance(exc, SyntaxError) else str(exc)).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}" + (f" ({where})" if where else "")
 
 
 def load_tools(specs: Iterable[str]) -> list[Tool]:
