@@ -166,7 +166,9 @@ class AuditLog:
         try:
             scanner.finish(lines, size)  # before any cut: a log behind its side file is evidence, not a crash
         except ScanFailure as exc:
-            raise self._corrupted(exc, "the log is shorter than its checkpoint side file") from None
+            what = ("records were appended after it was closed" if exc.failure.code == "AFTER_CLOSE"
+                    else "the log is shorter than its checkpoint side file")
+            raise self._corrupted(exc, what) from None
         if cut is not None:
             os.ftruncate(self._fd, size)
             sync_fd(self._fd)
@@ -176,12 +178,20 @@ class AuditLog:
         self._frontier = scanner.frontier
         self.log_id = scanner.log_id or secrets.token_hex(16)
         last = scanner.last_checkpoint_seq
-        self._sealed = last is not None and last == self._seq - 1
         self._since = self._seq if last is None else self._seq - last - 1
         self._last_ckpt = time.monotonic()
+        self._closed_by: dict[str, Any] | None = scanner.closed_by
+        if self._closed_by is not None and self._closed_by.get("sig") is not None:
+            kid = self._closed_by.get("key_id")
+            if self._key is None or key_id(self._key) != kid:
+                raise AuditError(f"{self.path} was closed by a checkpoint signed by {kid}: append to it with that "
+                                 "signing key (--audit-key), or start a new log")
         dangling = sorted(scanner.intents.items(), key=lambda item: int(item[1]["seq"]))
         if cut is None and not dangling:
             return
+        reopened = self._reopen()
+        if not reopened.ok:
+            raise AuditError(f"{self.path}: cannot record recovery: {reopened.error}")
         results = [self._write("recovery", {"cut": cut, "unknown_calls": [c for c, _ in dangling]}, True)]
         for call_id, intent in dangling:
             results.append(self._write("call_outcome", {
@@ -198,6 +208,19 @@ class AuditLog:
         if failed is not None:
             raise AuditError(f"{self.path}: cannot record recovery: {failed.error}")
 
+    def _reopen(self) -> AuditResult:
+        """Before the first record appended to a closed log: a checkpoint saying it was reopened.
+
+        Written only when something is appended, so opening a closed log and closing it again
+        leaves it as it was (the key was checked on opening).
+        """
+        if self._closed_by is None:
+            return AuditResult(True, seq=self._seq - 1)
+        result = self._checkpoint(reopened=True)
+        if result.ok:
+            self._closed_by = None
+        return result
+
     # -- appending ------------------------------------------------------------------------
 
     def append(self, kind: str, fields: Mapping[str, Any], *, durable: bool = True) -> AuditResult:
@@ -210,6 +233,10 @@ class AuditLog:
             problem = self._refuse(kind, fields)
             if problem is not None:
                 return AuditResult(False, error=problem)
+            if self._closed_by is not None:
+                reopened = self._reopen()
+                if not reopened.ok:
+                    return reopened
             if self._since >= self._every or (self._since and time.monotonic() - self._last_ckpt >= self._interval):
                 sealed = self._checkpoint()
                 if not sealed.ok:
@@ -292,7 +319,6 @@ class AuditLog:
         self._seq = seq + 1
         self._head = h
         self._frontier.append(bytes.fromhex(h))
-        self._sealed = kind == "checkpoint"
         self._since = 0 if kind == "checkpoint" else self._since + 1
         return AuditResult(True, seq=seq)
 
@@ -310,15 +336,19 @@ class AuditLog:
         with self._mutex:
             if self.closed or self.error is not None:
                 return AuditResult(False, error=self.error or f"audit log {self.path} is closed")
-            return self._checkpoint()
+            return self._reopen() if self._closed_by is not None else self._checkpoint()
 
-    def _checkpoint(self) -> AuditResult:
+    def _checkpoint(self, *, closed: bool = False, reopened: bool = False) -> AuditResult:
         ts_ns = time.time_ns()
         size, head, root = self._seq, self._head, self._frontier.root_hex()
         fields: dict[str, Any] = {"log": self.log_id, "size": size, "head": head, "root": root,
                                   "key_id": None, "pub": None, "sig": None}
+        if closed:
+            fields["closed"] = True
+        if reopened:
+            fields["reopened"] = True
         if self._key is not None:
-            statement = checkpoint_statement(self.log_id, size, head, root, ts_ns)
+            statement = checkpoint_statement(self.log_id, size, head, root, ts_ns, closed=closed, reopened=reopened)
             fields.update(key_id=key_id(self._key), pub=public_raw(self._key.public_key()).hex(),
                           sig=self._key.sign(statement).hex())
         start = self._size
@@ -358,18 +388,13 @@ class AuditLog:
             return self._frontier.root_hex()
 
     def close(self) -> None:
-        """Seal with a final checkpoint (unless the last record is one), fsync, release the lock."""
+        """Seal with a closing checkpoint (records after it must start by reopening), fsync, release the lock."""
         with self._mutex:
             if self.closed:
                 return
             try:
-                if self.error is None:
-                    if not self._sealed:
-                        self._checkpoint()
-                    else:
-                        with contextlib.suppress(OSError):
-                            sync_fd(self._fd)
-                            self._mark_synced()
+                if self.error is None and self._closed_by is None:  # else nothing was appended: still closed
+                    self._checkpoint(closed=True)
             finally:
                 with self._sync_cond:  # let an fsync in flight finish before the descriptor goes
                     while self._syncing:

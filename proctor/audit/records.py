@@ -85,6 +85,7 @@ CODES = (
     "CKPT_ROOT",
     "ROLLBACK",
     "FORK",
+    "AFTER_CLOSE",
 )
 
 _HEX = frozenset("0123456789abcdef")
@@ -338,8 +339,19 @@ if orjson is not None:
     _ONEWLINE = orjson.OPT_APPEND_NEWLINE
 
 
-def checkpoint_statement(log_id: str, size: int, head: str, root: str, ts_ns: int) -> bytes:
-    """The exact bytes a checkpoint signature covers (canonical JSON, domain-separated)."""
-    return canonical_bytes(
-        {"type": CHECKPOINT_TYPE, "log": log_id, "size": size, "head": head, "root": root, "ts_ns": ts_ns}
-    )
+def checkpoint_statement(log_id: str, size: int, head: str, root: str, ts_ns: int, *,
+                         closed: bool = False, reopened: bool = False) -> bytes:
+    """The exact bytes a checkpoint signature covers (canonical JSON, domain-separated).
+
+    `closed` marks the checkpoint a writer seals the log with when it closes it, `reopened`
+    the one a writer starts with when it appends to a closed log again: signed, they let
+    `verify` tell records appended after a close by someone without the key. Each key is in
+    the statement only when true, so every checkpoint written before them verifies as it did.
+    """
+    statement: dict[str, Any] = {"type": CHECKPOINT_TYPE, "log": log_id, "size": size, "head": head, "root": root,
+                                 "ts_ns": ts_ns}
+    if closed:
+        statement["closed"] = True
+    if reopened:
+        statement["reopened"] = True
+    return canonical_bytes(statement)

@@ -115,7 +115,10 @@ def _check_signature(rec: dict[str, Any], pinned: Ed25519PublicKey | None) -> tu
     key = pinned if pinned is not None else embedded
     if pinned is None and key_id(embedded) != kid:
         return "CKPT_SIG", f"key_id {kid} does not name the embedded public key"
-    message = checkpoint_statement(log, size, head, root, ts_ns)
+    closed, reopened = rec.get("closed", False), rec.get("reopened", False)
+    if closed is not True and closed is not False or reopened is not True and reopened is not False:
+        return "PARSE", "checkpoint's closed and reopened, when present, must be true or false"
+    message = checkpoint_statement(log, size, head, root, ts_ns, closed=closed, reopened=reopened)
     if not verify_signature(key, signature, message):
         if pinned is not None and public_raw(pinned).hex() != pub:
             return "CKPT_SIG", f"checkpoint signed by {kid}, not by the given key {key_id(pinned)}"
@@ -221,6 +224,8 @@ class Scanner:
     signed: int = 0
     last_checkpoint_seq: int | None = None
     key_ids: set[str] = field(default_factory=set)
+    #: The latest checkpoint a writer closed the log with, while no reopening checkpoint follows it.
+    closed_by: dict[str, Any] | None = None
     #: The seqs the anchors name: `feed` and the fast loops ask per record with a set lookup.
     anchor_seqs: frozenset[int] = field(init=False, repr=False, default=frozenset())
 
@@ -296,6 +301,7 @@ class Scanner:
                              line, offset)
         if self.log_id is not None and rec["log"] != self.log_id:
             raise self._fail("FORK", f"checkpoint names log {rec['log']}, earlier ones {self.log_id}", line, offset)
+        self._closing(rec, pos, line, offset)
         self.log_id = rec["log"]
         self.checkpoints += 1
         self.last_checkpoint_seq = pos
@@ -303,12 +309,38 @@ class Scanner:
             self.signed += 1
             self.key_ids.add(str(rec.get("key_id")))
 
+    def _closing(self, rec: dict[str, Any], pos: int, line: int, offset: int) -> None:
+        # Records appended after a closed log must start with a reopening checkpoint signed like
+        # the closing one: anyone can chain records (the hash chain has no key), only the key's
+        # holder can sign that a writer opened the log again.
+        closed = self.closed_by
+        if closed is not None:
+            if pos != closed["size"] + 1:
+                raise self._after_close(closed)
+            if rec.get("reopened") is not True:
+                raise self._fail("AFTER_CLOSE", "the log was closed, and the checkpoint after it does not say it "
+                                 "was reopened", line, offset)
+            if closed.get("sig") is not None and rec.get("key_id") != closed.get("key_id"):
+                raise self._fail("AFTER_CLOSE", f"the log was closed by a checkpoint signed by {closed['key_id']}, "
+                                 f"and reopened by one signed by {rec.get('key_id') or 'no key'}", line, offset)
+        self.closed_by = rec if rec.get("closed") is True else None
+
+    def _after_close(self, closed: dict[str, Any]) -> ScanFailure:
+        pos = closed["size"] + 1  # the first record after the closing checkpoint, on line pos + 1
+        signer = f"signed by {closed['key_id']}" if closed.get("sig") is not None else "unsigned"
+        return ScanFailure(Failure(
+            "AFTER_CLOSE", pos, pos + 1, None,
+            f"records follow the checkpoint that closed the log at seq {pos - 1} ({signer}) without a "
+            "checkpoint saying a writer reopened it: they were appended by someone else"))
+
     def finish(self, lines: int, size: int) -> None:
         """End-of-log checks: anchors signed by the pinned key; a log shorter than an anchor was cut."""
         for anchor in self.anchors:
             problem = _check_signature(anchor.record, self.pubkey) if self.pubkey is not None else None
             if problem is not None:
                 raise ScanFailure(Failure(problem[0], anchor.seq, None, None, f"{anchor.source}: {problem[1]}"))
+        if self.closed_by is not None and self.count > self.closed_by["size"] + 1:
+            raise self._after_close(self.closed_by)
         for anchor in self.anchors:
             if self.count <= anchor.seq:
                 raise ScanFailure(Failure(

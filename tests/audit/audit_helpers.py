@@ -66,7 +66,8 @@ def reseal(record: dict[str, Any]) -> bytes:
 def resign(record: dict[str, Any], key: Ed25519PrivateKey) -> dict[str, Any]:
     """A checkpoint record re-signed by `key` over its (possibly edited) fields."""
     out = dict(record)
-    statement = checkpoint_statement(out["log"], out["size"], out["head"], out["root"], out["ts_ns"])
+    statement = checkpoint_statement(out["log"], out["size"], out["head"], out["root"], out["ts_ns"],
+                                     closed=out.get("closed") is True, reopened=out.get("reopened") is True)
     out["sig"] = key.sign(statement).hex()
     return out
 

@@ -84,14 +84,14 @@ def test_verify_reports_what_runs_left_open_and_strict_fails_on_it(
     assert (report["unfinished_runs"], report["unresolved_approvals"], report["dangling_intents"]) == (
         ["r1"], ["c1"], ["c2"])
     assert report["recoveries"] == [] and report["run_problems"] == 3
-    AuditLog(path).close()  # reopening closes the dangling intent with a recovery record
+    AuditLog(path).close()  # reopening (seq 6 says so) closes the dangling intent with a recovery record
     assert main(["audit", "verify", str(path), "--strict"]) == 1
     out = capsys.readouterr().out
     assert "unfinished runs: 1" in out and "unresolved approvals: 1" in out and "recovery records: 1" in out
     assert "FAILED (--strict)" in out
     assert main(["audit", "verify", str(path), "--strict", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
-    assert report["ok"] is True and report["strict"] is True and report["recoveries"] == [6]
+    assert report["ok"] is True and report["strict"] is True and report["recoveries"] == [7]
 
 
 def test_verify_names_the_first_bad_record(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -236,7 +236,7 @@ def test_follow_sees_new_records_and_holds_back_partial_lines(tmp_path: Path) ->
     assert seen == [b'{"a":1}', b'{"b":2}', b'{"d":4}']
 
 
-def test_tail_follow_runs_until_interrupted(log: Path) -> None:
+def test_tail_follow_runs_until_interrupted(log: Path, keys: tuple[Path, Path]) -> None:
     """`proctor audit tail -f` prints appended records and exits 0 on Ctrl-C."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "proctor.cli", "audit", "tail", "-f", "-n", "1", str(log)],
@@ -245,8 +245,9 @@ def test_tail_follow_runs_until_interrupted(log: Path) -> None:
     try:
         assert proc.stdout is not None
         assert "checkpoint" in proc.stdout.readline()  # the last record: tail is up and following
-        with AuditLog(log) as audit:
+        with AuditLog(log, signing_key=keys[0]) as audit:
             audit.append("step", {"run_id": "r9", "step": 1})
+        assert "checkpoint" in proc.stdout.readline()  # the closed log says it was reopened, then the step
         line = proc.stdout.readline()
         assert "step" in line and "run=r9" in line
     finally:

@@ -79,8 +79,6 @@ def test_a_log_that_cannot_grow_refuses_every_later_write_and_loses_no_intent(tm
     assert missing == []
 
 
-@pytest.mark.xfail(strict=True, reason="groupcommit/lead (design): records forged after a closed log's final "
-                   "checkpoint are only an 'unsealed tail' warning, exit 0 (redteam 18:45 note)")
 def test_a_complete_run_forged_after_a_signed_log_was_closed_fails_verify(tmp_path: Path) -> None:
     """A well-chained run appended by hand after the writer sealed and closed a signed log is not 'intact'."""
     key = signing_key()

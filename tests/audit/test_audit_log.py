@@ -165,7 +165,8 @@ def test_checkpoint_contents_side_file_and_signature(tmp_path: Path) -> None:
     assert ckpt["head"] == recs[-2]["h"]
     assert ckpt["root"] == merkle_root(leaves).hex() == root
     assert ckpt["key_id"] == key_id(signing_key())
-    statement = checkpoint_statement(ckpt["log"], 6, ckpt["head"], ckpt["root"], ckpt["ts_ns"])
+    assert ckpt["closed"] is True  # the checkpoint close() seals with says so, under the signature
+    statement = checkpoint_statement(ckpt["log"], 6, ckpt["head"], ckpt["root"], ckpt["ts_ns"], closed=True)
     signing_key().public_key().verify(bytes.fromhex(ckpt["sig"]), statement)
     side = Path(str(path) + ".checkpoint")
     assert side.read_bytes() == path.read_bytes().splitlines(keepends=True)[-1]

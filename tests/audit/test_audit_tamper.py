@@ -243,9 +243,10 @@ def test_torn_last_line_is_recovered(size: int, templates: Path, tmp_path: Path)
     path = _write(tmp_path, edited, side)
     _expect(path, edited, "PARSE", len(lines), len(lines))
     with AuditLog(path, signing_key=signing_key()) as log:
-        assert log.seq == len(lines) + 1
+        assert log.seq == len(lines) + 2  # the closed log is reopened first, then the cut recorded
     recovered = lines_of(path.read_bytes())
-    recovery = rec(recovered[len(lines)])
+    assert rec(recovered[len(lines)])["reopened"] is True
+    recovery = rec(recovered[len(lines) + 1])
     assert recovery["kind"] == "recovery"
     assert recovery["cut"]["bytes"] == len(torn) // 2
     assert recovery["cut"]["offset"] == len(data)
