@@ -116,7 +116,7 @@ def _check_signature(rec: dict[str, Any], pinned: Ed25519PublicKey | None) -> tu
     if pinned is None and key_id(embedded) != kid:
         return "CKPT_SIG", f"key_id {kid} does not name the embedded public key"
     closed, reopened = rec.get("closed", False), rec.get("reopened", False)
-    if closed is not True and closed is not False or reopened is not True and reopened is not False:
+    if type(closed) is not bool or type(reopened) is not bool:
         return "PARSE", "checkpoint's closed and reopened, when present, must be true or false"
     message = checkpoint_statement(log, size, head, root, ts_ns, closed=closed, reopened=reopened)
     if not verify_signature(key, signature, message):

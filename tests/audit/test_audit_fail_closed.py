@@ -8,7 +8,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
 from audit_helpers import signing_key
 from cryptography.hazmat.primitives import serialization
 
