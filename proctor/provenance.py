@@ -100,8 +100,8 @@ _IBAN_HEAD = re.compile(r"\n[a-z]{2}\d{2}\n")
 # A candidate line that is its own only token (see `_analyze_text`): bitmap character classes, a literal
 # newline first (the engine skips to each line), no lookbehind.
 _CLEAN = re.compile(r"\n(?!www\.)(?!\d+\.\d*0\n)(?=[a-z]*[0-9.@+%#-])([a-z0-9](?:[a-z0-9.@+%#-]*[a-z0-9])?)(?=\n)")
-_URL_LINE = re.compile(r"\n([a-z][a-z0-9+.-]*://(www\.)?([a-z0-9-]+(?:\.[a-z0-9-]+)*)((?:/[a-z0-9._~%/-]*[a-z0-9])?))"
-                       r"(?<=[a-z0-9])(?=\n)")
+_URL_LINE = re.compile(r"\n([a-z][a-z0-9+.-]*://(www\.)?([a-z0-9-]+(?:\.[a-z0-9-]+)*)((?:/[a-z0-9._~%/-]*[a-z0-9])?)"
+                       r"((?:\?[a-z0-9]+=[a-z0-9]+(?:&[a-z0-9]+=[a-z0-9]+)*)?))(?<=[a-z0-9])(?=\n)")
 _NUMBER_LINE = re.compile(r"\n(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d*0)(?=\n)")
 _TIME_LINE = re.compile(r"\n((\d+):(\d+))(?=\n)")
 _DASHED = re.compile(r"\n((?:[a-z]*\d[a-z0-9]*-)+[a-z]*\d[a-z0-9]*)(?=\n)")
@@ -231,21 +231,23 @@ def _analyze_text(text: str) -> tuple[str, set[str]]:
 
 
 def _common_forms(lines: list[str], out: set[str]) -> list[str]:
-    """Add to `out` the forms of the `lines` that are plain URLs (``https://www.x.example/a/b``: also without
-    the scheme, without ``www.``, the host), numbers with thousands commas or trailing decimal zeros, or
-    times (``10:45``: also ``10`` and ``45``), exactly as `_token_forms` gives them; return the other lines."""
+    """Add to `out` the forms of the `lines` that are plain URLs (``https://www.x.example/a/b?id=7``: also
+    without the scheme, without ``www.``, the host, the query's pieces), numbers with thousands commas or
+    trailing decimal zeros, or times (``10:45``: also ``10`` and ``45``), exactly as `_token_forms` gives
+    them; return the other lines."""
     blob = "\n" + "\n".join(lines) + "\n"
     done: set[str] = set()
-    for url, www, host, path in _URL_LINE.findall(blob):
+    for url, www, host, path, query in _URL_LINE.findall(blob):
         done.add(url)
-        rest = www + host + path
         out.add(url)
-        out.add(rest)
+        out.add(www + host + path + query)
         if www:
-            out.add(host + path)
+            out.add(host + path + query)
             out.add(host)
-        if path:
+        if path or query:
             out.add(www + host)
+        if query:  # each key and value of the query string that is a token (holds a digit)
+            out.update(piece for piece in re.split("[?=&]", query) if piece and not piece.isalpha())
     for number in _NUMBER_LINE.findall(blob):
         done.add(number)
         out.add(_number(number))
