@@ -102,6 +102,9 @@ class WorkerProcess:
         #: Whether this end polled before blocking at its last wait; replies tell the worker the same.
         self.spin = True
         self._placement: tuple[int, frozenset[int]] | None = None  # the `spinning.placement` applied
+        #: When set (monotonic seconds), a frame the worker does not take by then is not waited for longer:
+        #: the run's deadline, while it serves calls.
+        self.write_deadline: float | None = None
         self._pids: list[int] | None = None  # the worker's processes (bubblewrap's and the worker's own)
         self._dead = False
         self._frozen: list[int] = []
@@ -148,6 +151,8 @@ class WorkerProcess:
             except BlockingIOError:
                 if end is None:
                     end = time.monotonic() + timeout
+                    if self.write_deadline is not None:
+                        end = min(end, self.write_deadline)
                 left = end - time.monotonic()
                 if left <= 0:
                     raise SandboxError("the worker stopped reading its channel") from None
