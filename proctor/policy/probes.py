@@ -208,6 +208,9 @@ class _Parser:
 
     def unary(self) -> PythonCondition:
         if self._take("!"):
+            tok = self._peek()
+            if tok is not None and tok.kind == "str":  # CEL reads `!'a' in x` as `(!'a') in x`: an error
+                raise _Unsupported
             inner = self.unary()
             return lambda answer: not inner(answer)
         return self.primary()

@@ -307,6 +307,14 @@ rules:
         ("'untrusted' in args.to.provenance()", {"to": "eve@evil.example"}, True),
         ("size(text_provenance(args.to)) > 0", {"to": "eve@evil.example"}, True),
         ("provenance(args.to) == ['untrusted']", {"to": ["x", "eve@evil.example"]}, True),
+        ("!'untrusted' in provenance(args.to)", {"to": "bob@corp.example"}, True),  # (!'untrusted'): an error
+        ("!('untrusted' in provenance(args.to)) || false", {"to": "eve@evil.example"}, False),
+        ("('user' in provenance(args.to) || 'untrusted' in provenance(args.to)) && !from_user(args.to)",
+         {"to": "eve@evil.example"}, True),
+        ("'untrusted' in provenance(args.to) && !from_user(args.to) || true && false", {"to": "bob@corp.example"},
+         False),
+        ("'untrusted' in text_provenance(args.to) && !from_user(args.to)", {"to": 42}, False),
+        ("'untrusted' in provenance(args.to) && !from_user(args.to)", {"to": None}, False),
     ],
 )
 def test_provenance_of_an_argument_path_answers_as_the_function_would(when: str, args: dict[str, Any],
