@@ -354,6 +354,8 @@ def compile_expression(source: str, variables: tuple[str, ...] = VARIABLES, what
 
 def _probed(source: str, names: tuple[str, ...], boxes: frozenset[str]) -> dict[str, Any] | None:
     """The `Condition` fields of the program with its probe-able provenance calls answered beforehand."""
+    if "args" in _MACRO_VAR.findall(source) or "bind(" in source:
+        return None  # `args` may name something else there (`[...].all(args, from_user(args.to))`): as written
     found = rewrite_probes(source)
     if found is None:
         return None

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from proctor.gate import Gate
 from proctor.policy import Policy
 from proctor.testing import InMemoryAudit
@@ -44,10 +42,14 @@ def _status(when: str, to: Any) -> str:
     return str(gate.submit("send", {"to": to}, context=ctx).record.status)
 
 
-@pytest.mark.xfail(strict=True, reason="provspeed: rewrite_probes answers from_user(args.to) from the call's "
-                   "arguments even where a macro rebinds `args` (redteam 19:10 note)")
 def test_a_macro_variable_named_args_is_not_the_calls_arguments() -> None:
     """In `[...].all(args, from_user(args.to))`, args is the list item, as CEL says: the rule fires for any call."""
     when = "[{'to': 'bob@corp.example'}].all(args, from_user(args.to))"
     assert _status(when, "bob@corp.example") == "denied"
     assert _status(when, "eve@evil.example") == "denied"
+
+
+def test_a_rebound_args_in_exists_reads_the_item_not_the_call() -> None:
+    """`[{'to': bob}].exists(args, 'untrusted' in provenance(args.to))` is false for a call to eve, as CEL says."""
+    assert _status("[{'to': 'bob@corp.example'}].exists(args, 'untrusted' in provenance(args.to))",
+                   "eve@evil.example") == "ok"
