@@ -96,6 +96,8 @@ _DELIMITERS = str.maketrans(dict.fromkeys("\"'`<>()[]{}|;!*^\\", "\n"))
 # separators, no comma-separated list.
 _SIMPLE = re.compile(r"^(?!www\.)(?!_)(?!\d+\.\d*0$)[\w.@+%~#-]*[^\W_]$", re.MULTILINE)
 _PORT = re.compile(r":\d+$")
+#: Characters without which an ASCII text holds no token (a token holds a digit or one of these separators).
+_TOKEN_CHARS = "0123456789.@/:#+%~=?&-_"
 _IBAN_HEAD = re.compile(r"\n[a-z]{2}\d{2}\n")
 # A candidate line that is its own only token (see `_analyze_text`): bitmap character classes, a literal
 # newline first (the engine skips to each line), no lookbehind.
@@ -189,6 +191,11 @@ def _analyze(text: str) -> tuple[str, set[str] | frozenset[str]]:
 
 def _analyze_text(text: str) -> tuple[str, set[str]]:
     folded = _fold(text)
+    if len(folded) > 256 and folded.isascii() and not any(c in folded for c in _TOKEN_CHARS):
+        # No digit and no separator: prose without a single token (each scan is a fast search in C).
+        if folded.isprintable() and "  " not in folded and folded[:1] != " " and folded[-1:] != " ":
+            return folded, set()  # already its whole form: one space between words
+        return " ".join(folded.split()), set()
     words = folded.split()
     if len(words) == 1:  # one word (an address, an id, a name): the common argument
         word = words[0]
