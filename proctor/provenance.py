@@ -264,12 +264,19 @@ def _common_forms(lines: list[str], out: set[str]) -> list[str]:
     return [line for line in lines if line not in done] if done else lines
 
 
+#: Shortest dashless form of a dashed token that is indexed (``555-0100`` is; ``10-12`` is not).
+_DASHLESS_MIN = 7
+
+
 def _dashless(found: set[str]) -> set[str]:
     """`found` and, for each token made of groups of letters and digits joined by dashes, each group holding a
     digit (``123-456-789``, ``de89-3704-0044``), the same without its dashes (``123456789``)."""
     dashed = [t for t in found if "-" in t]
     if dashed:
-        found = found | {t.replace("-", "") for t in _DASHED.findall("\n" + "\n".join(dashed) + "\n")}
+        # Only long ones (an account, a phone number, an IBAN): a range or a date of short groups (``10-12``,
+        # ``1-2-3``) is no number the user gave (``1012``).
+        found = found | {j for t in _DASHED.findall("\n" + "\n".join(dashed) + "\n")
+                         if len(j := t.replace("-", "")) >= _DASHLESS_MIN}
     return found
 
 

@@ -154,8 +154,6 @@ def test_an_injected_address_past_the_result_cap_errs_towards_untrusted() -> Non
         gate.call("send", {"to": "eve@evil.example"}, context=ctx)
 
 
-@pytest.mark.xfail(strict=True, reason="provspeed: digit groups joined by dashes are folded into one number even when "
-                   "short (a range 10-12, a date), so the user seems to have written 1012 (redteam 19:12 note)")
 @pytest.mark.parametrize(("task", "sent"), [
     ("Pay the invoices for items 10-12, 50 EUR each", 1012),
     ("Book the room for 1-2-3 people", "123"),
