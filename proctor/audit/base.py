@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from proctor._frozen import quick_init
 from proctor.redaction import Redacted
 
 __all__ = ["KINDS", "AuditResult", "AuditSink"]
@@ -35,6 +36,7 @@ KINDS = (
 )
 
 
+@quick_init  # one is made on every append
 @dataclass(frozen=True, slots=True)
 class AuditResult:
     """The result of one append: `ok` with the record's `seq`, or not ok with a reason."""

@@ -29,6 +29,7 @@ import secrets
 import threading
 import time
 import weakref
+from _thread import allocate_lock as _allocate_lock
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -38,7 +39,7 @@ from proctor.audit.base import AuditResult
 from proctor.audit.keys import KeySource, key_id, load_private_key, public_raw
 from proctor.audit.lines import MAX_LINE_BYTES
 from proctor.audit.lockfile import lock_log, unlock_log
-from proctor.audit.records import append_problem, checkpoint_statement, seal
+from proctor.audit.records import append_problem, checkpoint_statement, seal_owned
 from proctor.audit.scan import Anchor, ScanFailure, Scanner, load_anchor
 from proctor.audit.storage import atomic_write, read_or_create_secret, sync_dir, sync_fd, write_all
 from proctor.audit.verify import scan_file, side_file_path
@@ -78,9 +79,13 @@ class AuditLog:
         self._key = load_private_key(signing_key) if signing_key is not None else None
         self._mutex = threading.Lock()
         # Group commit: durable appends write under `_mutex`, then share fsyncs. One thread at a time
-        # (the leader) fsyncs everything written so far; the others wait on `_sync_cond` until
-        # `_synced` (bytes known to be on disk) covers their record. Lock order: _mutex, then _sync_cond.
-        self._sync_cond = threading.Condition(threading.Lock())
+        # (the leader) fsyncs everything written so far; each other one waits on a lock of its own in
+        # `_waiters` (bytes it needs on disk, lock) and is woken once: when an fsync covered its line
+        # (`_synced`, bytes known to be on disk), or to lead the next fsync. `_idle` (on `_sync_lock`)
+        # tells close() when no fsync is in flight. Lock order: _mutex, then _sync_lock.
+        self._sync_lock = threading.Lock()
+        self._idle = threading.Condition(self._sync_lock)
+        self._waiters: list[tuple[int, Any]] = []
         self._synced = 0
         self._syncing = False
         self._closing = False
@@ -230,7 +235,9 @@ class AuditLog:
         started after its record was written has completed, so N threads pay far fewer than N fsyncs.
         """
         with self._mutex:
-            problem = self._refuse(kind, fields)
+            if self.closed or self.error is not None:
+                return AuditResult(False, error=self._refusal())
+            problem = append_problem(kind, fields)
             if problem is not None:
                 return AuditResult(False, error=problem)
             if self._closed_by is not None:
@@ -249,62 +256,99 @@ class AuditLog:
             target = self._size
         return self._sync_through(target, result)
 
+    def _refusal(self) -> str:
+        if self.closed:
+            return f"audit log {self.path} is closed"
+        return f"audit log {self.path} failed earlier and takes no more records: {self.error}"
+
     def _sync_through(self, target: int, result: AuditResult) -> AuditResult:
         """Return `result` once the first `target` bytes are on disk (fsyncing them, or waiting for the
         fsync another thread is doing); a failed fsync fails the log, and this record with it."""
-        with self._sync_cond:
-            while True:
+        with self._sync_lock:
+            if self._synced >= target:
+                return result
+            if self.error is not None or self._closing:
+                return self._not_on_disk()
+            if self._syncing:  # follow: sleep until an fsync covers the line, or until asked to lead
+                waiter = _allocate_lock()
+                waiter.acquire()
+                self._waiters.append((target, waiter))
+            else:
+                waiter = None
+                self._syncing = True
+        if waiter is not None:
+            waiter.acquire()  # released exactly once, by the thread that covered or chose this one
+            with self._sync_lock:
                 if self._synced >= target:
                     return result
                 if self.error is not None or self._closing:
-                    return AuditResult(False, error=self.error or f"audit log {self.path} closed before the "
-                                                                  "record was on disk")
-                if not self._syncing:
-                    break
-                self._sync_cond.wait()
-            self._syncing = True
-        upto = self._size  # everything written so far rides on this fsync
-        failure: OSError | None = None
+                    return self._not_on_disk()
+                # Chosen to lead: `_syncing` was left set for this thread.
+        upto = self._size  # everything written so far rides on this fsync (an int read: atomic)
         try:
             sync_fd(self._fd)
         except OSError as exc:
-            failure = exc
-        with self._sync_cond:
+            return self._sync_failed(exc)
+        with self._sync_lock:
+            if upto > self._synced:
+                self._synced = upto
+            self._wake_covered(lead=True)
+        return result
+
+    def _wake_covered(self, *, lead: bool) -> None:
+        """Wake the waiters whose lines are on disk; with `lead`, hand the fsync on to the first other one
+        (or end it). Called holding `_sync_lock`."""
+        synced, left = self._synced, []
+        for item in self._waiters:
+            if item[0] <= synced:
+                item[1].release()
+            else:
+                left.append(item)
+        if lead:
+            if left:  # it fsyncs next: its line and every line written since
+                left.pop(0)[1].release()
+            else:
+                self._syncing = False
+                self._idle.notify_all()
+        self._waiters = left
+
+    def _not_on_disk(self) -> AuditResult:
+        return AuditResult(False, error=self.error or f"audit log {self.path} closed before the record was on disk")
+
+    def _sync_failed(self, failure: OSError) -> AuditResult:
+        reason = f"fsync of {self.path} failed: {failure.strerror or failure}"
+        with self._sync_lock:  # every waiter wakes to the error (before `_mutex`: close() may hold it, waiting)
+            self.error = self.error or reason
+            for _, waiter in self._waiters:
+                waiter.release()
+            self._waiters = []
             self._syncing = False
-            if failure is None:
-                self._synced = max(self._synced, upto)
-            self._sync_cond.notify_all()
-        if failure is None:
-            return result
+            self._idle.notify_all()
         with self._mutex:
-            reason = f"fsync of {self.path} failed: {failure.strerror or failure}"
             if self.closed:  # never touch a closed descriptor (its number may belong to another file)
-                self.error = self.error or reason
                 return AuditResult(False, error=reason)
             return self._failed(reason)
 
     def _mark_synced(self) -> None:
         """Everything written is on disk (after an fsync done under `_mutex`)."""
-        with self._sync_cond:
-            self._synced = max(self._synced, self._size)
-            self._sync_cond.notify_all()
-
-    def _refuse(self, kind: str, fields: Mapping[str, Any]) -> str | None:
-        if self.closed:
-            return f"audit log {self.path} is closed"
-        if self.error is not None:
-            return f"audit log {self.path} failed earlier and takes no more records: {self.error}"
-        return append_problem(kind, fields)
+        with self._sync_lock:
+            if self._size > self._synced:
+                self._synced = self._size
+            self._wake_covered(lead=False)
 
     def _write(self, kind: str, fields: dict[str, Any], durable: bool, ts_ns: int | None = None) -> AuditResult:
         seq = self._seq
-        fields.update(seq=seq, ts_ns=time.time_ns() if ts_ns is None else ts_ns, kind=kind, prev=self._head)
+        fields["seq"] = seq
+        fields["ts_ns"] = time.time_ns() if ts_ns is None else ts_ns
+        fields["kind"] = kind
+        fields["prev"] = self._head
         try:
-            line, h = seal(fields)
+            line, h, leaf = seal_owned(fields)
         except (TypeError, ValueError, RecursionError) as exc:
             return AuditResult(False, error=f"cannot encode the {kind} record: {exc}")
-        if len(line) > MAX_LINE_BYTES:  # readers refuse longer lines, so it would make the log unverifiable
-            return AuditResult(False, error=f"the {kind} record is {len(line) - 1} bytes, over the "
+        size = len(line)
+        if size > MAX_LINE_BYTES:  # readers refuse longer lines, so it would make the log unverifiable
+            return AuditResult(False, error=f"the {kind} record is {size - 1} bytes, over the "
                                             f"{MAX_LINE_BYTES}-byte line limit; redact or shorten its fields")
         synced = durable and (self.durability == "fsync" or kind == "checkpoint")
         try:
@@ -313,14 +357,14 @@ class AuditLog:
                 sync_fd(self._fd)
         except OSError as exc:
             return self._failed(f"writing {self.path} failed: {exc.strerror or exc}")
-        self._size += len(line)
+        self._size += size
         if synced:
             self._mark_synced()
         self._seq = seq + 1
         self._head = h
-        self._frontier.append(bytes.fromhex(h))
+        self._frontier.append(leaf)
         self._since = 0 if kind == "checkpoint" else self._since + 1
-        return AuditResult(True, seq=seq)
+        return AuditResult(True, seq)
 
     def _failed(self, reason: str) -> AuditResult:
         self.error = reason
@@ -396,11 +440,13 @@ class AuditLog:
                 if self.error is None and self._closed_by is None:  # else nothing was appended: still closed
                     self._checkpoint(closed=True)
             finally:
-                with self._sync_cond:  # let an fsync in flight finish before the descriptor goes
+                with self._sync_lock:  # let an fsync in flight finish before the descriptor goes
                     while self._syncing:
-                        self._sync_cond.wait()
+                        self._idle.wait()
                     self._closing = True
-                    self._sync_cond.notify_all()
+                    for _, waiter in self._waiters:  # none is left once the final fsync covered them
+                        waiter.release()
+                    self._waiters = []
                 self.closed = True
                 unlock_log(self._fd)
                 atexit.unregister(self._at_exit)

@@ -44,6 +44,7 @@ __all__ = [
     "parse_line",
     "parse_record",
     "seal",
+    "seal_owned",
 ]
 
 #: `prev` of the first record.
@@ -55,6 +56,7 @@ CALL_STATUSES = ("ok", "failed", "denied", "timeout", "unknown", "cancelled")
 #: The kinds a caller may append: every kind but those a log writes itself.
 APPENDABLE_KINDS = tuple(k for k in KINDS if k not in ("checkpoint", "recovery"))
 _APPENDABLE = frozenset(APPENDABLE_KINDS)
+_ENVELOPE_SET = frozenset(ENVELOPE)
 
 
 def append_problem(kind: str, fields: Mapping[str, Any]) -> str | None:
@@ -64,8 +66,8 @@ def append_problem(kind: str, fields: Mapping[str, Any]) -> str | None:
     """
     if kind not in _APPENDABLE:
         return f"kind {kind!r} cannot be appended (allowed: {', '.join(APPENDABLE_KINDS)})"
-    reserved = [name for name in ENVELOPE if name in fields]
-    if reserved:
+    if not _ENVELOPE_SET.isdisjoint(fields):
+        reserved = [name for name in ENVELOPE if name in fields]
         return f"field(s) {', '.join(reserved)} are written by the log itself"
     if kind in ("call_intent", "call_outcome") and not isinstance(fields.get("call_id"), str):
         return f"a {kind} record needs a string call_id"
@@ -142,17 +144,28 @@ def seal(record: Mapping[str, Any]) -> tuple[bytes, str]:
     anything orjson refuses (ints beyond 64 bits, lone surrogates, nesting over 254
     levels) takes the json encoder.
     """
-    plain = dict(jsonable(record))  # exact plain types only: see `proctor.canonical.jsonable`
+    line, h, _ = seal_owned(dict(record))
+    return line, h
+
+
+def seal_owned(record: dict[str, Any]) -> tuple[bytes, str, bytes]:
+    """`seal` of a dict the caller owns (it may be changed): (line, h, h as 32 raw bytes, the Merkle leaf).
+
+    The log's append path: no copy of a record that holds plain JSON types already, and the
+    leaf comes from the same digest instead of being parsed back from its hex.
+    """
+    plain = jsonable(record)  # the record itself when it holds plain JSON types: see `proctor.canonical.jsonable`
     if _FAST:
         try:
             body = _odumps(plain, None, _OSORT)
         except TypeError:  # orjson's JSONEncodeError
             pass
         else:
-            h = _sha256(b"\x00" + body).hexdigest()
-            plain["h"] = h
-            return _odumps(plain, None, _OSORT | _ONEWLINE), h
-    return _seal_json(plain)
+            leaf = _sha256(b"\x00" + body).digest()
+            h = plain["h"] = leaf.hex()
+            return _odumps(plain, None, _OSORT | _ONEWLINE), h, leaf
+    line, h = _seal_json(plain)
+    return line, h, bytes.fromhex(h)
 
 
 def _seal_json(plain: dict[str, Any]) -> tuple[bytes, str]:

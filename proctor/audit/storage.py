@@ -15,7 +15,12 @@ __all__ = ["atomic_write", "read_or_create_secret", "sync_dir", "sync_fd", "writ
 
 def write_all(fd: int, data: bytes) -> None:
     """Write every byte (os.write may write less than asked, e.g. near a full disk)."""
-    view = memoryview(data)
+    written = os.write(fd, data)
+    if written == len(data):  # nearly always: one call
+        return
+    if written <= 0:  # pragma: no cover - os.write raises rather than returning 0 on regular files
+        raise OSError(5, "short write")
+    view = memoryview(data)[written:]
     while view:
         written = os.write(fd, view)
         if written <= 0:  # pragma: no cover - os.write raises rather than returning 0 on regular files

@@ -70,3 +70,38 @@ def _end_of(path: Path, seq: int | None) -> int:
             if n == seq:
                 return offset
     return offset
+
+
+def test_a_failed_shared_fsync_wakes_every_follower_with_the_error(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Followers queued behind an fsync that fails all return not ok (none hangs), and the log takes no more."""
+    calls: list[int] = []
+    real = log_module.sync_fd
+
+    def failing_second(fd: int) -> None:
+        calls.append(fd)
+        time.sleep(0.005)  # long enough for the other threads to queue as followers
+        if len(calls) >= 2:
+            raise OSError(5, "Input/output error")
+        real(fd)
+
+    results: dict[int, list[bool]] = {n: [] for n in range(8)}
+    with AuditLog(tmp_path / "audit.jsonl", checkpoint_every=10_000) as log:
+        monkeypatch.setattr(log_module, "sync_fd", failing_second)
+
+        def writer(n: int) -> None:
+            for i in range(5):
+                results[n].append(log.append("call_intent", {"call_id": f"t{n}-{i}", "tool": "x", "run_id": "r"}).ok)
+
+        threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads)
+        assert log.error is not None and "fsync" in log.error
+        # A thread's second append comes after the first fsync, so each met the failure; none was ok after it.
+        for oks in results.values():
+            assert len(oks) == 5 and False in oks and True not in oks[oks.index(False):]
+        assert not log.append("step", {"run_id": "r"}).ok
+        monkeypatch.undo()
