@@ -281,7 +281,8 @@ class AuditLog:
             with self._sync_lock:
                 if self._synced >= target:
                     return result
-                if self.error is not None or self._closing:
+                if self.error is not None or self._closing:  # chosen to lead a failed log: end it for all
+                    self._end_syncing()
                     return self._not_on_disk()
                 # Chosen to lead: `_syncing` was left set for this thread.
         upto = self._size  # everything written so far rides on this fsync (an int read: atomic)
@@ -304,13 +305,20 @@ class AuditLog:
                 item[1].release()
             else:
                 left.append(item)
+        self._waiters = left
         if lead:
-            if left:  # it fsyncs next: its line and every line written since
+            if left and self.error is None and not self._closing:  # it fsyncs next: its line and all since
                 left.pop(0)[1].release()
             else:
-                self._syncing = False
-                self._idle.notify_all()
-        self._waiters = left
+                self._end_syncing()
+
+    def _end_syncing(self) -> None:
+        """No fsync in flight any more: every waiter left wakes (to an error, or to close). Holding `_sync_lock`."""
+        for _, waiter in self._waiters:
+            waiter.release()
+        self._waiters = []
+        self._syncing = False
+        self._idle.notify_all()
 
     def _not_on_disk(self) -> AuditResult:
         return AuditResult(False, error=self.error or f"audit log {self.path} closed before the record was on disk")
@@ -319,11 +327,7 @@ class AuditLog:
         reason = f"fsync of {self.path} failed: {failure.strerror or failure}"
         with self._sync_lock:  # every waiter wakes to the error (before `_mutex`: close() may hold it, waiting)
             self.error = self.error or reason
-            for _, waiter in self._waiters:
-                waiter.release()
-            self._waiters = []
-            self._syncing = False
-            self._idle.notify_all()
+            self._end_syncing()
         with self._mutex:
             if self.closed:  # never touch a closed descriptor (its number may belong to another file)
                 return AuditResult(False, error=reason)
