@@ -86,6 +86,7 @@ class AuditLog:
         self._sync_lock = threading.Lock()
         self._idle = threading.Condition(self._sync_lock)
         self._waiters: list[tuple[int, Any]] = []
+        self._next_leader: Any = None  # the waiter's lock released to lead the next fsync
         self._synced = 0
         self._syncing = False
         self._closing = False
@@ -279,12 +280,17 @@ class AuditLog:
         if waiter is not None:
             waiter.acquire()  # released exactly once, by the thread that covered or chose this one
             with self._sync_lock:
-                if self._synced >= target:
+                chosen = self._next_leader is waiter  # then `_syncing` was left set for this thread
+                if chosen:
+                    self._next_leader = None
+                if self._synced >= target:  # covered (a checkpoint's fsync may cover the one chosen, too)
+                    if chosen:
+                        self._wake_covered(lead=True)  # pass the fsync on, or end it
                     return result
-                if self.error is not None or self._closing:  # chosen to lead a failed log: end it for all
-                    self._end_syncing()
+                if self.error is not None or self._closing:
+                    if chosen:  # to lead a failed log: end it for all
+                        self._end_syncing()
                     return self._not_on_disk()
-                # Chosen to lead: `_syncing` was left set for this thread.
         upto = self._size  # everything written so far rides on this fsync (an int read: atomic)
         try:
             sync_fd(self._fd)
@@ -308,7 +314,8 @@ class AuditLog:
         self._waiters = left
         if lead:
             if left and self.error is None and not self._closing:  # it fsyncs next: its line and all since
-                left.pop(0)[1].release()
+                self._next_leader = left.pop(0)[1]
+                self._next_leader.release()
             else:
                 self._end_syncing()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import threading
 import time
 from pathlib import Path
@@ -105,3 +106,32 @@ def test_a_failed_shared_fsync_wakes_every_follower_with_the_error(tmp_path: Pat
             assert len(oks) == 5 and False in oks and True not in oks[oks.index(False):]
         assert not log.append("step", {"run_id": "r"}).ok
         monkeypatch.undo()
+
+
+def test_followers_finish_when_checkpoints_fsync_under_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a checkpoint every 3 records, their fsyncs cover followers (even one chosen to lead): no append hangs."""
+    real = log_module.sync_fd
+    rng = random.Random(7)
+
+    def jittery_sync(fd: int) -> None:
+        time.sleep(rng.uniform(0, 0.002))
+        real(fd)
+
+    monkeypatch.setattr(log_module, "sync_fd", jittery_sync)
+    path = tmp_path / "audit.jsonl"
+    with AuditLog(path, checkpoint_every=3) as log:
+
+        def writer(n: int) -> None:
+            for i in range(40):
+                assert log.append("call_intent", {"call_id": f"t{n}-{i}", "tool": "x", "run_id": "r"}).ok
+                assert log.append("call_outcome", {"call_id": f"t{n}-{i}", "status": "ok", "run_id": "r"},
+                                  durable=False).ok
+
+        threads = [threading.Thread(target=writer, args=(n,), daemon=True) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads)
+    report = verify(path)
+    assert report.ok and report.dangling_intents == []
