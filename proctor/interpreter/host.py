@@ -102,9 +102,10 @@ class WorkerProcess:
         #: Whether this end polled before blocking at its last wait; replies tell the worker the same.
         self.spin = True
         self._placement: tuple[int, frozenset[int]] | None = None  # the `spinning.placement` applied
-        #: When set (monotonic seconds), a frame the worker does not take by then is not waited for longer:
-        #: the run's deadline, while it serves calls.
-        self.write_deadline: float | None = None
+        #: While a run serves a call: the run's time left when the call came (seconds). A reply the worker
+        #: does not take within that much of being written is not waited for longer (the tool's or a
+        #: human's time does not count, the worker's does).
+        self.write_left: float | None = None
         self._pids: list[int] | None = None  # the worker's processes (bubblewrap's and the worker's own)
         self._dead = False
         self._frozen: list[int] = []
@@ -150,9 +151,8 @@ class WorkerProcess:
                 sent = self.sock.send(data)
             except BlockingIOError:
                 if end is None:
-                    end = time.monotonic() + timeout
-                    if self.write_deadline is not None:
-                        end = min(end, self.write_deadline)
+                    limit = self.write_left
+                    end = time.monotonic() + (timeout if limit is None else min(timeout, limit))
                 left = end - time.monotonic()
                 if left <= 0:
                     raise SandboxError("the worker stopped reading its channel") from None

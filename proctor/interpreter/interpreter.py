@@ -188,7 +188,7 @@ class Interpreter:
                 worker.logs.clear()
                 worker.logs_cut = False
                 worker.thaw()  # frozen since its last run: from here on its code runs under this deadline
-                worker.write_deadline = None
+                worker.write_left = None
                 worker.send_bytes(data)
                 result = self._drive(worker, ctx, parent, calls, started)
             except _Interrupted as stop:
@@ -231,7 +231,6 @@ class Interpreter:
                 return self._timed_out(calls, final)
             batch = worker.read(deadline - now)
             for i, (size, raw) in enumerate(batch):
-                worker.write_deadline = deadline  # a reply waits for the worker to read it until then, no longer
                 message = raw if type(raw) is OversizedCall else parse_worker_message(raw, depth)
                 if type(message) is CallRequest:  # the usual message: its checks first, on their own
                     if message.run != run:
@@ -239,6 +238,7 @@ class Interpreter:
                     began = time.monotonic()
                     if began >= deadline:  # requests after the deadline never reach the gate
                         return self._timed_out(calls, final)
+                    worker.write_left = deadline - began  # a reply waits for the worker this long at most
                     deadline += self._serve(worker, message, ctx, parent, calls, bool(final), began, size)
                 elif isinstance(message, (CallRequest, OversizedCall)):
                     if message.run != run:
@@ -246,6 +246,7 @@ class Interpreter:
                     began = time.monotonic()
                     if began >= deadline:  # requests after the deadline never reach the gate
                         return self._timed_out(calls, final)
+                    worker.write_left = deadline - began
                     if isinstance(message, OversizedCall):
                         self._refuse_oversized(worker, message, ctx, parent, calls)
                         continue
@@ -279,7 +280,6 @@ class Interpreter:
         approval (from `began` until the answer left), which do not count against its timeout."""
         if not worker.seen_ids.take(req.id):
             raise ProtocolError(f"request id {req.id} used twice")
-        deadline = worker.write_deadline or began  # the run's deadline (`_drive` set it before this request)
         refusal = None
         if after_final:
             refusal = "final_answer() was already called: the program may not call tools any more"
@@ -316,11 +316,10 @@ class Interpreter:
         def answer(value: Any, error: ProctorError | None) -> None:
             # The program gets the tool's answer while the gate records the outcome (and runs
             # again meanwhile: that time counts against its timeout, hence `answered_at`).
-            # The clock runs again from the moment the answer is ready: a worker that does not read
-            # it holds the host at most until the run's deadline, never past it.
+            # The clock runs again from the moment the answer is ready (a worker slow to read it
+            # spends its own time: `write_left`).
             nonlocal answered_at
             answered_at = time.monotonic()
-            worker.write_deadline = deadline + (answered_at - began)
             try:
                 self._answer(worker, req, call_id, value, error)
             except BaseException as exc:  # noqa: BLE001 - raised below, once the gate is done
@@ -348,8 +347,6 @@ class Interpreter:
                 raise answered[0]
         else:  # refused before it ran
             answered_at = time.monotonic()
-            if waited:  # an approval was asked for: that wait does not count
-                worker.write_deadline = deadline + (answered_at - began)
             self._answer(worker, req, call_id, outcome.value, outcome.error)
         return answered_at - began if waited else 0.0
 
