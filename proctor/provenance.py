@@ -37,7 +37,8 @@ a collision; it is a fingerprint compared only inside this process, never shown 
 
 Invisible characters (zero-width space and joiners, word joiner, BOM, soft hyphen) are removed
 and non-ASCII dashes read as ``-`` before anything else; a token of letter-and-digit groups
-joined by dashes, each group holding a digit (``123-456-789``, ``de89-3704-…``), is also
+joined by dashes, each group holding a digit, seven characters or more without them
+(``123-456-789``, ``de89-3704-…``; not a range ``10-12``), is also
 indexed without its dashes.
 
 Memory is bounded (`ProvenanceLimits`): at most `max_result_chars` characters of one
@@ -270,7 +271,8 @@ _DASHLESS_MIN = 7
 
 def _dashless(found: set[str]) -> set[str]:
     """`found` and, for each token made of groups of letters and digits joined by dashes, each group holding a
-    digit (``123-456-789``, ``de89-3704-0044``), the same without its dashes (``123456789``)."""
+    digit, `_DASHLESS_MIN` characters or more without them (``123-456-789``, ``de89-3704-0044``), the same
+    without its dashes (``123456789``)."""
     dashed = [t for t in found if "-" in t]
     if dashed:
         # Only long ones (an account, a phone number, an IBAN): a range or a date of short groups (``10-12``,
