@@ -54,8 +54,8 @@ import threading
 import time
 
 __all__ = [
-    "CHECK_NS", "PIN", "RECENT_NS", "SPIN_NS", "allowed", "enter", "leave", "may_spin", "pin_thread", "placement",
-    "runs",
+    "CALM", "CHECK_NS", "PIN", "RECENT_NS", "SPIN_NS", "allowed", "enter", "leave", "may_spin", "pin_thread",
+    "placement", "runs",
 ]
 
 #: How long a reader polls before it blocks, when it may spin.
@@ -68,6 +68,8 @@ CHECK_NS = 1_000_000
 DISABLED = False
 #: Set to False to never pin a host thread and its worker to cores when they may not spin.
 PIN = True
+#: Decisions (one per CHECK_NS at most) that must find no other work on the machine before ends are placed.
+CALM = 8
 #: Where this process's channel ends should run now: None (wherever the scheduler puts them), or
 #: (the core of its host threads, the cores of their workers). Replaced, never changed in place:
 #: a host compares it by identity at each wait.
@@ -84,6 +86,7 @@ runs = 0
 _cpus = 0
 _allowed: frozenset[int] = frozenset()  # the cores this process may use (its affinity when first asked)
 _core = -1  # the core of this process's host threads while placed
+_calm = 0  # decisions that found no other work, less those that found some (0..CALM)
 _local = threading.local()  # per host thread: the affinity it had before it was pinned
 _verdict = True  # the last decision, reused for CHECK_NS
 _checked = -(1 << 62)
@@ -170,9 +173,16 @@ def _decide(now: int) -> bool:
     # Our own interpreters fill the cores (not other work: then a pinned end could not move off a
     # busy core): keep each round trip's hand-offs on one core.
     ours = running is None or running <= max(cpus, total + 1)  # what runs is (about) our ends
+    global _calm
     was = _core
-    if PIN and active >= 1 and (active > 1 or total * 2 > cpus) and ours:
-        _place(_choose(loads, board.slot if board is not None else None, active))
+    if PIN and active >= 1 and (active > 1 or total * 2 > cpus):
+        # Hysteresis on other work (a one-off sample of the runnable count says little): placed after
+        # CALM more decisions that saw none than saw some, unplaced when those that saw some catch up.
+        _calm = min(_calm + 1, CALM) if ours else max(_calm - 1, 0)
+        if _calm >= CALM or (_calm > 0 and was >= 0):
+            _place(_choose(loads, board.slot if board is not None else None, active))
+        else:
+            _place(None)
     else:
         _place(None)
     if board is not None and _core != was:  # at once: a host deciding next sees this core taken

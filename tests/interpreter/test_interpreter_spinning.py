@@ -31,6 +31,8 @@ def page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setattr(spinning, "_checked", -(1 << 62))
     monkeypatch.setattr(spinning, "placement", None)
     monkeypatch.setattr(spinning, "_core", -1)
+    monkeypatch.setattr(spinning, "_calm", 0)
+    monkeypatch.setattr(spinning, "CALM", 1)
     yield path
     board = spinning._board
     if board is not None:
@@ -156,7 +158,7 @@ def test_two_host_processes_that_may_not_spin_take_a_core_each(page: Path, monke
         import sys
         from proctor.interpreter import spinning
         spinning._page_path = lambda: {str(page)!r}
-        spinning._cpus, spinning._allowed, spinning._running = 2, frozenset({{0, 1}}), lambda: 1
+        spinning._cpus, spinning._allowed, spinning._running, spinning.CALM = 2, frozenset({{0, 1}}), lambda: 1, 1
         spinning.enter()
         print("in", flush=True)
         sys.stdin.readline()
@@ -296,3 +298,23 @@ def test_a_host_takes_the_emptiest_core_and_stays_while_none_is_emptier(
     assert spinning._choose({0: 1, 1: 1}, 2, 1) == (1, frozenset({1}))
     assert spinning._choose({1: 2}, 2, 1) == (0, frozenset({0}))
     assert spinning._choose({7: 5, -3: 9}, 1, 1) == (1, frozenset({1}))  # cores not ours are ignored
+
+
+def test_other_work_seen_now_and_then_neither_places_nor_unplaces_at_once(
+        page: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ends are placed after CALM decisions more without other work than with it, and stay placed through a blip."""
+    monkeypatch.setattr(spinning, "_allowed", frozenset({0, 1}))
+    monkeypatch.setattr(spinning, "CALM", 3)
+    spinning.enter()
+    spinning.enter()
+    try:
+        busy = iter([1, 9, 1, 1, 1, 9, 1, 9, 9, 9])
+        monkeypatch.setattr(spinning, "_running", lambda: next(busy))
+        placed = []
+        for _ in range(10):
+            _fresh()
+            placed.append(spinning.placement is not None)
+        assert placed == [False, False, False, False, True, True, True, True, True, False]
+    finally:
+        spinning.leave()
+        spinning.leave()
