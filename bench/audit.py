@@ -84,9 +84,12 @@ def compare(ref: str, records: int, runs: int, directory: str | None) -> None:
         subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
         key, pub, _ = generate_keypair(d / "key")
         log = d / "flush.jsonl"
-        write(log, records, "flush", key)
-        # Intent/outcome pairs and the writer's checkpoints: the kinds with bookkeeping and the reference path.
         me = os.path.abspath(__file__)
+        # Written by the older code, which both verifiers read: a log written now ends with a checkpoint
+        # marked closed, whose signed statement verifiers older than that mark do not know (CKPT_SIG).
+        # Intent/outcome pairs and the writer's checkpoints: the kinds with bookkeeping and the reference path.
+        subprocess.run([sys.executable, me, "--write-once", str(log), str(records), str(key)],
+                       env={**os.environ, "PYTHONPATH": str(base)}, cwd=str(d), check=True)
         for workers in (1, 2):
             rates: dict[str, list[float]] = {"before": [], "after": []}
             for i in range(runs):
@@ -112,6 +115,10 @@ def compare(ref: str, records: int, runs: int, directory: str | None) -> None:
 
 
 def main() -> None:
+    if "--write-once" in sys.argv:
+        log, n, key = sys.argv[sys.argv.index("--write-once") + 1 :][:3]
+        write(Path(log), int(n), "flush", Path(key))
+        return
     if "--verify-once" in sys.argv:
         log, pub, workers = sys.argv[sys.argv.index("--verify-once") + 1 :][:3]
         print(verify_once(log, pub, int(workers)))
