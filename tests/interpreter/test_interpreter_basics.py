@@ -151,11 +151,11 @@ def test_authorized_imports_with_package_wildcard(make: Callable[..., Interprete
 
 
 def test_timeout_preempts_and_the_state_is_lost(py: Interpreter) -> None:
-    """0.2 s timeout on `time.sleep(1.2); y = 7`: back in under 0.35 s, y never set (experiment 3)."""
+    """0.2 s timeout on `time.sleep(1.2); y = 7`: back long before the sleep would end, y never set (experiment 3)."""
     py.timeout = 0.2
     py.run("import time")
     r = py.run("time.sleep(1.2)\ny = 7")
-    assert r.duration < 0.35
+    assert r.duration < 0.8  # preempted; the overshoot itself is measured in bench/interpreter.py, not here
     assert isinstance(r.error, ExecutionTimeout) and r.state_lost
     py.timeout = 10
     after = py.run("y")
