@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import gc
+import signal
 from collections.abc import Iterator
 
 import pytest
+
+# A suite started in the background by a non-interactive shell (`make test &`, nohup, some CI
+# runners) inherits SIGINT ignored, and every child it starts inherits that too: the tests that
+# press Ctrl-C on a `proctor run`, a `tail -f` or an agent program would then wait for ever.
+# Python's own handler here makes children start with the default disposition again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True, scope="module")
