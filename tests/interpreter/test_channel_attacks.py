@@ -5,26 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from hostile_frames import PRELUDE
 
 from proctor.errors import ProctorError
 from proctor.interpreter import Interpreter
-
-# Finds the channel (the only socket among the worker's fds) and writes raw frames on it (as in
-# test_interpreter_protocol.py, copied: importing that module would import this directory's conftest by name).
-PRELUDE = """
-import os, stat, struct, json
-def _is_sock(f):
-    try:
-        return stat.S_ISSOCK(os.fstat(int(f)).st_mode)
-    except OSError:
-        return False
-fd = [int(f) for f in os.listdir('/proc/self/fd') if _is_sock(f)][0]
-def raw(b):
-    os.write(fd, b)
-def msg(m):
-    b = json.dumps(m).encode()
-    raw(struct.pack('>I', len(b)) + b)
-"""
 
 _FLOOD = """
 import itertools, time

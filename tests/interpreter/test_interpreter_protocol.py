@@ -6,26 +6,11 @@ from collections.abc import Callable
 
 import pytest
 from conftest import REAL_RUNS
+from hostile_frames import PRELUDE
 
 from proctor.errors import SandboxError
 from proctor.interpreter import Interpreter
 from proctor.testing import InMemoryAudit
-
-# Finds the channel (the only socket among the worker's fds) and writes raw frames on it.
-PRELUDE = """
-import os, stat, struct, json
-def _is_sock(f):
-    try:
-        return stat.S_ISSOCK(os.fstat(int(f)).st_mode)
-    except OSError:
-        return False
-fd = [int(f) for f in os.listdir('/proc/self/fd') if _is_sock(f)][0]
-def raw(b):
-    os.write(fd, b)
-def msg(m):
-    b = json.dumps(m).encode()
-    raw(struct.pack('>I', len(b)) + b)
-"""
 
 BROKEN = {
     "bad_json": "raw(struct.pack('>I', 5) + b'{{{{{')",
