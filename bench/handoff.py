@@ -40,14 +40,7 @@ def _pair(trips: int, host_us: int, worker_us: int, core: int | None, start: Any
     pid = os.fork()
     if pid == 0:  # the worker
         host.close()
-        if core is not None:
-            os.sched_setaffinity(0, {core})
-        while True:
-            message = worker.recv(65536)
-            if not message:
-                os._exit(0)
-            _burn(worker_us)
-            worker.send(message)
+        _echo(worker, worker_us, core)
     worker.close()
     if core is not None:
         os.sched_setaffinity(0, {core})

@@ -38,42 +38,47 @@ WORDS = ("the meeting notes are attached please review before friday and send co
          "budget planning quarterly report customer feedback project timeline").split()
 
 
-def mail_text(size: int, seed: int = 1) -> str:
+def _lines(size: int, seed: int, line: Callable[[random.Random], str]) -> str:
+    """`size` characters of lines made by `line` from one seeded generator."""
     rng = random.Random(seed)
     out, n = [], 0
     while n < size:
-        body = " ".join(rng.choice(WORDS) for _ in range(40))
-        item = (f'{{"id_": "{rng.randint(1, 10**6)}", "sender": "user{rng.randint(1, 500)}@mail.example", '
-                f'"subject": "Re: invoice INV-{rng.randint(1000, 9999)}", "timestamp": "2024-05-{rng.randint(10, 28)} '
-                f'10:{rng.randint(10, 59)}", "body": "{body} total {rng.randint(10, 9999)}.{rng.randint(10, 99)} EUR '
-                f'see https://portal.example/t/{rng.randint(1, 10**5)}"}}\n')
+        item = line(rng)
         out.append(item)
         n += len(item)
     return "".join(out)[:size]
+
+
+def _mail_line(rng: random.Random) -> str:
+    body = " ".join(rng.choice(WORDS) for _ in range(40))
+    return (f'{{"id_": "{rng.randint(1, 10**6)}", "sender": "user{rng.randint(1, 500)}@mail.example", '
+            f'"subject": "Re: invoice INV-{rng.randint(1000, 9999)}", "timestamp": "2024-05-{rng.randint(10, 28)} '
+            f'10:{rng.randint(10, 59)}", "body": "{body} total {rng.randint(10, 9999)}.{rng.randint(10, 99)} EUR '
+            f'see https://portal.example/t/{rng.randint(1, 10**5)}"}}\n')
+
+
+def _dense_line(rng: random.Random) -> str:
+    return (f"{rng.choice(WORDS)} user{rng.randint(1, 10**6)}@mail{rng.randint(1, 99)}.example "
+            f"{rng.randint(1, 10**5)}.{rng.randint(10, 99)}\n")
+
+
+def _page_line(rng: random.Random) -> str:
+    return (f"{rng.choice(WORDS).title()} <ops{rng.randint(1, 10**6)}@vendor{rng.randint(1, 999)}.example> "
+            f"https://www.shop{rng.randint(1, 999)}.example/order?id={rng.randint(1, 10**6)} "
+            f"GB{rng.randint(10, 99)} NWBK {rng.randint(1000, 9999)} {rng.randint(1000, 9999)} "
+            f"{rng.randint(10, 99)} ; due {rng.randint(1, 99999):,}.{rng.randint(10, 99)} EUR\n")
+
+
+def mail_text(size: int, seed: int = 1) -> str:
+    return _lines(size, seed, _mail_line)
 
 
 def dense_text(size: int, seed: int = 1) -> str:
-    rng = random.Random(seed)
-    out, n = [], 0
-    while n < size:
-        item = (f"{rng.choice(WORDS)} user{rng.randint(1, 10**6)}@mail{rng.randint(1, 99)}.example "
-                f"{rng.randint(1, 10**5)}.{rng.randint(10, 99)}\n")
-        out.append(item)
-        n += len(item)
-    return "".join(out)[:size]
+    return _lines(size, seed, _dense_line)
 
 
 def page_text(size: int, seed: int = 1) -> str:
-    rng = random.Random(seed)
-    out, n = [], 0
-    while n < size:
-        item = (f"{rng.choice(WORDS).title()} <ops{rng.randint(1, 10**6)}@vendor{rng.randint(1, 999)}.example> "
-                f"https://www.shop{rng.randint(1, 999)}.example/order?id={rng.randint(1, 10**6)} "
-                f"GB{rng.randint(10, 99)} NWBK {rng.randint(1000, 9999)} {rng.randint(1000, 9999)} "
-                f"{rng.randint(10, 99)} ; due {rng.randint(1, 99999):,}.{rng.randint(10, 99)} EUR\n")
-        out.append(item)
-        n += len(item)
-    return "".join(out)[:size]
+    return _lines(size, seed, _page_line)
 
 
 def words_text(size: int, seed: int = 1) -> str:
