@@ -149,7 +149,7 @@ def seal(record: Mapping[str, Any]) -> tuple[bytes, str]:
 
 
 def seal_owned(record: dict[str, Any]) -> tuple[bytes, str, bytes]:
-    """`seal` of a dict the caller owns (it may be changed): (line, h, h as 32 raw bytes, the Merkle leaf).
+    """`seal` of a dict the caller owns (it may be changed): (line, h, and h as 32 raw bytes: the Merkle leaf).
 
     The log's append path: no copy of a record that holds plain JSON types already, and the
     leaf comes from the same digest instead of being parsed back from its hex.

@@ -101,6 +101,9 @@ def _check_signature(rec: dict[str, Any], pinned: Ed25519PublicKey | None) -> tu
     if (not isinstance(log, str) or type(size) is not int or type(ts_ns) is not int
             or not is_hex64(head) or not is_hex64(root)):
         return "PARSE", "checkpoint needs log (string), size and ts_ns (integers), head and root (64 hex digits)"
+    closed, reopened = rec.get("closed", False), rec.get("reopened", False)
+    if type(closed) is not bool or type(reopened) is not bool:  # unsigned checkpoints too: `_closing` reads them
+        return "PARSE", "checkpoint's closed and reopened, when present, must be true or false"
     sig, pub, kid = rec.get("sig"), rec.get("pub"), rec.get("key_id")
     if sig is None:
         if pinned is not None:
@@ -115,9 +118,6 @@ def _check_signature(rec: dict[str, Any], pinned: Ed25519PublicKey | None) -> tu
     key = pinned if pinned is not None else embedded
     if pinned is None and key_id(embedded) != kid:
         return "CKPT_SIG", f"key_id {kid} does not name the embedded public key"
-    closed, reopened = rec.get("closed", False), rec.get("reopened", False)
-    if type(closed) is not bool or type(reopened) is not bool:
-        return "PARSE", "checkpoint's closed and reopened, when present, must be true or false"
     message = checkpoint_statement(log, size, head, root, ts_ns, closed=closed, reopened=reopened)
     if not verify_signature(key, signature, message):
         if pinned is not None and public_raw(pinned).hex() != pub:

@@ -127,3 +127,18 @@ def test_opening_and_closing_a_closed_log_without_appending_writes_nothing(tmp_p
     before = path.read_bytes()
     AuditLog(path, signing_key=signing_key()).close()
     assert path.read_bytes() == before
+
+
+def test_a_closed_flag_that_is_not_a_bool_is_a_parse_failure_signed_or_not(tmp_path: Path) -> None:
+    """`"closed": "yes"` on an unsigned checkpoint is refused like on a signed one, not read as false."""
+    path = tmp_path / "a.jsonl"
+    with AuditLog(path, durability="flush") as log:
+        assert log.append("step", {"step": 0}).ok
+    lines = lines_of(path.read_bytes())
+    last = rec(lines[-1])
+    body = {k: v for k, v in last.items() if k != "h"}
+    body["closed"] = "yes"
+    line, _ = seal(body)
+    path.write_bytes(b"".join([*lines[:-1], line]))
+    report = verify(path)
+    assert report.failure is not None and report.failure.code == "PARSE"
