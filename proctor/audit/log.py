@@ -195,9 +195,10 @@ class AuditLog:
         dangling = sorted(scanner.intents.items(), key=lambda item: int(item[1]["seq"]))
         if cut is None and not dangling:
             return
-        reopened = self._reopen()
-        if not reopened.ok:
-            raise AuditError(f"{self.path}: cannot record recovery: {reopened.error}")
+        if self._closed_by is not None:
+            reopened = self._reopen()
+            if not reopened.ok:
+                raise AuditError(f"{self.path}: cannot record recovery: {reopened.error}")
         results = [self._write("recovery", {"cut": cut, "unknown_calls": [c for c, _ in dangling]}, True)]
         for call_id, intent in dangling:
             results.append(self._write("call_outcome", {
@@ -218,10 +219,8 @@ class AuditLog:
         """Before the first record appended to a closed log: a checkpoint saying it was reopened.
 
         Written only when something is appended, so opening a closed log and closing it again
-        leaves it as it was (the key was checked on opening).
+        leaves it as it was (the key was checked on opening). Callers check `_closed_by` first.
         """
-        if self._closed_by is None:
-            return AuditResult(True, seq=self._seq - 1)
         result = self._checkpoint(reopened=True)
         if result.ok:
             self._closed_by = None
