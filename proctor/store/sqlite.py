@@ -15,6 +15,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -56,20 +57,51 @@ class SQLiteRunStore(SQLRunStore):
         parent = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(parent):
             raise StoreError(f"cannot open run store {self.path}: directory {parent} does not exist")
+        self._busy_timeout_s = busy_timeout_s
         self._lock = threading.RLock()
+        self._broken = ""  # why a forked child's connection could not be opened
+        self._db = self._connect()
+        with self._tx():
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    self._db.execute(statement)
+        self._closed = False
+        _OPEN.add(self)
+
+    def _connect(self) -> sqlite3.Connection:
         try:
-            self._db = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None,
-                                       check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
-            with self._tx():
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        self._db.execute(statement)
+            db = sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None,
+                                 check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open run store {self.path}: {exc}") from exc
-        self._closed = False
+        return db
+
+    def reopen_after_fork(self) -> None:
+        """In a forked child: use a connection of its own (SQLite forbids using one across fork()).
+
+        The inherited connection is kept, never used nor closed: its locks and WAL state are the
+        parent's. The lock is new too: a parent thread that held it at the fork never lets go here.
+        A fork in the middle of a parent thread's write leaves SQLite's per-process lock table saying
+        this process writes, so no connection of the child could: each use then fails at once, saying so.
+        """
+        self._lock = threading.RLock()
+        if self._closed:
+            return
+        _INHERITED.append(self._db)
+        if self._db.in_transaction:
+            self._broken = ("this process was forked while another thread wrote to it, and SQLite's locks do "
+                            "not survive fork(): open the store in a child forked outside a write, or spawned")
+        else:
+            try:
+                self._db = self._connect()
+                return
+            except StoreError as exc:
+                self._broken = f"{exc} (reopening it in a forked child)"
+        self._db = sqlite3.connect(":memory:")  # closed at once: every use raises, with `_broken` as its reason
+        self._db.close()
 
     def __repr__(self) -> str:
         return f"SQLiteRunStore({self.url!r})"
@@ -96,7 +128,7 @@ class SQLiteRunStore(SQLRunStore):
                     if not durable:
                         self._db.execute("PRAGMA synchronous=FULL")
             except sqlite3.Error as exc:
-                raise StoreError(f"run store {self.path}: {exc}") from exc
+                raise StoreError(f"run store {self.path}: {self._broken or exc}") from exc
 
     def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
         """A read outside any write transaction: WAL readers never wait for writers, nor take their lock."""
@@ -104,7 +136,7 @@ class SQLiteRunStore(SQLRunStore):
             try:
                 return list(self._db.execute(self._sql(sql), params))
             except sqlite3.Error as exc:
-                raise StoreError(f"run store {self.path}: {exc}") from exc
+                raise StoreError(f"run store {self.path}: {self._broken or exc}") from exc
 
     def _encode(self, data: dict[str, Any]) -> str:
         return json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -128,6 +160,19 @@ class SQLiteRunStore(SQLRunStore):
             if not self._closed:
                 self._closed = True
                 self._db.close()
+                _OPEN.discard(self)
 
 
+#: Every open SQLiteRunStore of this process, so that a forked child opens its own connections.
+_OPEN: weakref.WeakSet[SQLiteRunStore] = weakref.WeakSet()
+#: A forked child's copies of its parent's connections: kept so they are never closed (nor used) here.
+_INHERITED: list[sqlite3.Connection] = []
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_OPEN):
+        store.reopen_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 register_scheme("sqlite", SQLiteRunStore)
