@@ -1,0 +1,145 @@
+"""Red team: the PostgreSQL audit sink under connection kills and a server crash while many calls are in flight."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+
+import psycopg
+from fleet_engines import PostgresServer
+
+from proctor import Gate, Policy, tool
+from proctor.audit.postgres import PostgresAuditLog, export_jsonl, verify_postgres
+from proctor.errors import ProctorError
+
+THREADS = 4
+
+
+def _exported(url: str) -> list[dict[str, object]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "audit.jsonl"
+        with out.open("wb") as f:
+            export_jsonl(url, f)
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def _terminate_others(server: PostgresServer) -> int:
+    """pg_terminate_backend every client backend but this one; return how many were killed."""
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        rows = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                            "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()").fetchall()
+    return sum(1 for (ok,) in rows if ok)
+
+
+def _run_calls_through_faults(server: PostgresServer, url: str, faults: object) -> tuple[list[int], int]:
+    """THREADS gate threads make write calls while `faults()` runs; returns (effects, refusals)."""
+    effects: list[int] = []
+    lock = threading.Lock()
+    counter = iter(range(1_000_000))
+    stop = threading.Event()
+    refused = [0]
+
+    @tool(side_effect="write")
+    def write(n: int) -> int:
+        """Write.
+
+        Args:
+            n: Which call.
+        """
+        with lock:
+            effects.append(n)
+        return n
+
+    sink = PostgresAuditLog(url, checkpoint_every=50)
+    gate = Gate(Policy.from_dict({"version": 1, "default": "allow"}), audit=sink, tools=[write])
+
+    def worker() -> None:
+        ctx = gate.start_run()
+        while not stop.is_set():
+            with lock:
+                n = next(counter)
+            try:
+                gate.call("write", {"n": n}, context=ctx)
+            except ProctorError:
+                with lock:
+                    refused[0] += 1
+        gate.finish_run(ctx)
+
+    threads = [threading.Thread(target=worker) for _ in range(THREADS)]
+    for t in threads:
+        t.start()
+    try:
+        faults()  # type: ignore[operator]
+        # the calls go on once the database is back: wait for 40 more effects
+        with lock:
+            target = len(effects) + 40
+        for _ in range(600):
+            with lock:
+                if len(effects) >= target:
+                    break
+            stop.wait(0.1)
+        with lock:
+            assert len(effects) >= target, "calls did not go on after the faults"
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+        sink.close()
+    assert not any(t.is_alive() for t in threads), "a gate thread hung after the faults"
+    return effects, refused[0]
+
+
+def _assert_every_effect_has_its_intent(url: str, effects: list[int]) -> None:
+    intents = {r["args"]["n"] for r in _exported(url) if r["kind"] == "call_intent"}  # type: ignore[index]
+    missing = sorted(set(effects) - intents)
+    assert not missing, f"{len(missing)} tool effects without a durable intent: {missing[:10]}"
+
+
+def test_backends_killed_mid_batch_fail_every_waiting_intent_closed() -> None:
+    """pg_terminate_backend of the sink's connection while 4 threads write: no tool runs without its intent."""
+    server = PostgresServer()
+    server.start()
+    try:
+        url = f"{server.url}&log={uuid.uuid4().hex[:12]}"
+        killed = [0]
+
+        def faults() -> None:
+            pause = threading.Event()
+            for _ in range(15):
+                pause.wait(0.15)
+                killed[0] += _terminate_others(server)
+
+        effects, refused = _run_calls_through_faults(server, url, faults)
+        assert killed[0] > 0 and refused > 0, (killed, refused)
+        _assert_every_effect_has_its_intent(url, effects)
+        report = verify_postgres(url)
+        assert report.ok, report.failure
+    finally:
+        server.cleanup()
+
+
+def test_a_server_crash_loses_no_intent_a_tool_ran_on() -> None:
+    """An immediate (crash) stop of PostgreSQL mid-run and a restart: every tool that ran has its intent on disk."""
+    server = PostgresServer()
+    server.start()
+    try:
+        url = f"{server.url}&log={uuid.uuid4().hex[:12]}"
+
+        def faults() -> None:
+            pause = threading.Event()
+            for _ in range(2):
+                pause.wait(0.5)
+                server.stop()  # pg_ctl -m immediate: no checkpoint, what was not flushed is lost
+                pause.wait(0.3)
+                server.start()
+
+        effects, refused = _run_calls_through_faults(server, url, faults)
+        assert refused > 0
+        _assert_every_effect_has_its_intent(url, effects)
+        report = verify_postgres(url)
+        assert report.ok, report.failure
+    finally:
+        server.cleanup()
