@@ -59,7 +59,7 @@ from proctor.run import DEFAULT_HISTORY_LIMIT, LazyUsage, Ledger, RunContext
 from proctor.telemetry import metrics
 from proctor.telemetry import semconv as sc
 from proctor.telemetry.logging import get_logger
-from proctor.telemetry.spans import ToolSpan, get_tracer, tool_span
+from proctor.telemetry.spans import QuietSpan, ToolSpan, get_tracer, is_noop, tool_span
 from proctor.textcaps import error_fields
 from proctor.tools import Tool, as_tool, run_with_timeout
 
@@ -459,10 +459,14 @@ class Gate:
         if ctx.journal is not None:  # a durable run: the call's id is its place in the step, the same on resume
             seq = ctx.journal.take()
             call_id = ctx.journal.call_id(seq)
-        try:  # `_open_span`, inline: this is every call's path
-            opened = tool_span(self.tracer, tool=name, call_id=call_id, run=ctx.info, parent=parent)
-        except Exception as exc:  # noqa: BLE001 - a broken tracer costs the call its span, nothing more
-            opened = self._span_failed(name, call_id, ctx, exc)
+        opened: tool_span | QuietSpan
+        if is_noop(self.tracer) and not metrics.enabled():  # nothing would receive a span (QuietSpan)
+            opened = QuietSpan(name, call_id, ctx.info.id)
+        else:
+            try:  # `_open_span`, inline: this is every call's path
+                opened = tool_span(self.tracer, tool=name, call_id=call_id, run=ctx.info, parent=parent)
+            except Exception as exc:  # noqa: BLE001 - a broken tracer costs the call its span, nothing more
+                opened = self._span_failed(name, call_id, ctx, exc)
         p = _Pending(name, call_id, ctx, opened.__enter__(), on_result)
         p.seq = seq
         raised: BaseException | None = None

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
+from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode, Tracer
 
@@ -52,6 +53,7 @@ from proctor.textcaps import MAX_SPAN_TEXT, cap_attributes, cap_text
 __all__ = [
     "AgentSpan",
     "ApprovalSpan",
+    "QuietSpan",
     "StepSpan",
     "ToolSpan",
     "agent_span",
@@ -202,6 +204,64 @@ class ToolSpan(_Handle):
             # Reason, rules… may quote a program's text; captured content is cut at MAX_CONTENT_CHARS already.
             self.span.set_attributes(cap_attributes(self._attrs, _ATTR_LIMIT))
             self._attrs = {}
+
+
+class QuietSpan(ToolSpan):
+    """A call's span while nothing would receive it (no OpenTelemetry SDK and no meter provider: both
+    asked when the call starts): the gate's setters do nothing, metrics of approvals and budgets are
+    still handed on (a provider set while the call waits for a human gets them), and it is its own
+    context manager (``with QuietSpan(...) as span``).
+
+    The gate's every call opens one. A `ToolSpan` with its context manager costs 14 attribute stores
+    and four Python calls more: 3 µs of an allowed call's 32 µs in `gate.submit` (same process, 30,000
+    calls, interleaved). A call already under way when metrics are switched on is not counted.
+    """
+
+    __slots__ = ()
+
+    # The handle's fields, fixed: no span was started, so there is nothing to end or flush.
+    span = INVALID_SPAN
+    recording = False
+    trace_id = None
+    span_id = None
+    capturing = False
+
+    def __init__(self, tool: str, call_id: str, run_id: str) -> None:
+        self._tool, self._call_id, self._run_id = tool, call_id, run_id
+        self._finished = False
+
+    def __enter__(self) -> QuietSpan:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        return None
+
+    @property
+    def context(self) -> Context:
+        """A context holding the (invalid) span: children made under it start their own trace."""
+        return trace.set_span_in_context(INVALID_SPAN)
+
+    def log_fields(self) -> dict[str, str]:
+        return {"run_id": self._run_id, "call_id": self._call_id}
+
+    def describe(self, description: str) -> None:
+        return None
+
+    def decision(self, decision: Decision, side_effect: str) -> None:
+        return None
+
+    def arguments(self, args: Mapping[str, Any]) -> None:
+        return None
+
+    def result(self, value: Any, redact: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None) -> None:
+        return None
+
+    def event(self, name: str, attributes: Mapping[str, Any] | None = None) -> None:
+        return None
+
+    def finish(self, status: str, error_type: str | None = None, message: str | None = None) -> None:
+        self._finished = True
 
 
 class tool_span:  # lower case: used as a function; a class because @contextmanager costs ~1 µs

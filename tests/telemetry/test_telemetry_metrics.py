@@ -10,7 +10,9 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from tel_helpers import make_gate, run_two_steps
 
+from proctor.calls import Decision
 from proctor.telemetry import metrics as proctor_metrics
+from proctor.telemetry.spans import QuietSpan
 
 
 @pytest.fixture
@@ -75,3 +77,35 @@ def test_unknown_tool_counts_as_refused_without_decision(reader: InMemoryMetricR
     make_gate(None).submit("nope", {})
     (point,) = _points(reader)["proctor.decisions"]
     assert point.attributes["proctor.decision"] == "none" and point.attributes["proctor.status"] == "denied"
+
+
+def test_a_quiet_span_hands_on_approval_and_budget_metrics_but_records_nothing_else(
+        reader: InMemoryMetricReader) -> None:
+    """A call opened while nothing received spans or metrics (QuietSpan) still reports a human's wait and budgets."""
+    with QuietSpan("send_email", "call_1", "run_1") as span:
+        span.decision(Decision("allow", (), "ok", "sha"), "external")
+        span.approval("approve", "human", 2_000_000)
+        span.budget({"mail": {"calls": 2}})
+        span.finish("ok")
+    points = _points(reader)
+    (wait,) = points["proctor.approval.wait"]
+    assert wait.attributes == {"gen_ai.tool.name": "send_email", "proctor.approval.outcome": "approve"}
+    (budget,) = points["proctor.budget.remaining"]
+    assert budget.value == 2
+    assert "proctor.decisions" not in points  # its decision and end go nowhere: nobody was listening when it began
+    assert span.log_fields() == {"run_id": "run_1", "call_id": "call_1"} and span.trace_id is None
+
+
+def test_calls_made_after_a_meter_provider_is_set_are_counted(reader: InMemoryMetricReader) -> None:
+    """The gate asks at each call whether metrics are received: a provider set between calls counts the next one."""
+    gate = make_gate(None)
+    proctor_metrics.use_meter_provider(None)
+    gate.submit("lookup", {"order": "A1"})  # no provider: a quiet span
+    provider = MeterProvider(metric_readers=[late := InMemoryMetricReader()], shutdown_on_exit=False)
+    proctor_metrics.use_meter_provider(provider)
+    try:
+        gate.submit("lookup", {"order": "A1"})
+        (point,) = _points(late)["proctor.decisions"]
+        assert point.value == 1 and point.attributes["gen_ai.tool.name"] == "lookup"
+    finally:
+        provider.shutdown()
