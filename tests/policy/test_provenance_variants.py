@@ -100,7 +100,7 @@ _SPACED = pytest.mark.xfail(strict=True, reason="provspeed: spaces (and brackets
 
 
 _IBAN_LAYOUT = pytest.mark.xfail(strict=True, reason="provspeed: IBAN groups are joined only when one plain space "
-                                 "separates them in the folded text (redteam 22:55 note): a page that lays the "
+                                 "separates them in the folded text (redteam 22:45 note): a page that lays the "
                                  "groups out with tabs, line breaks, two spaces, dashes or dots launders the compact "
                                  "form a model writes")
 @pytest.mark.parametrize(("page", "sent"), [
