@@ -45,6 +45,7 @@ from typing import IO, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
+from psycopg import pq
 
 from proctor.audit.base import AuditResult
 from proctor.audit.keys import KeySource, key_id, load_private_key, public_raw
@@ -132,18 +133,68 @@ BEGIN
         ON CONFLICT (id) DO UPDATE SET flushes = proctor_audit_writers.flushes + 1;
 END
 $$;
+CREATE OR REPLACE FUNCTION proctor_audit_append_batch(p_log text, p_recs text)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    s bigint; first bigint; hd text; ck bigint; parts text[]; n int; hh text;
+    kinds text[] := '{}'; lines text[] := '{}'; hs text[] := '{}';
+BEGIN
+    -- p_recs: five parts a record, all separated by U+001F (never raw in canonical JSON): the kind,
+    -- then the record's canonical line cut where its h, prev and seq go (see _template).
+    parts := string_to_array(p_recs, E'\x1f');
+    n := coalesce(array_length(parts, 1), 0) / 5;
+    SELECT l.seq, l.head, l.last_ckpt INTO s, hd, ck FROM proctor_audit_logs l WHERE l.name = p_log FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no proctor audit log named %', p_log;
+    END IF;
+    first := s;
+    FOR i IN 0 .. n - 1 LOOP
+        hh := encode(sha256('\x00'::bytea || convert_to(
+            parts[5*i+2] || parts[5*i+3] || hd || parts[5*i+4] || s::text || parts[5*i+5], 'UTF8')), 'hex');
+        kinds[i+1] := parts[5*i+1];
+        hs[i+1] := hh;
+        lines[i+1] := parts[5*i+2] || '"h":"' || hh || '",' || parts[5*i+3] || hd || parts[5*i+4] || s::text
+                      || parts[5*i+5];
+        IF parts[5*i+1] = 'checkpoint' THEN ck := s; END IF;
+        hd := hh;
+        s := s + 1;
+    END LOOP;
+    INSERT INTO proctor_audit_records (log, seq, kind, line, h)
+        SELECT p_log, first + u.o - 1, u.k, u.l, u.h FROM unnest(kinds, lines, hs) WITH ORDINALITY AS u(k, l, h, o);
+    UPDATE proctor_audit_logs SET seq = s, head = hd, last_ckpt = ck WHERE name = p_log;
+    RETURN first::text || ' ' || n::text || ' ' || coalesce(ck::text, '');
+END
+$$;
+CREATE OR REPLACE PROCEDURE proctor_audit_append_batch_durable(p_log text, p_recs text, INOUT out_r text DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- The records, in a transaction committed without waiting for the disk: the chain's row
+    -- lock is held for the microseconds of the inserts, not for a flush.
+    PERFORM set_config('synchronous_commit', 'off', true);
+    out_r := proctor_audit_append_batch(p_log, p_recs);
+    COMMIT;
+    -- The barrier: a transaction that writes WAL (a transactional logical message, which no table
+    -- keeps) and commits synchronously; its flush covers every commit before it in the WAL, the
+    -- records' included, and PostgreSQL flushes concurrent writers' barriers together.
+    PERFORM set_config('synchronous_commit', 'on', true);
+    PERFORM pg_logical_emit_message(true, 'proctor_audit', '');
+END
+$$;
 """
 
 #: How long the writer thread waits for more appends before a flush (PostgreSQL's commit_delay, in-process).
 _LINGER_S = 0.002
 
-# The record parts go as binary text arrays (%b): psycopg's text array format escapes every quote
-# of the JSON with a Python regex callback, which cost 3/4 of the client's CPU per batch.
-_APPEND = "SELECT out_seq, out_h, out_last_ckpt FROM proctor_audit_append(%s, %b, %b, %b, %b, %b, %b, %b, %b)"
-# A durable batch: the append and the durability barrier, two transactions in one statement (the
-# procedure commits between them), so one round trip and no pipeline. The result: seqs, hashes,
-# last checkpoints, as arrays.
-_APPEND_DURABLE = "CALL proctor_audit_append_durable(%s, %s, %b, %b, %b, %b, %b, %b, %b, %b, NULL, NULL, NULL)"
+# A batch goes as ONE text parameter (five parts a record, separated by U+001F) to a statement
+# prepared once a connection, sent through libpq directly: psycopg's per-execute work in Python
+# (adapting parameters, arrays above all, and reading results) was most of the writer's CPU. A
+# durable batch is the append and the durability barrier, two transactions in one CALL (the
+# procedure commits between them): one round trip. The result: "first-seq count last-checkpoint".
+_SEP = "\x1f"
+_APPEND = b"SELECT proctor_audit_append_batch($1, $2)"
+_APPEND_DURABLE = b"CALL proctor_audit_append_batch_durable($1, $2, NULL)"
+_STATEMENTS = ((b"proctor_audit_append", _APPEND), (b"proctor_audit_append_durable", _APPEND_DURABLE))
 
 
 def is_postgres_url(target: object) -> bool:
@@ -165,41 +216,59 @@ def ensure_schema(conn: psycopg.Connection[Any]) -> None:
     with conn.transaction():
         conn.execute("SET LOCAL synchronous_commit = on")
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('proctor_audit_schema'))")
-        exists = conn.execute("SELECT to_regprocedure('proctor_audit_append(text, text[], text[], text[], text[], "
-                              "text[], text[], text[], text[])') IS NOT NULL "
-                              "AND to_regprocedure('proctor_audit_append_durable(text, text, text[], text[], text[], "
-                              "text[], text[], text[], text[], text[], bigint[], text[], bigint[])') IS NOT NULL"
+        exists = conn.execute("SELECT to_regprocedure('proctor_audit_append_batch(text, text)') IS NOT NULL "
+                              "AND to_regprocedure('proctor_audit_append_batch_durable(text, text, text)') IS NOT NULL"
                               ).fetchone()
         if not (exists and exists[0]):
             conn.execute(SCHEMA)
 
 
-def _template(kind: str, fields: Mapping[str, Any], ts_ns: int) -> tuple[list[str], list[str]]:
-    """The record's canonical text without h cut at prev and seq, and with h cut at h, prev and seq."""
-    hole_h, hole_p = secrets.token_hex(32), secrets.token_hex(32)
-    hole_s = secrets.randbelow(1 << 60) + (1 << 61)
+class _Holes:
+    """Placeholders for h, prev and seq, drawn once a sink: random, so no record's own text holds them."""
+
+    __slots__ = ("h", "p", "s")
+
+    def __init__(self) -> None:
+        self.h = f'"h":"{secrets.token_hex(32)}",'
+        self.p = f'"prev":"{secrets.token_hex(32)}"'
+        self.s = f'"seq":{secrets.randbelow(1 << 60) + (1 << 61)}'
+
+
+def _template(kind: str, fields: Mapping[str, Any], ts_ns: int, holes: _Holes) -> str:
+    """The record as the database completes it: its kind and its canonical line cut where h, prev and seq go.
+
+    Five parts joined by U+001F: kind, A, B, C, D, where the line is A "h":"<h>", B <prev> C <seq> D
+    and the hashed body (the line without h) is A B <prev> C <seq> D. The keys are sorted, so h comes
+    before kind, prev and seq and is always followed by a comma. A record whose text held a placeholder
+    or a U+001F (canonical JSON escapes every control character) fails to split: it is refused.
+    """
     record = dict(fields)
-    record.update(seq=hole_s, ts_ns=ts_ns, kind=kind, prev=hole_p)
-    body = canonical_bytes(record).decode("utf-8")
-    record["h"] = hole_h
-    full = canonical_bytes(record).decode("utf-8")
-    p_mark, s_mark, h_mark = f'"prev":"{hole_p}"', f'"seq":{hole_s}', f'"h":"{hole_h}"'
-    n0, rest = body.split(p_mark)
-    n1, n2 = rest.split(s_mark)
-    f0, rest = full.split(h_mark)
-    f1, rest = rest.split(p_mark)
-    f2, f3 = rest.split(s_mark)
-    return ([n0 + '"prev":"', '"' + n1 + '"seq":', n2],
-            [f0 + '"h":"', '"' + f1 + '"prev":"', '"' + f2 + '"seq":', f3])
+    record.update(h=holes.h[5:-2], seq=int(holes.s[6:]), ts_ns=ts_ns, kind=kind, prev=holes.p[8:-1])
+    line = canonical_bytes(record).decode("utf-8")
+    if _SEP in line:
+        raise ValueError("a record may not hold U+001F")
+    a, rest = line.split(holes.h)
+    b, rest = rest.split(holes.p)
+    c, d = rest.split(holes.s)
+    return _SEP.join((kind, a, b + '"prev":"', '"' + c + '"seq":', d))
 
 
 class _Pending:
+    """One append waiting for the writer thread: `done` is held until its result is set (a bare
+    lock: the cheapest thing one thread can sleep on and another wake it from)."""
+
     __slots__ = ("done", "durable", "kind", "parts", "result")
 
-    def __init__(self, kind: str, parts: tuple[list[str], list[str]], durable: bool) -> None:
+    def __init__(self, kind: str, parts: str, durable: bool) -> None:
         self.kind, self.parts, self.durable = kind, parts, durable
-        self.done = threading.Event()
+        self.done = threading.Lock()
+        self.done.acquire()
         self.result: AuditResult | None = None
+
+    def wait(self) -> AuditResult:
+        self.done.acquire()
+        assert self.result is not None
+        return self.result
 
 
 class PostgresAuditLog:
@@ -217,6 +286,7 @@ class PostgresAuditLog:
         if checkpoint_every < 1 or checkpoint_interval_s <= 0:
             raise ValueError("checkpoint_every must be ≥ 1 and checkpoint_interval_s > 0")
         self._conninfo, self.name = _split(url)
+        self._name_bytes = self.name.encode("utf-8")
         self.url = shown_url(url)
         self.path = None  # not a file: `proctor audit verify URL` reads it
         self._every = checkpoint_every
@@ -227,7 +297,11 @@ class PostgresAuditLog:
         self.closed = False
         self._queue: list[_Pending] = []
         self._cond = threading.Condition()
-        self._db = PgConnection(self._conninfo, ("SET synchronous_commit = off", "SET statement_timeout = 10000"))
+        self._want = 1  # queued appends that wake the writer thread (more while it lingers for a batch)
+        self._holes = _Holes()
+        self._db = PgConnection(self._conninfo, ("SET synchronous_commit = off", "SET statement_timeout = 10000",
+                                                 "SET client_encoding = 'UTF8'"))
+        self._prepared: psycopg.Connection[Any] | None = None  # the connection _STATEMENTS are prepared on
         self._last_ckpt_time = time.monotonic()
         self._last_ckpt: int | None = None
         self._seq = 0
@@ -265,7 +339,7 @@ class PostgresAuditLog:
         if problem is not None:
             return AuditResult(False, error=problem)
         try:
-            parts = _template(kind, fields, time.time_ns())
+            parts = _template(kind, fields, time.time_ns(), self._holes)
         except (TypeError, ValueError, RecursionError) as exc:
             return AuditResult(False, error=f"cannot encode the {kind} record: {exc}")
         item = _Pending(kind, parts, durable)
@@ -273,10 +347,9 @@ class PostgresAuditLog:
             if self.closed:
                 return AuditResult(False, error=f"audit log {self.url} is closed")
             self._queue.append(item)
-            self._cond.notify()
-        item.done.wait()
-        assert item.result is not None
-        return item.result
+            if len(self._queue) >= self._want:
+                self._cond.notify()
+        return item.wait()
 
     def _refuse(self, kind: str, fields: Mapping[str, Any]) -> str | None:
         if self.closed:
@@ -294,15 +367,13 @@ class PostgresAuditLog:
 
     def checkpoint(self) -> AuditResult:
         """Write a signed checkpoint over the whole chain now (also every N records, T seconds and on close)."""
-        item = _Pending("checkpoint", ([], []), True)
+        item = _Pending("checkpoint", "", True)
         with self._cond:
             if self.closed:
                 return AuditResult(False, error=f"audit log {self.url} is closed")
             self._queue.append(item)
             self._cond.notify()
-        item.done.wait()
-        assert item.result is not None
-        return item.result
+        return item.wait()
 
     def close(self) -> None:
         """Seal the chain with a checkpoint unless its last record is one; stop the writer; disconnect."""
@@ -323,11 +394,11 @@ class PostgresAuditLog:
 
     def checkpoint_if_unsealed(self) -> None:
         """Checkpoint when records follow the chain's last checkpoint (what `close` does)."""
-        item = _Pending("seal", ([], []), True)
+        item = _Pending("seal", "", True)
         with self._cond:
             self._queue.append(item)
             self._cond.notify()
-        item.done.wait()
+        item.wait()
 
     def __enter__(self) -> PostgresAuditLog:
         return self
@@ -345,23 +416,28 @@ class PostgresAuditLog:
 
     def _drop(self) -> None:
         self._db.drop()
+        self._prepared = None
 
     def _write_loop(self) -> None:
         last = 1  # the size of the last batch: as many writers are probably about to append again
         while True:
             with self._cond:
+                self._want = 1
                 while not self._queue and not self.closed:
                     self._cond.wait()
                 if not self._queue and self.closed:
                     return
                 # Group commit: give the writers of the last batch a moment (at most _LINGER_S) to queue
-                # their next records, so one flush carries them all instead of one each.
+                # their next records, so one flush carries them all instead of one each. Only the append
+                # that completes the batch wakes this thread (not each one).
+                want = self._want = min(last, self._max_batch)
                 deadline = time.monotonic() + _LINGER_S
-                while len(self._queue) < min(last, self._max_batch) and not self.closed:
+                while len(self._queue) < want and not self.closed:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
                     self._cond.wait(left)
+                self._want = 1 << 30  # busy: no append needs to wake it
                 batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
                 last = len(batch)
             records = [p for p in batch if p.kind not in ("checkpoint", "seal")]
@@ -385,25 +461,32 @@ class PostgresAuditLog:
                 for p in batch:
                     p.result = p.result or failure
             for p in batch:
-                p.done.set()
+                p.done.release()
 
     def _write(self, records: list[_Pending]) -> None:
+        recs = _SEP.join([p.parts for p in records]).encode("utf-8")
+        durable = any(p.durable for p in records)
+        first, count, last = self._exec(_STATEMENTS[durable][0], recs).split(" ")
+        seq = int(first)
+        if int(count) != len(records):
+            raise AuditError(f"audit log {self.url}: {count} records appended of {len(records)} sent")
+        for i, p in enumerate(records):
+            p.result = AuditResult(True, seq=seq + i)
+        self._seq, self._last_ckpt = seq + len(records), int(last) if last else None
+
+    def _exec(self, statement: bytes, recs: bytes) -> str:
+        """Run one of _STATEMENTS (prepared on first use on each connection) with the log's name and `recs`."""
         conn = self._connection()
-        columns: list[list[str]] = [[] for _ in range(8)]
-        for p in records:
-            noh, full = p.parts
-            columns[0].append(p.kind)
-            for i, part in enumerate((*noh, *full)):
-                columns[i + 1].append(part)
-        if any(p.durable for p in records):
-            row = conn.execute(_APPEND_DURABLE, (self.name, self._writer_id, *columns)).fetchone()
-            assert row is not None
-            rows = list(zip(row[0], row[1], row[2], strict=True))
-        else:
-            rows = conn.execute(_APPEND, (self.name, *columns)).fetchall()
-        for p, (seq, _h, last) in zip(records, rows, strict=True):
-            p.result = AuditResult(True, seq=int(seq))
-            self._seq, self._last_ckpt = int(seq) + 1, last
+        pg = conn.pgconn
+        if self._prepared is not conn:
+            for name, sql in _STATEMENTS:
+                _check(pg.prepare(name, sql))
+            self._prepared = conn
+        result = _check(pg.exec_prepared(statement, [self._name_bytes, recs]))
+        value = result.get_value(0, 0)
+        if value is None:
+            raise AuditError(f"audit log {self.url}: the append returned nothing")
+        return bytes(value).decode("ascii")
 
     def _unsealed(self) -> bool:
         row = self._connection().execute("SELECT seq, last_ckpt FROM proctor_audit_logs WHERE name = %s",
@@ -440,9 +523,10 @@ class PostgresAuditLog:
                 statement = checkpoint_statement(self.log_id, size, head, root, ts_ns)
                 fields.update(key_id=key_id(self._key), pub=public_raw(self._key.public_key()).hex(),
                               sig=self._key.sign(statement).hex())
-            noh, full = _template("checkpoint", fields, ts_ns)
-            ((seq, _h, _last),) = conn.execute(
-                _APPEND, (self.name, ["checkpoint"], *([x] for x in (*noh, *full)))).fetchall()
+            row = conn.execute("SELECT proctor_audit_append_batch(%s, %s)",
+                               (self.name, _template("checkpoint", fields, ts_ns, self._holes))).fetchone()
+            assert row is not None
+            seq = int(row[0].split(" ")[0])
             line = conn.execute("SELECT line FROM proctor_audit_records WHERE log = %s AND seq = %s",
                                 (self.name, seq)).fetchone()
             conn.execute("UPDATE proctor_audit_logs SET frontier_size = %s, frontier = %s, ckpt_line = %s "
@@ -451,6 +535,13 @@ class PostgresAuditLog:
         self._last_ckpt, self._seq = int(seq), int(seq) + 1
         self._last_ckpt_time = time.monotonic()
         return AuditResult(True, seq=int(seq))
+
+
+def _check(result: pq.abc.PGresult) -> pq.abc.PGresult:
+    """`result` if the statement succeeded, else the psycopg error PostgreSQL reported."""
+    if result.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
+        raise psycopg.errors.error_from_result(result, encoding="utf-8")
+    return result
 
 
 #: Every PostgresAuditLog of this process, so that a forked child stops using its parent's (at fork).
