@@ -6,18 +6,18 @@ hash chain (``h = sha256(0x00 ‖ record without h)``) and signed checkpoints, s
 reaches the same verdicts on the same evidence.
 
 Many writers, in many processes and on many hosts, append to one chain. The chain
-is serialised in the database: ``proctor_audit_append`` locks the log's row, gives
+is serialised in the database: ``proctor_audit_append_batch`` locks the log's row, gives
 each record the next ``seq`` and the current head as ``prev``, hashes it with
-PostgreSQL's own ``sha256`` and inserts it — one statement, one round trip. The
-client sends each record as canonical JSON cut at the places where ``h``, ``prev`` and
-``seq`` go; nothing of the record is re-encoded in the database.
+PostgreSQL's own ``sha256`` and inserts the batch — one statement, one round trip. The
+client sends a batch as one text: each record's canonical JSON cut at the places where
+``h``, ``prev`` and ``seq`` go; nothing of the record is re-encoded in the database.
 
 Durable on commit, with group commit at two levels:
 - in the process, concurrent appends wait for one writer thread, which sends every
   record queued at that moment in one call (one transaction);
 - across processes, that transaction commits without waiting for the disk (so the row
   lock is held for microseconds, not for a flush), and the writer then commits a tiny
-  synchronous transaction: its flush covers every earlier commit in the WAL, and
+  synchronous transaction (a logical WAL message, no row): its flush covers every earlier commit in the WAL, and
   PostgreSQL flushes the concurrent ones together. An append returns ok only after
   that flush; the WAL is a sequence, so a crash loses only a suffix of the chain, and
   never a record some later durable record points to.
@@ -85,6 +85,8 @@ CREATE TABLE IF NOT EXISTS proctor_audit_records (
     h text NOT NULL,
     PRIMARY KEY (log, seq)
 );
+-- proctor_audit_append and proctor_audit_append_durable: the batch functions of earlier versions,
+-- kept so that writers not yet upgraded append to the same chain (same row lock).
 CREATE OR REPLACE FUNCTION proctor_audit_append(
     p_log text, p_kind text[], p_n0 text[], p_n1 text[], p_n2 text[],
     p_f0 text[], p_f1 text[], p_f2 text[], p_f3 text[])
