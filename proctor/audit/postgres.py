@@ -135,15 +135,17 @@ BEGIN
         ON CONFLICT (id) DO UPDATE SET flushes = proctor_audit_writers.flushes + 1;
 END
 $$;
-CREATE OR REPLACE FUNCTION proctor_audit_append_batch(p_log text, p_recs text)
-RETURNS text
-LANGUAGE plpgsql AS $$
-DECLARE
-    s bigint; first bigint; hd text; ck bigint; parts text[]; n int; hh text;
-    kinds text[] := '{}'; lines text[] := '{}'; hs text[] := '{}';
-BEGIN
-    -- p_recs: five parts a record, all separated by U+001F (never raw in canonical JSON): the kind,
-    -- then the record's canonical line cut where its h, prev and seq go (see _template).
+"""
+
+# The batch append, shared by the function (non-durable batches, checkpoints) and the durable procedure
+# (inlined there: a plpgsql call inside a procedure cost as much as the chain's row lock). It leaves
+# "first-seq count last-checkpoint" in r. p_recs: five parts a record, all separated by U+001F (never raw
+# in canonical JSON): the kind, then the record's canonical line cut where its h, prev and seq go
+# (see _template). A batch of one (every batch of a single-writer process) skips the arrays.
+_BATCH_DECLARE = r"""
+    s bigint; first bigint; hd text; ck bigint; parts text[]; n int; hh text; rest text; r text;
+    kinds text[] := '{}'; lines text[] := '{}'; hs text[] := '{}';"""
+_BATCH_BODY = r"""
     parts := string_to_array(p_recs, E'\x1f');
     n := coalesce(array_length(parts, 1), 0) / 5;
     SELECT l.seq, l.head, l.last_ckpt INTO s, hd, ck FROM proctor_audit_logs l WHERE l.name = p_log FOR UPDATE;
@@ -151,36 +153,53 @@ BEGIN
         RAISE EXCEPTION 'no proctor audit log named %', p_log;
     END IF;
     first := s;
-    FOR i IN 0 .. n - 1 LOOP
-        hh := encode(sha256('\x00'::bytea || convert_to(
-            parts[5*i+2] || parts[5*i+3] || hd || parts[5*i+4] || s::text || parts[5*i+5], 'UTF8')), 'hex');
-        kinds[i+1] := parts[5*i+1];
-        hs[i+1] := hh;
-        lines[i+1] := parts[5*i+2] || '"h":"' || hh || '",' || parts[5*i+3] || hd || parts[5*i+4] || s::text
-                      || parts[5*i+5];
-        IF parts[5*i+1] = 'checkpoint' THEN ck := s; END IF;
+    IF n = 1 THEN
+        rest := parts[3] || hd || parts[4] || s::text || parts[5];
+        hh := encode(sha256('\x00'::bytea || convert_to(parts[2] || rest, 'UTF8')), 'hex');
+        INSERT INTO proctor_audit_records (log, seq, kind, line, h)
+            VALUES (p_log, s, parts[1], parts[2] || '"h":"' || hh || '",' || rest, hh);
+        IF parts[1] = 'checkpoint' THEN ck := s; END IF;
         hd := hh;
         s := s + 1;
-    END LOOP;
-    INSERT INTO proctor_audit_records (log, seq, kind, line, h)
-        SELECT p_log, first + u.o - 1, u.k, u.l, u.h FROM unnest(kinds, lines, hs) WITH ORDINALITY AS u(k, l, h, o);
+    ELSIF n > 1 THEN
+        FOR i IN 0 .. n - 1 LOOP
+            rest := parts[5*i+3] || hd || parts[5*i+4] || s::text || parts[5*i+5];
+            hh := encode(sha256('\x00'::bytea || convert_to(parts[5*i+2] || rest, 'UTF8')), 'hex');
+            kinds[i+1] := parts[5*i+1];
+            hs[i+1] := hh;
+            lines[i+1] := parts[5*i+2] || '"h":"' || hh || '",' || rest;
+            IF parts[5*i+1] = 'checkpoint' THEN ck := s; END IF;
+            hd := hh;
+            s := s + 1;
+        END LOOP;
+        INSERT INTO proctor_audit_records (log, seq, kind, line, h)
+            SELECT p_log, first + u.o - 1, u.k, u.l, u.h
+              FROM unnest(kinds, lines, hs) WITH ORDINALITY AS u(k, l, h, o);
+    END IF;
     UPDATE proctor_audit_logs SET seq = s, head = hd, last_ckpt = ck WHERE name = p_log;
-    RETURN first::text || ' ' || n::text || ' ' || coalesce(ck::text, '');
+    r := first::text || ' ' || n::text || ' ' || coalesce(ck::text, '');"""
+SCHEMA += f"""
+CREATE OR REPLACE FUNCTION proctor_audit_append_batch(p_log text, p_recs text)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE{_BATCH_DECLARE}
+BEGIN{_BATCH_BODY}
+    RETURN r;
 END
 $$;
 CREATE OR REPLACE PROCEDURE proctor_audit_append_batch_durable(p_log text, p_recs text, INOUT out_r text DEFAULT NULL)
 LANGUAGE plpgsql AS $$
+DECLARE{_BATCH_DECLARE}
 BEGIN
-    -- The records, in a transaction committed without waiting for the disk: the chain's row
-    -- lock is held for the microseconds of the inserts, not for a flush.
-    PERFORM set_config('synchronous_commit', 'off', true);
-    out_r := proctor_audit_append_batch(p_log, p_recs);
+    -- The records, in a transaction committed without waiting for the disk (the sink's sessions run
+    -- with synchronous_commit off): the chain's row lock is held for the microseconds of the inserts,
+    -- not for a flush.{_BATCH_BODY}
+    out_r := r;
     COMMIT;
     -- The barrier: a transaction that writes WAL (a transactional logical message, which no table
     -- keeps) and commits synchronously; its flush covers every commit before it in the WAL, the
     -- records' included, and PostgreSQL flushes concurrent writers' barriers together.
-    PERFORM set_config('synchronous_commit', 'on', true);
-    PERFORM pg_logical_emit_message(true, 'proctor_audit', '');
+    PERFORM set_config('synchronous_commit', 'on', true), pg_logical_emit_message(true, 'proctor_audit', '');
 END
 $$;
 """
