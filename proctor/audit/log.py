@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import os
 import secrets
+import sys
 import threading
 import time
 import weakref
@@ -46,7 +47,16 @@ from proctor.audit.verify import scan_file, side_file_path
 from proctor.errors import AuditCorrupted, AuditError, ConfigurationError
 from proctor.redaction import Redacted, redact_args
 
-__all__ = ["DURABILITIES", "AuditLog"]
+try:  # the native half of group commit, built by setup.py when a C compiler is there (optional)
+    from proctor.audit._syncer import Syncer as _Syncer
+except ImportError:  # pragma: no cover - built without it: the pure-Python group commit below
+    _Syncer = None  # type: ignore[assignment,misc]
+
+__all__ = ["DURABILITIES", "NATIVE_GROUP_COMMIT", "AuditLog"]
+
+#: Whether durable appends wait on the native syncer (a thread without the GIL looping fdatasync,
+#: proctor/audit/_syncer.c) rather than the pure-Python group commit; both give the same guarantees.
+NATIVE_GROUP_COMMIT = _Syncer is not None and sys.platform.startswith("linux")
 
 DURABILITIES = ("fsync", "flush")
 _CUT_INLINE_MAX = 4096  # cut bytes up to this size are kept in the recovery record itself
@@ -57,6 +67,8 @@ class AuditLog:
 
     #: Share fsyncs between concurrent durable appends; False only to measure the difference.
     _group_commit = True
+    #: With group commit, wait on the native syncer when it is built; False: the pure-Python one.
+    _native = NATIVE_GROUP_COMMIT
 
     def __init__(
         self,
@@ -90,6 +102,9 @@ class AuditLog:
         self._synced = 0
         self._syncing = False
         self._closing = False
+        # Native group commit (when built): its thread fdatasyncs round after round while bytes are
+        # pending, without the GIL; appends wait in it with the GIL released. Stopped by close().
+        self._syncer: Any = None
         self.error: str | None = None
         self.closed = False
         try:
@@ -120,6 +135,11 @@ class AuditLog:
         except BaseException:
             unlock_log(self._fd)
             raise
+        if self._native and self._group_commit and durability == "fsync":
+            try:
+                self._syncer = _Syncer(self._fd)
+            except OSError:  # no thread to be had: the pure-Python group commit does the same
+                self._syncer = None
         # A program that forgets close() still seals its log with a checkpoint when it exits
         # normally; the hook holds the log weakly so it does not keep an abandoned log alive.
         ref = weakref.ref(self)
@@ -254,12 +274,25 @@ class AuditLog:
             if not result.ok or not durable or self.durability != "fsync":
                 return result
             target = self._size
+            syncer = self._syncer
+        if syncer is not None:
+            return self._sync_natively(syncer, target, result)
         return self._sync_through(target, result)
 
     def _refusal(self) -> str:
         if self.closed:
             return f"audit log {self.path} is closed"
         return f"audit log {self.path} failed earlier and takes no more records: {self.error}"
+
+    def _sync_natively(self, syncer: Any, target: int, result: AuditResult) -> AuditResult:
+        """`_sync_through` by the native syncer: wait (GIL released) until a round of its fdatasync loop
+        that began after these bytes were written has completed; a failed fdatasync fails the log."""
+        try:
+            if syncer.sync(target):
+                return result
+        except OSError as exc:
+            return self._sync_failed(exc)
+        return self._not_on_disk()  # stopped by close() before a round covered it
 
     def _sync_through(self, target: int, result: AuditResult) -> AuditResult:
         """Return `result` once the first `target` bytes are on disk (fsyncing them, or waiting for the
@@ -341,6 +374,8 @@ class AuditLog:
 
     def _mark_synced(self) -> None:
         """Everything written is on disk (after an fsync done under `_mutex`)."""
+        if self._syncer is not None:
+            self._syncer.covered(self._size)
         with self._sync_lock:
             if self._size > self._synced:
                 self._synced = self._size
@@ -450,6 +485,8 @@ class AuditLog:
                 if self.error is None and self._closed_by is None:  # else nothing was appended: still closed
                     self._checkpoint(closed=True)
             finally:
+                if self._syncer is not None:  # its thread ends here: after the fdatasync in flight
+                    self._syncer.stop()
                 with self._sync_lock:  # let an fsync in flight finish before the descriptor goes
                     while self._syncing:
                         self._idle.wait()
@@ -489,6 +526,7 @@ def _after_fork_in_child() -> None:
     touching the file or the lock: its appends are refused ("is closed"), so the gate runs no tool there."""
     for log in list(_OPEN):
         log._mutex = threading.Lock()  # another thread of the parent may have held it at the fork
+        log._syncer = None  # the parent's thread is not here; the native object never acts in a child
         log.closed = True
         atexit.unregister(log._at_exit)
 

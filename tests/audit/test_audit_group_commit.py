@@ -1,4 +1,4 @@
-"""Group commit: concurrent durable appends share fsyncs, and none returns before its record is on disk."""
+"""Pure-Python group commit: concurrent durable appends share fsyncs, none returns before its record is on disk."""
 
 from __future__ import annotations
 
@@ -12,6 +12,12 @@ import pytest
 
 import proctor.audit.log as log_module
 from proctor.audit import AuditLog, verify
+
+
+@pytest.fixture(autouse=True)
+def _pure_python_group_commit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests drive `sync_fd`: the pure-Python group commit (the native syncer: test_audit_syncer.py)."""
+    monkeypatch.setattr(AuditLog, "_native", False)
 
 
 def test_concurrent_durable_appends_share_fsyncs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
