@@ -142,12 +142,12 @@ static PyObject *Syncer_sync(Syncer *s, PyObject *arg) {
     err = s->err;
     pthread_mutex_unlock(&s->mu);
     Py_END_ALLOW_THREADS
-    if (ok)
-        Py_RETURN_TRUE;
-    if (err != 0) {
+    if (err != 0) { /* first, even if covered: a failed writeback may be told to one overlapping fdatasync only */
         errno = err;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
+    if (ok)
+        Py_RETURN_TRUE;
     Py_RETURN_FALSE;
 }
 

@@ -105,6 +105,7 @@ class AuditLog:
         # Native group commit (when built): its thread fdatasyncs round after round while bytes are
         # pending, without the GIL; appends wait in it with the GIL released. Stopped by close().
         self._syncer: Any = None
+        self._fsync_under_mutex = False  # a checkpoint's (or recovery's) fsync is in flight: see _acknowledged
         self.error: str | None = None
         self.closed = False
         try:
@@ -276,13 +277,27 @@ class AuditLog:
             target = self._size
             syncer = self._syncer
         if syncer is not None:
-            return self._sync_natively(syncer, target, result)
-        return self._sync_through(target, result)
+            synced = self._sync_natively(syncer, target, result)
+        else:
+            synced = self._sync_through(target, result)
+        return self._acknowledged(synced) if synced.ok else synced
 
     def _refusal(self) -> str:
         if self.closed:
             return f"audit log {self.path} is closed"
         return f"audit log {self.path} failed earlier and takes no more records: {self.error}"
+
+    def _acknowledged(self, result: AuditResult) -> AuditResult:
+        """`result`, whose fsync succeeded, unless the log failed meanwhile. Linux tells a failed writeback to
+        one fsync of a descriptor only: an fsync that overlapped a failed one (a checkpoint's, under `_mutex`)
+        may return 0 over lost bytes. So wait for the verdict of such an fsync in flight, and acknowledge
+        nothing once the log has failed. Called holding no lock."""
+        if self._fsync_under_mutex:
+            with self._mutex:
+                pass
+        if self.error is not None:
+            return AuditResult(False, error=f"audit log {self.path} failed while the record was synced: {self.error}")
+        return result
 
     def _sync_natively(self, syncer: Any, target: int, result: AuditResult) -> AuditResult:
         """`_sync_through` by the native syncer: wait (GIL released) until a round of its fdatasync loop
@@ -399,9 +414,12 @@ class AuditLog:
         try:
             write_all(self._fd, line)
             if synced:
+                self._fsync_under_mutex = True
                 sync_fd(self._fd)
         except OSError as exc:
             return self._failed(f"writing {self.path} failed: {exc.strerror or exc}")
+        finally:  # after `_failed` set the error (`_acknowledged` reads the flag, then the error)
+            self._fsync_under_mutex = False
         self._size += size
         if synced:
             self._mark_synced()

@@ -20,8 +20,6 @@ import proctor.audit.log as log_module
 from proctor.audit import AuditLog
 
 
-@pytest.mark.xfail(strict=True, reason="groupcommit: a leader's fsync that overlapped the checkpoint's failed fsync "
-                                       "still acknowledges its append (redteam 22:53 note)")
 def test_an_append_whose_fsync_overlapped_a_failed_checkpoint_fsync_is_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The checkpoint's fsync gets the EIO; the leader's, in flight over the same bytes, must fail its append too."""

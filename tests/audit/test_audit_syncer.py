@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import threading
@@ -9,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+import proctor.audit.log as log_module
 from proctor.audit import AuditLog, verify
+from proctor.audit.base import AuditResult
 from proctor.audit.log import NATIVE_GROUP_COMMIT
 
 
@@ -131,3 +134,35 @@ def test_waiters_covered_by_the_closing_checkpoint_return_ok(tmp_path: Path) -> 
     assert report.ok
     on_disk = path.read_bytes().count(b'"kind":"call_intent"')
     assert outcomes.count(True) <= on_disk
+
+
+def test_an_append_synced_while_a_checkpoints_fsync_fails_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round covers an append while a checkpoint's fsync of the same bytes fails: it waits, then is refused."""
+    in_fsync, go = threading.Event(), threading.Event()
+
+    def failing(fd: int) -> None:  # the checkpoint's fsync, under the log's mutex, is the one told of the failure
+        in_fsync.set()
+        go.wait(30)
+        raise OSError(errno.EIO, "Input/output error")
+
+    with AuditLog(tmp_path / "audit.jsonl") as log:
+        written = log.append("call_intent", {"call_id": "c1", "tool": "pay", "run_id": "r"}, durable=False)
+        monkeypatch.setattr(log_module, "sync_fd", failing)
+        checkpointer = threading.Thread(target=log.checkpoint)
+        checkpointer.start()
+        assert in_fsync.wait(30)
+        results: list[AuditResult] = []
+
+        def rest_of_append() -> None:  # what append() does once its line is written and the mutex released
+            results.append(log._acknowledged(log._sync_natively(log._syncer, log._size, written)))
+
+        appender = threading.Thread(target=rest_of_append)
+        appender.start()
+        appender.join(0.5)
+        assert appender.is_alive()  # its round is done; it waits for the overlapping fsync's verdict
+        go.set()
+        checkpointer.join(30)
+        appender.join(30)
+        assert not results[0].ok and "Input/output error" in (results[0].error or "")
+        monkeypatch.undo()
