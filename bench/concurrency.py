@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import resource
 import statistics
 import tempfile
 import threading
@@ -64,6 +65,59 @@ def _program(name: str, calls: int) -> str:
     return f"for i in range({calls}):\n    {name}('A-1')\n"
 
 
+class Costs:
+    """What the calls of one measurement cost, per call: CPU (user + system) and context switches
+    (voluntary + involuntary) of the host process (all its threads) and of the workers, from
+    getrusage and /proc/<pid>/stat|status. Decides what wall clock cannot on a loaded machine: a
+    figure that moves with the load while these stay put is the machine's, not the channel's."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.host_cpu = self.host_switches = self.worker_cpu = self.worker_switches = 0.0
+
+    def add(self, other: Costs) -> None:
+        self.calls += other.calls
+        self.host_cpu += other.host_cpu
+        self.host_switches += other.host_switches
+        self.worker_cpu += other.worker_cpu
+        self.worker_switches += other.worker_switches
+
+    def row(self) -> str:
+        n = max(self.calls, 1)
+        return (f"per call: host {self.host_cpu / n * 1e6:5.0f} µs CPU, {self.host_switches / n:4.2f} switches | "
+                f"worker {self.worker_cpu / n * 1e6:5.0f} µs CPU, {self.worker_switches / n:4.2f} switches")
+
+
+def _sample(pids: list[int]) -> tuple[float, float, float, float]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    tick = os.sysconf("SC_CLK_TCK")
+    cpu = switches = 0.0
+    todo = list(pids)
+    while todo:  # under bubblewrap the worker is a child of the process the host started
+        pid = todo.pop()
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+            todo += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+        cpu += (int(stat[11]) + int(stat[12])) / tick
+        switches += int(status["voluntary_ctxt_switches"]) + int(status["nonvoluntary_ctxt_switches"])
+    return usage.ru_utime + usage.ru_stime, usage.ru_nvcsw + usage.ru_nivcsw, cpu, switches
+
+
+def _measured(pys: list[Interpreter], calls: int, run: Any) -> tuple[Any, Costs]:
+    pids = [py._worker.proc.pid for py in pys if py._worker is not None]
+    before = _sample(pids)
+    out = run()
+    after = _sample(pids)
+    costs = Costs()
+    costs.calls = calls
+    costs.host_cpu, costs.host_switches, costs.worker_cpu, costs.worker_switches = (
+        b - a for a, b in zip(before, after, strict=True))
+    return out, costs
+
+
 def _drive(interpreters: list[Interpreter], name: str, calls: int) -> float:
     """Run one loop of `calls` calls in each interpreter, each from its own thread; return calls/s."""
     barrier = threading.Barrier(len(interpreters) + 1)
@@ -89,14 +143,17 @@ def _drive(interpreters: list[Interpreter], name: str, calls: int) -> float:
 
 
 def in_threads(count: int, calls: int, sandbox: str, audit: Any = None, name: str = "lookup",
-               policy: Policy | None = None, pin: bool = True) -> float:
+               policy: Policy | None = None, pin: bool = True, costs: Costs | None = None) -> float:
     spinning.PIN = pin
     gate = Gate(policy or _policy(), audit=audit, tools=[lookup, note])
     pys = [Interpreter([lookup, note], gate, sandbox=sandbox, timeout=600) for _ in range(count)]  # type: ignore[arg-type]
     try:
         for py in pys:
             py.run("pass")  # the worker is up
-        return _drive(pys, name, calls)
+        rate, spent = _measured(pys, count * calls, lambda: _drive(pys, name, calls))
+        if costs is not None:
+            costs.add(spent)
+        return float(rate)
     finally:
         for py in pys:
             py.close()
@@ -109,11 +166,11 @@ def _process_main(calls: int, sandbox: str, start: Any, out: Any, pin: bool) -> 
         py.run("pass")
         start.wait()
         began = time.perf_counter()
-        py.run(_program("lookup", calls))
-        out.put(calls / (time.perf_counter() - began))
+        _, costs = _measured([py], calls, lambda: py.run(_program("lookup", calls)))
+        out.put((calls / (time.perf_counter() - began), costs))
 
 
-def in_processes(count: int, calls: int, sandbox: str, pin: bool = True) -> float:
+def in_processes(count: int, calls: int, sandbox: str, pin: bool = True, costs: Costs | None = None) -> float:
     ctx = multiprocessing.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=_process_main, args=(calls, sandbox, start, out, pin)) for _ in range(count)]
@@ -121,10 +178,13 @@ def in_processes(count: int, calls: int, sandbox: str, pin: bool = True) -> floa
         p.start()
     time.sleep(3.0)  # every host process is up with its worker
     start.set()
-    rates = [out.get(timeout=600) for _ in procs]
+    results = [out.get(timeout=600) for _ in procs]
     for p in procs:
         p.join()
-    return sum(rates)
+    for _, spent in results:
+        if costs is not None:
+            costs.add(spent)
+    return float(sum(rate for rate, _ in results))
 
 
 class _Today(AuditLog):
@@ -152,15 +212,18 @@ def main() -> None:
     one: list[float] = []
     eight: list[float] = []
     loose: list[float] = []
+    costs = {"one": Costs(), "eight": Costs(), "loose": Costs()}
     for _ in range(0 if opts.audit_only else opts.rounds):
-        one.append(in_threads(1, opts.calls, opts.sandbox))
-        eight.append(in_threads(8, opts.calls // 4, opts.sandbox))
-        loose.append(in_threads(8, opts.calls // 4, opts.sandbox, pin=False))
+        one.append(in_threads(1, opts.calls, opts.sandbox, costs=costs["one"]))
+        eight.append(in_threads(8, opts.calls // 4, opts.sandbox, costs=costs["eight"]))
+        loose.append(in_threads(8, opts.calls // 4, opts.sandbox, pin=False, costs=costs["loose"]))
     if not opts.audit_only:
         o, e, u = statistics.median(one), statistics.median(eight), statistics.median(loose)
         print(f"\nthreads   1 Interpreter {o:8.0f} calls/s | 8 Interpreters in threads {e:8.0f} calls/s "
               f"| ratio {e / o:.2f}x (target >= 1.0x)")
         print(f"          not placed (PIN = False):        8 in threads {u:8.0f} calls/s | ratio {u / o:.2f}x")
+        for label, key in (("1 Interpreter", "one"), ("8 in threads", "eight"), ("8 not placed", "loose")):
+            print(f"          {label:14} {costs[key].row()}")
         scaling(opts, cores)
     audit_rows(opts)
     print(f"\nload average {os.getloadavg()[0]:.2f}")
@@ -168,9 +231,11 @@ def main() -> None:
 
 def scaling(opts: argparse.Namespace, cores: int) -> None:
     rates: dict[tuple[int, bool], list[float]] = {}
+    costs: dict[tuple[int, bool], Costs] = {}
     for _ in range(opts.rounds):  # interleaved: each round measures every row once
         for n, pin in ((1, True), (2, True), (2, False), (4, True), (4, False)):
-            rates.setdefault((n, pin), []).append(in_processes(n, opts.calls, opts.sandbox, pin))
+            spent = costs.setdefault((n, pin), Costs())
+            rates.setdefault((n, pin), []).append(in_processes(n, opts.calls, opts.sandbox, pin, spent))
     base = statistics.median(rates[1, True])
     for n in (2, 4):
         target = "target >= 0.8 x N" if n <= cores else f"beyond the {cores} cores: for reference"
@@ -179,6 +244,8 @@ def scaling(opts: argparse.Namespace, cores: int) -> None:
             how = "" if pin else " not placed"
             print(f"processes {n} hosts{how} {agg:8.0f} calls/s vs 1 host {base:8.0f} | {agg / base:.2f}x = "
                   f"{agg / base / n:.2f} x N ({target})")
+    for n, pin in ((1, True), (2, True), (2, False), (4, True), (4, False)):
+        print(f"          {n} host{'s' if n > 1 else ' '}{'' if pin else ' not placed'}  {costs[n, pin].row()}")
 
 
 def audit_rows(opts: argparse.Namespace) -> None:
