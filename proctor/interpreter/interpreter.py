@@ -30,7 +30,7 @@ from proctor.errors import (
     ToolFailed,
 )
 from proctor.interpreter import spinning
-from proctor.interpreter.channel import EncodeError, ProtocolError, encode_value, frame, reply_frame
+from proctor.interpreter.channel import SCALAR_TYPES, EncodeError, ProtocolError, encode_value, frame, reply_frame
 from proctor.interpreter.host import WorkerDied, WorkerProcess
 from proctor.interpreter.limits import ChannelLimits, OversizedCall, call_args_bytes, size_text
 from proctor.interpreter.messages import (
@@ -278,7 +278,10 @@ class Interpreter:
                calls: list[CallRecord], after_final: bool, began: float, size: int) -> float:
         """Answer one request; return the seconds the program spent waiting for a tool or an
         approval (from `began` until the answer left), which do not count against its timeout."""
-        if not worker.seen_ids.take(req.id):
+        seen = worker.seen_ids
+        if req.id == seen.upto + 1 and not seen.above:  # `SeenIds.take`'s usual case, inline
+            seen.upto = req.id
+        elif not seen.take(req.id):
             raise ProtocolError(f"request id {req.id} used twice")
         refusal = None
         if after_final:
@@ -397,7 +400,8 @@ class Interpreter:
                                                              error_type=type(exc).__name__))
                 return
         try:
-            data = reply_frame(req.id, encode_value(value, "result"), worker.spin)
+            data = reply_frame(req.id, value if type(value) in SCALAR_TYPES else encode_value(value, "result"),
+                               worker.spin)
         except EncodeError as exc:
             failed = ToolFailed(f"{req.tool}: ran, but its {exc}", tool=req.tool, call_id=call_id,
                                 error_type="EncodeError")

@@ -80,7 +80,8 @@ class Worker:
             raise proctor_errors.ProctorError(f"{tool}: tools can only be called while a program runs")
         reply = channel.wait(rid)
         if reply.get("ok"):
-            return decode_value(reply.get("value"))
+            value = reply.get("value")
+            return value if type(value) in SCALAR_TYPES else decode_value(value)
         err = reply.get("error") or {}
         cls = _ERRORS.get(str(err.get("type")), proctor_errors.ProctorError)
         message = str(err.get("message", "the call failed"))

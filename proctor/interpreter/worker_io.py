@@ -62,7 +62,9 @@ class Channel:
         with self._send_lock:
             if not self.run_open:
                 return False
-            write_all(self.fd, data)
+            n = os.write(self.fd, data)  # `write_all`, inline: every call's frame fits the socket buffer
+            if n < len(data):
+                write_all(self.fd, memoryview(data)[n:])
             return True
 
     def open_run(self) -> None:
@@ -108,9 +110,10 @@ class Channel:
             finally:
                 with self._lock:
                     self._reading = False
-                    for waiter in self._waiters.values():
-                        waiter.release()
-                    self._waiters.clear()
+                    if self._waiters:  # threads waiting for their replies: one of them reads next
+                        for waiter in self._waiters.values():
+                            waiter.release()
+                        self._waiters.clear()
 
 
 class Output:
