@@ -63,6 +63,11 @@ from typing import Any
 
 from proctor.unicodenorm import nfkc
 
+try:  # the tokeniser and digests in C (setup.py); without a compiler the same tokens come from Python below
+    from proctor import _provtok as _native
+except ImportError:  # pragma: no cover - an install that could not build the extension
+    _native = None  # type: ignore[assignment]
+
 __all__ = [
     "TASK_WORDS",
     "USER",
@@ -192,6 +197,15 @@ def _analyze(text: str) -> tuple[str, set[str] | frozenset[str]]:
 
 
 def _analyze_text(text: str) -> tuple[str, set[str]]:
+    """`text` normalised as a whole and its tokens: in C when the extension built, else in Python (the same)."""
+    native = _native
+    if native is not None:
+        return native.analyze(_fold(text))
+    return _analyze_text_python(text)
+
+
+def _analyze_text_python(text: str) -> tuple[str, set[str]]:
+    """`_analyze_text` in Python: the fallback without the C extension, and the reference it is tested against."""
     folded = _fold(text)
     if len(folded) > 256 and folded.isascii() and not any(c in folded for c in _TOKEN_CHARS):
         # No digit and no separator: prose without a single token (each scan is a fast search in C).
@@ -316,8 +330,8 @@ class ProvenanceIndex:
     Thread-safe: calls of one run may be settled by several threads.
     """
 
-    __slots__ = ("_bits", "_entries", "_fields", "_key", "_labels", "_lock", "_named", "_overflow", "_prefix",
-                 "_probes", "limits")
+    __slots__ = ("_bits", "_digest", "_entries", "_fields", "_key", "_labels", "_lock", "_named", "_native",
+                 "_overflow", "_prefix", "_probes", "_sipkey", "limits")
 
     def __init__(self, limits: ProvenanceLimits | None = None, *, key: bytes | None = None) -> None:
         self.limits = limits or ProvenanceLimits()
@@ -328,9 +342,14 @@ class ProvenanceIndex:
         self._labels: list[str] = []  # bit position -> label
         self._overflow = 0  # labels of content a cap kept out (never includes `user`'s bit in answers)
         self._lock = threading.Lock()
-        # The digest of a text is Python's string hash (SipHash-1-3, 64 bits) of a secret per-index prefix of
-        # 128 random bits followed by the text: computed in C, about a tenth of a keyed BLAKE2b call.
+        # The digest of a text: with the C extension, SipHash-2-4 under a 128-bit key derived from the index's
+        # secret; without it, Python's string hash (SipHash-1-3, 64 bits) of a secret per-index prefix of 128
+        # random bits followed by the text. Both are computed in C; one index uses one of them throughout.
+        self._native = _native
+        self._sipkey = hashlib.blake2b(self._key, digest_size=16, person=b"proctor-prov").digest()
         self._prefix = hashlib.blake2b(self._key, digest_size=16).hexdigest().translate(_LETTERS)
+        self._digest: Callable[[str], int] = (functools.partial(_native.digest, self._sipkey) if _native is not None
+                                              else self._prefixed_hash)
         self._probes: dict[str, tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = {}  # arg -> digests
         self._named: dict[int, tuple[str, ...]] = {}  # label mask -> its sorted names
 
@@ -493,7 +512,7 @@ class ProvenanceIndex:
                                                      if mask >> i & 1))
         return names
 
-    def _digest(self, text: str) -> int:
+    def _prefixed_hash(self, text: str) -> int:
         return hash(self._prefix + text)
 
     # -- writing ---------------------------------------------------------------------------------
@@ -516,8 +535,10 @@ class ProvenanceIndex:
                 mask |= 1 << bit
         limits = self.limits
         chars_left = limits.max_result_chars
-        found: set[str] = set()
-        wholes: set[str] = set()  # whole values of a result (not of the task: its words are no fields)
+        budget = limits.max_result_tokens  # distinct entries the result may still add
+        task = USER in names
+        digest = self._digest
+        added = 0
         cut = False
         for leaf in _leaves(value, keys=True):
             if leaf is _CUT:
@@ -527,51 +548,89 @@ class ProvenanceIndex:
                 if len(leaf) > chars_left:
                     leaf, cut = leaf[:chars_left], True
                 chars_left -= len(leaf)
-                whole, inside = _analyze_text(leaf)  # never cached: results are not kept in clear anywhere
-                found.add(whole)
-                wholes.add(whole)
-                found.update(inside)
-                if USER in names:
-                    found.update(_word_runs(leaf))
-                    # A number of one or two digits in a task is a day, a count, a list item: too
-                    # ambiguous to say the user gave that id or amount (`June 13` is not file 13).
-                    found.difference_update(t for t in inside | {whole} if t.isdecimal() and len(t) < 3)
+                if task:
+                    found = self._task_entries(leaf)
+                    over = len(found) > budget
+                    kept = list(found)[: max(budget, 0)] if over else found
+                    with self._lock:
+                        new, full = self._put([digest(t) for t in kept], mask)
+                    used = len(kept)
+                else:  # never cached: results are not kept in clear anywhere
+                    whole, new, used, over, full = self._index_text(leaf, mask, budget)
+                    with self._lock:
+                        if whole in self._entries:  # a whole value of a result (not for one a cap kept out)
+                            self._fields[whole] = self._fields.get(whole, 0) | mask
             else:
                 text = _scalar_text(leaf)
-                if text is not None:
-                    found.add(text)
-                    wholes.add(text)
-            if chars_left <= 0 or len(found) > limits.max_result_tokens:
+                if text is None:
+                    continue
+                key = digest(text)
+                over = budget < 1
+                with self._lock:
+                    new, full = self._put([] if over else [key], mask)
+                    if key in self._entries:
+                        self._fields[key] = self._fields.get(key, 0) | mask
+                used = 0 if over else 1
+            added += new
+            budget -= used
+            cut = cut or full
+            if over or chars_left <= 0:
                 cut = True
                 break
-        if len(found) > limits.max_result_tokens:
-            found = set(list(found)[: limits.max_result_tokens])
-            cut = True
-        prefix = self._prefix
-        digests = [hash(prefix + text) for text in found]
-        field_digests = [] if USER in names else [hash(prefix + text) for text in wholes]
-        added = 0
-        with self._lock:
-            entries = self._entries
-            room = limits.max_tokens - len(entries)
-            for digest in digests:
-                old = entries.get(digest)
-                if old is None:
-                    if room <= 0:
-                        cut = True
-                        continue
-                    room -= 1
-                    added += 1
-                    entries[digest] = mask
-                elif old & mask != mask:
-                    entries[digest] = old | mask
-            fields = self._fields
-            for digest in field_digests:
-                if digest in entries:  # not for an entry a cap kept out
-                    fields[digest] = fields.get(digest, 0) | mask
-            if cut:
+        if cut:
+            with self._lock:
                 self._overflow |= mask
         return added
+
+    def _index_text(self, text: str, mask: int, budget: int) -> tuple[int, int, int, bool, bool]:
+        """Index one string of a result: its whole form and its tokens, at most `budget` distinct entries.
+        Returns (the whole form's digest, new entries, distinct entries, over the budget, over the run's cap)."""
+        native = self._native
+        if native is not None:  # tokens, digests and inserts in one C call
+            with self._lock:
+                room = self.limits.max_tokens - len(self._entries)
+                found: tuple[int, int, int, bool, bool] = native.index(self._sipkey, _fold(text), self._entries,
+                                                                       mask, room, budget)
+                return found
+        whole, inside = _analyze_text_python(text)
+        entries = [whole, *inside.difference((whole,))]
+        over = len(entries) > budget
+        kept = entries[: max(budget, 0)] if over else entries
+        digest = self._digest
+        digests = [digest(t) for t in kept]
+        with self._lock:
+            new, full = self._put(digests, mask)
+        return digest(whole), new, len(kept), over, full
+
+    @staticmethod
+    def _task_entries(text: str) -> set[str]:
+        """What a task's text is indexed as: its whole form, its tokens and its runs of words, without the
+        numbers of one or two digits (a day, a count, a list item: too ambiguous to say the user gave that id
+        or amount; `June 13` is not file 13)."""
+        whole, inside = _analyze_text(text)
+        found = {whole, *inside, *_word_runs(text)}
+        found.difference_update(t for t in inside | {whole} if t.isdecimal() and len(t) < 3)
+        return found
+
+    def _put(self, digests: Iterable[int], mask: int) -> tuple[int, bool]:
+        """Add `mask` to the entries of `digests`, new ones while the run's cap allows (the lock held); returns
+        (new entries, whether the cap kept one out)."""
+        entries = self._entries
+        room = self.limits.max_tokens - len(entries)
+        added = 0
+        cut = False
+        for digest in digests:
+            old = entries.get(digest)
+            if old is None:
+                if room <= 0:
+                    cut = True
+                    continue
+                room -= 1
+                added += 1
+                entries[digest] = mask
+            elif old & mask != mask:
+                entries[digest] = old | mask
+        return added, cut
 
     def mark_incomplete(self, labels: Iterable[str]) -> None:
         """Say that content under `labels` exists that this index never saw (a resumed run: its

@@ -33,3 +33,18 @@ def _private_state_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: p
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
     monkeypatch.delenv("PROCTOR_AUDIT", raising=False)
     monkeypatch.delenv("PROCTOR_AUDIT_KEY", raising=False)
+
+
+@pytest.fixture(params=["native", "python"])
+def tokeniser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a provenance test with the C tokeniser (proctor._provtok, which must have built) and with the Python one."""
+    from proctor import provenance
+
+    if request.param == "native":
+        assert provenance._native is not None, (
+            "proctor._provtok did not build: install a C compiler and the Python headers (python3-dev), "
+            "then `pip install -e '.[dev]'`")
+    else:
+        monkeypatch.setattr(provenance, "_native", None)
+    provenance._analyze_short.cache_clear()
+    return str(request.param)

@@ -12,6 +12,10 @@ from proctor.policy import Policy
 from proctor.testing import InMemoryAudit
 from proctor.tools import tool
 
+# Each test runs with the C tokeniser and with the pure-Python one (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("tokeniser")
+
+
 _PAGE: dict[str, str] = {"text": ""}
 
 

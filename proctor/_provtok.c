@@ -1,0 +1,1033 @@
+/* proctor._provtok: the provenance tokeniser and keyed digests in C.
+ *
+ * Why C: indexing a 100 KB tool result must cost <= 2 ms (issue #19), and a page of addresses holds
+ * ~8,000 tokens; in Python each token costs a string object, a hash and a dict insert (~0.3 us, about
+ * 2.5 ms before any tokenising). Here one call tokenises a case-folded text, computes each entry's
+ * keyed digest and inserts it into the index's dict. proctor/provenance.py keeps the same tokeniser
+ * in pure Python (used when this module did not build: the extension is optional); tests check that
+ * both give the same tokens (tests/test_provenance_native.py).
+ *
+ * The input is untrusted (tool results): every buffer is sized from the input's length with overflow
+ * checks, nothing is written through a fixed-size buffer, recursion is bounded (depth <= 4), and the
+ * number of entries one call may produce is capped by its `budget` argument.
+ *
+ * What counts as a token is documented in proctor/provenance.py; every rule below names the regular
+ * expression of the Python path it implements.
+ *
+ * Digest: SipHash-2-4 (Aumasson & Bernstein) with a 128-bit key drawn per index, over the text's
+ * UTF-8 (a lone surrogate encoded as any other code point); 0 is read as 1 (0 marks an empty slot).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef Py_UCS4 ch;
+
+/* ---- SipHash-2-4 ------------------------------------------------------------------------------- */
+
+typedef struct {
+    uint64_t k0, k1;
+} Key;
+
+#define ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                                                   \
+    do {                                                                                           \
+        v0 += v1; v1 = ROTL(v1, 13); v1 ^= v0; v0 = ROTL(v0, 32);                                  \
+        v2 += v3; v3 = ROTL(v3, 16); v3 ^= v2;                                                     \
+        v0 += v3; v3 = ROTL(v3, 21); v3 ^= v0;                                                     \
+        v2 += v1; v1 = ROTL(v1, 17); v1 ^= v2; v2 = ROTL(v2, 32);                                  \
+    } while (0)
+
+static inline uint64_t
+load_le64(const uint8_t *p)
+{
+    return (uint64_t)p[0] | ((uint64_t)p[1] << 8) | ((uint64_t)p[2] << 16) | ((uint64_t)p[3] << 24) |
+           ((uint64_t)p[4] << 32) | ((uint64_t)p[5] << 40) | ((uint64_t)p[6] << 48) | ((uint64_t)p[7] << 56);
+}
+
+static uint64_t
+siphash24(const Key *key, const uint8_t *in, size_t len)
+{
+    uint64_t v0 = 0x736f6d6570736575ULL ^ key->k0;
+    uint64_t v1 = 0x646f72616e646f6dULL ^ key->k1;
+    uint64_t v2 = 0x6c7967656e657261ULL ^ key->k0;
+    uint64_t v3 = 0x7465646279746573ULL ^ key->k1;
+    const uint8_t *end = in + (len - (len % 8));
+    uint64_t b = ((uint64_t)len) << 56;
+    for (; in != end; in += 8) {
+        uint64_t m = load_le64(in);
+        v3 ^= m;
+        SIPROUND;
+        SIPROUND;
+        v0 ^= m;
+    }
+    switch (len & 7) {
+    case 7: b |= ((uint64_t)in[6]) << 48; /* fall through */
+    case 6: b |= ((uint64_t)in[5]) << 40; /* fall through */
+    case 5: b |= ((uint64_t)in[4]) << 32; /* fall through */
+    case 4: b |= ((uint64_t)in[3]) << 24; /* fall through */
+    case 3: b |= ((uint64_t)in[2]) << 16; /* fall through */
+    case 2: b |= ((uint64_t)in[1]) << 8;  /* fall through */
+    case 1: b |= ((uint64_t)in[0]); break;
+    case 0: break;
+    }
+    v3 ^= b;
+    SIPROUND;
+    SIPROUND;
+    v0 ^= b;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+static inline uint64_t
+finish(uint64_t h)
+{
+    return h ? h : 1;
+}
+
+/* The digest of a text: SipHash-2-4 of its code points in UTF-8 (surrogates encoded as any other code
+ * point), `bytes` a scratch buffer of at least 4 * n bytes. */
+static uint64_t
+text_digest(const Key *key, const ch *t, size_t n, uint8_t *bytes)
+{
+    uint8_t *o = bytes;
+    for (size_t p = 0; p < n; p++) {
+        ch c = t[p];
+        if (c < 0x80)
+            *o++ = (uint8_t)c;
+        else if (c < 0x800) {
+            *o++ = (uint8_t)(0xc0 | (c >> 6));
+            *o++ = (uint8_t)(0x80 | (c & 0x3f));
+        }
+        else if (c < 0x10000) {
+            *o++ = (uint8_t)(0xe0 | (c >> 12));
+            *o++ = (uint8_t)(0x80 | ((c >> 6) & 0x3f));
+            *o++ = (uint8_t)(0x80 | (c & 0x3f));
+        }
+        else {
+            *o++ = (uint8_t)(0xf0 | ((c >> 18) & 0x07));
+            *o++ = (uint8_t)(0x80 | ((c >> 12) & 0x3f));
+            *o++ = (uint8_t)(0x80 | ((c >> 6) & 0x3f));
+            *o++ = (uint8_t)(0x80 | (c & 0x3f));
+        }
+    }
+    return finish(siphash24(key, bytes, (size_t)(o - bytes)));
+}
+
+static int
+parse_key(PyObject *obj, Key *key)
+{
+    if (!PyBytes_Check(obj) || PyBytes_GET_SIZE(obj) != 16) {
+        PyErr_SetString(PyExc_ValueError, "the provenance key must be 16 bytes");
+        return -1;
+    }
+    const uint8_t *p = (const uint8_t *)PyBytes_AS_STRING(obj);
+    key->k0 = load_le64(p);
+    key->k1 = load_le64(p + 8);
+    return 0;
+}
+
+/* ---- character classes (Python's `re` for str patterns, and str.split()) ----------------------- */
+
+/* Classes of a code point, one bit each: a table for ASCII (filled at import), Python's tables beyond. */
+enum { W = 1, SEP = 2, DEC = 4, ALNUM = 8, JOIN = 16, SPACE = 32, DASH = 64 };
+static uint8_t ascii_class[128];
+
+static unsigned
+wide_class(ch c)
+{
+    unsigned k = 0;
+    if (Py_UNICODE_ISALNUM(c))
+        k |= W | ALNUM;
+    if (Py_UNICODE_ISDECIMAL(c))
+        k |= DEC;
+    if (Py_UNICODE_ISSPACE(c))
+        k |= SPACE;
+    return k;
+}
+
+static void
+fill_ascii_class(void)
+{
+    for (ch c = 0; c < 128; c++) {
+        unsigned k = 0;
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))
+            k |= W | ALNUM; /* [^\W_] */
+        if (c >= '0' && c <= '9')
+            k |= DEC; /* \d */
+        if (c == '_')
+            k |= W | JOIN; /* \w, and a joiner of [.@/:#+_%~=?&-] */
+        if (c && strchr(".@/:#+%~=?&,-", (int)c))
+            k |= SEP; /* the separators of _TOKEN's class */
+        if (c && strchr(".@/:#+%~=?&-", (int)c))
+            k |= JOIN;
+        if (Py_UNICODE_ISSPACE(c))
+            k |= SPACE; /* str.split() */
+        if (c == '-')
+            k |= DASH;
+        ascii_class[c] = (uint8_t)k;
+    }
+}
+
+static inline unsigned
+klass(ch c)
+{
+    return c < 128 ? ascii_class[c] : wide_class(c);
+}
+
+static inline int
+is_alnum(ch c) /* [^\W_] */
+{
+    return (klass(c) & ALNUM) != 0;
+}
+
+static inline int
+is_w(ch c) /* \w */
+{
+    return (klass(c) & W) != 0;
+}
+
+static inline int
+is_dec(ch c) /* \d */
+{
+    return c < 128 ? (c >= '0' && c <= '9') : Py_UNICODE_ISDECIMAL(c);
+}
+
+static inline int
+in_class(ch c) /* [\w.@/:#+%~=?&,-] */
+{
+    return (klass(c) & (W | SEP)) != 0;
+}
+
+static inline int
+in_joiners(ch c) /* [.@/:#+_%~=?&-] */
+{
+    return (klass(c) & JOIN) != 0;
+}
+
+static inline int
+is_space(ch c)
+{
+    return c < 128 ? (ascii_class[c] & SPACE) != 0 : Py_UNICODE_ISSPACE(c);
+}
+
+static inline int
+is_az(ch c)
+{
+    return c >= 'a' && c <= 'z';
+}
+
+static inline int
+is_az09(ch c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+}
+
+static inline int
+starts_www(const ch *t, size_t n)
+{
+    return n >= 4 && t[0] == 'w' && t[1] == 'w' && t[2] == 'w' && t[3] == '.';
+}
+
+/* _TOKEN's lookahead over a run: a digit, or a letter-or-digit, joiners, a letter-or-digit. */
+static int
+token_like(const ch *t, size_t n)
+{
+    size_t p;
+    for (p = 0; p < n; p++)
+        if (is_dec(t[p]))
+            return 1;
+    p = 0;
+    while (p < n) {
+        if (is_alnum(t[p])) {
+            size_t q = p + 1;
+            while (q < n && in_joiners(t[q]))
+                q++;
+            if (q > p + 1 && q < n && is_alnum(t[q]))
+                return 1;
+            p = q > p + 1 ? q : p + 1;
+        }
+        else {
+            p++;
+        }
+    }
+    return 0;
+}
+
+/* _TOKEN.fullmatch(t) */
+static int
+token_fullmatch(const ch *t, size_t n)
+{
+    if (n == 0 || !is_w(t[0]))
+        return 0;
+    for (size_t p = 0; p < n; p++)
+        if (!in_class(t[p]))
+            return 0;
+    return token_like(t, n);
+}
+
+/* \d+\.\d*0 as a whole */
+static int
+decimal_with_trailing_zero(const ch *t, size_t n)
+{
+    size_t p = 0;
+    while (p < n && is_dec(t[p]))
+        p++;
+    if (p == 0 || p >= n || t[p] != '.')
+        return 0;
+    p++;
+    if (p >= n || t[n - 1] != '0')
+        return 0;
+    for (; p < n; p++)
+        if (!is_dec(t[p]))
+            return 0;
+    return 1;
+}
+
+/* _SIMPLE.fullmatch(t): (?!www\.)(?!_)(?!\d+\.\d*0$)[\w.@+%~#-]*[^\W_] */
+static int
+is_simple(const ch *t, size_t n)
+{
+    if (n == 0 || starts_www(t, n) || t[0] == '_' || decimal_with_trailing_zero(t, n))
+        return 0;
+    for (size_t p = 0; p < n; p++) {
+        ch c = t[p];
+        if (!(is_w(c) || c == '.' || c == '@' || c == '+' || c == '%' || c == '~' || c == '#' || c == '-'))
+            return 0;
+    }
+    return is_alnum(t[n - 1]);
+}
+
+/* _NUMBER.fullmatch(t): \d{1,3}(?:,\d{3})+(?:\.\d+)? | \d+(?:\.\d+)? */
+static int
+is_number(const ch *t, size_t n)
+{
+    size_t p = 0;
+    while (p < n && is_dec(t[p]))
+        p++;
+    if (p == 0)
+        return 0;
+    if (p < n && t[p] == ',') { /* thousands groups */
+        if (p > 3)
+            return 0;
+        int groups = 0;
+        while (p < n && t[p] == ',') {
+            if (p + 4 > n || !is_dec(t[p + 1]) || !is_dec(t[p + 2]) || !is_dec(t[p + 3]))
+                return 0;
+            p += 4;
+            groups++;
+        }
+        if (groups == 0)
+            return 0;
+    }
+    if (p == n)
+        return 1;
+    if (t[p] != '.')
+        return 0;
+    p++;
+    if (p == n)
+        return 0;
+    for (; p < n; p++)
+        if (!is_dec(t[p]))
+            return 0;
+    return 1;
+}
+
+/* _DASHED: groups [a-z]*\d[a-z0-9]* joined by '-', two or more */
+static int
+is_dashed(const ch *t, size_t n)
+{
+    size_t p = 0, groups = 0;
+    for (;;) {
+        size_t q = p;
+        while (q < n && t[q] != '-')
+            q++;
+        if (q == p)
+            return 0;
+        size_t a = p;
+        while (a < q && is_az(t[a]))
+            a++;
+        if (a == q || !is_dec(t[a]))
+            return 0;
+        for (size_t b = a + 1; b < q; b++)
+            if (!is_az09(t[b]))
+                return 0;
+        groups++;
+        if (q == n)
+            break;
+        p = q + 1;
+    }
+    return groups >= 2;
+}
+
+/* ---- the sink: where tokens go (a set of str, or digests into the index's dict) ----------------- */
+
+#define DASHLESS_MIN 7
+#define MAX_DEPTH 4
+
+typedef struct {
+    ch *data;
+    size_t cap;
+} Buf;
+
+typedef struct {
+    int digests;        /* 0: collect str objects in `set`; 1: digests into `entries` */
+    PyObject *set;      /* mode 0 */
+    Key key;            /* mode 1 */
+    PyObject *entries;  /* mode 1: dict digest -> label mask */
+    PyObject *mask;     /* mode 1 */
+    Py_ssize_t room;    /* mode 1: entries the dict may still take */
+    size_t budget;      /* mode 1: distinct entries this call may produce */
+    size_t count;       /* mode 1: distinct entries produced */
+    Py_ssize_t added;   /* mode 1: new keys put in `entries` */
+    uint64_t *table;    /* mode 1: open addressing set of the digests produced (0: empty) */
+    size_t table_cap;
+    int over_budget;    /* mode 1: more distinct entries than `budget` */
+    int over_room;      /* mode 1: a new entry found no room */
+    int stop;           /* an error, or the budget is spent */
+    int iban_head;      /* a token looked like an IBAN's first group (gb29) */
+    Buf scratch;        /* numbers, IBANs: rewritten forms */
+    Buf dashless;       /* forms without their dashes */
+    uint8_t *bytes;     /* mode 1: UTF-8 of the text being digested, 4 bytes per code point of the input */
+    const ch *base;     /* mode 1: the input's code points */
+    size_t base_n;
+    const uint8_t *ascii; /* mode 1: the input's data when it is ASCII (a form inside it is hashed there) */
+    int dash;           /* the token being processed holds a '-' */
+} Sink;
+
+static int
+buf_reserve(Buf *buf, size_t n)
+{
+    if (n <= buf->cap)
+        return 0;
+    if (n > PY_SSIZE_T_MAX / sizeof(ch)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    ch *data = PyMem_Realloc(buf->data, n * sizeof(ch));
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    buf->data = data;
+    buf->cap = n;
+    return 0;
+}
+
+static int
+table_grow(Sink *sk)
+{
+    size_t cap = sk->table ? sk->table_cap * 2 : sk->table_cap; /* the first call: table_cap, set by the caller */
+    if (cap > PY_SSIZE_T_MAX / sizeof(uint64_t)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    uint64_t *table = PyMem_Calloc(cap, sizeof(uint64_t));
+    if (table == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; sk->table != NULL && i < sk->table_cap; i++) {
+        uint64_t h = sk->table[i];
+        if (h) {
+            size_t at = (size_t)h & (cap - 1);
+            while (table[at])
+                at = (at + 1) & (cap - 1);
+            table[at] = h;
+        }
+    }
+    PyMem_Free(sk->table);
+    sk->table = table;
+    sk->table_cap = cap;
+    return 0;
+}
+
+/* Put one digest in the index: once per call, within the budget and the room left. */
+static void
+add_digest(Sink *sk, uint64_t h)
+{
+    if ((sk->count + 1) * 2 > sk->table_cap && table_grow(sk) < 0) {
+        sk->stop = 1;
+        return;
+    }
+    size_t at = (size_t)h & (sk->table_cap - 1);
+    while (sk->table[at]) {
+        if (sk->table[at] == h)
+            return; /* produced already by this call */
+        at = (at + 1) & (sk->table_cap - 1);
+    }
+    if (sk->count >= sk->budget) { /* one more distinct entry than the result may add */
+        sk->over_budget = 1;
+        sk->stop = 1;
+        return;
+    }
+    sk->table[at] = h;
+    sk->count++;
+    PyObject *key = PyLong_FromUnsignedLongLong(h);
+    if (key == NULL) {
+        sk->stop = 1;
+        return;
+    }
+    PyObject *old; /* borrowed */
+    if (sk->room > 0) { /* one lookup: the entry, put there with `mask` when it was new */
+        Py_ssize_t before = PyDict_GET_SIZE(sk->entries);
+        old = PyDict_SetDefault(sk->entries, key, sk->mask);
+        if (old == NULL)
+            sk->stop = 1;
+        else if (PyDict_GET_SIZE(sk->entries) != before) {
+            sk->room--;
+            sk->added++;
+            old = sk->mask;
+        }
+    }
+    else {
+        old = PyDict_GetItemWithError(sk->entries, key);
+        if (old == NULL) {
+            if (PyErr_Occurred())
+                sk->stop = 1;
+            else
+                sk->over_room = 1;
+        }
+    }
+    if (old != NULL && old != sk->mask) {
+        PyObject *both = PyNumber_Or(old, sk->mask);
+        if (both == NULL)
+            sk->stop = 1;
+        else {
+            int differs = PyObject_RichCompareBool(both, old, Py_NE);
+            if (differs < 0 || (differs && PyDict_SetItem(sk->entries, key, both) < 0))
+                sk->stop = 1;
+            Py_DECREF(both);
+        }
+    }
+    Py_DECREF(key);
+}
+
+static void
+emit(Sink *sk, const ch *t, size_t n)
+{
+    if (sk->stop)
+        return;
+    if (sk->digests) {
+        if (sk->ascii != NULL && t >= sk->base && t + n <= sk->base + sk->base_n) /* its UTF-8 is in the text */
+            add_digest(sk, finish(siphash24(&sk->key, sk->ascii + (t - sk->base), n)));
+        else
+            add_digest(sk, text_digest(&sk->key, t, n, sk->bytes));
+        return;
+    }
+    PyObject *s = PyUnicode_FromKindAndData(PyUnicode_4BYTE_KIND, t, (Py_ssize_t)n);
+    if (s == NULL || PySet_Add(sk->set, s) < 0)
+        sk->stop = 1;
+    Py_XDECREF(s);
+}
+
+/* A form of a token: it, and (_dashless) without its dashes when it is letter-and-digit groups. */
+static void
+emit_form(Sink *sk, const ch *t, size_t n)
+{
+    emit(sk, t, n);
+    if (!sk->dash)
+        return;
+    size_t dashes = 0;
+    for (size_t p = 0; p < n; p++)
+        dashes += t[p] == '-';
+    if (dashes == 0 || n - dashes < DASHLESS_MIN || !is_dashed(t, n))
+        return;
+    if (buf_reserve(&sk->dashless, n) < 0) {
+        sk->stop = 1;
+        return;
+    }
+    size_t m = 0;
+    for (size_t p = 0; p < n; p++)
+        if (t[p] != '-')
+            sk->dashless.data[m++] = t[p];
+    emit(sk, sk->dashless.data, m);
+}
+
+static int
+is_trailing(ch c) /* _TRAILING = ".,:;!?/#-=&_~" */
+{
+    switch (c) {
+    case '.': case ',': case ':': case ';': case '!': case '?': case '/':
+    case '#': case '-': case '=': case '&': case '_': case '~':
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static inline int
+is_scheme_sep(const ch *t, size_t n, size_t p) /* "://" at p */
+{
+    return p + 3 <= n && t[p] == ':' && t[p + 1] == '/' && t[p + 2] == '/';
+}
+
+/* _token_forms */
+static void
+token_forms(Sink *sk, const ch *t, size_t n, int depth)
+{
+    if (sk->stop || depth > MAX_DEPTH)
+        return;
+    while (n > 0 && is_trailing(t[n - 1]))
+        n--;
+    while (n > 0 && (t[0] == '_' || t[0] == '~')) {
+        t++;
+        n--;
+    }
+    if (n == 0)
+        return;
+    if (is_number(t, n)) { /* _number: no commas; trailing decimal zeros and a bare point dropped */
+        if (buf_reserve(&sk->scratch, n) < 0) {
+            sk->stop = 1;
+            return;
+        }
+        size_t m = 0;
+        int point = 0;
+        for (size_t p = 0; p < n; p++) {
+            if (t[p] != ',')
+                sk->scratch.data[m++] = t[p];
+            point |= t[p] == '.';
+        }
+        if (point) {
+            while (m > 0 && sk->scratch.data[m - 1] == '0')
+                m--;
+            while (m > 0 && sk->scratch.data[m - 1] == '.')
+                m--;
+        }
+        emit_form(sk, sk->scratch.data, m);
+        return;
+    }
+    size_t p;
+    for (p = 0; p < n && t[p] != ','; p++)
+        ;
+    if (p < n) { /* a list written without spaces: each part */
+        size_t start = 0;
+        for (p = 0; p <= n; p++) {
+            if (p == n || t[p] == ',') {
+                token_forms(sk, t + start, p - start, depth + 1);
+                start = p + 1;
+            }
+        }
+        return;
+    }
+    emit_form(sk, t, n);
+    /* key=value, a query string, mailto:x: the pieces between = & ? : (a piece holding :// is none) */
+    int has_piece_sep = 0;
+    for (p = 0; p < n;) {
+        if (is_scheme_sep(t, n, p))
+            p += 3;
+        else {
+            if (t[p] == '=' || t[p] == '&' || t[p] == '?' || t[p] == ':')
+                has_piece_sep = 1;
+            p++;
+        }
+    }
+    if (has_piece_sep) {
+        size_t start = 0;
+        int scheme_inside = 0;
+        for (p = 0; p <= n;) {
+            if (p < n && is_scheme_sep(t, n, p)) {
+                scheme_inside = 1;
+                p += 3;
+                continue;
+            }
+            if (p == n || t[p] == '=' || t[p] == '&' || t[p] == '?' || t[p] == ':') {
+                if (!scheme_inside && p > start && token_fullmatch(t + start, p - start))
+                    token_forms(sk, t + start, p - start, depth + 1);
+                start = p + 1;
+                scheme_inside = 0;
+            }
+            p++;
+        }
+    }
+    /* a URL: also without its scheme, without www., its host, and the host without its port */
+    size_t scheme = n;
+    for (p = 0; p + 3 <= n; p++)
+        if (is_scheme_sep(t, n, p)) {
+            scheme = p;
+            break;
+        }
+    const ch *rest;
+    size_t rn;
+    if (scheme != n && scheme > 0) {
+        rest = t + scheme + 3;
+        rn = n - scheme - 3;
+    }
+    else if (starts_www(t, n)) {
+        rest = t;
+        rn = n;
+    }
+    else
+        return;
+    if (rn == 0)
+        return;
+    emit_form(sk, rest, rn);
+    if (starts_www(rest, rn) && rn > 4)
+        emit_form(sk, rest + 4, rn - 4);
+    size_t hn = 0;
+    while (hn < rn && rest[hn] != '/' && rest[hn] != '?')
+        hn++;
+    if (hn > 0 && hn != rn)
+        emit_form(sk, rest, hn);
+    size_t bn = hn; /* _PORT: ":\d+$" */
+    size_t colon = hn;
+    for (p = hn; p > 0; p--)
+        if (rest[p - 1] == ':') {
+            colon = p - 1;
+            break;
+        }
+    if (colon < hn && colon + 1 < hn) {
+        size_t q;
+        for (q = colon + 1; q < hn && is_dec(rest[q]); q++)
+            ;
+        if (q == hn)
+            bn = colon;
+    }
+    if (bn != hn)
+        emit_form(sk, rest, bn);
+    if (starts_www(rest, bn) && bn > 4)
+        emit_form(sk, rest + 4, bn - 4);
+}
+
+/* One token found by _TOKEN: itself when _SIMPLE, else its forms. */
+static void
+token(Sink *sk, const ch *t, size_t n)
+{
+    if (n == 4 && is_az(t[0]) && is_az(t[1]) && is_dec(t[2]) && is_dec(t[3]))
+        sk->iban_head = 1;
+    if (is_simple(t, n))
+        emit_form(sk, t, n);
+    else
+        token_forms(sk, t, n, 0);
+}
+
+/* _IBAN.findall over the folded text, each match without its spaces:
+ * (?<!\w)[a-z]{2}\d{2}(?: [a-z0-9]{4}){2,7}(?: [a-z0-9]{1,4})?(?!\w) */
+static void
+ibans(Sink *sk, const ch *s, size_t n)
+{
+    size_t i = 0;
+    while (i + 14 <= n && !sk->stop) { /* a head and two groups at least */
+        if (s[i + 4] == ' ' && (i == 0 || !is_w(s[i - 1])) && is_az(s[i]) && is_az(s[i + 1]) && is_dec(s[i + 2]) &&
+            is_dec(s[i + 3])) {
+            size_t head = i + 4, groups = 0, q = head, end = 0;
+            int matched = 0;
+            while (groups < 7 && q + 5 <= n && s[q] == ' ' && is_az09(s[q + 1]) && is_az09(s[q + 2]) &&
+                   is_az09(s[q + 3]) && is_az09(s[q + 4])) {
+                groups++;
+                q += 5;
+            }
+            for (size_t g = groups; g >= 2 && !matched; g--) {
+                size_t at = head + 5 * g;
+                if (at < n && s[at] == ' ') {
+                    size_t t = 0;
+                    while (t < 4 && at + 1 + t < n && is_az09(s[at + 1 + t]))
+                        t++;
+                    for (size_t tt = t; tt >= 1; tt--) {
+                        size_t e = at + 1 + tt;
+                        if (e == n || !is_w(s[e])) {
+                            matched = 1;
+                            end = e;
+                            break;
+                        }
+                    }
+                }
+                if (!matched && (at == n || !is_w(s[at]))) {
+                    matched = 1;
+                    end = at;
+                }
+            }
+            if (matched) {
+                if (buf_reserve(&sk->scratch, end - i) < 0) {
+                    sk->stop = 1;
+                    return;
+                }
+                size_t m = 0;
+                for (size_t p = i; p < end; p++)
+                    if (s[p] != ' ')
+                        sk->scratch.data[m++] = s[p];
+                emit(sk, sk->scratch.data, m);
+                i = end;
+                continue;
+            }
+        }
+        i++;
+    }
+}
+
+/* Every token of the folded text `s` (the _TOKEN matches; IBANs in groups when one was seen). */
+static void
+scan(Sink *sk, const ch *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n && !sk->stop) {
+        if (!in_class(s[i])) {
+            i++;
+            continue;
+        }
+        size_t r = i;
+        unsigned flags = 0, k1;
+        while (i < n && ((k1 = klass(s[i])) & (W | SEP))) {
+            flags |= k1;
+            i++;
+        }
+        if (!(flags & W) || !(flags & (DEC | JOIN))) /* no word character, or neither a digit nor a joiner */
+            continue;
+        size_t k = r;
+        while (k < i && !is_w(s[k]))
+            k++;
+        if (k < i && token_like(s + k, i - k)) {
+            sk->dash = (flags & DASH) != 0;
+            token(sk, s + k, i - k);
+        }
+    }
+    if (sk->iban_head) {
+        sk->dash = 0;
+        ibans(sk, s, n);
+    }
+}
+
+/* " ".join(s.split()) into `out` (at least n long); its length. */
+static size_t
+whole_of(const ch *s, size_t n, ch *out)
+{
+    size_t m = 0, i = 0;
+    while (i < n) {
+        while (i < n && is_space(s[i]))
+            i++;
+        if (i == n)
+            break;
+        if (m)
+            out[m++] = ' ';
+        while (i < n && !is_space(s[i]))
+            out[m++] = s[i++];
+    }
+    return m;
+}
+
+static void
+sink_free(Sink *sk)
+{
+    PyMem_Free(sk->table);
+    PyMem_Free(sk->scratch.data);
+    PyMem_Free(sk->dashless.data);
+    PyMem_Free(sk->bytes);
+}
+
+/* The text's code points and its whole form; NULL with an exception set on failure. */
+static ch *
+code_points(PyObject *text, size_t *n, ch **whole, size_t *wn)
+{
+    Py_ssize_t len = PyUnicode_GET_LENGTH(text);
+    ch *s = PyUnicode_AsUCS4Copy(text); /* len + 1 code points */
+    if (s == NULL)
+        return NULL;
+    ch *w = PyMem_Malloc(((size_t)len + 1) * sizeof(ch));
+    if (w == NULL) {
+        PyMem_Free(s);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    *n = (size_t)len;
+    *wn = whole_of(s, (size_t)len, w);
+    *whole = w;
+    return s;
+}
+
+/* ---- module functions -------------------------------------------------------------------------- */
+
+PyDoc_STRVAR(analyze_doc,
+"analyze(folded: str) -> tuple[str, set[str]]\n\n"
+"The whole form (whitespace collapsed) and the tokens of an already case-folded text, as\n"
+"proctor.provenance's pure-Python tokeniser gives them.");
+
+static PyObject *
+analyze(PyObject *module, PyObject *text)
+{
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "analyze() takes a str");
+        return NULL;
+    }
+    size_t n, wn;
+    ch *whole;
+    ch *s = code_points(text, &n, &whole, &wn);
+    if (s == NULL)
+        return NULL;
+    Sink sk = {0};
+    PyObject *result = NULL, *whole_str = NULL;
+    sk.set = PySet_New(NULL);
+    if (sk.set == NULL)
+        goto done;
+    scan(&sk, s, n);
+    if (PyErr_Occurred())
+        goto done;
+    whole_str = PyUnicode_FromKindAndData(PyUnicode_4BYTE_KIND, whole, (Py_ssize_t)wn);
+    if (whole_str == NULL)
+        goto done;
+    result = PyTuple_Pack(2, whole_str, sk.set);
+done:
+    Py_XDECREF(whole_str);
+    Py_XDECREF(sk.set);
+    sink_free(&sk);
+    PyMem_Free(whole);
+    PyMem_Free(s);
+    return result;
+}
+
+PyDoc_STRVAR(digest_doc,
+"digest(key: bytes, text: str) -> int\n\n"
+"The 64-bit keyed digest (SipHash-2-4 under the 16-byte key) of an already normalised text.");
+
+static PyObject *
+digest(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    Key key;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "digest() takes (key, text)");
+        return NULL;
+    }
+    if (parse_key(args[0], &key) < 0)
+        return NULL;
+    PyObject *text = args[1];
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "digest() takes a str");
+        return NULL;
+    }
+    Py_ssize_t len = PyUnicode_GET_LENGTH(text);
+    uint64_t h;
+    if (PyUnicode_IS_ASCII(text)) /* its UTF-8 is its data */
+        h = finish(siphash24(&key, (const uint8_t *)PyUnicode_DATA(text), (size_t)len));
+    else {
+        if ((size_t)len > PY_SSIZE_T_MAX / 8)
+            return PyErr_NoMemory();
+        ch *copy = PyUnicode_AsUCS4Copy(text);
+        if (copy == NULL)
+            return NULL;
+        uint8_t *bytes = PyMem_Malloc((size_t)len * 4 + 1);
+        if (bytes == NULL) {
+            PyMem_Free(copy);
+            return PyErr_NoMemory();
+        }
+        h = text_digest(&key, copy, (size_t)len, bytes);
+        PyMem_Free(bytes);
+        PyMem_Free(copy);
+    }
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+PyDoc_STRVAR(index_doc,
+"index(key: bytes, folded: str, entries: dict, mask: int, room: int, budget: int)\n"
+"    -> tuple[int, int, int, bool, bool]\n\n"
+"Index one case-folded text: its whole form and every token, as digests put in `entries` with\n"
+"`mask` (or'ed into an existing entry's). At most `room` new keys are added and at most `budget`\n"
+"distinct entries produced. Returns (the whole form's digest, new keys added, distinct entries\n"
+"produced, whether the budget was exceeded, whether a new entry found no room).");
+
+static PyObject *
+index_text(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    Sink sk = {0};
+    uint64_t whole_digest = 0;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "index() takes (key, folded, entries, mask, room, budget)");
+        return NULL;
+    }
+    if (parse_key(args[0], &sk.key) < 0)
+        return NULL;
+    PyObject *text = args[1];
+    if (!PyUnicode_Check(text) || !PyDict_CheckExact(args[2]) || !PyLong_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "index() takes (bytes, str, dict, int, int, int)");
+        return NULL;
+    }
+    Py_ssize_t room = PyLong_AsSsize_t(args[4]);
+    if (room == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t budget = PyLong_AsSsize_t(args[5]);
+    if (budget == -1 && PyErr_Occurred())
+        return NULL;
+    sk.digests = 1;
+    sk.entries = args[2];
+    sk.mask = args[3];
+    sk.room = room;
+    sk.budget = budget > 0 ? (size_t)budget : 0;
+    size_t n, wn;
+    ch *whole;
+    ch *s = code_points(text, &n, &whole, &wn);
+    if (s == NULL)
+        return NULL;
+    if (n > PY_SSIZE_T_MAX / 8 || (sk.bytes = PyMem_Malloc(n * 4 + 1)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    sk.base = s;
+    sk.base_n = n;
+    sk.ascii = PyUnicode_IS_ASCII(text) ? (const uint8_t *)PyUnicode_DATA(text) : NULL;
+    sk.table_cap = 1024; /* or two slots per 16 characters */
+    while (sk.table_cap < n / 8 && sk.table_cap < ((size_t)1 << 40))
+        sk.table_cap *= 2;
+    if (table_grow(&sk) < 0)
+        goto done;
+    whole_digest = text_digest(&sk.key, whole, wn, sk.bytes);
+    add_digest(&sk, whole_digest);
+    scan(&sk, s, n);
+done:
+    sink_free(&sk);
+    PyMem_Free(whole);
+    PyMem_Free(s);
+    if (PyErr_Occurred())
+        return NULL;
+    return Py_BuildValue("(KnnOO)", (unsigned long long)whole_digest, sk.added, (Py_ssize_t)sk.count,
+                         sk.over_budget ? Py_True : Py_False, sk.over_room ? Py_True : Py_False);
+}
+
+PyDoc_STRVAR(siphash_doc,
+"siphash24(key: bytes, data: bytes) -> int\n\n"
+"SipHash-2-4 of `data` under the 16-byte `key` (the digest's primitive; for its test vectors).");
+
+static PyObject *
+siphash(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    Key key;
+    if (nargs != 2 || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "siphash24() takes (key: bytes, data: bytes)");
+        return NULL;
+    }
+    if (parse_key(args[0], &key) < 0)
+        return NULL;
+    return PyLong_FromUnsignedLongLong(
+        siphash24(&key, (const uint8_t *)PyBytes_AS_STRING(args[1]), (size_t)PyBytes_GET_SIZE(args[1])));
+}
+
+static PyMethodDef methods[] = {
+    {"analyze", (PyCFunction)analyze, METH_O, analyze_doc},
+    {"digest", (PyCFunction)(void (*)(void))digest, METH_FASTCALL, digest_doc},
+    {"index", (PyCFunction)(void (*)(void))index_text, METH_FASTCALL, index_doc},
+    {"siphash24", (PyCFunction)(void (*)(void))siphash, METH_FASTCALL, siphash_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "proctor._provtok",
+    "The provenance tokeniser and keyed digests in C (see proctor/provenance.py).", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__provtok(void)
+{
+    fill_ascii_class();
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL)
+        return NULL;
+    PyObject *all = Py_BuildValue("[ssss]", "analyze", "digest", "index", "siphash24");
+    if (all == NULL || PyModule_AddObject(module, "__all__", all) < 0) {
+        Py_XDECREF(all);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

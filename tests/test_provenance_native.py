@@ -1,0 +1,119 @@
+"""The C tokeniser (proctor._provtok) against the pure-Python one: the same tokens on any text, found again."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proctor import provenance
+from proctor.provenance import USER, ProvenanceIndex, ProvenanceLimits, tokens
+
+native = provenance._native
+
+# Pieces that exercise every rule of the tokeniser: separators, URL parts, numbers with commas and points, dashed
+# groups, IBAN groups, delimiters, markdown, invisible characters, non-ASCII dashes and digits, NUL, lone surrogates.
+PIECES = [
+    "a", "z", "q7", "0", "7", "00", "1,250", ",000", ".50", ".0", "gb29", "de89", " nwbk", " 6016", " 1331", " 19",
+    " ", "  ", "\n", "\t", "\x1c", "\u3000", ".", "@", "/", ":", "#", "+", "_", "-", "%", "~", "=", "?", "&", ",",
+    ";", "!", "'", '"', "(", ")", "[", "]", "<", ">", "*", "^", "\\", "|", "`", "$", "://", "www.", "https://",
+    "mailto:", "eve@evil.example", "evil.example:443", "?id=77&x=1", "555-0100", "123-456-789", "10-12", "-",
+    "\u200b", "\u00ad", "\ufeff", "\u2013", "\u2212", "\u0663", "\uff11", "\uff20", "\u00e9", "\u0130", "\u00df",
+    "\ufb01", "\u2167", "\x00", "\ud800", "\udfff", "\U0001d400", "\u00b2", "\u0e51", "\u2028",
+]
+TEXTS = st.lists(st.sampled_from(PIECES) | st.text(max_size=2), max_size=48).map("".join)
+ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=80)  # every code point, surrogates included
+
+
+def _assert_same(text: str) -> None:
+    assert native is not None
+    expected = provenance._analyze_text_python(text)
+    got = native.analyze(provenance._fold(text))
+    assert got == expected, (text, got[1] ^ expected[1])
+
+
+def test_the_c_tokeniser_is_built() -> None:
+    """The extension builds with the package: an install without it must fail this test, not go unnoticed."""
+    assert native is not None, ("proctor._provtok did not build: install a C compiler and the Python headers "
+                                "(python3-dev), then `pip install -e '.[dev]'`")
+
+
+def test_siphash_matches_the_reference_vectors() -> None:
+    """The digest's primitive is SipHash-2-4: the reference implementation's vectors (key 00..0f)."""
+    assert native is not None
+    key = bytes(range(16))
+    assert native.siphash24(key, b"") == 0x726FDB47DD0E0E31
+    assert native.siphash24(key, bytes(range(15))) == 0xA129CA6149BE45E5
+    assert native.siphash24(key, bytes(range(8))) == 0x93F5F5799A932462
+
+
+@settings(max_examples=2500, deadline=None)
+@given(TEXTS)
+def test_the_c_and_python_tokenisers_agree_on_token_like_text(text: str) -> None:
+    """Random mixes of addresses, URLs, numbers, IBAN groups, separators and odd characters: the same tokens."""
+    _assert_same(text)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(ANY_TEXT)
+def test_the_c_and_python_tokenisers_agree_on_any_text(text: str) -> None:
+    """Any code points (surrogates, NULs, every category): the same whole form and tokens."""
+    _assert_same(text)
+
+
+@pytest.mark.parametrize("text", [
+    "a1" * 200_000,  # one huge token
+    "eve@evil.example," * 20_000,  # a huge comma list
+    "a=1&" * 50_000 + "https://x.example/?q=1",  # a huge query string
+    "https://" + "www." * 30_000 + "x.example:443/" + "p/" * 10_000,
+    "gb29" + " abcd" * 50_000,  # IBAN groups without end
+    "1,000" * 30_000 + ".50",
+    "-".join(["12a"] * 60_000),  # a huge dashed number
+    "\x00" * 1000 + "x1\x00y2" * 1000,
+    ("\u200b" * 3 + "e\u2013v\ufeffe@evil.example ") * 5000,
+    "\ud800x1 \udfffy2@z " * 5000,
+])
+def test_the_c_and_python_tokenisers_agree_on_huge_and_hostile_text(text: str) -> None:
+    """Huge tokens, lists, query strings, IBAN-like runs, NULs, invisible characters and lone surrogates."""
+    _assert_same(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(TEXTS, st.sampled_from(["untrusted", USER]))
+def test_every_token_indexed_in_c_is_found_again(text: str, label: str) -> None:
+    """What the C path indexes (digests computed in C) is found by a lookup of each token, and the whole."""
+    index = ProvenanceIndex()
+    index.add(text, [label])
+    for token in tokens(text):
+        if label == USER and token.isdecimal() and len(token) < 3:
+            continue  # short numbers of a task are not indexed on their own
+        assert label in index.labels_of(token), token
+    whole = provenance.normalize_whole(text)
+    if whole and not (label == USER and whole.isdecimal() and len(whole) < 3):
+        assert label in index.labels_of(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(TEXTS, min_size=1, max_size=4), st.integers(0, 12), st.integers(1, 40),
+       st.sampled_from(["untrusted", USER]))
+def test_the_c_and_python_paths_apply_the_same_caps(
+    results: list[str], per_result: int, per_run: int, label: str,
+) -> None:
+    """With small caps, both paths mark the same overflow, stay within the run's cap, and without overflow hold
+    the same number of entries."""
+    limits = ProvenanceLimits(max_result_tokens=per_result, max_tokens=per_run)
+    figures = []
+    for path in (native, None):
+        saved = provenance._native
+        provenance._native = path
+        try:
+            index = ProvenanceIndex(limits)
+            for text in results:
+                index.add({"a": text, "b": [text.upper(), 12345]}, [label])
+        finally:
+            provenance._native = saved
+        assert len(index) <= per_run
+        figures.append((index.overflowed, len(index)))
+    assert figures[0][0] == figures[1][0]
+    if not figures[0][0]:  # (past a cap, which entries got in may differ: never how many the caps allow)
+        assert figures[0][1] == figures[1][1]
