@@ -41,6 +41,11 @@ class PgConnection:
             self._conn = conn
         return self._conn
 
+    @property
+    def is_open(self) -> bool:
+        """Whether a connection is made (it may have broken since: `get` finds out)."""
+        return self._conn is not None and not self._conn.closed
+
     def drop(self) -> None:
         """Close the connection (quietly: it may be broken already); the next `get` makes a new one."""
         if self._conn is not None:

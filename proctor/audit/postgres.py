@@ -206,6 +206,11 @@ $$;
 
 #: How long the writer thread waits for more appends before a flush (PostgreSQL's commit_delay, in-process).
 _LINGER_S = 0.002
+#: Connections (each with its writer thread) a sink may have batches in flight on. The second is used only
+#: while the first is busy and appends are waiting: the next batch is prepared and sent while the current
+#: one commits, instead of the appenders and PostgreSQL taking turns. A process with one appending
+#: thread never needs it and never opens it.
+_LANES = 2
 
 # A batch goes as ONE text parameter (five parts a record, separated by U+001F) to a statement
 # prepared once a connection, sent through libpq directly: psycopg's per-execute work in Python
@@ -292,6 +297,21 @@ class _Pending:
         return self.result
 
 
+class _Lane:
+    """A connection and the thread that writes batches on it."""
+
+    __slots__ = ("busy", "cond", "db", "last", "prepared", "thread", "want")
+
+    def __init__(self, lock: threading.Lock, db: PgConnection) -> None:
+        self.cond = threading.Condition(lock)
+        self.db = db
+        self.busy = False  # a batch is being written on it
+        self.last = 1  # the size of its last batch: as many writers are probably about to append again
+        self.want = 1  # queued appends that wake its thread (more while it lingers for a batch)
+        self.prepared: psycopg.Connection[Any] | None = None  # the connection _STATEMENTS are prepared on
+        self.thread: threading.Thread | None = None
+
+
 class PostgresAuditLog:
     """An `AuditSink` appending to a hash chain in PostgreSQL (see the module docstring)."""
 
@@ -317,18 +337,17 @@ class PostgresAuditLog:
         self.error: str | None = None
         self.closed = False
         self._queue: list[_Pending] = []
-        self._cond = threading.Condition()
-        self._want = 1  # queued appends that wake the writer thread (more while it lingers for a batch)
+        self._lock = threading.Lock()
+        self._ckpt_lock = threading.Lock()
         self._holes = _Holes()
-        self._db = PgConnection(self._conninfo, ("SET synchronous_commit = off", "SET statement_timeout = 10000",
-                                                 "SET client_encoding = 'UTF8'"))
-        self._prepared: psycopg.Connection[Any] | None = None  # the connection _STATEMENTS are prepared on
+        settings = ("SET synchronous_commit = off", "SET statement_timeout = 10000", "SET client_encoding = 'UTF8'")
+        self._lanes = [_Lane(self._lock, PgConnection(self._conninfo, settings)) for _ in range(_LANES)]
         self._last_ckpt_time = time.monotonic()
         self._last_ckpt: int | None = None
         self._seq = 0
         self._writer_id = secrets.token_hex(12)
         try:
-            conn = self._connection()
+            conn = self._connection(self._lanes[0])
             ensure_schema(conn)
             with conn.transaction():
                 conn.execute("SET LOCAL synchronous_commit = on")
@@ -340,13 +359,15 @@ class PostgresAuditLog:
             row = conn.execute("SELECT log_id, redact_key, seq, last_ckpt FROM proctor_audit_logs WHERE name = %s",
                                (self.name,)).fetchone()
         except psycopg.Error as exc:
-            self._drop()
+            self._drop(self._lanes[0])
             raise AuditError(f"cannot open the audit log {self.url} (log {self.name!r}): {why(exc)}") from None
         assert row is not None
         self.log_id, self._redaction_key = str(row[0]), bytes(row[1])
         self._seq, self._last_ckpt = int(row[2]), row[3]
-        self._writer = threading.Thread(target=self._write_loop, name="proctor-audit-pg", daemon=True)
-        self._writer.start()
+        for i, lane in enumerate(self._lanes):
+            lane.thread = threading.Thread(target=self._write_loop, args=(i,), name=f"proctor-audit-pg-{i}",
+                                           daemon=True)
+            lane.thread.start()
         ref = weakref.ref(self)
         self._at_exit = lambda: _close_if_alive(ref)
         atexit.register(self._at_exit)
@@ -364,13 +385,20 @@ class PostgresAuditLog:
         except (TypeError, ValueError, RecursionError) as exc:
             return AuditResult(False, error=f"cannot encode the {kind} record: {exc}")
         item = _Pending(kind, parts, durable)
-        with self._cond:
+        with self._lock:
             if self.closed:
                 return AuditResult(False, error=f"audit log {self.url} is closed")
             self._queue.append(item)
-            if len(self._queue) >= self._want:
-                self._cond.notify()
+            self._wake()
         return item.wait()
+
+    def _wake(self) -> None:
+        """Wake the first free lane if the queue is as long as it waits for (called holding _lock)."""
+        for lane in self._lanes:
+            if not lane.busy:
+                if len(self._queue) >= lane.want:
+                    lane.cond.notify()
+                return
 
     def _refuse(self, kind: str, fields: Mapping[str, Any]) -> str | None:
         if self.closed:
@@ -382,6 +410,11 @@ class PostgresAuditLog:
         return redact_args(args, fields, self._redaction_key)
 
     @property
+    def connections(self) -> int:
+        """Connections this sink has open: one while its appends come one at a time, two while they overlap."""
+        return sum(1 for lane in self._lanes if lane.db.is_open)
+
+    @property
     def seq(self) -> int:
         """The seq after this writer's last append (other writers may have appended since)."""
         return self._seq
@@ -389,36 +422,41 @@ class PostgresAuditLog:
     def checkpoint(self) -> AuditResult:
         """Write a signed checkpoint over the whole chain now (also every N records, T seconds and on close)."""
         item = _Pending("checkpoint", "", True)
-        with self._cond:
+        with self._lock:
             if self.closed:
                 return AuditResult(False, error=f"audit log {self.url} is closed")
             self._queue.append(item)
-            self._cond.notify()
+            self._wake()
         return item.wait()
 
     def close(self) -> None:
         """Seal the chain with a checkpoint unless its last record is one; stop the writer; disconnect."""
-        with self._cond:
+        with self._lock:
             if self.closed:
                 return
         self.checkpoint_if_unsealed()
-        with self._cond:
+        with self._lock:
             self.closed = True
-            self._cond.notify()
-        self._writer.join(timeout=30)
+            for lane in self._lanes:
+                lane.cond.notify()
+        for lane in self._lanes:
+            if lane.thread is not None:
+                lane.thread.join(timeout=30)
         try:
-            self._connection().execute("DELETE FROM proctor_audit_writers WHERE id = %s", (self._writer_id,))
+            self._connection(self._lanes[0]).execute("DELETE FROM proctor_audit_writers WHERE id = %s",
+                                                     (self._writer_id,))
         except psycopg.Error:
             pass  # a stale writer row is harmless
-        self._drop()
+        for lane in self._lanes:
+            self._drop(lane)
         atexit.unregister(self._at_exit)
 
     def checkpoint_if_unsealed(self) -> None:
         """Checkpoint when records follow the chain's last checkpoint (what `close` does)."""
         item = _Pending("seal", "", True)
-        with self._cond:
+        with self._lock:
             self._queue.append(item)
-            self._cond.notify()
+            self._wake()
         item.wait()
 
     def __enter__(self) -> PostgresAuditLog:
@@ -432,85 +470,105 @@ class PostgresAuditLog:
 
     # -- the writer thread ----------------------------------------------------------------
 
-    def _connection(self) -> psycopg.Connection[Any]:
-        return self._db.get()
+    def _connection(self, lane: _Lane) -> psycopg.Connection[Any]:
+        return lane.db.get()
 
-    def _drop(self) -> None:
-        self._db.drop()
-        self._prepared = None
+    def _drop(self, lane: _Lane) -> None:
+        lane.db.drop()
+        lane.prepared = None
 
-    def _write_loop(self) -> None:
-        last = 1  # the size of the last batch: as many writers are probably about to append again
+    def _write_loop(self, index: int) -> None:
+        lane, earlier = self._lanes[index], self._lanes[:index]
         while True:
-            with self._cond:
-                self._want = 1
-                while not self._queue and not self.closed:
-                    self._cond.wait()
-                if not self._queue and self.closed:
-                    return
+            with self._lock:
+                lane.want = 1
+                # A lane takes work only while every lane before it is busy (the first: always).
+                while not self._queue or any(not e.busy for e in earlier):
+                    if self.closed and not self._queue:
+                        return
+                    lane.cond.wait()
                 # Group commit: give the writers of the last batch a moment (at most _LINGER_S) to queue
                 # their next records, so one flush carries them all instead of one each. Only the append
                 # that completes the batch wakes this thread (not each one).
-                want = self._want = min(last, self._max_batch)
+                want = lane.want = min(lane.last, self._max_batch)
                 deadline = time.monotonic() + _LINGER_S
                 while len(self._queue) < want and not self.closed:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
-                    self._cond.wait(left)
-                self._want = 1 << 30  # busy: no append needs to wake it
+                    lane.cond.wait(left)
+                lane.want = 1 << 30  # busy: no append needs to wake it
+                if not self._queue:
+                    continue  # another lane took them
                 batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
-                last = len(batch)
-            records = [p for p in batch if p.kind not in ("checkpoint", "seal")]
+                lane.last, lane.busy = len(batch), True
+                self._wake()  # appends left over, if any, go to the next free lane
             try:
-                if records:
-                    self._write(records)
-                for p in batch:
-                    if p.kind == "checkpoint" or (p.kind == "seal" and self._unsealed()):
-                        p.result = self._checkpoint()
-                    elif p.kind == "seal":
-                        p.result = AuditResult(True, seq=self._last_ckpt)
-                if self._due():
-                    self._checkpoint()
-            except psycopg.Error as exc:
-                self._drop()
-                failure = AuditResult(False, error=f"the audit log {self.url} could not record it: {why(exc)}")
-                for p in batch:
-                    p.result = p.result or failure
-            except Exception as exc:  # noqa: BLE001 - never leave a writer waiting
-                failure = AuditResult(False, error=f"the audit log {self.url} failed: {exc!r}")
-                for p in batch:
-                    p.result = p.result or failure
-            for p in batch:
-                p.done.release()
+                self._run(lane, batch)
+            finally:
+                with self._lock:
+                    lane.busy = False
+                    if self.closed:
+                        for other in self._lanes:
+                            other.cond.notify()
 
-    def _write(self, records: list[_Pending]) -> None:
+    def _run(self, lane: _Lane, batch: list[_Pending]) -> None:
+        """Write `batch` (records, checkpoints, seals) on `lane`, set each result, wake each waiter."""
+        records = [p for p in batch if p.kind not in ("checkpoint", "seal")]
+        try:
+            if records:
+                self._write(lane, records)
+            for p in batch:
+                if p.kind == "checkpoint" or (p.kind == "seal" and self._unsealed(lane)):
+                    p.result = self._checkpoint(lane)
+                elif p.kind == "seal":
+                    p.result = AuditResult(True, seq=self._last_ckpt)
+            if self._due() and self._ckpt_lock.acquire(blocking=False):  # one lane checkpoints at a time
+                try:
+                    if self._due():
+                        self._checkpoint(lane)
+                finally:
+                    self._ckpt_lock.release()
+        except psycopg.Error as exc:
+            self._drop(lane)
+            failure = AuditResult(False, error=f"the audit log {self.url} could not record it: {why(exc)}")
+            for p in batch:
+                p.result = p.result or failure
+        except Exception as exc:  # noqa: BLE001 - never leave a writer waiting
+            failure = AuditResult(False, error=f"the audit log {self.url} failed: {exc!r}")
+            for p in batch:
+                p.result = p.result or failure
+        for p in batch:
+            p.done.release()
+
+    def _write(self, lane: _Lane, records: list[_Pending]) -> None:
         recs = _SEP.join([p.parts for p in records]).encode("utf-8")
         durable = any(p.durable for p in records)
-        first, count, last = self._exec(_STATEMENTS[durable][0], recs).split(" ")
+        first, count, last = self._exec(lane, _STATEMENTS[durable][0], recs).split(" ")
         seq = int(first)
         if int(count) != len(records):
             raise AuditError(f"audit log {self.url}: {count} records appended of {len(records)} sent")
         for i, p in enumerate(records):
             p.result = AuditResult(True, seq=seq + i)
-        self._seq, self._last_ckpt = seq + len(records), int(last) if last else None
+        if seq + len(records) > self._seq:  # the other lane's batch may have landed after this one
+            self._seq, self._last_ckpt = seq + len(records), int(last) if last else None
 
-    def _exec(self, statement: bytes, recs: bytes) -> str:
+    def _exec(self, lane: _Lane, statement: bytes, recs: bytes) -> str:
         """Run one of _STATEMENTS (prepared on first use on each connection) with the log's name and `recs`."""
-        conn = self._connection()
+        conn = self._connection(lane)
         pg = conn.pgconn
-        if self._prepared is not conn:
+        if lane.prepared is not conn:
             for name, sql in _STATEMENTS:
                 _check(pg.prepare(name, sql))
-            self._prepared = conn
+            lane.prepared = conn
         result = _check(pg.exec_prepared(statement, [self._name_bytes, recs]))
         value = result.get_value(0, 0)
         if value is None:
             raise AuditError(f"audit log {self.url}: the append returned nothing")
         return bytes(value).decode("ascii")
 
-    def _unsealed(self) -> bool:
-        row = self._connection().execute("SELECT seq, last_ckpt FROM proctor_audit_logs WHERE name = %s",
+    def _unsealed(self, lane: _Lane) -> bool:
+        row = self._connection(lane).execute("SELECT seq, last_ckpt FROM proctor_audit_logs WHERE name = %s",
                                          (self.name,)).fetchone()
         return row is not None and row[0] > 0 and (row[1] is None or row[1] != row[0] - 1)
 
@@ -518,9 +576,9 @@ class PostgresAuditLog:
         since = self._seq - (self._last_ckpt + 1 if self._last_ckpt is not None else 0)
         return since >= self._every or (since > 0 and time.monotonic() - self._last_ckpt_time >= self._interval)
 
-    def _checkpoint(self) -> AuditResult:
+    def _checkpoint(self, lane: _Lane) -> AuditResult:
         """Lock the chain, extend the Merkle frontier to its head, sign, append the checkpoint — one transaction."""
-        conn = self._connection()
+        conn = self._connection(lane)
         with conn.transaction():
             conn.execute("SET LOCAL synchronous_commit = on")
             row = conn.execute("SELECT seq, head, frontier_size, frontier FROM proctor_audit_logs "
@@ -574,7 +632,9 @@ def _after_fork_in_child() -> None:
     and with the parent's writer id: each is closed in the child, so its appends are refused at once
     and its exit neither waits nor removes the parent's writer row. The child opens its own sink."""
     for log in list(_OPEN):
-        log._cond = threading.Condition()
+        log._lock = threading.Lock()
+        for lane in log._lanes:
+            lane.cond, lane.busy = threading.Condition(log._lock), False
         log._queue = []
         log.closed = True
         atexit.unregister(log._at_exit)

@@ -181,6 +181,33 @@ def test_threads_share_one_sink_and_its_commits(postgres_server: PostgresServer)
     assert verify_postgres(url).ok
 
 
+def test_one_appending_thread_keeps_one_connection_and_overlapping_threads_at_most_two(
+        postgres_server: PostgresServer) -> None:
+    """Appends one at a time use one connection; 8 threads appending at once use at most two, in one chain."""
+    url = _url(postgres_server)
+    with PostgresAuditLog(url) as log:
+        for i in range(50):
+            assert log.append("step", {"run_id": "r", "i": i}).ok
+        assert log.connections == 1
+        seqs: list[int] = []
+
+        def write(n: int) -> None:
+            for i in range(40):
+                r = log.append("call_intent", {"call_id": f"{n}-{i}", "run_id": "r", "tool": "t"})
+                assert r.ok and r.seq is not None
+                seqs.append(r.seq)
+
+        threads = [threading.Thread(target=write, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert 1 <= log.connections <= 2
+    assert sorted(seqs) == sorted(set(seqs)) and len(seqs) == 320
+    report = verify_postgres(url)
+    assert report.ok and report.records == 50 + 320 + 1, report.failure
+
+
 def test_a_durable_append_returns_only_after_its_wal_is_flushed() -> None:
     """A durable append is on disk when it returns; a non-durable one is left to the WAL writer."""
     server = PostgresServer(settings={"wal_writer_delay": "10s"})  # the WAL writer flushes nothing meanwhile
