@@ -116,9 +116,12 @@ _TIME_LINE = re.compile(r"\n((\d+):(\d+))(?=\n)")
 _DASHED = re.compile(r"\n((?:[a-z]*\d[a-z0-9]*-)+[a-z]*\d[a-z0-9]*)(?=\n)")
 # Characters a reader does not see inside a token (zero-width space/joiners, word joiner, BOM, soft hyphen):
 # removed before anything else, so they cannot split a token.
-# Dashes other than the hyphen-minus (a figure dash, an en dash, a minus sign…) read as it.
+# Dashes other than the hyphen-minus (a figure dash, an en dash, a minus sign…) read as it; the ideographic full
+# stops (U+3002, halfwidth U+FF61) read as ".", as IDNA (UTS #46) reads them between the labels of a domain name:
+# a browser or HTTP client goes to evil.example for "evil。example".
 _INVISIBLE: dict[int, str | None] = {**dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad")),
-                                     **dict.fromkeys(map(ord, "\u2010\u2011\u2012\u2013\u2014\u2212"), "-")}
+                                     **dict.fromkeys(map(ord, "\u2010\u2011\u2012\u2013\u2014\u2212"), "-"),
+                                     **dict.fromkeys(map(ord, "\u3002\uff61"), ".")}
 _PIECES = re.compile(r"[=&?:]")
 _WORD = re.compile(r"\w+")
 
