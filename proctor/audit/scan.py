@@ -347,3 +347,12 @@ class Scanner:
                     "ROLLBACK", self.count, lines + 1, size,
                     f"log ends after {self.count} records, but {anchor.source} holds a checkpoint at seq "
                     f"{anchor.seq}: records were cut (truncation or rollback)"))
+        if self.pubkey is not None and self.count and not self.signed and not self.anchors:
+            # Anyone can chain records (the chain has no key): with a key pinned, a log none of whose
+            # checkpoints that key signed proves nothing about who wrote it — e.g. one rewritten whole,
+            # its signed checkpoints dropped.
+            raise ScanFailure(Failure(
+                "CKPT_SIG", self.count, lines + 1, size,
+                f"no checkpoint of the log's {self.count} record(s) is signed by {key_id(self.pubkey)}: nothing "
+                "proves who wrote them (signed checkpoints removed, or none written yet: a writer signs one on "
+                "close and every N records)"))

@@ -6,13 +6,18 @@ import json
 import tempfile
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
+import pytest
 from fleet_engines import PostgresServer
 
 from proctor import Gate, Policy, tool
+from proctor.audit import generate_keypair
 from proctor.audit.postgres import PostgresAuditLog, export_jsonl, verify_postgres
+from proctor.audit.records import GENESIS, seal
 from proctor.errors import ProctorError
 
 THREADS = 4
@@ -141,5 +146,66 @@ def test_a_server_crash_loses_no_intent_a_tool_ran_on() -> None:
         _assert_every_effect_has_its_intent(url, effects)
         report = verify_postgres(url)
         assert report.ok, report.failure
+    finally:
+        server.cleanup()
+
+
+def _rechain(conn: psycopg.Connection[Any], log: str, forge: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
+             ) -> None:
+    """Rewrite a log's rows as an attacker with write access would: `forge` edits the records (each without
+    h/prev/seq), then every row is re-sealed into a well-formed chain and the log's head row follows it."""
+    rows = conn.execute("SELECT line FROM proctor_audit_records WHERE log = %s ORDER BY seq", (log,)).fetchall()
+    records = [json.loads(line) for (line,) in rows]
+    for r in records:
+        for key in ("h", "prev", "seq"):
+            r.pop(key)
+    forged = forge(records)
+    conn.execute("DELETE FROM proctor_audit_records WHERE log = %s", (log,))
+    head = GENESIS
+    for seq, record in enumerate(forged):
+        line, h = seal({**record, "seq": seq, "prev": head})
+        conn.execute("INSERT INTO proctor_audit_records (log, seq, kind, line, h) VALUES (%s, %s, %s, %s, %s)",
+                     (log, seq, record["kind"], line.decode().rstrip("\n"), h))
+        head = h
+    conn.execute("UPDATE proctor_audit_logs SET seq = %s, head = %s WHERE name = %s", (len(forged), head, log))
+
+
+@pytest.mark.parametrize("how", ["insert", "reorder", "drop_denied", "insert_without_checkpoints"])
+def test_a_forged_or_reordered_row_rechained_by_hand_fails_verify_of_a_signed_log(
+        tmp_path: Path, how: str) -> None:
+    """A row inserted, two rows swapped or one dropped, the whole chain then rebuilt by hand: a signed log fails."""
+    server = PostgresServer()
+    server.start()
+    try:
+        name = uuid.uuid4().hex[:12]
+        url = f"{server.url}&log={name}"
+        key = tmp_path / "k"
+        generate_keypair(key)
+        with PostgresAuditLog(url, signing_key=key, checkpoint_every=10) as log:
+            for i in range(12):
+                assert log.append("call_intent", {"call_id": f"c{i}", "run_id": "r", "tool": "pay",
+                                                  "args": {"to": "bob", "i": i}}).ok
+                assert log.append("call_outcome", {"call_id": f"c{i}", "run_id": "r", "tool": "pay",
+                                                   "status": "denied" if i == 3 else "ok"}).ok
+        assert verify_postgres(url, pubkey=tmp_path / "k.pub").ok
+
+        def forge(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            if how.startswith("insert"):  # a call that never happened, early in the log
+                fake = {**records[2], "call_id": "c-forged", "args": {"to": "eve", "i": 99}}
+                records = [*records[:3], fake, *records[3:]]
+                # the signed checkpoints no longer match: an attacker drops them (and the head row's copy)
+                return [r for r in records if r["kind"] != "checkpoint"] if how.endswith("checkpoints") else records
+            if how == "reorder":
+                records[4], records[6] = records[6], records[4]
+                return records
+            return [r for r in records if r.get("status") != "denied"]
+
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            _rechain(conn, name, forge)
+            if how.endswith("checkpoints"):
+                conn.execute("UPDATE proctor_audit_logs SET ckpt_line = NULL, last_ckpt = NULL, frontier_size = 0, "
+                             "frontier = '{}' WHERE name = %s", (name,))
+        report = verify_postgres(url, pubkey=tmp_path / "k.pub")
+        assert not report.ok and report.failure is not None, how
     finally:
         server.cleanup()
