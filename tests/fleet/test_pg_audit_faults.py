@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
 import tempfile
 import threading
 import uuid
@@ -208,4 +212,43 @@ def test_a_forged_or_reordered_row_rechained_by_hand_fails_verify_of_a_signed_lo
         report = verify_postgres(url, pubkey=tmp_path / "k.pub")
         assert not report.ok and report.failure is not None, how
     finally:
+        server.cleanup()
+
+
+@pytest.mark.xfail(strict=True, reason="fleet: a stalled PostgreSQL (frozen, paused, partitioned without a reset) "
+                                       "blocks every intent for ever: the sink has no client-side deadline and the "
+                                       "server's statement_timeout cannot fire (redteam 23:29 note)")
+def test_a_stalled_server_refuses_the_intent_instead_of_blocking_the_call_for_ever() -> None:
+    """PostgreSQL frozen (SIGSTOP, as a paused VM or a silent partition): the call is refused, not left hanging."""
+    server = PostgresServer()
+    server.start()
+    frozen: list[int] = []
+    try:
+        ran: list[int] = []
+
+        @tool(side_effect="external")
+        def send() -> int:
+            """Send."""
+            ran.append(1)
+            return len(ran)
+
+        sink = PostgresAuditLog(f"{server.url}&log={uuid.uuid4().hex[:12]}")
+        gate = Gate(Policy.from_dict({"version": 1, "default": "allow"}), audit=sink, tools=[send])
+        ctx = gate.start_run()
+        assert gate.call("send", context=ctx) == 1
+        postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
+        children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True, check=False)
+        frozen = [postmaster, *map(int, children.stdout.split())]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        out: dict[str, Any] = {}
+        caller = threading.Thread(target=lambda: out.update(r=gate.submit("send", {}, context=ctx)), daemon=True)
+        caller.start()
+        caller.join(45)  # a hang detector, far above any sane client-side deadline
+        assert not caller.is_alive(), "the call still waits for a frozen database"
+        assert out["r"].record.status == "denied" and ran == [1]
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
         server.cleanup()
