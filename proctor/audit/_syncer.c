@@ -26,6 +26,7 @@ typedef struct {
     pid_t pid;                 /* the process whose thread this is */
     pthread_mutex_t mu;
     pthread_cond_t work;       /* to the thread: bytes to sync, or stop */
+    pthread_cond_t idle;       /* no round in flight any more (stop() waits for it) */
     pthread_cond_t done[2];    /* to the waiters of an even / odd round */
     long long want;            /* bytes some waiter needs on disk */
     long long synced;          /* bytes known to be on disk */
@@ -39,37 +40,45 @@ typedef struct {
     pthread_t thread;
 } Syncer;
 
+/* One round: fdatasync everything asked for so far. Called holding `mu` with no round in flight (it
+   is released over the fdatasync); returns holding it. Run by an appending thread that finds no round
+   in flight (no wake-up on the way), and back to back by the thread while bytes keep waiting. */
+static void round_(Syncer *s) {
+    long long upto = s->want;
+    unsigned long long r = ++s->rounds;
+    s->busy = 1;
+    s->inflight = upto;
+    int trace_fd = s->trace_fd;
+    pthread_mutex_unlock(&s->mu);
+    struct stat st;
+    long long seen = trace_fd >= 0 && fstat(s->fd, &st) == 0 ? (long long)st.st_size : -1;
+    int rc = fdatasync(s->fd);
+    int e = rc == 0 ? 0 : errno;
+    if (rc == 0 && seen >= 0) { /* before any waiter wakes: the note precedes what they do next */
+        char note[32];
+        int n = snprintf(note, sizeof note, "S %lld\n", seen);
+        if (write(trace_fd, note, (size_t)n) < 0)
+            e = errno;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->busy = 0;
+    if (e != 0)
+        s->err = e;
+    else if (upto > s->synced)
+        s->synced = upto;
+    pthread_cond_broadcast(&s->done[r & 1]);
+    pthread_cond_broadcast(&s->idle);
+}
+
 static void *run(void *arg) {
     Syncer *s = (Syncer *)arg;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!s->stop && s->err == 0 && s->want <= s->synced)
+        while (!s->stop && s->err == 0 && (s->busy || s->want <= s->synced))
             pthread_cond_wait(&s->work, &s->mu);
         if (s->stop || s->err != 0)
             break;
-        long long upto = s->want;
-        unsigned long long r = ++s->rounds;
-        s->busy = 1;
-        s->inflight = upto;
-        int trace_fd = s->trace_fd;
-        pthread_mutex_unlock(&s->mu);
-        struct stat st;
-        long long seen = trace_fd >= 0 && fstat(s->fd, &st) == 0 ? (long long)st.st_size : -1;
-        int rc = fdatasync(s->fd);
-        int e = rc == 0 ? 0 : errno;
-        if (rc == 0 && seen >= 0) { /* before any waiter wakes: the note precedes what they do next */
-            char note[32];
-            int n = snprintf(note, sizeof note, "S %lld\n", seen);
-            if (write(trace_fd, note, (size_t)n) < 0)
-                e = errno;
-        }
-        pthread_mutex_lock(&s->mu);
-        s->busy = 0;
-        if (e != 0)
-            s->err = e;
-        else if (upto > s->synced)
-            s->synced = upto;
-        pthread_cond_broadcast(&s->done[r & 1]);
+        round_(s);
     }
     pthread_cond_broadcast(&s->done[0]); /* stopped or failed: nobody waits for ever */
     pthread_cond_broadcast(&s->done[1]);
@@ -90,6 +99,7 @@ static int Syncer_init(Syncer *s, PyObject *args, PyObject *Py_UNUSED(kw)) {
     s->pid = getpid();
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->work, NULL);
+    pthread_cond_init(&s->idle, NULL);
     pthread_cond_init(&s->done[0], NULL);
     pthread_cond_init(&s->done[1], NULL);
     s->ready = 1;
@@ -131,12 +141,18 @@ static PyObject *Syncer_sync(Syncer *s, PyObject *arg) {
     if (s->synced < upto && s->err == 0 && !s->stop) {
         if (upto > s->want)
             s->want = upto;
-        if (!s->busy)
-            pthread_cond_signal(&s->work);
-        /* the round in flight covers `upto` if it began with those bytes asked for, else the next one */
-        unsigned long long r = (s->busy && s->inflight >= upto) ? s->rounds : s->rounds + 1;
-        while (s->synced < upto && s->err == 0 && !s->stop)
-            pthread_cond_wait(&s->done[r & 1], &s->mu);
+        if (!s->busy) {
+            /* no round in flight: run it here, then hand what arrived meanwhile to the thread */
+            round_(s);
+            if (s->want > s->synced && s->err == 0 && !s->stop)
+                pthread_cond_signal(&s->work);
+        } else {
+            /* the round in flight covers `upto` if it began with those bytes asked for, else the next one
+               (the thread's, started as soon as this one ends, or an appending thread's if it is idle then) */
+            unsigned long long r = s->inflight >= upto ? s->rounds : s->rounds + 1;
+            while (s->synced < upto && s->err == 0 && !s->stop)
+                pthread_cond_wait(&s->done[r & 1], &s->mu);
+        }
     }
     ok = s->synced >= upto;
     err = s->err;
@@ -183,6 +199,8 @@ static void halt(Syncer *s) {
     pthread_mutex_lock(&s->mu);
     s->stop = 1;
     pthread_cond_signal(&s->work);
+    while (s->busy) /* an appending thread's round: the descriptor must outlive its fdatasync */
+        pthread_cond_wait(&s->idle, &s->mu);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
     s->running = 0;
