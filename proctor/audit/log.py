@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
+import errno
 import hashlib
 import os
 import secrets
@@ -415,7 +416,7 @@ class AuditLog:
             write_all(self._fd, line)
             if synced:
                 self._fsync_under_mutex = True
-                sync_fd(self._fd)
+                self._sync_written(self._size + size)
         except OSError as exc:
             return self._failed(f"writing {self.path} failed: {exc.strerror or exc}")
         finally:  # after `_failed` set the error (`_acknowledged` reads the flag, then the error)
@@ -428,6 +429,34 @@ class AuditLog:
         self._frontier.append(leaf)
         self._since = 0 if kind == "checkpoint" else self._since + 1
         return AuditResult(True, seq)
+
+    def _sync_written(self, end: int) -> None:
+        """The fsync of a record written under `_mutex` (checkpoint, recovery, one fsync per record), never
+        beside another fsync of the descriptor: Linux tells a failed writeback to one of two overlapping
+        fsyncs only, and the other's success would vouch for lost bytes. With group commit it is a round
+        of the native syncer, or waits for the pure-Python fsync in flight and holds the turn over its own."""
+        if self._syncer is not None:
+            if not self._syncer.sync(end):
+                raise OSError(errno.EIO, "the log's syncer stopped")
+            return
+        if not self._group_commit:
+            sync_fd(self._fd)
+            return
+        with self._sync_lock:
+            while self._syncing:
+                self._idle.wait()
+            self._syncing = True
+        try:
+            sync_fd(self._fd)
+        except OSError as exc:
+            with self._sync_lock:  # every waiter wakes to the error
+                self.error = self.error or f"fsync of {self.path} failed: {exc.strerror or exc}"
+                self._end_syncing()
+            raise
+        with self._sync_lock:
+            if end > self._synced:
+                self._synced = end
+            self._wake_covered(lead=True)  # covers every line written (the mutex is held); else hands on
 
     def _failed(self, reason: str) -> AuditResult:
         self.error = reason
