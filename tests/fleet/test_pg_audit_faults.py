@@ -215,9 +215,6 @@ def test_a_forged_or_reordered_row_rechained_by_hand_fails_verify_of_a_signed_lo
         server.cleanup()
 
 
-@pytest.mark.xfail(strict=True, reason="fleet: a stalled PostgreSQL (frozen, paused, partitioned without a reset) "
-                                       "blocks every intent for ever: the sink has no client-side deadline and the "
-                                       "server's statement_timeout cannot fire (redteam 23:29 note)")
 def test_a_stalled_server_refuses_the_intent_instead_of_blocking_the_call_for_ever() -> None:
     """PostgreSQL frozen (SIGSTOP, as a paused VM or a silent partition): the call is refused, not left hanging."""
     server = PostgresServer()
