@@ -14,7 +14,7 @@
  * What counts as a token is documented in proctor/provenance.py; every rule below names the regular
  * expression of the Python path it implements.
  *
- * Digest: SipHash-2-4 (Aumasson & Bernstein) with a 128-bit key drawn per index, over the text's
+ * Digest: SipHash-1-3 (Aumasson & Bernstein) with a 128-bit key drawn per index, over the text's
  * UTF-8 (a lone surrogate encoded as any other code point); 0 is read as 1 (0 marks an empty slot).
  */
 #define PY_SSIZE_T_CLEAN
@@ -24,7 +24,7 @@
 
 typedef Py_UCS4 ch;
 
-/* ---- SipHash-2-4 ------------------------------------------------------------------------------- */
+/* ---- SipHash ------------------------------------------------------------------------------- */
 
 typedef struct {
     uint64_t k0, k1;
@@ -46,43 +46,39 @@ load_le64(const uint8_t *p)
            ((uint64_t)p[4] << 32) | ((uint64_t)p[5] << 40) | ((uint64_t)p[6] << 48) | ((uint64_t)p[7] << 56);
 }
 
-static uint64_t
-siphash24(const Key *key, const uint8_t *in, size_t len)
-{
-    uint64_t v0 = 0x736f6d6570736575ULL ^ key->k0;
-    uint64_t v1 = 0x646f72616e646f6dULL ^ key->k1;
-    uint64_t v2 = 0x6c7967656e657261ULL ^ key->k0;
-    uint64_t v3 = 0x7465646279746573ULL ^ key->k1;
-    const uint8_t *end = in + (len - (len % 8));
-    uint64_t b = ((uint64_t)len) << 56;
-    for (; in != end; in += 8) {
-        uint64_t m = load_le64(in);
-        v3 ^= m;
-        SIPROUND;
-        SIPROUND;
-        v0 ^= m;
+/* SipHash-c-d over a buffer, with the rounds fixed at compile time. */
+#define SIP_FUNCTION(name, CROUNDS, DROUNDS)                                                       \
+    static uint64_t name(const Key *key, const uint8_t *in, size_t len)                            \
+    {                                                                                              \
+        uint64_t v0 = 0x736f6d6570736575ULL ^ key->k0;                                             \
+        uint64_t v1 = 0x646f72616e646f6dULL ^ key->k1;                                             \
+        uint64_t v2 = 0x6c7967656e657261ULL ^ key->k0;                                             \
+        uint64_t v3 = 0x7465646279746573ULL ^ key->k1;                                             \
+        const uint8_t *end = in + (len - (len % 8));                                               \
+        uint64_t b = ((uint64_t)len) << 56;                                                        \
+        for (; in != end; in += 8) {                                                               \
+            uint64_t m = load_le64(in);                                                            \
+            v3 ^= m;                                                                               \
+            for (int r = 0; r < CROUNDS; r++)                                                      \
+                SIPROUND;                                                                          \
+            v0 ^= m;                                                                               \
+        }                                                                                          \
+        for (size_t t = 0; t < (len & 7); t++)                                                     \
+            b |= ((uint64_t)in[t]) << (8 * t);                                                     \
+        v3 ^= b;                                                                                   \
+        for (int r = 0; r < CROUNDS; r++)                                                          \
+            SIPROUND;                                                                              \
+        v0 ^= b;                                                                                   \
+        v2 ^= 0xff;                                                                                \
+        for (int r = 0; r < DROUNDS; r++)                                                          \
+            SIPROUND;                                                                              \
+        return v0 ^ v1 ^ v2 ^ v3;                                                                  \
     }
-    switch (len & 7) {
-    case 7: b |= ((uint64_t)in[6]) << 48; /* fall through */
-    case 6: b |= ((uint64_t)in[5]) << 40; /* fall through */
-    case 5: b |= ((uint64_t)in[4]) << 32; /* fall through */
-    case 4: b |= ((uint64_t)in[3]) << 24; /* fall through */
-    case 3: b |= ((uint64_t)in[2]) << 16; /* fall through */
-    case 2: b |= ((uint64_t)in[1]) << 8;  /* fall through */
-    case 1: b |= ((uint64_t)in[0]); break;
-    case 0: break;
-    }
-    v3 ^= b;
-    SIPROUND;
-    SIPROUND;
-    v0 ^= b;
-    v2 ^= 0xff;
-    SIPROUND;
-    SIPROUND;
-    SIPROUND;
-    SIPROUND;
-    return v0 ^ v1 ^ v2 ^ v3;
-}
+
+/* The digest's: SipHash-1-3, as CPython's and Rust's keyed string hashes. */
+SIP_FUNCTION(sip13, 1, 3)
+/* The reference's: for its published test vectors, which check the same code. */
+SIP_FUNCTION(sip24, 2, 4)
 
 static inline uint64_t
 finish(uint64_t h)
@@ -116,7 +112,7 @@ text_digest(const Key *key, const ch *t, size_t n, uint8_t *bytes)
             *o++ = (uint8_t)(0x80 | (c & 0x3f));
         }
     }
-    return finish(siphash24(key, bytes, (size_t)(o - bytes)));
+    return finish(sip13(key, bytes, (size_t)(o - bytes)));
 }
 
 static int
@@ -515,7 +511,7 @@ emit(Sink *sk, const ch *t, size_t n)
         return;
     if (sk->digests) {
         if (sk->ascii != NULL && t >= sk->base && t + n <= sk->base + sk->base_n) /* its UTF-8 is in the text */
-            add_digest(sk, finish(siphash24(&sk->key, sk->ascii + (t - sk->base), n)));
+            add_digest(sk, finish(sip13(&sk->key, sk->ascii + (t - sk->base), n)));
         else
             add_digest(sk, text_digest(&sk->key, t, n, sk->bytes));
         return;
@@ -881,7 +877,7 @@ done:
 
 PyDoc_STRVAR(digest_doc,
 "digest(key: bytes, text: str) -> int\n\n"
-"The 64-bit keyed digest (SipHash-2-4 under the 16-byte key) of an already normalised text.");
+"The 64-bit keyed digest (SipHash-1-3 under the 16-byte key) of an already normalised text.");
 
 static PyObject *
 digest(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -901,7 +897,7 @@ digest(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t len = PyUnicode_GET_LENGTH(text);
     uint64_t h;
     if (PyUnicode_IS_ASCII(text)) /* its UTF-8 is its data */
-        h = finish(siphash24(&key, (const uint8_t *)PyUnicode_DATA(text), (size_t)len));
+        h = finish(sip13(&key, (const uint8_t *)PyUnicode_DATA(text), (size_t)len));
     else {
         if ((size_t)len > PY_SSIZE_T_MAX / 8)
             return PyErr_NoMemory();
@@ -956,23 +952,41 @@ index_text(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     sk.room = room;
     sk.budget = budget > 0 ? (size_t)budget : 0;
     size_t n, wn;
-    ch *whole;
-    ch *s = code_points(text, &n, &whole, &wn);
+    ch *whole = NULL;
+    const uint8_t *ascii = PyUnicode_IS_ASCII(text) ? (const uint8_t *)PyUnicode_DATA(text) : NULL;
+    ch *s = ascii ? PyUnicode_AsUCS4Copy(text) : code_points(text, &n, &whole, &wn);
     if (s == NULL)
         return NULL;
+    n = (size_t)PyUnicode_GET_LENGTH(text);
     if (n > PY_SSIZE_T_MAX / 8 || (sk.bytes = PyMem_Malloc(n * 4 + 1)) == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     sk.base = s;
     sk.base_n = n;
-    sk.ascii = PyUnicode_IS_ASCII(text) ? (const uint8_t *)PyUnicode_DATA(text) : NULL;
+    sk.ascii = ascii;
     sk.table_cap = 1024; /* or two slots per 16 characters */
     while (sk.table_cap < n / 8 && sk.table_cap < ((size_t)1 << 40))
         sk.table_cap *= 2;
     if (table_grow(&sk) < 0)
         goto done;
-    whole_digest = text_digest(&sk.key, whole, wn, sk.bytes);
+    if (ascii) { /* the whole form in bytes: words joined by one space */
+        uint8_t *o = sk.bytes;
+        size_t i = 0;
+        while (i < n) {
+            while (i < n && (ascii_class[ascii[i]] & SPACE))
+                i++;
+            if (i == n)
+                break;
+            if (o != sk.bytes)
+                *o++ = ' ';
+            while (i < n && !(ascii_class[ascii[i]] & SPACE))
+                *o++ = ascii[i++];
+        }
+        whole_digest = finish(sip13(&sk.key, sk.bytes, (size_t)(o - sk.bytes)));
+    }
+    else
+        whole_digest = text_digest(&sk.key, whole, wn, sk.bytes);
     add_digest(&sk, whole_digest);
     scan(&sk, s, n);
 done:
@@ -986,28 +1000,36 @@ done:
 }
 
 PyDoc_STRVAR(siphash_doc,
-"siphash24(key: bytes, data: bytes) -> int\n\n"
-"SipHash-2-4 of `data` under the 16-byte `key` (the digest's primitive; for its test vectors).");
+"siphash(key: bytes, data: bytes, rounds: int) -> int\n\n"
+"SipHash-1-3 (rounds=13: the digest's primitive) or SipHash-2-4 (rounds=24) of `data` under the 16-byte\n"
+"`key`, for tests: SipHash-2-4's published vectors check the code both share.");
 
 static PyObject *
 siphash(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     Key key;
-    if (nargs != 2 || !PyBytes_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "siphash24() takes (key: bytes, data: bytes)");
+    if (nargs != 3 || !PyBytes_Check(args[1]) || !PyLong_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "siphash() takes (key: bytes, data: bytes, rounds: 13 or 24)");
         return NULL;
     }
     if (parse_key(args[0], &key) < 0)
         return NULL;
-    return PyLong_FromUnsignedLongLong(
-        siphash24(&key, (const uint8_t *)PyBytes_AS_STRING(args[1]), (size_t)PyBytes_GET_SIZE(args[1])));
+    long rounds = PyLong_AsLong(args[2]);
+    if (rounds != 13 && rounds != 24) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "siphash() rounds: 13 (the digest's) or 24 (the reference's)");
+        return NULL;
+    }
+    const uint8_t *data = (const uint8_t *)PyBytes_AS_STRING(args[1]);
+    size_t len = (size_t)PyBytes_GET_SIZE(args[1]);
+    return PyLong_FromUnsignedLongLong(rounds == 13 ? sip13(&key, data, len) : sip24(&key, data, len));
 }
 
 static PyMethodDef methods[] = {
     {"analyze", (PyCFunction)analyze, METH_O, analyze_doc},
     {"digest", (PyCFunction)(void (*)(void))digest, METH_FASTCALL, digest_doc},
     {"index", (PyCFunction)(void (*)(void))index_text, METH_FASTCALL, index_doc},
-    {"siphash24", (PyCFunction)(void (*)(void))siphash, METH_FASTCALL, siphash_doc},
+    {"siphash", (PyCFunction)(void (*)(void))siphash, METH_FASTCALL, siphash_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1023,7 +1045,7 @@ PyInit__provtok(void)
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL)
         return NULL;
-    PyObject *all = Py_BuildValue("[ssss]", "analyze", "digest", "index", "siphash24");
+    PyObject *all = Py_BuildValue("[ssss]", "analyze", "digest", "index", "siphash");
     if (all == NULL || PyModule_AddObject(module, "__all__", all) < 0) {
         Py_XDECREF(all);
         Py_DECREF(module);
