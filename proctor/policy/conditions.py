@@ -24,7 +24,7 @@ import cel
 from proctor.policy.aggregates import AggregateError, Rewrite, is_hidden, rewrite, unbox_source
 from proctor.policy.functions import BOX_PREFIX
 from proctor.policy.functions import FUNCTIONS as CEL_FUNCTIONS
-from proctor.policy.probes import PROBE_FUNCTIONS, Unresolved, python_condition, rewrite_probes
+from proctor.policy.probes import PROBE_FUNCTIONS, Unresolved, python_condition, rewrite_probes, split_conjunction
 from proctor.policy.projection import Needs, needs_of
 
 __all__ = [
@@ -170,6 +170,10 @@ class Condition:
     probed_functions: tuple[str, ...] = ()
     #: The condition as a Python function when it is made only of probes (`probes.python_condition`).
     python: Any = None
+    #: For ``a && b`` where some terms are made only of probes (`probes.split_conjunction`): those terms as a
+    #: Python function, and the other terms compiled as a condition of their own (run only when `head` holds).
+    head: Any = None
+    rest: Condition | None = None
 
     def evaluate(self, activation: Mapping[str, Any]) -> bool:
         """Evaluate against the variables in `activation` (only those referenced are read).
@@ -193,6 +197,21 @@ class Condition:
                     return bool(python(answer))
                 except Unresolved:  # an argument that is not a plain scalar at its path: CEL decides
                     pass
+        head, rest = self.head, self.rest
+        if head is not None and rest is not None:
+            answer = getattr(activation, "probe_answer", None)
+            if answer is not None:
+                try:
+                    holds = bool(head(answer))
+                except Unresolved:  # an argument that is not a plain scalar at its path: as written
+                    holds = None
+                if holds is False:  # CEL's && is false when one term is, whatever the others give
+                    return False
+                if holds:
+                    result = rest.compute(activation)
+                    if not isinstance(result, bool):  # as CEL's && would: no overload for a non-bool term
+                        raise EvaluationError(f"a term of && gave {result!r} ({type(result).__name__}), not a bool")
+                    return result
         try:
             cel_context = getattr(activation, "cel_context", None)
             if cel_context is not None and self.fast is not None and getattr(activation, "folds_history", True):
@@ -366,9 +385,17 @@ def _probed(source: str, names: tuple[str, ...], boxes: frozenset[str]) -> dict[
         program = cel.compile(text)
     except Exception:  # noqa: BLE001 - an optimisation: when in doubt, evaluate as written
         return None
-    return {"probed": program, "probed_variables": (*names, *(p.name for p in probes)),
-            "probed_functions": tuple(sorted(fn for fn in program.functions() if fn in CEL_FUNCTIONS)),
-            "python": python_condition(source)}
+    fields: dict[str, Any] = {
+        "probed": program, "probed_variables": (*names, *(p.name for p in probes)),
+        "probed_functions": tuple(sorted(fn for fn in program.functions() if fn in CEL_FUNCTIONS)),
+        "python": python_condition(source)}
+    split = split_conjunction(source) if fields["python"] is None else None
+    if split is not None:
+        try:
+            fields.update(head=split[0], rest=compile_expression(split[1]))
+        except ConditionError:  # an optimisation: when in doubt, evaluate as written
+            pass
+    return fields
 
 
 def _fast(source: str) -> tuple[Any, Any, Rewrite] | None:

@@ -31,7 +31,8 @@ from typing import Any
 
 from proctor.policy.aggregates import _close, _tokens
 
-__all__ = ["PROBE_FUNCTIONS", "Probe", "Unresolved", "is_probe", "probe_named", "python_condition", "rewrite_probes"]
+__all__ = ["PROBE_FUNCTIONS", "Probe", "Unresolved", "is_probe", "probe_named", "python_condition", "rewrite_probes",
+           "split_conjunction"]
 
 #: The functions whose calls on a path of `args` are answered before CEL runs; True: returns a list.
 PROBE_FUNCTIONS: dict[str, bool] = {"provenance": True, "text_provenance": True, "from_user": False}
@@ -163,6 +164,45 @@ def python_condition(source: str) -> PythonCondition | None:
     except _Unsupported:
         return None
     return fn if parser.at == len(toks) else None
+
+
+def split_conjunction(source: str) -> tuple[PythonCondition, str] | None:
+    """For a condition ``a && b && c`` (``&&`` at the top, no ``||`` nor ``?:`` there) some of whose terms are
+    made only of probes (`python_condition`) and some not: those terms as one Python function, and the others
+    as CEL source; None otherwise.
+
+    CEL's ``&&`` is false as soon as one term is false, whatever the others (an error included), and else
+    is the value of the remaining terms: so a decision answers the Python terms first and runs CEL only
+    when they all hold — on the other terms alone, without the probes' hidden variables.
+    """
+    toks = _tokens(source)
+    if not toks:
+        return None
+    parts: list[list[Any]] = [[]]
+    depth = 0
+    for tok in toks:
+        text = tok.text if tok.kind == "op" else ""
+        if text in ("(", "[", "{"):
+            depth += 1
+        elif text in (")", "]", "}"):
+            depth -= 1
+        elif depth == 0 and text in ("||", "?", ":"):
+            return None
+        elif depth == 0 and text == "&&":
+            parts.append([])
+            continue
+        parts[-1].append(tok)
+    if len(parts) < 2 or not all(parts):
+        return None
+    terms = [" ".join(tok.text for tok in part) for part in parts]  # (no comment survives to swallow a bracket)
+    python = [term for term in terms if python_condition(term) is not None]
+    rest = [term for term in terms if python_condition(term) is None]
+    if not python or not rest:
+        return None
+    head = python_condition(" && ".join(f"({term})" for term in python))
+    if head is None:
+        return None
+    return head, " && ".join(f"({term})" for term in rest)
 
 
 class _Unsupported(Exception):
