@@ -319,6 +319,19 @@ rules:
          False),
         ("'untrusted' in text_provenance(args.to) && !from_user(args.to)", {"to": 42}, False),
         ("'untrusted' in provenance(args.to) && !from_user(args.to)", {"to": None}, False),
+        # provenance terms decided in Python first, the other terms by CEL alone (probes.split_conjunction)
+        ("'untrusted' in provenance(args.to) && !from_user(args.to) && size(args.to) > 0",
+         {"to": "eve@evil.example"}, True),
+        ("'untrusted' in provenance(args.to) && size(args.to) > 100", {"to": "eve@evil.example"}, False),
+        ("size(args.to) > 0 && 'untrusted' in provenance(args.to)", {"to": "bob@corp.example"}, False),
+        ("'untrusted' in provenance(args.to) && args.missing == 1", {"to": "eve@evil.example"}, True),  # error: deny
+        ("'untrusted' in provenance(args.to) && args.missing == 1", {"to": "bob@corp.example"}, False),  # false && x
+        ("args.missing == 1 && 'untrusted' in provenance(args.to)", {"to": "bob@corp.example"}, False),
+        ("'untrusted' in provenance(args.to) && args.to", {"to": "eve@evil.example"}, True),  # a non-bool term
+        ("'untrusted' in provenance(args.to) && (args.to.endsWith('.example') || false)",
+         {"to": "eve@evil.example"}, True),
+        ("from_user(args.to) && args.to.contains('@') // a comment\n && true", {"to": "bob@corp.example"}, True),
+        ("'untrusted' in provenance(args.to) && size(args.to) > 0", {"to": {"a": "eve@evil.example"}}, True),
     ],
 )
 def test_provenance_of_an_argument_path_answers_as_the_function_would(when: str, args: dict[str, Any],
