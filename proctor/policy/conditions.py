@@ -358,7 +358,7 @@ def compile_expression(source: str, variables: tuple[str, ...] = VARIABLES, what
     functions = tuple(sorted(fn for fn in program.functions() if fn in CEL_FUNCTIONS))
     fast = _fast(source_run) if "history" in names else None
     if fast is None:
-        probed = _probed(source, names, frozenset(boxes)) if PROBE_FUNCTIONS.keys() & set(functions) else None
+        probed = (_probed(source, names, frozenset(boxes)) if PROBE_FUNCTIONS.keys() & {*functions, *boxes} else None)
         return Condition(source=source, program=program, variables=names, needs=needs_of(source, names),
                          functions=functions, **(probed or {}))
     fast_program, calls_program, rewritten = fast
