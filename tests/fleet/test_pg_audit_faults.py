@@ -24,8 +24,6 @@ from proctor.audit.postgres import PostgresAuditLog, export_jsonl, verify_postgr
 from proctor.audit.records import GENESIS, seal
 from proctor.errors import ProctorError
 
-THREADS = 4
-
 
 def _exported(url: str) -> list[dict[str, object]]:
     with tempfile.TemporaryDirectory() as tmp:
@@ -43,8 +41,9 @@ def _terminate_others(server: PostgresServer) -> int:
     return sum(1 for (ok,) in rows if ok)
 
 
-def _run_calls_through_faults(server: PostgresServer, url: str, faults: object) -> tuple[list[int], int]:
-    """THREADS gate threads make write calls while `faults()` runs; returns (effects, refusals)."""
+def _run_calls_through_faults(server: PostgresServer, url: str, faults: object, threads_: int
+                               ) -> tuple[list[int], int]:
+    """`threads_` gate threads make write calls while `faults()` runs; returns (effects, refusals)."""
     effects: list[int] = []
     lock = threading.Lock()
     counter = iter(range(1_000_000))
@@ -77,7 +76,7 @@ def _run_calls_through_faults(server: PostgresServer, url: str, faults: object) 
                     refused[0] += 1
         gate.finish_run(ctx)
 
-    threads = [threading.Thread(target=worker) for _ in range(THREADS)]
+    threads = [threading.Thread(target=worker) for _ in range(threads_)]
     for t in threads:
         t.start()
     try:
@@ -107,8 +106,9 @@ def _assert_every_effect_has_its_intent(url: str, effects: list[int]) -> None:
     assert not missing, f"{len(missing)} tool effects without a durable intent: {missing[:10]}"
 
 
-def test_backends_killed_mid_batch_fail_every_waiting_intent_closed() -> None:
-    """pg_terminate_backend of the sink's connection while 4 threads write: no tool runs without its intent."""
+@pytest.mark.parametrize("threads", [1, 4])  # one: each append writes its own batch; four: batched by the writers
+def test_backends_killed_mid_batch_fail_every_waiting_intent_closed(threads: int) -> None:
+    """pg_terminate_backend of the sink's connections while threads write: no tool runs without its intent."""
     server = PostgresServer()
     server.start()
     try:
@@ -121,7 +121,7 @@ def test_backends_killed_mid_batch_fail_every_waiting_intent_closed() -> None:
                 pause.wait(0.15)
                 killed[0] += _terminate_others(server)
 
-        effects, refused = _run_calls_through_faults(server, url, faults)
+        effects, refused = _run_calls_through_faults(server, url, faults, threads)
         assert killed[0] > 0 and refused > 0, (killed, refused)
         _assert_every_effect_has_its_intent(url, effects)
         report = verify_postgres(url)
@@ -130,7 +130,8 @@ def test_backends_killed_mid_batch_fail_every_waiting_intent_closed() -> None:
         server.cleanup()
 
 
-def test_a_server_crash_loses_no_intent_a_tool_ran_on() -> None:
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_server_crash_loses_no_intent_a_tool_ran_on(threads: int) -> None:
     """An immediate (crash) stop of PostgreSQL mid-run and a restart: every tool that ran has its intent on disk."""
     server = PostgresServer()
     server.start()
@@ -145,7 +146,7 @@ def test_a_server_crash_loses_no_intent_a_tool_ran_on() -> None:
                 pause.wait(0.3)
                 server.start()
 
-        effects, refused = _run_calls_through_faults(server, url, faults)
+        effects, refused = _run_calls_through_faults(server, url, faults, threads)
         assert refused > 0
         _assert_every_effect_has_its_intent(url, effects)
         report = verify_postgres(url)
