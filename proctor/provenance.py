@@ -29,11 +29,15 @@ A value built from pieces (``'eve' + '@' + 'evil.example'``, a recipient read ch
 character, a translated or re-encoded string) is *not* traced: only values that appear as
 a whole, or as one of the tokens above, are found.
 
-Nothing is kept in clear: each entry is a 64-bit keyed digest — Python's string hash
-(SipHash-1-3) of a secret prefix of 128 random bits drawn for each index (never the audit key)
-followed by the text, so it does not depend on Python's own hash key (``PYTHONHASHSEED``) —
-mapped to the labels it was seen under. Without the prefix nobody can compute a digest or craft
-a collision; it is a fingerprint compared only inside this process, never shown or stored.
+Nothing is kept in clear: each entry is a 64-bit keyed digest mapped to the labels it was seen
+under — SipHash-1-3 of the text's UTF-8 under a 128-bit key drawn for each index (never the audit
+key), computed by the C extension `proctor._provtok`, which tokenises, digests and inserts a result
+in one call (indexing 100 KB must cost about a millisecond; in Python each token costs an object, a
+hash and an insert). Without the extension (no C compiler at install) the same tokens come from the
+Python code below and the digest is Python's string hash (SipHash-1-3) of a secret 128-bit prefix
+followed by the text, so neither depends on Python's own hash key (``PYTHONHASHSEED``). Without the
+key nobody can compute a digest or craft a collision; it is a fingerprint compared only inside this
+process, never shown or stored.
 
 Invisible characters (zero-width space and joiners, word joiner, BOM, soft hyphen) are removed
 and non-ASCII dashes read as ``-`` before anything else; a token of letter-and-digit groups
@@ -42,8 +46,8 @@ joined by dashes, each group holding a digit, seven characters or more without t
 indexed without its dashes.
 
 Memory is bounded (`ProvenanceLimits`): at most `max_result_chars` characters of one
-result and `max_result_tokens` of its entries are indexed, and at most `max_tokens`
-entries per run. What a cap leaves out is not lost silently: the labels of the content
+result and `max_result_tokens` of its entries (each string counting its distinct ones) are
+indexed, and at most `max_tokens` entries per run. What a cap leaves out is not lost silently: the labels of the content
 that could not be indexed are *added to every later `labels_of` answer* of the run
 (provenance then errs towards "may have come from an untrusted tool"), while
 `from_user` only ever answers from entries actually indexed — a full index never makes
@@ -209,7 +213,11 @@ def _analyze_text(text: str) -> tuple[str, set[str]]:
 
 def _analyze_text_python(text: str) -> tuple[str, set[str]]:
     """`_analyze_text` in Python: the fallback without the C extension, and the reference it is tested against."""
-    folded = _fold(text)
+    return _analyze_folded_python(_fold(text))
+
+
+def _analyze_folded_python(folded: str) -> tuple[str, set[str]]:
+    """`_analyze_text_python` of a text already folded (`_fold`)."""
     if len(folded) > 256 and folded.isascii() and not any(c in folded for c in _TOKEN_CHARS):
         # No digit and no separator: prose without a single token (each scan is a fast search in C).
         if folded.isprintable() and "  " not in folded and folded[:1] != " " and folded[-1:] != " ":
@@ -345,7 +353,7 @@ class ProvenanceIndex:
         self._labels: list[str] = []  # bit position -> label
         self._overflow = 0  # labels of content a cap kept out (never includes `user`'s bit in answers)
         self._lock = threading.Lock()
-        # The digest of a text: with the C extension, SipHash-2-4 under a 128-bit key derived from the index's
+        # The digest of a text: with the C extension, SipHash-1-3 under a 128-bit key derived from the index's
         # secret; without it, Python's string hash (SipHash-1-3, 64 bits) of a secret per-index prefix of 128
         # random bits followed by the text. Both are computed in C; one index uses one of them throughout.
         self._native = _native
@@ -588,14 +596,19 @@ class ProvenanceIndex:
     def _index_text(self, text: str, mask: int, budget: int) -> tuple[int, int, int, bool, bool]:
         """Index one string of a result: its whole form and its tokens, at most `budget` distinct entries.
         Returns (the whole form's digest, new entries, distinct entries, over the budget, over the run's cap)."""
+        folded = _fold(text)
+        limit = self.limits.max_result_chars
+        long = len(folded) > limit  # NFKC may lengthen a text up to 18 times (U+FDFA): the cap holds after it too
+        if long:
+            folded = folded[:limit]
         native = self._native
         if native is not None:  # tokens, digests and inserts in one C call
             with self._lock:
                 room = self.limits.max_tokens - len(self._entries)
-                found: tuple[int, int, int, bool, bool] = native.index(self._sipkey, _fold(text), self._entries,
-                                                                       mask, room, budget)
-                return found
-        whole, inside = _analyze_text_python(text)
+                whole_digest, new, used, over, full = native.index(self._sipkey, folded, self._entries, mask, room,
+                                                                   budget)
+            return whole_digest, new, used, over, full or long
+        whole, inside = _analyze_folded_python(folded)
         entries = [whole, *inside.difference((whole,))]
         over = len(entries) > budget
         kept = entries[: max(budget, 0)] if over else entries
@@ -603,7 +616,7 @@ class ProvenanceIndex:
         digests = [digest(t) for t in kept]
         with self._lock:
             new, full = self._put(digests, mask)
-        return digest(whole), new, len(kept), over, full
+        return digest(whole), new, len(kept), over, full or long
 
     @staticmethod
     def _task_entries(text: str) -> set[str]:

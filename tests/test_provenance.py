@@ -197,3 +197,10 @@ def test_zero_width_characters_and_soft_hyphens_do_not_hide_a_token() -> None:
 def test_a_plain_word_in_quotes_or_brackets_is_no_token() -> None:
     """Quotes, brackets and JSON punctuation around a plain word do not make it a token."""
     assert tokens('{"body": "feedback", "tags": ["(urgent)", "<note>"]} x1') == {"x1"}
+
+
+def test_a_result_that_normalisation_lengthens_past_the_cap_overflows() -> None:
+    """The character cap holds after NFKC too (U+FDFA is 18 characters once normalised): past it, overflow."""
+    index = ProvenanceIndex(ProvenanceLimits(max_result_chars=1_000))
+    index.add("\ufdfa" * 900, ["web"])
+    assert index.overflowed == ("web",)
