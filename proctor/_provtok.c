@@ -756,6 +756,147 @@ ibans(Sink *sk, const ch *s, size_t n)
     }
 }
 
+/* ---- numbers laid out in groups (_grouped) ------------------------------------------------------ */
+
+#define GROUPED_MIN 7
+#define GROUPED_MAX 34
+/* The groups of a sequence kept for joining: a joined form of GROUPED_MAX characters or fewer spans at most
+ * GROUPED_MAX groups (each one character or more), so the last RING > GROUPED_MAX + 1 of them suffice. */
+#define RING 64
+
+typedef struct {
+    size_t at, len;
+    int brk; /* a line break in the gap before this group */
+} Group;
+
+static inline int
+is_ascii_digit(ch c)
+{
+    return c >= '0' && c <= '9';
+}
+
+static inline int
+is_group_gap(ch c) /* _GROUP_SEP: [\s./()_-] */
+{
+    return c == '-' || c == '.' || c == '/' || c == '(' || c == ')' || c == '_' || is_space(c);
+}
+
+static inline int
+is_line_break(ch c) /* _LINE_BREAKS: what str.splitlines() splits at */
+{
+    switch (c) {
+    case '\n': case '\r': case 0x0b: case 0x0c: case 0x1c: case 0x1d: case 0x1e: case 0x85: case 0x2028: case 0x2029:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static inline int
+is_iban_first(const ch *t, size_t n) /* _IBAN_FIRST: [a-z]{2}[0-9]{2} */
+{
+    return n == 4 && is_az(t[0]) && is_az(t[1]) && is_ascii_digit(t[2]) && is_ascii_digit(t[3]);
+}
+
+/* Emit groups first..last (counted from the sequence's start; kept in `ring`) joined, `size` characters. */
+static void
+emit_joined(Sink *sk, const ch *s, const Group *ring, size_t first, size_t last, size_t size)
+{
+    if (buf_reserve(&sk->scratch, size) < 0) {
+        sk->stop = 1;
+        return;
+    }
+    size_t m = 0;
+    for (size_t g = first; g <= last; g++) {
+        const Group *gr = &ring[g % RING];
+        memcpy(sk->scratch.data + m, s + gr->at, gr->len * sizeof(ch));
+        m += gr->len;
+    }
+    emit(sk, sk->scratch.data, m);
+}
+
+/* _grouped: the joined forms of the numbers laid out in groups. A sequence starts at a group holding an ASCII
+ * digit (found by skipping to the next digit) not inside a longer word, and goes on over gaps of [\s./()_-] to
+ * the next group (one holding a digit, or four letters right after an IBAN's first group); a group
+ * [a-z]{2}[0-9]{2} starts a new sequence (an IBAN). Each group added emits the joined runs ending at it: for an
+ * IBAN the prefix from its first group, otherwise every run of two groups or more crossing at most one line
+ * break; only those of GROUPED_MIN to GROUPED_MAX characters. */
+static void
+grouped(Sink *sk, const ch *s, size_t n)
+{
+    Group ring[RING];
+    size_t pos = 0; /* s[pos] is no letter or digit inside a word not looked at yet */
+    while (pos < n && !sk->stop) {
+        size_t d = pos;
+        while (d < n && !is_ascii_digit(s[d]))
+            d++;
+        if (d == n)
+            return;
+        size_t a = d, b = d;
+        while (a > pos && is_az09(s[a - 1]))
+            a--;
+        while (b < n && is_az09(s[b]))
+            b++;
+        if ((a > 0 && is_alnum(s[a - 1])) || (b < n && is_alnum(s[b]))) { /* inside a longer word */
+            pos = b;
+            continue;
+        }
+        size_t count = 1, size = b - a;
+        int iban = is_iban_first(s + a, b - a), head = iban;
+        ring[0] = (Group){a, b - a, 0};
+        for (;;) {
+            size_t q = b;
+            int brk = 0;
+            while (q < n && is_group_gap(s[q])) {
+                brk |= is_line_break(s[q]);
+                q++;
+            }
+            pos = q;
+            if (q == b || q == n || !is_az09(s[q]))
+                break;
+            size_t c = q;
+            int digit = 0;
+            while (c < n && is_az09(s[c])) {
+                digit |= is_ascii_digit(s[c]);
+                c++;
+            }
+            size_t len = c - q;
+            if ((c < n && is_alnum(s[c])) || (!digit && !(head && len == 4))) { /* no group: the sequence ends */
+                pos = c;
+                break;
+            }
+            head = digit && is_iban_first(s + q, len);
+            if (head) { /* an IBAN starts here: a new sequence */
+                count = 0;
+                size = 0;
+                iban = 1;
+            }
+            ring[count % RING] = (Group){q, len, brk};
+            count++;
+            b = c;
+            if (iban) {
+                size += len;
+                if (count >= 2 && size >= GROUPED_MIN && size <= GROUPED_MAX)
+                    emit_joined(sk, s, ring, 0, count - 1, size);
+            }
+            else {
+                size_t joined = len;
+                int lines = 0;
+                for (size_t i = count - 1; i-- > 0;) {
+                    lines += ring[(i + 1) % RING].brk;
+                    joined += ring[i % RING].len;
+                    if (joined > GROUPED_MAX || lines > 1)
+                        break;
+                    if (joined >= GROUPED_MIN)
+                        emit_joined(sk, s, ring, i, count - 1, joined);
+                }
+            }
+            if (sk->stop)
+                return;
+        }
+    }
+}
+
 /* Every token of the folded text `s` (the _TOKEN matches; IBANs in groups when one was seen). */
 static void
 scan(Sink *sk, const ch *s, size_t n)
@@ -786,6 +927,8 @@ scan(Sink *sk, const ch *s, size_t n)
         sk->dash = 0;
         ibans(sk, s, n);
     }
+    sk->dash = 0;
+    grouped(sk, s, n);
 }
 
 /* " ".join(s.split()) into `out` (at least n long); its length. */

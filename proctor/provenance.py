@@ -43,7 +43,11 @@ Invisible characters (zero-width space and joiners, word joiner, BOM, soft hyphe
 and non-ASCII dashes read as ``-`` before anything else; a token of letter-and-digit groups
 joined by dashes, each group holding a digit, seven characters or more without them
 (``123-456-789``, ``de89-3704-…``; not a range ``10-12``), is also
-indexed without its dashes.
+indexed without its dashes. A number laid out in groups of ASCII letters and digits (each holding a
+digit) across gaps of whitespace and ``- . / ( ) _`` — ``1234 5678 9012``, ``+1 (555) 123-4567``,
+``0012.3456.7890``, an IBAN on several lines — is also indexed joined: every run of two or more
+consecutive groups of 7 to 34 characters crossing at most one line break, and an IBAN from its first
+group (`_grouped`; docs/policy.md says it for users).
 
 Memory is bounded (`ProvenanceLimits`): at most `max_result_chars` characters of one
 result and `max_result_tokens` of its entries (each string counting its distinct ones) are
@@ -229,7 +233,9 @@ def _analyze_folded_python(folded: str) -> tuple[str, set[str]]:
         if word.isalpha():
             return word, set()
         if _TOKEN.fullmatch(word) and _SIMPLE.fullmatch(word):
-            return word, _dashless({word}) if "-" in word else {word}
+            forms = _dashless({word}) if "-" in word else {word}
+            forms.update(_grouped(word))  # 0012.3456.7890, 1234-5678-9012: also compacted
+            return word, forms
     whole = " ".join(words) if len(words) != 1 or folded != words[0] else folded
     # Work in the regex engine and in C as much as possible (a 100 KB result must index in about a
     # millisecond): the distinct non-alphabetic words, joined one per line; those that are their own
@@ -258,6 +264,7 @@ def _analyze_folded_python(folded: str) -> tuple[str, set[str]]:
             out.update(_token_forms(token))
     if "-" in blob:  # an account number or IBAN written with dashes: also without them
         out = _dashless(out)
+    out.update(_grouped(folded))  # a number laid out in groups (spaces, dots, brackets…): also compacted
     if iban_head:  # an IBAN written in groups of four: also indexed without its spaces
         for iban in _IBAN.findall(folded):
             out.add(iban.replace(" ", ""))
@@ -294,6 +301,75 @@ def _common_forms(lines: list[str], out: set[str]) -> list[str]:
 #: Shortest dashless form of a dashed token that is indexed (``555-0100`` is; ``10-12`` is not).
 _DASHLESS_MIN = 7
 
+#: Shortest and longest compact form of a number laid out in groups that is indexed (`_grouped`): seven
+#: characters as for dashes (not a range, a time or a short date), 34 the longest IBAN.
+_GROUPED_MIN = 7
+_GROUPED_MAX = 34
+# A number laid out in groups (`_grouped`): groups of ASCII letters and digits, each holding a digit — or four
+# letters right after an IBAN's first group (the bank code of GB29 NWBK …) — not inside a longer word, joined by
+# runs of whitespace and ``- . / ( ) _``. Two groups at least; [0-9], not \d: ASCII digits only.
+_GROUP_SEP = r"[\s./()_-]+"
+_GROUP_HEAD = r"[a-z]{2}[0-9]{2}" + _GROUP_SEP + r"[a-z]{4}(?![^\W_])"
+_GROUP_DIGITS = r"[a-z]*[0-9][a-z0-9]*(?![^\W_])"
+_GROUP_UNIT = f"(?:{_GROUP_HEAD}|{_GROUP_DIGITS})"
+_GROUPED = re.compile(f"(?<![^\\W_])(?:{_GROUP_HEAD}(?:{_GROUP_SEP}{_GROUP_UNIT})*"
+                      f"|{_GROUP_DIGITS}(?:{_GROUP_SEP}{_GROUP_UNIT})+)")
+_GROUP = re.compile(r"[a-z0-9]+")
+_GROUP_GAP = re.compile(r"[^a-z0-9]+")
+_IBAN_FIRST = re.compile(r"[a-z]{2}[0-9]{2}")
+#: Characters that end a line (str.splitlines()): a gap holding one is a line break between groups.
+_LINE_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+
+
+def _grouped(folded: str) -> set[str]:
+    """The compact forms of the numbers `folded` lays out in groups: ``1234 5678 9012``, ``+1 (555) 123-4567``,
+    ``0012.3456.7890``, ``gb29\tnwbk\t6016…`` give ``123456789012``, ``15551234567`` (and ``5551234567``, …),
+    ``001234567890``, ``gb29nwbk6016…``.
+
+    In a sequence of groups (see `_GROUPED`), every run of two or more consecutive groups whose joined form has
+    `_GROUPED_MIN` to `_GROUPED_MAX` characters and which crosses at most one line break is indexed joined (so
+    the account inside ``Ref 7 1234 5678 9012`` is found, and a number wrapped onto the next line; a column of
+    a table is not joined line after line). A group of two letters and two digits starts an IBAN: the sequence
+    is cut before it, and from an IBAN only its prefixes of two groups or more (its groups laid out on any
+    number of lines) are indexed.
+    """
+    out: set[str] = set()
+    for match in _GROUPED.finditer(folded):
+        chain = match.group()
+        groups = _GROUP.findall(chain)
+        breaks = [not _LINE_BREAKS.isdisjoint(gap) for gap in _GROUP_GAP.findall(chain)]
+        start = 0
+        for end in range(1, len(groups) + 1):
+            if end == len(groups) or _IBAN_FIRST.fullmatch(groups[end]):
+                _grouped_run(groups[start:end], breaks[start : end - 1], out)
+                start = end
+    return out
+
+
+def _grouped_run(groups: list[str], breaks: list[bool], out: set[str]) -> None:
+    """Add to `out` the joined forms `_grouped` indexes from one sequence of groups (`breaks[i]`: a line break
+    between groups i and i+1)."""
+    if len(groups) < 2:
+        return
+    if _IBAN_FIRST.fullmatch(groups[0]):  # an IBAN: its prefixes, however many lines it is laid out on
+        size = len(groups[0])
+        for end in range(1, len(groups)):
+            size += len(groups[end])
+            if size > _GROUPED_MAX:
+                break
+            if size >= _GROUPED_MIN:
+                out.add("".join(groups[: end + 1]))
+        return
+    for start in range(len(groups) - 1):
+        size, lines = len(groups[start]), 0
+        for end in range(start + 1, len(groups)):
+            size += len(groups[end])
+            lines += breaks[end - 1]
+            if size > _GROUPED_MAX or lines > 1:
+                break
+            if size >= _GROUPED_MIN:
+                out.add("".join(groups[start : end + 1]))
+
 
 def _dashless(found: set[str]) -> set[str]:
     """`found` and, for each token made of groups of letters and digits joined by dashes, each group holding a
@@ -321,6 +397,10 @@ def _scalar_text(value: Any) -> str | None:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return None
+
+
+#: What a string argument is looked up by (`ProvenanceIndex._probe_str`).
+_Probe = tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,7 +441,7 @@ class ProvenanceIndex:
         self._prefix = hashlib.blake2b(self._key, digest_size=16).hexdigest().translate(_LETTERS)
         self._digest: Callable[[str], int] = (functools.partial(_native.digest, self._sipkey) if _native is not None
                                               else self._prefixed_hash)
-        self._probes: dict[str, tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = {}  # arg -> digests
+        self._probes: dict[str, _Probe] = {}  # argument -> the digests it is looked up by
         self._named: dict[int, tuple[str, ...]] = {}  # label mask -> its sorted names
 
     # -- reading ---------------------------------------------------------------------------------
@@ -461,7 +541,7 @@ class ProvenanceIndex:
             probe = self._probes.get(value)
             if probe is None:
                 probe = self._probe_str(value)
-            if entries.get(probe[0], 0) & bit:
+            if entries.get(probe[0], 0) & bit or (probe[4] and entries.get(probe[4], 0) & bit):
                 return True
             tokens_ = probe[2]
             if not tokens_:
@@ -478,9 +558,9 @@ class ProvenanceIndex:
         text = _scalar_text(value)
         return text is not None and bool(entries.get(self._digest(text), 0) & bit)
 
-    def _probe_str(self, value: str) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    def _probe_str(self, value: str) -> _Probe:
         """The digests a string argument is looked up by — (whole, whole and every token, every token, every
-        word outside the tokens) —
+        word outside the tokens, the compact form of a number laid out in groups or 0) —
         remembered per index (they depend on the key and the text only, not on what is indexed)."""
         whole, found = _analyze(value)
         digest = self._digest
@@ -490,7 +570,13 @@ class ProvenanceIndex:
         inside = {w for t in found for w in _WORD.findall(t)}
         words = tuple(digest(w) for w in set(_WORD.findall(whole)).difference(inside)
                       if not (w.isdecimal() and len(w) < 3))  # (short numbers of the task are not indexed alone)
-        probe = (whole_digest, (whole_digest, *(digest(t) for t in found if t != whole)), tokens_, words)
+        # A number laid out in groups as a whole (1234 5678 9012): the user's when its compact form is (the task
+        # wrote 123456789012, or 1234-5678-9012); 0 (no entry) otherwise.
+        grouped = _GROUPED.fullmatch(whole)
+        compact = "".join(_GROUP.findall(whole)) if grouped is not None else ""
+        compact_digest = digest(compact) if _GROUPED_MIN <= len(compact) <= _GROUPED_MAX else 0
+        probe = (whole_digest, (whole_digest, *(digest(t) for t in found if t != whole)), tokens_, words,
+                 compact_digest)
         if len(value) <= 256:  # as `_analyze_short`: short arguments only (an address, an id, a name)
             probes = self._probes
             if len(probes) >= _PROBES:

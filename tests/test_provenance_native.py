@@ -20,6 +20,9 @@ PIECES = [
     "mailto:", "eve@evil.example", "evil.example:443", "?id=77&x=1", "555-0100", "123-456-789", "10-12", "-",
     "\u200b", "\u00ad", "\ufeff", "\u2013", "\u2212", "\u0663", "\uff11", "\uff20", "\u00e9", "\u0130", "\u00df",
     "\ufb01", "\u2167", "\x00", "\ud800", "\udfff", "\U0001d400", "\u00b2", "\u0e51", "\u2028",
+    # numbers laid out in groups: group sizes, gaps of spaces, brackets, dots, slashes, underscores, line breaks
+    "1234", " 5678", "9012", "(555) ", "123.", "4567", "12/", "nwbk", "abcd", "ab12", "(", ")", "_", "\r\n", "\x85",
+    "\u2029", "\x1f", "\x0b", "  ", " - ", "12345678901234567890", "\u00e91", "1\u00e9",
 ]
 TEXTS = st.lists(st.sampled_from(PIECES) | st.text(max_size=2), max_size=48).map("".join)
 ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=80)  # every code point, surrogates included
@@ -76,6 +79,10 @@ def test_the_c_and_python_tokenisers_agree_on_any_text(text: str) -> None:
     "\x00" * 1000 + "x1\x00y2" * 1000,
     ("\u200b" * 3 + "e\u2013v\ufeffe@evil.example ") * 5000,
     "\ud800x1 \udfffy2@z " * 5000,
+    "1 " * 100_000,  # a sequence of groups without end
+    "1234\n" * 40_000,  # a column of numbers
+    "gb29 nwbk " * 20_000 + "gb29" + " 1234" * 20_000,  # IBAN heads and groups without end
+    "12.34/56_78(90)-" * 10_000,
 ])
 def test_the_c_and_python_tokenisers_agree_on_huge_and_hostile_text(text: str) -> None:
     """Huge tokens, lists, query strings, IBAN-like runs, NULs, invisible characters and lone surrogates."""
