@@ -361,7 +361,259 @@ is_dashed(const ch *t, size_t n)
     return groups >= 2;
 }
 
-/* ---- the sink: where tokens go (a set of str, or digests into the index's dict) ----------------- */
+/* ---- Digests: an index's entries (digest -> label mask) in C ------------------------------------ */
+
+/* Why not a dict: each entry of a dict costs an int object for the digest, another for the mask, a hash of
+ * the key and ~80 bytes; inserting 10,000 entries from one result was a quarter of its indexing. Here an
+ * entry is two 64-bit words side by side in open addressing (linear probing, at most half full). The slot of a digest is
+ * its low bits: digests are keyed SipHash outputs, which nobody without the index's key can aim at one
+ * slot. A digest is never 0 (`finish`), which marks an empty slot. Masks hold label bits 0..63;
+ * proctor/provenance.py moves the entries to a dict before it gives a label bit 64. */
+typedef struct {
+    uint64_t key; /* 0: an empty slot */
+    uint64_t mask;
+} Slot;
+
+typedef struct {
+    PyObject_HEAD
+    Slot *slots; /* a digest next to its mask: one cache line a probe */
+    size_t cap;  /* a power of two; 0 before the first entry */
+    size_t len;
+} Digests;
+
+static PyTypeObject DigestsType;
+
+static inline size_t
+digests_slot(const Digests *d, uint64_t h) /* d->cap > 0: the slot holding h, or the empty one it would go to */
+{
+    size_t at = (size_t)h & (d->cap - 1);
+    while (d->slots[at].key && d->slots[at].key != h)
+        at = (at + 1) & (d->cap - 1);
+    return at;
+}
+
+static int
+digests_grow(Digests *d)
+{
+    size_t cap = d->cap ? d->cap * 2 : 1024;
+    if (cap > PY_SSIZE_T_MAX / sizeof(Slot)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Slot *slots = PyMem_Calloc(cap, sizeof(Slot));
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < d->cap; i++) {
+        uint64_t h = d->slots[i].key;
+        if (h) {
+            size_t at = (size_t)h & (cap - 1);
+            while (slots[at].key)
+                at = (at + 1) & (cap - 1);
+            slots[at] = d->slots[i];
+        }
+    }
+    PyMem_Free(d->slots);
+    d->slots = slots;
+    d->cap = cap;
+    return 0;
+}
+
+/* Or `mask` into the entry of `h`, or add it when `*room` > 0 (then 1 is returned and *room decremented);
+ * 0: it was there; 2: no room for it; -1: an error (memory). */
+static int
+digests_put(Digests *d, uint64_t h, uint64_t mask, Py_ssize_t *room)
+{
+    size_t at = 0;
+    if (d->cap) {
+        at = digests_slot(d, h);
+        if (d->slots[at].key) {
+            d->slots[at].mask |= mask;
+            return 0;
+        }
+    }
+    if (*room <= 0)
+        return 2;
+    if ((d->len + 1) * 2 > d->cap) {
+        if (digests_grow(d) < 0)
+            return -1;
+        at = digests_slot(d, h);
+    }
+    d->slots[at].key = h;
+    d->slots[at].mask = mask;
+    d->len++;
+    (*room)--;
+    return 1;
+}
+
+/* A digest given from Python: 0 (never an entry) for anything that is no int in 1..2**64-1. */
+static uint64_t
+digest_arg(PyObject *key)
+{
+    if (!PyLong_Check(key))
+        return 0;
+    uint64_t h = PyLong_AsUnsignedLongLong(key);
+    if (h == (uint64_t)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return h;
+}
+
+static int
+mask_arg(PyObject *obj, uint64_t *mask)
+{
+    if (!PyLong_Check(obj)) {
+        PyErr_SetString(PyExc_TypeError, "a label mask must be an int");
+        return -1;
+    }
+    *mask = PyLong_AsUnsignedLongLong(obj); /* OverflowError past bit 63: the caller moves to a dict first */
+    return *mask == (uint64_t)-1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *
+digests_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    if (PyTuple_GET_SIZE(args) || (kwds && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "Digests() takes no arguments");
+        return NULL;
+    }
+    return type->tp_alloc(type, 0); /* zeroed: no table yet */
+}
+
+static void
+digests_dealloc(Digests *d)
+{
+    PyMem_Free(d->slots);
+    Py_TYPE(d)->tp_free((PyObject *)d);
+}
+
+static Py_ssize_t
+digests_len(Digests *d)
+{
+    return (Py_ssize_t)d->len;
+}
+
+static int
+digests_contains(Digests *d, PyObject *key)
+{
+    uint64_t h = digest_arg(key);
+    return h && d->cap && d->slots[digests_slot(d, h)].key == h;
+}
+
+static PyObject *
+digests_get(Digests *d, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "get() takes (digest[, default])");
+        return NULL;
+    }
+    uint64_t h = digest_arg(args[0]);
+    if (h && d->cap) {
+        const Slot *slot = &d->slots[digests_slot(d, h)];
+        if (slot->key)
+            return PyLong_FromUnsignedLongLong(slot->mask);
+    }
+    PyObject *dflt = nargs == 2 ? args[1] : Py_None;
+    Py_INCREF(dflt);
+    return dflt;
+}
+
+static PyObject *
+digests_put_method(Digests *d, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t mask;
+    if (nargs != 3 || !PyList_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "put() takes (digests: list[int], mask: int, room: int)");
+        return NULL;
+    }
+    if (mask_arg(args[1], &mask) < 0)
+        return NULL;
+    Py_ssize_t room = PyLong_AsSsize_t(args[2]);
+    if (room == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t added = 0;
+    int cut = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(args[0]); i++) {
+        uint64_t h = digest_arg(PyList_GET_ITEM(args[0], i));
+        if (h == 0) {
+            PyErr_SetString(PyExc_ValueError, "a digest is an int in 1..2**64-1");
+            return NULL;
+        }
+        int r = digests_put(d, h, mask, &room);
+        if (r < 0)
+            return NULL;
+        added += r == 1;
+        cut |= r == 2;
+    }
+    return Py_BuildValue("(nO)", added, cut ? Py_True : Py_False);
+}
+
+static PyObject *
+digests_items(Digests *d, PyObject *unused)
+{
+    PyObject *list = PyList_New(0);
+    for (size_t i = 0; list != NULL && i < d->cap; i++) {
+        if (!d->slots[i].key)
+            continue;
+        PyObject *item = Py_BuildValue("(KK)", (unsigned long long)d->slots[i].key,
+                                       (unsigned long long)d->slots[i].mask);
+        if (item == NULL || PyList_Append(list, item) < 0)
+            Py_CLEAR(list);
+        Py_XDECREF(item);
+    }
+    return list;
+}
+
+static PyObject *
+digests_iter(Digests *d)
+{
+    PyObject *keys = PyList_New(0);
+    for (size_t i = 0; keys != NULL && i < d->cap; i++) {
+        if (!d->slots[i].key)
+            continue;
+        PyObject *key = PyLong_FromUnsignedLongLong(d->slots[i].key);
+        if (key == NULL || PyList_Append(keys, key) < 0)
+            Py_CLEAR(keys);
+        Py_XDECREF(key);
+    }
+    if (keys == NULL)
+        return NULL;
+    PyObject *it = PyObject_GetIter(keys);
+    Py_DECREF(keys);
+    return it;
+}
+
+static PyMethodDef digests_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))digests_get, METH_FASTCALL,
+     "get(digest, default=None, /): the label mask of an entry, or default"},
+    {"put", (PyCFunction)(void (*)(void))digests_put_method, METH_FASTCALL,
+     "put(digests, mask, room, /) -> (new entries, whether one found no room): or `mask` into each digest's entry,\n"
+     "adding at most `room` new ones"},
+    {"items", (PyCFunction)digests_items, METH_NOARGS, "items(): a list of (digest, label mask)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods digests_as_sequence = {
+    .sq_length = (lenfunc)digests_len,
+    .sq_contains = (objobjproc)digests_contains,
+};
+
+static PyTypeObject DigestsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "proctor._provtok.Digests",
+    .tp_basicsize = sizeof(Digests),
+    .tp_dealloc = (destructor)digests_dealloc,
+    .tp_as_sequence = &digests_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Digests(): an index's entries, 64-bit digest -> label mask (bits 0..63), in C.",
+    .tp_iter = (getiterfunc)digests_iter,
+    .tp_methods = digests_methods,
+    .tp_new = digests_new,
+};
+
+/* ---- the sink: where tokens go (a set of str, or digests into the index's entries) -------------- */
 
 #define DASHLESS_MIN 7
 #define MAX_DEPTH 4
@@ -375,8 +627,10 @@ typedef struct {
     int digests;        /* 0: collect str objects in `set`; 1: digests into `entries` */
     PyObject *set;      /* mode 0 */
     Key key;            /* mode 1 */
-    PyObject *entries;  /* mode 1: dict digest -> label mask */
+    PyObject *entries;  /* mode 1: dict digest -> label mask, or NULL when `table` is given */
     PyObject *mask;     /* mode 1 */
+    Digests *dtable;    /* mode 1: the entries in C (instead of `entries`) */
+    uint64_t umask;     /* mode 1, with `dtable`: `mask` */
     Py_ssize_t room;    /* mode 1: entries the dict may still take */
     size_t budget;      /* mode 1: distinct entries this call may produce */
     size_t count;       /* mode 1: distinct entries produced */
@@ -387,6 +641,7 @@ typedef struct {
     int over_room;      /* mode 1: a new entry found no room */
     int stop;           /* an error, or the budget is spent */
     int iban_head;      /* a token looked like an IBAN's first group (gb29) */
+    int digit;          /* a token held an ASCII digit: only then can there be a number laid out in groups */
     Buf scratch;        /* numbers, IBANs: rewritten forms */
     Buf dashless;       /* forms without their dashes */
     uint8_t *bytes;     /* mode 1: UTF-8 of the text being digested, 4 bytes per code point of the input */
@@ -464,6 +719,14 @@ add_digest(Sink *sk, uint64_t h)
     }
     sk->table[at] = h;
     sk->count++;
+    if (sk->dtable != NULL) {
+        int r = digests_put(sk->dtable, h, sk->umask, &sk->room);
+        if (r < 0)
+            sk->stop = 1;
+        sk->added += r == 1;
+        sk->over_room |= r == 2;
+        return;
+    }
     PyObject *key = PyLong_FromUnsignedLongLong(h);
     if (key == NULL) {
         sk->stop = 1;
@@ -915,6 +1178,7 @@ scan(Sink *sk, const ch *s, size_t n)
         }
         if (!(flags & W) || !(flags & (DEC | JOIN))) /* no word character, or neither a digit nor a joiner */
             continue;
+        sk->digit |= (flags & DEC) != 0; /* (also a non-ASCII digit: grouped() looks for ASCII ones) */
         size_t k = r;
         while (k < i && !is_w(s[k]))
             k++;
@@ -928,7 +1192,8 @@ scan(Sink *sk, const ch *s, size_t n)
         ibans(sk, s, n);
     }
     sk->dash = 0;
-    grouped(sk, s, n);
+    if (sk->digit) /* every ASCII digit is in a run looked at above */
+        grouped(sk, s, n);
 }
 
 /* " ".join(s.split()) into `out` (at least n long); its length. */
@@ -1079,9 +1344,15 @@ index_text(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (parse_key(args[0], &sk.key) < 0)
         return NULL;
     PyObject *text = args[1];
-    if (!PyUnicode_Check(text) || !PyDict_CheckExact(args[2]) || !PyLong_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "index() takes (bytes, str, dict, int, int, int)");
+    int table = Py_IS_TYPE(args[2], &DigestsType);
+    if (!PyUnicode_Check(text) || !(table || PyDict_CheckExact(args[2])) || !PyLong_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "index() takes (bytes, str, dict or Digests, int, int, int)");
         return NULL;
+    }
+    if (table) {
+        sk.dtable = (Digests *)args[2];
+        if (mask_arg(args[3], &sk.umask) < 0)
+            return NULL;
     }
     Py_ssize_t room = PyLong_AsSsize_t(args[4]);
     if (room == -1 && PyErr_Occurred())
@@ -1185,10 +1456,18 @@ PyMODINIT_FUNC
 PyInit__provtok(void)
 {
     fill_ascii_class();
+    if (PyType_Ready(&DigestsType) < 0)
+        return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL)
         return NULL;
-    PyObject *all = Py_BuildValue("[ssss]", "analyze", "digest", "index", "siphash");
+    Py_INCREF(&DigestsType);
+    if (PyModule_AddObject(module, "Digests", (PyObject *)&DigestsType) < 0) {
+        Py_DECREF(&DigestsType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    PyObject *all = Py_BuildValue("[sssss]", "Digests", "analyze", "digest", "index", "siphash");
     if (all == NULL || PyModule_AddObject(module, "__all__", all) < 0) {
         Py_XDECREF(all);
         Py_DECREF(module);

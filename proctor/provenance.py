@@ -67,7 +67,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proctor.unicodenorm import nfkc
 
@@ -75,6 +75,9 @@ try:  # the tokeniser and digests in C (setup.py); without a compiler the same t
     from proctor import _provtok as _native
 except ImportError:  # pragma: no cover - an install that could not build the extension
     _native = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from proctor._provtok import Digests
 
 __all__ = [
     "TASK_WORDS",
@@ -411,7 +414,8 @@ class ProvenanceLimits:
     max_result_chars: int = 1_000_000
     #: Entries (whole values and tokens) one result may add.
     max_result_tokens: int = 50_000
-    #: Entries one run's index may hold (about 80 bytes each: 200,000 is ~16 MB).
+    #: Entries one run's index may hold (with the C extension 16-byte slots kept at most half full: 200,000
+    #: take 8 MB; without it a dict, about 80 bytes each: ~16 MB).
     max_tokens: int = 200_000
 
 
@@ -427,7 +431,8 @@ class ProvenanceIndex:
     def __init__(self, limits: ProvenanceLimits | None = None, *, key: bytes | None = None) -> None:
         self.limits = limits or ProvenanceLimits()
         self._key = key or os.urandom(32)  # per index: never the audit key, never persisted
-        self._entries: dict[int, int] = {}  # digest -> bitmask of labels
+        # digest -> bitmask of labels: in C with the extension (two 64-bit words an entry), else a dict
+        self._entries: dict[int, int] | Digests = _native.Digests() if _native is not None else {}
         self._fields: dict[int, int] = {}  # digest of a result's whole value (a field, an item) -> labels
         self._bits: dict[str, int] = {}  # label -> bit
         self._labels: list[str] = []  # bit position -> label
@@ -625,11 +630,7 @@ class ProvenanceIndex:
         with self._lock:
             mask = 0
             for name in names:
-                bit = self._bits.get(name)
-                if bit is None:
-                    bit = self._bits[name] = len(self._labels)
-                    self._labels.append(name)
-                mask |= 1 << bit
+                mask |= 1 << self._bit(name)
         limits = self.limits
         chars_left = limits.max_result_chars
         budget = limits.max_result_tokens  # distinct entries the result may still add
@@ -719,6 +720,8 @@ class ProvenanceIndex:
         (new entries, whether the cap kept one out)."""
         entries = self._entries
         room = self.limits.max_tokens - len(entries)
+        if not isinstance(entries, dict):  # the entries in C
+            return entries.put(list(digests), mask, room)
         added = 0
         cut = False
         for digest in digests:
@@ -739,11 +742,17 @@ class ProvenanceIndex:
         earlier results are not restored): every later answer includes them (``user`` excepted)."""
         with self._lock:
             for name in labels:
-                bit = self._bits.get(name)
-                if bit is None:
-                    bit = self._bits[name] = len(self._labels)
-                    self._labels.append(name)
-                self._overflow |= 1 << bit
+                self._overflow |= 1 << self._bit(name)
+
+    def _bit(self, name: str) -> int:
+        """The bit of label `name`, given it if new (the lock held)."""
+        bit = self._bits.get(name)
+        if bit is None:
+            bit = self._bits[name] = len(self._labels)
+            self._labels.append(name)
+            if bit == 64 and not isinstance(self._entries, dict):  # the C entries hold label bits 0..63 only
+                self._entries = dict(self._entries.items())
+        return bit
 
 
 def _word_runs(text: str) -> Iterator[str]:

@@ -204,3 +204,18 @@ def test_a_result_that_normalisation_lengthens_past_the_cap_overflows() -> None:
     index = ProvenanceIndex(ProvenanceLimits(max_result_chars=1_000))
     index.add("\ufdfa" * 900, ["web"])
     assert index.overflowed == ("web",)
+
+
+def test_more_than_64_labels_keep_every_label() -> None:
+    """An index past 64 labels (the C entries hold label bits 0..63) still answers every label, old and new."""
+    index = ProvenanceIndex()
+    for i in range(70):
+        index.add(f"reply to user{i}@evil.example", [f"source{i}"])
+        index.add({"id": f"ref-{i:04d}-x"}, [f"source{i}", "untrusted"])
+    index.add("mail bob@corp.example", [USER])
+    for i in (0, 63, 64, 69):
+        assert index.labels_of(f"user{i}@evil.example") == [f"source{i}"]
+        assert index.labels_of(f"ref-{i:04d}-x") == sorted([f"source{i}", "untrusted"])
+    assert index.from_user("bob@corp.example")
+    index.mark_incomplete(["source80"])
+    assert "source80" in index.labels_of("anything@else.example")

@@ -129,3 +129,30 @@ def test_the_c_and_python_paths_apply_the_same_caps(
     assert figures[0][0] == figures[1][0]
     if not figures[0][0]:  # (past a cap, which entries got in may differ: never how many the caps allow)
         assert figures[0][1] == figures[1][1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(1, 3000) | st.integers(1, 2**64 - 1), max_size=40),
+                          st.integers(0, 2**64 - 1), st.integers(-2, 3000)), max_size=12))
+def test_the_c_entries_behave_as_the_dict_they_replace(puts: list[tuple[list[int], int, int]]) -> None:
+    """Digests (the index's entries in C) add, or-in masks, respect the room and answer lookups as a dict does."""
+    assert native is not None
+    table, model = native.Digests(), {}
+    for digests, mask, room in puts:
+        added, cut = 0, False
+        left = room
+        for digest in digests:
+            if digest in model:
+                model[digest] |= mask
+            elif left > 0:
+                model[digest] = mask
+                left -= 1
+                added += 1
+            else:
+                cut = True
+        assert table.put(digests, mask, room) == (added, cut)
+        assert len(table) == len(model)
+    assert dict(table.items()) == model and set(table) == set(model)
+    for digest in [*model, 0, -1, 2**64, 12345678901234567]:
+        assert (digest in table) == (digest in model)
+        assert table.get(digest, -7) == model.get(digest, -7)
