@@ -387,14 +387,12 @@ class BlockingReader:
             self.spin = message.get("spin") is not False
             return message
         while True:
-            # It blocks in poll (for POLLIN), never in read: a reader asleep in read() on a Unix socket
-            # is also woken each time the host *takes* a frame from its side (the kernel's "room to
-            # write" wake-up shares the socket's wait queue), and such a worker wakes twice per call,
-            # the second time for nothing: 4 context switches per call instead of 2 (perf sched; with
-            # the host and its worker on one core: host 2.0 involuntary, worker 2.0 voluntary switches
-            # per call before, 1.0 and 1.0 after). poll() is woken only by what it waits for.
-            if not (self.spin and (self._poll.poll(0) or self._spin())):
-                self._poll.poll()
+            # It blocks in read itself (one system call, not a poll and then a read): the channel is a
+            # pipe of its own, whose readers only its writer wakes. (A reader asleep in read() on a Unix
+            # socket, the channel before, was also woken each time the host *took* a frame from its side
+            # of the same socket: the "room to write" wake-up shared the socket's one wait queue.)
+            if self.spin and not self._poll.poll(0):
+                self._spin()
             chunk = os.read(self.fd, 1 << 16)
             splitter = self._splitter
             if not splitter._buf and len(chunk) >= 4:  # `FrameReader.feed`'s fast path, inline: one whole frame

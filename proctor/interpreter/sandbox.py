@@ -44,7 +44,7 @@ BOOTSTRAP = (
     "    m=types.ModuleType(n);m.__file__=f;sys.modules[n]=m\n"
     "    p,_,a=n.rpartition('.');setattr(sys.modules[p],a,m);exec(c,m.__dict__)\n"
     "sys.stdin.close()\n"
-    "sys.modules['proctor.interpreter.worker'].main(int(sys.argv[1]))\n"
+    "sys.modules['proctor.interpreter.worker'].main(int(sys.argv[1]),int(sys.argv[2]))\n"
 )
 INSTALL_HINT = "install bubblewrap (apt-get install bubblewrap) or pass sandbox='process'"
 
@@ -138,9 +138,11 @@ def seccomp_program(machine: str | None = None) -> bytes | None:
 
 # -- bubblewrap ------------------------------------------------------------------------------------
 
-def build_command(spec: SandboxSpec, chan_fd: int, seccomp_fd: int | None, *, disable_userns: bool = True,
-                  argv: Sequence[str] | None = None) -> list[str]:
-    """The full argv starting the worker (bwrap-wrapped or plain)."""
+def build_command(spec: SandboxSpec, chan_fds: tuple[int, int], seccomp_fd: int | None, *,
+                  disable_userns: bool = True, argv: Sequence[str] | None = None) -> list[str]:
+    """The full argv starting the worker (bwrap-wrapped or plain); `chan_fds` are the worker's ends of the
+    channel: the pipe it reads the host's messages from, and the one it writes its own to."""
+    chan = [str(chan_fds[0]), str(chan_fds[1])]
     python = python_executable()
     if argv is not None:
         worker = list(argv)
@@ -148,9 +150,9 @@ def build_command(spec: SandboxSpec, chan_fd: int, seccomp_fd: int | None, *, di
         # -I would ignore PYTHONHASHSEED (a durable run's fixed hash seed). The environment is built
         # from nothing anyway (worker_env), so keep the rest of -I: no user site, no '' on sys.path.
         worker = [python, "-s", "-S", "-B", "-c", "import sys;sys.path=[p for p in sys.path if p]\n" + BOOTSTRAP,
-                  str(chan_fd)]
+                  *chan]
     else:
-        worker = [python, "-I", "-S", "-B", "-c", BOOTSTRAP, str(chan_fd)]
+        worker = [python, "-I", "-S", "-B", "-c", BOOTSTRAP, *chan]
     if spec.isolation != "bwrap":
         return worker
     bwrap = shutil.which("bwrap") or "bwrap"
@@ -218,7 +220,7 @@ def _run_probe() -> tuple[bool, str, bool]:
         seccomp = _seccomp_fd()
         try:
             done = run_in_spawner(lambda d=disable, fd=seccomp: subprocess.run(  # type: ignore[misc]
-                build_command(spec, 0, fd, disable_userns=d, argv=argv), capture_output=True, timeout=20,
+                build_command(spec, (0, 0), fd, disable_userns=d, argv=argv), capture_output=True, timeout=20,
                 stdin=subprocess.DEVNULL, env=worker_env(), pass_fds=() if fd is None else (fd,)))
         except (OSError, subprocess.SubprocessError) as exc:
             return False, f"bwrap could not run: {exc}", False
@@ -294,10 +296,12 @@ def run_in_spawner(job: Callable[[], T]) -> T:
     return value  # type: ignore[no-any-return]
 
 
-def spawn(spec: SandboxSpec, chan_fd: int, log_fd: int, diag_fd: int, cwd: str | None) -> subprocess.Popen[bytes]:
-    """Start a worker whose channel is `chan_fd`, stdout `log_fd`, stderr `diag_fd`."""
+def spawn(spec: SandboxSpec, chan_fds: tuple[int, int], log_fd: int, diag_fd: int,
+          cwd: str | None) -> subprocess.Popen[bytes]:
+    """Start a worker whose channel is `chan_fds` (it reads the first, writes the second), stdout `log_fd`,
+    stderr `diag_fd`."""
     seccomp_r = None
-    pass_fds = [chan_fd]
+    pass_fds = list(chan_fds)
     disable_userns = True
     if spec.isolation == "bwrap":
         ok, reason, disable_userns = bwrap_status()
@@ -306,7 +310,7 @@ def spawn(spec: SandboxSpec, chan_fd: int, log_fd: int, diag_fd: int, cwd: str |
         seccomp_r = _seccomp_fd()
         if seccomp_r is not None:
             pass_fds.append(seccomp_r)
-    cmd = build_command(spec, chan_fd, seccomp_r, disable_userns=disable_userns)
+    cmd = build_command(spec, chan_fds, seccomp_r, disable_userns=disable_userns)
     payload = worker_payload()
     try:
         proc = run_in_spawner(lambda: subprocess.Popen(

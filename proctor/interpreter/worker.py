@@ -2,7 +2,7 @@
 
 Started by the host (see `sandbox.py`) as ``python -I -S -B -c BOOTSTRAP FD`` with this
 module's code (and that of `channel`, `guard`, `worker_io` and `proctor.errors`) marshalled
-on stdin; fd 1 is the log pipe, FD the channel. The worker imports only the standard
+on stdin; fd 1 is the log pipe, FD_IN and FD_OUT the channel (a pipe each way). The worker imports only the standard
 library and those modules — never the tools, never pydantic. A stub
 binds its arguments like the real function would, sends ``call`` and blocks until the
 host's ``reply``; the host alone decides and runs the tool.
@@ -300,13 +300,19 @@ def _apply_limits(limits: dict[str, int]) -> None:
             continue
 
 
-def main(fd: int) -> None:
-    # Move the channel to an unguessable fd number; user code finding it is harmless (the host
+def main(fd_in: int, fd_out: int) -> None:
+    # Move the channel to unguessable fd numbers; user code finding them is harmless (the host
     # gates whatever arrives), but it should not be trivial.
-    hidden = 200 + int.from_bytes(os.urandom(2), "big") % 800
-    os.dup2(fd, hidden, inheritable=False)
-    os.close(fd)
-    channel = Channel(hidden)
+    # (Below 1000: the usual soft limit on open files is 1024. Neither on the other's old number.)
+    hidden = hidden_out = fd_in
+    while hidden in (fd_in, fd_out):
+        hidden = 200 + int.from_bytes(os.urandom(2), "big") % 400
+    while hidden_out in (fd_in, fd_out, hidden):
+        hidden_out = 600 + int.from_bytes(os.urandom(2), "big") % 400
+    for fd, to in ((fd_in, hidden), (fd_out, hidden_out)):
+        os.dup2(fd, to, inheritable=False)
+        os.close(fd)
+    channel = Channel(hidden, hidden_out)
     init = channel.wait("ctl")
     if init.get("t") != "init":
         os._exit(3)

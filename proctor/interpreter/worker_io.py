@@ -20,9 +20,12 @@ __all__ = ["Channel", "Output"]
 
 
 class Channel:
-    """The worker's end: frames out under a lock; replies dispatched to waiting threads by id."""
+    """The worker's end: frames out under a lock; replies dispatched to waiting threads by id.
 
-    def __init__(self, fd: int) -> None:
+    `rfd` is the pipe the host's messages arrive on, `fd` the one this end's frames go out on.
+    """
+
+    def __init__(self, rfd: int, fd: int) -> None:
         self.fd = fd
         self._send_lock = _thread.allocate_lock()
         self._lock = _thread.allocate_lock()
@@ -31,7 +34,7 @@ class Channel:
         self._reading = False
         self.run_open = False
         self.ids = itertools.count(1)  #: request ids, 1, 2, 3…
-        self._reader = BlockingReader(fd)
+        self._reader = BlockingReader(rfd)
 
     def send(self, message: dict[str, Any]) -> None:
         self.send_bytes(self.build(message))

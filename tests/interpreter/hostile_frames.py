@@ -4,15 +4,16 @@ from __future__ import annotations
 
 __all__ = ["PRELUDE"]
 
-# The channel is the only socket among the worker's fds; `raw` writes bytes on it, `msg` one frame.
+# The channel's way out is the only pipe the worker writes to besides stdout and stderr; `raw` writes
+# bytes on it, `msg` one frame.
 PRELUDE = """
 import os, stat, struct, json
-def _is_sock(f):
-    try:
-        return stat.S_ISSOCK(os.fstat(int(f)).st_mode)
+def _is_chan(f):
+    try:  # a write of nothing is refused (EBADF) on the pipe's read end
+        return int(f) > 2 and stat.S_ISFIFO(os.fstat(int(f)).st_mode) and os.write(int(f), b"") == 0
     except OSError:
         return False
-fd = [int(f) for f in os.listdir('/proc/self/fd') if _is_sock(f)][0]
+fd = [int(f) for f in os.listdir('/proc/self/fd') if _is_chan(f)][0]
 def raw(b):
     os.write(fd, b)
 def msg(m):

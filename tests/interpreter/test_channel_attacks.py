@@ -40,3 +40,36 @@ def test_a_frame_left_unfinished_ends_the_run_at_its_deadline(make: Callable[...
     assert isinstance(r.error, ProctorError)
     assert r.duration < 3.5, r.duration
     assert interp.run("6 * 7").value == 42
+
+
+_PIPES = """
+import fcntl
+def _is_pipe(f):
+    try:
+        return int(f) > 2 and stat.S_ISFIFO(os.fstat(int(f)).st_mode)
+    except OSError:  # the directory listing's own fd, closed by now
+        return False
+mine = [int(f) for f in os.listdir('/proc/self/fd') if _is_pipe(f)]
+"""
+
+
+def test_a_worker_that_shrinks_its_channel_pipes_is_still_served(make: Callable[..., Interpreter]) -> None:
+    """Both channel pipes cut to one page by the program: large arguments and results still cross, whole."""
+    interp = make(sandbox="process", authorized_imports=["os", "stat", "struct", "json", "fcntl"], timeout=20)
+    r = interp.run(PRELUDE + _PIPES + "for f in mine:\n    fcntl.fcntl(f, fcntl.F_SETPIPE_SZ, 4096)\n"
+                   "sizes = [fcntl.fcntl(f, fcntl.F_GETPIPE_SZ) for f in mine]\n"
+                   "got = [lookup('x' * 200_000) for _ in range(3)]\n(sizes, [len(g) for g in got])")
+    assert r.error is None, r.error
+    sizes, lengths = r.value
+    assert sizes and set(sizes) == {4096}
+    assert lengths == [len("order : shipped") + 200_000] * 3
+    assert interp.run("6 * 7").value == 42
+
+
+def test_a_worker_that_closes_its_channel_pipes_loses_the_run_not_the_host(make: Callable[..., Interpreter]) -> None:
+    """The program closes the pipe it reads the host's messages from, then calls: the run is lost, the next works."""
+    interp = make(sandbox="process", authorized_imports=["os", "stat", "struct", "json", "fcntl"], timeout=5)
+    r = interp.run(PRELUDE + _PIPES + "for f in mine:\n    if f != fd:\n        os.close(f)\nlookup('A-1')")
+    assert isinstance(r.error, ProctorError)
+    assert r.state_lost
+    assert interp.run("6 * 7").value == 42

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import pytest
 from conftest import ISOLATIONS, POLICY, REAL_RUNS, TOOLS, needs_bwrap
+from hostile_frames import PRELUDE
 
 from proctor.errors import ConfigurationError, ExecutionTimeout, SandboxError
 from proctor.gate import Gate
@@ -145,9 +146,7 @@ def test_the_deadline_holds_while_a_frame_is_read(make: Callable[..., Interprete
     """A frame trickled in, one sent just before the deadline, a lone header: the run ends at its deadline."""
     timeout = 1.0
     py = make(sandbox=sandbox, authorized_imports=["*"], timeout=timeout)
-    prelude = ("import os, stat, struct, time, json\ndef sock(f):\n    try:\n"
-               "        return stat.S_ISSOCK(os.fstat(int(f)).st_mode)\n    except OSError:\n        return False\n"
-               "fd = [int(f) for f in os.listdir('/proc/self/fd') if sock(f)][0]\nt0 = time.monotonic()\n")
+    prelude = PRELUDE + "import time\nt0 = time.monotonic()\n"
     body = {
         "trickle": "os.write(fd, struct.pack('>I', 4_000_000))\nwhile True:\n    os.write(fd, b' ')\n"
                    "    time.sleep(0.001)",
