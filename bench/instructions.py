@@ -90,7 +90,10 @@ with Interpreter([lookup], gate, sandbox="process", timeout=3600) as py:
     w = py._worker  # let the worker exit by itself, so callgrind writes its profile
     if hasattr(w, "thaw"):
         w.thaw()
-    w.sock.shutdown(socket.SHUT_RDWR)
+    if hasattr(w, "sock"):  # the channel was a socketpair before 23b5d68
+        w.sock.shutdown(socket.SHUT_RDWR)
+    else:  # two pipes: the worker reads the end of its input and exits
+        w._out.close()
     w.proc.wait(600)
 '''
 
