@@ -641,7 +641,6 @@ typedef struct {
     int over_room;      /* mode 1: a new entry found no room */
     int stop;           /* an error, or the budget is spent */
     int iban_head;      /* a token looked like an IBAN's first group (gb29) */
-    int digit;          /* a token held an ASCII digit: only then can there be a number laid out in groups */
     Buf scratch;        /* numbers, IBANs: rewritten forms */
     Buf dashless;       /* forms without their dashes */
     uint8_t *bytes;     /* mode 1: UTF-8 of the text being digested, 4 bytes per code point of the input */
@@ -1085,16 +1084,18 @@ emit_joined(Sink *sk, const ch *s, const Group *ring, size_t first, size_t last,
  * IBAN the prefix from its first group, otherwise every run of two groups or more crossing at most one line
  * break; only those of GROUPED_MIN to GROUPED_MAX characters. */
 static void
-grouped(Sink *sk, const ch *s, size_t n)
+grouped(Sink *sk, const ch *s, size_t n, size_t *done, size_t from, size_t to)
 {
+    /* Called by scan() for each of its runs [from, to) that holds a digit (every ASCII digit is in one), so the
+     * text between runs is never searched for digits; *done: where the last sequence looked at ended. */
     Group ring[RING];
-    size_t pos = 0; /* s[pos] is no letter or digit inside a word not looked at yet */
-    while (pos < n && !sk->stop) {
+    size_t pos = from > *done ? from : *done; /* s[pos] is no letter or digit inside a word not looked at yet */
+    while (pos < to && !sk->stop) {
         size_t d = pos;
-        while (d < n && !is_ascii_digit(s[d]))
+        while (d < to && !is_ascii_digit(s[d]))
             d++;
-        if (d == n)
-            return;
+        if (d == to)
+            break;
         size_t a = d, b = d;
         while (a > pos && is_az09(s[a - 1]))
             a--;
@@ -1158,13 +1159,15 @@ grouped(Sink *sk, const ch *s, size_t n)
                 return;
         }
     }
+    if (pos > *done)
+        *done = pos;
 }
 
 /* Every token of the folded text `s` (the _TOKEN matches; IBANs in groups when one was seen). */
 static void
 scan(Sink *sk, const ch *s, size_t n)
 {
-    size_t i = 0;
+    size_t i = 0, grouped_done = 0;
     while (i < n && !sk->stop) {
         if (!in_class(s[i])) {
             i++;
@@ -1176,9 +1179,10 @@ scan(Sink *sk, const ch *s, size_t n)
             flags |= k1;
             i++;
         }
+        if ((flags & DEC) && i > grouped_done) /* (a non-ASCII digit too: grouped() looks for ASCII ones) */
+            grouped(sk, s, n, &grouped_done, r, i);
         if (!(flags & W) || !(flags & (DEC | JOIN))) /* no word character, or neither a digit nor a joiner */
             continue;
-        sk->digit |= (flags & DEC) != 0; /* (also a non-ASCII digit: grouped() looks for ASCII ones) */
         size_t k = r;
         while (k < i && !is_w(s[k]))
             k++;
@@ -1191,9 +1195,6 @@ scan(Sink *sk, const ch *s, size_t n)
         sk->dash = 0;
         ibans(sk, s, n);
     }
-    sk->dash = 0;
-    if (sk->digit) /* every ASCII digit is in a run looked at above */
-        grouped(sk, s, n);
 }
 
 /* " ".join(s.split()) into `out` (at least n long); its length. */
