@@ -33,9 +33,11 @@ typedef struct {
     long long inflight;        /* bytes the round in flight covers */
     unsigned long long rounds; /* rounds started */
     int busy;                  /* a round is in flight */
+    long long waiting;         /* appends asleep in sync() (tests read it) */
     int err;                   /* errno of a failed fdatasync: no more rounds */
     int stop;
     int running;               /* the thread exists and has not been joined */
+    int joining;               /* a stop() is joining it (or did) */
     int ready;                 /* mutex and condition variables initialised */
     pthread_t thread;
 } Syncer;
@@ -62,9 +64,14 @@ static void round_(Syncer *s) {
     }
     pthread_mutex_lock(&s->mu);
     s->busy = 0;
-    if (e != 0)
+    if (e != 0) {
         s->err = e;
-    else if (upto > s->synced)
+        /* No round follows a failed one: the waiters for the next round (their bytes were written
+           while this one was in flight) wake to the error too, and the thread ends. Without this an
+           appending thread's failed round left them asleep for ever (redteam: test_audit_io_errors hung). */
+        pthread_cond_broadcast(&s->done[(r + 1) & 1]);
+        pthread_cond_signal(&s->work);
+    } else if (upto > s->synced)
         s->synced = upto;
     pthread_cond_broadcast(&s->done[r & 1]);
     pthread_cond_broadcast(&s->idle);
@@ -150,8 +157,10 @@ static PyObject *Syncer_sync(Syncer *s, PyObject *arg) {
             /* the round in flight covers `upto` if it began with those bytes asked for, else the next one
                (the thread's, started as soon as this one ends, or an appending thread's if it is idle then) */
             unsigned long long r = s->inflight >= upto ? s->rounds : s->rounds + 1;
+            s->waiting++;
             while (s->synced < upto && s->err == 0 && !s->stop)
                 pthread_cond_wait(&s->done[r & 1], &s->mu);
+            s->waiting--;
         }
     }
     ok = s->synced >= upto;
@@ -195,31 +204,43 @@ static PyObject *Syncer_trace(Syncer *s, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* Ends the thread, once: two stop() calls in two threads (the GIL is released here) must not both
+   join it (joining a joined thread is undefined); the second waits until the first has joined it. */
 static void halt(Syncer *s) {
     pthread_mutex_lock(&s->mu);
     s->stop = 1;
     pthread_cond_signal(&s->work);
     while (s->busy) /* an appending thread's round: the descriptor must outlive its fdatasync */
         pthread_cond_wait(&s->idle, &s->mu);
+    if (s->joining) {
+        while (s->running)
+            pthread_cond_wait(&s->idle, &s->mu);
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    int join = s->running;
+    s->joining = 1;
     pthread_mutex_unlock(&s->mu);
-    pthread_join(s->thread, NULL);
+    if (join)
+        pthread_join(s->thread, NULL);
+    pthread_mutex_lock(&s->mu);
     s->running = 0;
+    pthread_cond_broadcast(&s->idle);
+    pthread_mutex_unlock(&s->mu);
 }
 
 /* stop(): no more rounds; returns once the thread has ended (after the round in flight). */
 static PyObject *Syncer_stop(Syncer *s, PyObject *Py_UNUSED(unused)) {
     if (!ours(s))
         return NULL;
-    if (s->running) {
-        Py_BEGIN_ALLOW_THREADS
-        halt(s);
-        Py_END_ALLOW_THREADS
-    }
+    Py_BEGIN_ALLOW_THREADS
+    halt(s);
+    Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 
 static void Syncer_dealloc(Syncer *s) {
-    if (s->running && s->pid == getpid()) {
+    if (s->ready && s->pid == getpid()) {
         Py_BEGIN_ALLOW_THREADS
         halt(s);
         Py_END_ALLOW_THREADS
@@ -227,9 +248,39 @@ static void Syncer_dealloc(Syncer *s) {
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
-static PyObject *Syncer_get_synced(Syncer *s, void *Py_UNUSED(unused)) { return PyLong_FromLongLong(s->synced); }
-static PyObject *Syncer_get_rounds(Syncer *s, void *Py_UNUSED(unused)) { return PyLong_FromUnsignedLongLong(s->rounds); }
-static PyObject *Syncer_get_running(Syncer *s, void *Py_UNUSED(unused)) { return PyBool_FromLong(s->running); }
+/* Read under the mutex (the thread writes these without the GIL), except in a forked child, where the
+   mutex may have been held by the parent's thread at the fork and nothing writes them any more. */
+static int lockable(Syncer *s) { return s->ready && s->pid == getpid(); }
+
+static long long locked_ll(Syncer *s, const long long *field) {
+    if (!lockable(s))
+        return *field;
+    pthread_mutex_lock(&s->mu);
+    long long v = *field;
+    pthread_mutex_unlock(&s->mu);
+    return v;
+}
+
+static PyObject *Syncer_get_synced(Syncer *s, void *Py_UNUSED(unused)) { return PyLong_FromLongLong(locked_ll(s, &s->synced)); }
+static PyObject *Syncer_get_waiting(Syncer *s, void *Py_UNUSED(unused)) { return PyLong_FromLongLong(locked_ll(s, &s->waiting)); }
+static PyObject *Syncer_get_rounds(Syncer *s, void *Py_UNUSED(unused)) {
+    unsigned long long r = s->rounds;
+    if (lockable(s)) {
+        pthread_mutex_lock(&s->mu);
+        r = s->rounds;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return PyLong_FromUnsignedLongLong(r);
+}
+static PyObject *Syncer_get_running(Syncer *s, void *Py_UNUSED(unused)) {
+    int r = s->running;
+    if (lockable(s)) {
+        pthread_mutex_lock(&s->mu);
+        r = s->running;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return PyBool_FromLong(r);
+}
 
 static PyMethodDef Syncer_methods[] = {
     {"sync", (PyCFunction)Syncer_sync, METH_O,
@@ -244,6 +295,7 @@ static PyGetSetDef Syncer_getset[] = {
     {"synced", (getter)Syncer_get_synced, NULL, "bytes known to be on disk", NULL},
     {"rounds", (getter)Syncer_get_rounds, NULL, "fdatasync rounds started", NULL},
     {"running", (getter)Syncer_get_running, NULL, "whether the thread is alive", NULL},
+    {"waiting", (getter)Syncer_get_waiting, NULL, "appends asleep in sync(), waiting for a round", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -7,6 +7,7 @@ class Syncer:
     synced: int
     rounds: int
     running: bool
+    waiting: int
 
     def __init__(self, fd: int, /) -> None: ...
     def sync(self, upto: int, /) -> bool: ...

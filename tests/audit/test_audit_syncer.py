@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import itertools
 import os
 import threading
@@ -159,3 +161,89 @@ def test_every_fsync_of_the_log_is_a_round_of_the_syncer(tmp_path: Path, monkeyp
         assert log._syncer.rounds > 0
     assert beside == []
     assert verify(path).ok
+
+
+def _full_pipe() -> tuple[int, int]:
+    """A pipe whose buffer is full, its write end blocking: a write to it sleeps until the read end goes."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(write_end, b"x" * 65536)
+    os.set_blocking(write_end, True)
+    return read_end, write_end
+
+
+def test_a_failed_round_of_an_appending_thread_wakes_the_appends_waiting_for_the_next_round(tmp_path: Path) -> None:
+    """An append waiting for the round after a failing one (an appending thread's) gets the error, not a hang."""
+    from proctor.audit._syncer import Syncer
+
+    fd = os.open(tmp_path / "data", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+    read_end, write_end = _full_pipe()
+    syncer = Syncer(fd)
+    outcomes: dict[str, object] = {}
+
+    def append(name: str, upto: int) -> None:
+        try:
+            outcomes[name] = syncer.sync(upto)
+        except OSError as exc:
+            outcomes[name] = exc.errno
+
+    try:
+        # The round's note goes to the full pipe: the first appender's round stays in flight until the pipe's
+        # reader closes, and then fails (EPIPE), the way an fdatasync fails after others began to wait.
+        syncer.trace(write_end)
+        os.write(fd, b"a")
+        first = threading.Thread(target=append, args=("first", 1))
+        first.start()
+        while syncer.rounds < 1:  # the first appender runs round 1 itself (none was in flight)
+            first.join(0.001)
+        os.write(fd, b"b")
+        second = threading.Thread(target=append, args=("second", 2))  # not covered by round 1: waits for round 2
+        second.start()
+        while syncer.waiting < 1:
+            second.join(0.001)
+        os.close(read_end)
+        read_end = -1
+        first.join(timeout=60)
+        second.join(timeout=60)
+        hung = second.is_alive()
+        syncer.stop()  # wakes a hung waiter, so a failure here leaves no thread behind
+        second.join(timeout=60)
+        assert not hung, "an append waiting for the next round slept on after the round before it failed"
+        assert outcomes == {"first": errno.EPIPE, "second": errno.EPIPE}
+        assert not syncer.running
+        with pytest.raises(OSError):
+            syncer.sync(2)
+    finally:
+        if read_end >= 0:  # first: a round blocked on the pipe holds stop() until then
+            os.close(read_end)
+        syncer.stop()
+        os.close(fd)
+        os.close(write_end)
+
+
+def test_stop_from_many_threads_at_once_joins_the_thread_once(tmp_path: Path) -> None:
+    """stop() called by 8 threads at once (the GIL is released in it) returns in each, with the thread ended."""
+    from proctor.audit._syncer import Syncer
+
+    fd = os.open(tmp_path / "data", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        for _ in range(50):
+            syncer = Syncer(fd)
+            start = threading.Barrier(8)
+
+            def stop(s: Syncer = syncer, b: threading.Barrier = start) -> None:
+                b.wait()
+                s.stop()
+
+            threads = [threading.Thread(target=stop) for _ in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+            assert not any(t.is_alive() for t in threads)
+            assert not syncer.running
+            assert syncer.sync(1) is False  # stopped: never on disk through it
+    finally:
+        os.close(fd)
