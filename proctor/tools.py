@@ -32,6 +32,11 @@ _SECTION_HEADER = re.compile(r"^\s*(Returns|Yields|Raises|Examples?|Notes?|Attri
 _ARG_LINE = re.compile(r"^\s*(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
 
 
+def _plain(annotation: Any) -> Any:
+    """`annotation` without its `Annotated[...]` metadata, as a signature shows it."""
+    return typing.get_args(annotation)[0] if typing.get_origin(annotation) is typing.Annotated else annotation
+
+
 def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     """Split a Google-style docstring into its description and its ``Args:`` entries."""
     lines = inspect.cleandoc(doc).splitlines()
@@ -123,7 +128,10 @@ class Tool:
             raise ToolDefinitionError(f"tool {tool_name!r}: the docstring has no description before 'Args:'")
         signature = inspect.signature(fn)
         try:
-            hints = typing.get_type_hints(fn)
+            # The model validates against the full annotation: `Annotated[int, Field(gt=0)]` keeps its
+            # constraints (without include_extras they were dropped and never enforced); the
+            # signature shown to models keeps the plain type.
+            hints = typing.get_type_hints(fn, include_extras=True)
         except Exception as exc:
             raise ToolDefinitionError(f"tool {tool_name!r}: cannot resolve type hints: {exc}") from exc
         fields: dict[str, Any] = {}
@@ -140,8 +148,8 @@ class Tool:
             fields[pname] = (hints[pname], pydantic.Field(default, description=arg_docs[pname]))
         # Show resolved types (``str``), not the strings `from __future__ import annotations` leaves.
         signature = signature.replace(
-            parameters=[p.replace(annotation=hints[p.name]) for p in signature.parameters.values()],
-            return_annotation=hints.get("return", signature.return_annotation),
+            parameters=[p.replace(annotation=_plain(hints[p.name])) for p in signature.parameters.values()],
+            return_annotation=_plain(hints.get("return", signature.return_annotation)),
         )
         extra = sorted(set(arg_docs) - set(signature.parameters))
         if extra:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+import pydantic
 import pytest
+from annotated_types import Gt
 
 from proctor.errors import ToolDenied
 from proctor.tools import Tool, ToolDefinitionError, tool
@@ -67,6 +71,43 @@ def test_validate_names_the_argument_and_what_was_expected() -> None:
     assert "argument 'to': Input should be a valid string (got 3)" in message
     assert "missing argument 'subject'" in message
     assert "unexpected argument 'subjct'" in message
+
+
+@tool(side_effect="write")
+def refund(order: Annotated[str, pydantic.Field(pattern=r"^A-[0-9]+$")],
+           cents: Annotated[int, pydantic.Field(gt=0, le=10_000)],
+           reason: Annotated[str, pydantic.Field(max_length=20)] = "", times: Annotated[int, Gt(0)] = 1) -> str:
+    """Refund an order.
+
+    Args:
+        order: Order id.
+        cents: Amount.
+        reason: Why.
+        times: How often.
+    """
+    return "refunded"
+
+
+@pytest.mark.parametrize("args", [
+    {"order": "A-1", "cents": -500},
+    {"order": "A-1", "cents": 10_001},
+    {"order": "B-1", "cents": 5},
+    {"order": "A-1", "cents": 5, "reason": "x" * 21},
+    {"order": "A-1", "cents": 5, "times": 0},
+])
+def test_annotated_constraints_are_enforced(args: dict[str, object]) -> None:
+    """Constraints written with Annotated (pydantic Field, annotated-types) refuse a call that breaks them."""
+    with pytest.raises(ToolDenied, match="invalid call to refund: argument"):
+        refund.validate(args)
+
+
+def test_annotated_constraints_reach_the_schema_but_not_the_signature() -> None:
+    """The model sees the constraints in the JSON schema and plain types in the signature."""
+    assert refund.parameters["properties"]["cents"]["exclusiveMinimum"] == 0
+    assert refund.parameters["properties"]["cents"]["maximum"] == 10_000
+    assert refund.parameters["properties"]["order"]["pattern"] == "^A-[0-9]+$"
+    assert str(refund.signature) == "(order: str, cents: int, reason: str = '', times: int = 1) -> str"
+    assert refund.validate({"order": "A-7", "cents": 5}) == {"order": "A-7", "cents": 5, "reason": "", "times": 1}
 
 
 def test_bind_maps_positional_arguments() -> None:
