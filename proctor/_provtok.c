@@ -1022,6 +1022,9 @@ ibans(Sink *sk, const ch *s, size_t n)
 
 #define GROUPED_MIN 7
 #define GROUPED_MAX 34
+/* Groups joined at most, outside an IBAN (_GROUPED_GROUPS): bounds the joined forms per group to 11, so a
+ * result of tiny groups without end ("1 2 1 2 …") costs at most a few times an ordinary one. */
+#define GROUPED_GROUPS 12
 /* The groups of a sequence kept for joining: a joined form of GROUPED_MAX characters or fewer spans at most
  * GROUPED_MAX groups (each one character or more), so the last RING > GROUPED_MAX + 1 of them suffice. */
 #define RING 64
@@ -1064,6 +1067,18 @@ is_iban_first(const ch *t, size_t n) /* _IBAN_FIRST: [a-z]{2}[0-9]{2} */
 static void
 emit_joined(Sink *sk, const ch *s, const Group *ring, size_t first, size_t last, size_t size)
 {
+    if (sk->digests) { /* groups are ASCII: their UTF-8 is their code points, digested without a copy in UCS-4 */
+        if (sk->stop)
+            return;
+        uint8_t *o = sk->bytes; /* 4 bytes per character of the text: room for any part of it */
+        for (size_t g = first; g <= last; g++) {
+            const Group *gr = &ring[g % RING];
+            for (size_t p = 0; p < gr->len; p++)
+                *o++ = (uint8_t)s[gr->at + p];
+        }
+        add_digest(sk, finish(sip13(&sk->key, sk->bytes, size)));
+        return;
+    }
     if (buf_reserve(&sk->scratch, size) < 0) {
         sk->stop = 1;
         return;
@@ -1146,7 +1161,7 @@ grouped(Sink *sk, const ch *s, size_t n, size_t *done, size_t from, size_t to)
             else {
                 size_t joined = len;
                 int lines = 0;
-                for (size_t i = count - 1; i-- > 0;) {
+                for (size_t i = count - 1; i-- > 0 && count - i <= GROUPED_GROUPS;) {
                     lines += ring[(i + 1) % RING].brk;
                     joined += ring[i % RING].len;
                     if (joined > GROUPED_MAX || lines > 1)

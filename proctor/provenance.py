@@ -308,6 +308,9 @@ _DASHLESS_MIN = 7
 #: characters as for dashes (not a range, a time or a short date), 34 the longest IBAN.
 _GROUPED_MIN = 7
 _GROUPED_MAX = 34
+#: Most groups joined outside an IBAN: a number written one digit at a time is joined up to 12 digits, and a
+#: result of tiny groups without end ("1 2 1 2 …") gives at most 11 joined forms a group, not 28.
+_GROUPED_GROUPS = 12
 # A number laid out in groups (`_grouped`): groups of ASCII letters and digits, each holding a digit — or four
 # letters right after an IBAN's first group (the bank code of GB29 NWBK …) — not inside a longer word, joined by
 # runs of whitespace and ``- . / ( ) _``. Two groups at least; [0-9], not \d: ASCII digits only.
@@ -329,8 +332,8 @@ def _grouped(folded: str) -> set[str]:
     ``0012.3456.7890``, ``gb29\tnwbk\t6016…`` give ``123456789012``, ``15551234567`` (and ``5551234567``, …),
     ``001234567890``, ``gb29nwbk6016…``.
 
-    In a sequence of groups (see `_GROUPED`), every run of two or more consecutive groups whose joined form has
-    `_GROUPED_MIN` to `_GROUPED_MAX` characters and which crosses at most one line break is indexed joined (so
+    In a sequence of groups (see `_GROUPED`), every run of two to `_GROUPED_GROUPS` consecutive groups whose joined
+    form has `_GROUPED_MIN` to `_GROUPED_MAX` characters and which crosses at most one line break is indexed joined (so
     the account inside ``Ref 7 1234 5678 9012`` is found, and a number wrapped onto the next line; a column of
     a table is not joined line after line). A group of two letters and two digits starts an IBAN: the sequence
     is cut before it, and from an IBAN only its prefixes of two groups or more (its groups laid out on any
@@ -365,7 +368,7 @@ def _grouped_run(groups: list[str], breaks: list[bool], out: set[str]) -> None:
         return
     for start in range(len(groups) - 1):
         size, lines = len(groups[start]), 0
-        for end in range(start + 1, len(groups)):
+        for end in range(start + 1, min(len(groups), start + _GROUPED_GROUPS)):
             size += len(groups[end])
             lines += breaks[end - 1]
             if size > _GROUPED_MAX or lines > 1:

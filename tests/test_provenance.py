@@ -219,3 +219,12 @@ def test_more_than_64_labels_keep_every_label() -> None:
     assert index.from_user("bob@corp.example")
     index.mark_incomplete(["source80"])
     assert "source80" in index.labels_of("anything@else.example")
+
+
+def test_numbers_laid_out_in_groups_are_joined_within_the_documented_bounds() -> None:
+    """Runs of 2-12 groups of 7-34 characters crossing at most one line break are joined; longer ones are not."""
+    found = tokens("call 1 2 3 4 5 6 7 8 9 0 1 2 now, or 1 2 3 4 5 6 7 8 9 0 1 2 3 later")
+    assert "123456789012" in found and "1234567890123" not in found
+    assert "123456789012" in tokens("1234\n5678 9012") and "123456789012" not in tokens("1234\n5678\n9012")
+    assert "1012" not in tokens("items 10 12") and "1250" not in tokens("12.50 EUR")
+    assert "gb29nwbk60161331926819" in tokens("GB29\nNWBK\n6016\n1331\n9268\n19")  # an IBAN: any number of lines
