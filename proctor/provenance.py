@@ -73,6 +73,9 @@ from proctor.unicodenorm import nfkc
 
 try:  # the tokeniser and digests in C (setup.py); without a compiler the same tokens come from Python below
     from proctor import _provtok as _native
+
+    if not hasattr(_native, "Digests"):  # built from an older _provtok.c (a checkout updated, not rebuilt): its
+        raise ImportError("stale proctor._provtok")  # tokens differ; the Python path, and a failing build test
 except ImportError:  # pragma: no cover - an install that could not build the extension
     _native = None  # type: ignore[assignment]
 

@@ -37,8 +37,8 @@ def _assert_same(text: str) -> None:
 
 def test_the_c_tokeniser_is_built() -> None:
     """The extension builds with the package: an install without it must fail this test, not go unnoticed."""
-    assert native is not None, ("proctor._provtok did not build: install a C compiler and the Python headers "
-                                "(python3-dev), then `pip install -e '.[dev]'`")
+    assert native is not None, ("proctor._provtok did not build, or was built from an older _provtok.c: install a "
+                                "C compiler and the Python headers (python3-dev), then `pip install -e '.[dev]'`")
 
 
 def test_siphash_matches_the_reference_vectors() -> None:
