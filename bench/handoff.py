@@ -11,8 +11,12 @@ a round trip of the real Interpreter is bounded below by the `--host-us 0 --work
 
 `--threads 8` models 8 Interpreters in threads of one process instead: 8 host threads (one GIL,
 their work is Python bytecode holding it) each with its worker process, laid out `free`, `split`
-(host threads on one core, workers on the others: what `proctor.interpreter.spinning` places)
-or `pairs` (thread i and its worker on core i mod cores), against one pair alone.
+(host threads on one core, workers on the others: what `proctor.interpreter.spinning` places),
+`pairs` (thread i and its worker on core i mod cores) or `one` (every thread and worker on the first
+core), against one pair alone; and, as `reactor-split` / `reactor-one`, one host thread serving all
+8 workers through an `epoll` (each ready worker's trip in turn) instead of a thread each. Each row
+prints the host process's and the workers' CPU per round trip: what the hand-offs cost beyond
+`--host-us` + `--worker-us` in each layout.
 
 Run: .venv/bin/python bench/handoff.py [--trips 4000] [--rounds 3] [--host-us 50] [--worker-us 30] [--threads N]
 """
@@ -22,6 +26,8 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import resource
+import select
 import socket
 import statistics
 import threading
@@ -70,7 +76,7 @@ def run(pairs: int, trips: int, host_us: int, worker_us: int, pinned: bool) -> f
     total = sum(out.get(timeout=600) for _ in procs)
     for p in procs:
         p.join()
-    return total
+    return float(total)
 
 
 def _echo(sock: socket.socket, worker_us: int, core: int | None) -> None:
@@ -84,13 +90,27 @@ def _echo(sock: socket.socket, worker_us: int, core: int | None) -> None:
         sock.send(message)
 
 
-def in_threads(count: int, trips: int, host_us: int, worker_us: int, layout: str) -> float:
-    """Round trips per second of `count` host threads of this process, each with its own worker process."""
+def _cpu(pids: list[int]) -> tuple[float, float]:
+    """CPU seconds of this process, and of the processes `pids`."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    workers = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        workers += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return usage.ru_utime + usage.ru_stime, workers
+
+
+def in_threads(count: int, trips: int, host_us: int, worker_us: int,
+               layout: str) -> tuple[float, float, float]:
+    """Round trips per second of `count` host threads of this process (or one serving all, `reactor-*`),
+    each with its own worker process; and the host's and the workers' CPU µs per round trip."""
     cores = sorted(os.sched_getaffinity(0))
     socks, pids = [], []
     for i in range(count):
         host, worker = socket.socketpair()
-        core = {"split": cores[-1], "pairs": cores[i % len(cores)]}.get(layout)
+        core = {"split": cores[-1], "pairs": cores[i % len(cores)], "one": cores[0], "reactor-split": cores[-1],
+                "reactor-one": cores[0]}.get(layout)
         pid = os.fork()
         if pid == 0:
             host.close()
@@ -100,7 +120,7 @@ def in_threads(count: int, trips: int, host_us: int, worker_us: int, layout: str
         pids.append(pid)
 
     def serve(host: socket.socket, i: int) -> None:
-        core = {"split": cores[0], "pairs": cores[i % len(cores)]}.get(layout)
+        core = {"split": cores[0], "pairs": cores[i % len(cores)], "one": cores[0]}.get(layout)
         if core is not None:
             os.sched_setaffinity(0, {core})
         message = b"x" * 100
@@ -109,32 +129,70 @@ def in_threads(count: int, trips: int, host_us: int, worker_us: int, layout: str
             host.recv(65536)
             _burn(host_us)
 
-    threads = [threading.Thread(target=serve, args=(s, i)) for i, s in enumerate(socks)]
+    def reactor() -> None:
+        os.sched_setaffinity(0, {cores[0]})
+        poller = select.epoll()
+        left = {}
+        for s in socks:
+            poller.register(s.fileno(), select.EPOLLIN)
+            left[s.fileno()] = trips
+            s.send(b"x" * 100)
+        by_fd = {s.fileno(): s for s in socks}
+        live = len(socks)
+        while live:
+            for fd, _ in poller.poll(10.0):
+                host = by_fd[fd]
+                host.recv(65536)
+                _burn(host_us)
+                left[fd] -= 1
+                if left[fd]:
+                    host.send(b"x" * 100)
+                else:
+                    live -= 1
+        poller.close()
+
+    if layout.startswith("reactor"):
+        threads = [threading.Thread(target=reactor)]
+    else:
+        threads = [threading.Thread(target=serve, args=(s, i)) for i, s in enumerate(socks)]
+    before = _cpu(pids)
     began = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     rate = count * trips / (time.perf_counter() - began)
+    after = _cpu(pids)
     for s in socks:
         s.close()
     for pid in pids:
         os.waitpid(pid, 0)
-    return rate
+    n = count * trips / 1e6
+    return rate, (after[0] - before[0]) / n, (after[1] - before[1]) / n
+
+
+_LAYOUTS = ("free", "split", "pairs", "one", "reactor-split", "reactor-one")
 
 
 def threads_main(opts: argparse.Namespace) -> None:
-    rates: dict[str, list[float]] = {}
+    rows: dict[str, list[tuple[float, float, float]]] = {}
     for _ in range(opts.rounds):
-        rates.setdefault("one", []).append(in_threads(1, opts.trips, opts.host_us, opts.worker_us, "free"))
-        for layout in ("free", "split", "pairs"):
-            rates.setdefault(layout, []).append(
+        rows.setdefault("alone", []).append(in_threads(1, opts.trips, opts.host_us, opts.worker_us, "free"))
+        for layout in _LAYOUTS:
+            rows.setdefault(layout, []).append(
                 in_threads(opts.threads, opts.trips // opts.threads, opts.host_us, opts.worker_us, layout))
-    one = statistics.median(rates["one"])
-    print(f"1 host thread, work {opts.host_us}+{opts.worker_us} µs: {one:8.0f} round trips/s")
-    for layout in ("free", "split", "pairs"):
-        rate = statistics.median(rates[layout])
-        print(f"{opts.threads} host threads, {layout:5}: {rate:8.0f} round trips/s ({rate / one:.2f}x one)")
+
+    def median(layout: str) -> tuple[float, ...]:
+        return tuple(statistics.median(row[k] for row in rows[layout]) for k in range(3))
+
+    one, host, workers = median("alone")
+    print(f"1 host thread, work {opts.host_us}+{opts.worker_us} µs: {one:8.0f} round trips/s | CPU a trip: host "
+          f"{host:5.1f} µs, worker {workers:5.1f} µs")
+    for layout in _LAYOUTS:
+        rate, host, workers = median(layout)
+        who = "1 thread serving all" if layout.startswith("reactor") else f"{opts.threads} host threads"
+        print(f"{opts.threads} workers, {who:20}, {layout:13}: {rate:8.0f} round trips/s ({rate / one:.2f}x one) | "
+              f"CPU a trip: host {host:5.1f} µs, workers {workers:5.1f} µs")
 
 
 def main() -> None:
