@@ -228,3 +228,37 @@ def test_a_durable_append_returns_only_after_its_wal_is_flushed() -> None:
             assert flushed(False) <= 2
     finally:
         server.cleanup()
+
+
+def test_a_reader_verifying_while_writers_append_sees_a_whole_log_every_time(postgres_server: PostgresServer,
+                                                                             tmp_path: Path) -> None:
+    """verify by URL, run again and again while 4 threads append to a signed log, passes every time (one snapshot)."""
+    url = _url(postgres_server)
+    key, pub = tmp_path / "k", tmp_path / "k.pub"
+    generate_keypair(key)
+    done = threading.Event()
+    failures: list[str] = []
+    with PostgresAuditLog(url, signing_key=key, checkpoint_every=7) as log:
+        for i in range(10):  # past the first signed checkpoint (before it, a key's verify says none is signed yet)
+            assert log.append("run_started", {"run_id": f"r{i}"}).ok
+
+        def writer(n: int) -> None:
+            for i in range(150):
+                if not log.append("call_intent", {"call_id": f"w{n}-{i}", "run_id": "r", "tool": "t"}).ok:
+                    failures.append(f"append w{n}-{i} failed")
+            done.set()
+
+        threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        verified = 0
+        while not done.is_set() or verified < 3:
+            report = verify_postgres(url, pubkey=pub)
+            if not report.ok:
+                failures.append(f"verify: {report.failure}")
+            verified += 1
+        for t in threads:
+            t.join()
+    assert failures == []
+    final = verify_postgres(url, pubkey=pub)
+    assert final.ok and final.records > 600, final.failure

@@ -250,3 +250,51 @@ def test_a_stalled_server_refuses_the_intent_instead_of_blocking_the_call_for_ev
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGCONT)
         server.cleanup()
+
+
+def _terminate_one(server: PostgresServer) -> int:
+    """pg_terminate_backend one client backend (the newest) but this one: one of the sink's two lanes."""
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = "
+                           "'client backend' AND pid <> pg_backend_pid() ORDER BY backend_start DESC LIMIT 1"
+                           ).fetchone()
+    return 1 if row is not None and row[0] else 0
+
+
+def _statement_timeout(server: PostgresServer, value: str) -> None:
+    """Set the server's statement_timeout for every session (taken at each session's next command)."""
+    with psycopg.connect(server.url, autocommit=True, options="-c statement_timeout=0") as conn:
+        conn.execute(f"ALTER SYSTEM SET statement_timeout = '{value}'")
+        conn.execute("SELECT pg_reload_conf()")
+
+
+@pytest.mark.parametrize("fault", ["one_lane_killed", "statement_timeout"])
+def test_one_lane_killed_or_statements_timed_out_by_the_server_lose_no_intent(fault: str) -> None:
+    """One of the two connections killed at a time, or a 1 ms server statement_timeout: no tool without its intent."""
+    server = PostgresServer()
+    server.start()
+    try:
+        url = f"{server.url}&log={uuid.uuid4().hex[:12]}"
+        hits = [0]
+
+        def faults() -> None:
+            pause = threading.Event()
+            if fault == "one_lane_killed":
+                for _ in range(20):
+                    pause.wait(0.1)
+                    hits[0] += _terminate_one(server)
+                return
+            _statement_timeout(server, "1ms")
+            pause.wait(1.5)
+            _statement_timeout(server, "0")
+            hits[0] = 1
+
+        effects, refused = _run_calls_through_faults(server, url, faults, 4)
+        # A killed lane refuses the intents of its batch; a server-wide statement_timeout does not reach the
+        # sink's sessions (each sets its own 10 s, with a client deadline beside it), so calls just go on.
+        assert hits[0] > 0 and (refused > 0 or fault == "statement_timeout"), (hits, refused)
+        _assert_every_effect_has_its_intent(url, effects)
+        report = verify_postgres(url)
+        assert report.ok, report.failure
+    finally:
+        server.cleanup()
