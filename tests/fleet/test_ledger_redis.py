@@ -179,7 +179,15 @@ def test_killed_holders_give_their_reservations_back(redis_server: RedisServer, 
         for p in holders:
             p.send_signal(signal.SIGKILL)
             p.wait()
-        results = _results(_workers(url, counter, 2, 600))
+        # The workers keep calling until the 1000th call ran (or 120 s): the dead reservations come back only
+        # when their 1 s leases expire, and 2 x 600 calls on a fast machine were all refused before that (998).
+        stop = tmp_path / "stop"
+        procs = _workers(url, counter, 2, 1_000_000, FLEET_PACE_S="0.002", FLEET_STOP_FILE=str(stop))
+        try:
+            _wait_for(lambda: _size(counter) >= 1000, "the dead holders' reservations never came back")
+        finally:
+            stop.touch()
+        results = _results(procs)
         assert sum(r["ran"] for r in results) == 1000  # the 2 dead reservations came back
         assert counter.stat().st_size == 1000
         assert led.usage(["fleet-global|global|w=0"])["fleet-global|global|w=0"].calls == 1000
