@@ -204,3 +204,18 @@ def test_limits_are_checked_when_the_interpreter_is_built(gate: Gate) -> None:
         Interpreter(TOOLS, gate, sandbox="process", max_containers=0)
     with pytest.raises(ConfigurationError, match="max_depth"):
         Interpreter(TOOLS, gate, sandbox="process", max_depth=1000)
+
+
+@pytest.mark.parametrize("sandbox", ISOLATIONS)
+def test_argument_limits_hold_to_the_byte(make: Callable[..., Interpreter], audit: InMemoryAudit, sandbox: str) -> None:
+    """Arguments of exactly max_arg_bytes pass, one byte more is refused; a run may reach max_run_arg_bytes exactly."""
+    py = make(sandbox=sandbox, max_arg_bytes=200, max_run_arg_bytes=600)
+    # {"order":"…"} is 12 bytes around the string; é is 6 bytes as the program sends it (\u00e9: ASCII JSON).
+    r = py.run(CATCH + "[attempt('z' * 188), attempt('z' * 189), attempt('é' * 31 + 'zz'), attempt('é' * 31 + 'zzz')]")
+    assert [v.endswith(": shipped") for v in r.value] == [True, False, True, False], r.value
+    assert "max_arg_bytes" in r.value[1] and "200 bytes" in r.value[1]
+    assert [e["args_bytes"] for e in _refusals(audit)[-2:]] == [201, 201]
+    r = py.run(CATCH + "attempt('y' * 188)")  # 200 + 200 + 200 = 600 bytes this run: still within it
+    assert r.value.endswith(": shipped"), r.value
+    r = py.run(CATCH + "attempt('')")  # 612: past the run's limit
+    assert r.value.startswith("ToolDenied") and "max_run_arg_bytes" in r.value
