@@ -298,3 +298,34 @@ def test_one_lane_killed_or_statements_timed_out_by_the_server_lose_no_intent(fa
         assert report.ok, report.failure
     finally:
         server.cleanup()
+
+
+def test_a_row_forged_after_the_last_checkpoint_stops_the_live_sink_and_is_reported_unsealed(tmp_path: Path) -> None:
+    """A row forged at a live signed log's tail: later appends are refused, verify warns of the unsealed tail."""
+    server = PostgresServer()
+    server.start()
+    try:
+        name = uuid.uuid4().hex[:12]
+        url = f"{server.url}&log={name}"
+        generate_keypair(tmp_path / "k")
+        log = PostgresAuditLog(url, signing_key=tmp_path / "k", checkpoint_every=4)
+        try:
+            for i in range(10):
+                assert log.append("call_intent", {"call_id": f"c{i}", "run_id": "r", "tool": "t"}).ok
+            with psycopg.connect(server.url, autocommit=True) as conn:
+                seq, head = conn.execute("SELECT seq, head FROM proctor_audit_logs WHERE name = %s",
+                                         (name,)).fetchone()  # type: ignore[misc]
+                line, h = seal({"kind": "call_intent", "call_id": "c-forged", "run_id": "r", "tool": "t",
+                                "ts_ns": 1, "seq": seq, "prev": head})
+                conn.execute("INSERT INTO proctor_audit_records (log, seq, kind, line, h) VALUES (%s, %s, %s, %s, %s)",
+                             (name, seq, "call_intent", line.decode().rstrip("\n"), h))
+            for i in range(3):  # the writer's seq is taken: it refuses, with the database's reason
+                refused = log.append("call_intent", {"call_id": f"after{i}", "run_id": "r", "tool": "t"})
+                assert not refused.ok and refused.error is not None and "duplicate key" in refused.error
+        finally:
+            log.close()
+        report = verify_postgres(url, pubkey=tmp_path / "k.pub")
+        assert report.ok and report.last_checkpoint_seq is not None and report.last_checkpoint_seq < seq
+        assert any(w.startswith("unsealed tail") for w in report.warnings), report.warnings
+    finally:
+        server.cleanup()
