@@ -63,6 +63,61 @@ def test_validate_fills_defaults_and_coerces() -> None:
     }
 
 
+@tool(side_effect="read")
+def plain(s: str, i: int, f: float, b: bool = False) -> str:
+    """Take one of each plain type.
+
+    Args:
+        s: A string.
+        i: An int.
+        f: A float.
+        b: A flag.
+    """
+    return s
+
+
+class _Str(str):
+    pass
+
+
+@pytest.mark.parametrize("args", [
+    {"s": "x", "i": 1, "f": 1.5, "b": True},
+    {"b": False, "f": -0.0, "i": 10**400, "s": "\ud800 é"},  # another order, a huge int, a lone surrogate
+    {"s": "x", "i": 1, "f": float("nan"), "b": True},
+    {"s": "x", "i": True, "f": 1, "b": 1},  # lax conversions: not exact types, so pydantic's answer
+    {"s": _Str("x"), "i": 1, "f": 1.0, "b": True},
+    {"s": "x", "i": 1, "f": 1.0},  # a default left out
+])
+def test_validate_shortcut_returns_what_pydantic_returns(args: dict[str, object]) -> None:
+    """For plain-typed parameters, validate gives pydantic's values and types, in signature order."""
+    assert plain._plain == (("s", str), ("i", int), ("f", float), ("b", bool))
+    got = plain.validate(args)
+    assert plain._validator is not None
+    want = dict(plain._validator.validate_python(dict(args)).__dict__)
+    assert list(got) == list(want) == ["s", "i", "f", "b"]
+    assert [type(v) for v in got.values()] == [type(v) for v in want.values()]
+    assert repr(got) == repr(want) and got is not args
+
+
+def test_validate_shortcut_refuses_as_pydantic_does() -> None:
+    """An extra or missing argument, or a wrong type, is refused by the full validation's message."""
+    for bad, says in [({"s": "x", "i": 1, "f": 1.0, "z": 1}, "unexpected argument 'z'"),
+                      ({"s": "x", "f": 1.0, "b": True}, "missing argument 'i'"),
+                      ({"s": 3, "i": 1, "f": 1.0, "b": True}, "argument 's'")]:
+        with pytest.raises(ToolDenied, match=says):
+            plain.validate(bad)
+    assert send_email._plain is not None and Tool.from_function(_optional)._plain is None
+
+
+def _optional(n: int | None) -> int:
+    """Take an int or None.
+
+    Args:
+        n: A number.
+    """
+    return n or 0
+
+
 def test_validate_names_the_argument_and_what_was_expected() -> None:
     """An invalid call is refused naming each bad argument."""
     with pytest.raises(ToolDenied) as info:
