@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proctor._frozen import quick_init
+from proctor._frozen import builder, quick_init
 from proctor.canonical import canonical_bytes
 
 __all__ = ["MIN_SCRUB_CHARS", "SCRUBBED", "Redacted", "redact_args", "scrub", "secret_values"]
@@ -30,6 +30,9 @@ class Redacted:
 
     args: dict[str, Any]
     digest: str
+
+
+_new_redacted = builder(Redacted)  # `Redacted(...)` without its __init__: every audited call makes one
 
 
 def _mark(key: bytes, value: Any) -> dict[str, str]:
@@ -54,7 +57,7 @@ def redact_args(args: Mapping[str, Any], fields: Sequence[str], key: bytes, *, d
     for name in fields:
         out = _redact_path(out, name.split("."), key)
     mac = "hmac-sha256:" + hmac.digest(key, canonical_bytes(args), "sha256").hex() if digest else ""
-    return Redacted(args=out, digest=mac)
+    return _new_redacted(out, mac)
 
 
 #: Clear values shorter than this are not scrubbed from free text (replacing "1" or "no" would

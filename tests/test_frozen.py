@@ -81,3 +81,72 @@ def test_refuses_what_it_cannot_reproduce() -> None:
     for cls in (Factory, KwOnly, Post):
         with pytest.raises(TypeError):
             quick_init(cls)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_builders_make_what_the_class_makes(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A builder's instance equals the class's, stays frozen, and wrong calls fail as the class's do."""
+    import proctor._frozen as frozen
+
+    if not native:
+        monkeypatch.setattr(frozen, "_maker", None)
+    elif frozen._maker is None:
+        pytest.skip("proctor._newobj is not built")
+    build = frozen.builder(Quick)
+    for args in [(1,), (1, "y"), (1, "y", (2,))]:
+        made, called = build(*args), Quick(*args)
+        assert type(made) is Quick and made == called and hash(made) == hash(called) and repr(made) == repr(called)
+    assert build(1, c=(3,)) == Quick(1, c=(3,))  # keywords: the class itself
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        build(1).a = 2  # type: ignore[misc]
+    for bad in [(), (1, "y", (), 4)]:
+        with pytest.raises(TypeError):
+            build(*bad)
+    with pytest.raises(TypeError):
+        frozen.builder(Plain)  # its __init__ may do more than store: not skipped
+    for cls in (Decision, HistoryEntry, CallRecord, CallOutcome, Redacted):
+        fields = dataclasses.fields(cls)
+        values = [f"v{i}" for i, _ in enumerate(fields)]
+        assert frozen.builder(cls)(*values) == cls(*values)
+
+
+class Slotted:
+    __slots__ = ("a", "b")
+
+
+class Sub(Slotted):
+    __slots__ = ("c",)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_slot_builders_set_the_named_slots_and_leave_the_others_unset(native: bool,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slot builder sets the named slots (a base class's too), takes trailing defaults, leaves the rest unset."""
+    import proctor._frozen as frozen
+
+    if not native:
+        monkeypatch.setattr(frozen, "_maker", None)
+    elif frozen._maker is None:
+        pytest.skip("proctor._newobj is not built")
+    build = frozen.slot_builder(Sub, ("c", "a"), ("dflt",))
+    one = build(1)
+    assert type(one) is Sub and (one.c, one.a) == (1, "dflt")
+    with pytest.raises(AttributeError):
+        one.b  # noqa: B018 - unset slot
+    assert build(1, 2).a == 2
+
+
+def test_the_native_maker_refuses_what_it_cannot_build_exactly() -> None:
+    """Not a slot, a read-only member, a class with its own __new__, or a slot named twice: refused."""
+    newobj = pytest.importorskip("proctor._newobj")
+
+    class WithNew:
+        __slots__ = ("a",)
+
+        def __new__(cls) -> WithNew:
+            return super().__new__(cls)
+
+    for cls, names in [(Slotted, ("zz",)), (Slotted, ("__class__",)), (WithNew, ("a",)), (Slotted, ("a", "a")),
+                       (int, ("real",))]:
+        with pytest.raises((TypeError, ValueError)):
+            newobj.maker(cls, names, ())

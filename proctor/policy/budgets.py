@@ -43,7 +43,7 @@ from proctor.policy.matching import Matcher
 if TYPE_CHECKING:
     from proctor.policy.schema import BudgetSpec
 
-__all__ = ["Ledger", "Reservation", "pool_key", "window_start"]
+__all__ = ["UNCOUNTED", "Ledger", "Reservation", "pool_key", "window_start"]
 
 _MATCH_CACHE = 4096
 #: How long a windowed shared pool is kept past its window (a margin for clock skew and late settles).
@@ -66,7 +66,7 @@ class Reservation:
 
 
 #: The reservation of a call no budget counts: it holds nothing, so one serves them all.
-_UNCOUNTED = Reservation(0, "", "", 0, (), 0)
+UNCOUNTED = Reservation(0, "", "", 0, (), 0)
 
 
 @dataclass(slots=True)
@@ -200,11 +200,11 @@ class Ledger:
         if self._matching.get((tool, side_effect)) == ():
             # Counted by no budget (a policy without budgets, a read no budget matches): there is
             # nothing to check, hold or give back, so no lock and no open reservation.
-            return _UNCOUNTED
+            return UNCOUNTED
         with self._lock:
             matching = self._budgets_for(tool, side_effect)
             if not matching:
-                return _UNCOUNTED
+                return UNCOUNTED
             now = self._clock()
             now_s = self._wall()
             local = [b for b in matching if not b.spec.shared]

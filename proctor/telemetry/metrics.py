@@ -26,14 +26,16 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from opentelemetry import metrics
+from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 from opentelemetry.metrics import _internal as metrics_internal
+from opentelemetry.trace import NoOpTracer, ProxyTracer, Tracer
 
 from proctor.telemetry import semconv as sc
 
 __all__ = [
     "enabled",
+    "quiet",
     "record_agent",
     "record_approval",
     "record_budget",
@@ -141,6 +143,17 @@ def enabled() -> bool:
     os.environ lookup per call); should it ever vanish, the answer is True and metrics flow.
     """
     return _own_provider or getattr(metrics_internal, "_METER_PROVIDER", _MISSING) is not None
+
+
+def quiet(tracer: Tracer) -> bool:
+    """Whether nothing would receive a call's span or its metrics: `is_noop(tracer)` and not `enabled()`,
+    in one call (the gate asks at every call's start: 2.5k -> 1.2k instructions, callgrind)."""
+    if _own_provider or getattr(metrics_internal, "_METER_PROVIDER", _MISSING) is not None:
+        return False
+    kind = type(tracer)
+    if kind is ProxyTracer:  # `is_noop`, inline
+        return getattr(trace, "_TRACER_PROVIDER", _MISSING) is None
+    return kind is NoOpTracer
 
 
 def use_meter_provider(provider: MeterProvider | None) -> None:
