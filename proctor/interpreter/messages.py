@@ -55,6 +55,7 @@ class Done:
 
 
 _MAX_INT = 2**62
+_new_tuple = tuple.__new__
 
 
 def _int(message: Mapping[str, Any], key: str) -> int:
@@ -81,13 +82,15 @@ def parse_worker_message(message: Mapping[str, Any], max_depth: int = 0) -> Read
             pass
         else:
             if (type(rid) is int and type(run) is int and 0 <= rid <= _MAX_INT and 0 <= run <= _MAX_INT
-                    and type(tool) is str and len(tool) <= 200 and tool.isidentifier() and type(args) is dict
-                    and not (len(args) == 1 and next(iter(args)).startswith("$"))):
-                for value in args.values():
-                    if type(value) not in SCALAR_TYPES:  # only scalars: the parsed dict is the value
-                        args = decode_value(args, 0, max_depth)
+                    and type(tool) is str and len(tool) <= 200 and tool.isidentifier() and type(args) is dict):
+                for key, value in args.items():
+                    if key[:1] == "$" and len(args) == 1:  # a tagged value, not a mapping: the checks below
                         break
-                return CallRequest(rid, run, tool, args)
+                    if type(value) not in SCALAR_TYPES:  # only scalars: the parsed dict is the value
+                        return _new_tuple(CallRequest, (rid, run, tool, decode_value(args, 0, max_depth)))
+                else:
+                    # `tuple.__new__`: CallRequest(...) runs a Python __new__ (3.0k instructions against 1.7k)
+                    return _new_tuple(CallRequest, (rid, run, tool, args))
     if not isinstance(kind, str) or kind not in _FIELDS:
         raise ProtocolError(f"unexpected message type {kind!r} from the worker")
     if message.keys() != _FIELDS[kind]:
