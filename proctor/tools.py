@@ -97,7 +97,7 @@ class Tool:
     in_call: bool = field(repr=False, default=False)
     #: ``(name, type)`` of each parameter, in order, when every one is a plain ``str``, ``int``, ``float`` or
     #: ``bool`` with no constraint (see `_plain_fields`), else None: `validate`'s shortcut.
-    _plain: tuple[tuple[str, type], ...] | None = field(repr=False, default=None)
+    _plain_args: tuple[tuple[str, type], ...] | None = field(repr=False, default=None)
 
     def run_in_call(self, args: Mapping[str, Any], scope: Any) -> Any:
         """Run inside the gate's call `scope`; only tools with `in_call` set implement it."""
@@ -202,7 +202,7 @@ class Tool:
             output_type=output_type,
             source=source,
             _check=check,
-            _plain=_plain_fields(model),
+            _plain_args=_plain_fields(model),
         )
 
     def bind(self, args: tuple[Any, ...] = (), kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -217,7 +217,7 @@ class Tool:
         """Check `args` against the schema; raise `ToolDenied` naming the argument and what was expected."""
         if self._validator is None:
             raise ToolDenied(f"invalid call to {self.name}: the tool has no schema", tool=self.name)
-        plain = self._plain
+        plain = self._plain_args
         if plain is not None and type(args) is dict and len(args) == len(plain):
             # Every argument given, each of exactly its parameter's plain type: pydantic would return
             # these very objects (checked in tests/test_tools.py), so the model is not built.

@@ -90,7 +90,7 @@ class _Str(str):
 ])
 def test_validate_shortcut_returns_what_pydantic_returns(args: dict[str, object]) -> None:
     """For plain-typed parameters, validate gives pydantic's values and types, in signature order."""
-    assert plain._plain == (("s", str), ("i", int), ("f", float), ("b", bool))
+    assert plain._plain_args == (("s", str), ("i", int), ("f", float), ("b", bool))
     got = plain.validate(args)
     assert plain._validator is not None
     want = dict(plain._validator.validate_python(dict(args)).__dict__)
@@ -106,7 +106,7 @@ def test_validate_shortcut_refuses_as_pydantic_does() -> None:
                       ({"s": 3, "i": 1, "f": 1.0, "b": True}, "argument 's'")]:
         with pytest.raises(ToolDenied, match=says):
             plain.validate(bad)
-    assert send_email._plain is not None and Tool.from_function(_optional)._plain is None
+    assert send_email._plain_args is not None and Tool.from_function(_optional)._plain_args is None
 
 
 def _optional(n: int | None) -> int:
