@@ -753,6 +753,9 @@ add_digest(Sink *sk, uint64_t h)
         }
     }
     if (old != NULL && old != sk->mask) {
+        /* `old` is borrowed from the dict, and PyNumber_Or can run Python code (a caller's own
+           int subclass or dict) that drops it from there: hold it for the merge. */
+        Py_INCREF(old);
         PyObject *both = PyNumber_Or(old, sk->mask);
         if (both == NULL)
             sk->stop = 1;
@@ -762,6 +765,7 @@ add_digest(Sink *sk, uint64_t h)
                 sk->stop = 1;
             Py_DECREF(both);
         }
+        Py_DECREF(old);
     }
     Py_DECREF(key);
 }

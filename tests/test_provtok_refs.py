@@ -34,9 +34,6 @@ print(",".join(events))
 """
 
 
-@pytest.mark.xfail(strict=True, reason="redteam: _provtok.c add_digest holds the entry's old value borrowed across "
-                                       "PyNumber_Or, which can free it (then calls its __ne__, or segfaults); "
-                                       "Py_INCREF(old) there (provfix's file)")
 def test_an_entry_freed_while_its_mask_is_merged_is_not_used_after() -> None:
     """index() merging a mask into an entry whose value's __or__ drops it from the dict never touches it afterwards."""
     if provenance._native is None or not hasattr(provenance._native, "index"):
