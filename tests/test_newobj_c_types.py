@@ -1,0 +1,33 @@
+"""Red team: proctor._newobj builds only what a Python class statement could have built, never a C type's instance."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+# In a child process: a C object built without its constructor crashes the interpreter on first use.
+_CHILD = """
+import _ssl
+from proctor._newobj import maker
+try:
+    made = maker(_ssl._SSLSocket, (), ())
+except TypeError:
+    print("refused")
+else:
+    sock = made()  # an SSL socket whose SSL* is NULL: reading .context segfaults
+    print("built", type(sock).__name__)
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="redteam: _newobj.c maker() accepts a C type whose tp_new is object's "
+                                       "(_ssl._SSLSocket): its instance has no C state and .context segfaults; "
+                                       "accept only classes whose bases up to object are Python classes (their "
+                                       "tp_dealloc is subtype_dealloc), see NOTES.md")
+def test_a_c_type_created_by_object_new_is_refused() -> None:
+    """maker() of a C type whose __new__ is object's (instances made only from C) raises TypeError, builds nothing."""
+    pytest.importorskip("proctor._newobj")
+    done = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-500:]
+    assert done.stdout.strip() == "refused", done.stdout
