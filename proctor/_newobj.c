@@ -94,6 +94,8 @@ static PyTypeObject MakerType = {
     .tp_doc = "Builds instances of one slotted class from positional slot values (see proctor._newobj).",
 };
 
+static destructor python_class_dealloc; /* tp_dealloc of a class made by a class statement */
+
 static PyObject *
 maker_new(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -113,6 +115,14 @@ maker_new(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (cls->tp_new != PyBaseObject_Type.tp_new || cls->tp_alloc != PyType_GenericAlloc || cls->tp_itemsize != 0) {
         PyErr_Format(PyExc_TypeError, "%s: not a plain slotted class", cls->tp_name);
         return NULL;
+    }
+    /* Every class from cls up to object made by a class statement: a C type whose tp_new is object's
+     * (instances made only from C, e.g. _ssl._SSLSocket) has state no slot holds. */
+    for (PyTypeObject *t = cls; t != NULL && t != &PyBaseObject_Type; t = t->tp_base) {
+        if (!(t->tp_flags & Py_TPFLAGS_HEAPTYPE) || t->tp_dealloc != python_class_dealloc) {
+            PyErr_Format(PyExc_TypeError, "%s: not a plain slotted class", cls->tp_name);
+            return NULL;
+        }
     }
     Py_ssize_t *offsets = PyMem_Calloc(n ? n : 1, sizeof(Py_ssize_t));
     if (offsets == NULL) {
@@ -176,6 +186,12 @@ PyInit__newobj(void)
     if (PyType_Ready(&MakerType) < 0) {
         return NULL;
     }
+    PyObject *probe = PyObject_CallFunction((PyObject *)&PyType_Type, "s()N", "_probe", PyDict_New());
+    if (probe == NULL) {
+        return NULL;
+    }
+    python_class_dealloc = ((PyTypeObject *)probe)->tp_dealloc;
+    Py_DECREF(probe);
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) {
         return NULL;
