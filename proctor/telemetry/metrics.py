@@ -26,12 +26,13 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from opentelemetry import metrics, trace
+from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 from opentelemetry.metrics import _internal as metrics_internal
-from opentelemetry.trace import NoOpTracer, ProxyTracer, Tracer
+from opentelemetry.trace import Tracer
 
 from proctor.telemetry import semconv as sc
+from proctor.telemetry.base import is_noop
 
 __all__ = [
     "enabled",
@@ -146,14 +147,10 @@ def enabled() -> bool:
 
 
 def quiet(tracer: Tracer) -> bool:
-    """Whether nothing would receive a call's span or its metrics: `is_noop(tracer)` and not `enabled()`,
-    in one call (the gate asks at every call's start: 2.5k -> 1.2k instructions, callgrind)."""
-    if _own_provider or getattr(metrics_internal, "_METER_PROVIDER", _MISSING) is not None:
-        return False
-    kind = type(tracer)
-    if kind is ProxyTracer:  # `is_noop`, inline
-        return getattr(trace, "_TRACER_PROVIDER", _MISSING) is None
-    return kind is NoOpTracer
+    """Whether nothing would receive a call's span or its metrics: not `enabled()` and `is_noop(tracer)`
+    (the gate asks at every call's start; ~35 ns more than both checks written out here, which would
+    copy `is_noop`'s reading of OpenTelemetry's private global)."""
+    return not enabled() and is_noop(tracer)
 
 
 def use_meter_provider(provider: MeterProvider | None) -> None:
