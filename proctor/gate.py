@@ -918,8 +918,6 @@ class Gate:
             timeout_s = p.facts.timeout_s
             if tool.in_call:  # it makes governed calls of its own (a managed agent): it gets this call
                 p.value = tool.run_in_call(p.args, CallScope(self, p.ctx, p.call_id, p.span.context, timeout_s))
-            elif timeout_s is None and type(tool) is Tool and not tool.is_async and not tool._positional:
-                p.value = tool.fn(**p.args)  # `Tool.run` and `invoke`, inline: 2.3k instructions a call less
             else:
                 p.value = tool.run(p.args, timeout_s)
         except TimeoutError as exc:
