@@ -6,6 +6,7 @@ import inspect
 import io
 import json
 import logging
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +25,9 @@ pytestmark = pytest.mark.skipif(
     "span.arguments(" not in inspect.getsource(gate_module),
     reason="proctor.gate does not hand arguments and results to its spans yet (gate wiring pending)",
 )
+
+#: A redaction mark's keyed digest (random per key): masked before looking for clear values.
+_MARK = re.compile(r"hmac-sha256:[0-9a-f]{64}")
 
 
 @tool(side_effect="write")
@@ -62,7 +66,9 @@ def test_arguments_and_result_are_redacted_as_in_the_audit_log(capture: SpanCapt
     attrs = capture.spans("execute_tool")[0].attributes or {}
     args = json.loads(str(attrs["gen_ai.tool.call.arguments"]))
     result = json.loads(str(attrs["gen_ai.tool.call.result"]))
-    assert "4111" not in str(attrs["gen_ai.tool.call.arguments"]) + str(attrs["gen_ai.tool.call.result"])
+    # The keyed digest is random hex that may hold "4111" by chance (about 1 run in 1,000): look past it.
+    shown = str(attrs["gen_ai.tool.call.arguments"]) + str(attrs["gen_ai.tool.call.result"])
+    assert "4111" not in _MARK.sub("", shown)
     assert args["amount"] == 500 and args["card"] == audit.of_kind("call_intent")[0]["args"]["card"]
     assert args["card"]["$redacted"].startswith("hmac-sha256:")
     assert result["ok"] is True and result["card"] == args["card"]
