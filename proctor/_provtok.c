@@ -648,6 +648,7 @@ typedef struct {
     size_t base_n;
     const uint8_t *ascii; /* mode 1: the input's data when it is ASCII (a form inside it is hashed there) */
     int dash;           /* the token being processed holds a '-' */
+    uint8_t *windows;   /* windows of groups joined already (seen_window), allocated at the first one */
 } Sink;
 
 static int
@@ -1096,6 +1097,57 @@ emit_joined(Sink *sk, const ch *s, const Group *ring, size_t first, size_t last,
     emit(sk, sk->scratch.data, m);
 }
 
+/* Windows of groups already joined by this call. The joined forms ending at a group depend only on the groups a
+ * form may reach back to (their characters, and the line breaks between them): when that window of groups was seen
+ * before in this text, every one of its forms is in sk->table already, and its up to 11 SipHashes are skipped.
+ * A text of tiny groups ("1 2 1 2 …", a table of small numbers) repeats its windows: 5.8 ms for 100 KB of "1 "
+ * without this. A slot: the window's 64-bit hash (0: empty), its length in bytes, then the window (each group
+ * as its length, with 0x80 for a line break before it, then its characters). The table is small and probed
+ * at most WINDOW_PROBES times: full or unlucky, a window is just joined again (what it costs without the table),
+ * so a crafted text cannot make it slower than that. */
+#define WINDOW_SLOTS 1024
+#define WINDOW_SLOT 64
+#define WINDOW_KEY (WINDOW_SLOT - 9)
+#define WINDOW_PROBES 8
+
+static int
+seen_window(Sink *sk, const ch *s, const Group *ring, size_t first, size_t last)
+{
+    uint8_t key[WINDOW_SLOT] = {0};
+    size_t k = 0;
+    for (size_t g = first; g <= last; g++) {
+        const Group *gr = &ring[g % RING];
+        if (k + 1 + gr->len > WINDOW_KEY)
+            return 0;
+        key[k++] = (uint8_t)(gr->len | (gr->brk ? 0x80 : 0));
+        for (size_t p = 0; p < gr->len; p++)
+            key[k++] = (uint8_t)s[gr->at + p];
+    }
+    uint64_t h = 0x9e3779b97f4a7c15ULL ^ k;
+    for (size_t w = 0; w < (k + 7) / 8; w++) {
+        uint64_t word;
+        memcpy(&word, key + 8 * w, 8);
+        h = ROTL((h ^ word) * 0xff51afd7ed558ccdULL, 31);
+    }
+    h = (h ^ (h >> 29)) | 1; /* never 0: an empty slot */
+    if (sk->windows == NULL && (sk->windows = PyMem_Calloc(WINDOW_SLOTS, WINDOW_SLOT)) == NULL)
+        return 0; /* no table: joined as without one (and the next window tries again) */
+    for (size_t i = 0; i < WINDOW_PROBES; i++) {
+        uint8_t *slot = sk->windows + (((size_t)h + i) & (WINDOW_SLOTS - 1)) * WINDOW_SLOT;
+        uint64_t there;
+        memcpy(&there, slot, 8);
+        if (there == 0) {
+            memcpy(slot, &h, 8);
+            slot[8] = (uint8_t)k;
+            memcpy(slot + 9, key, k);
+            return 0;
+        }
+        if (there == h && slot[8] == k && memcmp(slot + 9, key, k) == 0)
+            return 1;
+    }
+    return 0;
+}
+
 /* _grouped: the joined forms of the numbers laid out in groups. A sequence starts at a group holding an ASCII
  * digit (found by skipping to the next digit) not inside a longer word, and goes on over gaps of [\s./()_-] to
  * the next group (one holding a digit, or four letters right after an IBAN's first group); a group
@@ -1163,13 +1215,22 @@ grouped(Sink *sk, const ch *s, size_t n, size_t *done, size_t from, size_t to)
                     emit_joined(sk, s, ring, 0, count - 1, size);
             }
             else {
-                size_t joined = len;
+                /* The window first: the groups a form ending here may start at, and how many forms it gives. */
+                size_t joined = len, first = count - 1, forms = 0;
                 int lines = 0;
                 for (size_t i = count - 1; i-- > 0 && count - i <= GROUPED_GROUPS;) {
                     lines += ring[(i + 1) % RING].brk;
                     joined += ring[i % RING].len;
                     if (joined > GROUPED_MAX || lines > 1)
                         break;
+                    first = i;
+                    forms += joined >= GROUPED_MIN;
+                }
+                if (forms > 1 && seen_window(sk, s, ring, first, count - 1))
+                    forms = 0;
+                joined = len;
+                for (size_t i = count - 1; forms && i-- > first;) {
+                    joined += ring[i % RING].len;
                     if (joined >= GROUPED_MIN)
                         emit_joined(sk, s, ring, i, count - 1, joined);
                 }
@@ -1241,6 +1302,7 @@ sink_free(Sink *sk)
     PyMem_Free(sk->scratch.data);
     PyMem_Free(sk->dashless.data);
     PyMem_Free(sk->bytes);
+    PyMem_Free(sk->windows);
 }
 
 /* The text's code points and its whole form; NULL with an exception set on failure. */
@@ -1459,11 +1521,84 @@ siphash(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromUnsignedLongLong(rounds == 13 ? sip13(&key, data, len) : sip24(&key, data, len));
 }
 
+/* ---- visible: the fold's first step (provenance._fold) ----------------------------------------- */
+
+PyDoc_STRVAR(visible_doc,
+"visible(text, marks) -> (str, bool)\n\n"
+"`text` without zero-width characters and soft hyphens (U+200B U+200C U+200D U+2060 U+FEFF U+00AD), with the\n"
+"dashes U+2010..U+2014 and U+2212 as '-' and the ideographic full stops U+3002 and U+FF61 as '.'\n"
+"(provenance._INVISIBLE), and whether that text holds a run of more than 30 characters each a BMP non-starter\n"
+"(`marks`: a bitmap of the 65,536 BMP code points, 8,192 bytes) or astral: where unicodenorm.stream_safe could\n"
+"change it. One pass in C: str.translate with a dict costs ~35 ns a character of any non-ASCII text.");
+
+#define STREAM_SAFE_RUN 30 /* unicodenorm.MAX_NON_STARTERS */
+
+static PyObject *
+visible(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyUnicode_Check(args[0]) || !PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) != 8192) {
+        PyErr_SetString(PyExc_TypeError, "visible() takes (text: str, marks: bytes of 8192)");
+        return NULL;
+    }
+    PyObject *text = args[0];
+    const uint8_t *marks = (const uint8_t *)PyBytes_AS_STRING(args[1]);
+    if (PyUnicode_READY(text) < 0)
+        return NULL;
+    if (PyUnicode_IS_ASCII(text))
+        return Py_BuildValue("(OO)", text, Py_False);
+    int kind = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    Py_UCS4 *out = NULL; /* allocated at the first character that changes */
+    Py_ssize_t m = 0;
+    size_t run = 0;
+    int suspect = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i), to = c;
+        switch (c) {
+        case 0x200b: case 0x200c: case 0x200d: case 0x2060: case 0xfeff: case 0x00ad:
+            to = 0x110000; /* removed */
+            break;
+        case 0x2010: case 0x2011: case 0x2012: case 0x2013: case 0x2014: case 0x2212:
+            to = '-';
+            break;
+        case 0x3002: case 0xff61:
+            to = '.';
+            break;
+        default:
+            break;
+        }
+        if (to != c && out == NULL) {
+            out = PyMem_Malloc((size_t)n * sizeof(Py_UCS4));
+            if (out == NULL)
+                return PyErr_NoMemory();
+            for (Py_ssize_t j = 0; j < i; j++)
+                out[j] = PyUnicode_READ(kind, data, j);
+            m = i;
+        }
+        if (to == 0x110000)
+            continue;
+        if (out != NULL)
+            out[m++] = to;
+        if (to >= 0x10000 || (marks[to >> 3] >> (to & 7) & 1))
+            suspect |= ++run > STREAM_SAFE_RUN;
+        else
+            run = 0;
+    }
+    PyObject *result = out == NULL ? Py_NewRef(text) : PyUnicode_FromKindAndData(PyUnicode_4BYTE_KIND, out, m);
+    PyMem_Free(out);
+    if (result == NULL)
+        return NULL;
+    PyObject *pair = Py_BuildValue("(NO)", result, suspect ? Py_True : Py_False);
+    return pair;
+}
+
 static PyMethodDef methods[] = {
     {"analyze", (PyCFunction)analyze, METH_O, analyze_doc},
     {"digest", (PyCFunction)(void (*)(void))digest, METH_FASTCALL, digest_doc},
     {"index", (PyCFunction)(void (*)(void))index_text, METH_FASTCALL, index_doc},
     {"siphash", (PyCFunction)(void (*)(void))siphash, METH_FASTCALL, siphash_doc},
+    {"visible", (PyCFunction)(void (*)(void))visible, METH_FASTCALL, visible_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1487,7 +1622,7 @@ PyInit__provtok(void)
         Py_DECREF(module);
         return NULL;
     }
-    PyObject *all = Py_BuildValue("[sssss]", "Digests", "analyze", "digest", "index", "siphash");
+    PyObject *all = Py_BuildValue("[ssssss]", "Digests", "analyze", "digest", "index", "siphash", "visible");
     if (all == NULL || PyModule_AddObject(module, "__all__", all) < 0) {
         Py_XDECREF(all);
         Py_DECREF(module);

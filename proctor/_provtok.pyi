@@ -2,7 +2,7 @@
 
 from collections.abc import Iterator
 
-__all__ = ["Digests", "analyze", "digest", "index", "siphash"]
+__all__ = ["Digests", "analyze", "digest", "index", "siphash", "visible"]
 
 class Digests:
     """An index's entries, 64-bit digest -> label mask (bits 0..63), in C."""
@@ -19,3 +19,4 @@ def digest(key: bytes, text: str, /) -> int: ...
 def index(key: bytes, folded: str, entries: dict[int, int] | Digests, mask: int, room: int, budget: int, /
           ) -> tuple[int, int, int, bool, bool]: ...
 def siphash(key: bytes, data: bytes, rounds: int, /) -> int: ...
+def visible(text: str, marks: bytes, /) -> tuple[str, bool]: ...

@@ -69,7 +69,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from proctor.unicodenorm import nfkc
+from proctor.unicodenorm import nfkc, non_starters
 
 try:  # the tokeniser and digests in C (setup.py); without a compiler the same tokens come from Python below
     from proctor import _provtok as _native
@@ -145,6 +145,9 @@ def _fold(text: str) -> str:
     first (a fullwidth at sign is ``@``)."""
     if text.isascii():
         return text.casefold()
+    if _native is not None:  # one pass in C: str.translate with a dict costs ~35 ns a character (3.5 ms for 100 KB)
+        text, runs = _native.visible(text, non_starters())
+        return nfkc(text, runs=runs).casefold()
     return nfkc(text.translate(_INVISIBLE)).casefold()  # linear even on a flood of combining marks
 
 

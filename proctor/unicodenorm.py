@@ -17,7 +17,7 @@ import functools
 import re
 import unicodedata
 
-__all__ = ["MAX_NON_STARTERS", "nfkc", "stream_safe"]
+__all__ = ["MAX_NON_STARTERS", "nfkc", "non_starters", "stream_safe"]
 
 #: The longest run of non-starters (combining class > 0) left as it is (UAX #15's limit).
 MAX_NON_STARTERS = 30
@@ -25,13 +25,26 @@ _CGJ = "\u034f"
 
 
 @functools.cache
+def _bmp_marks() -> list[int]:
+    """The BMP's non-starters. Built on first use: the scan costs milliseconds, and ASCII text never needs it."""
+    return [c for c in range(0x10000) if unicodedata.combining(chr(c))]
+
+
+@functools.cache
+def non_starters() -> bytes:
+    """The BMP's non-starters as a bitmap (bit ``c & 7`` of byte ``c >> 3``), for `proctor._provtok.visible`."""
+    bits = bytearray(0x10000 >> 3)
+    for c in _bmp_marks():
+        bits[c >> 3] |= 1 << (c & 7)
+    return bytes(bits)
+
+
+@functools.cache
 def _suspect_runs() -> re.Pattern[str]:
     """Runs of more than MAX_NON_STARTERS characters that are BMP non-starters or any astral character
-    (astral ones are checked one by one: a run of emoji is no run of marks). Built on first use: the
-    scan of the BMP costs milliseconds, and ASCII text never needs it."""
-    marks = [c for c in range(0x10000) if unicodedata.combining(chr(c))]
+    (astral ones are checked one by one: a run of emoji is no run of marks)."""
     ranges: list[tuple[int, int]] = []
-    for c in marks:
+    for c in _bmp_marks():
         if ranges and ranges[-1][1] == c - 1:
             ranges[-1] = (ranges[-1][0], c)
         else:
@@ -63,8 +76,12 @@ def stream_safe(text: str) -> str:
     return _suspect_runs().sub(_cut, text)
 
 
-def nfkc(text: str) -> str:
-    """``unicodedata.normalize("NFKC", text)`` in time linear in the text (see the module docstring)."""
+def nfkc(text: str, *, runs: bool = True) -> str:
+    """``unicodedata.normalize("NFKC", text)`` in time linear in the text (see the module docstring).
+
+    ``runs=False``: the caller found no run of more than MAX_NON_STARTERS characters that are BMP non-starters
+    or astral in `text` (`proctor._provtok.visible` tells), so `stream_safe` would leave it as it is: skipped.
+    """
     if text.isascii():
         return text
-    return unicodedata.normalize("NFKC", stream_safe(text))
+    return unicodedata.normalize("NFKC", stream_safe(text) if runs else text)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proctor import provenance
+from proctor import provenance, unicodenorm
 from proctor.provenance import USER, ProvenanceIndex, ProvenanceLimits, tokens
 
 native = provenance._native
@@ -83,6 +85,10 @@ def test_the_c_and_python_tokenisers_agree_on_any_text(text: str) -> None:
     "1234\n" * 40_000,  # a column of numbers
     "gb29 nwbk " * 20_000 + "gb29" + " 1234" * 20_000,  # IBAN heads and groups without end
     "12.34/56_78(90)-" * 10_000,
+    # windows of groups (C: seen_window) beyond its table's 1,024 slots, repeated after, and never repeated
+    "".join(f"{i} " for i in range(3000)) * 2,
+    "".join(random.Random(7).choice("0123456789 \t\n-.") for _ in range(60_000)),
+    "".join("\t".join(str(random.Random(row).randint(0, 10**6)) for _ in range(8)) + "\n" for row in range(2000)),
 ])
 def test_the_c_and_python_tokenisers_agree_on_huge_and_hostile_text(text: str) -> None:
     """Huge tokens, lists, query strings, IBAN-like runs, NULs, invisible characters and lone surrogates."""
@@ -156,3 +162,21 @@ def test_the_c_entries_behave_as_the_dict_they_replace(puts: list[tuple[list[int
     for digest in [*model, 0, -1, 2**64, 12345678901234567]:
         assert (digest in table) == (digest in model)
         assert table.get(digest, -7) == model.get(digest, -7)
+
+
+VISIBLE = st.lists(st.sampled_from([
+    "a", "1", " ", "\u200b", "\u200c", "\u200d", "\u2060", "\ufeff", "\u00ad", "\u2010", "\u2013", "\u2014",
+    "\u2212", "\u3002", "\uff61", "\u0301" * 8, "\u0323" * 5, "\u034f", "\U0001f600" * 7, "\U0001d167" * 6,
+    "\u00e9", "\ud800", "\u0663",
+]) | st.text(max_size=3), max_size=40).map("".join)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(VISIBLE)
+def test_visible_is_the_translate_it_replaces_and_finds_every_run_stream_safe_would_cut(text: str) -> None:
+    """`visible` gives `str.translate(_INVISIBLE)`, and says a run is there exactly when `stream_safe` would look."""
+    assert native is not None
+    out, runs = native.visible(text, unicodenorm.non_starters())
+    assert out == text.translate(provenance._INVISIBLE)
+    assert runs == (not out.isascii() and unicodenorm._suspect_runs().search(out) is not None)
+    assert provenance._fold(text) == unicodenorm.nfkc(out).casefold()
