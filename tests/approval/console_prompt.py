@@ -1,12 +1,14 @@
 """Run a ConsoleApprover on this process's terminal; driven by test_console_approver.py under a pty.
 
 Usage: python console_prompt.py '{"timeout": 0.5, "expires_in": 60, "requests": 1}'
+(``"await_type_ahead": true``: wait until a line is typed before asking.)
 Prints one line ``DECISION:<json>`` per request answered.
 """
 
 from __future__ import annotations
 
 import json
+import select
 import sys
 import threading
 
@@ -24,6 +26,8 @@ def main() -> None:
         for i in range(config.get("requests", 1))
     ]
     results: list[ApprovalDecision] = []
+    if config.get("await_type_ahead"):  # the test's keystrokes are queued before the prompt opens, however slow it is
+        select.select([sys.stdin], [], [], 15)
 
     def ask(i: int) -> None:
         results.append(approver.request(requests[i]))

@@ -201,8 +201,8 @@ def test_half_typed_line_then_eof_denies() -> None:
 
 def test_type_ahead_before_the_panel_is_discarded() -> None:
     """An 'a' + Enter typed before the prompt appeared does not approve."""
-    child = spawn(timeout=1.0)
-    child.sendline("a")  # sent at once, long before the script has imported rich and shown the panel
+    child = spawn(timeout=1.0, await_type_ahead=True)
+    child.sendline("a")  # queued before the panel: the script waits for it (a loaded machine cannot reorder them)
     child.expect_exact(PROMPT)
     assert decisions(child)[0]["timed_out"] is True
 
