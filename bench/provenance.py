@@ -13,7 +13,11 @@ it runs without C extensions (the provenance tokeniser `proctor._provtok` includ
 Texts: "mail" is realistic — e-mails as JSON with senders, ids, dates, amounts and prose (about one
 token per 60 characters); "dense" holds a distinct address and a distinct number every ~40
 characters, the worst case for the tokenizer and the digests; "page" is a listing of addresses,
-URLs, IBANs and amounts; "words" is random prose (no tokens at all).
+URLs, IBANs and amounts; "words" is random prose (no tokens at all); "cjk" is mail in Chinese (non-ASCII text:
+the fold's own cost); "digits" is the hostile `"1 " * 50000` (a number laid out in groups without end); "table"
+is a tab-separated table of numbers, where every run of 2 to 12 neighbouring numbers is also a number laid out
+in groups: it reaches `max_result_tokens` (50,000 entries), so the result's labels are marked overflowed
+(every later argument "may come from there": fail closed) — a known limit, see docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -93,7 +97,27 @@ def words_text(size: int, seed: int = 1) -> str:
     return " ".join(out)[:size]
 
 
-TEXTS = {"mail": mail_text, "dense": dense_text, "page": page_text, "words": words_text}
+def _cjk_line(rng: random.Random) -> str:
+    words = "请把 账单 发送 到 合作 支持 金额 元 谢谢 您的 会议 记录 已 附上 请 在 周五 之前 审阅".split()
+    return (f"发件人 user{rng.randint(1, 500)}@mail.example:{''.join(rng.choice(words) for _ in range(30))},"
+            f"金额 {rng.randint(10, 9999)} 元,单号 INV-{rng.randint(1000, 9999)}。\n")
+
+
+def cjk_text(size: int, seed: int = 1) -> str:
+    return _lines(size, seed, _cjk_line)
+
+
+def digits_text(size: int, seed: int = 1) -> str:
+    return ("1 " * (size // 2 + 1))[:size]
+
+
+def table_text(size: int, seed: int = 1) -> str:
+    return _lines(size, seed, lambda rng: "\t".join(str(rng.randint(0, 10 ** rng.randint(1, 6))) for _ in range(8))
+                  + "\n")
+
+
+TEXTS = {"mail": mail_text, "dense": dense_text, "page": page_text, "words": words_text, "cjk": cjk_text,
+         "digits": digits_text, "table": table_text}
 
 
 def best(fn: Callable[[], object], repeat: int = 7, number: int = 1) -> float:

@@ -95,6 +95,14 @@ def test_the_c_and_python_tokenisers_agree_on_huge_and_hostile_text(text: str) -
     _assert_same(text)
 
 
+@pytest.mark.parametrize("step", [1, 7])
+def test_the_c_and_python_tokenisers_agree_on_every_bmp_character(step: int) -> None:
+    """Every BMP code point (C caches their classes at first use) inside tokens, between digits and alone."""
+    chars = [chr(c) for c in range(0x80, 0x10000)]
+    _assert_same("".join(f"x{c}1 {c}{c} 2{c}@a.b " for c in chars[::step]))
+    _assert_same(" ".join(chars[step - 1 :: step]))
+
+
 @settings(max_examples=300, deadline=None)
 @given(TEXTS, st.sampled_from(["untrusted", USER]))
 def test_every_token_indexed_in_c_is_found_again(text: str, label: str) -> None:
