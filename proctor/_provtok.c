@@ -663,6 +663,10 @@ typedef struct {
     const uint8_t *ascii; /* mode 1: the input's data when it is ASCII (a form inside it is hashed there) */
     int dash;           /* the token being processed holds a '-' */
     uint8_t *windows;   /* windows of groups joined already (seen_window), allocated at the first one */
+    size_t grouped_cap; /* mode 1: distinct joined forms (of numbers laid out in groups) a text may give */
+    uint64_t *joined;   /* mode 1: their digests, an open addressing set (0: empty), put in at the end */
+    size_t joined_cap, joined_count;
+    int joined_cut;     /* mode 1: more than grouped_cap: none of them is put in */
 } Sink;
 
 static int
@@ -1082,12 +1086,57 @@ is_iban_first(const ch *t, size_t n) /* _IBAN_FIRST: [a-z]{2}[0-9]{2} */
     return n == 4 && is_az(t[0]) && is_az(t[1]) && is_ascii_digit(t[2]) && is_ascii_digit(t[3]);
 }
 
+/* A joined form's digest, kept aside (index: `grouped_cap`): the forms of a text are indexed all, at the end of
+ * the scan, or none when there are more than grouped_cap distinct ones. */
+static void
+add_joined(Sink *sk, uint64_t h)
+{
+    if (sk->joined_cut)
+        return;
+    if ((sk->joined_count + 1) * 2 > sk->joined_cap) {
+        size_t cap = sk->joined_cap ? sk->joined_cap * 2 : 4096;
+        uint64_t *table = PyMem_Calloc(cap, sizeof(uint64_t));
+        if (table == NULL) {
+            PyErr_NoMemory();
+            sk->stop = 1;
+            return;
+        }
+        for (size_t i = 0; i < sk->joined_cap; i++) {
+            uint64_t old = sk->joined[i];
+            if (old) {
+                size_t at = (size_t)old & (cap - 1);
+                while (table[at])
+                    at = (at + 1) & (cap - 1);
+                table[at] = old;
+            }
+        }
+        PyMem_Free(sk->joined);
+        sk->joined = table;
+        sk->joined_cap = cap;
+    }
+    size_t at = (size_t)h & (sk->joined_cap - 1);
+    while (sk->joined[at]) {
+        if (sk->joined[at] == h)
+            return;
+        at = (at + 1) & (sk->joined_cap - 1);
+    }
+    if (sk->joined_count >= sk->grouped_cap) { /* one more than the cap: none is indexed, and no more looked for */
+        sk->joined_cut = 1;
+        PyMem_Free(sk->joined);
+        sk->joined = NULL;
+        sk->joined_cap = sk->joined_count = 0;
+        return;
+    }
+    sk->joined[at] = h;
+    sk->joined_count++;
+}
+
 /* Emit groups first..last (counted from the sequence's start; kept in `ring`) joined, `size` characters. */
 static void
 emit_joined(Sink *sk, const ch *s, const Group *ring, size_t first, size_t last, size_t size)
 {
     if (sk->digests) { /* groups are ASCII: their UTF-8 is their code points, digested without a copy in UCS-4 */
-        if (sk->stop)
+        if (sk->stop || sk->joined_cut)
             return;
         uint8_t *o = sk->bytes; /* 4 bytes per character of the text: room for any part of it */
         for (size_t g = first; g <= last; g++) {
@@ -1095,7 +1144,7 @@ emit_joined(Sink *sk, const ch *s, const Group *ring, size_t first, size_t last,
             for (size_t p = 0; p < gr->len; p++)
                 *o++ = (uint8_t)s[gr->at + p];
         }
-        add_digest(sk, finish(sip13(&sk->key, sk->bytes, size)));
+        add_joined(sk, finish(sip13(&sk->key, sk->bytes, size)));
         return;
     }
     if (buf_reserve(&sk->scratch, size) < 0) {
@@ -1113,7 +1162,8 @@ emit_joined(Sink *sk, const ch *s, const Group *ring, size_t first, size_t last,
 
 /* Windows of groups already joined by this call. The joined forms ending at a group depend only on the groups a
  * form may reach back to (their characters, and the line breaks between them): when that window of groups was seen
- * before in this text, every one of its forms is in sk->table already, and its up to 11 SipHashes are skipped.
+ * before in this text, every one of its forms is kept already (add_joined; a set of str in mode 0), and its up to
+ * 11 SipHashes are skipped.
  * A text of tiny groups ("1 2 1 2 …", a table of small numbers) repeats its windows: 5.8 ms for 100 KB of "1 "
  * without this. A slot: the window's 64-bit hash (0: empty), its length in bytes, then the window (each group
  * as its length, with 0x80 for a line break before it, then its characters). The table is small and probed
@@ -1174,8 +1224,10 @@ grouped(Sink *sk, const ch *s, size_t n, size_t *done, size_t from, size_t to)
     /* Called by scan() for each of its runs [from, to) that holds a digit (every ASCII digit is in one), so the
      * text between runs is never searched for digits; *done: where the last sequence looked at ended. */
     Group ring[RING];
+    if (sk->joined_cut)
+        return; /* none of this text's joined forms is indexed: no need to find more */
     size_t pos = from > *done ? from : *done; /* s[pos] is no letter or digit inside a word not looked at yet */
-    while (pos < to && !sk->stop) {
+    while (pos < to && !sk->stop && !sk->joined_cut) {
         size_t d = pos;
         while (d < to && !is_ascii_digit(s[d]))
             d++;
@@ -1249,7 +1301,7 @@ grouped(Sink *sk, const ch *s, size_t n, size_t *done, size_t from, size_t to)
                         emit_joined(sk, s, ring, i, count - 1, joined);
                 }
             }
-            if (sk->stop)
+            if (sk->stop || sk->joined_cut)
                 return;
         }
     }
@@ -1317,6 +1369,7 @@ sink_free(Sink *sk)
     PyMem_Free(sk->dashless.data);
     PyMem_Free(sk->bytes);
     PyMem_Free(sk->windows);
+    PyMem_Free(sk->joined);
 }
 
 /* The text's code points and its whole form; NULL with an exception set on failure. */
@@ -1421,20 +1474,21 @@ digest(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 PyDoc_STRVAR(index_doc,
-"index(key: bytes, folded: str, entries: dict, mask: int, room: int, budget: int)\n"
-"    -> tuple[int, int, int, bool, bool]\n\n"
+"index(key: bytes, folded: str, entries: dict, mask: int, room: int, budget: int, grouped: int)\n"
+"    -> tuple[int, int, int, bool, bool, bool]\n\n"
 "Index one case-folded text: its whole form and every token, as digests put in `entries` with\n"
 "`mask` (or'ed into an existing entry's). At most `room` new keys are added and at most `budget`\n"
 "distinct entries produced. Returns (the whole form's digest, new keys added, distinct entries\n"
-"produced, whether the budget was exceeded, whether a new entry found no room).");
+"produced, whether the budget was exceeded, whether a new entry found no room, whether the text gave more\n"
+"than `grouped` distinct joined forms of numbers laid out in groups: then none of them is indexed).");
 
 static PyObject *
 index_text(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     Sink sk = {0};
     uint64_t whole_digest = 0;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "index() takes (key, folded, entries, mask, room, budget)");
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "index() takes (key, folded, entries, mask, room, budget, grouped)");
         return NULL;
     }
     if (parse_key(args[0], &sk.key) < 0)
@@ -1456,6 +1510,10 @@ index_text(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t budget = PyLong_AsSsize_t(args[5]);
     if (budget == -1 && PyErr_Occurred())
         return NULL;
+    Py_ssize_t grouped_cap = PyLong_AsSsize_t(args[6]);
+    if (grouped_cap == -1 && PyErr_Occurred())
+        return NULL;
+    sk.grouped_cap = grouped_cap > 0 ? (size_t)grouped_cap : 0;
     sk.digests = 1;
     sk.entries = args[2];
     sk.mask = args[3];
@@ -1499,14 +1557,18 @@ index_text(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         whole_digest = text_digest(&sk.key, whole, wn, sk.bytes);
     add_digest(&sk, whole_digest);
     scan(&sk, s, n);
+    for (size_t i = 0; i < sk.joined_cap && !sk.stop; i++) /* slot order: arbitrary, as a set's */
+        if (sk.joined[i])
+            add_digest(&sk, sk.joined[i]);
 done:
     sink_free(&sk);
     PyMem_Free(whole);
     PyMem_Free(s);
     if (PyErr_Occurred())
         return NULL;
-    return Py_BuildValue("(KnnOO)", (unsigned long long)whole_digest, sk.added, (Py_ssize_t)sk.count,
-                         sk.over_budget ? Py_True : Py_False, sk.over_room ? Py_True : Py_False);
+    return Py_BuildValue("(KnnOOO)", (unsigned long long)whole_digest, sk.added, (Py_ssize_t)sk.count,
+                         sk.over_budget ? Py_True : Py_False, sk.over_room ? Py_True : Py_False,
+                         sk.joined_cut ? Py_True : Py_False);
 }
 
 PyDoc_STRVAR(siphash_doc,

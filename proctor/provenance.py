@@ -55,7 +55,9 @@ indexed, and at most `max_tokens` entries per run. What a cap leaves out is not 
 that could not be indexed are *added to every later `labels_of` answer* of the run
 (provenance then errs towards "may have come from an untrusted tool"), while
 `from_user` only ever answers from entries actually indexed — a full index never makes
-a value look as if the user had written it.
+a value look as if the user had written it. A string whose joined forms are more than
+`max_joined_forms` (or one per `_JOINED_PER_CHARS` characters: a table of numbers) has none of them
+indexed, and its labels are added to the answer for every argument that could be one (`_joinable`).
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ from proctor.unicodenorm import nfkc, non_starters
 try:  # the tokeniser and digests in C (setup.py); without a compiler the same tokens come from Python below
     from proctor import _provtok as _native
 
-    if not hasattr(_native, "Digests"):  # built from an older _provtok.c (a checkout updated, not rebuilt): its
+    if not hasattr(_native, "visible"):  # built from an older _provtok.c (a checkout updated, not rebuilt): its
         raise ImportError("stale proctor._provtok")  # tokens differ; the Python path, and a failing build test
 except ImportError:  # pragma: no cover - an install that could not build the extension
     _native = None  # type: ignore[assignment]
@@ -231,20 +233,28 @@ def _analyze_text_python(text: str) -> tuple[str, set[str]]:
 
 def _analyze_folded_python(folded: str) -> tuple[str, set[str]]:
     """`_analyze_text_python` of a text already folded (`_fold`)."""
+    whole, out, _ = _forms_python(folded, None)
+    return whole, out
+
+
+def _forms_python(folded: str, joined_cap: int | None) -> tuple[str, set[str], bool]:
+    """`_analyze_folded_python`, and whether the text gave more than `joined_cap` joined forms (`_grouped`; then
+    none of them is in the set)."""
     if len(folded) > 256 and folded.isascii() and not any(c in folded for c in _TOKEN_CHARS):
         # No digit and no separator: prose without a single token (each scan is a fast search in C).
         if folded.isprintable() and "  " not in folded and folded[:1] != " " and folded[-1:] != " ":
-            return folded, set()  # already its whole form: one space between words
-        return " ".join(folded.split()), set()
+            return folded, set(), False  # already its whole form: one space between words
+        return " ".join(folded.split()), set(), False
     words = folded.split()
     if len(words) == 1:  # one word (an address, an id, a name): the common argument
         word = words[0]
         if word.isalpha():
-            return word, set()
+            return word, set(), False
         if _TOKEN.fullmatch(word) and _SIMPLE.fullmatch(word):
             forms = _dashless({word}) if "-" in word else {word}
-            forms.update(_grouped(word))  # 0012.3456.7890, 1234-5678-9012: also compacted
-            return word, forms
+            compacted = _grouped(word, joined_cap)  # 0012.3456.7890, 1234-5678-9012: also joined
+            cut = joined_cap is not None and len(compacted) > joined_cap
+            return word, forms if cut else forms | compacted, cut
     whole = " ".join(words) if len(words) != 1 or folded != words[0] else folded
     # Work in the regex engine and in C as much as possible (a 100 KB result must index in about a
     # millisecond): the distinct non-alphabetic words, joined one per line; those that are their own
@@ -253,7 +263,7 @@ def _analyze_folded_python(folded: str) -> tuple[str, set[str]]:
     # non-ASCII text) tokenised and normalised as before.
     candidates = [word for word in set(words) if not word.isalpha()]
     if not candidates:
-        return whole, set()
+        return whole, set(), False
     blob = "\n" + "\n".join(candidates).translate(_DELIMITERS) + "\n"
     if folded.isascii():
         out = set(_CLEAN.findall(blob))
@@ -273,11 +283,14 @@ def _analyze_folded_python(folded: str) -> tuple[str, set[str]]:
             out.update(_token_forms(token))
     if "-" in blob:  # an account number or IBAN written with dashes: also without them
         out = _dashless(out)
-    out.update(_grouped(folded))  # a number laid out in groups (spaces, dots, brackets…): also compacted
+    compacted = _grouped(folded, joined_cap)  # a number laid out in groups (spaces, dots, brackets…): also joined
+    cut = joined_cap is not None and len(compacted) > joined_cap
+    if not cut:
+        out.update(compacted)
     if iban_head:  # an IBAN written in groups of four: also indexed without its spaces
         for iban in _IBAN.findall(folded):
             out.add(iban.replace(" ", ""))
-    return whole, out
+    return whole, out, cut
 
 
 def _common_forms(lines: list[str], out: set[str]) -> list[str]:
@@ -314,6 +327,9 @@ _DASHLESS_MIN = 7
 #: characters as for dashes (not a range, a time or a short date), 34 the longest IBAN.
 _GROUPED_MIN = 7
 _GROUPED_MAX = 34
+#: At least one joined form per this many characters of a string is indexed (`ProvenanceLimits.max_joined_forms`):
+#: a page gives one per ~40 (2,523 for 100 KB of the bench's "page"), a table of numbers one per ~0.6.
+_JOINED_PER_CHARS = 8
 #: Most groups joined outside an IBAN: a number written one digit at a time is joined up to 12 digits, and a
 #: result of tiny groups without end ("1 2 1 2 …") gives at most 11 joined forms a group, not 28.
 _GROUPED_GROUPS = 12
@@ -333,7 +349,7 @@ _IBAN_FIRST = re.compile(r"[a-z]{2}[0-9]{2}")
 _LINE_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
 
 
-def _grouped(folded: str) -> set[str]:
+def _grouped(folded: str, limit: int | None = None) -> set[str]:
     """The compact forms of the numbers `folded` lays out in groups: ``1234 5678 9012``, ``+1 (555) 123-4567``,
     ``0012.3456.7890``, ``gb29\tnwbk\t6016…`` give ``123456789012``, ``15551234567`` (and ``5551234567``, …),
     ``001234567890``, ``gb29nwbk6016…``.
@@ -355,7 +371,21 @@ def _grouped(folded: str) -> set[str]:
             if end == len(groups) or _IBAN_FIRST.fullmatch(groups[end]):
                 _grouped_run(groups[start:end], breaks[start : end - 1], out)
                 start = end
+        if limit is not None and len(out) > limit:  # more than the caller keeps: no need to find the rest
+            break
     return out
+
+
+def _joined_cap(limits: ProvenanceLimits, folded: str) -> int:
+    """How many distinct joined forms `folded` may give before it gives none (`max_joined_forms`)."""
+    return max(limits.max_joined_forms, len(folded) // _JOINED_PER_CHARS)
+
+
+def _joinable(text: str) -> bool:
+    """Whether `text` (folded) could be a joined form of a number laid out in groups: 7 to 34 ASCII letters and
+    digits, one a digit at least. An argument looked up by such a text gets the labels of results whose joined
+    forms were too many to index (`ProvenanceIndex.numbers_overflowed`)."""
+    return _GROUPED_MIN <= len(text) <= _GROUPED_MAX and text.isascii() and text.isalnum() and not text.isalpha()
 
 
 def _grouped_run(groups: list[str], breaks: list[bool], out: set[str]) -> None:
@@ -412,7 +442,7 @@ def _scalar_text(value: Any) -> str | None:
 
 
 #: What a string argument is looked up by (`ProvenanceIndex._probe_str`).
-_Probe = tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...], int]
+_Probe = tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...], int, bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,6 +456,11 @@ class ProvenanceLimits:
     #: Entries one run's index may hold (with the C extension 16-byte slots kept at most half full: 200,000
     #: take 8 MB; without it a dict, about 80 bytes each: ~16 MB).
     max_tokens: int = 200_000
+    #: Joined forms of numbers laid out in groups (`_grouped`) one string of a result may give, or one per
+    #: `_JOINED_PER_CHARS` characters of it when that is more. A text with more (a table of numbers: every run of
+    #: neighbouring numbers is one, ~180,000 for 100 KB) gives none, and its labels are added to every argument
+    #: that could be such a form (`_joinable`), not to every argument as for the caps above.
+    max_joined_forms: int = 4_096
 
 
 class ProvenanceIndex:
@@ -434,8 +469,8 @@ class ProvenanceIndex:
     Thread-safe: calls of one run may be settled by several threads.
     """
 
-    __slots__ = ("_bits", "_digest", "_entries", "_fields", "_key", "_labels", "_lock", "_named", "_native",
-                 "_overflow", "_prefix", "_probes", "_sipkey", "limits")
+    __slots__ = ("_bits", "_digest", "_entries", "_fields", "_joined_overflow", "_key", "_labels", "_lock", "_named",
+                 "_native", "_overflow", "_prefix", "_probes", "_sipkey", "limits")
 
     def __init__(self, limits: ProvenanceLimits | None = None, *, key: bytes | None = None) -> None:
         self.limits = limits or ProvenanceLimits()
@@ -446,6 +481,7 @@ class ProvenanceIndex:
         self._bits: dict[str, int] = {}  # label -> bit
         self._labels: list[str] = []  # bit position -> label
         self._overflow = 0  # labels of content a cap kept out (never includes `user`'s bit in answers)
+        self._joined_overflow = 0  # labels of joined forms `max_joined_forms` kept out (for `_joinable` arguments)
         self._lock = threading.Lock()
         # The digest of a text: with the C extension, SipHash-1-3 under a 128-bit key derived from the index's
         # secret; without it, Python's string hash (SipHash-1-3, 64 bits) of a secret per-index prefix of 128
@@ -467,6 +503,13 @@ class ProvenanceIndex:
         """Labels of content a cap kept out of the index (added to every `labels_of` answer), sorted."""
         return tuple(self._names(self._overflow))
 
+    @property
+    def numbers_overflowed(self) -> tuple[str, ...]:
+        """Labels of results that laid out more numbers in groups than `max_joined_forms` (a table of numbers):
+        added to the answer for every argument that could be such a number joined up (7 to 34 ASCII letters
+        and digits, a digit among them, as the value, one of its tokens or its compact form), sorted."""
+        return tuple(self._names(self._joined_overflow))
+
     def labels_of(self, value: Any) -> list[str]:
         """The labels of the sources `value`, any item of it, or any token inside it appeared in, sorted.
 
@@ -486,7 +529,11 @@ class ProvenanceIndex:
                 probe = self._probe_str(value)
             for digest_ in probe[1]:
                 mask |= entries.get(digest_, 0)
+            if probe[5]:
+                unseen |= self._joined_overflow
         else:
+            if self._joined_overflow and self._joinable_inside(value):
+                unseen |= self._joined_overflow
             for found in self._probe(value):
                 if found is None:  # nested too deep to walk: the part not looked at may come from any source
                     unseen |= (1 << len(self._labels)) - 1
@@ -520,6 +567,8 @@ class ProvenanceIndex:
             text = normalize_whole(leaf) if isinstance(leaf, str) else _scalar_text(leaf)
             if text is None:
                 continue
+            if _joinable(text):
+                unseen |= self._joined_overflow
             key = digest(text)
             found = entries.get(key, 0)
             if found & user_bit:  # the user wrote it: not something a model picked out of prose
@@ -589,14 +638,31 @@ class ProvenanceIndex:
         grouped = _GROUPED.fullmatch(whole)
         compact = "".join(_GROUP.findall(whole)) if grouped is not None else ""
         compact_digest = digest(compact) if _GROUPED_MIN <= len(compact) <= _GROUPED_MAX else 0
+        joinable = _joinable(whole) or _joinable(compact) or any(_joinable(t) for t in found)
         probe = (whole_digest, (whole_digest, *(digest(t) for t in found if t != whole)), tokens_, words,
-                 compact_digest)
+                 compact_digest, joinable)
         if len(value) <= 256:  # as `_analyze_short`: short arguments only (an address, an id, a name)
             probes = self._probes
             if len(probes) >= _PROBES:
                 probes.clear()
             probes[value] = probe
         return probe
+
+    @staticmethod
+    def _joinable_inside(value: Any) -> bool:
+        """Whether `value` (not a str) is looked up by a text that could be a joined form (`_joinable`)."""
+        for leaf in _leaves(value, keys=_data_key):
+            if leaf is _CUT:
+                return True
+            if isinstance(leaf, str):
+                whole, found = _analyze(leaf)
+                if _joinable(whole) or any(_joinable(t) for t in found):
+                    return True
+            else:
+                text = _scalar_text(leaf)
+                if text is not None and _joinable(text):
+                    return True
+        return False
 
     def _probe(self, value: Any) -> Iterator[int | None]:
         """The digests to look `value` up by; None last when it is nested too deep to walk whole."""
@@ -663,8 +729,10 @@ class ProvenanceIndex:
                         new, full = self._put([digest(t) for t in kept], mask)
                     used = len(kept)
                 else:  # never cached: results are not kept in clear anywhere
-                    whole, new, used, over, full = self._index_text(leaf, mask, budget)
+                    whole, new, used, over, full, joined_cut = self._index_text(leaf, mask, budget)
                     with self._lock:
+                        if joined_cut:
+                            self._joined_overflow |= mask
                         if whole in self._entries:  # a whole value of a result (not for one a cap kept out)
                             self._fields[whole] = self._fields.get(whole, 0) | mask
             else:
@@ -689,22 +757,24 @@ class ProvenanceIndex:
                 self._overflow |= mask
         return added
 
-    def _index_text(self, text: str, mask: int, budget: int) -> tuple[int, int, int, bool, bool]:
+    def _index_text(self, text: str, mask: int, budget: int) -> tuple[int, int, int, bool, bool, bool]:
         """Index one string of a result: its whole form and its tokens, at most `budget` distinct entries.
-        Returns (the whole form's digest, new entries, distinct entries, over the budget, over the run's cap)."""
+        Returns (the whole form's digest, new entries, distinct entries, over the budget, over the run's cap,
+        more joined forms than `max_joined_forms`: none of them indexed)."""
         folded = _fold(text)
-        limit = self.limits.max_result_chars
-        long = len(folded) > limit  # NFKC may lengthen a text up to 18 times (U+FDFA): the cap holds after it too
-        if long:
-            folded = folded[:limit]
+        limits = self.limits
+        long = len(folded) > limits.max_result_chars  # NFKC may lengthen a text up to 18 times (U+FDFA): the cap
+        if long:  # holds after it too
+            folded = folded[: limits.max_result_chars]
+        joined_cap = _joined_cap(limits, folded)
         native = self._native
         if native is not None:  # tokens, digests and inserts in one C call
             with self._lock:
-                room = self.limits.max_tokens - len(self._entries)
-                whole_digest, new, used, over, full = native.index(self._sipkey, folded, self._entries, mask, room,
-                                                                   budget)
-            return whole_digest, new, used, over, full or long
-        whole, inside = _analyze_folded_python(folded)
+                room = limits.max_tokens - len(self._entries)
+                whole_digest, new, used, over, full, joined_cut = native.index(
+                    self._sipkey, folded, self._entries, mask, room, budget, joined_cap)
+            return whole_digest, new, used, over, full or long, joined_cut
+        whole, inside, joined_cut = _forms_python(folded, joined_cap)
         entries = [whole, *inside.difference((whole,))]
         over = len(entries) > budget
         kept = entries[: max(budget, 0)] if over else entries
@@ -712,7 +782,7 @@ class ProvenanceIndex:
         digests = [digest(t) for t in kept]
         with self._lock:
             new, full = self._put(digests, mask)
-        return digest(whole), new, len(kept), over, full or long
+        return digest(whole), new, len(kept), over, full or long, joined_cut
 
     @staticmethod
     def _task_entries(text: str) -> set[str]:

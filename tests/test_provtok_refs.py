@@ -29,7 +29,7 @@ class Dropping(int):
 
 token = "eve@evil.example"
 entries[_provtok.digest(key, token)] = Dropping(1)
-_provtok.index(key, token, entries, 2, 100, 10**6)
+_provtok.index(key, token, entries, 2, 100, 10**6, 4096)
 print(",".join(events))
 """
 
