@@ -16,8 +16,8 @@ characters, the worst case for the tokenizer and the digests; "page" is a listin
 URLs, IBANs and amounts; "words" is random prose (no tokens at all); "cjk" is mail in Chinese (non-ASCII text:
 the fold's own cost); "digits" is the hostile `"1 " * 50000` (a number laid out in groups without end); "table"
 is a tab-separated table of numbers, where every run of 2 to 12 neighbouring numbers is also a number laid out
-in groups: it reaches `max_result_tokens` (50,000 entries), so the result's labels are marked overflowed
-(every later argument "may come from there": fail closed) — a known limit, see docs/benchmarks.md.
+in groups: ~180,000 joined forms, more than `max_joined_forms`, so none of them is indexed and the result's labels
+go to every argument that could be such a number (docs/policy.md, "Tables of numbers").
 """
 
 from __future__ import annotations

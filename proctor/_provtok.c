@@ -627,6 +627,104 @@ static PyTypeObject DigestsType = {
     .tp_new = digests_new,
 };
 
+/* ---- transient blocks, kept for the next call -------------------------------------------------- */
+
+/* Why: indexing 100 KB takes ~1 MB of transient buffers (the UCS-4 copy, the UTF-8 bytes, the call's digest
+ * set). Past glibc's mmap threshold each is fresh memory, mapped for the call and unmapped after, and touching it
+ * costs a page fault per 4 KB: ~600 a call, about half of the 1.9 ms a page of addresses and IBANs took where
+ * the threshold had not risen (0.95 ms without the faults). Up to SPARE_BLOCKS freed blocks of at most
+ * SPARE_MAX bytes each are kept for the next call (8 MB held at most; ~1 MB after 100 KB results). Always under
+ * the GIL, and nothing here calls Python code: a call re-entered from Python (a caller's own int subclass in
+ * add_digest) takes other blocks. */
+#define SPARE_BLOCKS 4
+#define SPARE_MAX ((size_t)2 << 20)
+
+typedef struct {
+    size_t size;
+    size_t pad; /* the data after the head stays 16-byte aligned */
+} BlockHead;
+
+static BlockHead *spare[SPARE_BLOCKS];
+
+/* At least `size` bytes (zeroed when `zero`): the smallest spare block that fits, else a new one. NULL with
+ * MemoryError set. */
+static void *
+block_alloc(size_t size, int zero)
+{
+    if (size > (size_t)PY_SSIZE_T_MAX - sizeof(BlockHead)) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    int best = -1;
+    for (int i = 0; i < SPARE_BLOCKS; i++)
+        if (spare[i] != NULL && spare[i]->size >= size && (best < 0 || spare[i]->size < spare[best]->size))
+            best = i;
+    BlockHead *head;
+    if (best >= 0) {
+        head = spare[best];
+        spare[best] = NULL;
+    }
+    else {
+        head = PyMem_Malloc(sizeof(BlockHead) + (size ? size : 1));
+        if (head == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        head->size = size;
+    }
+    if (zero)
+        memset(head + 1, 0, size);
+    return head + 1;
+}
+
+/* Give back a block of block_alloc (NULL: nothing): kept when small enough and a slot is free or holds a smaller
+ * one, else freed. */
+static void
+block_free(void *data)
+{
+    if (data == NULL)
+        return;
+    BlockHead *head = (BlockHead *)data - 1;
+    if (head->size <= SPARE_MAX) {
+        int slot = -1;
+        for (int i = 0; i < SPARE_BLOCKS && slot < 0; i++)
+            if (spare[i] == NULL)
+                slot = i;
+        if (slot < 0) {
+            int least = 0;
+            for (int i = 1; i < SPARE_BLOCKS; i++)
+                if (spare[i]->size < spare[least]->size)
+                    least = i;
+            if (spare[least]->size < head->size) {
+                PyMem_Free(spare[least]);
+                slot = least;
+            }
+        }
+        if (slot >= 0) {
+            spare[slot] = head;
+            return;
+        }
+    }
+    PyMem_Free(head);
+}
+
+/* The code points of `text` and a 0 after them, in a block; NULL with an exception set. */
+static ch *
+ucs4_block(PyObject *text)
+{
+    size_t len = (size_t)PyUnicode_GET_LENGTH(text);
+    if (len >= (size_t)PY_SSIZE_T_MAX / sizeof(ch)) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    ch *s = block_alloc((len + 1) * sizeof(ch), 0);
+    if (s != NULL && PyUnicode_AsUCS4(text, s, (Py_ssize_t)len + 1, 1) == NULL) {
+        block_free(s);
+        return NULL;
+    }
+    return s;
+}
+
 /* ---- the sink: where tokens go (a set of str, or digests into the index's entries) -------------- */
 
 #define DASHLESS_MIN 7
@@ -663,6 +761,9 @@ typedef struct {
     const uint8_t *ascii; /* mode 1: the input's data when it is ASCII (a form inside it is hashed there) */
     int dash;           /* the token being processed holds a '-' */
     uint8_t *windows;   /* windows of groups joined already (seen_window), allocated at the first one */
+    /* Short ASCII tokens (up to 7 bytes, with their length in the top byte) emitted already, one per slot: such a
+     * token repeated (a column of small numbers, "1 1 1 …") skips its SipHash and table probe. 0: empty. */
+    uint64_t recent[256];
     size_t grouped_cap; /* mode 1: distinct joined forms (of numbers laid out in groups) a text may give */
     uint64_t *joined;   /* mode 1: their digests, an open addressing set (0: empty), put in at the end */
     size_t joined_cap, joined_count;
@@ -696,11 +797,9 @@ table_grow(Sink *sk)
         PyErr_NoMemory();
         return -1;
     }
-    uint64_t *table = PyMem_Calloc(cap, sizeof(uint64_t));
-    if (table == NULL) {
-        PyErr_NoMemory();
+    uint64_t *table = block_alloc(cap * sizeof(uint64_t), 1);
+    if (table == NULL)
         return -1;
-    }
     for (size_t i = 0; sk->table != NULL && i < sk->table_cap; i++) {
         uint64_t h = sk->table[i];
         if (h) {
@@ -710,7 +809,7 @@ table_grow(Sink *sk)
             table[at] = h;
         }
     }
-    PyMem_Free(sk->table);
+    block_free(sk->table);
     sk->table = table;
     sk->table_cap = cap;
     return 0;
@@ -795,8 +894,19 @@ emit(Sink *sk, const ch *t, size_t n)
     if (sk->stop)
         return;
     if (sk->digests) {
-        if (sk->ascii != NULL && t >= sk->base && t + n <= sk->base + sk->base_n) /* its UTF-8 is in the text */
-            add_digest(sk, finish(sip13(&sk->key, sk->ascii + (t - sk->base), n)));
+        if (sk->ascii != NULL && t >= sk->base && t + n <= sk->base + sk->base_n) { /* its UTF-8 is in the text */
+            const uint8_t *u = sk->ascii + (t - sk->base);
+            uint64_t packed = 0;
+            if (n >= 1 && n <= 7) { /* emitted before in this text: its digest is in already (`recent`) */
+                memcpy(&packed, u, n);
+                packed |= (uint64_t)n << 56;
+                uint64_t *slot = &sk->recent[(packed * 0x9e3779b97f4a7c15ULL) >> 56];
+                if (*slot == packed)
+                    return;
+                *slot = packed;
+            }
+            add_digest(sk, finish(sip13(&sk->key, u, n)));
+        }
         else
             add_digest(sk, text_digest(&sk->key, t, n, sk->bytes));
         return;
@@ -1095,9 +1205,8 @@ add_joined(Sink *sk, uint64_t h)
         return;
     if ((sk->joined_count + 1) * 2 > sk->joined_cap) {
         size_t cap = sk->joined_cap ? sk->joined_cap * 2 : 4096;
-        uint64_t *table = PyMem_Calloc(cap, sizeof(uint64_t));
+        uint64_t *table = block_alloc(cap * sizeof(uint64_t), 1);
         if (table == NULL) {
-            PyErr_NoMemory();
             sk->stop = 1;
             return;
         }
@@ -1110,7 +1219,7 @@ add_joined(Sink *sk, uint64_t h)
                 table[at] = old;
             }
         }
-        PyMem_Free(sk->joined);
+        block_free(sk->joined);
         sk->joined = table;
         sk->joined_cap = cap;
     }
@@ -1122,7 +1231,7 @@ add_joined(Sink *sk, uint64_t h)
     }
     if (sk->joined_count >= sk->grouped_cap) { /* one more than the cap: none is indexed, and no more looked for */
         sk->joined_cut = 1;
-        PyMem_Free(sk->joined);
+        block_free(sk->joined);
         sk->joined = NULL;
         sk->joined_cap = sk->joined_count = 0;
         return;
@@ -1194,8 +1303,10 @@ seen_window(Sink *sk, const ch *s, const Group *ring, size_t first, size_t last)
         h = ROTL((h ^ word) * 0xff51afd7ed558ccdULL, 31);
     }
     h = (h ^ (h >> 29)) | 1; /* never 0: an empty slot */
-    if (sk->windows == NULL && (sk->windows = PyMem_Calloc(WINDOW_SLOTS, WINDOW_SLOT)) == NULL)
+    if (sk->windows == NULL && (sk->windows = block_alloc(WINDOW_SLOTS * WINDOW_SLOT, 1)) == NULL) {
+        PyErr_Clear();
         return 0; /* no table: joined as without one (and the next window tries again) */
+    }
     for (size_t i = 0; i < WINDOW_PROBES; i++) {
         uint8_t *slot = sk->windows + (((size_t)h + i) & (WINDOW_SLOTS - 1)) * WINDOW_SLOT;
         uint64_t there;
@@ -1364,12 +1475,12 @@ whole_of(const ch *s, size_t n, ch *out)
 static void
 sink_free(Sink *sk)
 {
-    PyMem_Free(sk->table);
+    block_free(sk->table);
     PyMem_Free(sk->scratch.data);
     PyMem_Free(sk->dashless.data);
-    PyMem_Free(sk->bytes);
-    PyMem_Free(sk->windows);
-    PyMem_Free(sk->joined);
+    block_free(sk->bytes);
+    block_free(sk->windows);
+    block_free(sk->joined);
 }
 
 /* The text's code points and its whole form; NULL with an exception set on failure. */
@@ -1377,13 +1488,12 @@ static ch *
 code_points(PyObject *text, size_t *n, ch **whole, size_t *wn)
 {
     Py_ssize_t len = PyUnicode_GET_LENGTH(text);
-    ch *s = PyUnicode_AsUCS4Copy(text); /* len + 1 code points */
+    ch *s = ucs4_block(text); /* len + 1 code points */
     if (s == NULL)
         return NULL;
-    ch *w = PyMem_Malloc(((size_t)len + 1) * sizeof(ch));
+    ch *w = block_alloc(((size_t)len + 1) * sizeof(ch), 0);
     if (w == NULL) {
-        PyMem_Free(s);
-        PyErr_NoMemory();
+        block_free(s);
         return NULL;
     }
     *n = (size_t)len;
@@ -1427,8 +1537,8 @@ done:
     Py_XDECREF(whole_str);
     Py_XDECREF(sk.set);
     sink_free(&sk);
-    PyMem_Free(whole);
-    PyMem_Free(s);
+    block_free(whole);
+    block_free(s);
     return result;
 }
 
@@ -1522,14 +1632,16 @@ index_text(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     size_t n, wn;
     ch *whole = NULL;
     const uint8_t *ascii = PyUnicode_IS_ASCII(text) ? (const uint8_t *)PyUnicode_DATA(text) : NULL;
-    ch *s = ascii ? PyUnicode_AsUCS4Copy(text) : code_points(text, &n, &whole, &wn);
+    ch *s = ascii ? ucs4_block(text) : code_points(text, &n, &whole, &wn);
     if (s == NULL)
         return NULL;
     n = (size_t)PyUnicode_GET_LENGTH(text);
-    if (n > PY_SSIZE_T_MAX / 8 || (sk.bytes = PyMem_Malloc(n * 4 + 1)) == NULL) {
+    if (n > PY_SSIZE_T_MAX / 8) {
         PyErr_NoMemory();
         goto done;
     }
+    if ((sk.bytes = block_alloc(n * 4 + 1, 0)) == NULL)
+        goto done;
     sk.base = s;
     sk.base_n = n;
     sk.ascii = ascii;
@@ -1562,8 +1674,8 @@ index_text(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             add_digest(&sk, sk.joined[i]);
 done:
     sink_free(&sk);
-    PyMem_Free(whole);
-    PyMem_Free(s);
+    block_free(whole);
+    block_free(s);
     if (PyErr_Occurred())
         return NULL;
     return Py_BuildValue("(KnnOOO)", (unsigned long long)whole_digest, sk.added, (Py_ssize_t)sk.count,
