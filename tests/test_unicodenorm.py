@@ -109,3 +109,13 @@ def test_a_flood_of_marks_in_an_argument_or_a_result_does_not_stall_the_gate() -
     assert proc.returncode == 0, proc.stderr[-3000:]
     status, labels = json.loads(proc.stdout.strip().splitlines()[-1])
     assert status == "ok" and labels == ["untrusted"]
+
+
+def test_astral_runs_are_cut_only_where_they_hold_marks() -> None:
+    """A run of emoji is left as it is; a run of astral combining marks (U+1D167) is cut every thirty."""
+    emoji = "\U0001f600" * 100
+    assert stream_safe(emoji) == emoji
+    marks = "a" + "\U0001d167" * 100
+    assert stream_safe(marks).count("\u034f") == 3
+    mixed = "a" + ("\U0001f600" + "\U0001d167" * 40) * 2
+    assert stream_safe(mixed).count("\u034f") == 2
