@@ -188,3 +188,33 @@ def test_visible_is_the_translate_it_replaces_and_finds_every_run_stream_safe_wo
     assert out == text.translate(provenance._INVISIBLE)
     assert runs == (not out.isascii() and unicodenorm._suspect_runs().search(out) is not None)
     assert provenance._fold(text) == unicodenorm.nfkc(out).casefold()
+
+
+JOINING = st.lists(st.sampled_from(["1", "12", "1234", " ", "\t", "\n", "-", ".", "/", "(", ")", "_", "de89", "gb29",
+                                    "nwbk", "b1", "\u0660", "\uff11", "\u2013", "\u200b", "\u00a0", "@", ":", "+",
+                                    ","]), max_size=300).map("".join)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(JOINING, st.integers(0, 40))
+def test_the_c_and_python_paths_cut_the_same_joined_forms(text: str, cap: int) -> None:
+    """Around a small `max_joined_forms`, both paths index the same entries and say the same numbers overflowed."""
+    assert native is not None
+    key = bytes(range(32))
+    limits = ProvenanceLimits(max_joined_forms=cap)
+    in_c = ProvenanceIndex(limits, key=key)
+    in_c.add(text, ["untrusted"])
+    in_python = ProvenanceIndex(limits, key=key)
+    in_python._native = None
+    in_python.add(text, ["untrusted"])
+    assert set(in_c._entries) == set(in_python._entries)
+    assert in_c.numbers_overflowed == in_python.numbers_overflowed
+
+
+@settings(max_examples=1500, deadline=None)
+@given(JOINING)
+def test_every_joined_form_is_one_an_argument_is_flagged_for(text: str) -> None:
+    """What a cut drops (`_grouped`'s forms) is always `_joinable`: the labels of a cut reach every argument it could
+    have matched (a separator let into a joined form would break this silently)."""
+    for form in provenance._grouped(provenance._fold(text)):
+        assert provenance._joinable(form), form
