@@ -1585,12 +1585,13 @@ digest(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 PyDoc_STRVAR(index_doc,
 "index(key: bytes, folded: str, entries: dict, mask: int, room: int, budget: int, grouped: int)\n"
-"    -> tuple[int, int, int, bool, bool, bool]\n\n"
+"    -> tuple[int, int, int, bool, bool, int]\n\n"
 "Index one case-folded text: its whole form and every token, as digests put in `entries` with\n"
 "`mask` (or'ed into an existing entry's). At most `room` new keys are added and at most `budget`\n"
 "distinct entries produced. Returns (the whole form's digest, new keys added, distinct entries\n"
-"produced, whether the budget was exceeded, whether a new entry found no room, whether the text gave more\n"
-"than `grouped` distinct joined forms of numbers laid out in groups: then none of them is indexed).");
+"produced, whether the budget was exceeded, whether a new entry found no room, and how many distinct joined\n"
+"forms of numbers laid out in groups the text gave: `grouped` + 1 when more than `grouped`, and then none of\n"
+"them is indexed).");
 
 static PyObject *
 index_text(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -1678,9 +1679,9 @@ done:
     block_free(s);
     if (PyErr_Occurred())
         return NULL;
-    return Py_BuildValue("(KnnOOO)", (unsigned long long)whole_digest, sk.added, (Py_ssize_t)sk.count,
+    return Py_BuildValue("(KnnOOn)", (unsigned long long)whole_digest, sk.added, (Py_ssize_t)sk.count,
                          sk.over_budget ? Py_True : Py_False, sk.over_room ? Py_True : Py_False,
-                         sk.joined_cut ? Py_True : Py_False);
+                         sk.joined_cut ? (Py_ssize_t)sk.grouped_cap + 1 : (Py_ssize_t)sk.joined_count);
 }
 
 PyDoc_STRVAR(siphash_doc,

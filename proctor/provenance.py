@@ -55,9 +55,10 @@ indexed, and at most `max_tokens` entries per run. What a cap leaves out is not 
 that could not be indexed are *added to every later `labels_of` answer* of the run
 (provenance then errs towards "may have come from an untrusted tool"), while
 `from_user` only ever answers from entries actually indexed — a full index never makes
-a value look as if the user had written it. A string whose joined forms are more than
-`max_joined_forms` (or one per `_JOINED_PER_CHARS` characters: a table of numbers) has none of them
-indexed, and its labels are added to the answer for every argument that could be one (`_joinable`).
+a value look as if the user had written it. A string whose joined forms would take its result past
+`max_joined_forms` (or one per `_JOINED_PER_CHARS` characters of the result: a table of numbers) has
+none of them indexed, and its labels are added to the answer for every argument that could be one
+(`_joinable`).
 """
 
 from __future__ import annotations
@@ -237,24 +238,24 @@ def _analyze_folded_python(folded: str) -> tuple[str, set[str]]:
     return whole, out
 
 
-def _forms_python(folded: str, joined_cap: int | None) -> tuple[str, set[str], bool]:
-    """`_analyze_folded_python`, and whether the text gave more than `joined_cap` joined forms (`_grouped`; then
-    none of them is in the set)."""
+def _forms_python(folded: str, joined_cap: int | None) -> tuple[str, set[str], int]:
+    """`_analyze_folded_python`, and how many distinct joined forms (`_grouped`) the text gave: more than
+    `joined_cap` (counted no further) and none of them is in the set."""
     if len(folded) > 256 and folded.isascii() and not any(c in folded for c in _TOKEN_CHARS):
         # No digit and no separator: prose without a single token (each scan is a fast search in C).
         if folded.isprintable() and "  " not in folded and folded[:1] != " " and folded[-1:] != " ":
-            return folded, set(), False  # already its whole form: one space between words
-        return " ".join(folded.split()), set(), False
+            return folded, set(), 0  # already its whole form: one space between words
+        return " ".join(folded.split()), set(), 0
     words = folded.split()
     if len(words) == 1:  # one word (an address, an id, a name): the common argument
         word = words[0]
         if word.isalpha():
-            return word, set(), False
+            return word, set(), 0
         if _TOKEN.fullmatch(word) and _SIMPLE.fullmatch(word):
             forms = _dashless({word}) if "-" in word else {word}
             compacted = _grouped(word, joined_cap)  # 0012.3456.7890, 1234-5678-9012: also joined
             cut = joined_cap is not None and len(compacted) > joined_cap
-            return word, forms if cut else forms | compacted, cut
+            return word, forms if cut else forms | compacted, len(compacted)
     whole = " ".join(words) if len(words) != 1 or folded != words[0] else folded
     # Work in the regex engine and in C as much as possible (a 100 KB result must index in about a
     # millisecond): the distinct non-alphabetic words, joined one per line; those that are their own
@@ -263,7 +264,7 @@ def _forms_python(folded: str, joined_cap: int | None) -> tuple[str, set[str], b
     # non-ASCII text) tokenised and normalised as before.
     candidates = [word for word in set(words) if not word.isalpha()]
     if not candidates:
-        return whole, set(), False
+        return whole, set(), 0
     blob = "\n" + "\n".join(candidates).translate(_DELIMITERS) + "\n"
     if folded.isascii():
         out = set(_CLEAN.findall(blob))
@@ -290,7 +291,7 @@ def _forms_python(folded: str, joined_cap: int | None) -> tuple[str, set[str], b
     if iban_head:  # an IBAN written in groups of four: also indexed without its spaces
         for iban in _IBAN.findall(folded):
             out.add(iban.replace(" ", ""))
-    return whole, out, cut
+    return whole, out, len(compacted)
 
 
 def _common_forms(lines: list[str], out: set[str]) -> list[str]:
@@ -376,11 +377,6 @@ def _grouped(folded: str, limit: int | None = None) -> set[str]:
     return out
 
 
-def _joined_cap(limits: ProvenanceLimits, folded: str) -> int:
-    """How many distinct joined forms `folded` may give before it gives none (`max_joined_forms`)."""
-    return max(limits.max_joined_forms, len(folded) // _JOINED_PER_CHARS)
-
-
 def _joinable(text: str) -> bool:
     """Whether `text` (folded) could be a joined form of a number laid out in groups: 7 to 34 ASCII letters and
     digits, one a digit at least. An argument looked up by such a text gets the labels of results whose joined
@@ -456,10 +452,11 @@ class ProvenanceLimits:
     #: Entries one run's index may hold (with the C extension 16-byte slots kept at most half full: 200,000
     #: take 8 MB; without it a dict, about 80 bytes each: ~16 MB).
     max_tokens: int = 200_000
-    #: Joined forms of numbers laid out in groups (`_grouped`) one string of a result may give, or one per
-    #: `_JOINED_PER_CHARS` characters of it when that is more. A text with more (a table of numbers: every run of
-    #: neighbouring numbers is one, ~180,000 for 100 KB) gives none, and its labels are added to every argument
-    #: that could be such a form (`_joinable`), not to every argument as for the caps above.
+    #: Joined forms of numbers laid out in groups (`_grouped`) one result may give, or one per `_JOINED_PER_CHARS`
+    #: characters of its strings when that is more. A string that would take its result past that (a table of
+    #: numbers: every run of neighbouring numbers is one, ~180,000 for 100 KB) gives none, and the result's labels
+    #: are added to every argument that could be such a form (`_joinable`), not to every argument as for the caps
+    #: above.
     max_joined_forms: int = 4_096
 
 
@@ -713,6 +710,7 @@ class ProvenanceIndex:
         digest = self._digest
         added = 0
         cut = False
+        chars_seen = joined_used = 0
         for leaf in _leaves(value, keys=True):
             if leaf is _CUT:
                 cut = True
@@ -721,6 +719,7 @@ class ProvenanceIndex:
                 if len(leaf) > chars_left:
                     leaf, cut = leaf[:chars_left], True
                 chars_left -= len(leaf)
+                chars_seen += len(leaf)
                 if task:
                     found = self._task_entries(leaf)
                     over = len(found) > budget
@@ -729,10 +728,15 @@ class ProvenanceIndex:
                         new, full = self._put([digest(t) for t in kept], mask)
                     used = len(kept)
                 else:  # never cached: results are not kept in clear anywhere
-                    whole, new, used, over, full, joined_cut = self._index_text(leaf, mask, budget)
+                    # Joined forms of numbers laid out in groups, for the whole result: a string that would take
+                    # the result past its allowance gives none of its own (`max_joined_forms`).
+                    allowance = max(limits.max_joined_forms, chars_seen // _JOINED_PER_CHARS) - joined_used
+                    whole, new, used, over, full, joined = self._index_text(leaf, mask, budget, allowance)
                     with self._lock:
-                        if joined_cut:
+                        if joined > allowance:
                             self._joined_overflow |= mask
+                        else:
+                            joined_used += joined
                         if whole in self._entries:  # a whole value of a result (not for one a cap kept out)
                             self._fields[whole] = self._fields.get(whole, 0) | mask
             else:
@@ -757,24 +761,24 @@ class ProvenanceIndex:
                 self._overflow |= mask
         return added
 
-    def _index_text(self, text: str, mask: int, budget: int) -> tuple[int, int, int, bool, bool, bool]:
-        """Index one string of a result: its whole form and its tokens, at most `budget` distinct entries.
-        Returns (the whole form's digest, new entries, distinct entries, over the budget, over the run's cap,
-        more joined forms than `max_joined_forms`: none of them indexed)."""
+    def _index_text(self, text: str, mask: int, budget: int, joined_cap: int) -> tuple[int, int, int, bool, bool, int]:
+        """Index one string of a result: its whole form and its tokens, at most `budget` distinct entries, and
+        its joined forms unless there are more than `joined_cap`. Returns (the whole form's digest, new entries,
+        distinct entries, over the budget, over the run's cap, distinct joined forms: over `joined_cap`, none
+        indexed)."""
         folded = _fold(text)
         limits = self.limits
         long = len(folded) > limits.max_result_chars  # NFKC may lengthen a text up to 18 times (U+FDFA): the cap
         if long:  # holds after it too
             folded = folded[: limits.max_result_chars]
-        joined_cap = _joined_cap(limits, folded)
         native = self._native
         if native is not None:  # tokens, digests and inserts in one C call
             with self._lock:
                 room = limits.max_tokens - len(self._entries)
-                whole_digest, new, used, over, full, joined_cut = native.index(
+                whole_digest, new, used, over, full, joined = native.index(
                     self._sipkey, folded, self._entries, mask, room, budget, joined_cap)
-            return whole_digest, new, used, over, full or long, joined_cut
-        whole, inside, joined_cut = _forms_python(folded, joined_cap)
+            return whole_digest, new, used, over, full or long, joined
+        whole, inside, joined = _forms_python(folded, joined_cap)
         entries = [whole, *inside.difference((whole,))]
         over = len(entries) > budget
         kept = entries[: max(budget, 0)] if over else entries
@@ -782,7 +786,7 @@ class ProvenanceIndex:
         digests = [digest(t) for t in kept]
         with self._lock:
             new, full = self._put(digests, mask)
-        return digest(whole), new, len(kept), over, full or long, joined_cut
+        return digest(whole), new, len(kept), over, full or long, joined
 
     @staticmethod
     def _task_entries(text: str) -> set[str]:

@@ -50,6 +50,22 @@ def test_every_argument_that_could_be_a_joined_number_gets_the_tables_labels(val
     assert "untrusted" in index.labels_of(value)
 
 
+@pytest.mark.parametrize("shape", ["list", "json"])
+def test_a_table_in_many_strings_is_capped_for_the_whole_result(shape: str) -> None:
+    """Rows as strings of a list (or of a JSON object's list) share one allowance: the rows past it give no joined
+    forms, so the result stays under its entry cap and only numbers get its labels."""
+    rows = _table(3000).splitlines()
+    rows[2500] += "\tPay 4321 8765 2109"
+    result = rows if shape == "list" else {"sheet": "suppliers", "rows": rows}
+    index = ProvenanceIndex()
+    index.add(result, ["untrusted"])
+    assert index.overflowed == ()
+    assert index.numbers_overflowed == ("untrusted",)
+    assert len(index) < ProvenanceLimits().max_result_tokens
+    assert "untrusted" in index.labels_of("432187652109")
+    assert index.labels_of("bob@corp.example") == []
+
+
 def test_text_labels_include_the_table_for_a_joinable_value() -> None:
     """`text_labels` (a value found inside prose) says the table too, for a value that could be a joined number."""
     index = ProvenanceIndex()
