@@ -760,7 +760,7 @@ typedef struct {
     size_t base_n;
     const uint8_t *ascii; /* mode 1: the input's data when it is ASCII (a form inside it is hashed there) */
     int dash;           /* the token being processed holds a '-' */
-    uint8_t *windows;   /* windows of groups joined already (seen_window), allocated at the first one */
+    void *windows;      /* windows of groups joined already (seen_window), allocated at the first one */
     /* Short ASCII tokens (up to 7 bytes, with their length in the top byte) emitted already, one per slot: such a
      * token repeated (a column of small numbers, "1 1 1 …") skips its SipHash and table probe. 0: empty. */
     uint64_t recent[256];
@@ -1270,54 +1270,56 @@ emit_joined(Sink *sk, const ch *s, const Group *ring, size_t first, size_t last,
 }
 
 /* Windows of groups already joined by this call. The joined forms ending at a group depend only on the groups a
- * form may reach back to (their characters, and the line breaks between them): when that window of groups was seen
- * before in this text, every one of its forms is kept already (add_joined; a set of str in mode 0), and its up to
- * 11 SipHashes are skipped.
- * A text of tiny groups ("1 2 1 2 …", a table of small numbers) repeats its windows: 5.8 ms for 100 KB of "1 "
- * without this. A slot: the window's 64-bit hash (0: empty), its length in bytes, then the window (each group
- * as its length, with 0x80 for a line break before it, then its characters). The table is small and probed
- * at most WINDOW_PROBES times: full or unlucky, a window is just joined again (what it costs without the table),
- * so a crafted text cannot make it slower than that. */
+ * form may reach back to (their characters, and the line breaks between them), so on the text from the first of
+ * them to the last: when the same text was such a window before, every one of its forms is kept already
+ * (add_joined; a set of str in mode 0), and its up to 11 SipHashes are skipped. (The same groups with other gaps
+ * are joined again: rarer, and only slower.) A text of tiny groups ("1 2 1 2 …", a table of small numbers)
+ * repeats its windows: 6.1 ms for 100 KB of "1 " without this. A slot: the window's 64-bit hash (0: empty), where
+ * its text starts and its length (the text is the call's own, alive until it returns): nothing is copied. The
+ * table is small and probed at most WINDOW_PROBES times: full or unlucky, a window is just joined again (what it
+ * costs without the table), so a crafted text cannot make it slower than that. */
 #define WINDOW_SLOTS 1024
-#define WINDOW_SLOT 64
-#define WINDOW_KEY (WINDOW_SLOT - 9)
 #define WINDOW_PROBES 8
+#define WINDOW_SPAN 1024 /* code points; a window of 12 groups of 34 characters in all has gaps of ~80 each */
+
+typedef struct {
+    uint64_t hash;
+    uint32_t at, len;
+} Window;
 
 static int
 seen_window(Sink *sk, const ch *s, const Group *ring, size_t first, size_t last)
 {
-    uint8_t key[WINDOW_SLOT] = {0};
-    size_t k = 0;
-    for (size_t g = first; g <= last; g++) {
-        const Group *gr = &ring[g % RING];
-        if (k + 1 + gr->len > WINDOW_KEY)
-            return 0;
-        key[k++] = (uint8_t)(gr->len | (gr->brk ? 0x80 : 0));
-        for (size_t p = 0; p < gr->len; p++)
-            key[k++] = (uint8_t)s[gr->at + p];
-    }
-    uint64_t h = 0x9e3779b97f4a7c15ULL ^ k;
-    for (size_t w = 0; w < (k + 7) / 8; w++) {
-        uint64_t word;
-        memcpy(&word, key + 8 * w, 8);
+    size_t at = ring[first % RING].at, len = ring[last % RING].at + ring[last % RING].len - at;
+    if (len > WINDOW_SPAN || at > UINT32_MAX)
+        return 0;
+    /* The window's bytes: the text's own when it is ASCII (index), else its code points. */
+    int ascii = sk->ascii != NULL && s == sk->base;
+    const uint8_t *bytes = ascii ? sk->ascii + at : (const uint8_t *)(s + at);
+    size_t size = ascii ? len : len * sizeof(ch);
+    uint64_t h = 0x9e3779b97f4a7c15ULL ^ size, word;
+    size_t w = 0;
+    for (; w + 8 <= size; w += 8) {
+        memcpy(&word, bytes + w, 8);
         h = ROTL((h ^ word) * 0xff51afd7ed558ccdULL, 31);
     }
+    word = 0;
+    memcpy(&word, bytes + w, size - w);
+    h = ROTL((h ^ word) * 0xff51afd7ed558ccdULL, 31);
     h = (h ^ (h >> 29)) | 1; /* never 0: an empty slot */
-    if (sk->windows == NULL && (sk->windows = block_alloc(WINDOW_SLOTS * WINDOW_SLOT, 1)) == NULL) {
+    if (sk->windows == NULL && (sk->windows = block_alloc(WINDOW_SLOTS * sizeof(Window), 1)) == NULL) {
         PyErr_Clear();
         return 0; /* no table: joined as without one (and the next window tries again) */
     }
+    Window *table = (Window *)sk->windows;
     for (size_t i = 0; i < WINDOW_PROBES; i++) {
-        uint8_t *slot = sk->windows + (((size_t)h + i) & (WINDOW_SLOTS - 1)) * WINDOW_SLOT;
-        uint64_t there;
-        memcpy(&there, slot, 8);
-        if (there == 0) {
-            memcpy(slot, &h, 8);
-            slot[8] = (uint8_t)k;
-            memcpy(slot + 9, key, k);
+        Window *slot = &table[((size_t)h + i) & (WINDOW_SLOTS - 1)];
+        if (slot->hash == 0) {
+            *slot = (Window){h, (uint32_t)at, (uint32_t)len};
             return 0;
         }
-        if (there == h && slot[8] == k && memcmp(slot + 9, key, k) == 0)
+        if (slot->hash == h && slot->len == len &&
+            memcmp(ascii ? sk->ascii + slot->at : (const uint8_t *)(s + slot->at), bytes, size) == 0)
             return 1;
     }
     return 0;
