@@ -9,13 +9,20 @@ operation reconnects.
 from __future__ import annotations
 
 import os
+import select
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+from psycopg import pq
 
-__all__ = ["PgConnection", "why"]
+__all__ = ["READ_COMMITTED", "PgConnection", "why"]
+
+#: Every session of ours, whatever the database's default: the row locks (``SELECT … FOR UPDATE``) rely on READ
+#: COMMITTED, where a writer that waited re-reads the newest row. Under a database default of REPEATABLE READ (a
+#: common hardening) 4 concurrent audit writers had 19-42 of ~405 intents refused with serialization failures.
+READ_COMMITTED = "SET default_transaction_isolation = 'read committed'"
 
 
 class PgConnection:
@@ -29,7 +36,10 @@ class PgConnection:
         _ALL.add(self)
 
     def get(self) -> psycopg.Connection[Any]:
-        """The connection, made now if there is none or it was closed (raises psycopg.Error)."""
+        """The connection, made now if there is none, it was closed, or the server ended it while it was idle
+        (raises psycopg.Error)."""
+        if self._conn is not None and not self._conn.closed and _ended_while_idle(self._conn.pgconn):
+            self.drop()
         if self._conn is None or self._conn.closed:
             conn = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=self._timeout)
             try:
@@ -73,6 +83,22 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _ended_while_idle(pg: pq.abc.PGconn) -> bool:
+    """Whether the server may have ended this idle session (idle_session_timeout, a restart, a failover, a pooler):
+    then it sent its goodbye and closed the socket before we sent anything, and sending now would fail the statement
+    although the database is up. Our sessions are sent nothing unasked (no LISTEN on them), so anything to read
+    while idle means that, or a rare notice: either way a new session costs a connect, a failed call costs a
+    refusal. One poll, no round trip; outside a transaction only, so no statement is ever sent twice."""
+    if pg.transaction_status != pq.TransactionStatus.IDLE:
+        return False
+    try:
+        poller = select.poll()
+        poller.register(pg.socket, select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, psycopg.Error):
+        return True
 
 
 def why(exc: BaseException) -> str:

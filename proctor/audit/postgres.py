@@ -55,7 +55,7 @@ from proctor.audit.records import GENESIS, append_problem, checkpoint_statement
 from proctor.audit.verify import VerifyReport, side_file_path, verify
 from proctor.canonical import canonical_bytes
 from proctor.errors import AuditError
-from proctor.pgconn import PgConnection, why
+from proctor.pgconn import READ_COMMITTED, PgConnection, why
 from proctor.redaction import Redacted, redact_args
 from proctor.urls import shown_url
 
@@ -350,7 +350,11 @@ class PostgresAuditLog:
         self._overlap = 0.0  # when an append last found another in flight (monotonic)
         self._ckpt_lock = threading.Lock()
         self._holes = _Holes()
-        settings = ("SET synchronous_commit = off", "SET statement_timeout = 10000", "SET client_encoding = 'UTF8'")
+        # idle_in_transaction_session_timeout: a writer stopped, paused or cut off inside its checkpoint transaction
+        # holds the log row's lock; the server ends that transaction after 5 s, under the other writers' 10 s
+        # statement_timeout, so they wait for it instead of being refused for as long as it is stalled.
+        settings = ("SET synchronous_commit = off", "SET statement_timeout = 10000", "SET client_encoding = 'UTF8'",
+                    READ_COMMITTED, "SET idle_in_transaction_session_timeout = 5000")
         self._lanes = [_Lane(self._lock, PgConnection(self._conninfo, settings)) for _ in range(_LANES)]
         self._last_ckpt_time = time.monotonic()
         self._last_ckpt: int | None = None

@@ -29,7 +29,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from proctor.errors import StoreError
-from proctor.pgconn import PgConnection, why
+from proctor.pgconn import READ_COMMITTED, PgConnection, why
 from proctor.store.base import PendingApproval, register_scheme
 from proctor.store.sql import Db, SQLRunStore, schema
 from proctor.urls import shown_url
@@ -52,7 +52,10 @@ class PostgresRunStore(SQLRunStore):
         self._shown = self.where = shown_url(url)
         self._timeout = connect_timeout_s
         self._lock = threading.RLock()
-        self._db = PgConnection(url, ("SET synchronous_commit = on",), connect_timeout_s=connect_timeout_s)
+        # READ_COMMITTED and a stalled holder's transaction ended by the server: as the audit sink's (pgconn).
+        self._db = PgConnection(url, ("SET synchronous_commit = on", READ_COMMITTED,
+                                      "SET idle_in_transaction_session_timeout = 10000"),
+                                connect_timeout_s=connect_timeout_s)
         self._closed = False
         try:
             with self._tx() as db:

@@ -7,8 +7,10 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -329,3 +331,91 @@ def test_a_row_forged_after_the_last_checkpoint_stops_the_live_sink_and_is_repor
         assert any(w.startswith("unsealed tail") for w in report.warnings), report.warnings
     finally:
         server.cleanup()
+
+
+def _database(server: PostgresServer, **settings: str) -> str:
+    """A new database on `server` with `ALTER DATABASE … SET` settings; the audit log's URL on it."""
+    name = "faults_" + uuid.uuid4().hex[:10]
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+        for key, value in settings.items():
+            conn.execute(f"ALTER DATABASE {name} SET {key} = '{value}'")
+    return f"postgresql://postgres@/{name}?host={server.sockets}&log=faults"
+
+
+# A writer that stops for good inside its checkpoint transaction, after locking the log's row (as a process
+# stopped by SIGSTOP, a paused VM or a host cut off without a reset would).
+_STALLED = """
+import sys, time
+from proctor.audit import postgres
+def stall(self, hashes):
+    print("stalled", flush=True)
+    time.sleep(3600)
+postgres.MerkleFrontier.extend = stall
+log = postgres.PostgresAuditLog(sys.argv[1], checkpoint_every=1)
+log.append("call_intent", {"call_id": "stalled", "run_id": "r", "tool": "t"})
+"""
+
+
+def test_a_writer_stalled_inside_its_checkpoint_does_not_refuse_the_others(postgres_server: PostgresServer) -> None:
+    """The server ends a stalled writer's transaction (idle_in_transaction_session_timeout, 5 s) and the others'
+    appends, and a new writer's open, wait for it instead of being refused for as long as it is stalled."""
+    url = _database(postgres_server)
+    stalled = subprocess.Popen([sys.executable, "-c", _STALLED, url], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        assert stalled.stdout is not None and stalled.stdout.readline().strip() == "stalled"
+        began = time.monotonic()
+        other = PostgresAuditLog(url)  # its open waits for the locked row too
+        try:
+            results = [other.append("call_intent", {"call_id": f"c{i}", "run_id": "r", "tool": "t"})
+                       for i in range(3)]
+        finally:
+            other.close()
+        assert all(r.ok for r in results), [r.error for r in results]
+        assert time.monotonic() - began < 9.0
+        report = verify_postgres(url)
+        assert report.ok, report.failure
+    finally:
+        stalled.kill()
+        stalled.communicate()
+
+
+def test_a_database_defaulting_to_repeatable_read_refuses_no_intent(postgres_server: PostgresServer) -> None:
+    """Concurrent writers on a database whose default isolation is REPEATABLE READ: the sink's sessions run READ
+    COMMITTED, so their row locks wait instead of failing with serialization errors."""
+    url = _database(postgres_server, default_transaction_isolation="repeatable read")
+    logs = [PostgresAuditLog(url, checkpoint_every=25) for _ in range(4)]
+    refused: list[str] = []
+
+    def write(log: PostgresAuditLog, w: int) -> None:
+        for i in range(100):
+            result = log.append("call_intent", {"call_id": f"{w}-{i}", "run_id": "r", "tool": "t"})
+            if not result.ok:
+                refused.append(str(result.error))
+
+    threads = [threading.Thread(target=write, args=(log, w)) for w, log in enumerate(logs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for log in logs:
+        log.close()
+    assert refused == []
+    report = verify_postgres(url)
+    assert report.ok, report.failure
+
+
+def test_a_session_the_server_ended_while_idle_is_replaced_before_the_next_intent(
+        postgres_server: PostgresServer) -> None:
+    """idle_session_timeout (or a restart, a failover, a pooler) ended the idle session: the next append reconnects
+    first instead of failing on the dead session."""
+    url = _database(postgres_server, idle_session_timeout="1s")
+    log = PostgresAuditLog(url)
+    try:
+        assert log.append("call_intent", {"call_id": "c0", "run_id": "r", "tool": "t"}).ok
+        time.sleep(1.6)
+        result = log.append("call_intent", {"call_id": "c1", "run_id": "r", "tool": "t"})
+        assert result.ok, result.error
+    finally:
+        log.close()
