@@ -32,6 +32,7 @@ head, seq, last checkpoint, Merkle frontier at it, redaction key) and
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import secrets
 import select
@@ -370,12 +371,16 @@ class PostgresAuditLog:
                     "ON CONFLICT (name) DO NOTHING",
                     (self.name, secrets.token_hex(16), GENESIS, secrets.token_bytes(32)))
                 conn.execute("INSERT INTO proctor_audit_writers (id) VALUES (%s)", (self._writer_id,))
-            row = conn.execute("SELECT log_id, redact_key, seq, last_ckpt FROM proctor_audit_logs WHERE name = %s",
-                               (self.name,)).fetchone()
+            row = conn.execute("SELECT log_id, redact_key, seq, last_ckpt, ckpt_line FROM proctor_audit_logs "
+                               "WHERE name = %s", (self.name,)).fetchone()
         except psycopg.Error as exc:
             self._drop(self._lanes[0])
             raise AuditError(f"cannot open the audit log {self.url} (log {self.name!r}): {why(exc)}") from None
         assert row is not None
+        problem = self._signer_problem(row[4])
+        if problem is not None:
+            self._drop(self._lanes[0])
+            raise AuditError(f"cannot open the audit log {self.url} (log {self.name!r}): {problem}")
         self.log_id, self._redaction_key = str(row[0]), bytes(row[1])
         self._seq, self._last_ckpt = int(row[2]), row[3]
         for i, lane in enumerate(self._lanes):
@@ -612,14 +617,32 @@ class PostgresAuditLog:
         since = self._seq - (self._last_ckpt + 1 if self._last_ckpt is not None else 0)
         return since >= self._every or (since > 0 and time.monotonic() - self._last_ckpt_time >= self._interval)
 
+    def _signer_problem(self, ckpt_line: str | None) -> str | None:
+        """Why this writer must not checkpoint a chain whose last checkpoint `ckpt_line` another key signed (one
+        unsigned, or signed by another key, would make `verify --pubkey` refuse the whole log for good)."""
+        try:
+            signed = json.loads(ckpt_line).get("key_id") if ckpt_line else None
+        except (ValueError, AttributeError):  # not ours to judge here: verify reports a broken checkpoint
+            return None
+        mine = key_id(self._key) if self._key is not None else None
+        if signed is None or signed == mine:
+            return None
+        if mine is None:
+            return (f"its checkpoints are signed by {signed} and this writer has no signing key: give it the "
+                    "fleet's key (--audit-key, PROCTOR_AUDIT_KEY)")
+        return f"its checkpoints are signed by {signed} and this writer's key is {mine}: use the fleet's one key"
+
     def _checkpoint(self, lane: _Lane) -> AuditResult:
         """Lock the chain, extend the Merkle frontier to its head, sign, append the checkpoint — one transaction."""
         conn = self._connection(lane)
         with conn.transaction():
             conn.execute("SET LOCAL synchronous_commit = on")
-            row = conn.execute("SELECT seq, head, frontier_size, frontier FROM proctor_audit_logs "
+            row = conn.execute("SELECT seq, head, frontier_size, frontier, ckpt_line FROM proctor_audit_logs "
                                "WHERE name = %s FOR UPDATE", (self.name,)).fetchone()
             assert row is not None
+            problem = self._signer_problem(row[4])  # a writer with another key opened at the same time as this one
+            if problem is not None:
+                raise AuditError(f"audit log {self.url}: no checkpoint written: {problem}")
             size, head, fsize, nodes = int(row[0]), str(row[1]), int(row[2]), list(row[3])
             frontier = MerkleFrontier()
             frontier._nodes = [bytes.fromhex(n) for n in nodes]

@@ -419,3 +419,46 @@ def test_a_session_the_server_ended_while_idle_is_replaced_before_the_next_inten
         assert result.ok, result.error
     finally:
         log.close()
+
+
+def test_a_writer_without_the_fleets_key_is_refused_at_open(postgres_server: PostgresServer, tmp_path: Path) -> None:
+    """Once the chain's checkpoints are signed, a writer with no key or another key cannot open it (its unsigned
+    checkpoint would make `verify --pubkey` refuse the whole log for good): the error names the key to use."""
+    url = _database(postgres_server)
+    generate_keypair(tmp_path / "fleet")
+    generate_keypair(tmp_path / "other")
+    signed = PostgresAuditLog(url, signing_key=tmp_path / "fleet", checkpoint_every=2)
+    try:
+        for i in range(3):
+            assert signed.append("call_intent", {"call_id": f"c{i}", "run_id": "r", "tool": "t"}).ok
+        with pytest.raises(ProctorError, match=r"signed by ed25519:.*no signing key.*PROCTOR_AUDIT_KEY"):
+            PostgresAuditLog(url)
+        with pytest.raises(ProctorError, match=r"signed by ed25519:.*this writer's key is ed25519:"):
+            PostgresAuditLog(url, signing_key=tmp_path / "other")
+        PostgresAuditLog(url, signing_key=tmp_path / "fleet").close()  # the fleet's key: welcome
+    finally:
+        signed.close()
+    report = verify_postgres(url, pubkey=tmp_path / "fleet.pub")
+    assert report.ok, report.failure
+
+
+def test_a_keyless_writer_opened_before_the_first_signed_checkpoint_writes_no_checkpoint(
+        postgres_server: PostgresServer, tmp_path: Path) -> None:
+    """A writer without the key that opened while the chain had no checkpoint yet keeps appending, but writes no
+    checkpoint after a signed one: the log still verifies with the fleet's public key."""
+    url = _database(postgres_server)
+    generate_keypair(tmp_path / "fleet")
+    keyless = PostgresAuditLog(url, checkpoint_every=1)
+    signed = PostgresAuditLog(url, signing_key=tmp_path / "fleet", checkpoint_every=1)
+    try:
+        assert signed.append("call_intent", {"call_id": "a", "run_id": "r", "tool": "t"}).ok
+        for i in range(3):
+            assert keyless.append("call_intent", {"call_id": f"b{i}", "run_id": "r", "tool": "t"}).ok
+        assert signed.append("call_intent", {"call_id": "c", "run_id": "r", "tool": "t"}).ok
+    finally:
+        keyless.close()
+        signed.close()
+    kinds = [r["kind"] for r in _exported(url)]
+    assert kinds.count("call_intent") == 5
+    report = verify_postgres(url, pubkey=tmp_path / "fleet.pub")
+    assert report.ok, report.failure
