@@ -789,6 +789,27 @@ buf_reserve(Buf *buf, size_t n)
     return 0;
 }
 
+/* A set of digests (open addressing, 0: empty) moved into a new one of `cap` slots, a power of two; the old one is
+ * given back. NULL with MemoryError set (the old one kept). */
+static uint64_t *
+rehashed(uint64_t *old, size_t old_cap, size_t cap)
+{
+    uint64_t *table = block_alloc(cap * sizeof(uint64_t), 1);
+    if (table == NULL)
+        return NULL;
+    for (size_t i = 0; i < old_cap; i++) {
+        uint64_t h = old[i];
+        if (h) {
+            size_t at = (size_t)h & (cap - 1);
+            while (table[at])
+                at = (at + 1) & (cap - 1);
+            table[at] = h;
+        }
+    }
+    block_free(old);
+    return table;
+}
+
 static int
 table_grow(Sink *sk)
 {
@@ -797,19 +818,9 @@ table_grow(Sink *sk)
         PyErr_NoMemory();
         return -1;
     }
-    uint64_t *table = block_alloc(cap * sizeof(uint64_t), 1);
+    uint64_t *table = rehashed(sk->table, sk->table ? sk->table_cap : 0, cap);
     if (table == NULL)
         return -1;
-    for (size_t i = 0; sk->table != NULL && i < sk->table_cap; i++) {
-        uint64_t h = sk->table[i];
-        if (h) {
-            size_t at = (size_t)h & (cap - 1);
-            while (table[at])
-                at = (at + 1) & (cap - 1);
-            table[at] = h;
-        }
-    }
-    block_free(sk->table);
     sk->table = table;
     sk->table_cap = cap;
     return 0;
@@ -1205,21 +1216,11 @@ add_joined(Sink *sk, uint64_t h)
         return;
     if ((sk->joined_count + 1) * 2 > sk->joined_cap) {
         size_t cap = sk->joined_cap ? sk->joined_cap * 2 : 4096;
-        uint64_t *table = block_alloc(cap * sizeof(uint64_t), 1);
+        uint64_t *table = rehashed(sk->joined, sk->joined_cap, cap);
         if (table == NULL) {
             sk->stop = 1;
             return;
         }
-        for (size_t i = 0; i < sk->joined_cap; i++) {
-            uint64_t old = sk->joined[i];
-            if (old) {
-                size_t at = (size_t)old & (cap - 1);
-                while (table[at])
-                    at = (at + 1) & (cap - 1);
-                table[at] = old;
-            }
-        }
-        block_free(sk->joined);
         sk->joined = table;
         sk->joined_cap = cap;
     }
