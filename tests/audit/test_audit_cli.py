@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import pexpect
 import pytest
 
 from proctor.audit import AuditLog
@@ -160,7 +161,6 @@ def test_verify_workers_option(log: Path, monkeypatch: pytest.MonkeyPatch, capsy
 @pytest.mark.parametrize("workers", ["1", "auto"])
 def test_verify_shows_a_progress_bar_on_a_terminal(tmp_path: Path, workers: str) -> None:
     """A log over 8 MiB gets a progress bar when stderr is a terminal, in both the sequential and parallel paths."""
-    pexpect = pytest.importorskip("pexpect")
     path = tmp_path / "big.jsonl"
     with AuditLog(path, durability="flush") as audit:
         while path.stat().st_size <= 8 << 20:
