@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import Counter
@@ -110,6 +111,10 @@ def _quiet_logs() -> Iterator[None]:
 def bwrap_usable() -> bool:
     return bwrap_status()[0]
 
+
+# CI (.ci/run) installs bubblewrap and sets this: there the sandbox and escape tests must run, never skip.
+if os.environ.get("PROCTOR_REQUIRE_BWRAP") == "1" and not bwrap_usable():
+    raise RuntimeError(f"PROCTOR_REQUIRE_BWRAP=1 but bubblewrap is unusable here: {bwrap_status()[1]}")
 
 needs_bwrap = pytest.mark.skipif(not bwrap_usable(), reason=f"bubblewrap unusable here: {bwrap_status()[1]}")
 ISOLATIONS = [pytest.param("bwrap", marks=needs_bwrap), "process"]
