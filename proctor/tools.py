@@ -96,7 +96,8 @@ class Tool:
     #: class attribute: the gate reads it on every call, and an instance attribute is the faster read.)
     in_call: bool = field(repr=False, default=False)
     #: ``(name, type)`` of each parameter, in order, when every one is a plain ``str``, ``int``, ``float`` or
-    #: ``bool`` with no constraint (see `_plain_fields`), else None: `validate`'s shortcut.
+    #: ``bool`` with no constraint (see `_plain_fields`) and the tool has no `_check`, else None: `validate`'s
+    #: shortcut.
     _plain_args: tuple[tuple[str, type], ...] | None = field(repr=False, default=None)
 
     def run_in_call(self, args: Mapping[str, Any], scope: Any) -> Any:
@@ -202,7 +203,7 @@ class Tool:
             output_type=output_type,
             source=source,
             _check=check,
-            _plain_args=_plain_fields(model),
+            _plain_args=_plain_fields(model) if check is None else None,  # a check sees every call's arguments
         )
 
     def bind(self, args: tuple[Any, ...] = (), kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -229,8 +230,7 @@ class Tool:
                     break
                 valid[name] = value
             else:
-                if self._check is None:
-                    return valid
+                return valid
         try:
             model = self._validator.validate_python(args if type(args) is dict else dict(args))
         except pydantic.ValidationError as exc:
