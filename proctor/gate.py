@@ -24,19 +24,16 @@ from typing import Any, Protocol, TypeVar, cast
 from opentelemetry.context import Context
 from opentelemetry.trace import NoOpTracer, Tracer
 
-from proctor._frozen import builder, quick_init, slot_builder
 from proctor.approval.base import ApprovalDecision, ApprovalRequest, Approver, Grant, approval_binding
 from proctor.audit.base import AuditResult, AuditSink
 from proctor.calls import (
     STATUSES,
-    Call,
     CallRecord,
     CallStatus,
     Decision,
     RunInfo,
     SideEffect,
     new_id,
-    side_effect_rank,
 )
 from proctor.errors import (
     ApprovalDenied,
@@ -52,11 +49,14 @@ from proctor.errors import (
 )
 from proctor.interrupts import interruption
 from proctor.ledger.base import SharedLedger, open_ledger
-from proctor.narrowing import Layer, narrow_decision, narrow_facts
+from proctor.narrowing import Layer
+from proctor.policy.admission import AdmissionPolicy, admit
+from proctor.policy.aggregates import Pipeline
 from proctor.policy.budgets import UNCOUNTED
+from proctor.policy.engine import ToolFacts
 from proctor.provenance import USER, ProvenanceIndex, ProvenanceLimits
 from proctor.redaction import Redacted, redact_args, secret_values
-from proctor.run import DEFAULT_HISTORY_LIMIT, LazyUsage, Ledger, RunContext
+from proctor.run import DEFAULT_HISTORY_LIMIT, Ledger, RunContext
 from proctor.telemetry import metrics
 from proctor.telemetry import semconv as sc
 from proctor.telemetry.logging import get_logger
@@ -73,39 +73,29 @@ ProctorErrorT = TypeVar("ProctorErrorT", bound=ProctorError)
 _APPROVAL_GRACE_S = 1.0
 
 
-class _Facts(Protocol):
-    # Read-only members, so frozen dataclasses with narrower types (Literal) conform.
-    @property
-    def side_effect(self) -> SideEffect: ...
-    @property
-    def cost(self) -> int: ...
-    @property
-    def timeout_s(self) -> float | None: ...
-    @property
-    def redact(self) -> tuple[str, ...]: ...
-    @property
-    def durability(self) -> str: ...
-
-
 class _ApprovalSettings(Protocol):
     @property
     def timeout_s(self) -> float: ...
 
 
-class PolicyLike(Protocol):
-    """What the gate needs of a policy; `proctor.Policy` is one."""
+class PolicyLike(AdmissionPolicy, Protocol):
+    """What the gate needs of a policy, all of it; `proctor.Policy` is one. Deciding a call is
+    admission's (`proctor.policy.admission.AdmissionPolicy`); the rest is what runs are built with."""
 
     @property
-    def sha256(self) -> str: ...
-    @property
     def approval(self) -> _ApprovalSettings: ...
-    def decide(self, call: Call) -> Decision: ...
-    def fixed_decision(self, tool: str, side_effect: SideEffect) -> Decision | None: ...
-    def facts(self, tool: str, declared_side_effect: SideEffect | None = None, declared_cost: int = 0) -> _Facts: ...
+    #: The history pipelines its conditions read, folded per run as calls happen (`RunContext.track`).
+    @property
+    def pipelines(self) -> tuple[Pipeline, ...]: ...
+    #: Whether a condition calls provenance()/from_user(): runs then keep a provenance index.
+    @property
+    def uses_provenance(self) -> bool: ...
+    #: Every label the policy gives tools' results.
+    @property
+    def result_labels(self) -> tuple[str, ...]: ...
     def new_ledger(self, run: RunInfo | None = None, shared: SharedLedger | None = None) -> Ledger: ...
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class CallOutcome:
     """What `Gate.submit` returns: the call's record, and its value or the error it raised."""
@@ -157,82 +147,60 @@ class _Approval:
 
 
 class _Pending:
-    """A call in flight: its state (see `Gate._walk`) and everything the steps learn. One per call, made
-    by `_new_pending` (below: the slots set without an __init__), with the values it starts with there."""
+    """A call in flight: its state (see `Gate._walk`) and everything the steps learn. One per call;
+    its tool and facts are the unknown worst case until admission looks them up."""
 
-    __slots__ = ("approval", "args", "call_id", "ctx", "decision", "duration_ns", "error", "facts", "journal",
-                 "layer_facts", "layer_votes", "name", "on_result", "redacted", "reservation", "seq", "side_effect",
-                 "span", "started_ns", "state", "status", "tool", "value")
-    name: str
-    call_id: str
-    ctx: RunContext
-    span: ToolSpan
-    on_result: Callable[[Any, ProctorError | None], None] | None
-    args: dict[str, Any]
-    #: A durable run's journal of the step (proctor.store.journal) and the call's number in it (-1: none).
-    journal: Any
-    started_ns: int
-    seq: int
-    state: str
-    tool: Tool
-    facts: _Facts
-    side_effect: SideEffect
-    decision: Decision | None
-    redacted: Redacted | None
-    approval: _Approval | None
-    reservation: Any
-    value: Any
-    error: ProctorError | None
-    status: CallStatus
-    duration_ns: int
-    # Set (and read) only for a managed agent's call (ctx.layers): each layer's facts of the tool, and the
-    # (layer, decision) pairs (the run policy's first, layer None).
-    layer_facts: list[Any]
-    layer_votes: list[tuple[Layer | None, Decision]]
+    __slots__ = ("approval", "args", "call_id", "cost", "ctx", "decision", "duration_ns", "error", "facts",
+                 "journal", "layer_facts", "layer_votes", "name", "on_result", "redacted", "reservation", "seq",
+                 "side_effect", "span", "started_ns", "state", "status", "tool", "value")
 
-
-@dataclass(frozen=True)
-class _UnknownFacts:
-    """The facts of a tool the gate does not know (or could not look up): the worst case."""
-
-    side_effect: SideEffect = "destructive"
-    cost: int = 0
-    timeout_s: float | None = None
-    redact: tuple[str, ...] = ()
-    durability: str = "fsync"
+    def __init__(self, name: str, call_id: str, ctx: RunContext, span: ToolSpan,
+                 on_result: Callable[[Any, ProctorError | None], None] | None, journal: Any, seq: int) -> None:
+        self.name = name
+        self.call_id = call_id
+        self.ctx = ctx
+        self.span = span
+        self.on_result = on_result
+        self.args: dict[str, Any] = {}
+        #: A durable run's journal of the step (proctor.store.journal) and the call's number in it (-1: none).
+        self.journal = journal
+        self.seq = seq
+        self.started_ns = time.perf_counter_ns()
+        self.state = "new"
+        self.tool: Tool = _NO_TOOL
+        self.facts: ToolFacts = _UNKNOWN_FACTS
+        self.side_effect: SideEffect = "destructive"
+        self.decision: Decision | None = None
+        self.cost = 0.0
+        self.redacted: Redacted | None = None
+        self.approval: _Approval | None = None
+        self.reservation: Any = None
+        self.value: Any = None
+        self.error: ProctorError | None = None
+        self.status: CallStatus = "ok"
+        self.duration_ns = 0
+        # Set (and read) only for a managed agent's call (ctx.layers): each layer's facts of the tool, and the
+        # (layer, decision) pairs (the run policy's first, layer None).
+        self.layer_facts: list[Any] = []
+        self.layer_votes: list[tuple[Layer | None, Decision]] = []
 
 
 def _no_tool() -> None:
     """Stands in for the tool of a call that names none the gate knows; never run."""
 
 
-_UNKNOWN_FACTS = _UnknownFacts()
+#: The facts of a tool the gate does not know (or could not look up): the worst case.
+_UNKNOWN_FACTS = ToolFacts("destructive", 0, None, (), "fsync")
 _NO_TOOL = Tool.from_function(_no_tool)
 
-# Every call's objects, built without running an __init__ (proctor._frozen; callgrind, in-process loops of
-# 4,000: a CallRecord 9.4k -> 1.1k instructions, a CallOutcome 3.6k -> 0.75k, the _Pending 5.0k -> 1.6k, the
-# QuietSpan 2.5k -> 0.9k).
-_new_outcome = builder(CallOutcome)
-_new_record = builder(CallRecord)
-_new_redacted = builder(Redacted)
-_new_quiet_span = slot_builder(QuietSpan, ("_tool", "_call_id", "_run_id", "_finished"))  # as QuietSpan(...) does
-#: `_new_pending(name, call_id, ctx, span, on_result, args, journal, started_ns, seq)`: a call in flight,
-#: state "new", its tool and facts the unknown worst case until `_walk` looks them up.
-_new_pending = slot_builder(
-    _Pending,
-    ("name", "call_id", "ctx", "span", "on_result", "args", "journal", "started_ns", "seq",
-     "state", "tool", "facts", "side_effect", "decision", "redacted", "approval", "reservation", "value", "error",
-     "status", "duration_ns"),
-    ("new", _NO_TOOL, _UNKNOWN_FACTS, "destructive", None, None, None, None, None, None, "ok", 0),
-)
 _NOOP_TRACER = NoOpTracer()
 # States in which the call's intent record has been written.
 _INTENT_WRITTEN = frozenset({"intent", "running", "ran", "done"})
 
 
-def _hidden_fields(facts: _Facts) -> tuple[str, ...]:
+def _hidden_fields(facts: ToolFacts) -> tuple[str, ...]:
     """Fields the policy hides from approvers as well (`tools: X: {hide_from_approvers: [...]}`)."""
-    return tuple(getattr(facts, "hide_from_approvers", ()))
+    return facts.hide_from_approvers
 
 
 def _restore_hidden(given: dict[str, Any], shown: Mapping[str, Any], clear: Mapping[str, Any],
@@ -345,7 +313,7 @@ class Gate:
         if agent is not None:
             ctx.agents = (agent,)
         # The policy's history aggregates fold from the first call, so they outlive dropped entries.
-        ctx.track(getattr(self.policy, "pipelines", ()))
+        ctx.track(self.policy.pipelines)
         ctx.provenance = self._provenance_index(task, provenance)
         fields: dict[str, Any] = {"run_id": info.id, "principal": info.principal, "labels": dict(info.labels),
                                   "policy_sha256": self.policy.sha256}
@@ -366,7 +334,7 @@ class Gate:
         ctx = RunContext(info, self.policy.new_ledger(info, self.ledger))
         ctx.provenance = self._provenance_index(task, provenance)
         if ctx.provenance is not None:
-            ctx.provenance.mark_incomplete(getattr(self.policy, "result_labels", ()))
+            ctx.provenance.mark_incomplete(self.policy.result_labels)
         self._record("run_resumed", {"run_id": info.id, "principal": info.principal, "labels": dict(info.labels),
                                      "step": info.step + 1, "policy_sha256": self.policy.sha256, **fields},
                      required=True)
@@ -386,7 +354,7 @@ class Gate:
 
     def _provenance_index(self, task: str | None, wanted: bool = False) -> ProvenanceIndex | None:
         """A run's index of where values came from, when a policy reads it (else None: no cost)."""
-        if not (wanted or getattr(self.policy, "uses_provenance", False)):
+        if not (wanted or self.policy.uses_provenance):
             return None
         index = ProvenanceIndex(self.provenance_limits)
         if task:
@@ -399,7 +367,7 @@ class Gate:
         Called before the result reaches the caller, so the next call's decision sees it. A
         failure here marks the labels as not fully indexed (provenance then errs towards them).
         """
-        index, labels = p.ctx.provenance, getattr(p.facts, "labels", ())
+        index, labels = p.ctx.provenance, p.facts.labels
         if index is None or not labels:
             return
         try:
@@ -481,14 +449,14 @@ class Gate:
         opened: tool_span | None = None
         span: ToolSpan
         if metrics.quiet(self.tracer):  # nothing would receive a span (QuietSpan)
-            span = _new_quiet_span(name, call_id, ctx.info.id, False)  # its own context manager, a no-op
+            span = QuietSpan(name, call_id, ctx.info.id)  # its own context manager, a no-op
         else:
             try:  # `_open_span`, inline: this is every call's path
                 opened = tool_span(self.tracer, tool=name, call_id=call_id, run=ctx.info, parent=parent)
             except Exception as exc:  # noqa: BLE001 - a broken tracer costs the call its span, nothing more
                 opened = self._span_failed(name, call_id, ctx, exc)
             span = opened.__enter__()
-        p = _new_pending(name, call_id, ctx, span, on_result, {}, journal, time.perf_counter_ns(), seq)
+        p = _Pending(name, call_id, ctx, span, on_result, journal, seq)
         raised: BaseException | None = None
         try:
             return self._walk(p, tool, args)
@@ -528,7 +496,7 @@ class Gate:
             record = CallRecord(call_id, tool, {}, "destructive", None, "denied", 0, reason, "ToolDenied")
             return CallOutcome(record, None, ToolDenied(reason, tool=tool, call_id=call_id))
         opened = self._open_span(tool, call_id, ctx, parent)
-        p = _new_pending(tool, call_id, ctx, opened.__enter__(), None, {}, ctx.journal, time.perf_counter_ns(), -1)
+        p = _Pending(tool, call_id, ctx, opened.__enter__(), None, ctx.journal, -1)
         try:
             known = (ctx.tools if ctx.tools is not None else self.tools).get(tool)
             if known is not None:
@@ -536,7 +504,7 @@ class Gate:
                 p.facts = self.policy.facts(tool, known.side_effect, known.cost)
                 p.side_effect = p.facts.side_effect
             digest = self._redact({"sha256": args_sha256}, ()).digest if args_sha256 else None
-            p.redacted = _new_redacted({}, digest or "")
+            p.redacted = Redacted({}, digest or "")
             return self._refuse(p, ToolDenied(reason, tool=tool, call_id=call_id),
                                 extra={"args_bytes": args_bytes})
         except Exception as exc:  # noqa: BLE001 - the call is refused whatever fails here
@@ -559,38 +527,32 @@ class Gate:
 
     def _walk(self, p: _Pending, tool: Tool | str, raw_args: Mapping[str, Any] | None) -> CallOutcome:
         name = p.name
-        table = self.tools if p.ctx.tools is None else p.ctx.tools  # a managed agent's calls name its own tools
-        resolved = table.get(name)
-        if resolved is None or (isinstance(tool, Tool) and tool is not resolved):
-            known = ", ".join(sorted(table)) or "none"
-            return self._refuse(p, ToolDenied(f"unknown tool {name!r} (known: {known})", tool=name,
-                                              call_id=p.call_id))
-        p.tool = resolved
+        ctx = p.ctx
+        # The one decision (proctor.policy.admission); a managed agent's calls name its own tools.
+        adm = admit(self.policy, name, raw_args, tools=self.tools if ctx.tools is None else ctx.tools, run=ctx,
+                    layers=ctx.layers, expected=tool if isinstance(tool, Tool) else None)
+        if adm.stage == "tool":
+            return self._refuse(p, self._placed(p, adm.refusal))
+        p.tool = cast(Tool, adm.tool)
+        facts = p.facts = cast(ToolFacts, adm.facts)
+        p.layer_facts = list(adm.layer_facts)
+        p.side_effect = adm.side_effect if adm.stage == "args" else facts.side_effect
         span = p.span
         # Without an OpenTelemetry SDK (span not recording) the span setters do nothing but note the
-        # decision for metrics, and cannot fail: they are skipped, or called without `_safely`
-        # (with `_cost` and `_open_span` inline: 2.6k instructions a call less, callgrind).
+        # decision for metrics, and cannot fail: they are skipped, or called without `_safely`.
         recording = span.recording
         if recording:
-            _safely(span.describe, resolved.description)
-        facts = p.facts = self.policy.facts(name, resolved.side_effect, resolved.cost)
-        if p.ctx.layers:  # a managed agent's own policies: the strictest facts of all (proctor.narrowing)
-            p.layer_facts = [layer.policy.facts(name, resolved.side_effect, resolved.cost) for layer in p.ctx.layers]
-            facts = p.facts = narrow_facts(facts, p.layer_facts)
-        p.side_effect = facts.side_effect
-        if raw_args is not None and type(raw_args) is not dict and not isinstance(raw_args, Mapping):
-            return self._refuse(p, ToolDenied(f"invalid call to {name}: arguments must be a mapping", tool=name))
-        if facts.redact and raw_args:  # raw, so a validation error quoting the value is scrubbed too
-            p.ctx.secrets.update(secret_values(raw_args, facts.redact))
-        try:
-            args = p.args = resolved.validate(raw_args or {})
-        except ToolDenied as exc:
-            exc.call_id = p.call_id
-            return self._refuse(p, exc)
+            _safely(span.describe, p.tool.description)
+        if facts.redact and raw_args and isinstance(raw_args, Mapping):
+            # raw, so a refusal quoting the value (a validation error) is scrubbed too
+            ctx.secrets.update(secret_values(raw_args, facts.redact))
+        if adm.stage == "args":
+            return self._refuse(p, self._placed(p, adm.refusal))
+        args = p.args = cast(dict[str, Any], adm.args)
         if p.journal is not None:  # a resumed step: calls made before the pause are answered from the journal
             replayed = p.journal.replay(self, p)
             if replayed is not None:
-                if p.ctx.provenance is not None:
+                if ctx.provenance is not None:
                     self._index_result(p, getattr(replayed, "value", None), getattr(replayed, "error", None))
                 p.state = "done"
                 return cast(CallOutcome, replayed)
@@ -598,32 +560,22 @@ class Gate:
         p.state = "validated"
         if recording:
             _safely(span.arguments, p.redacted.args)
-        # The class depends on the arguments (such a tool's static class is destructive: test that first).
-        if p.side_effect == "destructive" and getattr(facts, "side_effect_expression", None) is not None:
-            try:
-                p.side_effect = self.policy.side_effect_of(name, p.args, p.tool.side_effect,  # type: ignore[attr-defined]
-                                                           p.ctx.info)
-                if p.ctx.layers:  # a managed agent's own policies may only make the class worse
-                    p.side_effect = max((p.side_effect, *(f.side_effect for f in p.layer_facts)), key=side_effect_rank)
-            except ToolDenied as exc:
-                exc.call_id = p.call_id
-                return self._refuse(p, exc)
-
-        decision = p.decision = self._decide(p, args)
+        if adm.stage == "class":
+            return self._refuse(p, self._placed(p, adm.refusal))
+        p.side_effect = adm.side_effect
+        decision = p.decision = cast(Decision, adm.decision)
+        p.layer_votes = list(adm.votes)
         p.state = "decided"
         if recording:
             _safely(span.decision, decision, p.side_effect)
         else:
             span.decision(decision, p.side_effect)
-        if decision.outcome == "deny":
+        if adm.stage == "policy":
             return self._refuse(p, ToolDenied(f"{name}: denied: {decision.reason}", tool=name,
                                               call_id=p.call_id, rules=decision.rules))
-
-        try:
-            cost = facts.cost if getattr(facts, "cost_expression", None) is None else self._cost(p)
-        except ToolDenied as exc:
-            exc.call_id, exc.rules = p.call_id, decision.rules
-            return self._refuse(p, exc)
+        if adm.stage == "cost":
+            return self._refuse(p, self._placed(p, adm.refusal))
+        cost = p.cost = adm.cost
         try:
             p.reservation = p.ctx.ledger.reserve(name, p.side_effect, cost)
         except BudgetExceeded as exc:
@@ -667,50 +619,12 @@ class Gate:
         log.error("span_start_failed", tool=name, error=repr(exc))
         return tool_span(_NOOP_TRACER, tool=name, call_id=call_id, run=ctx.info)
 
-    def _cost(self, p: _Pending) -> float:
-        """The call's cost for its budgets: a policy may compute it from the arguments (raises ToolDenied).
-        Under managed agents' own policies, the highest of every policy's cost."""
-        if getattr(p.facts, "cost_expression", None) is None:
-            return p.facts.cost
-        if not p.ctx.layers:
-            return float(self.policy.cost_of(p.name, p.args, p.tool.cost, p.ctx.info))  # type: ignore[attr-defined]
-        costs = [float(self.policy.cost_of(p.name, p.args, p.tool.cost, p.ctx.info))]  # type: ignore[attr-defined]
-        for layer, facts in zip(p.ctx.layers, p.layer_facts, strict=True):
-            if getattr(facts, "cost_expression", None) is None:
-                costs.append(float(facts.cost))
-            else:
-                costs.append(float(layer.policy.cost_of(p.name, p.args, p.tool.cost, p.ctx.info)))
-        return max(costs)
-
-    def _decide(self, p: _Pending, args: Mapping[str, Any]) -> Decision:
-        try:
-            # Most calls match only rules without conditions: their decision needs no Call built.
-            fixed = self.policy.fixed_decision(p.name, p.side_effect)
-            if fixed is None:
-                call = Call(tool=p.name, args=args, side_effect=p.side_effect, cost=p.facts.cost,
-                            history=p.ctx.history_view(), run=p.ctx.info, usage=LazyUsage(p.ctx.ledger),
-                            seen=p.ctx.seen_labels(), provenance=p.ctx.provenance)
-                fixed = self.policy.decide(call)
-            if not p.ctx.layers:
-                return fixed
-            return self._narrow(p, args, fixed)
-        except Exception as exc:  # noqa: BLE001 - a policy that raises denies
-            return Decision("deny", (), f"the policy could not decide: {exc!r}", self.policy.sha256)
-
-    def _narrow(self, p: _Pending, args: Mapping[str, Any], decision: Decision) -> Decision:
-        """The run policy's `decision`, made strictest with each managed agent's own policy (proctor.narrowing)."""
-        votes: list[tuple[Layer | None, Decision]] = [(None, decision)]
-        for layer in p.ctx.layers:
-            fixed = layer.policy.fixed_decision(p.name, p.side_effect)
-            if fixed is None:
-                # A layer's conditions see its own budgets as `usage`; history and run are the run's.
-                fixed = layer.policy.decide(Call(tool=p.name, args=args, side_effect=p.side_effect, cost=p.facts.cost,
-                                                 history=p.ctx.history_view(), run=p.ctx.info,
-                                                 usage=LazyUsage(layer.ledger), seen=p.ctx.seen_labels(),
-                                                 provenance=p.ctx.provenance))
-            votes.append((layer, fixed))
-        p.layer_votes = votes
-        return narrow_decision(decision, [(layer, vote) for layer, vote in votes if layer is not None])
+    @staticmethod
+    def _placed(p: _Pending, refusal: ToolDenied | None) -> ToolDenied:
+        """Admission's refusal of call `p`, carrying the call's id."""
+        assert refusal is not None
+        refusal.call_id = p.call_id
+        return refusal
 
     def _approve(self, p: _Pending) -> CallRefused | RunSuspended | None:
         """Ask for approval (or find a grant); return the refusal, or None when the call may run.
@@ -855,7 +769,7 @@ class Gate:
         return None
 
     def _apply_edit(self, p: _Pending, answer: ApprovalDecision) -> CallRefused | None:
-        """Edited arguments are a new call: validated and decided again, never trusted blindly."""
+        """Edited arguments are a new call: admitted again (the one decision), never trusted blindly."""
         name = p.name
         hidden = _hidden_fields(p.facts)
         given = dict(answer.args or {})
@@ -863,46 +777,32 @@ class Gate:
             given = _restore_hidden(given, self._approver_view(p, p.args), p.args, hidden)
         if p.facts.redact:
             p.ctx.secrets.update(secret_values(given, p.facts.redact))
-        try:
-            edited = p.tool.validate(given)
-        except ToolDenied as exc:
-            return self._clean(p, ApprovalDenied(f"{name}: edited arguments rejected: {exc}", tool=name,
+        adm = admit(self.policy, name, given, tools={name: p.tool}, run=p.ctx, layers=p.ctx.layers)
+        decision = adm.decision
+        if adm.stage == "args":
+            return self._clean(p, ApprovalDenied(f"{name}: edited arguments rejected: {adm.refusal}", tool=name,
                                                  call_id=p.call_id))
-        if getattr(p.facts, "side_effect_expression", None) is not None:
-            try:
-                side_effect = self.policy.side_effect_of(name, edited, p.tool.side_effect,  # type: ignore[attr-defined]
-                                                         p.ctx.info)
-            except ToolDenied as exc:
-                return self._clean(p, ApprovalDenied(f"{name}: edited arguments refused: {exc}", tool=name,
-                                                     call_id=p.call_id))
-            if side_effect != p.side_effect:  # budgets match on the class: reserve the edited call anew
-                try:
-                    cost = self._cost(p) if getattr(p.facts, "cost_expression", None) is None else 0.0
-                    if p.reservation is not None:
-                        p.ctx.ledger.release(p.reservation)
-                        p.reservation = None
-                    p.side_effect = side_effect
-                    p.reservation = p.ctx.ledger.reserve(name, side_effect, cost)
-                except (ToolDenied, BudgetExceeded) as exc:
-                    return ApprovalDenied(f"{name}: edited arguments refused: {exc}", tool=name, call_id=p.call_id)
-        decision = self._decide(p, edited)
-        if decision.outcome == "deny":
+        if adm.stage == "policy" and decision is not None:
             return ApprovalDenied(f"{name}: edited arguments denied by the policy: {decision.reason}",
                                   tool=name, call_id=p.call_id, rules=decision.rules)
-        if getattr(p.facts, "cost_expression", None) is not None:
-            # The cost comes from the arguments: the edited call is reserved at its own cost.
+        if adm.stage != "decided" or decision is None:  # its class or its cost could not be computed
+            return self._clean(p, ApprovalDenied(f"{name}: edited arguments refused: {adm.refusal}", tool=name,
+                                                 call_id=p.call_id, rules=decision.rules if decision else ()))
+        if adm.side_effect != p.side_effect or adm.cost != p.cost:
+            # Budgets match on the class and count the cost: the edited call is reserved anew, at its own.
             try:
-                cost = float(self.policy.cost_of(name, edited, p.tool.cost, p.ctx.info))  # type: ignore[attr-defined]
                 if p.reservation is not None:
                     p.ctx.ledger.release(p.reservation)
                     p.reservation = None
-                p.reservation = p.ctx.ledger.reserve(name, p.side_effect, cost)
-            except (ToolDenied, BudgetExceeded) as exc:
+                p.side_effect, p.cost = adm.side_effect, adm.cost
+                p.reservation = p.ctx.ledger.reserve(name, adm.side_effect, adm.cost)
+            except BudgetExceeded as exc:
                 return ApprovalDenied(f"{name}: edited arguments refused: {exc}", tool=name, call_id=p.call_id,
                                       rules=decision.rules)
         original = p.redacted
-        p.args, p.decision = edited, decision
-        p.redacted = self._redact(edited, p.facts.redact)
+        p.args, p.decision = cast(dict[str, Any], adm.args), decision
+        p.layer_votes = list(adm.votes)
+        p.redacted = self._redact(p.args, p.facts.redact)
         p.span.arguments(p.redacted.args)
         p.approval = _Approval("edit", answer.approver, answer.reason,
                                args={"original_digest": original.digest if original else None})
@@ -972,7 +872,7 @@ class Gate:
         record = self._remember(p, p.status, error)
         if p.journal is not None:
             p.journal.write_outcome(p, p.status, p.value, error, record)
-        return _new_outcome(record, p.value, error)
+        return CallOutcome(record, p.value, error)
 
     def _end_by_state(self, p: _Pending, exc: Exception) -> CallOutcome:
         """End a call after an unexpected fault, as its state allows: refused only if the tool never started."""
@@ -1060,11 +960,10 @@ class Gate:
         record = self._remember(p, "denied", error)
         if p.journal is not None:
             p.journal.write_outcome(p, "denied", None, error, record)
-        return _new_outcome(record, None, error)
+        return CallOutcome(record, None, error)
 
     def _record_of(self, p: _Pending, status: CallStatus, error: ProctorError | None) -> CallRecord:
-        # Positional: `_new_record` takes no keywords.
-        return _new_record(
+        return CallRecord(
             p.call_id, p.name, p.redacted.args if p.redacted else {}, p.side_effect, p.decision, status,
             time.perf_counter_ns() - p.started_ns,  # duration_ns
             str(error) if error else None, type(error).__name__ if error else None,  # error, error_type
@@ -1074,13 +973,13 @@ class Gate:
 
     def _remember(self, p: _Pending, status: CallStatus, error: ProctorError | None) -> CallRecord:
         if error is None:  # every call that succeeded: `_record_of` inline, without the error's fields
-            record = _new_record(p.call_id, p.name, p.redacted.args if p.redacted else {}, p.side_effect, p.decision,
+            record = CallRecord(p.call_id, p.name, p.redacted.args if p.redacted else {}, p.side_effect, p.decision,
                                 status, time.perf_counter_ns() - p.started_ns, None, None,
                                 f"{p.approval.verdict} by {p.approval.approver}" if p.approval else None, None)
         else:
             record = self._record_of(p, status, error)
         p.ctx._remember_row(p.name, p.args, p.side_effect, p.decision.outcome if p.decision else "deny", status,
-                            record, getattr(p.facts, "labels", ()))
+                            record, p.facts.labels)
         return record
 
     def _outcome_fields(self, p: _Pending, status: CallStatus, error: ProctorError | None,
@@ -1126,7 +1025,7 @@ class Gate:
         if self.audit is not None:
             return self.audit.redact(args, fields)
         if not fields:  # nothing to hide and no digest to keep
-            return _new_redacted(dict(args), "")
+            return Redacted(dict(args), "")
         # No audit trail: redact for spans and approvers, but no record will hold a digest.
         return redact_args(args, fields, self._redaction_key, digest=False)
 

@@ -14,6 +14,7 @@ from typing import Any, Protocol, overload
 from proctor.approval.base import Grant
 from proctor.approval.grants import grant_admits
 from proctor.calls import CallRecord, CallStatus, HistoryEntry, Outcome, RunInfo, SideEffect
+from proctor.policy.admission import LazyUsage
 from proctor.redaction import scrub
 
 __all__ = ["DEFAULT_HISTORY_LIMIT", "AgentContext", "LazyUsage", "Ledger", "RunContext"]
@@ -154,6 +155,10 @@ class RunContext:
     def seen_labels(self) -> tuple[str, ...]:
         """The labels of the tools whose calls ran in this run so far, sorted (`seen` in conditions)."""
         return self._seen_sorted
+
+    def usage_view(self) -> Mapping[str, Any]:
+        """This context's budget usage (`usage` in conditions), read only when a condition looks at it."""
+        return LazyUsage(self.ledger)
 
     def _remember(self, entry: HistoryEntry, record: CallRecord) -> None:
         self._remember_row(entry.tool, entry.args, entry.side_effect, entry.decision, entry.status, record,
@@ -380,27 +385,3 @@ class _HistoryView(Sequence[HistoryEntry]):
     def __iter__(self) -> Iterator[HistoryEntry]:
         for row in self._items[: self._n]:
             yield HistoryEntry(*row)
-
-
-class LazyUsage(Mapping[str, Any]):
-    """The ledger's usage, read only if a condition looks at `usage` (most never do)."""
-
-    __slots__ = ("_ledger", "_usage")
-
-    def __init__(self, ledger: Ledger) -> None:
-        self._ledger = ledger
-        self._usage: dict[str, Any] | None = None
-
-    def _get(self) -> dict[str, Any]:
-        if self._usage is None:
-            self._usage = self._ledger.usage()
-        return self._usage
-
-    def __getitem__(self, key: str) -> Any:
-        return self._get()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._get())
-
-    def __len__(self) -> int:
-        return len(self._get())

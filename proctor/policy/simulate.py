@@ -18,15 +18,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from proctor.calls import Call, Decision, HistoryEntry
+from proctor.calls import Call, Decision, HistoryEntry, RunInfo
 from proctor.errors import BudgetExceeded, ToolDenied
 from proctor.ledger.memory import MemoryLedger
+from proctor.policy.admission import admit, call_for
 
 if TYPE_CHECKING:
     from proctor.policy.engine import Policy
+    from proctor.provenance import ProvenanceIndex
     from proctor.tools import Tool
 
-__all__ = ["RAN_STATUSES", "SimulationError", "Simulation", "complete_history", "decide_like_gate"]
+__all__ = ["RAN_STATUSES", "RecordedRun", "Simulation", "SimulationError", "complete_history", "decide_like_gate"]
 
 #: A call with one of these statuses started its tool: its labels are in `seen` (as `RunContext` keeps it).
 RAN_STATUSES = frozenset(("ok", "failed", "timeout", "unknown"))
@@ -90,13 +92,34 @@ def complete_history(
     return tuple(out), tuple(sorted(seen))
 
 
+@dataclass(frozen=True, slots=True)
+class RecordedRun:
+    """A run as `policy test` and replay know it: what a decision reads, given rather than kept (`RunView`)."""
+
+    info: RunInfo
+    history: Sequence[HistoryEntry]
+    seen: Sequence[str]
+    usage: Mapping[str, Any]
+    provenance: ProvenanceIndex | None = None
+
+    def history_view(self) -> Sequence[HistoryEntry]:
+        return self.history
+
+    def seen_labels(self) -> Sequence[str]:
+        return self.seen
+
+    def usage_view(self) -> Mapping[str, Any]:
+        return self.usage
+
+
 def decide_like_gate(
     policy: Policy,
     call: Call,
     tools: Mapping[str, Tool] | Iterable[Tool] | None = None,
     usage: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Simulation:
-    """Decide `call` with `policy` exactly as a `Gate` holding `tools` would, budgets preloaded with `usage`.
+    """Decide `call` with `policy` as a `Gate` holding `tools` does — through the same `admit` — with
+    budgets preloaded with `usage`, then reserve its budgets as the gate would.
 
     Raises `SimulationError` for inputs the gate could never have seen (a history entry
     whose arguments its tool refuses, an unknown budget in `usage`).
@@ -110,47 +133,28 @@ def decide_like_gate(
     except ValueError as exc:
         raise SimulationError(f"usage: {exc}") from None
     history, seen = complete_history(policy, call.history, by_name)
-    declared_side_effect, declared_cost = call.side_effect, call.cost or 0
-    args: Mapping[str, Any] = call.args
-    if by_name is not None:
-        tool = by_name.get(call.tool)
-        if tool is None:
-            known = ", ".join(sorted(by_name)) or "none"
-            decision = Decision("deny", (), f"unknown tool {call.tool!r} (known: {known})", policy.sha256)
-            return Simulation(decision, call, "destructive", defaults_applied=True)
-        declared_side_effect, declared_cost = tool.side_effect, tool.cost
-    facts = policy.facts(call.tool, declared_side_effect, declared_cost)
-    side_effect: str = facts.side_effect
-    decided = replace(call, history=history, seen=call.seen or seen, side_effect=facts.side_effect,
-                      cost=declared_cost, usage=ledger.usage())
-    if by_name is not None:
-        try:
-            args = by_name[call.tool].validate(call.args)
-        except ToolDenied as exc:
-            decision = Decision("deny", (), str(exc), policy.sha256)
-            return Simulation(decision, decided, facts.side_effect, defaults_applied=True)
-        decided = replace(decided, args=args)
+    run = RecordedRun(call.run, history, call.seen or seen, ledger.usage(), call.provenance)
+    adm = admit(policy, call.tool, call.args, tools=by_name, run=run, declared_side_effect=call.side_effect,
+                declared_cost=call.cost or 0)
     applied = by_name is not None
-    if call.tool in policy.dynamic_side_effects:  # the class depends on the arguments, as at the gate
-        try:
-            side_effect = policy.side_effect_of(call.tool, args, declared_side_effect, call.run)
-        except ToolDenied as exc:
-            return Simulation(Decision("deny", (), str(exc), policy.sha256), decided, "destructive",
-                              defaults_applied=applied)
-    decision = policy.decide(decided)
-    if decision.outcome == "deny":
-        return Simulation(decision, decided, side_effect, defaults_applied=applied)
-    try:
-        cost = policy.cost_of(call.tool, args, declared_cost, call.run)
-    except ToolDenied as exc:
-        return Simulation(replace(decision, outcome="deny", reason=str(exc)), decided, side_effect,
+    decided = call_for(adm, run) if adm.facts is not None else call
+    if adm.decision is None:  # refused before the policy decided: unknown tool, arguments, class
+        refusal = Decision("deny", (), str(adm.refusal), policy.sha256)
+        return Simulation(refusal, decided, "destructive" if adm.stage == "class" else adm.side_effect,
+                          defaults_applied=applied)
+    decision = adm.decision
+    if adm.stage == "policy":
+        return Simulation(decision, decided, adm.side_effect, defaults_applied=applied)
+    if adm.stage == "cost":
+        return Simulation(replace(decision, outcome="deny", reason=str(adm.refusal)), decided, adm.side_effect,
                           defaults_applied=applied)
     try:
-        ledger.reserve(call.tool, side_effect, cost)
+        ledger.reserve(call.tool, adm.side_effect, adm.cost)
     except BudgetExceeded as exc:
         refused = Decision("deny", decision.rules, str(exc), policy.sha256)
-        return Simulation(refused, decided, side_effect, budget=exc.budget, cost=cost, defaults_applied=applied)
-    return Simulation(decision, decided, side_effect, cost=cost, defaults_applied=applied)
+        return Simulation(refused, decided, adm.side_effect, budget=exc.budget, cost=adm.cost,
+                          defaults_applied=applied)
+    return Simulation(decision, decided, adm.side_effect, cost=adm.cost, defaults_applied=applied)
 
 
 def _class_of(policy: Policy, tool: str, args: Mapping[str, Any], declared: Any, declared_cost: int) -> Any:
