@@ -1,4 +1,4 @@
-"""The optional C extensions (everything else is in pyproject.toml). Both are optional: without a C compiler
+"""The optional C extensions (everything else is in pyproject.toml). Each is optional: without a C compiler
 or Python's headers the build goes on and each has a pure-Python fallback with the same behaviour.
 
 - `proctor.audit._syncer` is the native half of the audit log's group commit: an fdatasync loop that
@@ -9,9 +9,6 @@ or Python's headers the build goes on and each has a pure-Python fallback with t
   of the interpreter. Without it the index uses its pure-Python tokeniser (the same tokens, slower). A plain
   C file beat the alternatives: mypyc still pays a Python object per token and per regex pass, and no
   maintained library tokenises the way the index does.
-- `proctor._newobj` builds the small slotted objects of every tool call (`CallRecord`, `CallOutcome`...)
-  without running their __init__ (proctor/_newobj.c, proctor/_frozen.py): a class call with a Python
-  __init__ costs more than the rest of building them. Without it the classes are called as usual.
 """
 
 from setuptools import Extension, setup
@@ -19,5 +16,4 @@ from setuptools import Extension, setup
 setup(ext_modules=[
     Extension("proctor.audit._syncer", ["proctor/audit/_syncer.c"], optional=True),
     Extension("proctor._provtok", ["proctor/_provtok.c"], optional=True),
-    Extension("proctor._newobj", ["proctor/_newobj.c"], optional=True),
 ])

@@ -11,7 +11,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from proctor._frozen import quick_init
 
 __all__ = [
     "OUTCOMES",
@@ -82,7 +81,6 @@ def _forget_pool() -> None:
 os.register_at_fork(after_in_child=_forget_pool)
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Decision:
     """What the policy decided about one call, and which rules decided it."""
@@ -118,7 +116,6 @@ class RunInfo:
                 "agent": self.agent}
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class HistoryEntry:
     """An earlier call of the same run, as policy conditions see it (`history`)."""
@@ -164,7 +161,6 @@ class Call:
     provenance: Any = None
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class CallRecord:
     """What happened to one call: the entry of `ExecutionResult.tool_calls`."""

@@ -17,13 +17,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proctor._frozen import builder, quick_init
 from proctor.canonical import canonical_bytes
 
 __all__ = ["MIN_SCRUB_CHARS", "SCRUBBED", "Redacted", "redact_args", "scrub", "secret_values"]
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Redacted:
     """Arguments fit to show or store, and a keyed digest of the full, unredacted arguments."""
@@ -32,7 +30,6 @@ class Redacted:
     digest: str
 
 
-_new_redacted = builder(Redacted)  # `Redacted(...)` without its __init__: every audited call makes one
 
 
 def _mark(key: bytes, value: Any) -> dict[str, str]:
@@ -57,7 +54,7 @@ def redact_args(args: Mapping[str, Any], fields: Sequence[str], key: bytes, *, d
     for name in fields:
         out = _redact_path(out, name.split("."), key)
     mac = "hmac-sha256:" + hmac.digest(key, canonical_bytes(args), "sha256").hex() if digest else ""
-    return _new_redacted(out, mac)
+    return Redacted(out, mac)
 
 
 #: Clear values shorter than this are not scrubbed from free text (replacing "1" or "no" would

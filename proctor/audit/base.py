@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from proctor._frozen import quick_init
 from proctor.redaction import Redacted
 
 __all__ = ["KINDS", "AuditResult", "AuditSink"]
@@ -36,7 +35,6 @@ KINDS = (
 )
 
 
-@quick_init  # one is made on every append
 @dataclass(frozen=True, slots=True)
 class AuditResult:
     """The result of one append: `ok` with the record's `seq`, or not ok with a reason."""
