@@ -28,9 +28,9 @@ from proctor import CodeAgent, InboxApprover, Policy, RunStore, ScriptedModel, t
 from proctor.approval import ApprovalDecision, CallbackApprover
 from proctor.audit import AuditLog
 from proctor.gate import Gate
+from proctor.gate.journal import StepJournal
 from proctor.interpreter import Interpreter
 from proctor.store import ApprovalAnswer
-from proctor.store.journal import StepJournal
 
 POLICY = {
     "version": 1,

@@ -11,7 +11,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-
 __all__ = [
     "OUTCOMES",
     "SIDE_EFFECTS",

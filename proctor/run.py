@@ -9,13 +9,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Protocol, overload
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from proctor.approval.base import Grant
 from proctor.approval.grants import grant_admits
 from proctor.calls import CallRecord, CallStatus, HistoryEntry, Outcome, RunInfo, SideEffect
 from proctor.policy.admission import LazyUsage
 from proctor.redaction import scrub
+
+if TYPE_CHECKING:
+    from proctor.gate.journal import StepJournal
 
 __all__ = ["DEFAULT_HISTORY_LIMIT", "AgentContext", "LazyUsage", "Ledger", "RunContext"]
 
@@ -83,8 +86,8 @@ class RunContext:
         self._seen_sorted: tuple[str, ...] = ()
         self._folds: dict[str, Any] = {}  # pipeline key -> proctor.policy.aggregates.Fold
         self._fold_lock = threading.Lock()
-        #: The journal of the step being run, for a durable run (`proctor.store.journal.StepJournal`), else None.
-        self.journal: Any = None
+        #: The journal of the step being run, for a durable run (`proctor.gate.journal.StepJournal`), else None.
+        self.journal: StepJournal | None = None
         #: Clear values of redacted arguments met in this run: scrubbed from every free text
         #: written about it (programs, errors, chat content) — see `scrub`.
         self.secrets: set[str] = set()
@@ -160,12 +163,16 @@ class RunContext:
         """This context's budget usage (`usage` in conditions), read only when a condition looks at it."""
         return LazyUsage(self.ledger)
 
-    def _remember(self, entry: HistoryEntry, record: CallRecord) -> None:
-        self._remember_row(entry.tool, entry.args, entry.side_effect, entry.decision, entry.status, record,
-                           labels=entry.labels)
+    def remember_entry(self, entry: HistoryEntry, record: CallRecord) -> None:
+        """`remember` a call given as a history entry."""
+        self.remember(entry.tool, entry.args, entry.side_effect, entry.decision, entry.status, record,
+                      labels=entry.labels)
 
-    def _remember_row(self, tool: str, args: Mapping[str, Any], side_effect: SideEffect, decision: Outcome,
-                      status: CallStatus, record: CallRecord, labels: tuple[str, ...] = ()) -> None:
+    def remember(self, tool: str, args: Mapping[str, Any], side_effect: SideEffect, decision: Outcome,
+                 status: CallStatus, record: CallRecord, labels: tuple[str, ...] = ()) -> None:
+        """Add a call that ended to the run: its history row, its record, its status count and, if its tool
+        started, its labels to `seen` (the gate's recorder does this for every call; a resumed run for the
+        calls it restores)."""
         # A snapshot taken by another thread sees a prefix of the rows (append and len are atomic).
         # Every call's path: the record is appended here and the records trimmed only when they are
         # long (`_Records.append`, inline; 1.1k instructions a call less, callgrind).
@@ -203,12 +210,18 @@ class RunContext:
                 rows, dropped = self._window  # appended to meanwhile, never trimmed (we hold _fold_lock)
                 self._window = (rows[end - dropped :], end)
 
-    def _granted(self, tool: str, args: Mapping[str, Any], grants: Sequence[Grant] | None = None) -> Grant | None:
+    def granted(self, tool: str, args: Mapping[str, Any], grants: Sequence[Grant] | None = None) -> Grant | None:
+        """The first grant of this run (or of `grants`, a layer's) that admits this call, or None."""
         with self._lock:
             for grant in self.grants if grants is None else grants:
                 if grant_admits(grant, tool, args):  # safe on free text: proctor.approval.grants
                     return grant
         return None
+
+    def add_grant(self, grant: Grant, grants: list[Grant] | None = None) -> None:
+        """Keep a grant an approver gave: in this run's grants, or in `grants` (a layer's)."""
+        with self._lock:
+            (self.grants if grants is None else grants).append(grant)
 
     def delegate(self, agent: str, *, ledger: Ledger, tools: Mapping[str, Any], layer: Any = None,
                  parent_call_id: str, deadline: float | None = None) -> AgentContext:
@@ -284,17 +297,20 @@ class AgentContext(RunContext):
     def scrub(self, text: str) -> str:
         return self._root.scrub(text)
 
-    def _remember_row(self, tool: str, args: Mapping[str, Any], side_effect: SideEffect, decision: Outcome,
-                      status: CallStatus, record: CallRecord, labels: tuple[str, ...] = ()) -> None:
-        self._root._remember_row(tool, args, side_effect, decision, status, record, labels=labels)
+    def remember(self, tool: str, args: Mapping[str, Any], side_effect: SideEffect, decision: Outcome,
+                 status: CallStatus, record: CallRecord, labels: tuple[str, ...] = ()) -> None:
+        self._root.remember(tool, args, side_effect, decision, status, record, labels=labels)
         if self.on_call is not None:
             self.on_call(record)
 
     def _trim(self) -> None:
         self._root._trim()
 
-    def _granted(self, tool: str, args: Mapping[str, Any], grants: Sequence[Grant] | None = None) -> Grant | None:
-        return self._root._granted(tool, args, grants)
+    def granted(self, tool: str, args: Mapping[str, Any], grants: Sequence[Grant] | None = None) -> Grant | None:
+        return self._root.granted(tool, args, grants)
+
+    def add_grant(self, grant: Grant, grants: list[Grant] | None = None) -> None:
+        self._root.add_grant(grant, grants)
 
 
 #: Statuses of a call whose tool started: its labels join the run's `seen`.

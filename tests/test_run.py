@@ -19,7 +19,7 @@ def _context() -> RunContext:
 
 def _remember(ctx: RunContext, tool: str) -> None:
     entry = HistoryEntry(tool, {}, "read", "allow", "ok")
-    ctx._remember(entry, CallRecord("c", tool, {}, "read", None, "ok", 0))
+    ctx.remember_entry(entry, CallRecord("c", tool, {}, "read", None, "ok", 0))
 
 
 def test_history_view_is_a_snapshot() -> None:
@@ -60,7 +60,7 @@ def test_grants_match_tool_and_argument_globs() -> None:
     """A grant covers its tool, and only arguments whose text matches each glob."""
     ctx = _context()
     ctx.grants.append(Grant("send", {"to": "*@example.com"}))
-    assert ctx._granted("send", {"to": "a@example.com"}) is not None
-    assert ctx._granted("send", {"to": "a@other.org"}) is None
-    assert ctx._granted("send", {}) is None
-    assert ctx._granted("wipe", {"to": "a@example.com"}) is None
+    assert ctx.granted("send", {"to": "a@example.com"}) is not None
+    assert ctx.granted("send", {"to": "a@other.org"}) is None
+    assert ctx.granted("send", {}) is None
+    assert ctx.granted("wipe", {"to": "a@example.com"}) is None

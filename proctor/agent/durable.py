@@ -26,10 +26,10 @@ from proctor.agent.result import StepRecord
 from proctor.approval.base import Grant
 from proctor.calls import CallRecord, new_id
 from proctor.errors import StoreConflict, StoreError
+from proctor.gate.journal import StepJournal, record_from_dict
 from proctor.interpreter.channel import EncodeError, ProtocolError, decode_value, encode_value
 from proctor.run import RunContext
 from proctor.store.base import PendingApproval, RunRecord, RunStore
-from proctor.store.journal import StepJournal, record_from_dict
 from proctor.telemetry.logging import get_logger
 
 __all__ = ["DurableRun", "response_from_dict", "response_to_dict", "step_from_dict"]
@@ -120,8 +120,8 @@ def restore_context(ctx: RunContext, record: RunRecord) -> None:
     for row in record.history:
         args = _decode(row.get("args") or {})
         rec: CallRecord = record_from_dict(row["record"])
-        ctx._remember_row(str(row["tool"]), args if isinstance(args, dict) else {}, row["side_effect"],
-                          row["decision"], row["status"], rec, labels=tuple(row.get("labels") or ()))
+        ctx.remember(str(row["tool"]), args if isinstance(args, dict) else {}, row["side_effect"],
+                     row["decision"], row["status"], rec, labels=tuple(row.get("labels") or ()))
     restore = getattr(ctx.ledger, "restore", None)
     if restore is not None and record.budgets:
         restore(dict(record.budgets))

@@ -323,7 +323,7 @@ def run_from_store(record: Any, journal: Iterable[Any] = (), waiting: Iterable[A
     """
     from proctor.agent.durable import step_from_dict
     from proctor.agent.parsing import CodeParseError, extract_code
-    from proctor.store.journal import record_from_dict
+    from proctor.gate.journal import record_from_dict
 
     steps = [step_from_dict(s) for s in record.steps]
     result = RunResult(record.answer, cast(Any, record.status), steps, sum((s.usage for s in steps), Usage()), None,

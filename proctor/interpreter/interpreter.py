@@ -60,8 +60,8 @@ MiB = 1024 * 1024
 class GateLike(Protocol):
     """What the interpreter needs of a gate; `proctor.Gate` is one."""
 
-    audit: Any
-
+    @property
+    def audit(self) -> Any: ...
     def register(self, *tools: Any) -> None: ...
     def start_run(self) -> Any: ...
     def submit(self, tool: Any, args: Any = None, *, context: Any = None, call_id: Any = None,

@@ -38,11 +38,11 @@ def _through_gate(policy: Policy, tools: dict[str, Tool], case: Case) -> tuple[s
     for item in case.history:  # as the gate records a call: validated arguments, the policy's facts and labels
         tool = tools.get(item.tool)
         if tool is None:  # a call to an unknown tool is recorded as denied, without arguments
-            ctx._remember_row(item.tool, {}, "destructive", "deny", "denied", _record(item.tool))
+            ctx.remember(item.tool, {}, "destructive", "deny", "denied", _record(item.tool))
             continue
         facts = policy.facts(item.tool, tool.side_effect, tool.cost)
         args = tool.validate(item.args) if item.status != "denied" or item.args else {}
-        ctx._remember_row(item.tool, args, facts.side_effect, item.decision, item.status, _record(item.tool),
+        ctx.remember(item.tool, args, facts.side_effect, item.decision, item.status, _record(item.tool),
                           labels=facts.labels)
     ctx.ledger.preload(case.usage)
     outcome = gate.submit(case.tool, case.args, context=ctx)

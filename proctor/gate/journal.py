@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from proctor import errors as _errors
+from proctor.approval.base import Grant
 from proctor.calls import CallRecord, Decision
 from proctor.canonical import canonical_sha256
 from proctor.errors import BudgetExceeded, ProctorError, ReplayDiverged, StepInterrupted, StoreError, ToolFailed
@@ -38,11 +39,13 @@ from proctor.store.base import JournalEntry, RunStore
 from proctor.telemetry.logging import get_logger
 
 if TYPE_CHECKING:
-    from proctor.gate import CallOutcome
+    from proctor.gate.call import CallOutcome, InFlight
+    from proctor.gate.gate import Gate
+    from proctor.gate.recorder import Recorder
 
 __all__ = ["StepJournal", "args_digest", "error_from_dict", "error_to_dict", "record_from_dict"]
 
-log = get_logger("proctor.store.journal")
+log = get_logger("proctor.gate.journal")
 
 #: What a program gets at a call whose outcome a crash lost (the tool may or may not have run).
 OUTCOME_UNKNOWN = "outcome unknown after a crash"
@@ -106,7 +109,7 @@ class StepJournal:
         self.diverged: ReplayDiverged | None = None
         # Replayed calls are recorded in one `call_replayed` audit record per stretch (see `flush`).
         self._batch: list[dict[str, Any]] = []
-        self._gate: Any = None
+        self._recorder: Recorder | None = None
         #: The `random` seed the step's program runs with (set by the agent), or None.
         self.seed: int | None = None
 
@@ -128,33 +131,31 @@ class StepJournal:
 
     # -- replay -----------------------------------------------------------------------------------
 
-    def replay(self, gate: Any, p: Any) -> CallOutcome | None:
+    def replay(self, gate: Gate, p: InFlight) -> CallOutcome | None:
         """The outcome of call `p` from the journal, or None when it should run live."""
         entry = self._entries.get(p.seq)
         name = p.name
-        self._gate = gate
+        self._recorder = gate.recorder
         if entry is None:
             if not self.quiet:
                 self.flush()  # what was replayed is recorded before the first live call
                 return None
-            return self._diverge(gate, p, f"the program made a call ({name}) that it did not make when step "
-                                          f"{self.step} first ran")
+            return self._diverge(p, f"the program made a call ({name}) that it did not make when step "
+                                    f"{self.step} first ran")
         digest = args_digest(p.args)
         if entry.tool != name or entry.args_digest != digest:
             what = f"{name} instead of {entry.tool}" if entry.tool != name else f"{name} with other arguments"
-            return self._diverge(gate, p, f"call {p.seq + 1} of step {self.step} went another way than when the "
-                                          f"step first ran: {what}")
+            return self._diverge(p, f"call {p.seq + 1} of step {self.step} went another way than when the "
+                                    f"step first ran: {what}")
         if entry.state == "intent":
             if self.idempotent(name) and not self.quiet:
                 log.info("call_rerun_idempotent", tool=name, call_id=p.call_id, run_id=self.run_id)
                 self.flush()
                 return None
-            return self._unknown(gate, p, entry)
-        return self._answer(gate, p, entry)
+            return self._unknown(p, entry)
+        return self._answer(p, entry)
 
-    def _answer(self, gate: Any, p: Any, entry: JournalEntry) -> CallOutcome:
-        from proctor.gate import CallOutcome
-
+    def _answer(self, p: InFlight, entry: JournalEntry) -> CallOutcome:
         name, status = p.name, entry.status or "failed"
         error: ProctorError | None = None
         value: Any = None
@@ -171,15 +172,11 @@ class StepJournal:
         self._apply(p, entry, record)
         self._batch.append({"call_seq": p.seq, "call_id": p.call_id, "tool": name, "status": status,
                             "args_digest": entry.args_digest, "error": str(error) if error else None})
-        p.span.span.set_attribute("proctor.replayed", True)
-        p.span.finish(status, type(error).__name__ if error else None, str(error) if error else None)
         self.replayed += 1
-        return CallOutcome(record, value, error)
+        return self._recorder_of().replayed(p, record, value, error)
 
-    def _unknown(self, gate: Any, p: Any, entry: JournalEntry) -> CallOutcome:
+    def _unknown(self, p: InFlight, entry: JournalEntry) -> CallOutcome:
         """A call that was running when its process died: never re-run blindly."""
-        from proctor.gate import CallOutcome
-
         name = p.name
         error = ToolFailed(f"{name}: {OUTCOME_UNKNOWN}; it may or may not have taken effect (declare the tool "
                            "`idempotent: true` in the policy to re-run it instead)", tool=name, call_id=p.call_id,
@@ -196,28 +193,22 @@ class StepJournal:
         self.flush()
         self._apply(p, done, record)
         # Close the intent the dead process left in the audit trail, then say what happened.
-        gate._record("call_outcome", {"run_id": self.run_id, "call_id": p.call_id, "tool": name, "status": "failed",
-                                      "duration_ns": 0, "error": str(error), "policy_sha256": gate.policy.sha256,
-                                      "trace_id": p.span.trace_id, "span_id": p.span.span_id})
+        outcome = self._recorder_of().lost(p, record, error)
         self._batch.append({"call_seq": p.seq, "call_id": p.call_id, "tool": name, "status": "failed",
                             "args_digest": entry.args_digest, "error": str(error)})
         self.flush()
-        p.span.finish("failed", "ToolFailed", str(error))
         self.replayed += 1
-        return CallOutcome(record, None, error)
+        return outcome
 
-    def _apply(self, p: Any, entry: JournalEntry, record: CallRecord) -> None:
+    def _apply(self, p: InFlight, entry: JournalEntry, record: CallRecord) -> None:
         """Put a replayed call back into the run's history, budgets and grants (not for a quiet replay)."""
         if self.quiet:
             return
         row = entry.history or {}
-        p.ctx._remember_row(p.name, p.args, row.get("side_effect", p.side_effect), row.get("decision", "allow"),
-                            record.status, record, labels=tuple(getattr(p.facts, "labels", ())))
+        p.ctx.remember(p.name, p.args, row.get("side_effect", p.side_effect), row.get("decision", "allow"),
+                       record.status, record, labels=p.facts.labels)
         if entry.grant:
-            from proctor.approval.base import Grant
-
-            with p.ctx._lock:
-                p.ctx.grants.append(Grant(str(entry.grant["tool"]), dict(entry.grant.get("args") or {})))
+            p.ctx.add_grant(Grant(str(entry.grant["tool"]), dict(entry.grant.get("args") or {})))
         if record.status in ("ok", "failed", "timeout"):
             replay = getattr(p.ctx.ledger, "replay", None)
             if replay is not None:  # run budgets only: shared pools (principal, global…) counted it when it ran
@@ -229,38 +220,37 @@ class StepJournal:
                 return  # it ran before; it is not refused now
             p.ctx.ledger.settle(reservation, duration_ns=record.duration_ns)
 
-    def _where(self, p: Any) -> dict[str, Any]:
+    def _where(self, p: InFlight) -> dict[str, Any]:
         return {"run_id": self.run_id, "step": self.step, "call_seq": p.seq, "call_id": p.call_id}
+
+    def _recorder_of(self) -> Recorder:
+        assert self._recorder is not None, "replay() sets the recorder before any ending"
+        return self._recorder
 
     def flush(self) -> None:
         """Record the calls replayed since the last flush as one `call_replayed` audit record.
 
         Called before the first live call, on divergence, and by the agent when the step ends."""
-        if not self._batch or self._gate is None:
+        if not self._batch or self._recorder is None:
             return
         batch, self._batch = self._batch, []
-        self._gate._record("call_replayed", {"run_id": self.run_id, "step": self.step, "quiet": self.quiet,
-                                             "calls": batch}, durable=False)
+        self._recorder.append("call_replayed", {"run_id": self.run_id, "step": self.step, "quiet": self.quiet,
+                                                "calls": batch}, durable=False)
 
-    def _diverge(self, gate: Any, p: Any, message: str) -> CallOutcome:
-        from proctor.gate import CallOutcome
-
+    def _diverge(self, p: InFlight, message: str) -> CallOutcome:
         name = p.name
         self.flush()
         error = ReplayDiverged(f"{message}; the step was stopped so that nothing runs twice", tool=name,
                                call_id=p.call_id)
         self.diverged = self.diverged or error
-        gate._record("replay_diverged", {**self._where(p),
-                                         "tool": name, "args_digest": args_digest(p.args), "error": str(error),
-                                         "expected": self._entries[p.seq].tool if p.seq in self._entries else None})
-        p.span.finish("denied", "ReplayDiverged", str(error))
-        shown = gate._redact(p.args, p.facts.redact).args
-        record = CallRecord(p.call_id, name, shown, p.side_effect, None, "denied", 0, str(error), "ReplayDiverged")
-        return CallOutcome(record, None, error)
+        expected = self._entries[p.seq].tool if p.seq in self._entries else None
+        return self._recorder_of().diverged(p, error, {**self._where(p), "tool": name,
+                                                       "args_digest": args_digest(p.args), "error": str(error),
+                                                       "expected": expected})
 
     # -- live calls -------------------------------------------------------------------------------
 
-    def write_intent(self, p: Any) -> str | None:
+    def write_intent(self, p: InFlight) -> str | None:
         """Make the call's intent durable; the reason it could not be, or None."""
         known = self._entries.get(p.seq)
         if known is not None and known.state == "done":
@@ -273,7 +263,8 @@ class StepJournal:
             return str(exc)
         return None
 
-    def write_outcome(self, p: Any, status: str, value: Any, error: ProctorError | None, record: CallRecord) -> None:
+    def write_outcome(self, p: InFlight, status: str, value: Any, error: ProctorError | None,
+                      record: CallRecord) -> None:
         """Complete the call's entry (refused calls too; a suspended one is not journaled: it is asked again).
 
         An entry the step found complete is never overwritten (a call that ran stays recorded)."""

@@ -18,21 +18,18 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
 
 from opentelemetry.context import Context
 from opentelemetry.trace import NoOpTracer, Tracer
 
 from proctor.approval.base import ApprovalDecision, ApprovalRequest, Approver, Grant, approval_binding
-from proctor.audit.base import AuditResult, AuditSink
+from proctor.audit.base import AuditSink
 from proctor.calls import (
     STATUSES,
     CallRecord,
-    CallStatus,
     Decision,
     RunInfo,
-    SideEffect,
     new_id,
 )
 from proctor.errors import (
@@ -47,21 +44,20 @@ from proctor.errors import (
     ToolDenied,
     ToolFailed,
 )
+from proctor.gate.call import Approval, CallOutcome, CallScope, InFlight
+from proctor.gate.recorder import Recorder, log_fields, safely
 from proctor.interrupts import interruption
 from proctor.ledger.base import SharedLedger, open_ledger
-from proctor.narrowing import Layer
 from proctor.policy.admission import AdmissionPolicy, admit
 from proctor.policy.aggregates import Pipeline
-from proctor.policy.budgets import UNCOUNTED
 from proctor.policy.engine import ToolFacts
 from proctor.provenance import USER, ProvenanceIndex, ProvenanceLimits
-from proctor.redaction import Redacted, redact_args, secret_values
+from proctor.redaction import Redacted, secret_values
 from proctor.run import DEFAULT_HISTORY_LIMIT, Ledger, RunContext
 from proctor.telemetry import metrics
 from proctor.telemetry import semconv as sc
 from proctor.telemetry.logging import get_logger
 from proctor.telemetry.spans import QuietSpan, ToolSpan, get_tracer, tool_span
-from proctor.textcaps import error_fields
 from proctor.tools import Tool, as_tool, run_with_timeout
 
 __all__ = ["CallOutcome", "CallScope", "Gate", "RunContext"]
@@ -94,108 +90,6 @@ class PolicyLike(AdmissionPolicy, Protocol):
     @property
     def result_labels(self) -> tuple[str, ...]: ...
     def new_ledger(self, run: RunInfo | None = None, shared: SharedLedger | None = None) -> Ledger: ...
-
-
-@dataclass(frozen=True, slots=True)
-class CallOutcome:
-    """What `Gate.submit` returns: the call's record, and its value or the error it raised."""
-
-    record: CallRecord
-    value: Any = None
-    error: ProctorError | None = None
-
-    def unwrap(self) -> Any:
-        """The value, or raise the error."""
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-
-@dataclass(frozen=True, slots=True)
-class CallScope:
-    """What the gate hands a tool that makes governed calls of its own (a managed agent, `Tool.in_call`):
-    the gate, the run and the call it runs in, the call's span (its children nest under it) and the
-    policy's timeout for it (the tool must keep to it itself: it is not run in a thread that could be
-    abandoned while it still makes calls)."""
-
-    gate: Gate
-    context: RunContext
-    call_id: str
-    parent: Context | None
-    timeout_s: float | None
-
-
-@dataclass
-class _Approval:
-    """How an approval went, for the audit record and the span."""
-
-    verdict: str
-    approver: str
-    reason: str = ""
-    wait_ns: int = 0
-    grant: Grant | None = None
-    args: Mapping[str, Any] | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "verdict": self.verdict,
-            "approver": self.approver,
-            "reason": self.reason,
-            "wait_ns": self.wait_ns,
-            "grant": self.grant.as_dict() if self.grant else None,
-        }
-
-
-class _Pending:
-    """A call in flight: its state (see `Gate._walk`) and everything the steps learn. One per call;
-    its tool and facts are the unknown worst case until admission looks them up."""
-
-    __slots__ = ("approval", "args", "call_id", "cost", "ctx", "decision", "duration_ns", "error", "facts",
-                 "journal", "layer_facts", "layer_votes", "name", "on_result", "redacted", "reservation", "seq",
-                 "side_effect", "span", "started_ns", "state", "status", "tool", "value")
-
-    def __init__(self, name: str, call_id: str, ctx: RunContext, span: ToolSpan,
-                 on_result: Callable[[Any, ProctorError | None], None] | None, journal: Any, seq: int) -> None:
-        self.name = name
-        self.call_id = call_id
-        self.ctx = ctx
-        self.span = span
-        self.on_result = on_result
-        self.args: dict[str, Any] = {}
-        #: A durable run's journal of the step (proctor.store.journal) and the call's number in it (-1: none).
-        self.journal = journal
-        self.seq = seq
-        self.started_ns = time.perf_counter_ns()
-        self.state = "new"
-        self.tool: Tool = _NO_TOOL
-        self.facts: ToolFacts = _UNKNOWN_FACTS
-        self.side_effect: SideEffect = "destructive"
-        self.decision: Decision | None = None
-        self.cost = 0.0
-        self.redacted: Redacted | None = None
-        self.approval: _Approval | None = None
-        self.reservation: Any = None
-        self.value: Any = None
-        self.error: ProctorError | None = None
-        self.status: CallStatus = "ok"
-        self.duration_ns = 0
-        # Set (and read) only for a managed agent's call (ctx.layers): each layer's facts of the tool, and the
-        # (layer, decision) pairs (the run policy's first, layer None).
-        self.layer_facts: list[Any] = []
-        self.layer_votes: list[tuple[Layer | None, Decision]] = []
-
-
-def _no_tool() -> None:
-    """Stands in for the tool of a call that names none the gate knows; never run."""
-
-
-#: The facts of a tool the gate does not know (or could not look up): the worst case.
-_UNKNOWN_FACTS = ToolFacts("destructive", 0, None, (), "fsync")
-_NO_TOOL = Tool.from_function(_no_tool)
-
-_NOOP_TRACER = NoOpTracer()
-# States in which the call's intent record has been written.
-_INTENT_WRITTEN = frozenset({"intent", "running", "ran", "done"})
 
 
 def _hidden_fields(facts: ToolFacts) -> tuple[str, ...]:
@@ -231,28 +125,6 @@ def _put(node: Mapping[str, Any], path: list[str], value: Any) -> dict[str, Any]
     return out
 
 
-def agent_fields(ctx: RunContext) -> dict[str, Any]:
-    """The fields naming a managed agent in the audit records of its calls ({} for the run's own agent)."""
-    if ctx.parent_call_id is None:
-        return {}
-    return {"agent": ctx.info.agent, "parent_call_id": ctx.parent_call_id}
-
-
-def _safely(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-    """Telemetry must never change how a call ends: run a span setter, log what it raises."""
-    try:
-        fn(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - see the docstring
-        log.error("span_update_failed", method=getattr(fn, "__name__", "?"), error=repr(exc))
-
-
-def _fields(span: ToolSpan) -> dict[str, str]:
-    try:
-        return span.log_fields()
-    except Exception:  # noqa: BLE001 - a log line without ids beats none
-        return {}
-
-
 class Gate:
     """The single choke point every tool call goes through (see the module docstring)."""
 
@@ -276,14 +148,18 @@ class Gate:
         # Budgets shared between runs (per principal, label, global): this process's, or Redis's.
         self.ledger = open_ledger(ledger)
         self.approver = approver
-        self.audit = audit
+        #: The one writer of the gate's audit records and of its calls' endings.
+        self.recorder = Recorder(audit)
         self.tracer = get_tracer(tracer)
         self.tools: dict[str, Tool] = {}
         self._default_context: RunContext | None = None
         self._lock = threading.Lock()
-        # Without an audit sink the gate still redacts what it shows, with a per-gate key.
-        self._redaction_key = new_id().encode()
         self.register(*tools)
+
+    @property
+    def audit(self) -> AuditSink | None:
+        """The audit sink the gate's records go to (None: none kept)."""
+        return self.recorder.audit
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -319,7 +195,7 @@ class Gate:
                                   "policy_sha256": self.policy.sha256}
         if agent is not None:
             fields["agent"] = agent
-        self._record("run_started", fields, required=True)
+        self.recorder.append("run_started", fields, required=True)
         return ctx
 
     def resume_run(self, info: RunInfo, *, task: str | None = None, provenance: bool = False,
@@ -335,22 +211,22 @@ class Gate:
         ctx.provenance = self._provenance_index(task, provenance)
         if ctx.provenance is not None:
             ctx.provenance.mark_incomplete(self.policy.result_labels)
-        self._record("run_resumed", {"run_id": info.id, "principal": info.principal, "labels": dict(info.labels),
-                                     "step": info.step + 1, "policy_sha256": self.policy.sha256, **fields},
-                     required=True)
+        self.recorder.append("run_resumed", {"run_id": info.id, "principal": info.principal,
+                                             "labels": dict(info.labels), "step": info.step + 1,
+                                             "policy_sha256": self.policy.sha256, **fields}, required=True)
         return ctx
 
     def suspend_run(self, ctx: RunContext, pending: Iterable[str], **fields: Any) -> None:
         """Record that a run stopped to wait for the approvals `pending` (ids in the run store)."""
-        self._record("run_suspended", {"run_id": ctx.info.id, "step": ctx.info.step, "pending": list(pending),
-                                       **fields})
+        self.recorder.append("run_suspended", {"run_id": ctx.info.id, "step": ctx.info.step, "pending": list(pending),
+                                               **fields})
 
     def finish_run(self, ctx: RunContext, status: str = "done", **fields: Any) -> None:
         """Close a run in the audit trail."""
         summary: dict[str, int] = dict.fromkeys(STATUSES, 0)
         for ended, count in ctx.status_counts.items():
             summary[ended] = summary.get(ended, 0) + count
-        self._record("run_finished", {"run_id": ctx.info.id, "status": status, "calls": summary, **fields})
+        self.recorder.append("run_finished", {"run_id": ctx.info.id, "status": status, "calls": summary, **fields})
 
     def _provenance_index(self, task: str | None, wanted: bool = False) -> ProvenanceIndex | None:
         """A run's index of where values came from, when a policy reads it (else None: no cost)."""
@@ -361,7 +237,7 @@ class Gate:
             index.add(task, (USER,))
         return index
 
-    def _index_result(self, p: _Pending, value: Any, error: ProctorError | None) -> None:
+    def _index_result(self, p: InFlight, value: Any, error: ProctorError | None) -> None:
         """Index what a labelled tool returned (its value, or its error's text) under its labels.
 
         Called before the result reaches the caller, so the next call's decision sees it. A
@@ -373,7 +249,7 @@ class Gate:
         try:
             index.add(str(error) if error is not None else value, labels)
         except Exception as exc:  # noqa: BLE001 - the call has run; its provenance must fail safe, not crash it
-            log.error("provenance_index_failed", tool=p.name, error=repr(exc), **_fields(p.span))
+            log.error("provenance_index_failed", tool=p.name, error=repr(exc), **log_fields(p.span))
             index.mark_incomplete(labels)
 
     def default_context(self) -> RunContext:
@@ -456,12 +332,13 @@ class Gate:
             except Exception as exc:  # noqa: BLE001 - a broken tracer costs the call its span, nothing more
                 opened = self._span_failed(name, call_id, ctx, exc)
             span = opened.__enter__()
-        p = _Pending(name, call_id, ctx, span, on_result, journal, seq)
+        p = InFlight(name, call_id, ctx, span, started_ns=time.perf_counter_ns(), policy_sha256=self.policy.sha256,
+                     on_result=on_result, journal=journal, seq=seq)
         raised: BaseException | None = None
         try:
             return self._walk(p, tool, args)
         except Exception as exc:  # noqa: BLE001 - the gate must never crash its caller: end by state
-            log.error("gate_internal_error", tool=name, state=p.state, error=repr(exc), **_fields(p.span))
+            log.error("gate_internal_error", tool=name, state=p.state, error=repr(exc), **log_fields(p.span))
             return self._end_by_state(p, exc)
         except BaseException as exc:  # Ctrl-C, SIGTERM: record how the call ended, then let it through
             raised = exc
@@ -496,19 +373,20 @@ class Gate:
             record = CallRecord(call_id, tool, {}, "destructive", None, "denied", 0, reason, "ToolDenied")
             return CallOutcome(record, None, ToolDenied(reason, tool=tool, call_id=call_id))
         opened = self._open_span(tool, call_id, ctx, parent)
-        p = _Pending(tool, call_id, ctx, opened.__enter__(), None, ctx.journal, -1)
+        p = InFlight(tool, call_id, ctx, opened.__enter__(), started_ns=time.perf_counter_ns(),
+                     policy_sha256=self.policy.sha256, journal=ctx.journal)
         try:
             known = (ctx.tools if ctx.tools is not None else self.tools).get(tool)
             if known is not None:
                 p.tool = known
                 p.facts = self.policy.facts(tool, known.side_effect, known.cost)
                 p.side_effect = p.facts.side_effect
-            digest = self._redact({"sha256": args_sha256}, ()).digest if args_sha256 else None
+            digest = self.recorder.redact({"sha256": args_sha256}, ()).digest if args_sha256 else None
             p.redacted = Redacted({}, digest or "")
-            return self._refuse(p, ToolDenied(reason, tool=tool, call_id=call_id),
-                                extra={"args_bytes": args_bytes})
+            return self.recorder.refused(p, ToolDenied(reason, tool=tool, call_id=call_id),
+                                         extra={"args_bytes": args_bytes})
         except Exception as exc:  # noqa: BLE001 - the call is refused whatever fails here
-            log.error("gate_internal_error", tool=tool, state=p.state, error=repr(exc), **_fields(p.span))
+            log.error("gate_internal_error", tool=tool, state=p.state, error=repr(exc), **log_fields(p.span))
             record = CallRecord(call_id, tool, {}, "destructive", None, "denied", 0, reason, "ToolDenied")
             return CallOutcome(record, None, ToolDenied(reason, tool=tool, call_id=call_id))
         finally:
@@ -525,14 +403,14 @@ class Gate:
     # started), unknown (the tool started, its result is not known) or cancelled (interrupted
     # before the tool started). Once `running` is reached a call never ends `denied`.
 
-    def _walk(self, p: _Pending, tool: Tool | str, raw_args: Mapping[str, Any] | None) -> CallOutcome:
+    def _walk(self, p: InFlight, tool: Tool | str, raw_args: Mapping[str, Any] | None) -> CallOutcome:
         name = p.name
         ctx = p.ctx
         # The one decision (proctor.policy.admission); a managed agent's calls name its own tools.
         adm = admit(self.policy, name, raw_args, tools=self.tools if ctx.tools is None else ctx.tools, run=ctx,
                     layers=ctx.layers, expected=tool if isinstance(tool, Tool) else None)
         if adm.stage == "tool":
-            return self._refuse(p, self._placed(p, adm.refusal))
+            return self.recorder.refused(p, self._placed(p, adm.refusal))
         p.tool = cast(Tool, adm.tool)
         facts = p.facts = cast(ToolFacts, adm.facts)
         p.layer_facts = list(adm.layer_facts)
@@ -542,69 +420,68 @@ class Gate:
         # decision for metrics, and cannot fail: they are skipped, or called without `_safely`.
         recording = span.recording
         if recording:
-            _safely(span.describe, p.tool.description)
+            safely(span.describe, p.tool.description)
         if facts.redact and raw_args and isinstance(raw_args, Mapping):
             # raw, so a refusal quoting the value (a validation error) is scrubbed too
             ctx.secrets.update(secret_values(raw_args, facts.redact))
         if adm.stage == "args":
-            return self._refuse(p, self._placed(p, adm.refusal))
+            return self.recorder.refused(p, self._placed(p, adm.refusal))
         args = p.args = cast(dict[str, Any], adm.args)
         if p.journal is not None:  # a resumed step: calls made before the pause are answered from the journal
             replayed = p.journal.replay(self, p)
             if replayed is not None:
                 if ctx.provenance is not None:
-                    self._index_result(p, getattr(replayed, "value", None), getattr(replayed, "error", None))
-                p.state = "done"
-                return cast(CallOutcome, replayed)
-        p.redacted = self._redact(args, facts.redact)
+                    self._index_result(p, replayed.value, replayed.error)
+                return replayed
+        p.redacted = self.recorder.redact(args, facts.redact)
         p.state = "validated"
         if recording:
-            _safely(span.arguments, p.redacted.args)
+            safely(span.arguments, p.redacted.args)
         if adm.stage == "class":
-            return self._refuse(p, self._placed(p, adm.refusal))
+            return self.recorder.refused(p, self._placed(p, adm.refusal))
         p.side_effect = adm.side_effect
         decision = p.decision = cast(Decision, adm.decision)
         p.layer_votes = list(adm.votes)
         p.state = "decided"
         if recording:
-            _safely(span.decision, decision, p.side_effect)
+            safely(span.decision, decision, p.side_effect)
         else:
             span.decision(decision, p.side_effect)
         if adm.stage == "policy":
-            return self._refuse(p, ToolDenied(f"{name}: denied: {decision.reason}", tool=name,
-                                              call_id=p.call_id, rules=decision.rules))
+            return self.recorder.refused(p, ToolDenied(f"{name}: denied: {decision.reason}", tool=name,
+                                                       call_id=p.call_id, rules=decision.rules))
         if adm.stage == "cost":
-            return self._refuse(p, self._placed(p, adm.refusal))
+            return self.recorder.refused(p, self._placed(p, adm.refusal))
         cost = p.cost = adm.cost
         try:
             p.reservation = p.ctx.ledger.reserve(name, p.side_effect, cost)
         except BudgetExceeded as exc:
             exc.tool, exc.call_id, exc.rules = name, p.call_id, p.decision.rules
-            self._record_in(p, "budget_exhausted", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
-                                                    "budget": exc.budget, "reason": str(exc)})
-            _safely(p.span.event, sc.BUDGET_EXHAUSTED_EVENT, {sc.PROCTOR_BUDGET_NAME: exc.budget or "",
+            self.recorder.about(p, "budget_exhausted", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
+                                                        "budget": exc.budget, "reason": str(exc)})
+            safely(p.span.event, sc.BUDGET_EXHAUSTED_EVENT, {sc.PROCTOR_BUDGET_NAME: exc.budget or "",
                                                               sc.PROCTOR_REASON: str(exc)})
-            return self._refuse(p, exc)
+            return self.recorder.refused(p, exc)
         p.state = "reserved"
         if recording or metrics.enabled():  # remaining() costs a few µs; skip it when nobody reads it
-            _safely(span.budget, p.ctx.ledger.remaining())
+            safely(span.budget, p.ctx.ledger.remaining())
 
         if p.decision.outcome == "require_approval":
             p.state = "approving"
             refusal = self._approve(p)
             if refusal is not None:
-                return self._refuse(p, refusal)
+                return self.recorder.refused(p, refusal)
         p.state = "authorized"
         if p.journal is not None:
             problem = p.journal.write_intent(p)
             if problem is not None:
-                return self._refuse(p, AuditError(f"{name}: refused, the run store could not record the call "
-                                                  f"before it ran: {problem}"))
+                return self.recorder.refused(p, AuditError(f"{name}: refused, the run store could not record the call "
+                                                           f"before it ran: {problem}"))
         if self.audit is not None:
-            intent = self._record("call_intent", self._call_fields(p), durable=facts.durability != "flush")
-            if not intent.ok:
-                return self._refuse(p, AuditError(f"{name}: refused, the audit trail could not record the call "
-                                                  f"before it ran: {intent.error}"), audited=False)
+            intent = self.recorder.intent(p)
+            if intent is not None and not intent.ok:
+                return self.recorder.refused(p, AuditError(f"{name}: refused, the audit trail could not record the "
+                                                           f"call before it ran: {intent.error}"), audited=False)
         p.state = "intent"
         return self._execute(p)
 
@@ -617,16 +494,16 @@ class Gate:
     @staticmethod
     def _span_failed(name: str, call_id: str, ctx: RunContext, exc: Exception) -> tool_span:
         log.error("span_start_failed", tool=name, error=repr(exc))
-        return tool_span(_NOOP_TRACER, tool=name, call_id=call_id, run=ctx.info)
+        return tool_span(NoOpTracer(), tool=name, call_id=call_id, run=ctx.info)
 
     @staticmethod
-    def _placed(p: _Pending, refusal: ToolDenied | None) -> ToolDenied:
+    def _placed(p: InFlight, refusal: ToolDenied | None) -> ToolDenied:
         """Admission's refusal of call `p`, carrying the call's id."""
         assert refusal is not None
         refusal.call_id = p.call_id
         return refusal
 
-    def _approve(self, p: _Pending) -> CallRefused | RunSuspended | None:
+    def _approve(self, p: InFlight) -> CallRefused | RunSuspended | None:
         """Ask for approval (or find a grant); return the refusal, or None when the call may run.
 
         A managed agent's call may need several: the run policy's from the gate's approver, and
@@ -646,14 +523,14 @@ class Gate:
                 return refusal
         return None
 
-    def _ask(self, p: _Pending, approver: Approver | None, grants: list[Grant] | None
+    def _ask(self, p: InFlight, approver: Approver | None, grants: list[Grant] | None
              ) -> CallRefused | RunSuspended | None:
         """One approval of the call by `approver`; `grants`: where its grants are kept (None: the run's)."""
         assert p.decision is not None and p.redacted is not None
         name = p.name
-        grant = p.ctx._granted(name, p.args, grants)
+        grant = p.ctx.granted(name, p.args, grants)
         if grant is not None:
-            p.approval = _Approval("grant", "grant", "approved by an earlier grant for this run", grant=grant)
+            p.approval = Approval("grant", "grant", "approved by an earlier grant for this run", grant=grant)
             p.span.approval("granted", "grant", 0)
             return None
         if approver is None:
@@ -676,11 +553,12 @@ class Gate:
             redacted_args=p.redacted.args,
             parameters=p.tool.parameters,
         )
-        self._record_in(p, "approval_requested", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
-                                                  "args": p.redacted.args, "rules": list(p.decision.rules),
-                                                  "reason": p.decision.reason, "expires_at_ns": request.expires_at_ns,
-                                                  "binding": request.binding})
-        _safely(p.span.event, sc.APPROVAL_REQUESTED_EVENT, {"proctor.approval.expires_at_ns": request.expires_at_ns})
+        self.recorder.about(p, "approval_requested", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
+                                                      "args": p.redacted.args, "rules": list(p.decision.rules),
+                                                      "reason": p.decision.reason,
+                                                      "expires_at_ns": request.expires_at_ns,
+                                                      "binding": request.binding})
+        safely(p.span.event, sc.APPROVAL_REQUESTED_EVENT, {"proctor.approval.expires_at_ns": request.expires_at_ns})
         asked = time.perf_counter_ns()
         # The policy's approval timeout holds even for an approver that never answers (a
         # callback stuck on a socket): past expiry and a short grace, the call is refused.
@@ -693,16 +571,17 @@ class Gate:
             if p.ctx.parent_call_id is not None:  # a managed agent cannot stop its parent's run to wait
                 refused = self._cannot_suspend(p, approver, suspended)
                 p.span.approval("timeout", type(approver).__name__, wait_ns)
-                self._record_in(p, "approval_resolved", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
-                                                         "verdict": "timeout", "approver": type(approver).__name__,
-                                                         "reason": str(suspended), "wait_ns": wait_ns, "grant": None,
-                                                         "refused": str(refused)})
+                self.recorder.about(p, "approval_resolved", {"run_id": p.ctx.info.id, "call_id": p.call_id,
+                                                             "tool": name, "verdict": "timeout",
+                                                             "approver": type(approver).__name__,
+                                                             "reason": str(suspended), "wait_ns": wait_ns,
+                                                             "grant": None, "refused": str(refused)})
                 return refused
             p.span.approval("suspended", type(approver).__name__, wait_ns)
-            self._record_in(p, "approval_resolved", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
-                                                     "verdict": "suspended", "approver": type(approver).__name__,
-                                                     "reason": str(suspended), "approval_id": suspended.approval_id,
-                                                     "wait_ns": wait_ns, "grant": None, "refused": None})
+            self.recorder.about(p, "approval_resolved", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
+                                                         "verdict": "suspended", "approver": type(approver).__name__,
+                                                         "reason": str(suspended), "approval_id": suspended.approval_id,
+                                                         "wait_ns": wait_ns, "grant": None, "refused": None})
             return suspended
         except TimeoutError:
             answer = ApprovalDecision.deny(request, "timeout", f"no answer from {type(approver).__name__} "
@@ -713,16 +592,16 @@ class Gate:
         p.state = "authorized"  # answered (the answer may still refuse the call)
         refusal = self._judge_answer(p, request, answer, grants)
         verdict = "denied" if refusal is not None else answer.verdict
-        p.approval = p.approval or _Approval(verdict, answer.approver, answer.reason)
+        p.approval = p.approval or Approval(verdict, answer.approver, answer.reason)
         p.approval.wait_ns = wait_ns
         p.span.approval(verdict if refusal is None else ("timeout" if answer.timed_out else "denied"),
                         answer.approver, wait_ns)
-        self._record_in(p, "approval_resolved", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
-                                                 **p.approval.as_dict(),
-                                                 "refused": str(refusal) if refusal is not None else None})
+        self.recorder.about(p, "approval_resolved", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
+                                                     **p.approval.as_dict(),
+                                                     "refused": str(refusal) if refusal is not None else None})
         return refusal
 
-    def _cannot_suspend(self, p: _Pending, approver: Approver, suspended: RunSuspended) -> CallRefused:
+    def _cannot_suspend(self, p: InFlight, approver: Approver, suspended: RunSuspended) -> CallRefused:
         """An inbox had no answer for a managed agent's call within its wait: refused (the run goes on)."""
         store = getattr(approver, "store", None)
         if suspended.approval_id and store is not None:
@@ -737,7 +616,7 @@ class Gate:
                                "(give InboxApprover a longer wait= for calls made by managed agents)",
                                tool=p.name, call_id=p.call_id, rules=p.decision.rules if p.decision else ())
 
-    def _judge_answer(self, p: _Pending, request: ApprovalRequest, answer: Any,
+    def _judge_answer(self, p: InFlight, request: ApprovalRequest, answer: Any,
                       grants: list[Grant] | None = None) -> CallRefused | None:
         assert p.decision is not None
         name, rules = p.name, p.decision.rules
@@ -758,9 +637,8 @@ class Gate:
             if grant.tool != name:
                 return ApprovalDenied(f"{name}: approval rejected: a grant for {grant.tool!r} answers no call to it",
                                       tool=name, call_id=p.call_id, rules=rules)
-            with p.ctx._lock:
-                (p.ctx.grants if grants is None else grants).append(grant)
-            p.approval = _Approval("grant", answer.approver, answer.reason, grant=grant)
+            p.ctx.add_grant(grant, grants)
+            p.approval = Approval("grant", answer.approver, answer.reason, grant=grant)
         elif answer.verdict == "edit":
             return self._apply_edit(p, answer)
         elif answer.verdict != "approve":
@@ -768,7 +646,7 @@ class Gate:
                                   tool=name, call_id=p.call_id, rules=rules)
         return None
 
-    def _apply_edit(self, p: _Pending, answer: ApprovalDecision) -> CallRefused | None:
+    def _apply_edit(self, p: InFlight, answer: ApprovalDecision) -> CallRefused | None:
         """Edited arguments are a new call: admitted again (the one decision), never trusted blindly."""
         name = p.name
         hidden = _hidden_fields(p.facts)
@@ -780,14 +658,14 @@ class Gate:
         adm = admit(self.policy, name, given, tools={name: p.tool}, run=p.ctx, layers=p.ctx.layers)
         decision = adm.decision
         if adm.stage == "args":
-            return self._clean(p, ApprovalDenied(f"{name}: edited arguments rejected: {adm.refusal}", tool=name,
-                                                 call_id=p.call_id))
+            return self.recorder.clean(p, ApprovalDenied(f"{name}: edited arguments rejected: {adm.refusal}", tool=name,
+                                                         call_id=p.call_id))
         if adm.stage == "policy" and decision is not None:
             return ApprovalDenied(f"{name}: edited arguments denied by the policy: {decision.reason}",
                                   tool=name, call_id=p.call_id, rules=decision.rules)
         if adm.stage != "decided" or decision is None:  # its class or its cost could not be computed
-            return self._clean(p, ApprovalDenied(f"{name}: edited arguments refused: {adm.refusal}", tool=name,
-                                                 call_id=p.call_id, rules=decision.rules if decision else ()))
+            return self.recorder.clean(p, ApprovalDenied(f"{name}: edited arguments refused: {adm.refusal}", tool=name,
+                                                         call_id=p.call_id, rules=decision.rules if decision else ()))
         if adm.side_effect != p.side_effect or adm.cost != p.cost:
             # Budgets match on the class and count the cost: the edited call is reserved anew, at its own.
             try:
@@ -802,14 +680,14 @@ class Gate:
         original = p.redacted
         p.args, p.decision = cast(dict[str, Any], adm.args), decision
         p.layer_votes = list(adm.votes)
-        p.redacted = self._redact(p.args, p.facts.redact)
+        p.redacted = self.recorder.redact(p.args, p.facts.redact)
         p.span.arguments(p.redacted.args)
-        p.approval = _Approval("edit", answer.approver, answer.reason,
+        p.approval = Approval("edit", answer.approver, answer.reason,
                                args={"original_digest": original.digest if original else None})
         p.span.decision(decision, p.side_effect)
         return None
 
-    def _execute(self, p: _Pending) -> CallOutcome:
+    def _execute(self, p: InFlight) -> CallOutcome:
         name = p.name
         began = time.perf_counter_ns()
         p.state = "running"
@@ -832,220 +710,56 @@ class Gate:
         p.state = "ran"
         return self._after_run(p)
 
-    def _after_run(self, p: _Pending) -> CallOutcome:
-        """Answer, settle, record and trace a call whose tool returned. Each part is guarded on
-        its own: nothing that fails here changes how the call ended (the tool has run)."""
-        name = p.name
-        error = p.error = self._clean(p, p.error) if p.error is not None else None
+    def _after_run(self, p: InFlight) -> CallOutcome:
+        """Index and hand on the result of a call whose tool returned, then end it (the recorder). Each part
+        is guarded on its own: nothing that fails here changes how the call ended (the tool has run)."""
+        error = p.error = self.recorder.clean(p, p.error) if p.error is not None else None
         if p.ctx.provenance is not None:  # before the caller sees the result: its next call is decided on it
             self._index_result(p, p.value, error)
         if p.on_result is not None:
             try:
                 p.on_result(p.value, error)
             except Exception as exc:  # noqa: BLE001 - the call has run; recording it comes first
-                log.error("on_result_failed", tool=name, error=repr(exc), **_fields(p.span))
-        if p.reservation is not UNCOUNTED:  # nothing to settle (and a call with keywords less)
-            try:
-                p.ctx.ledger.settle(p.reservation, duration_ns=p.duration_ns)
-            except Exception as exc:  # noqa: BLE001 - the budget may now under-count; say so
-                log.error("budget_settle_failed", tool=name, error=repr(exc), **_fields(p.span))
-        # Outcomes are written, not fsynced (docs/audit.md §3): the next durable record — the next
-        # intent of a call with effects, a checkpoint, close — makes them durable before another tool
-        # with effects runs; a power cut before that leaves the intent, which reopening closes `unknown`.
-        # One fsync a call instead of two, shared between threads by group commit.
-        outcome = None if self.audit is None else self._record(
-            "call_outcome", self._outcome_fields(p, p.status, error, p.duration_ns), durable=False)
-        if outcome is not None and not outcome.ok:
-            # The tool already ran: its result stands, and the failed sink refuses every later intent.
-            log.error("audit_outcome_lost", tool=name, error=outcome.error, **_fields(p.span))
-        span = p.span
-        if error is None and span.recording and span.capturing:  # results get the policy's redaction too
-            _safely(span.result, p.value, redact=lambda v: self._redact(v, p.facts.redact).args)
-        try:  # `_safely`, inline: this is every call's path
-            if error is None:
-                span.finish(p.status)
-            else:
-                span.finish(p.status, error.error_type if isinstance(error, ToolFailed) else None, str(error))
-        except Exception as exc:  # noqa: BLE001 - telemetry must never change how a call ends
-            log.error("span_update_failed", method="finish", error=repr(exc))
-        p.state = "done"
-        record = self._remember(p, p.status, error)
-        if p.journal is not None:
-            p.journal.write_outcome(p, p.status, p.value, error, record)
-        return CallOutcome(record, p.value, error)
+                log.error("on_result_failed", tool=p.name, error=repr(exc), **log_fields(p.span))
+        return self.recorder.finished(p)
 
-    def _end_by_state(self, p: _Pending, exc: Exception) -> CallOutcome:
+    def _end_by_state(self, p: InFlight, exc: Exception) -> CallOutcome:
         """End a call after an unexpected fault, as its state allows: refused only if the tool never started."""
         if p.state == "done":  # only remembering it failed
-            return CallOutcome(self._record_of(p, p.status, p.error), p.value, p.error)
+            return CallOutcome(self.recorder.record_of(p, p.status, p.error), p.value, p.error)
         if p.state == "ran":
             return self._after_run(p)
         if p.state == "running":
             error = ToolFailed(f"{p.name}: the gate failed while the tool ran; it may have run: {exc!r}",
                                tool=p.name, call_id=p.call_id, error_type=type(exc).__name__)
-            return self._end_unknown(p, "unknown", error)
-        return self._refuse(p, ToolDenied(f"{p.name}: refused, the gate failed: {exc!r}", tool=p.name,
-                                          call_id=p.call_id))
+            return self.recorder.interrupted(p, "unknown", error)
+        return self.recorder.refused(p, ToolDenied(f"{p.name}: refused, the gate failed: {exc!r}", tool=p.name,
+                                                   call_id=p.call_id))
 
-    def _end_interrupted(self, p: _Pending, exc: BaseException) -> None:
+    def _end_interrupted(self, p: InFlight, exc: BaseException) -> None:
         """Record how a call ended when the host was interrupted during it (the interrupt then goes on)."""
         why = interruption(exc)
         try:
             if p.state == "ran":
                 self._after_run(p)
             elif p.state == "running":
-                self._end_unknown(p, "unknown", ToolFailed(
-                    f"{p.name}: interrupted ({why}) while the tool ran; it may have run", tool=p.name,
-                    call_id=p.call_id, error_type=type(exc).__name__))
+                self.recorder.interrupted(p, "unknown", ToolFailed(
+                            f"{p.name}: interrupted ({why}) while the tool ran; it may have run", tool=p.name,
+                            call_id=p.call_id, error_type=type(exc).__name__))
             elif p.state != "done":
                 if p.state == "approving":
-                    self._record_in(p, "approval_resolved", {"run_id": p.ctx.info.id, "call_id": p.call_id,
-                                                             "tool": p.name, "verdict": "cancelled", "approver": None,
-                                                             "reason": f"interrupted ({why})", "wait_ns": 0,
-                                                             "grant": None, "refused": None})
-                    _safely(p.span.event, sc.APPROVAL_RESOLVED_EVENT, {sc.PROCTOR_APPROVAL_OUTCOME: "cancelled"})
-                self._end_unknown(p, "cancelled", CallRefused(
-                    f"{p.name}: cancelled ({why}) before the tool ran", tool=p.name, call_id=p.call_id))
+                    self.recorder.about(p, "approval_resolved", {"run_id": p.ctx.info.id, "call_id": p.call_id,
+                                                                 "tool": p.name, "verdict": "cancelled",
+                                                                 "approver": None,
+                                                                 "reason": f"interrupted ({why})", "wait_ns": 0,
+                                                                 "grant": None, "refused": None})
+                    safely(p.span.event, sc.APPROVAL_RESOLVED_EVENT, {sc.PROCTOR_APPROVAL_OUTCOME: "cancelled"})
+                self.recorder.interrupted(p, "cancelled", CallRefused(
+                            f"{p.name}: cancelled ({why}) before the tool ran", tool=p.name, call_id=p.call_id))
         except Exception as inner:  # noqa: BLE001 - the interrupt matters more than its record
             log.error("gate_interrupt_record_failed", tool=p.name, error=repr(inner))
 
-    def _end_unknown(self, p: _Pending, status: CallStatus, error: ProctorError) -> CallOutcome:
-        """End a call as `unknown` (the tool started) or `cancelled` (it had not)."""
-        error = self._clean(p, error)
-        if p.reservation is not None:
-            try:
-                if status == "unknown":  # it may have run: count it
-                    p.ctx.ledger.settle(p.reservation, duration_ns=0)
-                else:
-                    p.ctx.ledger.release(p.reservation)
-            except Exception as exc:  # noqa: BLE001 - logged; the ending is recorded regardless
-                log.error("budget_settle_failed", tool=p.name, error=repr(exc), **_fields(p.span))
-            p.reservation = None
-        if self.audit is not None:
-            if p.state not in _INTENT_WRITTEN:
-                fields = self._call_fields(p)
-                fields.update(error_fields(error))  # capped, with the digest of what was cut
-                self._record("call_intent", fields, durable=False)
-            self._record("call_outcome", self._outcome_fields(p, status, error, 0))
-        _safely(p.span.event, sc.CALL_INTERRUPTED_EVENT, {sc.PROCTOR_STATUS: status, sc.PROCTOR_REASON: str(error)})
-        _safely(p.span.finish, status, error.error_type if isinstance(error, ToolFailed) else type(error).__name__,
-                str(error))
-        p.state = "done"
-        return CallOutcome(self._remember(p, status, error), None, error)
-
-    # -- helpers --------------------------------------------------------------------------------
-
-    def _refuse(self, p: _Pending, error: ProctorError, *, audited: bool = True,
-                extra: Mapping[str, Any] | None = None) -> CallOutcome:
-        """Record a call that did not run (its intent, with `extra` fields, and a `denied` outcome)."""
-        error = self._clean(p, error)
-        if p.reservation is not None:
-            try:
-                p.ctx.ledger.release(p.reservation)
-            except Exception as exc:  # noqa: BLE001 - the refusal stands; the ledger may over-count
-                log.error("budget_release_failed", tool=p.name, error=repr(exc), **_fields(p.span))
-            p.reservation = None
-        if audited and self.audit is not None:
-            fields = self._call_fields(p)
-            fields.update(error_fields(error))  # capped, with the digest of what was cut
-            if extra:
-                fields.update(extra)
-            self._record("call_intent", fields, durable=False)
-            self._record("call_outcome", self._outcome_fields(p, "denied", error, 0), durable=False)
-        if isinstance(error, CallRefused):
-            _safely(p.span.event, sc.CALL_REFUSED_EVENT, {sc.ERROR_TYPE: type(error).__name__,
-                                                          sc.PROCTOR_REASON: str(error)})
-        _safely(p.span.finish, "denied", type(error).__name__, str(error))
-        p.state = "done"
-        record = self._remember(p, "denied", error)
-        if p.journal is not None:
-            p.journal.write_outcome(p, "denied", None, error, record)
-        return CallOutcome(record, None, error)
-
-    def _record_of(self, p: _Pending, status: CallStatus, error: ProctorError | None) -> CallRecord:
-        return CallRecord(
-            p.call_id, p.name, p.redacted.args if p.redacted else {}, p.side_effect, p.decision, status,
-            time.perf_counter_ns() - p.started_ns,  # duration_ns
-            str(error) if error else None, type(error).__name__ if error else None,  # error, error_type
-            f"{p.approval.verdict} by {p.approval.approver}" if p.approval else None,  # approval
-            error.budget if isinstance(error, BudgetExceeded) else None,  # budget
-        )
-
-    def _remember(self, p: _Pending, status: CallStatus, error: ProctorError | None) -> CallRecord:
-        if error is None:  # every call that succeeded: `_record_of` inline, without the error's fields
-            record = CallRecord(p.call_id, p.name, p.redacted.args if p.redacted else {}, p.side_effect, p.decision,
-                                status, time.perf_counter_ns() - p.started_ns, None, None,
-                                f"{p.approval.verdict} by {p.approval.approver}" if p.approval else None, None)
-        else:
-            record = self._record_of(p, status, error)
-        p.ctx._remember_row(p.name, p.args, p.side_effect, p.decision.outcome if p.decision else "deny", status,
-                            record, p.facts.labels)
-        return record
-
-    def _outcome_fields(self, p: _Pending, status: CallStatus, error: ProctorError | None,
-                        duration_ns: int) -> dict[str, Any]:
-        fields = {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": p.name, "status": status,
-                  "duration_ns": duration_ns, **error_fields(error if error else None),
-                  "policy_sha256": self.policy.sha256, "trace_id": p.span.trace_id, "span_id": p.span.span_id}
-        if p.ctx.parent_call_id is not None:
-            fields.update(agent_fields(p.ctx))
-        return fields
-
-    def _call_fields(self, p: _Pending) -> dict[str, Any]:
-        d = p.decision
-        fields = {
-            "run_id": p.ctx.info.id, "step": p.ctx.info.step, "principal": p.ctx.info.principal,
-            "call_id": p.call_id, "tool": p.name, "side_effect": p.side_effect,
-            "args": p.redacted.args if p.redacted else {}, "args_digest": p.redacted.digest if p.redacted else None,
-            "decision": d.outcome if d else None, "rules": list(d.rules) if d else [],
-            "reason": d.reason if d else None, "policy_sha256": self.policy.sha256,
-            "approval": p.approval.as_dict() if p.approval else None,
-            "trace_id": p.span.trace_id, "span_id": p.span.span_id,
-        }
-        if p.ctx.parent_call_id is not None:
-            fields.update(agent_fields(p.ctx))
-        return fields
-
-    def _approver_view(self, p: _Pending, args: Mapping[str, Any]) -> dict[str, Any]:
+    def _approver_view(self, p: InFlight, args: Mapping[str, Any]) -> dict[str, Any]:
         """The arguments as an approver sees them: clear, but for fields hidden from approvers too."""
         hidden = _hidden_fields(p.facts)
-        return self._redact(args, hidden).args if hidden else dict(args)
-
-    @staticmethod
-    def _clean(p: _Pending, error: ProctorErrorT) -> ProctorErrorT:
-        """The error without any clear value of a redacted argument (its message may quote one)."""
-        if p.ctx.secrets:
-            text = str(error)
-            cleaned = p.ctx.scrub(text)
-            if cleaned != text:
-                error.args = (cleaned,)
-        return error
-
-    def _redact(self, args: Mapping[str, Any], fields: tuple[str, ...]) -> Redacted:
-        if self.audit is not None:
-            return self.audit.redact(args, fields)
-        if not fields:  # nothing to hide and no digest to keep
-            return Redacted(dict(args), "")
-        # No audit trail: redact for spans and approvers, but no record will hold a digest.
-        return redact_args(args, fields, self._redaction_key, digest=False)
-
-    def _record_in(self, p: _Pending, kind: str, fields: Mapping[str, Any]) -> Any:
-        """`_record` of a record about call `p`: a managed agent's carry its name (`agent_fields`)."""
-        if p.ctx.parent_call_id is not None:
-            fields = {**fields, **agent_fields(p.ctx)}
-        return self._record(kind, fields)
-
-    def _record(self, kind: str, fields: Mapping[str, Any], *, durable: bool = True,
-                required: bool = False) -> Any:
-        """Append to the audit sink, if any; a failure raises only when `required`."""
-        if self.audit is None:
-            return None
-        try:
-            result = self.audit.append(kind, fields, durable=durable)
-        except Exception as exc:  # noqa: BLE001 - sinks should not raise; treat it as a failed write
-            result = AuditResult(ok=False, error=repr(exc))
-        if not result.ok:
-            log.error("audit_write_failed", kind=kind, error=result.error)
-            if required:
-                raise AuditError(f"the audit trail could not record {kind}: {result.error}")
-        return result
+        return self.recorder.redact(args, hidden).args if hidden else dict(args)
