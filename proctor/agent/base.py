@@ -148,6 +148,7 @@ class AgentBase:
         ledger: SharedLedger | str | None = None,
         description: str | None = None,
         managed_agents: Sequence[AgentBase] = (),
+        shadow: Policy | str | os.PathLike[str] | None = None,
     ) -> None:
         if max_steps < 1:
             raise ConfigurationError("max_steps must be at least 1")
@@ -173,7 +174,8 @@ class AgentBase:
             if p is not None))
         # Any: the gate's PolicyLike protocol is structural and Policy satisfies it at run time.
         self.gate = Gate(cast(Any, self.policy if self.policy is not None else _no_policy()), approver=approver,
-                         audit=self.audit, tracer=self.tracer, tools=tools, ledger=ledger)
+                         audit=self.audit, tracer=self.tracer, tools=tools, ledger=ledger,
+                         shadow=load_policy(shadow) if shadow is not None else None)
         self.tools: list[Tool] = list(self.gate.tools.values())
         self.max_steps = max_steps
         self.planning_interval = planning_interval

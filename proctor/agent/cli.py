@@ -58,6 +58,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tools", metavar="MOD[:ATTR]", action="append", required=True,
                    help="tools: a module of @tool functions, or MOD:ATTR naming a tool or a list (repeatable)")
     p.add_argument("--policy", metavar="P", required=True, help="the policy file (YAML)")
+    p.add_argument("--shadow", metavar="P",
+                   help="a candidate policy that decides every call beside --policy and never acts: where it "
+                        "disagrees, a shadow_decision record (docs/operations.md)")
     p.add_argument("--model", metavar="ID", required=True,
                    help="a litellm model id: openai/gpt-4o-mini, anthropic/claude-3-5-haiku-latest, "
                         "ollama_chat/qwen2.5-coder:7b …")
@@ -119,6 +122,7 @@ def main(args: argparse.Namespace) -> int:
         from proctor.policy import Policy
 
         policy = Policy.from_yaml(args.policy)
+        args.shadow = Policy.from_yaml(args.shadow) if args.shadow else None
     except PolicyError as exc:
         print(terminal_safe(str(exc), keep_newlines=True), file=sys.stderr)
         return 1
@@ -173,11 +177,11 @@ def _run(args: argparse.Namespace, tools: list[Any], policy: Any, approver: Any)
     if args.agent == "code":
         agent = CodeAgent(tools, model, policy, approver=approver, audit=args.audit, max_steps=args.max_steps,
                           authorized_imports=args.imports, sandbox=args.sandbox, timeout=args.timeout,
-                          audit_key=args.audit_key, ledger=args.ledger, **callbacks)
+                          audit_key=args.audit_key, ledger=args.ledger, shadow=args.shadow, **callbacks)
     else:
         agent = ToolCallingAgent(tools, model, policy, approver=approver, audit=args.audit,
                                  max_steps=args.max_steps, audit_key=args.audit_key,
-                                 ledger=args.ledger, **callbacks)
+                                 ledger=args.ledger, shadow=args.shadow, **callbacks)
     if progress.enabled:
         agent._call_listeners.append(progress.call)
     with agent:

@@ -78,12 +78,13 @@ class CodeAgent(AgentBase):
         ledger: SharedLedger | str | None = None,
         description: str | None = None,
         managed_agents: Sequence[AgentBase] = (),
+        shadow: Policy | str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(tools, model, policy, approver=approver, audit=audit, max_steps=max_steps,
                          planning_interval=planning_interval, final_answer_checks=final_answer_checks,
                          tracer=tracer, name=name, instructions=instructions, step_callbacks=step_callbacks,
                          program_callbacks=program_callbacks, store=store, audit_key=audit_key,
-                         ledger=ledger, description=description, managed_agents=managed_agents)
+                         ledger=ledger, description=description, managed_agents=managed_agents, shadow=shadow)
         self.authorized_imports = tuple(authorized_imports)
         self.sandbox = sandbox
         self.timeout = timeout

@@ -26,6 +26,7 @@ from proctor.tools import Tool
 if TYPE_CHECKING:
     from proctor.gate.gate import Gate
     from proctor.gate.journal import StepJournal
+    from proctor.gate.shadow import Verdict
     from proctor.run import RunContext
 
 __all__ = ["UNKNOWN_FACTS", "Approval", "CallOutcome", "CallScope", "InFlight", "agent_fields"]
@@ -96,7 +97,8 @@ class InFlight:
 
     __slots__ = ("approval", "args", "call_id", "cost", "ctx", "decision", "duration_ns", "error", "facts",
                  "journal", "layer_facts", "layer_votes", "name", "on_result", "policy_sha256", "redacted",
-                 "reservation", "seq", "side_effect", "span", "started_ns", "state", "status", "tool", "value")
+                 "reservation", "seq", "shadow", "shadow_verdict", "side_effect", "span", "started_ns", "state",
+                 "status", "tool", "value")
 
     def __init__(self, name: str, call_id: str, ctx: RunContext, span: ToolSpan, *, started_ns: int,
                  policy_sha256: str, on_result: Callable[[Any, ProctorError | None], None] | None = None,
@@ -132,6 +134,10 @@ class InFlight:
         # (layer, decision) pairs (the run policy's first, layer None).
         self.layer_facts: list[ToolFacts] = []
         self.layer_votes: list[tuple[Layer | None, Decision]] = []
+        #: A shadow policy's ledger and how it would count the call (`proctor.gate.shadow`), when one admitted it.
+        self.shadow: tuple[Any, SideEffect, float] | None = None
+        #: The shadow policy's verdict, kept until the enforced one is known (after budgets).
+        self.shadow_verdict: Verdict | None = None
 
 
 def agent_fields(ctx: RunContext) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from proctor.errors import (
 from proctor.gate.approval import ApprovalStep
 from proctor.gate.call import CallOutcome, CallScope, InFlight
 from proctor.gate.recorder import Recorder, log_fields, safely
+from proctor.gate.shadow import Shadow, Verdict, verdict_of
 from proctor.interrupts import interruption
 from proctor.ledger.base import SharedLedger, open_ledger
 from proctor.policy.admission import AdmissionPolicy, admit
@@ -102,6 +103,7 @@ class Gate:
         history_limit: int = DEFAULT_HISTORY_LIMIT,
         ledger: SharedLedger | str | None = None,
         provenance_limits: ProvenanceLimits | None = None,
+        shadow: PolicyLike | None = None,
     ) -> None:
         self.policy = policy
         #: Caps of each run's provenance index (kept only when the policy calls provenance()/from_user()).
@@ -116,6 +118,8 @@ class Gate:
         self.tracer = get_tracer(tracer)
         #: The approval step of calls the policy sends to a human (or a grant).
         self.approvals = ApprovalStep(self)
+        #: A candidate policy deciding every call beside `policy`, never acting (`proctor.gate.shadow`).
+        self.shadow = Shadow(shadow, self.recorder) if shadow is not None else None
         self.tools: dict[str, Tool] = {}
         self._default_context: RunContext | None = None
         self._lock = threading.Lock()
@@ -192,6 +196,8 @@ class Gate:
         for ended, count in ctx.status_counts.items():
             summary[ended] = summary.get(ended, 0) + count
         self.recorder.append("run_finished", {"run_id": ctx.info.id, "status": status, "calls": summary, **fields})
+        if self.shadow is not None:
+            self.shadow.finished(ctx.info.id)
 
     def _provenance_index(self, task: str | None, wanted: bool = False) -> ProvenanceIndex | None:
         """A run's index of where values came from, when a policy reads it (else None: no cost)."""
@@ -372,8 +378,15 @@ class Gate:
         name = p.name
         ctx = p.ctx
         # The one decision (proctor.policy.admission); a managed agent's calls name its own tools.
-        adm = admit(self.policy, name, raw_args, tools=self.tools if ctx.tools is None else ctx.tools, run=ctx,
-                    layers=ctx.layers, expected=tool if isinstance(tool, Tool) else None)
+        table = self.tools if ctx.tools is None else ctx.tools
+        expected = tool if isinstance(tool, Tool) else None
+        adm = admit(self.policy, name, raw_args, tools=table, run=ctx, layers=ctx.layers, expected=expected)
+        if self.shadow is not None and ctx.journal is None:  # (a replayed call was decided when it first ran)
+            shadowed = self.shadow.admit(p, raw_args, table, expected)
+            if adm.stage != "decided":
+                self.shadow.compare(p, verdict_of(adm), shadowed)
+            else:  # compared once its budgets answered
+                p.shadow_verdict = shadowed
         if adm.stage == "tool":
             return self.recorder.refused(p, self._placed(p, adm.refusal))
         p.tool = cast(Tool, adm.tool)
@@ -426,8 +439,13 @@ class Gate:
                                                         "budget": exc.budget, "reason": str(exc)})
             safely(p.span.event, sc.BUDGET_EXHAUSTED_EVENT, {sc.PROCTOR_BUDGET_NAME: exc.budget or "",
                                                               sc.PROCTOR_REASON: str(exc)})
+            if self.shadow is not None:
+                self.shadow.compare(p, Verdict("deny", p.decision.rules, str(exc), exc.budget), p.shadow_verdict)
             return self.recorder.refused(p, exc)
         p.state = "reserved"
+        if self.shadow is not None:
+            self.shadow.compare(p, verdict_of(adm), p.shadow_verdict)
+            self.shadow.went_on(p)
         if recording or metrics.enabled():  # remaining() costs a few µs; skip it when nobody reads it
             safely(span.budget, p.ctx.ledger.remaining())
 

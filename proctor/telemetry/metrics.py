@@ -41,6 +41,7 @@ __all__ = [
     "record_approval",
     "record_budget",
     "record_call",
+    "record_shadow",
     "record_step",
     "use_meter_provider",
 ]
@@ -77,6 +78,7 @@ class _Instruments:
         self._decisions: dict[tuple[str, str, str, str, str | None], int] = {}
         self._budgets: dict[tuple[str, str], int | float] = {}
         self._steps: dict[str, int] = {}
+        self._shadow: dict[tuple[str, str, str], int] = {}
         meter.create_observable_counter(
             sc.PROCTOR_DECISIONS, callbacks=[self._observe_decisions], unit="{call}",
             description="Tool calls by policy decision, side-effect class and status")
@@ -86,6 +88,9 @@ class _Instruments:
             description="What a budget has left after the last reservation")
         meter.create_observable_counter(sc.PROCTOR_STEPS, callbacks=[self._observe_steps], unit="{step}",
                                         description="Agent steps")
+        meter.create_observable_counter(
+            sc.PROCTOR_SHADOW_DISAGREEMENTS, callbacks=[self._observe_shadow], unit="{call}",
+            description="Calls a shadow policy decided otherwise than the enforced one")
         self.tool_duration = meter.create_histogram(
             sc.GEN_AI_EXECUTE_TOOL_DURATION, unit="s", description="Duration of a tool call through the gate",
             explicit_bucket_boundaries_advisory=TOOL_DURATION_BUCKETS)
@@ -107,6 +112,17 @@ class _Instruments:
     def count_step(self, agent_name: str) -> None:
         with self._lock:
             self._steps[agent_name] = self._steps.get(agent_name, 0) + 1
+
+    def count_shadow(self, key: tuple[str, str, str]) -> None:
+        with self._lock:
+            self._shadow[key] = self._shadow.get(key, 0) + 1
+
+    def _observe_shadow(self, options: CallbackOptions) -> Iterator[Observation]:
+        with self._lock:
+            items = list(self._shadow.items())
+        for (tool, enforced, shadow), count in items:
+            yield Observation(count, {sc.GEN_AI_TOOL_NAME: tool, sc.PROCTOR_DECISION: enforced,
+                                      "proctor.shadow.decision": shadow})
 
     def _observe_decisions(self, options: CallbackOptions) -> Iterator[Observation]:
         with self._lock:
@@ -201,6 +217,13 @@ def record_agent(*, agent_name: str, duration_s: float, error_type: str | None) 
     if error_type:
         attrs[sc.ERROR_TYPE] = error_type
     _inst.agent_duration.record(duration_s, attrs)
+
+
+def record_shadow(*, tool: str, enforced: str, shadow: str) -> None:
+    """One call a shadow policy decided `shadow` where the enforced policy decided `enforced`."""
+    if not enabled():
+        return
+    _inst.count_shadow((tool, enforced, shadow))
 
 
 def record_step(*, agent_name: str) -> None:

@@ -22,6 +22,8 @@ __all__ = [
     "BUDGET_EXHAUSTED_EVENT",
     "CALL_INTERRUPTED_EVENT",
     "CALL_REFUSED_EVENT",
+    "SHADOW_DECISION_EVENT",
+    "PROCTOR_SHADOW_DISAGREEMENTS",
     "ERROR_OTHER",
     "ERROR_TYPE",
     "EXECUTE_TOOL",
@@ -94,6 +96,8 @@ APPROVAL_REQUESTED_EVENT: Final = "proctor.approval.requested"
 APPROVAL_RESOLVED_EVENT: Final = "proctor.approval.resolved"
 #: A budget refused the call: `proctor.budget.name`, `proctor.reason`.
 BUDGET_EXHAUSTED_EVENT: Final = "proctor.budget.exhausted"
+#: A shadow policy decided a call otherwise than the enforced one (both decisions as attributes).
+SHADOW_DECISION_EVENT: Final = "proctor.shadow_decision"
 #: The host was interrupted (Ctrl-C, SIGTERM) during the call: `proctor.status` unknown | cancelled.
 CALL_INTERRUPTED_EVENT: Final = "proctor.call.interrupted"
 
@@ -164,3 +168,5 @@ PROCTOR_APPROVAL_WAIT: Final = "proctor.approval.wait"
 PROCTOR_BUDGET_REMAINING: Final = "proctor.budget.remaining"
 #: Counter of agent steps, by agent name.
 PROCTOR_STEPS: Final = "proctor.steps"
+#: Counter of calls a shadow policy decided otherwise than the enforced one, by tool and both outcomes.
+PROCTOR_SHADOW_DISAGREEMENTS: Final = "proctor.shadow.disagreements"
