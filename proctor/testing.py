@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from proctor.agent.models import ModelResponse, ScriptedModel
-from proctor.audit.base import AuditResult
+from proctor.audit.base import KINDS, AuditResult
 from proctor.calls import new_id
 from proctor.redaction import Redacted, redact_args
 
@@ -48,6 +48,8 @@ class InMemoryAudit:
                 return AuditResult(ok=False, error="the audit sink is closed")
             if kind in self.fail_on:
                 return AuditResult(ok=False, error=f"simulated failure writing {kind}")
+            if kind not in KINDS:  # as the real sinks refuse it
+                return AuditResult(ok=False, error=f"kind {kind!r} cannot be appended (allowed: {', '.join(KINDS)})")
             seq = len(self.records)
             self.records.append({"seq": seq, "kind": kind, "durable": durable, **fields})
             return AuditResult(ok=True, seq=seq)

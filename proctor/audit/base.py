@@ -32,6 +32,11 @@ KINDS = (
     "run_resumed",
     "call_replayed",
     "replay_diverged",
+    "resume_refused",
+    "shadow_decision",
+    "halt_set",
+    "halt_lifted",
+    "policy_changed",
 )
 
 

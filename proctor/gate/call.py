@@ -134,8 +134,8 @@ class InFlight:
         # (layer, decision) pairs (the run policy's first, layer None).
         self.layer_facts: list[ToolFacts] = []
         self.layer_votes: list[tuple[Layer | None, Decision]] = []
-        #: A shadow policy's ledger and how it would count the call (`proctor.gate.shadow`), when one admitted it.
-        self.shadow: tuple[Any, SideEffect, float] | None = None
+        #: A shadow policy's ledger and its reservation for the call (`proctor.gate.shadow`), when one admitted it.
+        self.shadow: tuple[Any, Any] | None = None
         #: The shadow policy's verdict, kept until the enforced one is known (after budgets).
         self.shadow_verdict: Verdict | None = None
 

@@ -384,7 +384,7 @@ class Gate:
         if self.shadow is not None and ctx.journal is None:  # (a replayed call was decided when it first ran)
             shadowed = self.shadow.admit(p, raw_args, table, expected)
             if adm.stage != "decided":
-                self.shadow.compare(p, verdict_of(adm), shadowed)
+                self.shadow.compare(p, verdict_of(adm), shadowed, went_on=False)
             else:  # compared once its budgets answered
                 p.shadow_verdict = shadowed
         if adm.stage == "tool":
@@ -440,12 +440,12 @@ class Gate:
             safely(p.span.event, sc.BUDGET_EXHAUSTED_EVENT, {sc.PROCTOR_BUDGET_NAME: exc.budget or "",
                                                               sc.PROCTOR_REASON: str(exc)})
             if self.shadow is not None:
-                self.shadow.compare(p, Verdict("deny", p.decision.rules, str(exc), exc.budget), p.shadow_verdict)
+                self.shadow.compare(p, Verdict("deny", p.decision.rules, str(exc), exc.budget), p.shadow_verdict,
+                                    went_on=False)
             return self.recorder.refused(p, exc)
         p.state = "reserved"
         if self.shadow is not None:
-            self.shadow.compare(p, verdict_of(adm), p.shadow_verdict)
-            self.shadow.went_on(p)
+            self.shadow.compare(p, verdict_of(adm), p.shadow_verdict, went_on=True)
         if recording or metrics.enabled():  # remaining() costs a few µs; skip it when nobody reads it
             safely(span.budget, p.ctx.ledger.remaining())
 

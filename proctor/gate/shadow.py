@@ -72,38 +72,34 @@ class Shadow:
 
     def admit(self, p: InFlight, args: Mapping[str, Any] | None, tools: Mapping[str, Tool],
               expected: Tool | None) -> Verdict | None:
-        """The candidate's verdict on call `p`, budgets included (None if the candidate failed)."""
+        """The candidate's verdict on call `p`, its budgets reserved (None if the candidate failed)."""
         try:
             adm = admit(self.policy, p.name, args, tools=tools, run=p.ctx, layers=p.ctx.layers, expected=expected)
             verdict = verdict_of(adm)
             if adm.stage == "decided":
                 ledger = self._ledger(p)
                 try:
-                    reservation = ledger.reserve(p.name, adm.side_effect, adm.cost)
+                    p.shadow = (ledger, ledger.reserve(p.name, adm.side_effect, adm.cost))
                 except BudgetExceeded as exc:
                     return Verdict("deny", verdict.rules, str(exc), exc.budget)
-                # Counted as if it went on; `went_on` keeps it only if the enforced call really did.
-                ledger.release(reservation)
-                p.shadow = (ledger, adm.side_effect, adm.cost)
             return verdict
         except Exception as exc:  # noqa: BLE001 - the shadow never changes a call
             log.error("shadow_policy_failed", tool=p.name, error=repr(exc))
             return None
 
-    def went_on(self, p: InFlight) -> None:
-        """The enforced call passed its budgets: count it on the shadow's ledger too."""
-        if p.shadow is None:
-            return
-        ledger, side_effect, cost = p.shadow
-        try:
-            ledger.settle(ledger.reserve(p.name, side_effect, cost), duration_ns=0)
-        except BudgetExceeded:
-            pass  # the shadow would have refused it; the disagreement is recorded already
-        except Exception as exc:  # noqa: BLE001 - the shadow never changes a call
-            log.error("shadow_policy_failed", tool=p.name, error=repr(exc))
-
-    def compare(self, p: InFlight, enforced: Verdict, shadow: Verdict | None) -> None:
-        """Record a disagreement between the enforced verdict and the shadow's."""
+    def compare(self, p: InFlight, enforced: Verdict, shadow: Verdict | None, *, went_on: bool) -> None:
+        """Record a disagreement between the enforced verdict and the shadow's, and count the call on the
+        shadow's budgets if it `went_on` past the enforced ones (else give its reservation back)."""
+        if p.shadow is not None:
+            ledger, reservation = p.shadow
+            p.shadow = None
+            try:
+                if went_on:
+                    ledger.settle(reservation, duration_ns=0)
+                else:
+                    ledger.release(reservation)
+            except Exception as exc:  # noqa: BLE001 - the shadow never changes a call
+                log.error("shadow_policy_failed", tool=p.name, error=repr(exc))
         if shadow is None or (shadow.outcome, shadow.budget) == (enforced.outcome, enforced.budget):
             return
         self.recorder.about(p, "shadow_decision", {
