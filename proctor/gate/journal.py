@@ -33,7 +33,15 @@ from proctor import errors as _errors
 from proctor.approval.base import Grant
 from proctor.calls import CallRecord, Decision
 from proctor.canonical import canonical_sha256
-from proctor.errors import BudgetExceeded, ProctorError, ReplayDiverged, StepInterrupted, StoreError, ToolFailed
+from proctor.errors import (
+    BudgetExceeded,
+    ProctorError,
+    ReplayDiverged,
+    RunSuspended,
+    StepInterrupted,
+    StoreError,
+    ToolFailed,
+)
 from proctor.interpreter.channel import EncodeError, ProtocolError, decode_value, encode_value
 from proctor.store.base import JournalEntry, RunStore
 from proctor.telemetry.logging import get_logger
@@ -147,6 +155,12 @@ class StepJournal:
             what = f"{name} instead of {entry.tool}" if entry.tool != name else f"{name} with other arguments"
             return self._diverge(p, f"call {p.seq + 1} of step {self.step} went another way than when the "
                                     f"step first ran: {what}")
+        if entry.state == "suspended":  # the call the run stopped at: the same one goes on live, to its answer
+            if not self.quiet:
+                self.flush()
+                return None
+            return self._diverge(p, f"call {p.seq + 1} of step {self.step} waited for an approval when the step "
+                                    "first ran, and a finished step cannot wait")
         if entry.state == "intent":
             if self.idempotent(name) and not self.quiet:
                 log.info("call_rerun_idempotent", tool=name, call_id=p.call_id, run_id=self.run_id)
@@ -265,13 +279,24 @@ class StepJournal:
 
     def write_outcome(self, p: InFlight, status: str, value: Any, error: ProctorError | None,
                       record: CallRecord) -> None:
-        """Complete the call's entry (refused calls too; a suspended one is not journaled: it is asked again).
+        """Complete the call's entry (refused calls too). A call the run suspends at is journaled as
+        `suspended` (tool, argument digest, its place in the step), durably, before the run stops: a
+        resumed program must reach the same call there, or it diverges. Another interruption (a
+        divergence, a cancelled step) leaves no entry.
 
         An entry the step found complete is never overwritten (a call that ran stays recorded)."""
-        if isinstance(error, StepInterrupted) or p.seq < 0:
+        if p.seq < 0 or (isinstance(error, StepInterrupted) and not isinstance(error, RunSuspended)):
             return
         known = self._entries.get(p.seq)
         if known is not None and known.state == "done":
+            return
+        if isinstance(error, RunSuspended):
+            try:
+                self.store.journal_write(JournalEntry(self.run_id, self.step, p.seq, p.call_id, p.name,
+                                                      args_digest(p.args), "suspended", args=_encode(p.args),
+                                                      ts_ns=time.time_ns()), durable=True)
+            except StoreError as exc:  # resume then finds no entry where the run stopped, and refuses
+                log.error("journal_write_failed", call_id=p.call_id, error=str(exc))
             return
         encoded: Any = None
         err = error_to_dict(error) if error is not None else None

@@ -125,6 +125,7 @@ class JournalEntry:
     """One call of a step's program, in program order (`seq` from 0).
 
     ``state == "intent"``: the tool was about to run (it may have, if the process died);
+    ``"suspended"``: the run stopped at this call to wait for an approval (nothing ran);
     ``"done"``: `status` (``ok | denied | failed | timeout``) and `value` (the channel's
     JSON encoding of the result) or `error` (``{"type", "message", …}``) are final.
     `args_digest` is the canonical sha256 of the validated arguments: a replayed call
@@ -140,7 +141,7 @@ class JournalEntry:
     call_id: str
     tool: str
     args_digest: str
-    state: Literal["intent", "done"] = "intent"
+    state: Literal["intent", "suspended", "done"] = "intent"
     status: str | None = None
     value: Any = None
     error: Mapping[str, Any] | None = None

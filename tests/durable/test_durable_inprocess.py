@@ -136,7 +136,9 @@ def test_runs_list_and_show_say_what_a_run_waits_for(env: tuple[RunStore, str, P
     assert waiting["tool"] == "send" and waiting["status"] == "pending"
     assert main(["runs", "show", run_id, "--store", url, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert [(e["tool"], e["status"]) for e in shown["journal"]] == [("look", "ok")]
+    # The call the run waits at is journaled too (issue 28): a resumed program must reach it there.
+    assert [(e["tool"], e["state"], e["status"]) for e in shown["journal"]] == [("look", "done", "ok"),
+                                                                                ("send", "suspended", None)]
     assert main(["runs", "list", "--store", url]) == 0
     assert run_id in capsys.readouterr().out
 
