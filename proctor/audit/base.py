@@ -26,6 +26,7 @@ KINDS = (
     "approval_resolved",
     "budget_exhausted",
     "worker_started",
+    "protocol_violation",
     "checkpoint",
     "recovery",
     "run_suspended",
