@@ -23,7 +23,7 @@ from opentelemetry.trace import Tracer
 from proctor.agent.attachments import RunImages, with_images
 from proctor.agent.durable import DurableRun, RunCancelled, restore_context, step_from_dict
 from proctor.agent.managed import MAX_AGENT_DEPTH, ScopedGate, agent_tool, managed_task, strictest_sandbox
-from proctor.agent.models import Message, Model, ModelError, ModelResponse, Usage
+from proctor.agent.models import LiteLLMModel, Message, Model, ModelError, ModelResponse, Usage
 from proctor.agent.prompts import planning_prompt
 from proctor.agent.result import RunResult, RunStatus, StepRecord
 from proctor.agent.tracing import HeldChat, model_span
@@ -316,6 +316,7 @@ class AgentBase:
         started = time.perf_counter_ns()
         if self.store is None:
             raise StoreError("resume needs a run store: CodeAgent(..., store=RunStore.open(URL))")
+        self._check_resumable(self.store, run_id)
         durable = DurableRun.claim(self.store, run_id, self._idempotent_tools())
         record = durable.record
         info = RunInfo(id=record.run_id, step=max(0, record.step - 1), principal=record.principal,
@@ -338,6 +339,30 @@ class AgentBase:
         steps = [step_from_dict(d) for d in record.steps]
         self._rebuild(ctx, durable, steps)
         return self._drive(ctx, record.task, steps, started, durable)
+
+    def _check_resumable(self, store: RunStore, run_id: str) -> None:
+        """Everything a resume needs, checked before the run is claimed (so before anything runs): the run
+        is resumable, the model can be used, every tool the run has called is here. A failure raises
+        `StoreError` naming what is missing, and leaves the run as it was (suspended, answerable)."""
+        record = store.get_run(run_id)
+        if record.status not in ("suspended", "running"):
+            raise StoreError(f"run {run_id} is {record.status}: there is nothing to resume")
+        problems: list[str] = []
+        if isinstance(self.model, LiteLLMModel):
+            try:
+                self.model.check()
+            except ModelError as exc:
+                problems.append(f"the model cannot be used: {exc}")
+        called: set[str] = set()  # the run's own calls (a managed agent's are made with its own tools)
+        for step in range(1, record.step + 1):
+            called.update(entry.tool for entry in store.journal(run_id, step))
+        missing = sorted(called - set(self.gate.tools))
+        if missing:
+            problems.append(f"the run called tools this agent does not have: {', '.join(missing)} "
+                            "(give resume the same tools as the run)")
+        if problems:
+            raise StoreError(f"cannot resume run {run_id}: {'; '.join(problems)}; nothing ran, the run is still "
+                             f"{record.status}")
 
     def _reads_provenance(self) -> bool:
         """Whether a policy of this agent or of an agent it manages calls provenance()/from_user()."""

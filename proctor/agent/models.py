@@ -252,6 +252,11 @@ class LiteLLMModel:
     def __repr__(self) -> str:
         return f"LiteLLMModel({self.model_id!r})"  # never the kwargs: they may hold an api key
 
+    def check(self) -> None:
+        """Raise `ModelError` if the model cannot be used at all (litellm missing): what a resume asks
+        before it runs anything, so that an approved call is not spent on a run that cannot go on."""
+        _import_litellm()
+
     def generate(
         self, messages: Sequence[Message], *, tools: Sequence[Mapping[str, Any]] | None = None,
         stop: Sequence[str] | None = None,

@@ -231,3 +231,32 @@ def test_approvals_and_runs_commands_never_put_escape_sequences_on_the_terminal(
         out = capsys.readouterr().out
         assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out, (command, out)
         assert "\\x1b" in out or "\\u001b" in out, (command, out)
+
+
+def test_a_resume_that_cannot_go_on_runs_nothing_and_leaves_the_run_answerable(
+        env: tuple[RunStore, str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 28: a resume whose model cannot load ran the approved call, then ended in `error` for good."""
+    from proctor import LiteLLMModel
+
+    store, _, tmp = env
+    run_id = _suspend(store, tmp)
+    [pending] = store.list_approvals()
+    store.answer_approval(pending.id, ApprovalAnswer("approve", "bob"), binding=pending.binding)
+    monkeypatch.setitem(__import__("sys").modules, "litellm", None)  # litellm not installed
+    broken = CodeAgent(TOOLS, LiteLLMModel("openai/gpt-4o-mini"), _policy(), approver=InboxApprover(store, wait="0s"),
+                       audit=str(tmp / "audit.jsonl"), store=store, sandbox="process")
+    with broken, pytest.raises(StoreError, match=r"cannot resume run .*litellm.*nothing ran, the run is still "
+                                                 r"suspended"):
+        broken.resume(run_id)
+    assert store.get_run(run_id).status == "suspended"
+    assert [c[0] for c in count(str(tmp / "effects.jsonl"))] == ["look"]  # the approved send did not run
+    missing_tool = CodeAgent([t for t in TOOLS if t.name != "look"], ScriptedModel([]), _policy(),
+                             approver=InboxApprover(store, wait="0s"), audit=str(tmp / "audit.jsonl"), store=store,
+                             sandbox="process")
+    with missing_tool, pytest.raises(StoreError, match="tools this agent does not have: look"):
+        missing_tool.resume(run_id)
+    monkeypatch.delitem(__import__("sys").modules, "litellm")
+    with _agent(store, tmp, []) as agent:  # a later resume works
+        r = agent.resume(run_id)
+    assert r.status == "done"
+    assert [c[0] for c in count(str(tmp / "effects.jsonl"))] == ["look", "send"]
