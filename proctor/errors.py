@@ -22,7 +22,8 @@ ProctorError                      base of everything below
 │   ├── ApprovalNotFound          no approval with that id in the store
 │   ├── StoreConflict             someone else changed the record first (or holds the run)
 │   ├── ApprovalConflict          an answer with the wrong binding, or to an approval already closed
-│   │   └── FourEyes              the approver is the principal of the run that asks
+│   │   ├── FourEyes              the approver is the principal of the run that asks
+│   │   └── ApprovalExpired       an answer after the approval's deadline (the policy's approval.timeout)
 │   └── InvalidAnswer (ValueError)  an answer the store cannot take (bad verdict, edited args the tool refuses)
 ├── ToolsetError                  a tool server (MCP) could not be started, reached or listed
 ├── ManagedAgentError             a managed agent ended without a final answer (its parent's call fails)
@@ -47,6 +48,7 @@ from dataclasses import dataclass
 __all__ = [
     "ApprovalConflict",
     "ApprovalDenied",
+    "ApprovalExpired",
     "ApprovalNotFound",
     "ApprovalTimeout",
     "AuditCorrupted",
@@ -211,6 +213,11 @@ class StoreConflict(StoreError):
 
 class ApprovalConflict(StoreError):
     """The answer's binding is not the approval's, or the approval was already answered or voided."""
+
+
+class ApprovalExpired(ApprovalConflict):
+    """The approval's deadline (the policy's `approval.timeout` from when it was asked) has passed: no answer
+    is taken any more, and the call ends as the policy's `on_timeout` says."""
 
 
 class FourEyes(ApprovalConflict):

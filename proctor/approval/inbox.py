@@ -8,10 +8,15 @@ run suspends (with an agent that has a store: `agent.run` returns ``status ==
 call that was already answered (the same call id, arguments and policy — the same
 binding) is answered at once from the store: that is how a resumed run gets its answer.
 
-`wait` is bounded by the policy's ``approval.timeout``, which the gate enforces.
+`wait` is bounded by the policy's ``approval.timeout``, which the gate enforces. The approval is
+filed with its deadline (``expires_at_ns``: the policy's timeout from the first time it was
+asked): past it the store reads it as ``expired`` and takes no answer, and a resumed run gets
+the policy's ``on_timeout`` for the call (deny), however long it was suspended.
 """
 
 from __future__ import annotations
+
+import time
 
 from proctor.approval.base import ApprovalDecision, ApprovalRequest, Grant
 from proctor.errors import RunSuspended
@@ -41,12 +46,24 @@ class InboxApprover:
             step=request.run.step, seq=_seq_of(request.call_id), principal=request.run.principal,
             labels=dict(request.run.labels), rules=list(request.rules), reason=request.reason,
             budget=dict(request.budget), parameters=dict(request.parameters),
+            # The deadline is the first request's: a resumed run asking again finds this one, deadline and all.
+            expires_at_ns=request.expires_at_ns,
         ))
         if filed.status == "pending" and self.wait_s > 0:
-            filed = self.store.wait_for_answer(filed.id, self.wait_s)
+            wait_s = self.wait_s
+            if filed.expires_at_ns is not None:
+                wait_s = max(0.0, min(wait_s, (filed.expires_at_ns - time.time_ns()) / 1e9))
+            filed = self.store.wait_for_answer(filed.id, wait_s)
         if filed.status == "void":
             return ApprovalDecision.deny(request, "inbox", f"approval {filed.id} was voided (the run was cancelled)")
         answer = filed.answer
+        late = (filed.expires_at_ns is not None and answer is not None
+                and answer.answered_at_ns > filed.expires_at_ns)
+        if filed.status == "expired" or late:
+            if filed.status == "expired":
+                self.store.expire_approval(filed.id)
+            return ApprovalDecision.deny(request, "timeout", f"approval {filed.id} expired before it was answered "
+                                         "(the policy's approval timeout)", timed_out=True)
         if filed.status != "answered" or answer is None:
             raise RunSuspended(f"{request.tool}: waiting for approval {filed.id} (answer it with `proctor approvals "
                                f"approve {filed.id}`, then resume run {request.run.id})", tool=request.tool,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar, Literal, Protocol
@@ -56,8 +57,9 @@ RUN_STATES: tuple[RunState, ...] = ("running", "suspended", "done", "max_steps",
                                     "cancelled")
 #: ``pending`` until answered; ``answered`` once; ``void`` when the call it was for will never use it
 #: (the run was cancelled, or resumed under a changed policy and asked again).
-ApprovalState = Literal["pending", "answered", "void"]
-APPROVAL_STATES: tuple[ApprovalState, ...] = ("pending", "answered", "void")
+#: ``expired``: its deadline passed with no answer (read as such as soon as it has; no answer is taken after it).
+ApprovalState = Literal["pending", "answered", "void", "expired"]
+APPROVAL_STATES: tuple[ApprovalState, ...] = ("pending", "answered", "void", "expired")
 
 
 def _iso(ns: int) -> str:
@@ -215,6 +217,7 @@ class PendingApproval:
         """The JSON form (`proctor approvals list --json`, the inbox API)."""
         out: dict[str, Any] = _plain(asdict(self))
         out["requested_at"] = _iso(self.requested_at_ns)
+        out["expires_at"] = _iso(self.expires_at_ns) if self.expires_at_ns else None
         out["answer"] = self.answer.as_dict() if self.answer else None
         return out
 
@@ -225,6 +228,9 @@ class PendingApproval:
         answer = values.get("answer")
         if isinstance(answer, Mapping):
             values["answer"] = ApprovalAnswer(**answer)
+        expires = values.get("expires_at_ns")
+        if values.get("status") == "pending" and isinstance(expires, int) and time.time_ns() > expires:
+            values["status"] = "expired"  # the deadline holds whoever reads it first, before anyone writes
         return cls(**values)
 
 
@@ -343,6 +349,10 @@ class RunStore(Protocol):
         arguments or policy) or it is no longer pending; `ApprovalNotFound` when absent.
         Waiters (`wait_for_answer`, in any process) wake up.
         """
+        ...
+
+    def expire_approval(self, approval_id: str) -> None:
+        """Record that a pending approval's deadline passed (it is read as `expired` from then on anyway)."""
         ...
 
     def void_approval(self, approval_id: str, reason: str = "") -> None:

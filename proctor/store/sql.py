@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from proctor.calls import new_id
-from proctor.errors import ApprovalConflict, ApprovalNotFound, RunNotFound, StoreConflict, StoreError
+from proctor.errors import ApprovalConflict, ApprovalExpired, ApprovalNotFound, RunNotFound, StoreConflict, StoreError
 from proctor.store.base import (
     ApprovalAnswer,
     ApprovalState,
@@ -269,14 +269,17 @@ class SQLRunStore(RunStore):
     def list_approvals(self, *, status: ApprovalState | None = "pending", run_id: str | None = None
                        ) -> list[PendingApproval]:
         sql, params = "SELECT data FROM {approvals} WHERE 1 = 1", list[str]()
-        if status is not None:
+        if status in ("pending", "expired"):  # a pending one past its deadline is read as expired
+            sql += " AND status IN ('pending', 'expired')"
+        elif status is not None:
             sql += " AND status = ?"
             params.append(status)
         if run_id is not None:
             sql += " AND run_id = ?"
             params.append(run_id)
         rows = self._query(sql + " ORDER BY requested_at_ns DESC, id", tuple(params))
-        return [PendingApproval.from_dict(self._decode(r[0])) for r in rows]
+        found = [PendingApproval.from_dict(self._decode(r[0])) for r in rows]
+        return [a for a in found if status is None or a.status == status]
 
     def answer_approval(self, approval_id: str, answer: ApprovalAnswer, *, binding: str) -> PendingApproval:
         with self._tx() as db:
@@ -288,12 +291,28 @@ class SQLRunStore(RunStore):
             if binding != current.binding:
                 raise ApprovalConflict(f"approval {approval_id}: the answer is bound to another call, other "
                                        "arguments or another policy; look at it again and answer the current one")
-            if current.status != "pending":
+            expired = current.status == "expired"
+            if expired:  # recorded as such, then refused (outside the transaction, which must commit)
+                self._set_approval(db, approval_id, data, "expired", None)
+            elif current.status != "pending":
                 raise ApprovalConflict(f"approval {approval_id} is already {current.status}; nothing to answer")
-            stamped = replace(answer, answered_at_ns=answer.answered_at_ns or time.time_ns())
-            return self._set_approval(db, approval_id, data, "answered", stamped)
+            else:
+                stamped = replace(answer, answered_at_ns=answer.answered_at_ns or time.time_ns())
+                return self._set_approval(db, approval_id, data, "answered", stamped)
+        raise ApprovalExpired(f"approval {approval_id} expired at {_when(current.expires_at_ns)} (the policy's "
+                              "approval timeout): no answer is taken after it; the call ends as on_timeout says")
+
+    def expire_approval(self, approval_id: str) -> None:
+        """Record that a pending approval's deadline passed (no-op for any other)."""
+        with self._tx() as db:
+            for aid, pending in list(self._pending(db, "id = ?", (approval_id,))):
+                self._set_approval(db, aid, pending, "expired", None)
 
     def void_approval(self, approval_id: str, reason: str = "") -> None:
         with self._tx() as db:
             for aid, pending in list(self._pending(db, "id = ?", (approval_id,))):
                 self._set_approval(db, aid, pending, "void", None)
+
+
+def _when(ns: int | None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns / 1e9)) if ns else "its deadline"

@@ -260,3 +260,38 @@ def test_a_resume_that_cannot_go_on_runs_nothing_and_leaves_the_run_answerable(
         r = agent.resume(run_id)
     assert r.status == "done"
     assert [c[0] for c in count(str(tmp / "effects.jsonl"))] == ["look", "send"]
+
+
+def test_an_approval_deadline_holds_across_processes(env: tuple[RunStore, str, Path],
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 28: with `approval: {timeout: 2s}`, an answer 25 s later was accepted and the call ran."""
+    from proctor.errors import ApprovalExpired
+
+    store, url, tmp = env
+    policy = _policy(approval={"timeout": "2s", "on_timeout": "deny"})
+    with _agent(store, tmp, [PROGRAM], policy=policy) as agent:
+        run_id = agent.run("mail it", principal="alice").run_id
+    [pending] = store.list_approvals()
+    assert pending.expires_at_ns is not None and pending.expires_at_ns - pending.requested_at_ns <= 2.1e9
+    capsys.readouterr()
+    assert main(["approvals", "list", "--store", url, "--json"]) == 0
+    [listed] = json.loads(capsys.readouterr().out)
+    assert listed["expires_at"] and listed["status"] == "pending"
+    time.sleep(max(0.0, (pending.expires_at_ns - time.time_ns()) / 1e9) + 0.2)
+    assert store.list_approvals() == []  # no longer pending: read as expired by whoever looks first
+    [expired] = store.list_approvals(status="expired")
+    assert expired.id == pending.id
+    with pytest.raises(ApprovalExpired, match="expired at"):
+        store.answer_approval(pending.id, ApprovalAnswer("approve", "bob"), binding=pending.binding)
+    capsys.readouterr()
+    assert main(["approvals", "approve", pending.id, "--store", url, "--as", "bob"]) == 1
+    err = capsys.readouterr().err
+    assert "expired" in err and len(err.strip().splitlines()) == 1
+    with _agent(store, tmp, ["```py\nfinal_answer('gave up')\n```"], policy=policy) as agent:
+        r = agent.resume(run_id)
+    assert [c[0] for c in count(str(tmp / "effects.jsonl"))] == ["look"]  # the send never ran
+    [call] = [c for c in r.steps[0].tool_calls if c.tool == "send"]
+    assert call.status == "denied" and call.error_type == "ApprovalTimeout"
+    resolved = [json.loads(line) for line in (tmp / "audit.jsonl").read_text().splitlines()
+                if json.loads(line)["kind"] == "approval_resolved"]
+    assert resolved[-1]["verdict"] in ("timeout", "denied") and "expired" in resolved[-1]["reason"]

@@ -208,6 +208,25 @@ class StoreConformance:
         with pytest.raises(ApprovalConflict):
             store.answer_approval(filed.id, ApprovalAnswer("approve", "bob"), binding=filed.binding)
 
+    def test_an_approval_past_its_deadline_is_expired_and_takes_no_answer(self, store: RunStore) -> None:
+        """Past `expires_at_ns` an approval reads as expired everywhere, and an answer is refused (recorded)."""
+        from dataclasses import replace
+
+        from proctor.errors import ApprovalExpired
+
+        soon = store.file_approval(replace(_approval(), expires_at_ns=time.time_ns() + 10**12))
+        late = store.file_approval(replace(_approval(call_id="call_2"), expires_at_ns=time.time_ns() - 1))
+        assert store.get_approval(soon.id).status == "pending" and soon.as_dict()["expires_at"]
+        assert store.get_approval(late.id).status == "expired"
+        assert [a.id for a in store.list_approvals()] == [soon.id]
+        assert [a.id for a in store.list_approvals(status="expired")] == [late.id]
+        with pytest.raises(ApprovalExpired):
+            store.answer_approval(late.id, ApprovalAnswer("approve", "bob"), binding=late.binding)
+        assert store.get_approval(late.id).answer is None
+        store.expire_approval(late.id)
+        store.expire_approval(soon.id)  # whoever notices a deadline passed may record it
+        assert {a.id for a in store.list_approvals(status="expired")} == {late.id, soon.id}
+
     def test_wait_returns_pending_after_timeout(self, store: RunStore) -> None:
         """Without an answer, waiting returns the approval still pending."""
         filed = store.file_approval(_approval())
