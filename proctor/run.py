@@ -20,7 +20,7 @@ from proctor.redaction import scrub
 if TYPE_CHECKING:
     from proctor.gate.journal import StepJournal
 
-__all__ = ["DEFAULT_HISTORY_LIMIT", "AgentContext", "LazyUsage", "Ledger", "RunContext"]
+__all__ = ["DEFAULT_HISTORY_LIMIT", "AgentContext", "HistoryView", "LazyUsage", "Ledger", "RunContext"]
 
 
 class Ledger(Protocol):
@@ -34,20 +34,20 @@ class Ledger(Protocol):
     def next_step(self) -> None: ...
 
 
-#: Calls whose entries `history` keeps for conditions, and whose records `records` keeps, by default.
+#: Calls whose raw rows and records a run keeps by default. Conditions do not depend on it: every read
+#: of `history` is folded or indexed from the run's first call (`proctor.policy.aggregates`).
 DEFAULT_HISTORY_LIMIT = 1000
 
 
 class RunContext:
     """One run: who runs it, its budgets, its call history and the grants given during it.
 
-    Memory is bounded in the length of the run: the raw history entries and call records of
-    only the last `history_limit` calls are kept (older ones are dropped in chunks). What
-    conditions compute over the *whole* history in the common forms — ``size(history)``,
-    ``history.exists(…)``, ``size(history.filter(…))``, ``sum(history.map(…))`` and the other
-    entry-local pipelines of `proctor.policy.aggregates` — is folded as calls happen, before any
-    entry is dropped, so it stays exact however long the run; only conditions reading raw
-    entries in other ways see the last `history_limit` calls. `status_counts` counts every call.
+    Memory is bounded in the length of the run: the raw history rows and call records of only the
+    last `history_limit` calls are kept (older ones are dropped in chunks). Conditions still see
+    the *whole* run: every read of `history` in a policy's conditions is a pipeline of
+    `proctor.policy.aggregates` (a fold, a keyed index, the projected list, or a window the policy
+    wrote), which the run feeds from its first call, before any row is dropped; their memory is
+    what the conditions read, not a count of calls. `status_counts` counts every call.
     """
 
     # What a managed agent's view of the run (`AgentContext`, made by `delegate`) sets; a run's own
@@ -129,7 +129,7 @@ class RunContext:
     def history_view(self) -> Sequence[HistoryEntry]:
         """The retained calls, as an O(1) read-only snapshot that can fold aggregates over the whole run."""
         rows, dropped = self._window
-        return _HistoryView(rows, len(rows), self, dropped)
+        return HistoryView(rows, len(rows), self, dropped)
 
     def track(self, pipelines: Iterable[Any]) -> None:
         """Fold these aggregate pipelines (`proctor.policy.aggregates.Pipeline`) from the start of the run,
@@ -370,8 +370,8 @@ class _Records(Sequence[CallRecord]):
         return iter(self._state[0])
 
 
-class _HistoryView(Sequence[HistoryEntry]):
-    """The first `n` rows of an append-only list, as entries, without copying it."""
+class HistoryView(Sequence[HistoryEntry]):
+    """The first `n` rows of an append-only list, as entries, without copying it; `dropped` calls came before."""
 
     __slots__ = ("_base", "_items", "_n", "_run")
 
@@ -383,6 +383,11 @@ class _HistoryView(Sequence[HistoryEntry]):
         if self._run is None:
             raise LookupError("no run to fold over")
         return self._run.aggregate(pipeline, self._base + self._n)
+
+    @property
+    def dropped(self) -> int:
+        """How many calls of the run came before the first row here (their rows were dropped)."""
+        return self._base
 
     def __len__(self) -> int:
         return self._n

@@ -21,6 +21,7 @@ from proctor.policy.functions import FUNCTIONS, boxed
 from proctor.policy.probes import _BY_NAME as _PROBES  # (read only: the interned probes by hidden name)
 from proctor.policy.probes import Unresolved, is_probe, probe_named
 from proctor.policy.projection import Needs
+from proctor.run import HistoryView
 
 __all__ = ["Activation"]
 
@@ -110,6 +111,12 @@ class Activation(Mapping[str, Any]):
         elif name == "args":
             value = _project(call.args, fields)
         elif name == "history":
+            history = call.history
+            if isinstance(history, HistoryView) and history.dropped:
+                # Only a condition proctor cannot rewrite reads the raw rows (a macro naming its variable
+                # `history`): the rows kept are not the whole run, and a window nobody wrote fails open.
+                raise ValueError(f"this condition reads the raw history, whose first {history.dropped} calls were "
+                                 "dropped: rename the macro variable called 'history' (or write history.last(N))")
             if fields is None:
                 value = [h.as_dict() for h in call.history]
             else:  # only the entry fields the conditions read
@@ -122,7 +129,7 @@ class Activation(Mapping[str, Any]):
         elif name == "seen":
             value = list(call.seen)
         elif is_hidden(name):
-            return self._fold(name).value()  # not cached: an error must raise every time
+            return self._fold(name).value_in(self)  # not cached: an error must raise every time
         elif is_probe(name):
             value = self._probe(name)  # raises probes.Unresolved (not cached) when its path does not resolve
         else:

@@ -362,10 +362,12 @@ def compile_expression(source: str, variables: tuple[str, ...] = VARIABLES, what
         return Condition(source=source, program=program, variables=names, needs=needs_of(source, names),
                          functions=functions, **(probed or {}))
     fast_program, calls_program, rewritten = fast
-    fast_used = set(fast_program.variables())
+    # A keyed pipeline reads the call too (its call sides): converted up front, as the source as written is.
+    fast_used = set(fast_program.variables()).union(*(p.free_variables for p in rewritten.pipelines))
     plain = tuple(v for v in VARIABLES if v in fast_used)
     hidden = tuple(p.name for p in rewritten.pipelines)
-    needs: Needs = {**needs_of(rewritten.source, plain), **dict.fromkeys(hidden)}
+    read = " ".join([rewritten.source, *(f for p in rewritten.pipelines for f in p.free_sources)])
+    needs: Needs = {**needs_of(read, plain), **dict.fromkeys(hidden)}
     return Condition(source=source, program=program, variables=names, needs=needs, functions=functions,
                      fast=fast_program, fast_variables=plain + hidden, fast_calls=calls_program,
                      plain_needs=needs_of(source, names))

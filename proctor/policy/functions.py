@@ -11,7 +11,13 @@ function registered here, as a `CelFunction` in `FUNCTIONS`:
   gives ``x.com``); ``''`` without an ``@``; an error for several addresses.
 - the cel-go strings extension: `lowerAscii`, `upperAscii`, `split`, `join`,
   `replace`, `indexOf`, `lastIndexOf`, `substring`, `trim`, `charAt`;
-- aggregates over lists: `sum`, `min`, `max` (``sum(history.map(h, …))``);
+- paths: `path_normalize(p)` — `p` with ``.``, ``..``, repeated and trailing separators resolved
+  lexically (POSIX) — and `path_within(p, root)` — whether `p`, so normalised, is `root` or
+  below it (`root` may be a list: any of them). Lexical only: symlinks are the tool's business
+  (docs/policy.md, "Paths");
+- aggregates over lists: `sum`, `min`, `max` (``sum(history.map(h, …))``), and `last(list, n)`,
+  the last `n` items (``history.last(100)``: a window the policy writes, see
+  `proctor.policy.aggregates`);
 - data flow: `provenance(value)` — the labels of the sources (results of labelled tools, the
   task as ``user``) `value`, an item of it or a token inside it appeared in, sorted — and
   `from_user(value)`, true when the value as a whole came from the task, and `text_provenance(value)`,
@@ -47,6 +53,8 @@ __all__ = [
     "cel_sum",
     "email_domain",
     "normalize",
+    "path_normalize",
+    "path_within",
     "register",
 ]
 
@@ -195,6 +203,77 @@ def email_domain(value: Any) -> str:
     return domain
 
 
+# -- paths -------------------------------------------------------------------------------------
+
+
+def _path(fn: str, value: Any, what: str = "path") -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{fn}() takes a {what} as a string, got {_type_name(value)}")
+    if not value:
+        raise ValueError(f"{fn}(): the {what} is empty")
+    if "\x00" in value:
+        raise ValueError(f"{fn}(): the {what} holds a NUL byte (no file system accepts one)")
+    return value
+
+
+def path_normalize(value: Any) -> str:
+    """`value` as a POSIX path with ``.``, ``..``, repeated and trailing separators resolved, lexically.
+
+    As `os.path.normpath` on POSIX, except that a leading ``//`` is ``/`` (Linux reads it so):
+    ``/srv/out/../private`` -> ``/srv/private``, ``//srv//out/./x/`` -> ``/srv/out/x``,
+    ``/..`` -> ``/``, ``a/../../b`` -> ``../b``. Nothing is decoded (``%2e%2e`` is a name) and
+    the file system is not read (a symlink is followed by the tool, not here). An empty path,
+    a NUL byte or a non-string is an error (the condition then denies).
+    """
+    text = _path("path_normalize", value)
+    absolute = text.startswith("/")
+    parts: list[str] = []
+    for part in text.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if parts and parts[-1] != "..":
+                parts.pop()
+            elif not absolute:
+                parts.append(part)  # above a relative path's start: kept, so it is never inside a root
+            continue  # ("/.." is "/")
+        parts.append(part)
+    joined = "/".join(parts)
+    if absolute:
+        return "/" + joined
+    return joined or "."
+
+
+def path_within(value: Any, root: Any) -> bool:
+    """Whether the normalised `value` is the normalised `root` or a path below it (`root`: a string or a list).
+
+    ``path_within('/srv/out/../private', '/srv/out')`` is false, ``'/srv/outside'`` is not below
+    ``'/srv/out'``; a relative path is never within an absolute root (nor the reverse): what
+    it is relative to is the tool's working directory, which the policy does not see.
+    """
+    path = path_normalize(_path("path_within", value))
+    roots = root if isinstance(root, (list, tuple)) else [root]
+    if not roots:
+        raise ValueError("path_within(): the list of roots is empty")
+    for item in roots:
+        base = path_normalize(_path("path_within", item, "root"))
+        if base == ".":  # the working directory: any relative path that does not climb above it
+            if not path.startswith("/") and path != ".." and not path.startswith("../"):
+                return True
+        elif path == base or path.startswith(base if base.endswith("/") else base + "/"):
+            return True
+    return False
+
+
+def _last(values: Any, count: Any) -> list[Any]:
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(f"last() takes a list, got {_type_name(values)}")
+    n = _int("last", count)
+    if n < 0:
+        raise ValueError(f"last(): the count is negative ({n})")
+    return list(values[max(len(values) - n, 0) :])
+
+
 # -- aggregates --------------------------------------------------------------------------------
 
 
@@ -319,6 +398,9 @@ _BUILTIN: Mapping[str, tuple[Callable[..., Any], str]] = {
     "email_domain": (email_domain, "the normalised domain of one e-mail address ('' without '@')"),
     "sum": (cel_sum, "sum(list[, start]) of numbers (start, 0, when empty; a double if any is one)"),
     "min": (_extreme("min", min), "smallest number of a list"),
+    "last": (_last, "last(list, n): the last n items (all when fewer); history.last(n) is a window of the run"),
+    "path_normalize": (path_normalize, "a POSIX path with '.', '..', repeated and trailing '/' resolved, lexically"),
+    "path_within": (path_within, "path_within(path, root or [roots]): the normalised path is the root or below it"),
     "max": (_extreme("max", max), "largest number of a list"),
     "lowerAscii": (_lower_ascii, "ASCII letters lower-cased"),
     "upperAscii": (_upper_ascii, "ASCII letters upper-cased"),

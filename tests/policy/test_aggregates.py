@@ -98,21 +98,25 @@ def test_folded_conditions_agree_with_cel_over_the_whole_history(errors: bool) -
             expected = _reference(source, history, args)
             listed = _decided(source, Call("send", args, "read", history=history))
             assert listed == expected, (trial, source, "list")
-            if "args.to == args.to" in source:
-                continue  # not entry-local: reads the retained window only (documented)
             folded = _decided(source, Call("send", args, "read", history=ctx.history_view()))
             assert folded == expected, (trial, source, "run")
 
 
-def test_entry_local_pipelines_are_rewritten_and_others_are_not() -> None:
-    """Pipelines reading only their entry become hidden variables; ones reading the call stay as written."""
+def test_every_read_of_history_is_rewritten() -> None:
+    """Entry-local pipelines are folds, ones comparing the entry with the call keyed indices, any other read
+    the run's whole list: no condition reads a window it did not write (a macro naming its variable
+    `history` is left as written, and fails closed once entries were dropped)."""
     assert rewrite("history.exists(h, h.tool == 'x')") is not None
     assert rewrite("size(history.filter(h, h.tool == 'x')) > 2") is not None
-    assert rewrite("history.exists(h, h.args.to == args.to)") is None
-    assert rewrite("history.exists(c, c.tool == tool)") is None
+    keyed = rewrite("history.exists(h, h.args.to == args.to)")
+    assert keyed is not None and keyed.source == keyed.pipelines[0].name
+    assert keyed.pipelines[0].keyed is not None and keyed.pipelines[0].free_sources == ("args.to",)
+    assert rewrite("history.exists(c, c.tool == tool)") is not None
+    bare = rewrite("history[0].tool == 'x'")
+    assert bare is not None and bare.pipelines[0].keyed is None and bare.pipelines[0].window is None
     assert rewrite("[1].exists(history, history > 0)") is None
     mixed = rewrite("size(history) > 2 && history.exists(h, h.args.to == args.to)")
-    assert mixed is not None and "history.exists(h, h.args.to == args.to)" in mixed.source
+    assert mixed is not None and "history" not in mixed.source
 
 
 def test_sum_fold_gives_cel_sum_of_the_whole_list() -> None:
