@@ -63,7 +63,8 @@ from proctor.policy.functions import FUNCTIONS as CEL_FUNCTIONS
 
 __all__ = [
     "FREE_VARIABLES", "PURE_FUNCTIONS", "AggregateError", "Fold", "KeyedFold", "Pipeline", "Rewrite", "WindowFold",
-    "fold_list", "history_windows", "is_hidden", "pipeline_named", "rewrite", "unbox_source",
+    "Token", "closing", "fold_list", "history_windows", "is_hidden", "pipeline_named", "rewrite", "split_args",
+    "tokenize", "unbox_source", "window_notes",
 ]
 
 #: The variables of the call being decided that the call side (``F``) of a keyed equality may read.
@@ -126,6 +127,25 @@ def _tokens(source: str) -> list[_Tok] | None:
             out.append(_Tok(kind, found.group(), found.start(), found.end()))
         pos = found.end()
     return out
+
+
+#: One CEL token: `kind` (ws, str, num, id, op), `text`, and its `start`/`end` offsets in the source.
+Token = _Tok
+
+
+def tokenize(source: str) -> list[Token] | None:
+    """CEL's tokens of `source` without whitespace and comments; None when it is not plain CEL."""
+    return _tokens(source)
+
+
+def closing(toks: list[Token], i: int) -> int | None:
+    """The index of the bracket closing the one at `i` (None: unbalanced)."""
+    return _close(toks, i)
+
+
+def split_args(toks: list[Token], lo: int, hi: int) -> list[tuple[int, int]]:
+    """The top-level comma-separated token ranges [a, b) of tokens lo..hi."""
+    return _split_args(toks, lo, hi)
 
 
 def _close(toks: list[_Tok], i: int) -> int | None:
@@ -538,6 +558,19 @@ def history_windows(source: str) -> tuple[int, ...]:
             if window is not None:
                 found.append(window[2])
     return tuple(found)
+
+
+def window_notes(rules: Iterable[tuple[str, str | None]]) -> tuple[str, ...]:
+    """For each (rule name, condition source) reading history through a window it writes, the line saying so
+    (`policy check` and `policy explain` print them: a window is never silent)."""
+    notes = []
+    for name, source in rules:
+        windows = history_windows(source) if source else ()
+        if windows:
+            sizes = " and ".join(f"the last {n:,} calls" for n in dict.fromkeys(windows))
+            notes.append(f"rule '{name}' reads {sizes} of the run (history.last(N), a window it writes); "
+                         "every other read of history is over the whole run")
+    return tuple(notes)
 
 
 # -- keyed pipelines ---------------------------------------------------------------------------------

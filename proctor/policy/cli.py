@@ -149,6 +149,10 @@ def _check(args: argparse.Namespace) -> int:
     print(terminal_safe(summary))
     for spec in policy.budgets:
         print(terminal_safe(f"  {describe_budget(spec)}"))
+    from proctor.policy.aggregates import window_notes
+
+    for note in window_notes((rule.name, rule.when) for rule in policy.rules):
+        print(terminal_safe(f"  note: {note}"))
     if any(spec.shared for spec in policy.budgets):
         print("  note: principal, label and global budgets are shared by the runs of one process; "
               "give every process the same --ledger redis://… (or PROCTOR_LEDGER) to share them across a fleet")
@@ -218,13 +222,23 @@ def _explain(args: argparse.Namespace) -> int:
         return 2
     decision = result.decision
     if args.json:
-        print(json.dumps(decision.as_dict()))  # exactly the Decision (DESIGN §4); a budget refusal names it in reason
+        shown = decision.as_dict()  # the Decision (DESIGN §4); a budget refusal names no rule, and the budget
+        if result.budget:
+            shown["budget"] = result.budget
+        print(json.dumps(shown))
         return 0
     print(terminal_safe(f"outcome:  {decision.outcome}"))
-    print(terminal_safe(f"rules:    {', '.join(decision.rules) or '(none)'}"))
-    print(terminal_safe(f"reason:   {decision.reason}"))
     if result.budget:
         print(terminal_safe(f"budget:   {result.budget} (refused before any human is asked)"))
+        ruled = result.rules_decision
+        overruled = (f" (the budget decided; the rules alone gave {ruled.outcome}"
+                     + (f": {', '.join(ruled.rules)}" if ruled.rules else "") + ")") if ruled is not None else ""
+        print(terminal_safe(f"rules:    (none){overruled}"))
+    else:
+        print(terminal_safe(f"rules:    {', '.join(decision.rules) or '(none)'}"))
+    print(terminal_safe(f"reason:   {decision.reason}"))
+    for note in result.windows:
+        print(terminal_safe(f"history:  {note}"))
     print(terminal_safe(f"tool:     {args.tool} (side_effect {result.side_effect})"))
     print(terminal_safe(f"policy:   {args.policy} sha256 {decision.policy_sha256}"))
     if result.args is not None:

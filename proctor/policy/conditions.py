@@ -21,7 +21,16 @@ from typing import Any
 
 import cel
 
-from proctor.policy.aggregates import AggregateError, Rewrite, is_hidden, rewrite, unbox_source
+from proctor.policy.aggregates import (
+    AggregateError,
+    Rewrite,
+    closing,
+    is_hidden,
+    rewrite,
+    split_args,
+    tokenize,
+    unbox_source,
+)
 from proctor.policy.functions import BOX_PREFIX
 from proctor.policy.functions import FUNCTIONS as CEL_FUNCTIONS
 from proctor.policy.probes import PROBE_FUNCTIONS, Unresolved, python_condition, rewrite_probes, split_conjunction
@@ -41,6 +50,7 @@ __all__ = [
     "compile_condition",
     "compile_expression",
     "known_functions",
+    "regex_problem",
 ]
 
 #: The variables a condition may use, in the order the docs list them.
@@ -280,6 +290,13 @@ def _first_sentence(text: str) -> str:
 
 
 def _other_message(text: str) -> str:
+    regex = re.search(r"Function 'matches' error: (.*?) not a valid regex:", text)
+    if regex:
+        reason, _ = _regex_reason(text)
+        return f"matches(): {regex.group(1)} is not a valid regular expression: {reason}"
+    failed = re.match(r"Function '[\w.]+' error: Python function call failed: \w+: (.*)", text, re.DOTALL)
+    if failed:  # one of proctor's functions refused its arguments: its own message says why
+        return _first_sentence(failed.group(1)).rstrip(".")
     hidden = re.search(r"AggregateError: (.*?)(?:\. Check function|$)", text)
     if hidden:
         return hidden.group(1)
@@ -308,6 +325,108 @@ def _type_message(text: str) -> str:
     return first
 
 
+# A string literal (so that an '=' inside one is skipped) or a lone '=' (not part of ==, !=, <=, >=).
+_STRING = (r"(?:[rR][bB]?|[bB][rR]?)?(?:'''(?:\\.|[^\\])*?'''|" + '"""' + r"(?:\\.|[^\\])*?" + '"""'
+           + r"""|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*")""")
+_EQUALS = re.compile(_STRING + r"|(?<![=!<>])=(?!=)", re.DOTALL)
+
+
+def _lone_equals(source: str) -> int | None:
+    """The offset of the first '=' that is not part of a comparison or a string literal."""
+    for found in _EQUALS.finditer(source):
+        if found.group() == "=":
+            return found.start()
+    return None
+
+
+_MATCHES = cel.compile("s.matches(p)")
+
+
+def regex_problem(pattern: str) -> tuple[str, int | None] | None:
+    """Why the regex engine of `matches()` refuses `pattern`, and where in it (a 0-based offset, when it
+    says); None when the pattern is valid. The syntax is RE2's (no look-around, no backreferences)."""
+    try:
+        _MATCHES.execute({"s": "", "p": pattern})
+    except Exception as exc:  # noqa: BLE001 - the engine's refusal, whatever its type
+        return _regex_reason(str(exc))
+    return None
+
+
+def _regex_reason(text: str) -> tuple[str, int | None]:
+    """The engine's reason (``unclosed character class``) and offset, from its multi-line error text."""
+    found = re.search(r"^error: (.*?)(?:\. Check function arguments.*)?$", text, re.MULTILINE)
+    reason = found.group(1).rstrip(".") if found else (_first_sentence(text) or "invalid")
+    lines = text.splitlines()
+    offset = None
+    for i, line in enumerate(lines):
+        if i > 0 and line.strip() and set(line.strip()) == {"^"} and lines[i - 1].startswith("    "):
+            offset = line.index("^") - 4
+            break
+    return reason, offset
+
+
+def _literal(text: str) -> Any:
+    """A CEL literal's value (a string token's text unescaped as CEL does), or None."""
+    try:
+        return cel.compile(text).execute({})
+    except Exception:  # noqa: BLE001 - not a literal CEL can evaluate alone: nothing to check early
+        return None
+
+
+#: Arities (fewest, most) of CEL's native functions, counting a method's receiver; None: any.
+_NATIVE_ARITY: dict[str, tuple[int, int | None]] = {
+    "size": (1, 1), "contains": (2, 2), "startsWith": (2, 2), "endsWith": (2, 2), "matches": (2, 2),
+    "int": (1, 1), "uint": (1, 1), "double": (1, 1), "string": (1, 1), "bytes": (1, 1), "dyn": (1, 1),
+    "type": (1, 1), "timestamp": (1, 1), "duration": (1, 1),
+}  # fmt: skip
+
+
+def _check_calls(source: str, what: str) -> None:
+    """Every call of a known function has as many arguments as it takes, and every literal pattern
+    given to `matches()` compiles: else a ConditionError located at the call or the pattern."""
+    toks = tokenize(source)
+    if toks is None:
+        return  # (not tokenised with certainty: CEL has compiled it, run time reports the rest)
+    for i, tok in enumerate(toks):
+        if tok.kind != "id" or i + 1 >= len(toks) or toks[i + 1].text != "(":
+            continue
+        method = i > 0 and toks[i - 1].text == "." and toks[i - 1].kind == "op"
+        close = closing(toks, i + 1)
+        if close is None:
+            return
+        args = split_args(toks, i + 2, close)
+        given = len(args) + (1 if method else 0)
+        arity = _arity(tok.text)
+        if arity is not None:
+            least, most = arity
+            if given < least or (most is not None and given > most):
+                takes = (f"{least}" if least == most else f"{least} to {most}" if most is not None
+                         else f"at least {least}")
+                hint = CEL_FUNCTIONS[tok.text].doc if tok.text in CEL_FUNCTIONS else ""
+                receiver = " (counting the value before the dot)" if method else ""
+                raise ConditionError(
+                    f"{what}: {tok.text}() takes {takes} argument{'s' if most != 1 else ''}, got {given}{receiver}"
+                    + (f": {hint}" if hint else ""), *_position(source, tok.start))
+        if tok.text == "matches" and given == 2:
+            lo, hi = args[0] if method else args[1]
+            if hi - lo == 1 and toks[lo].kind == "str":
+                pattern = _literal(toks[lo].text)
+                problem = regex_problem(pattern) if isinstance(pattern, str) else None
+                if problem is not None:
+                    reason, at = problem
+                    where = f", at character {at + 1} of the pattern" if at is not None else ""
+                    raise ConditionError(
+                        f"{what}: matches(): {pattern!r} is not a valid regular expression: {reason}{where} "
+                        "(RE2 syntax: no look-around, no backreferences)", *_position(source, toks[lo].start))
+
+
+def _arity(name: str) -> tuple[int, int | None] | None:
+    if name in _NATIVE_ARITY:
+        return _NATIVE_ARITY[name]
+    registered = CEL_FUNCTIONS.get(name)
+    return None if registered is None else registered.arity()
+
+
 @functools.lru_cache(maxsize=16384)
 def compile_condition(source: str) -> Condition:
     """Compile a `when` expression, checking it only uses known variables and functions."""
@@ -325,6 +444,10 @@ def compile_expression(source: str, variables: tuple[str, ...] = VARIABLES, what
     try:
         program = cel.compile(source)
     except ValueError as exc:
+        equals = _lone_equals(source)
+        if equals is not None:
+            raise ConditionError(f"{what}: '=' is not a CEL operator: did you mean '=='? (CEL compares with == "
+                                 "and has no assignment)", *_position(source, equals)) from None
         found = _CEL_ERROR.search(str(exc))
         if not found:
             raise ConditionError(f"{what}: CEL error: {_first_sentence(str(exc))}") from None
@@ -348,6 +471,7 @@ def compile_expression(source: str, variables: tuple[str, ...] = VARIABLES, what
             f"{what}: unknown function '{fn}'{' (' + hint.strip() + ')' if hint else ''}",
             *_find(source, rf"\b{re.escape(fn)}\s*\("),
         )
+    _check_calls(source, what)
     names = tuple(v for v in VARIABLES if v in used)
     source_run = source
     boxes = [fn for fn in program.functions() if fn in CEL_FUNCTIONS and CEL_FUNCTIONS[fn].box is not None]

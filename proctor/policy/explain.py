@@ -7,11 +7,12 @@ uses `Policy.decide`, which evaluates only the rules that can matter.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from proctor.calls import Call, Decision
 from proctor.policy.activation import Activation
+from proctor.policy.aggregates import window_notes
 from proctor.policy.conditions import EvaluationError
 from proctor.policy.engine import Policy
 from proctor.policy.simulate import decide_like_gate
@@ -19,7 +20,7 @@ from proctor.policy.simulate import decide_like_gate
 if TYPE_CHECKING:
     from proctor.tools import Tool
 
-__all__ = ["Explanation", "RuleTrace", "explain"]
+__all__ = ["Explanation", "RuleTrace", "explain", "history_notes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +35,11 @@ class RuleTrace:
 
 @dataclass(frozen=True, slots=True)
 class Explanation:
-    """The decision, the side-effect class it was made for, and the trace of every rule."""
+    """The decision, the side-effect class it was made for, and the trace of every rule.
+
+    When a budget refused the call, `decision` names no rule (the budget decided: `budget`) and
+    `rules_decision` is what the rules alone decided.
+    """
 
     decision: Decision
     side_effect: str
@@ -43,6 +48,10 @@ class Explanation:
     budget: str | None = None
     #: The arguments after validation with the tool's schema (defaults filled in); None without tools.
     args: Mapping[str, Any] | None = None
+    #: The rules' own decision, when a budget overruled it (else None).
+    rules_decision: Decision | None = None
+    #: One line per rule that reads history through a window it writes (``history.last(N)``).
+    windows: tuple[str, ...] = ()
 
 
 def _listing(values: object) -> str:
@@ -77,5 +86,17 @@ def explain(
             except EvaluationError as exc:
                 matched, note = True, f"condition failed (counts as deny): {exc}"
         traces.append(RuleTrace(rule.name, rule.decision, matched, note))
+    rules_decision = None
+    if simulation.budget is not None:  # the budget decided, not the rule that allowed the call
+        rules_decision = policy.decide(call)
+        decision = replace(decision, rules=())
     return Explanation(decision, side_effect, tuple(traces), simulation.budget,
-                       dict(call.args) if simulation.defaults_applied else None)
+                       dict(call.args) if simulation.defaults_applied else None, rules_decision,
+                       history_notes(policy))
+
+
+
+def history_notes(policy: Policy) -> tuple[str, ...]:
+    """For each rule whose condition reads history through a window it writes, the line that says so."""
+    return window_notes((rule.name, rule.condition.source if rule.condition is not None else None)
+                        for rule in policy.compiled)

@@ -33,6 +33,7 @@ Any exception raised here fails the condition, which denies the call.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 import unicodedata
@@ -87,6 +88,17 @@ class CelFunction:
     #: returned Python list item by item (~3 µs per string: it tries nine other types first), while an
     #: OptionalValue it already holds costs nothing to pass back.
     box: Callable[[Any], Callable[..., Any]] | None = None
+    #: How many arguments it takes (fewest, most; None: no most), a method's receiver counted; checked
+    #: when a condition is compiled. None: read from `fn`'s signature (a `bind` function gives it here).
+    takes: tuple[int, int | None] | None = None
+
+    def arity(self) -> tuple[int, int | None] | None:
+        """(fewest, most) arguments a call may give it (None: not known, not checked)."""
+        if self.takes is not None:
+            return self.takes
+        if self.fn is None:
+            return None
+        return _signature_arity(self.fn)
 
     def callable_for(self, call: Any) -> Callable[..., Any]:
         """The Python callable CEL runs for this function while deciding `call`."""
@@ -94,6 +106,22 @@ class CelFunction:
             return self.fn
         assert self.bind is not None
         return self.bind(call)
+
+
+def _signature_arity(fn: Callable[..., Any]) -> tuple[int, int | None] | None:
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: not checked
+        return None
+    least, most = 0, 0
+    for parameter in parameters:
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            return least, None
+        if parameter.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            most += 1
+            if parameter.default is inspect.Parameter.empty:
+                least += 1
+    return least, most
 
 
 #: Every Python-implemented CEL function, by name.
@@ -467,9 +495,9 @@ def _bind_from_user(call: Any) -> Callable[..., Any]:
     return _not_from_user if index is None else index.from_user
 
 
-register(CelFunction("provenance", bind=_bind_provenance, box=_box_provenance,
+register(CelFunction("provenance", bind=_bind_provenance, box=_box_provenance, takes=(1, 1),
                      doc="labels of the sources a value (or any item or token of it) appeared in, sorted"))
-register(CelFunction("text_provenance", bind=_bind_text_provenance, box=_box_text_provenance,
+register(CelFunction("text_provenance", bind=_bind_text_provenance, box=_box_text_provenance, takes=(1, 1),
                      doc="labels of the sources in which a value appeared only inside longer text, never whole"))
-register(CelFunction("from_user", bind=_bind_from_user,
+register(CelFunction("from_user", bind=_bind_from_user, takes=(1, 1),
                      doc="true when the value as a whole (every item of a list or map) came from the task"))

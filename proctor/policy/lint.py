@@ -12,8 +12,10 @@ mean what ops intended, each located in the file:
   parameter ``x``: an error;
 - a string comparison on an argument (``args.to.endsWith('@x.com')``, ``== 'x'``,
   ``in ['a']``, also on the elements of ``args.xs.exists(c, …)``) that is not
-  normalised: a warning (``@X.COM``, a trailing dot or a zero-width space pass it;
-  wrap the argument in ``normalize()`` or ``email_domain()``).
+  normalised: a warning naming what gets past it for the argument's kind — an address
+  (``@X.COM``, a trailing dot: `email_domain()`), a path (``/srv/out/../private``: a
+  ``startsWith`` on a path points to `path_within()`), a command, a URL, an amount
+  compared as a string, anything else (`normalize()`).
 """
 
 from __future__ import annotations
@@ -57,7 +59,19 @@ _ARG_COMPARED = re.compile(r"(?<![\w.])" + _ARG_PATH + "(?=" + _STRING_TEST + ")
 _ARG_MACRO = re.compile(
     r"(?<![\w.])(" + _ARG_PATH + r")\s*\.\s*(?:exists|all|exists_one|filter|map)\s*\(\s*([A-Za-z_]\w*)\s*,"
 )
-_NORMALISING = re.compile(r"(?:normalize|email_domain|lowerAscii|upperAscii)\s*\(\s*$")
+_NORMALISING = re.compile(r"(?:normalize|email_domain|path_normalize|lowerAscii|upperAscii)\s*\(\s*$")
+_TEST_AT = re.compile(r"\s*(?:\.\s*(endsWith|startsWith|contains)\s*\(|([!=]=)|(in)\s*\[)\s*(?:'([^'\\]*)'|\"([^\"\\]*)\")?")
+
+#: The kinds of argument the warning speaks of, recognised by the argument's name (its last part).
+_KIND_NAMES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("path", re.compile(r"(?:^|_)(?:path|paths|file|files|filename|filepath|dir|dirs|directory|folder|dest|"
+                        r"destination|target|location|root|cwd|workdir|src|output)$")),
+    ("address", re.compile(r"(?:^|_)(?:to|cc|bcc|email|emails|mail|from|recipient|recipients|sender|reply_to|"
+                           r"address|addresses)$")),
+    ("url", re.compile(r"(?:^|_)(?:url|urls|uri|link|endpoint|href|host|hostname|domain|site|origin|webhook)$")),
+    ("command", re.compile(r"(?:^|_)(?:cmd|command|commands|shell|script|sql|query|code|program|argv|line)$")),
+    ("amount", re.compile(r"(?:^|_)(?:amount|price|total|sum|cost|quantity|qty|count|limit|fee)$")),
+)
 
 
 def lint_policy(path: str, tools: Mapping[str, Tool] | None = None) -> list[Finding]:
@@ -124,11 +138,63 @@ def lint(policy: Policy, path: str | None = None, tools: Mapping[str, Tool] | No
                         add("error", loc, f"{who}: when: args.{arg}: no tool this rule matches has a parameter "
                                           f"'{arg}' ({hint})", offset)
         for offset, what in unnormalised_comparisons(rule.when):
-            add("warning", loc, f"{who}: when: {what} is compared as written, so '@X.COM', a trailing dot or an "
-                                f"invisible character get past it: compare normalize({what}) (or email_domain()) "
-                                "with a lower-case literal", offset)
+            add("warning", loc, f"{who}: when: {_unnormalised_message(rule.when, offset, what)}", offset)
     findings.sort(key=lambda f: (f.issue.line, f.issue.column))
     return findings
+
+
+def argument_kind(name: str, literal: str | None = None) -> str:
+    """What an argument holds, by its name and the literal it is compared with: path, address, url,
+    command, amount, or text."""
+    last = name.rsplit(".", 1)[-1].strip("[]'\"").lower()
+    for kind, pattern in _KIND_NAMES:
+        if pattern.search(last):
+            return kind
+    if literal:
+        if literal.startswith(("/", "./", "../", "~/")):
+            return "path"
+        if re.match(r"[a-z][a-z0-9+.-]*://", literal, re.IGNORECASE):
+            return "url"
+        if "@" in literal:
+            return "address"
+    return "text"
+
+
+def _unnormalised_message(source: str, offset: int, what: str) -> str:
+    """The warning for `what` (an argument, or a macro's bound name) compared as written at `offset`."""
+    test = _TEST_AT.match(source, offset + len(what)) or _TEST_AT.search(source, offset)
+    method = test.group(1) if test else None
+    literal = next((g for g in (test.group(4), test.group(5)) if g is not None), None) if test else None
+    name = what
+    if not what.startswith("args"):  # a macro's bound name: the kind of the list it ranges over
+        listed = re.search(rf"(args(?:\s*\.\s*[A-Za-z_]\w*)+)\s*\.\s*\w+\s*\(\s*{re.escape(what)}\s*,", source)
+        name = re.sub(r"\s+", "", listed.group(1)) if listed else what
+    kind = argument_kind(name, literal)
+    head = f"{what} is compared as written, so "
+    if kind == "path":
+        if method == "startsWith":
+            root = (literal or "/srv/out").rstrip("/") or "/"
+            sibling = "" if (literal or "").endswith("/") else f", '{root}side'"
+            return (head + f"'{root}/../private'{sibling} and '{root}/./../x' get past it (paths are "
+                    f"not strings): write path_within({what}, '{root}'), which normalises '.', '..' and "
+                    "repeated or trailing '/' first")
+        return (head + "'./x', 'a/../x', '//x' or a trailing '/' get past it: compare path_normalize("
+                f"{what}), or confine it with path_within({what}, '/root')")
+    if kind == "address":
+        return (head + "'@X.COM', a trailing dot or an invisible character get past it: compare "
+                f"normalize({what}) (or email_domain()) with a lower-case literal")
+    if kind == "url":
+        return (head + "'HTTPS://Host.example', a trailing dot or an invisible character get past it: compare "
+                f"normalize({what}) with a lower-case literal (or match it: normalize({what}).matches('^https://"
+                "host\\.example(/|$)'))")
+    if kind == "command":
+        return (head + "other letter case, a tab, doubled spaces or an invisible character get past it: compare "
+                f"normalize({what}), or match a pattern (normalize({what}).matches('^ls( |$)'))")
+    if kind == "amount":
+        return (f"{what} is compared as a string, so '100.0', ' 100' or '1e2' get past it: compare it as a "
+                f"number (double({what}) > 100.0)")
+    return (head + "other letter case, surrounding spaces or an invisible character get past it: compare "
+            f"normalize({what}) with a lower-case literal")
 
 
 def _is_list(marks: Marks, section: str, i: int) -> bool:

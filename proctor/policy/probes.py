@@ -29,7 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from proctor.policy.aggregates import _close, _tokens
+from proctor.policy.aggregates import closing as _close
+from proctor.policy.aggregates import tokenize as _tokens
 
 __all__ = ["PROBE_FUNCTIONS", "Probe", "Unresolved", "is_probe", "probe_named", "python_condition", "rewrite_probes",
            "split_conjunction"]
