@@ -4,9 +4,10 @@ Each subject is one policy whose deciding rule reads the run's history in a comm
 ``history.exists(...)``, ``size(history.filter(...))``, a ``map()`` then ``exists()``, and
 ``size(history)`` (folded per run), and the keyed forms that compare an entry with the call's
 ``args`` — ``exists``/``all``/``exists_one``/``size(filter())`` (the demo's "no refund twice") —
-served by the run's keyed indices (`proctor.policy.aggregates.KeyedFold`). For each, one gate (no audit sink, like `bench/gate_call.py`) runs a
-read-only warm-up to fill its run to N calls, then times `gate.call` of the conditional tool
-(each call adds an entry, so the next decision folds it in: the real per-call cost) at
+served by the run's keyed indices (`proctor.policy.aggregates.KeyedFold`). For each, one gate
+(no audit sink, like `bench/gate_call.py`) runs a read-only warm-up to fill its run to N calls,
+then times `gate.call` of the conditional tool (each call adds an entry, so the next decision
+folds it in: the real per-call cost) at
 N = 10, 1,000 and 10,000, in rounds so that the sizes are measured side by side.
 
 "as written" repeats one decision at each N evaluating the original condition over the
@@ -137,7 +138,8 @@ def main() -> None:
             for size in SIZES:
                 results[name][size].append(per_call_us(condition, size, opts.calls))
     print(f"\n{'gate.call p50, µs':<22}" + "".join(f"{'#' + format(n, ','):>10}" for n in SIZES)
-          + f"{'#10,000 / #10':>16}  {'decide(), indexed #10 / #10,000':>34}  {'as written at #10 / #1,000 / #10,000':>40}")
+          + f"{'#10,000 / #10':>16}  {'decide(), indexed #10 / #10,000':>34}"
+          + f"  {'as written at #10 / #1,000 / #10,000':>40}")
     worst = 0.0
     for name, condition in SUBJECTS.items():
         med = {n: statistics.median(results[name][n]) for n in SIZES}

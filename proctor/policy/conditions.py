@@ -452,6 +452,9 @@ def compile_expression(source: str, variables: tuple[str, ...] = VARIABLES, what
         if not found:
             raise ConditionError(f"{what}: CEL error: {_first_sentence(str(exc))}") from None
         detail = _EXPECTING.sub("", found.group(3)).strip().removeprefix("Syntax error: ")
+        if re.match(r"token recognition error at: '[rRbB]*['\"].*\\", detail):
+            detail += (" (a backslash in a CEL string starts an escape: write \\\\d for RE2's \\d, or a raw "
+                       "string r'\\d'; see docs/policy.md, \"Regular expressions\")")
         raise ConditionError(f"{what}: CEL syntax error: {detail}", int(found.group(1)), int(found.group(2))) from None
     bound = set(_MACRO_VAR.findall(source))
     used = [v for v in program.variables() if v in VARIABLES or v not in bound | _TYPE_NAMES]

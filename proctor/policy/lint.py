@@ -60,7 +60,8 @@ _ARG_MACRO = re.compile(
     r"(?<![\w.])(" + _ARG_PATH + r")\s*\.\s*(?:exists|all|exists_one|filter|map)\s*\(\s*([A-Za-z_]\w*)\s*,"
 )
 _NORMALISING = re.compile(r"(?:normalize|email_domain|path_normalize|lowerAscii|upperAscii)\s*\(\s*$")
-_TEST_AT = re.compile(r"\s*(?:\.\s*(endsWith|startsWith|contains)\s*\(|([!=]=)|(in)\s*\[)\s*(?:'([^'\\]*)'|\"([^\"\\]*)\")?")
+_TEST_AT = re.compile(r"\s*(?:\.\s*(endsWith|startsWith|contains)\s*\(|([!=]=)|(in)\s*\[)\s*"
+                      r"(?:'([^'\\]*)'|\"([^\"\\]*)\")?")
 
 #: The kinds of argument the warning speaks of, recognised by the argument's name (its last part).
 _KIND_NAMES: tuple[tuple[str, re.Pattern[str]], ...] = (
