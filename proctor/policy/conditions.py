@@ -165,7 +165,7 @@ class Condition:
     needs: Needs = field(default_factory=dict)
     #: The registered (Python) functions it calls; only these are added to its CEL context.
     functions: tuple[str, ...] = ()
-    #: The program with its entry-local history pipelines read from the run's incremental folds
+    #: The program with its history pipelines read from the run's folds and keyed indices
     #: (`proctor.policy.aggregates`), the variables it reads (hidden ``__hN`` ones included), and
     #: the same with ``__hN()`` calls for a decision where a pipeline's value is an error.
     fast: Any = None
