@@ -511,7 +511,7 @@ def _pipeline_at(source: str, toks: list[_Tok], i: int,
 def _sized(toks: list[_Tok], i: int, close: int) -> tuple[int, int] | None:
     """For a filter() ending at token `close`: the token range with its size — ``….size()`` or ``size(…)``."""
     j = close + 1
-    if j + 3 < len(toks) + 0 and toks[j].text == "." and toks[j + 1].text == "size" and toks[j + 2].text == "(" \
+    if j + 3 < len(toks) and toks[j].text == "." and toks[j + 1].text == "size" and toks[j + 2].text == "(" \
             and toks[j + 3].text == ")":
         return i, j + 4
     if i >= 2 and toks[i - 1].text == "(" and toks[i - 2].text == "size" and (i < 3 or toks[i - 3].text != ".") \
@@ -524,8 +524,8 @@ def _window_at(toks: list[_Tok], i: int) -> tuple[int, int, int] | None:
     """``history.last(N)`` or ``last(history, N)`` at the `history` token `i`, N an int literal:
     (first token, end token, N)."""
     texts = [t.text for t in toks]
-    if i + 5 < len(toks) + 1 and texts[i + 1 : i + 4] == [".", "last", "("] and i + 5 < len(toks) \
-            and toks[i + 4].kind == "num" and texts[i + 5] == ")":
+    if i + 5 < len(toks) and texts[i + 1 : i + 4] == [".", "last", "("] and toks[i + 4].kind == "num" \
+            and texts[i + 5] == ")":
         count = _count_literal(texts[i + 4])
         return None if count is None else (i, i + 6, count)
     if i >= 2 and texts[i - 2 : i] == ["last", "("] and (i < 3 or texts[i - 3] != ".") and i + 3 < len(toks) \

@@ -105,7 +105,7 @@ def _run(history: list[HistoryEntry], limit: int) -> RunContext:
     ctx.track(Policy.from_dict({"version": 1, "rules": [
         {"name": f"r{i}", "decision": "deny", "when": c} for i, c in enumerate(CONDITIONS)]}).pipelines)
     for h in history:
-        ctx._remember(h, CallRecord("c", h.tool, h.args, h.side_effect, None, h.status, 0))
+        ctx.remember_entry(h, CallRecord("c", h.tool, h.args, h.side_effect, None, h.status, 0))
     return ctx
 
 
