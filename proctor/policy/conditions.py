@@ -50,6 +50,7 @@ __all__ = [
     "compile_condition",
     "compile_expression",
     "known_functions",
+    "namespaced",
     "regex_problem",
 ]
 
@@ -331,6 +332,27 @@ _STRING = (r"(?:[rR][bB]?|[bB][rR]?)?(?:'''(?:\\.|[^\\])*?'''|" + '"""' + r"(?:\
 _EQUALS = re.compile(_STRING + r"|(?<![=!<>])=(?!=)", re.DOTALL)
 
 
+#: Functions also spelled with a dot, as a namespace: ``path.within(p, root)`` is ``path_within(p, root)``.
+NAMESPACED = {"path.within": "path_within", "path.normalize": "path_normalize"}
+
+
+def namespaced(source: str) -> str:
+    """`source` with ``path.within(`` / ``path.normalize(`` written as the functions they name (same length),
+    unless a macro binds the name `path` (``paths.all(path, path.normalize() == …)`` is a method call)."""
+    if "path." not in source:
+        return source
+    toks = tokenize(source)
+    if toks is None or "path" in _MACRO_VAR.findall(source):
+        return source
+    out = source
+    for i, tok in enumerate(toks[:-3]):
+        if (tok.kind == "id" and tok.text == "path" and not (i > 0 and toks[i - 1].text == ".")
+                and toks[i + 1].text == "." and f"path.{toks[i + 2].text}" in NAMESPACED and toks[i + 3].text == "("
+                and toks[i + 2].start == toks[i + 1].end == tok.end + 1):
+            out = out[: tok.start] + NAMESPACED[f"path.{toks[i + 2].text}"] + out[toks[i + 2].end :]
+    return out
+
+
 def _lone_equals(source: str) -> int | None:
     """The offset of the first '=' that is not part of a comparison or a string literal."""
     for found in _EQUALS.finditer(source):
@@ -441,6 +463,7 @@ def compile_expression(source: str, variables: tuple[str, ...] = VARIABLES, what
     if not source.strip():
         hint = "condition (leave out `when` to match always)" if what == "when" else "expression"
         raise ConditionError(f"{what}: empty {hint}", 0, 0)
+    written, source = source, namespaced(source)  # (the same length: every offset stays where it was written)
     try:
         program = cel.compile(source)
     except ValueError as exc:
@@ -486,7 +509,7 @@ def compile_expression(source: str, variables: tuple[str, ...] = VARIABLES, what
     fast = _fast(source_run) if "history" in names else None
     if fast is None:
         probed = (_probed(source, names, frozenset(boxes)) if PROBE_FUNCTIONS.keys() & {*functions, *boxes} else None)
-        return Condition(source=source, program=program, variables=names, needs=needs_of(source, names),
+        return Condition(source=written, program=program, variables=names, needs=needs_of(source, names),
                          functions=functions, **(probed or {}))
     fast_program, calls_program, rewritten = fast
     # A keyed pipeline reads the call too (its call sides): converted up front, as the source as written is.
@@ -495,7 +518,7 @@ def compile_expression(source: str, variables: tuple[str, ...] = VARIABLES, what
     hidden = tuple(p.name for p in rewritten.pipelines)
     read = " ".join([rewritten.source, *(f for p in rewritten.pipelines for f in p.free_sources)])
     needs: Needs = {**needs_of(read, plain), **dict.fromkeys(hidden)}
-    return Condition(source=source, program=program, variables=names, needs=needs, functions=functions,
+    return Condition(source=written, program=program, variables=names, needs=needs, functions=functions,
                      fast=fast_program, fast_variables=plain + hidden, fast_calls=calls_program,
                      plain_needs=needs_of(source, names))
 

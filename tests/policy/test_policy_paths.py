@@ -142,3 +142,19 @@ def test_symlinks_are_the_tools_business(tmp_path: Path) -> None:
     assert path_within(target, str(root))  # lexically inside
     real = os.path.realpath(target)
     assert os.path.commonpath([real, os.path.realpath(root)]) != os.path.realpath(root)  # really outside
+
+
+def test_the_dotted_spelling_is_the_same_function() -> None:
+    """path.within(p, root) and path.normalize(p) read as path_within / path_normalize; a macro variable named
+    `path` keeps its own methods."""
+    policy = Policy.from_dict({"version": 1, "rules": [
+        {"name": "r", "when": "path.within(args.path, '/srv/out') && path.normalize(args.path) != '/srv/out/x'",
+         "decision": "allow"}]})
+    assert policy.decide(Call("t", {"path": "/srv/out/y"})).outcome == "allow"
+    assert policy.decide(Call("t", {"path": "/srv/out/../y"})).outcome == "deny"
+    assert policy.decide(Call("t", {"path": "/srv/out/./x"})).outcome == "deny"
+    assert policy.rules[0].when is not None and policy.compiled[0].condition is not None
+    assert policy.compiled[0].condition.source == policy.rules[0].when  # shown as written
+    bound = Policy.from_dict({"version": 1, "default": "allow", "rules": [
+        {"name": "r", "when": "args.paths.exists(path, path.normalize() == 'x')", "decision": "deny"}]})
+    assert bound.decide(Call("t", {"paths": ["X"]})).outcome == "deny"  # normalize() of the bound string
