@@ -21,6 +21,7 @@ ProctorError                      base of everything below
 │   ├── RunNotFound               no run with that id in the store
 │   ├── ApprovalNotFound          no approval with that id in the store
 │   ├── StoreConflict             someone else changed the record first (or holds the run)
+│   ├── StoreForged               what the store holds for a run was not sealed by the run (resume refused)
 │   ├── ApprovalConflict          an answer with the wrong binding, or to an approval already closed
 │   │   ├── FourEyes              the approver is the principal of the run that asks
 │   │   └── ApprovalExpired       an answer after the approval's deadline (the policy's approval.timeout)
@@ -72,6 +73,7 @@ __all__ = [
     "SandboxError",
     "StepInterrupted",
     "StoreConflict",
+    "StoreForged",
     "StoreError",
     "ToolDefinitionError",
     "ToolDenied",
@@ -209,6 +211,11 @@ class ApprovalNotFound(StoreError):
 
 class StoreConflict(StoreError):
     """Someone else changed the record first, or another process holds the run."""
+
+
+class StoreForged(StoreError):
+    """What the store holds for a run was not written by the run's own processes: a seal does not hold
+    (`proctor.store.seal`). A resume refuses it (`resume_refused` in the audit log) and runs nothing."""
 
 
 class ApprovalConflict(StoreError):

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from proctor.agent.models import ModelResponse, ScriptedModel
-from proctor.audit.base import KINDS, AuditResult
+from proctor.audit.base import KINDS, AuditResult, derive_key
 from proctor.calls import new_id
 from proctor.redaction import Redacted, redact_args
 
@@ -53,6 +53,10 @@ class InMemoryAudit:
             seq = len(self.records)
             self.records.append({"seq": seq, "kind": kind, "durable": durable, **fields})
             return AuditResult(ok=True, seq=seq)
+
+    def key_for(self, purpose: str) -> bytes:
+        """This sink's secret derived for `purpose` (`AuditSink.key_for`)."""
+        return derive_key(self._key, purpose)
 
     def redact(self, args: Mapping[str, Any], fields: Sequence[str]) -> Redacted:
         return redact_args(args, fields, self._key)

@@ -30,13 +30,15 @@ from proctor.agent.tracing import HeldChat, model_span
 from proctor.approval.base import Approver
 from proctor.audit.base import AuditSink
 from proctor.calls import CallRecord, RunInfo
-from proctor.errors import BudgetExceeded, ConfigurationError, ManagedAgentError, ProctorError, StoreError
+from proctor.errors import BudgetExceeded, ConfigurationError, ManagedAgentError, ProctorError, StoreError, StoreForged
 from proctor.gate import CallScope, Gate, RunContext, agent_fields
 from proctor.interrupts import interruption, terminate_as_exception
 from proctor.ledger.base import SharedLedger
 from proctor.narrowing import Layer, StackedLedger
 from proctor.policy import Policy
-from proctor.store.base import RunStore
+from proctor.store.base import RunRecord, RunStore
+from proctor.store.seal import PURPOSE as SEAL_PURPOSE
+from proctor.store.seal import StoreSeal
 from proctor.telemetry import AgentSpan, agent_span, get_tracer, step_span
 from proctor.telemetry.logging import get_logger
 from proctor.tools import Tool
@@ -189,6 +191,10 @@ class AgentBase:
         self.store: RunStore | None = RunStore.open(store) if isinstance(store, (str, os.PathLike)) else store
         if self.store is None:
             self.store = getattr(approver, "store", None)
+        if self.store is not None and self.audit is None:
+            raise ConfigurationError("a durable run (a run store, or an InboxApprover) needs an audit trail "
+                                     "(audit=PATH|URL): the trail's key seals what the run writes to the store, so "
+                                     "that a resume can tell a forged entry (docs/durable.md, \"Who can do what\")")
         self._held_chats: list[HeldChat] = []
         # (step, record) for each call as the gate settles it: `run(task, stream=True)` listens here.
         self._call_listeners: list[Callable[[int, CallRecord], None]] = []
@@ -317,7 +323,7 @@ class AgentBase:
         if self.store is None:
             raise StoreError("resume needs a run store: CodeAgent(..., store=RunStore.open(URL))")
         self._check_resumable(self.store, run_id)
-        durable = DurableRun.claim(self.store, run_id, self._idempotent_tools())
+        durable = DurableRun.claim(self.store, run_id, self._idempotent_tools(), self._store_seal())
         record = durable.record
         info = RunInfo(id=record.run_id, step=max(0, record.step - 1), principal=record.principal,
                        labels=dict(record.labels), agent=self.name)
@@ -347,6 +353,7 @@ class AgentBase:
         record = store.get_run(run_id)
         if record.status not in ("suspended", "running"):
             raise StoreError(f"run {run_id} is {record.status}: there is nothing to resume")
+        self._check_sealed(store, record)  # first: nothing the store says is read before it is believed
         problems: list[str] = []
         if isinstance(self.model, LiteLLMModel):
             try:
@@ -363,6 +370,23 @@ class AgentBase:
         if problems:
             raise StoreError(f"cannot resume run {run_id}: {'; '.join(problems)}; nothing ran, the run is still "
                              f"{record.status}")
+
+    def _store_seal(self) -> StoreSeal | None:
+        """What seals this agent's runs in the store: a key of its audit trail's (None without one)."""
+        return StoreSeal(self.audit.key_for(SEAL_PURPOSE)) if self.audit is not None else None
+
+    def _check_sealed(self, store: RunStore, record: RunRecord) -> None:
+        """Refuse a run whose store entries this agent's audit trail did not seal (`resume_refused`, audited)."""
+        seal = self._store_seal()
+        try:
+            if seal is None:
+                raise StoreForged(f"run {record.run_id}: cannot check what the store holds for it without the "
+                                  "audit trail whose key sealed it (give the agent the run's audit=...)")
+            seal.check_run(record, {step: store.journal(record.run_id, step) for step in range(1, record.step + 1)})
+        except StoreForged as exc:
+            self.gate.recorder.append("resume_refused", {"run_id": record.run_id, "reason": str(exc)})
+            raise StoreForged(f"resume refused: {exc}; nothing ran (see docs/durable.md, \"Who can do what\")"
+                              ) from None
 
     def _reads_provenance(self) -> bool:
         """Whether a policy of this agent or of an agent it manages calls provenance()/from_user()."""
@@ -391,7 +415,7 @@ class AgentBase:
                 if durable is None and self.store is not None:
                     durable = DurableRun.start(self.store, ctx, task=task, agent=self.name,
                                                policy_sha256=self.policy.sha256, trace=(trace_id, span.span_id),
-                                               idempotent=self._idempotent_tools())
+                                               idempotent=self._idempotent_tools(), seal=self._store_seal())
                 answer = self._loop(ctx, span, steps, durable, resuming)
                 status: RunStatus = "done"
             except _Stop as stop:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from proctor.gate.journal import StepJournal, record_from_dict
 from proctor.interpreter.channel import EncodeError, ProtocolError, decode_value, encode_value
 from proctor.run import RunContext
 from proctor.store.base import PendingApproval, RunRecord, RunStore
+from proctor.store.seal import StoreSeal
 from proctor.telemetry.logging import get_logger
 
 __all__ = ["DurableRun", "response_from_dict", "response_to_dict", "step_from_dict"]
@@ -137,22 +139,28 @@ class DurableRun:
     record: RunRecord
     owner: str
     idempotent: set[str] = field(default_factory=set)
+    #: Seals what this run writes to the store (`proctor.store.seal`); None: an agent without an audit trail.
+    seal: StoreSeal | None = None
+    #: The journal of the step in progress (its entry count is sealed into each save).
+    journal: StepJournal | None = None
 
     # -- starting and resuming --------------------------------------------------------------------
 
     @classmethod
     def start(cls, store: RunStore, ctx: RunContext, *, task: str, agent: str, policy_sha256: str,
-              trace: tuple[str | None, str | None], idempotent: set[str]) -> DurableRun:
+              trace: tuple[str | None, str | None], idempotent: set[str], seal: StoreSeal | None) -> DurableRun:
         owner = _owner()
         seed = int.from_bytes(os.urandom(4), "big")
-        record = store.create_run(RunRecord(
+        record = RunRecord(
             run_id=ctx.info.id, task=task, principal=ctx.info.principal, labels=dict(ctx.info.labels),
-            policy_sha256=policy_sha256, agent=agent, seed=seed, trace_id=trace[0], span_id=trace[1], owner=owner))
+            policy_sha256=policy_sha256, agent=agent, seed=seed, trace_id=trace[0], span_id=trace[1], owner=owner,
+            created_at_ns=time.time_ns())
+        record = store.create_run(record.evolve(seal=seal.seal_record(record)) if seal is not None else record)
         store.claim_run(record.run_id, owner, LEASE_S)
-        return cls(store, record, owner, idempotent)
+        return cls(store, record, owner, idempotent, seal)
 
     @classmethod
-    def claim(cls, store: RunStore, run_id: str, idempotent: set[str]) -> DurableRun:
+    def claim(cls, store: RunStore, run_id: str, idempotent: set[str], seal: StoreSeal | None) -> DurableRun:
         """Take a suspended run (or a running one whose process died) for this process; StoreError if not possible."""
         record = store.get_run(run_id)
         if record.status not in ("suspended", "running"):
@@ -165,8 +173,9 @@ class DurableRun:
                 raise StoreConflict(f"run {run_id} is being worked on by {record.owner}; resume it once that "
                                     f"process has ended (or its {LEASE_S:g}s lease has run out)")
         record = store.get_run(run_id)
-        record = store.save_run(record.evolve(status="running", owner=owner))
-        return cls(store, record, owner, idempotent)
+        durable = cls(store, record, owner, idempotent, seal)
+        durable.record = store.save_run(durable.sealed(record.evolve(status="running", owner=owner)))
+        return durable
 
     # -- during the run ---------------------------------------------------------------------------
 
@@ -182,9 +191,9 @@ class DurableRun:
                        history=snapshot_history(ctx), budgets=snapshot() if snapshot is not None else {},
                        grants=[g.as_dict() for g in ctx.grants], step_state=None, status="running")
         journal = StepJournal(self.store, self.record.run_id, number, entries,
-                              idempotent=lambda tool: tool in self.idempotent)
+                              idempotent=lambda tool: tool in self.idempotent, seal=self.seal)
         journal.seed = step_seed(self.record.seed, number)
-        ctx.journal = journal
+        ctx.journal = self.journal = journal
         self.store.claim_run(self.record.run_id, self.owner, LEASE_S)
         return journal
 
@@ -200,7 +209,7 @@ class DurableRun:
     def replay_journal(self, step: int) -> StepJournal:
         """A quiet journal for re-running earlier step `step` (rebuilding the program's namespace)."""
         journal = StepJournal(self.store, self.record.run_id, step, self.store.journal(self.record.run_id, step),
-                              quiet=True)
+                              quiet=True, seal=self.seal)
         journal.seed = step_seed(self.record.seed, step)
         return journal
 
@@ -243,9 +252,19 @@ class DurableRun:
         except StoreError as exc:
             log.error("run_store_release_failed", run_id=self.record.run_id, error=str(exc))
 
+    def sealed(self, record: RunRecord) -> RunRecord:
+        """`record` with the entry count of the step in progress and its seal (unchanged without a seal)."""
+        if self.seal is None:
+            return record
+        heads = dict(record.journal_heads)
+        if self.journal is not None:
+            heads[str(self.journal.step)] = {"count": self.journal.count()}
+        record = record.evolve(journal_heads=heads)
+        return record.evolve(seal=self.seal.seal_record(record))
+
     def _save(self, **changes: Any) -> None:
         try:
-            self.record = self.store.save_run(self.record.evolve(**changes))
+            self.record = self.store.save_run(self.sealed(self.record.evolve(**changes)))
         except StoreConflict:
             # Someone else saved it: only a cancel may have happened meanwhile; it wins.
             current = self.store.get_run(self.record.run_id)
@@ -253,7 +272,7 @@ class DurableRun:
                 self.record = current
                 raise RunCancelled(f"run {current.run_id} was cancelled: {current.error or 'no reason given'}"
                                    ) from None
-            self.record = self.store.save_run(current.evolve(**changes))
+            self.record = self.store.save_run(self.sealed(current.evolve(**changes)))
 
 
 class RunCancelled(StoreError):

@@ -7,13 +7,15 @@ gate turns a failed *intent* write into a refused call (`AuditError`).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from proctor.redaction import Redacted
 
-__all__ = ["KINDS", "AuditResult", "AuditSink"]
+__all__ = ["KINDS", "AuditResult", "AuditSink", "derive_key"]
 
 #: Record kinds, as written in the `kind` field.
 KINDS = (
@@ -62,6 +64,16 @@ class AuditSink(Protocol):
         """Redact `fields` of `args` with this sink's key (see `proctor.redaction`)."""
         ...
 
+    def key_for(self, purpose: str) -> bytes:
+        """A secret of this sink's, derived for `purpose`, that never leaves the trail's side (a run store's
+        seals use it: `proctor.store.seal`). The same for every process writing this trail."""
+        ...
+
     def close(self) -> None:
         """Seal and release the sink; appending afterwards fails."""
         ...
+
+
+def derive_key(secret: bytes, purpose: str) -> bytes:
+    """`secret` (a sink's redaction key) derived for one `purpose`, so no two uses share a key."""
+    return hmac.new(secret, b"proctor key v1\x00" + purpose.encode(), hashlib.sha256).digest()

@@ -37,7 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from proctor.audit.base import AuditResult
+from proctor.audit.base import AuditResult, derive_key
 from proctor.audit.keys import KeySource, key_id, load_private_key, public_raw
 from proctor.audit.lines import MAX_LINE_BYTES
 from proctor.audit.lockfile import lock_log, unlock_log
@@ -500,6 +500,10 @@ class AuditLog:
         return result
 
     # -- the rest of the sink -------------------------------------------------------------
+
+    def key_for(self, purpose: str) -> bytes:
+        """This sink's secret derived for `purpose` (`AuditSink.key_for`)."""
+        return derive_key(self._redaction_key, purpose)
 
     def redact(self, args: Mapping[str, Any], fields: Sequence[str]) -> Redacted:
         """Replace `fields` of `args` by HMAC digests keyed with this log's redaction key."""

@@ -49,7 +49,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg
 from psycopg import pq
 
-from proctor.audit.base import AuditResult
+from proctor.audit.base import AuditResult, derive_key
 from proctor.audit.keys import KeySource, key_id, load_private_key, public_raw
 from proctor.audit.merkle import MerkleFrontier
 from proctor.audit.records import GENESIS, append_problem, checkpoint_statement
@@ -439,6 +439,10 @@ class PostgresAuditLog:
         if self.closed:
             return f"audit log {self.url} is closed"
         return append_problem(kind, fields)
+
+    def key_for(self, purpose: str) -> bytes:
+        """This sink's secret derived for `purpose` (`AuditSink.key_for`)."""
+        return derive_key(self._redaction_key, purpose)
 
     def redact(self, args: Mapping[str, Any], fields: Sequence[str]) -> Redacted:
         """Replace `fields` of `args` by HMAC digests keyed with the log's redaction key (kept in the database)."""

@@ -27,6 +27,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from proctor import errors as _errors
@@ -44,6 +45,7 @@ from proctor.errors import (
 )
 from proctor.interpreter.channel import EncodeError, ProtocolError, decode_value, encode_value
 from proctor.store.base import JournalEntry, RunStore
+from proctor.store.seal import StoreSeal
 from proctor.telemetry.logging import get_logger
 
 if TYPE_CHECKING:
@@ -105,11 +107,15 @@ class StepJournal:
     """One step's journal as the gate uses it (see the module docstring)."""
 
     def __init__(self, store: RunStore, run_id: str, step: int, entries: Sequence[JournalEntry] = (), *,
-                 quiet: bool = False, idempotent: Callable[[str], bool] = lambda tool: False) -> None:
+                 quiet: bool = False, idempotent: Callable[[str], bool] = lambda tool: False,
+                 seal: StoreSeal | None = None) -> None:
         self.store, self.run_id, self.step, self.quiet = store, run_id, step, quiet
+        #: Seals each entry written (`proctor.store.seal`): a resume believes only sealed entries.
+        self.seal = seal
         self.idempotent = idempotent
         self._entries = {e.seq: e for e in entries}
         self._next = 0
+        self._written = 0
         self._lock = threading.Lock()
         self._tag = run_id.removeprefix("run_")
         #: How many calls were answered from the journal; the divergence that stopped the step, if one did.
@@ -120,6 +126,20 @@ class StepJournal:
         self._recorder: Recorder | None = None
         #: The `random` seed the step's program runs with (set by the agent), or None.
         self.seed: int | None = None
+
+    def count(self) -> int:
+        """How many entries the step's journal holds (what the run record seals at a save)."""
+        with self._lock:
+            return max(self._written, self.recorded)
+
+    def _write(self, entry: JournalEntry, *, durable: bool) -> None:
+        """Write one entry, sealed (StoreError if the store refuses it)."""
+        if self.seal is not None:
+            entry = replace(entry, ts_ns=entry.ts_ns or time.time_ns())  # sealed as the store keeps it
+            entry = replace(entry, seal=self.seal.seal_entry(entry))
+        self.store.journal_write(entry, durable=durable)
+        with self._lock:
+            self._written = max(self._written, entry.seq + 1)
 
     @property
     def recorded(self) -> int:
@@ -201,7 +221,7 @@ class StepJournal:
                             None, error_to_dict(error), entry.args, record.as_dict(),
                             {"tool": name, "side_effect": p.side_effect, "decision": "allow", "status": "failed"})
         try:
-            self.store.journal_write(done, durable=False)
+            self._write(done, durable=False)
         except StoreError as exc:
             log.error("journal_write_failed", call_id=p.call_id, error=str(exc))
         self.flush()
@@ -270,7 +290,7 @@ class StepJournal:
         if known is not None and known.state == "done":
             return f"call {p.seq + 1} of step {self.step} is already recorded as done"
         try:
-            self.store.journal_write(JournalEntry(self.run_id, self.step, p.seq, p.call_id, p.name,
+            self._write(JournalEntry(self.run_id, self.step, p.seq, p.call_id, p.name,
                                                   args_digest(p.args), "intent", args=_encode(p.args)),
                                      durable=p.side_effect not in ("none", "read"))
         except StoreError as exc:
@@ -292,7 +312,7 @@ class StepJournal:
             return
         if isinstance(error, RunSuspended):
             try:
-                self.store.journal_write(JournalEntry(self.run_id, self.step, p.seq, p.call_id, p.name,
+                self._write(JournalEntry(self.run_id, self.step, p.seq, p.call_id, p.name,
                                                       args_digest(p.args), "suspended", args=_encode(p.args),
                                                       ts_ns=time.time_ns()), durable=True)
             except StoreError as exc:  # resume then finds no entry where the run stopped, and refuses
@@ -318,7 +338,7 @@ class StepJournal:
                               "decision": p.decision.outcome if p.decision else "deny", "status": status},
                              grant, time.time_ns())
         try:
-            self.store.journal_write(entry, durable=False)
+            self._write(entry, durable=False)
         except StoreError as exc:
             log.error("journal_write_failed", call_id=p.call_id, error=str(exc))
 

@@ -109,8 +109,12 @@ def _resumer(args: argparse.Namespace, store: Any) -> Any:
     tools = load_tools(args.tools)
     policy = Policy.from_yaml(args.policy)
 
+    from proctor.agent.cli import default_audit_path
+
+    audit = args.audit or default_audit_path()  # the runs' trail: its key checks what the store holds
+
     def make_agent() -> Any:
-        return CodeAgent(tools, LiteLLMModel(args.model), policy, approver=InboxApprover(store), audit=args.audit,
+        return CodeAgent(tools, LiteLLMModel(args.model), policy, approver=InboxApprover(store), audit=audit,
                          store=store)
 
     return Resumer(store, make_agent)

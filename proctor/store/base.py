@@ -105,9 +105,13 @@ class RunRecord:
     created_at_ns: int = 0
     updated_at_ns: int = 0
     version: int = 0
+    #: Per step (as a string), the journal the run had written when it saved this record: ``{"count", "head"}``.
+    journal_heads: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: The run's seal over every field a resume reads (`proctor.store.seal`); "" when never sealed.
+    seal: str = ""
 
     def __post_init__(self) -> None:
-        _normalise(self, ("messages", "steps", "history", "grants", "pending"), ("labels", "budgets"))
+        _normalise(self, ("messages", "steps", "history", "grants", "pending"), ("labels", "budgets", "journal_heads"))
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = _plain(asdict(self))
@@ -152,6 +156,8 @@ class JournalEntry:
     history: Mapping[str, Any] | None = None
     grant: Mapping[str, Any] | None = None
     ts_ns: int = 0
+    #: The entry's seal, chained on the one before it in the step (`proctor.store.seal`); "" when never sealed.
+    seal: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -89,7 +89,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tools", metavar="MOD[:ATTR]", action="append", required=True, help="tools, as for `run`")
     p.add_argument("--policy", metavar="P", required=True, help="the policy file (a changed one asks again)")
     p.add_argument("--model", metavar="ID", required=True, help="a litellm model id, as for `run`")
-    p.add_argument("--audit", metavar="PATH", help="append the audit trail to this log")
+    p.add_argument("--audit", metavar="PATH|URL",
+                   help="the run's audit trail, whose key checks the store (default: as `proctor run`: $PROCTOR_AUDIT, "
+                        "else $XDG_STATE_HOME/proctor/audit.jsonl)")
     p.add_argument("--agent", choices=("code", "tool-calling"), default="code", help="the agent the run used")
     p.add_argument("--wait", metavar="DURATION", default="0s",
                    help="how long a new approval is waited for before the run suspends again (default 0s)")
@@ -382,6 +384,9 @@ def _runs_resume(args: argparse.Namespace) -> int:
     store = _open(args)
     model = LiteLLMModel(args.model)
     approver = InboxApprover(store, wait=args.wait)
+    from proctor.agent.cli import default_audit_path
+
+    args.audit = args.audit or default_audit_path()
     agent: AgentBase
     if args.agent == "code":
         agent = CodeAgent(tools, model, policy, approver=approver, audit=args.audit, max_steps=args.max_steps,

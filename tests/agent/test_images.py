@@ -295,14 +295,14 @@ def test_a_resumed_run_shows_a_journaled_tool_image_again(tmp_path: Path) -> Non
     store = RunStore.open(f"sqlite:///{tmp_path}/runs.db")
     try:
         with CodeAgent([screenshot, send], ScriptedModel([step]), policy, approver=InboxApprover(store, wait="0s"),
-                       store=store, sandbox="auto") as agent:
+                       store=store, sandbox="auto", audit=str(tmp_path / "audit.jsonl")) as agent:
             first = agent.run("Send bob the home page")
         assert first.status == "suspended"
         [pending] = store.list_approvals()
         store.answer_approval(pending.id, ApprovalAnswer("approve", "carol"), binding=pending.binding)
         model = ScriptedModel(['```python\nfinal_answer("sent")\n```'])
         with CodeAgent([screenshot, send], model, policy, approver=InboxApprover(store, wait="0s"), store=store,
-                       sandbox="auto") as agent:
+                       sandbox="auto", audit=str(tmp_path / "audit.jsonl")) as agent:
             second = agent.resume(first.run_id)
     finally:
         store.close()

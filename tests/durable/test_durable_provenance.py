@@ -30,14 +30,14 @@ def test_a_resumed_run_does_not_take_an_earlier_runs_task_as_the_users(tmp_path:
     later = "```py\nfinal_answer(send('old@corp.example', 'hi'))\n```"
     try:
         with CodeAgent(TOOLS, ScriptedModel([first, pause]), policy, approver=InboxApprover(store, wait="0s"),
-                       store=store, sandbox="process") as agent:
+                       store=store, sandbox="process", audit=str(tmp_path / "audit.jsonl")) as agent:
             assert agent.run("remember old@corp.example").status == "done"
             suspended = agent.run("mail the count", reset=False)
         assert suspended.status == "suspended"
         [pending] = store.list_approvals()
         store.answer_approval(pending.id, ApprovalAnswer("approve", "bob"), binding=pending.binding)
         with CodeAgent(TOOLS, ScriptedModel([later]), policy, approver=InboxApprover(store, wait="0s"),
-                       store=store, sandbox="process") as agent:
+                       store=store, sandbox="process", audit=str(tmp_path / "audit.jsonl")) as agent:
             resumed = agent.resume(suspended.run_id)
         assert resumed.status == "suspended", resumed  # old@corp.example now waits for a human
     finally:
