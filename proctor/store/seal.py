@@ -1,0 +1,99 @@
+"""Seals: what a durable run writes to its store, made checkable by a key the store does not hold.
+
+A run store is not trusted (docs/durable.md, "Who can do what"): whoever can write its
+tables could otherwise approve calls (a `grant` added to a journal entry), give budgets
+back, or erase the history that rules read. So every journal entry and every saved run
+record carries a seal — an HMAC-SHA256 over its canonical JSON and its place (run, step,
+position), keyed by a secret of the run's audit sink (`AuditSink.key_for("run-store")`),
+which lives with the audit trail and never in the store. The run record saved at each step's
+start and at a suspension seals how many entries each step's journal had, so an entry
+forged, changed, moved, copied from another run or step, or dropped breaks a seal.
+`check_run` is what a resume calls before it runs anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, fields
+from typing import Any
+
+from proctor.canonical import canonical_bytes
+from proctor.errors import StoreForged
+from proctor.store.base import JournalEntry, RunRecord
+
+__all__ = ["PURPOSE", "RECORD_UNSEALED", "StoreSeal"]
+
+#: What the audit sink's key is derived for.
+PURPOSE = "run-store"
+
+#: Fields of a run record the store itself keeps, outside the seal: the resumer never believes them
+#: (the owner is checked by claiming, the version by saving). A status the run did not write (a cancel)
+#: breaks the seal, so a cancelled or finished run set back to `suspended` is refused.
+RECORD_UNSEALED = frozenset({"owner", "version", "updated_at_ns", "seal"})
+
+
+class StoreSeal:
+    """Seals and checks a run's store entries with one key."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    def _mac(self, kind: str, payload: Mapping[str, Any]) -> str:
+        body = canonical_bytes({"kind": kind, **payload})
+        return hmac.new(self._key, body, hashlib.sha256).hexdigest()
+
+    # -- journal --------------------------------------------------------------------------------
+
+    def seal_entry(self, entry: JournalEntry) -> str:
+        """The seal of `entry` (its run, step and position are in what it covers)."""
+        data = {k: v for k, v in asdict(entry).items() if k != "seal"}
+        return self._mac("journal", {"entry": asdict_plain(data)})
+
+    def check_journal(self, run_id: str, step: int, entries: Sequence[JournalEntry]) -> None:
+        """Check a step's entries: each in its place (seq 0, 1, …, of this run and step), each seal holding."""
+        for position, entry in enumerate(entries):
+            where = f"run {run_id}, step {step}, journal entry {entry.seq} ({entry.tool})"
+            if entry.run_id != run_id or entry.step != step or entry.seq != position:
+                raise StoreForged(f"{where}: out of place (a journal entry was dropped, moved or copied)")
+            if not entry.seal or not hmac.compare_digest(entry.seal, self.seal_entry(entry)):
+                raise StoreForged(f"{where}: its seal does not hold (written or changed outside the run)")
+
+    # -- run records ----------------------------------------------------------------------------
+
+    def seal_record(self, record: RunRecord) -> str:
+        data = {f.name: getattr(record, f.name) for f in fields(record) if f.name not in RECORD_UNSEALED}
+        return self._mac("run", {"record": asdict_plain(data)})
+
+    def check_record(self, record: RunRecord) -> None:
+        if not record.seal or not hmac.compare_digest(record.seal, self.seal_record(record)):
+            raise StoreForged(f"run {record.run_id}: the saved run's seal does not hold (its task, history, "
+                              "budgets, grants, messages or steps were written or changed outside the run)")
+
+    def check_run(self, record: RunRecord, journals: Mapping[int, Sequence[JournalEntry]]) -> None:
+        """Everything a resume reads of a run: its record, and each step's journal up to the heads it sealed."""
+        self.check_record(record)
+        counts = dict(record.journal_heads)
+        for step, entries in sorted(journals.items()):
+            self.check_journal(record.run_id, step, entries)
+            sealed = counts.get(str(step))
+            if sealed is not None and int(sealed.get("count", 0)) > len(entries):
+                raise StoreForged(f"run {record.run_id}, step {step}: {int(sealed['count']) - len(entries)} journal "
+                                  "entries are missing (dropped from the store)")
+
+
+def asdict_plain(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Mappings and sequences as JSON holds them, so a record seals the same before and after a round trip."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out[key] = _plain(value)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
