@@ -357,8 +357,8 @@ class BlockingReader:
     """Frames from a blocking fd, one ``read`` per frame in the common case (the worker's side).
 
     It polls for up to `SPIN_NS` before it blocks unless the last message it read said
-    ``"spin": false``: the host says so while more interpreters are active than the machine
-    has cores for, when polling would take a core from an end that has work.
+    ``"spin": false``: the host says so unless its run is alone (`proctor.interpreter.spinning`),
+    when polling would take a core from an end that has work.
     """
 
     def __init__(self, fd: int, max_message: int = MAX_MESSAGE) -> None:

@@ -187,7 +187,7 @@ class Interpreter:
                 return ExecutionResult(None, "", SandboxError(f"the program cannot be sent to the worker: {exc}"),
                                        isolation=self.isolation)
             ctx = None
-            spinning.enter()  # while more runs are active than the cores hold, nobody spins
+            spinning.enter()  # while another run is in progress in this process, nobody spins
             try:
                 worker = self._ready(self._worker or self._start())
                 ctx = context or self._run_context()
@@ -213,9 +213,7 @@ class Interpreter:
                 self._lose(f"interrupted: {type(exc).__name__}", calls)
                 raise
             finally:
-                spinning.leave()  # gives this thread its affinity back, if it was placed
-                if self._worker is not None:
-                    self._worker.unplace()
+                spinning.leave()
             if lost and not result.state_lost:
                 result = _replace(result, state_lost=True)
             return _replace(result, duration=time.monotonic() - started)
