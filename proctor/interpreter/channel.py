@@ -394,13 +394,6 @@ class BlockingReader:
             if self.spin and not self._poll.poll(0):
                 self._spin()
             chunk = os.read(self.fd, 1 << 16)
-            splitter = self._splitter
-            if not splitter._buf and len(chunk) >= 4:  # `FrameReader.feed`'s fast path, inline: one whole frame
-                (size,) = _HEADER.unpack_from(chunk)
-                if size <= splitter._max and len(chunk) == 4 + size:
-                    message = parse(chunk[4:])
-                    self.spin = message.get("spin") is not False
-                    return message
             if not chunk:
                 if self._splitter.pending:
                     raise ProtocolError("channel closed in the middle of a frame")
