@@ -127,7 +127,10 @@ def _worker_cpu() -> float:
     me = os.getpid()
     todo: list[int] = []
     for task in os.listdir(f"/proc/{me}/task"):
-        todo += [int(c) for c in Path(f"/proc/{me}/task/{task}/children").read_text().split()]
+        try:
+            todo += [int(c) for c in Path(f"/proc/{me}/task/{task}/children").read_text().split()]
+        except OSError:  # a thread that ended since it was listed
+            continue
     seen: set[int] = set()
     while todo:
         pid = todo.pop()
