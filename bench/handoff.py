@@ -11,7 +11,7 @@ a round trip of the real Interpreter is bounded below by the `--host-us 0 --work
 
 `--threads 8` models 8 Interpreters in threads of one process instead: 8 host threads (one GIL,
 their work is Python bytecode holding it) each with its worker process, laid out `free`, `split`
-(host threads on one core, workers on the others: what `proctor.interpreter.spinning` places),
+(host threads on one core, workers on the others),
 `pairs` (thread i and its worker on core i mod cores) or `one` (every thread and worker on the first
 core), against one pair alone; and, as `reactor-split` / `reactor-one`, one host thread serving all
 8 workers through an `epoll` (each ready worker's trip in turn) instead of a thread each. Each row

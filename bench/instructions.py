@@ -1,6 +1,7 @@
 """Instructions per governed call, before and after, counted by callgrind (deterministic on a loaded machine).
 
     .venv/bin/python bench/instructions.py --compare REF [--calls 2000] [--mode full|gate|channel]
+    .venv/bin/python bench/instructions.py --against DIR ...   (another checkout, its C extensions built)
 
 Runs one process per side (revision REF's `proctor` package exported to a temporary directory,
 and this checkout's) under ``valgrind --tool=callgrind``: an Interpreter (process sandbox)
@@ -130,7 +131,9 @@ def _count(pythonpath: str, n: int, mode: str, helper: str, tmp: str, worker: bo
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--compare", required=True, metavar="REF")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--compare", metavar="REF", help="revision REF's proctor/ (git archive: no C extensions)")
+    which.add_argument("--against", metavar="DIR", help="the checkout DIR's proctor/, with its built C extensions")
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--mode", choices=("full", "gate", "channel"), default="full")
     parser.add_argument("--worker", action="store_true", help="count the worker's side instead (mode full)")
@@ -147,9 +150,12 @@ def main() -> int:
         subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", helper, source], check=True)
         before = os.path.join(tmp, "before")
         os.mkdir(before)
-        archive = subprocess.run(["git", "-C", repo, "archive", opts.compare, "proctor"], capture_output=True,
-                                 check=True)
-        subprocess.run(["tar", "-x", "-C", before], input=archive.stdout, check=True)
+        if opts.against:
+            shutil.copytree(os.path.join(os.path.abspath(opts.against), "proctor"), os.path.join(before, "proctor"))
+        else:
+            archive = subprocess.run(["git", "-C", repo, "archive", opts.compare, "proctor"], capture_output=True,
+                                     check=True)
+            subprocess.run(["tar", "-x", "-C", before], input=archive.stdout, check=True)
         after = repo
         if opts.worker:  # both workers poll once and do not spin (their channel's SPIN_NS is 0)
             after = os.path.join(tmp, "after")
@@ -170,7 +176,7 @@ def main() -> int:
                 rows.append((label, _count(path, opts.calls, opts.mode, helper, tmp, False) / opts.calls))
         side = "worker" if opts.worker else f"host ({opts.mode})"
         (_, b), (_, a) = rows
-        print(f"{side} instructions per governed call: before ({opts.compare}) {b / 1000:.1f}k, "
+        print(f"{side} instructions per governed call: before ({opts.compare or opts.against}) {b / 1000:.1f}k, "
               f"after {a / 1000:.1f}k, after/before {a / b:.3f}")
     return 0
 

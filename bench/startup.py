@@ -8,10 +8,11 @@ rotation so the machine's drift touches them alike; then the largest imports of 
 Each subject's CPU time (user + system, from wait4) is shown beside its wall time: on a shared,
 loaded machine CPU time moves much less. ``--baseline REV`` runs the same subjects against REV's
 ``proctor/`` (extracted with git archive, first on PYTHONPATH) in the same rotation, side by side;
+``--against DIR`` does the same with another checkout and its own ``.venv`` (its C extensions built);
 ``--instructions`` also counts each subject's instructions once under callgrind (PYTHONHASHSEED=0),
 the figure to decide by when wall times are noise.
 
-Run: .venv/bin/python bench/startup.py [--runs 15] [--baseline REV] [--instructions]
+Run: .venv/bin/python bench/startup.py [--runs 15] [--baseline REV | --against DIR] [--instructions]
 Targets: import proctor <= 120 ms, proctor --help <= 150 ms, policy check <= 250 ms; build linear.
 """
 
@@ -49,16 +50,16 @@ rules:
 """
 
 
-def _proctor() -> list[str]:
-    return [sys.executable, "-c", "import sys; from proctor.cli import main; sys.exit(main())"]
+def _proctor(python: str) -> list[str]:
+    return [python, "-c", "import sys; from proctor.cli import main; sys.exit(main())"]
 
 
-def subjects(policy: Path) -> dict[str, list[str]]:
+def subjects(policy: Path, python: str = sys.executable) -> dict[str, list[str]]:
     return {
-        "python -c pass": [sys.executable, "-c", "pass"],
-        "import proctor": [sys.executable, "-c", "import proctor"],
-        "proctor --help": [*_proctor(), "--help"],
-        "proctor policy check": [*_proctor(), "policy", "check", str(policy)],
+        "python -c pass": [python, "-c", "pass"],
+        "import proctor": [python, "-c", "import proctor"],
+        "proctor --help": [*_proctor(python), "--help"],
+        "proctor policy check": [*_proctor(python), "policy", "check", str(policy)],
     }
 
 
@@ -132,6 +133,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--baseline", metavar="REV", help="also run REV's proctor/, side by side")
+    parser.add_argument("--against", metavar="DIR", help="also run the checkout DIR with DIR/.venv, side by side")
     parser.add_argument("--instructions", action="store_true", help="count instructions once under callgrind")
     parser.add_argument("--no-build", action="store_true", help="skip the policy build figures")
     opts = parser.parse_args()
@@ -140,6 +142,7 @@ def main() -> None:
         policy = Path(tmp) / "small.yaml"
         policy.write_text(SMALL)
         cmds = subjects(policy)
+        commands: dict[str, dict[str, list[str]]] = {"this tree": cmds}
         # The subjects run from an empty directory: `-c` puts the current directory first on sys.path.
         cwd = Path(tmp) / "cwd"
         cwd.mkdir()
@@ -148,15 +151,20 @@ def main() -> None:
             base = Path(tmp) / "baseline"
             base.mkdir()
             trees = {opts.baseline: baseline_tree(opts.baseline, base), "this tree": ENV}
-        for env in trees.values():
-            for cmd in cmds.values():
+            commands[opts.baseline] = cmds
+        elif opts.against:
+            opts.baseline = opts.against  # the same side-by-side report
+            trees = {opts.against: ENV, "this tree": ENV}
+            commands[opts.against] = subjects(policy, str(Path(opts.against).resolve() / ".venv/bin/python"))
+        for tree, env in trees.items():
+            for cmd in commands[tree].values():
                 timed(cmd, env, str(cwd))  # warm the page cache and .pyc files
         times: dict[tuple[str, str], list[tuple[float, float]]] = {(t, n): [] for t in trees for n in cmds}
         load = os.getloadavg()[0]
         for _ in range(opts.runs):
-            for name, cmd in cmds.items():
+            for name in cmds:
                 for tree, env in trees.items():
-                    times[tree, name].append(timed(cmd, env, str(cwd)))
+                    times[tree, name].append(timed(commands[tree][name], env, str(cwd)))
         print(f"load average {load:.2f} -> {os.getloadavg()[0]:.2f}; median of {opts.runs} runs, ms "
               "(wall median, min; CPU median)")
         for tree in trees:
@@ -178,7 +186,7 @@ def main() -> None:
                 raise SystemExit("--instructions needs valgrind")
             print("instructions (callgrind, PYTHONHASHSEED=0, one run each), M:")
             for tree, env in trees.items():
-                counts = {name: instructions(cmd, env, str(cwd)) / 1e6 for name, cmd in cmds.items()}
+                counts = {name: instructions(cmd, env, str(cwd)) / 1e6 for name, cmd in commands[tree].items()}
                 floor = counts["python -c pass"]
                 print(f" {tree}: " + ", ".join(f"{name} {n:,.1f} ({n / floor:.2f}x)" for name, n in counts.items()))
         print("largest imports (cumulative ms, -X importtime, one run, this tree):")

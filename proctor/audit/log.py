@@ -23,11 +23,9 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
-import errno
 import hashlib
 import os
 import secrets
-import sys
 import threading
 import time
 import weakref
@@ -48,16 +46,7 @@ from proctor.audit.verify import scan_file, side_file_path
 from proctor.errors import AuditCorrupted, AuditError, ConfigurationError
 from proctor.redaction import Redacted, redact_args
 
-try:  # the native half of group commit, built by setup.py when a C compiler is there (optional)
-    from proctor.audit._syncer import Syncer as _Syncer
-except ImportError:  # pragma: no cover - built without it: the pure-Python group commit below
-    _Syncer = None  # type: ignore[assignment,misc]
-
-__all__ = ["DURABILITIES", "NATIVE_GROUP_COMMIT", "AuditLog"]
-
-#: Whether durable appends wait on the native syncer (a thread without the GIL looping fdatasync,
-#: proctor/audit/_syncer.c) rather than the pure-Python group commit; both give the same guarantees.
-NATIVE_GROUP_COMMIT = _Syncer is not None and sys.platform.startswith("linux")
+__all__ = ["DURABILITIES", "AuditLog"]
 
 DURABILITIES = ("fsync", "flush")
 _CUT_INLINE_MAX = 4096  # cut bytes up to this size are kept in the recovery record itself
@@ -68,8 +57,6 @@ class AuditLog:
 
     #: Share fsyncs between concurrent durable appends; False only to measure the difference.
     _group_commit = True
-    #: With group commit, wait on the native syncer when it is built; False: the pure-Python one.
-    _native = NATIVE_GROUP_COMMIT
 
     def __init__(
         self,
@@ -103,9 +90,6 @@ class AuditLog:
         self._synced = 0
         self._syncing = False
         self._closing = False
-        # Native group commit (when built): its thread fdatasyncs round after round while bytes are
-        # pending, without the GIL; appends wait in it with the GIL released. Stopped by close().
-        self._syncer: Any = None
         self._fsync_under_mutex = False  # a checkpoint's (or recovery's) fsync is in flight: see _acknowledged
         self.error: str | None = None
         self.closed = False
@@ -137,11 +121,6 @@ class AuditLog:
         except BaseException:
             unlock_log(self._fd)
             raise
-        if self._native and self._group_commit and durability == "fsync":
-            try:
-                self._syncer = _Syncer(self._fd)
-            except OSError:  # no thread to be had: the pure-Python group commit does the same
-                self._syncer = None
         # A program that forgets close() still seals its log with a checkpoint when it exits
         # normally; the hook holds the log weakly so it does not keep an abandoned log alive.
         ref = weakref.ref(self)
@@ -276,11 +255,7 @@ class AuditLog:
             if not result.ok or not durable or self.durability != "fsync":
                 return result
             target = self._size
-            syncer = self._syncer
-        if syncer is not None:
-            synced = self._sync_natively(syncer, target, result)
-        else:
-            synced = self._sync_through(target, result)
+        synced = self._sync_through(target, result)
         return self._acknowledged(synced) if synced.ok else synced
 
     def _refusal(self) -> str:
@@ -299,16 +274,6 @@ class AuditLog:
         if self.error is not None:
             return AuditResult(False, error=f"audit log {self.path} failed while the record was synced: {self.error}")
         return result
-
-    def _sync_natively(self, syncer: Any, target: int, result: AuditResult) -> AuditResult:
-        """`_sync_through` by the native syncer: wait (GIL released) until a round of its fdatasync loop
-        that began after these bytes were written has completed; a failed fdatasync fails the log."""
-        try:
-            if syncer.sync(target):
-                return result
-        except OSError as exc:
-            return self._sync_failed(exc)
-        return self._not_on_disk()  # stopped by close() before a round covered it
 
     def _sync_through(self, target: int, result: AuditResult) -> AuditResult:
         """Return `result` once the first `target` bytes are on disk (fsyncing them, or waiting for the
@@ -390,8 +355,6 @@ class AuditLog:
 
     def _mark_synced(self) -> None:
         """Everything written is on disk (after an fsync done under `_mutex`)."""
-        if self._syncer is not None:
-            self._syncer.covered(self._size)
         with self._sync_lock:
             if self._size > self._synced:
                 self._synced = self._size
@@ -433,12 +396,8 @@ class AuditLog:
     def _sync_written(self, end: int) -> None:
         """The fsync of a record written under `_mutex` (checkpoint, recovery, one fsync per record), never
         beside another fsync of the descriptor: Linux tells a failed writeback to one of two overlapping
-        fsyncs only, and the other's success would vouch for lost bytes. With group commit it is a round
-        of the native syncer, or waits for the pure-Python fsync in flight and holds the turn over its own."""
-        if self._syncer is not None:
-            if not self._syncer.sync(end):
-                raise OSError(errno.EIO, "the log's syncer stopped")
-            return
+        fsyncs only, and the other's success would vouch for lost bytes. With group commit it waits for the
+        fsync in flight and holds the turn over its own."""
         if not self._group_commit:
             sync_fd(self._fd)
             return
@@ -536,8 +495,6 @@ class AuditLog:
                 if self.error is None and self._closed_by is None:  # else nothing was appended: still closed
                     self._checkpoint(closed=True)
             finally:
-                if self._syncer is not None:  # its thread ends here: after the fdatasync in flight
-                    self._syncer.stop()
                 with self._sync_lock:  # let an fsync in flight finish before the descriptor goes
                     while self._syncing:
                         self._idle.wait()
@@ -577,7 +534,6 @@ def _after_fork_in_child() -> None:
     touching the file or the lock: its appends are refused ("is closed"), so the gate runs no tool there."""
     for log in list(_OPEN):
         log._mutex = threading.Lock()  # another thread of the parent may have held it at the fork
-        log._syncer = None  # the parent's thread is not here; the native object never acts in a child
         log.closed = True
         atexit.unregister(log._at_exit)
 

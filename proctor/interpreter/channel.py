@@ -357,8 +357,8 @@ class BlockingReader:
     """Frames from a blocking fd, one ``read`` per frame in the common case (the worker's side).
 
     It polls for up to `SPIN_NS` before it blocks unless the last message it read said
-    ``"spin": false``: the host says so while more interpreters are active than the machine
-    has cores for, when polling would take a core from an end that has work.
+    ``"spin": false``: the host says so unless its run is alone (`proctor.interpreter.spinning`),
+    when polling would take a core from an end that has work.
     """
 
     def __init__(self, fd: int, max_message: int = MAX_MESSAGE) -> None:
@@ -394,13 +394,6 @@ class BlockingReader:
             if self.spin and not self._poll.poll(0):
                 self._spin()
             chunk = os.read(self.fd, 1 << 16)
-            splitter = self._splitter
-            if not splitter._buf and len(chunk) >= 4:  # `FrameReader.feed`'s fast path, inline: one whole frame
-                (size,) = _HEADER.unpack_from(chunk)
-                if size <= splitter._max and len(chunk) == 4 + size:
-                    message = parse(chunk[4:])
-                    self.spin = message.get("spin") is not False
-                    return message
             if not chunk:
                 if self._splitter.pending:
                     raise ProtocolError("channel closed in the middle of a frame")

@@ -106,12 +106,10 @@ class WorkerProcess:
         self._reader = HostFrameReader(limits or ChannelLimits())
         #: Whether this end polled before blocking at its last wait; replies tell the worker the same.
         self.spin = True
-        self._placement: tuple[int, frozenset[int]] | None = None  # the `spinning.placement` applied
         #: While a run serves a call: the run's time left when the call came (seconds). A reply the worker
         #: does not take within that much of being written is not waited for longer (the tool's or a
         #: human's time does not count, the worker's does).
         self.write_left: float | None = None
-        self._pids: list[int] | None = None  # the worker's processes (bubblewrap's and the worker's own)
         self._dead = False
         self._frozen: list[int] = []
         self._tmp = tempfile.TemporaryDirectory(prefix="proctor-worker-") if spec.isolation != "bwrap" else None
@@ -179,15 +177,12 @@ class WorkerProcess:
         if self._dead:
             raise WorkerDied("the worker is gone")
         try:
-            # A look first (the message is often there already), except when placed (the worker shares
-            # this core: it has not run yet) or in a process of several runs (each poll is also a turn of
-            # the GIL): then one poll that blocks.
-            events = self._poll.poll(0) if self._placement is None and spinning.runs < 2 else None
+            # A look first (the message is often there already), except in a process of several runs
+            # (each poll is also a turn of the GIL): then one poll that blocks.
+            events = self._poll.poll(0) if spinning.runs < 2 else None
             if not events:
                 self.spin = spin = spinning.may_spin()
-                if spinning.placement is not self._placement:
-                    self._place(spinning.placement)
-                if spin:  # only while this interpreter has cores to itself (see `spinning`)
+                if spin:  # only while this run is alone (see `spinning`)
                     spin_until = time.perf_counter_ns() + spinning.SPIN_NS
                     while not events and time.perf_counter_ns() < spin_until:
                         events = self._poll.poll(0)
@@ -219,29 +214,6 @@ class WorkerProcess:
                 if len(chunk) < _RECV:
                     break  # most likely all there is; poll says when more comes
         return messages
-
-    def _place(self, where: tuple[int, frozenset[int]] | None) -> None:
-        """Pin the calling host thread and the worker's processes as `where` says (None: undo)."""
-        self._placement = where
-        spinning.pin_thread(where[0] if where is not None else None)
-        cores = where[1] if where is not None else spinning.allowed()
-        if self._dead or not cores:
-            return
-        if self._pids is None:
-            # Under bubblewrap its processes (which cannot create others) stay the same for the worker's
-            # life; in process mode only the worker itself: its program's children are none of ours, and
-            # their pids, once they exit, could name someone else's process.
-            self._pids = _tree(self.proc.pid) if self.spec.isolation == "bwrap" else [self.proc.pid]
-        for pid in self._pids:
-            try:
-                os.sched_setaffinity(pid, cores)
-            except OSError:  # gone, or not ours to move: it only runs where the scheduler puts it
-                pass
-
-    def unplace(self) -> None:
-        """A run ended: its thread and the worker go back to every core (the next run places them again)."""
-        if self._placement is not None:
-            self._place(None)
 
     def drain_logs(self) -> None:
         if self._dead:
@@ -379,17 +351,6 @@ def _children(pid: int) -> list[int]:
                 out += [int(c) for c in fh.read().split()]
         except (OSError, ValueError):
             continue
-    return out
-
-
-def _tree(pid: int) -> list[int]:
-    """`pid` and its descendants (bubblewrap's processes and the worker under it)."""
-    out: list[int] = []
-    todo = [pid]
-    while todo and len(out) < 16:
-        p = todo.pop()
-        out.append(p)
-        todo += _children(p)
     return out
 
 

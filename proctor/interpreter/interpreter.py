@@ -187,7 +187,7 @@ class Interpreter:
                 return ExecutionResult(None, "", SandboxError(f"the program cannot be sent to the worker: {exc}"),
                                        isolation=self.isolation)
             ctx = None
-            spinning.enter()  # while more runs are active than the cores hold, nobody spins
+            spinning.enter()  # while another run is in progress in this process, nobody spins
             try:
                 worker = self._ready(self._worker or self._start())
                 ctx = context or self._run_context()
@@ -213,9 +213,7 @@ class Interpreter:
                 self._lose(f"interrupted: {type(exc).__name__}", calls)
                 raise
             finally:
-                spinning.leave()  # gives this thread its affinity back, if it was placed
-                if self._worker is not None:
-                    self._worker.unplace()
+                spinning.leave()
             if lost and not result.state_lost:
                 result = _replace(result, state_lost=True)
             return _replace(result, duration=time.monotonic() - started)
@@ -240,21 +238,13 @@ class Interpreter:
             batch = worker.read(deadline - now)
             for i, (size, raw) in enumerate(batch):
                 message = raw if type(raw) is OversizedCall else parse_worker_message(raw, depth)
-                if type(message) is CallRequest:  # the usual message: its checks first, on their own
+                if isinstance(message, (CallRequest, OversizedCall)):
                     if message.run != run:
                         raise ProtocolError(f"call stamped with run {message.run} during run {run}")
                     began = time.monotonic()
                     if began >= deadline:  # requests after the deadline never reach the gate
                         return self._timed_out(calls, final)
                     worker.write_left = deadline - began  # a reply waits for the worker this long at most
-                    deadline += self._serve(worker, message, ctx, parent, calls, bool(final), began, size)
-                elif isinstance(message, (CallRequest, OversizedCall)):
-                    if message.run != run:
-                        raise ProtocolError(f"call stamped with run {message.run} during run {run}")
-                    began = time.monotonic()
-                    if began >= deadline:  # requests after the deadline never reach the gate
-                        return self._timed_out(calls, final)
-                    worker.write_left = deadline - began
                     if isinstance(message, OversizedCall):
                         self._refuse_oversized(worker, message, ctx, parent, calls)
                         continue
@@ -287,9 +277,7 @@ class Interpreter:
         """Answer one request; return the seconds the program spent waiting for a tool or an
         approval (from `began` until the answer left), which do not count against its timeout."""
         seen = worker.seen_ids
-        if req.id == seen.upto + 1 and not seen.above:  # `SeenIds.take`'s usual case, inline
-            seen.upto = req.id
-        elif not seen.take(req.id):
+        if not seen.take(req.id):
             raise ProtocolError(f"request id {req.id} used twice")
         refusal = None
         if after_final:

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from proctor.calls import CallRecord
 from proctor.errors import BudgetExceeded, CallRefused, ProctorError, ToolFailed
-from proctor.interpreter.channel import SCALAR_TYPES, ProtocolError, decode_value
+from proctor.interpreter.channel import ProtocolError, decode_value
 
 __all__ = ["CallRequest", "Done", "Final", "Ready", "error_payload", "parse_worker_message"]
 
@@ -55,7 +55,6 @@ class Done:
 
 
 _MAX_INT = 2**62
-_new_tuple = tuple.__new__
 
 
 def _int(message: Mapping[str, Any], key: str) -> int:
@@ -72,25 +71,6 @@ def parse_worker_message(message: Mapping[str, Any], max_depth: int = 0) -> Read
     Values nested deeper than `max_depth` (default `channel.MAX_DEPTH`) are refused as they are decoded.
     """
     kind = message.get("t")
-    if kind == "call" and len(message) == 5:
-        # The hot path, a well-formed call whose args are a plain JSON object (keys are strings
-        # by JSON, and no tag makes it something else): the checks below, inline. Five keys of
-        # which these four and "t" are present means exactly the call's fields.
-        try:
-            rid, run, tool, args = message["id"], message["run"], message["tool"], message["args"]
-        except KeyError:
-            pass
-        else:
-            if (type(rid) is int and type(run) is int and 0 <= rid <= _MAX_INT and 0 <= run <= _MAX_INT
-                    and type(tool) is str and len(tool) <= 200 and tool.isidentifier() and type(args) is dict):
-                for key, value in args.items():
-                    if key[:1] == "$" and len(args) == 1:  # a tagged value, not a mapping: the checks below
-                        break
-                    if type(value) not in SCALAR_TYPES:  # only scalars: the parsed dict is the value
-                        return _new_tuple(CallRequest, (rid, run, tool, decode_value(args, 0, max_depth)))
-                else:
-                    # `tuple.__new__`: CallRequest(...) runs a Python __new__ (3.0k instructions against 1.7k)
-                    return _new_tuple(CallRequest, (rid, run, tool, args))
     if not isinstance(kind, str) or kind not in _FIELDS:
         raise ProtocolError(f"unexpected message type {kind!r} from the worker")
     if message.keys() != _FIELDS[kind]:

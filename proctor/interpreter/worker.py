@@ -75,7 +75,7 @@ class Worker:
                     raise TypeError(f"{tool}: {bad}") from None
                 break
         channel = self.channel
-        rid = next(channel.ids)  # `channel.next_id()`, inline: every call's path
+        rid = channel.next_id()
         if not channel.send_in_run(call_frame(rid, self.run_id, tool, payload)):
             raise proctor_errors.ProctorError(f"{tool}: tools can only be called while a program runs")
         reply = channel.wait(rid)

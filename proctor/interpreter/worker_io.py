@@ -65,9 +65,7 @@ class Channel:
         with self._send_lock:
             if not self.run_open:
                 return False
-            n = os.write(self.fd, data)  # `write_all`, inline: every call's frame fits the socket buffer
-            if n < len(data):
-                write_all(self.fd, memoryview(data)[n:])
+            write_all(self.fd, data)
             return True
 
     def open_run(self) -> None:

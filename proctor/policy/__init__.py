@@ -10,9 +10,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import proctor._lazy as _lazy
-from proctor.policy import _cel
-
-_cel.install()  # `import cel` without the CLI it imports eagerly (prompt_toolkit, typer, rich)
 
 if TYPE_CHECKING:
     from proctor.policy.budgets import Ledger, Reservation

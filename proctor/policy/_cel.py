@@ -1,49 +1,44 @@
-"""Import the `cel` package without its command-line interface (a start-up workaround).
+"""CEL's native module, `cel.cel`, imported on its own: what proctor's conditions use of CEL.
 
-`common-expression-language`'s ``cel/__init__.py`` imports ``cel.cli`` eagerly, which pulls in
-prompt_toolkit, typer and rich: most of ``import cel``'s time (~60 ms of a ~70 ms import on an idle
-machine; see docs/cel-upstream-report.md). proctor only needs the native module ``cel.cel``. So,
-before anything in proctor imports ``cel``, `install` puts in ``sys.modules`` a package module
-for ``cel`` that is not executed: its names (``compile``, ``Context``…) come from the native
-module the first time one is read, and ``cel.cli`` / ``cel.stdlib`` still import on demand.
-If ``cel`` is already imported (by the application), nothing changes.
+`common-expression-language`'s ``cel/__init__.py`` imports its command-line interface eagerly
+(``cel.cli``: prompt_toolkit, typer, rich), most of ``import cel``'s time and most of
+`proctor policy check`'s (docs/cel-upstream-report.md). Everything proctor calls (``compile``,
+``Context``, ``OptionalValue``) is the package's native module, so this module imports that
+module under its own name, ``cel.cel``, without running the package's ``__init__``. Nothing is
+replaced or patched: a later ``import cel`` (the application's) runs the package as usual and
+finds the same native module, so every class is the same class. Where ``cel.cel`` is already
+imported, that module is used.
 """
 
 from __future__ import annotations
 
-import importlib
+import importlib.machinery
 import importlib.util
 import sys
-import types
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-__all__ = ["install"]
+__all__ = ["cel"]
+
+_NAME = "cel.cel"
 
 
-def install() -> None:
-    """Make ``import cel`` cheap: the package without its ``__init__`` (idempotent, thread-safe enough:
-    the import lock serialises the first real import)."""
-    if "cel" in sys.modules:
-        return
-    spec = importlib.util.find_spec("cel")
-    if spec is None or not spec.submodule_search_locations:
-        return  # not installed as expected: let `import cel` fail or succeed on its own
-    package = types.ModuleType("cel", "CEL (native module loaded on first use by proctor.policy._cel)")
-    package.__spec__ = spec
-    package.__path__ = list(spec.submodule_search_locations)
-    package.__file__ = spec.origin
-    package.__package__ = "cel"
+def _native() -> ModuleType:
+    loaded = sys.modules.get(_NAME)
+    if loaded is not None:
+        return loaded
+    package = importlib.util.find_spec("cel")  # (finds the package without importing it)
+    spec = None
+    if package is not None and package.submodule_search_locations:
+        spec = importlib.machinery.PathFinder.find_spec(_NAME, list(package.submodule_search_locations))
+    if spec is None or spec.loader is None:  # not installed as expected: the package's own import says why
+        return importlib.import_module(_NAME)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return sys.modules.setdefault(_NAME, module)
 
-    def __getattr__(name: str) -> Any:
-        if name in ("cli", "stdlib", "cel"):
-            return importlib.import_module(f"cel.{name}")
-        native = importlib.import_module("cel.cel")
-        exported = getattr(native, "__all__", None) or [n for n in dir(native) if not n.startswith("_")]
-        for item in exported:
-            package.__dict__.setdefault(item, getattr(native, item))
-        if name in package.__dict__:
-            return package.__dict__[name]
-        raise AttributeError(f"module 'cel' has no attribute {name!r}")
 
-    package.__getattr__ = __getattr__  # type: ignore[method-assign]
-    sys.modules["cel"] = package
+if TYPE_CHECKING:
+    import cel.cel as cel
+else:
+    cel = _native()

@@ -12,22 +12,18 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import cel
-
 from proctor.calls import Call, HistoryEntry
+from proctor.policy._cel import cel
 from proctor.policy.aggregates import Fold, fold_list, is_hidden, pipeline_named
 from proctor.policy.conditions import check_value
 from proctor.policy.functions import FUNCTIONS, boxed
-from proctor.policy.probes import _BY_NAME as _PROBES  # (read only: the interned probes by hidden name)
-from proctor.policy.probes import Unresolved, is_probe, probe_named
+from proctor.policy.probes import is_probe, probe_named
 from proctor.policy.projection import Needs
 from proctor.run import HistoryView
 
 __all__ = ["Activation"]
 
 _PLAIN_FOLD_MIN = 32
-_MISSING: Any = object()
-_SCALARS = (str, int, float, bool, type(None))
 _ENTRY_FIELDS = frozenset(("tool", "args", "side_effect", "decision", "status", "labels"))  # HistoryEntry.as_dict()
 
 
@@ -136,29 +132,6 @@ class Activation(Mapping[str, Any]):
             raise KeyError(name)
         self._cache[name] = value
         return value
-
-    def probe_answer(self, name: str) -> Any:
-        """A probe's answer for a condition evaluated in Python (`probes.python_condition`): a tuple of labels,
-        or from_user's bool; raises `probes.Unresolved` unless the argument is a plain scalar at its path
-        (then the condition goes to CEL, which converts and checks it as it always has)."""
-        probe = _PROBES[name]
-        path = probe.path
-        args = self._call.args
-        if len(path) == 1 and type(args) is dict:  # args.to: the usual probe, without the walk
-            value = args.get(path[0], _MISSING)
-            if value is _MISSING:
-                raise Unresolved(name)
-        else:
-            value = probe.argument(args)
-        if type(value) is not str and not isinstance(value, _SCALARS):
-            raise Unresolved(name)
-        index = self._call.provenance
-        function = probe.function
-        if function == "from_user":
-            return False if index is None else index.from_user(value)
-        if index is None:
-            return ()
-        return index.sources_of(value) if function == "provenance" else index.text_sources_of(value)
 
     def _probe(self, name: str) -> Any:
         """A provenance call on a path of `args`, answered as CEL would have it from the function."""

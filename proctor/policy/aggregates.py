@@ -57,8 +57,7 @@ from collections.abc import Callable, Iterable, Mapping
 from itertools import combinations
 from typing import Any
 
-import cel
-
+from proctor.policy._cel import cel
 from proctor.policy.functions import FUNCTIONS as CEL_FUNCTIONS
 
 __all__ = [

@@ -19,8 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import cel
-
+from proctor.policy._cel import cel
 from proctor.policy.aggregates import (
     AggregateError,
     Rewrite,
@@ -33,7 +32,7 @@ from proctor.policy.aggregates import (
 )
 from proctor.policy.functions import BOX_PREFIX
 from proctor.policy.functions import FUNCTIONS as CEL_FUNCTIONS
-from proctor.policy.probes import PROBE_FUNCTIONS, Unresolved, python_condition, rewrite_probes, split_conjunction
+from proctor.policy.probes import PROBE_FUNCTIONS, Unresolved, rewrite_probes
 from proctor.policy.projection import Needs, needs_of
 
 __all__ = [
@@ -179,12 +178,8 @@ class Condition:
     probed: Any = None
     probed_variables: tuple[str, ...] = ()
     probed_functions: tuple[str, ...] = ()
-    #: The condition as a Python function when it is made only of probes (`probes.python_condition`).
-    python: Any = None
-    #: For ``a && b`` where some terms are made only of probes (`probes.split_conjunction`): those terms as a
-    #: Python function, and the other terms compiled as a condition of their own (run only when `head` holds).
-    head: Any = None
-    rest: Condition | None = None
+    #: Always None: conditions are evaluated by CEL only. Kept while `engine.Candidates` still reads it.
+    python: None = None
 
     def evaluate(self, activation: Mapping[str, Any]) -> bool:
         """Evaluate against the variables in `activation` (only those referenced are read).
@@ -200,29 +195,6 @@ class Condition:
 
     def compute(self, activation: Mapping[str, Any]) -> Any:
         """The expression's value for `activation` (any CEL value); raises EvaluationError."""
-        python = self.python
-        if python is not None:
-            answer = getattr(activation, "probe_answer", None)
-            if answer is not None:
-                try:
-                    return bool(python(answer))
-                except Unresolved:  # an argument that is not a plain scalar at its path: CEL decides
-                    pass
-        head, rest = self.head, self.rest
-        if head is not None and rest is not None:
-            answer = getattr(activation, "probe_answer", None)
-            if answer is not None:
-                try:
-                    holds = bool(head(answer))
-                except Unresolved:  # an argument that is not a plain scalar at its path: as written
-                    holds = None
-                if holds is False:  # CEL's && is false when one term is, whatever the others give
-                    return False
-                if holds:
-                    result = rest.compute(activation)
-                    if not isinstance(result, bool):  # as CEL's && would: no overload for a non-bool term
-                        raise EvaluationError(f"a term of && gave {result!r} ({type(result).__name__}), not a bool")
-                    return result
         try:
             cel_context = getattr(activation, "cel_context", None)
             if cel_context is not None and self.fast is not None and getattr(activation, "folds_history", True):
@@ -537,17 +509,8 @@ def _probed(source: str, names: tuple[str, ...], boxes: frozenset[str]) -> dict[
         program = cel.compile(text)
     except Exception:  # noqa: BLE001 - an optimisation: when in doubt, evaluate as written
         return None
-    fields: dict[str, Any] = {
-        "probed": program, "probed_variables": (*names, *(p.name for p in probes)),
-        "probed_functions": tuple(sorted(fn for fn in program.functions() if fn in CEL_FUNCTIONS)),
-        "python": python_condition(source)}
-    split = split_conjunction(source) if fields["python"] is None else None
-    if split is not None:
-        try:
-            fields.update(head=split[0], rest=compile_expression(split[1]))
-        except ConditionError:  # an optimisation: when in doubt, evaluate as written
-            pass
-    return fields
+    return {"probed": program, "probed_variables": (*names, *(p.name for p in probes)),
+            "probed_functions": tuple(sorted(fn for fn in program.functions() if fn in CEL_FUNCTIONS))}
 
 
 def _fast(source: str) -> tuple[Any, Any, Rewrite] | None:

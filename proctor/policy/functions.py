@@ -41,8 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import cel
-
+from proctor.policy._cel import cel
 from proctor.unicodenorm import nfkc
 
 __all__ = [

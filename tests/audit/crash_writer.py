@@ -14,9 +14,7 @@ costs milliseconds rather than an interpreter start.
 With THREADS > 1 each child runs that many writer threads on one log, so durable appends
 share fsyncs (group commit), and every fsync that completes and every effect is noted, in
 order, in an events file per log (``S <bytes on disk>`` / ``E <call id>``): the test checks
-that each effect came after an fsync covering its intent's line. The fsyncs of the native syncer
-(a C thread) are noted by the syncer itself (`Syncer.trace`); PROCTOR_GROUP_COMMIT=python runs the
-pure-Python group commit instead.
+that each effect came after an fsync covering its intent's line.
 """
 
 from __future__ import annotations
@@ -58,11 +56,7 @@ def child(log_path: Path, effects: Path, run: int, ready_fd: int, split: bool, t
             os.write(events, f"S {size}\n".encode())
 
         audit_log_module.sync_fd = noted_sync
-    if os.environ.get("PROCTOR_GROUP_COMMIT") == "python":
-        AuditLog._native = False
     log = AuditLog(log_path, durability="fsync", checkpoint_every=25)
-    if events >= 0 and log._syncer is not None:
-        log._syncer.trace(events)
     os.write(ready_fd, b"r")
     fd = os.open(effects, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 

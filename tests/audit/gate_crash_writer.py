@@ -71,11 +71,7 @@ def child(work: Path, run: int, ready_fd: int, threads: int) -> None:
         """
         return token
 
-    if os.environ.get("PROCTOR_GROUP_COMMIT") == "python":  # else the native syncer, when built
-        AuditLog._native = False
     log = AuditLog(log_path, checkpoint_every=40)
-    if log._syncer is not None:  # its fdatasyncs happen in C: it notes them itself
-        log._syncer.trace(events)
     gate = Gate(Policy.from_string(POLICY), audit=log, tools=[effect, peek])
     os.write(ready_fd, b"r")
 

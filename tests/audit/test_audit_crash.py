@@ -18,12 +18,12 @@ RUNS, LOGS = 120, 4
 
 @pytest.mark.parametrize("threads", [1, 4])
 def test_sigkilled_writers_never_run_a_tool_without_a_durable_intent(
-    tmp_path: Path, threads: int, group_commit_env: dict[str, str],
+    tmp_path: Path, threads: int,
 ) -> None:
     """After 120 random SIGKILLs, every effect has its intent, every intent one outcome, and each log verifies."""
     proc = subprocess.run(
         [sys.executable, str(HARNESS), str(tmp_path), str(RUNS), "20261129", str(LOGS), str(threads)],
-        capture_output=True, text=True, timeout=600, env=group_commit_env,
+        capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])

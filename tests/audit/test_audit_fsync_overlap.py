@@ -23,7 +23,6 @@ from proctor.audit import AuditLog
 def test_an_append_whose_fsync_overlapped_a_failed_checkpoint_fsync_is_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The checkpoint's fsync gets the EIO; the leader's, in flight over the same bytes, must fail its append too."""
-    monkeypatch.setattr(AuditLog, "_native", False, raising=False)  # the pure-Python group commit
     log = AuditLog(tmp_path / "audit.jsonl")
     real = log_module.sync_fd
     leader_in_fsync, checkpoint_failed = threading.Event(), threading.Event()

@@ -14,12 +14,6 @@ import proctor.audit.log as log_module
 from proctor.audit import AuditLog, verify
 
 
-@pytest.fixture(autouse=True)
-def _pure_python_group_commit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests drive `sync_fd`: the pure-Python group commit (the native syncer: test_audit_syncer.py)."""
-    monkeypatch.setattr(AuditLog, "_native", False)
-
-
 def test_concurrent_durable_appends_share_fsyncs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """8 threads x 25 durable appends need far fewer fsyncs than appends, each covering its record."""
     covered: list[int] = []

@@ -100,7 +100,6 @@ def test_a_failed_write_fails_the_log_and_every_later_append(tmp_path: Path, mon
 
 def test_a_failed_fsync_fails_the_append(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """EIO from fsync is a failed append: the intent is not known to be durable, so the call must not run."""
-    monkeypatch.setattr(AuditLog, "_native", False)  # the native syncer's failures: test_audit_syncer.py
     with AuditLog(tmp_path / "a.jsonl") as log:
         def eio(fd: int) -> None:
             raise OSError(errno.EIO, "Input/output error")
@@ -122,7 +121,6 @@ def test_closed_log_refuses_appends(tmp_path: Path) -> None:
 
 def test_durability_fsync_flush_and_the_durable_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """fsync per durable append; durable=False only flushes; durability='flush' fsyncs only checkpoints."""
-    monkeypatch.setattr(AuditLog, "_native", False)  # count the fsyncs of the pure-Python path
     calls: list[int] = []
     real = log_module.sync_fd
     monkeypatch.setattr(log_module, "sync_fd", lambda fd: (calls.append(fd), real(fd))[1])

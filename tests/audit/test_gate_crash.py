@@ -14,11 +14,11 @@ RUNS, THREADS = 30, 4
 
 
 def test_sigkilled_gate_runs_never_ran_a_write_before_its_intent_was_fsynced(
-    tmp_path: Path, group_commit_env: dict[str, str],
+    tmp_path: Path,
 ) -> None:
     """After 30 random SIGKILLs of 4 threads calling a write tool, each effect followed an fsync of its intent."""
     proc = subprocess.run([sys.executable, str(HARNESS), str(tmp_path), str(RUNS), "20261130", str(THREADS)],
-                          capture_output=True, text=True, timeout=600, env=group_commit_env)
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["problems"] == []
     log_path = tmp_path / "audit.jsonl"

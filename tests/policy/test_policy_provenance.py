@@ -319,7 +319,7 @@ rules:
          False),
         ("'untrusted' in text_provenance(args.to) && !from_user(args.to)", {"to": 42}, False),
         ("'untrusted' in provenance(args.to) && !from_user(args.to)", {"to": None}, False),
-        # provenance terms decided in Python first, the other terms by CEL alone (probes.split_conjunction)
+        # provenance terms beside other terms of a conjunction
         ("'untrusted' in provenance(args.to) && !from_user(args.to) && size(args.to) > 0",
          {"to": "eve@evil.example"}, True),
         ("'untrusted' in provenance(args.to) && size(args.to) > 100", {"to": "eve@evil.example"}, False),

@@ -1,0 +1,84 @@
+"""Who may poll the channel before blocking: only a run that is alone in its process and on its machine."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from proctor.interpreter import spinning
+from proctor.interpreter.channel import BlockingReader, frame, reply_frame
+
+
+@pytest.fixture
+def idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two usable cores, an otherwise idle machine and no run in progress, for this test alone."""
+    monkeypatch.setattr(spinning, "_cpus", 2)
+    monkeypatch.setattr(spinning, "_running", lambda: 1)
+    monkeypatch.setattr(spinning, "runs", 0)
+    monkeypatch.setattr(spinning, "_checked", -(1 << 62))
+
+
+def _fresh() -> bool:
+    spinning._checked = -(1 << 62)
+    return spinning.may_spin()
+
+
+def test_one_run_spins_and_a_second_run_in_the_process_stops_it(idle: None) -> None:
+    """A lone run may spin; with two runs in progress in one process neither does, until one ends."""
+    spinning.enter()
+    try:
+        assert _fresh() is True
+        spinning.enter()
+        assert spinning.may_spin() is False  # at once: not only at the next look at the machine
+        spinning.leave()
+        assert _fresh() is True
+    finally:
+        spinning.leave()
+    assert spinning.runs == 0
+
+
+def test_a_busy_machine_or_one_core_stops_spinning(idle: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More runnable threads than cores (other runs waiting), or a single core, and a lone run blocks at once."""
+    spinning.enter()
+    try:
+        monkeypatch.setattr(spinning, "_running", lambda: 3)
+        assert _fresh() is False
+        monkeypatch.setattr(spinning, "_running", lambda: 2)
+        assert _fresh() is True
+        monkeypatch.setattr(spinning, "_cpus", 1)
+        assert _fresh() is False
+    finally:
+        spinning.leave()
+
+
+def test_disabled_never_spins(idle: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spinning, "DISABLED", True)
+    spinning.enter()
+    try:
+        assert _fresh() is False
+    finally:
+        spinning.leave()
+
+
+def test_the_machine_is_read_from_proc_loadavg() -> None:
+    """The runnable count comes from /proc/loadavg here (Linux): at least this thread."""
+    running = spinning._running()
+    assert running is not None and running >= 1
+
+
+def test_replies_tell_the_worker_whether_to_spin() -> None:
+    """A reply saying "spin": false makes the worker's reader block at once until a message says otherwise."""
+    assert reply_frame(7, "a", False) == frame({"t": "reply", "id": 7, "ok": True, "value": "a", "spin": False})
+    host, worker = socket.socketpair()
+    try:
+        reader = BlockingReader(worker.fileno())
+        host.sendall(reply_frame(1, "a", False))
+        assert reader.recv() == {"t": "reply", "id": 1, "ok": True, "value": "a", "spin": False}
+        assert reader.spin is False
+        host.sendall(reply_frame(2, "b"))
+        assert reader.recv() == {"t": "reply", "id": 2, "ok": True, "value": "b"}
+        assert reader.spin is True
+    finally:
+        host.close()
+        worker.close()
