@@ -13,7 +13,7 @@ holds for every route alike, the unauthenticated ones (``/login``, ``/logout``) 
 - **Headers on every response**, errors and static files included: a
   ``Content-Security-Policy`` that allows only this origin's own script and style and
   forbids framing (``frame-ancestors 'none'``, and ``X-Frame-Options: DENY`` for older
-  browsers), ``nosniff``, no referrer, and no caching of pages that show approvals.
+  browsers), ``nosniff``, no referrer to other sites, and no caching of pages that show approvals.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"content-security-policy", CSP.encode()),
     (b"x-frame-options", b"DENY"),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),  # not no-referrer: browsers then send `Origin: null`
     (b"cross-origin-opener-policy", b"same-origin"),
     (b"cross-origin-resource-policy", b"same-origin"),
     (b"cache-control", b"no-store"),
