@@ -112,6 +112,10 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False, default=str)
+    templates.env.filters["tojson_edit"] = _editable_json
+    # Compact JSON text for display (through `m` after it); Jinja's own `tojson` writes \\uXXXX for every
+    # non-ASCII character, which would hide a look-alike behind an escape nobody reads.
+    templates.env.filters["json_text"] = lambda v: json.dumps(v, ensure_ascii=False, default=str)
     # Untrusted text in element content goes through `m`: escaped, look-alikes and invisibles marked.
     templates.env.filters["m"] = lambda v: Markup(marked_html("" if v is None else v))
     sessions = sessions or Sessions()
@@ -313,6 +317,26 @@ def _json(text: str, what: str) -> Any:
         return loads_bounded(text, what)
     except ConfigurationError as exc:
         raise _Refused(422, str(exc)) from None
+
+
+def _editable_json(value: Any) -> str:
+    """JSON for a text box the approver edits: every invisible character written as its JSON escape
+    (``\\u202e``), so the box shows it and it parses back to the same value; the rest as is."""
+    from proctor.termsafe import is_invisible
+
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    out = []
+    for ch in text:
+        if is_invisible(ch) and ch not in "\n\t":  # the layout's own newlines stay
+            code = ord(ch)
+            if code > 0xFFFF:  # JSON writes a character beyond the BMP as a surrogate pair
+                code -= 0x10000
+                out.append(f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}")
+            else:
+                out.append(f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 def _local(target: str) -> str:

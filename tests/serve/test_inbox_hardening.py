@@ -232,7 +232,8 @@ def test_a_held_open_body_to_an_approval_post_is_refused_unread(served: tuple[in
     form = "Content-Type: application/x-www-form-urlencoded\r\nTransfer-Encoding: chunked\r\n"
     status, sent, grown = _held_open(port, f"/approvals/{approval_id}", form, pid)
     assert status == 303 and sent < 8 << 20 and grown < 8 << 10
-    api = f"Content-Type: application/json\r\nAuthorization: Bearer {inbox.tokens['bob']}\r\nTransfer-Encoding: chunked\r\n"
+    api = (f"Content-Type: application/json\r\nAuthorization: Bearer {inbox.tokens['bob']}\r\n"
+           "Transfer-Encoding: chunked\r\n")
     status, sent, grown = _held_open(port, f"/api/approvals/{approval_id}", api, pid)
     assert status == 413 and sent < 8 << 20 and grown < 8 << 10
 
