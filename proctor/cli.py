@@ -58,12 +58,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             return status
         except BrokenPipeError:
             return _pipe_closed()
+        except SystemExit as exc:
+            # rich's Console meets a closed pipe by pointing stdout at /dev/null and exiting 1
+            # (`Console.on_broken_pipe`): that is a closed pipe too, and ends the same way.
+            if exc.code == 1 and _stdout_is_devnull():
+                return PIPE_CLOSED
+            raise
 
 
 #: What a shell reports for a command ended by SIGPIPE (128 + 13): `proctor runs show R | head` ends as
 #: `yes | head` does. The signal itself stays ignored (Python's default), so a closed socket in
 #: `proctor serve` or a webhook approver is an error to handle, never a silent death.
 PIPE_CLOSED = 141
+
+
+def _stdout_is_devnull() -> bool:
+    import os
+
+    try:
+        out, null = os.fstat(sys.stdout.fileno()), os.stat(os.devnull)
+    except (OSError, ValueError):
+        return False
+    return (out.st_rdev, out.st_ino) == (null.st_rdev, null.st_ino)
 
 
 def _pipe_closed() -> int:

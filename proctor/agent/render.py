@@ -272,7 +272,9 @@ def print_timeline(events: Sequence[tuple[int | None, str, Sequence[str]]], *, f
     console = Console(file=file, highlight=False, width=120 if wide else None)
     console.print()
     console.print(Text(_t(title), style="bold"))
+    from rich.padding import Padding
+
     for ts_ns, what, details in events:
         console.print(Text(when(ts_ns), style="dim") + Text("  ") + Text(_t(what), style="bold"), overflow="fold")
-        for detail in details:
-            console.print(Text("    " + _t(detail, keep_newlines=True)), overflow="fold")
+        for detail in details:  # indented, and so are the lines it wraps onto
+            console.print(Padding(Text(_t(detail, keep_newlines=True), overflow="fold"), (0, 0, 0, 4)))

@@ -267,6 +267,10 @@ def _show(args: argparse.Namespace) -> int:
         # Default: one record a line at 80 columns (run column only when several runs are shown,
         # long cells cut with an ellipsis); --wide: everything in full, wrapped.
         wide = bool(args.wide)
+        console = Console()
+        if not wide and console.width < _TABLE_WIDTH:
+            _print_lines(console, picked, records, args.log)
+            return _bad_lines(bad, args.log)
         runs = {r.get("run_id") for r in picked if r.get("run_id")}
         names = ["seq", "time", "kind", "run", "agent", "tool", "verdict", "approval", "rules"]
         if not wide and len(runs) <= 1:
@@ -281,8 +285,11 @@ def _show(args: argparse.Namespace) -> int:
         for name in names:
             # Who decided is never cut (an approver's name with an ellipsis says nothing): it wraps.
             whole = wide or name == "approval"
+            least = _MIN_WIDTH[name]
+            if name == "approval":  # as wide as who decided, within reason; past that it wraps
+                least = max([least, *(min(len(_approval(r)), 40) for r in picked)])
             table.add_column(name, justify="right" if name == "seq" else "left", no_wrap=not whole,
-                             overflow="fold" if whole else "ellipsis", min_width=None if wide else _MIN_WIDTH[name],
+                             overflow="fold" if whole else "ellipsis", min_width=None if wide else least,
                              max_width=None if whole else _MAX_WIDTH.get(name))
         for r in picked:
             kind = str(r.get("kind", "?"))
@@ -292,11 +299,40 @@ def _show(args: argparse.Namespace) -> int:
                     "tool": str(r.get("tool") or ""),
                     "verdict": _decision(r), "approval": _approval(r), "rules": _rules(r)}
             table.add_row(*(Text(terminal_safe(cell[n])) for n in names))  # record text is data, never markup
-        Console().print(table)
+        console.print(table)
+    return _bad_lines(bad, args.log)
+
+
+def _bad_lines(bad: int, log: str) -> int:
     if bad:
-        _err(f"{bad} unreadable line(s) skipped; run `proctor audit verify {args.log}`")
+        _err(f"{bad} unreadable line(s) skipped; run `proctor audit verify {log}`")
         return 1
     return 0
+
+
+#: Below this width the records table cannot show who decided without cutting it: one block per record.
+_TABLE_WIDTH = 80
+
+
+def _print_lines(console: Any, picked: list[dict[str, Any]], records: list[dict[str, Any]], log: str) -> None:
+    """The records for a narrow terminal: a line per record, then its approval and rules on their own
+    indented lines, wrapped, never cut."""
+    import os
+
+    from rich.padding import Padding
+    from rich.text import Text
+
+    console.print(Text(terminal_safe(f"{os.path.basename(log)}: {len(picked)} of {len(records)} records"),
+                       style="bold"), overflow="fold")
+    several = len({r.get("run_id") for r in picked if r.get("run_id")}) > 1
+    for r in picked:
+        kind = str(r.get("kind", "?"))
+        head = "  ".join(x for x in (f"{r.get('seq', '?'):>4}", _time(r)[11:19], kind, str(r.get("tool") or ""),
+                                     _decision(r)) if x)
+        console.print(Text(terminal_safe(head)), overflow="fold")
+        for label, value in (("run", str(r.get("run_id") or "")), ("approval", _approval(r)), ("rules", _rules(r))):
+            if value and (label != "run" or several):
+                console.print(Padding(Text(terminal_safe(f"{label}: {value}"), overflow="fold"), (0, 0, 0, 6)))
 
 
 def _show_run(args: argparse.Namespace) -> int:

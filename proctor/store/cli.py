@@ -159,23 +159,35 @@ def _out(text: str, file: Any = None) -> None:
 
 def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, ids: Sequence[int] = (0,)) -> None:
     """A table whose cells wrap instead of being cut; the columns `ids` hold ids, kept whole on one line
-    (an id cut with an ellipsis cannot be used)."""
+    (an id cut with an ellipsis cannot be used). Where the table cannot fit with its ids whole, each row
+    is printed as a block instead: the first id, then one ``name  value`` line per column."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     from proctor.termsafe import terminal_safe
 
+    wide = not sys.stdout.isatty() and not os.environ.get("COLUMNS", "").isdigit()  # a pipe: room to keep ids
+    console = Console(highlight=False, width=160 if wide else None)
+    widths = [max([len(h), *(len(terminal_safe(row[i])) for row in rows)]) for i, h in enumerate(headers)]
+    needed = sum(widths[i] for i in ids) + 8 * (len(headers) - len(ids)) + 3 * len(headers) + 1
+    if needed > console.width:
+        label = max(len(h) for h in headers)
+        for row in rows:
+            console.print(Text(terminal_safe(row[ids[0]]), style="bold"), overflow="fold")
+            for i, header in enumerate(headers):
+                if i != ids[0]:
+                    console.print(Text(f"  {header:<{label}}  {terminal_safe(row[i])}"), overflow="fold")
+        return
     table = Table(highlight=False)
     for i, header in enumerate(headers):
         if i in ids:
-            width = max([len(header), *(len(terminal_safe(row[i])) for row in rows)])
-            table.add_column(header, no_wrap=True, min_width=width, overflow="fold")
+            table.add_column(header, no_wrap=True, min_width=widths[i], overflow="fold")
         else:
             table.add_column(header, overflow="fold")
     for row in rows:
         table.add_row(*(Text(terminal_safe(cell)) for cell in row))  # data, never rich markup
-    Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(table)
+    console.print(table)
 
 
 def _approval_id(args: argparse.Namespace, source: Any, text: str) -> str:
@@ -412,16 +424,23 @@ def _runs_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, default=str, indent=2))
         return 0
+    from rich.console import Console
+    from rich.padding import Padding
+    from rich.text import Text
+
     from proctor.agent.render import print_run, print_timeline
     from proctor.agent.replay import run_from_store
     from proctor.termsafe import terminal_safe
 
-    # The task, the model's text and the calls' arguments are data from users, models and tools.
-    print(terminal_safe(f"run {record.run_id}  [{record.status}]  agent {record.agent or '-'}  "
-                        f"principal {record.principal or '-'}"))
-    print(terminal_safe(f"  task     {record.task}", keep_newlines=True))
-    print(terminal_safe(f"  policy   {record.policy_sha256}  step {record.step}  created "
-                        f"{_when(record.created_at_ns)}  updated {_when(record.updated_at_ns)}"))
+    # The task, the model's text and the calls' arguments are data from users, models and tools: escaped,
+    # and wrapped at the terminal's width (or $COLUMNS), never cut.
+    wide = not sys.stdout.isatty() and not os.environ.get("COLUMNS", "").isdigit()
+    head = Console(highlight=False, width=120 if wide else None)
+    head.print(Text(terminal_safe(f"run {record.run_id}  [{record.status}]  agent {record.agent or '-'}  "
+                                  f"principal {record.principal or '-'}"), overflow="fold"))
+    for line in (f"task     {record.task}", f"policy   {record.policy_sha256}", f"step     {record.step}",
+                 f"created  {_when(record.created_at_ns)}", f"updated  {_when(record.updated_at_ns)}"):
+        head.print(Padding(Text(terminal_safe(line, keep_newlines=True), overflow="fold"), (0, 0, 0, 2)))
     replayed = run_from_store(record, journal, waiting)
     print_run(replayed.result, file=sys.stdout, notes=replayed.notes, whole=True)
     print_timeline(_store_timeline(record, journal, approvals), file=sys.stdout,
