@@ -116,8 +116,10 @@ def test_a_hostile_page_cannot_frame_an_approval(inbox: Inbox, tmp_path: Path) -
                 attacker(lambda: hostile_page(url, approval_id)) as evil, chromium(tmp_path / "bob") as driver:
             log_in(driver, url, inbox.tokens["bob"])  # bob's SameSite=Strict cookie goes to the same site
             driver.get(evil + "/")
-            time.sleep(2)  # let the frame's navigation finish (or be refused)
-            where = frame_location(driver)
+            deadline = time.monotonic() + 60
+            while (where := frame_location(driver)) in ("about:blank", ""):  # until navigated (or refused)
+                assert time.monotonic() < deadline, "the frame never navigated"
+                time.sleep(0.2)
             assert not where.startswith(url), f"the inbox loaded inside the hostile page's frame: {where}"
             assert where.startswith("chrome-error://"), where  # Chromium's page for a refused frame
             driver.switch_to.frame(driver.find_element(By.ID, "victim"))
