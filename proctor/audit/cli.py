@@ -225,9 +225,9 @@ def _show(args: argparse.Namespace) -> int:
 
     if args.run is not None:
         found = _run_of(args.log, args.run)
-        if found is None:
+        if found is False:
             return 1
-        args.run = found
+        args.run = found or args.run  # no such run: said below, where it is looked for
     if args.run is not None and not (args.table or args.json or args.tool or args.outcome or args.agent
                                      or args.limit is not None):
         return _show_run(args)
@@ -379,9 +379,9 @@ _KIND_SHORT = {"call_intent": "intent", "call_outcome": "outcome", "approval_req
                "run_resumed": "run_resume", "call_replayed": "replayed"}
 
 
-def _run_of(log: str, text: str) -> str | None:
-    """The run id `text` names in `log`: itself, or a unique prefix of one (≥ 6 characters); None after
-    saying why not (no such run, an ambiguous or too short prefix)."""
+def _run_of(log: str, text: str) -> str | bool | None:
+    """The run id `text` names in `log`: itself, or a unique prefix of one (≥ 6 characters); None when it
+    names none; False after saying why it cannot be used (an ambiguous or too short prefix, an unreadable log)."""
     from proctor.audit.lines import read_records
     from proctor.errors import StoreError
     from proctor.store.prefix import unique_prefix
@@ -390,16 +390,13 @@ def _run_of(log: str, text: str) -> str | None:
         records, _bad = read_records(log)
     except OSError as exc:
         _err(f"cannot read {log}: {exc.strerror or exc}")
-        return None
+        return False
     ids = [str(r["run_id"]) for r in records if isinstance(r.get("run_id"), str)]
     try:
-        found = unique_prefix(text, ids, "run")
+        return unique_prefix(text, ids, "run")
     except StoreError as exc:
         _err(f"{log}: {exc}")
-        return None
-    if found is None:
-        _err(f"{log}: no run {text!r} (or starting so) in this log")
-    return found
+        return False
 
 
 def _event(rec: dict[str, Any]) -> tuple[int | None, str, list[str]]:

@@ -444,7 +444,7 @@ def _runs_show(args: argparse.Namespace) -> int:
     replayed = run_from_store(record, journal, waiting)
     print_run(replayed.result, file=sys.stdout, notes=replayed.notes, whole=True)
     print_timeline(_store_timeline(record, journal, approvals), file=sys.stdout,
-                   title="timeline (from the run store: approvals, and the calls of the step in progress)")
+                   title="timeline (from the run store: approvals asked and answered, calls of the current step)")
     return 0
 
 
