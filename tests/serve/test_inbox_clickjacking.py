@@ -31,7 +31,7 @@ def attacker(page: Callable[[], str]) -> Iterator[str]:
     """A web server on another localhost port serving `page()` at /: the hostile site."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        def do_GET(self) -> None:
             body = page().encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/html; charset=utf-8")
