@@ -46,7 +46,7 @@ from proctor.jsoninput import loads_bounded
 from proctor.serve.auth import COOKIE, Identity, Sessions, cross_origin, csrf_ok, identify
 from proctor.serve.guard import DEFAULT_MAX_BODY, ASGIApp, RequestGuard
 from proctor.serve.tokens import TokenFile
-from proctor.serve.views import approval_view, filter_approvals, run_view
+from proctor.serve.views import approval_view, display_fields, filter_approvals, run_view
 from proctor.store.answers import answer, grant_preview
 from proctor.store.base import RunStore
 from proctor.termsafe import marked_html
@@ -254,7 +254,9 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
                       status: str = "pending") -> list[dict[str, Any]]:
         need(request)
         items = store.list_approvals(status=None if status == "all" else status)  # type: ignore[arg-type]
-        return [a.as_dict() for a in filter_approvals(items, tool=tool, principal=principal, label=label)]
+        return [{**a.as_dict(), "display": display_fields(a, a.shown_args if a.shown_args is not None else a.args,
+                                                          None)}
+                for a in filter_approvals(items, tool=tool, principal=principal, label=label)]
 
     @app.get("/api/approvals/{approval_id}")
     def api_approval(request: Request, approval_id: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from proctor.serve.tokens import TokenFile
 from proctor.store.base import RunStore
 
 from .browser import chromium, serving
-from .inbox_helpers import SENT, Inbox, background
+from .inbox_helpers import SENT, Inbox, background, file_positioned
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -141,3 +141,41 @@ def test_four_eyes_and_keyboard_in_the_browser(inbox: Inbox, server: tuple[str, 
         wait_for(lambda: driver.find_element(By.ID, "status").text == "answered", "the confirmed approval")
     answer = store.get_approval(approval_id).answer
     assert answer is not None and answer.verdict == "approve" and answer.approver == "bob"
+
+
+def test_the_page_marks_the_reported_call_and_shows_edits_reasons_and_the_deadline(
+        inbox: Inbox, server: tuple[str, RunStore], tmp_path: Path) -> None:
+    """One tool on two lines: only the reported line is marked; the thought, the deadline and the budgets
+    are shown; an edit with a reason is shown beside the original arguments, with what happens next."""
+    url, store = server
+    approval_id = file_positioned(store, line=3, col=8)
+    shots = os.environ.get("PROCTOR_SCREENSHOTS")
+    with chromium(tmp_path / "bob", height=1500) as driver:
+        log_in(driver, url, inbox.tokens["bob"])
+        driver.get(f"{url}/approvals/{approval_id}")
+        marked = driver.find_elements(By.CSS_SELECTOR, ".program .marked")
+        assert len(marked) == 1 and "send(to='ceo@example.com'" in marked[0].text
+        assert driver.find_element(By.ID, "pending-call").text.startswith("send(to='ceo@example.com'")
+        assert "line 3, column 9" in driver.find_element(By.ID, "position").text
+        assert driver.find_element(By.ID, "thought").text == "Thought: two."
+        expires = store.get_approval(approval_id).as_dict()["expires_at"]
+        assert expires in driver.find_element(By.ID, "deadline").text
+        assert "run-calls" in driver.find_element(By.CSS_SELECTOR, "table.budgets").text
+        if shots:
+            driver.save_screenshot(str(Path(shots) / "inbox-two-calls.png"))
+        driver.find_element(By.CSS_SELECTOR, "#edit-form").find_element(By.XPATH, "..").find_element(
+            By.TAG_NAME, "summary").click()
+        box = driver.find_element(By.ID, "edit-args")
+        box.clear()
+        box.send_keys('{"to": "cfo@example.com", "body": "second"}')
+        driver.find_element(By.CSS_SELECTOR, "#edit-form input[name=reason]").send_keys("the CFO signs these")
+        driver.find_element(By.ID, "edit-confirm").send_keys("send")
+        driver.find_element(By.ID, "edit").click()
+        wait_for(lambda: driver.find_element(By.ID, "status").text == "answered", "the edit to be stored")
+        answer = driver.find_element(By.ID, "answer").text
+        assert "edit by bob" in answer and "the CFO signs these" in answer
+        assert "cfo@example.com" in driver.find_element(By.ID, "edited-args").text
+        assert "ceo@example.com" in driver.find_element(By.ID, "args").text  # the original, beside it
+        assert "proctor runs resume run_pos0123456789" in driver.find_element(By.ID, "next").text
+        if shots:
+            driver.save_screenshot(str(Path(shots) / "inbox-edit.png"))

@@ -7,21 +7,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
 
 from proctor import CodeAgent, InboxApprover, Policy, ScriptedModel
-from proctor.approval.base import ApprovalRequest, approval_binding
-from proctor.calls import RunInfo
-from proctor.errors import RunSuspended
 from proctor.serve.app import create_app
 from proctor.serve.tokens import TokenFile
-from proctor.store.base import RunRecord, RunStore
+from proctor.store.base import RunStore
 
-from .inbox_helpers import Inbox, lookup, send
+from .inbox_helpers import Inbox, file_positioned, lookup, send
 
 SPOOF = "web-7f9\u0441"  # a Cyrillic es at the end
 RLO = "rm -rf /srv/\u202eatad"  # a right-to-left override reverses what follows
@@ -116,21 +112,7 @@ def test_look_alikes_and_bidi_are_marked_on_the_page_in_the_api_and_in_approvals
 
 def test_the_pending_call_is_marked_at_its_reported_position_only(inbox: Inbox, store: RunStore) -> None:
     """One tool on two lines: only the line and column the worker reported are marked (never by name)."""
-    program = ("x = send(to='ops@example.com', body='first')\n"
-               "for n in [1]:\n"
-               "    y = send(to='ceo@example.com', body='second')\n")
-    run = store.create_run(RunRecord(run_id="run_pos0123456789", task="two sends", principal="alice", step=1,
-                                     status="suspended",
-                                     step_state={"response": {"content": f"Thought: two.\n```python\n{program}```"}}))
-    request = ApprovalRequest(
-        call_id="call_run_pos0123456789_1_1", tool="send", side_effect="external",
-        args={"to": "ceo@example.com", "body": "second"}, rules=("outbound",), reason="money leaves",
-        policy_sha256="0" * 64, budget={}, expires_at_ns=time.time_ns() + 600 * 10**9,
-        binding=approval_binding("send", {"to": "ceo@example.com", "body": "second"}, "call_1", "0" * 64),
-        run=RunInfo(id=run.run_id, step=1, principal="alice"), position=(3, 8))
-    with pytest.raises(RunSuspended):
-        InboxApprover(store).request(request)
-    approval_id = store.list_approvals(run_id=run.run_id)[0].id
+    approval_id = file_positioned(store, line=3, col=8)
     c = TestClient(create_app(store, TokenFile.load(inbox.tokens_path)), base_url="http://inbox.test")
     view = c.get(f"/api/approvals/{approval_id}", headers=bob(inbox)).json()
     assert view["position"] == {"line": 3, "col": 8}
