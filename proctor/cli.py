@@ -52,6 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # `python -m proctor.cli` puts the current directory first on sys.path: no file there
     # may shadow what proctor imports (only `--tools` resolves its module there).
     with cwd_not_importable():
+        was_devnull = _stdout_is_devnull()
         try:
             status = _main(argv)
             sys.stdout.flush()  # here, not at exit: a reader that left must not turn into a traceback
@@ -61,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit as exc:
             # rich's Console meets a closed pipe by pointing stdout at /dev/null and exiting 1
             # (`Console.on_broken_pipe`): that is a closed pipe too, and ends the same way.
-            if exc.code == 1 and _stdout_is_devnull():
+            if exc.code == 1 and not was_devnull and _stdout_is_devnull():
                 return PIPE_CLOSED
             raise
 

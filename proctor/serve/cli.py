@@ -3,6 +3,7 @@
     proctor serve token alice --tokens tokens.txt      # prints alice's token (only its hash is kept)
     proctor serve --store sqlite:///runs.db --tokens tokens.txt [--host 127.0.0.1] [--port 8765]
     proctor serve ... --resume --tools tools:TOOLS --policy policy.yaml --model ID
+    proctor serve ... --trust-proxy-header X-Forwarded-User --trusted-proxies 1   # behind one proxy
 
 Exit codes: 0 served (stopped with Ctrl-C) or token added; 2 usage (no store, no token file,
 a missing extra).
