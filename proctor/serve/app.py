@@ -113,6 +113,7 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False, default=str)
     templates.env.filters["tojson_edit"] = _editable_json
+    templates.env.filters["iso"] = _iso
     # Compact JSON text for display (through `m` after it); Jinja's own `tojson` writes \\uXXXX for every
     # non-ASCII character, which would hide a look-alike behind an escape nobody reads.
     templates.env.filters["json_text"] = lambda v: json.dumps(v, ensure_ascii=False, default=str)
@@ -319,6 +320,12 @@ def _json(text: str, what: str) -> Any:
         return loads_bounded(text, what)
     except ConfigurationError as exc:
         raise _Refused(422, str(exc)) from None
+
+
+def _iso(ns: int) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
 def _editable_json(value: Any) -> str:

@@ -186,7 +186,8 @@ def _run_summary(record: RunRecord) -> dict[str, Any]:
 
 
 def run_view(store: RunStore, record: RunRecord) -> dict[str, Any]:
-    """A run's timeline: its steps with their programs and calls, and what it waits for."""
+    """A run's timeline: its steps with their programs and calls, what it waits for, and every approval it
+    asked for, oldest first, with who answered, when, why, and original and edited arguments."""
     waiting = [a.as_dict() for a in store.list_approvals(status=None, run_id=record.run_id)
                if a.id in set(record.pending) or a.status == "pending"]
     steps = [{"number": s.get("number"), "kind": s.get("kind"), "code": s.get("code"),
@@ -195,5 +196,6 @@ def run_view(store: RunStore, record: RunRecord) -> dict[str, Any]:
                          "decision": (c.get("decision") or {}).get("outcome"),
                          "approval": c.get("approval")} for c in s.get("tool_calls") or ()]}
              for s in record.steps]
+    approvals = [a.as_dict() for a in reversed(store.list_approvals(status=None, run_id=record.run_id))]
     return {"run": _run_summary(record), "steps": steps, "waiting": waiting,
-            "calls": run_calls(store, record)}
+            "calls": run_calls(store, record), "approvals": approvals}

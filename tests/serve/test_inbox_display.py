@@ -141,3 +141,9 @@ def test_after_an_answer_the_page_says_what_happens_next(inbox: Inbox, store: Ru
     inbox.resume(run_id)
     done = c.get(f"/api/approvals/{approval_id}", headers=bob(inbox)).json()
     assert done["next"] == f"Run {run_id} has ended: done."
+    page_client = TestClient(create_app(store, TokenFile.load(inbox.tokens_path)), base_url="http://inbox.test")
+    page_client.post("/login", data={"token": inbox.tokens["bob"]})
+    timeline = page_client.get(f"/runs/{run_id}").text
+    assert 'id="approvals"' in timeline and "approve by bob" in timeline and "checked the PO" in timeline
+    assert run_id in timeline and view["approval"]["requested_at"] in timeline
+
