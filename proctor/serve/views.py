@@ -120,6 +120,9 @@ def next_steps(store: RunStore, approval: PendingApproval, record: RunRecord | N
     """After an answer, what happens to the run, in words: who resumes it, or what it still waits for."""
     if approval.status == "void":
         return "This approval was voided: the run was cancelled or asked again under a changed policy."
+    if approval.status == "expired":
+        return ("Nobody answered before the deadline: the call ends as the policy's approval.on_timeout says "
+                "when the run is resumed.")
     if approval.status != "answered" or record is None:
         return ""
     rid = record.run_id
