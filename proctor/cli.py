@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-__all__ = ["COMMANDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "PIPE_CLOSED", "build_parser", "main"]
 
 # Each command, and the module that defines `register(subparsers) -> None` for it: the module adds
 # its commands and sets `func` on their parsers. Imported at start-up, so they must import lightly.
@@ -52,7 +52,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     # `python -m proctor.cli` puts the current directory first on sys.path: no file there
     # may shadow what proctor imports (only `--tools` resolves its module there).
     with cwd_not_importable():
-        return _main(argv)
+        was_devnull = _stdout_is_devnull()
+        try:
+            status = _main(argv)
+            sys.stdout.flush()  # here, not at exit: a reader that left must not turn into a traceback
+            return status
+        except BrokenPipeError:
+            return _pipe_closed()
+        except SystemExit as exc:
+            # rich's Console meets a closed pipe by pointing stdout at /dev/null and exiting 1
+            # (`Console.on_broken_pipe`): that is a closed pipe too, and ends the same way.
+            if exc.code == 1 and not was_devnull and _stdout_is_devnull():
+                return PIPE_CLOSED
+            raise
+
+
+#: What a shell reports for a command ended by SIGPIPE (128 + 13): `proctor runs show R | head` ends as
+#: `yes | head` does. The signal itself stays ignored (Python's default), so a closed socket in
+#: `proctor serve` or a webhook approver is an error to handle, never a silent death.
+PIPE_CLOSED = 141
+
+
+def _stdout_is_devnull() -> bool:
+    import os
+
+    try:
+        out, null = os.fstat(sys.stdout.fileno()), os.stat(os.devnull)
+    except (OSError, ValueError):
+        return False
+    return (out.st_rdev, out.st_ino) == (null.st_rdev, null.st_ino)
+
+
+def _pipe_closed() -> int:
+    """stdout's reader went away (`| head`): stop quietly. What is still buffered is dropped (stdout
+    becomes /dev/null), so the interpreter's last flush has nothing to fail on."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return PIPE_CLOSED
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -19,7 +19,10 @@ explain`/`test`, console logs, the approval panel):
 `look_alikes` finds what can make one string pass for another although every
 character is visible — a Cyrillic ``\\u0435`` in ``bob@\\u0435xample.com``, a fullwidth ``\\uff41``, a
 no-break space — and `marked_text` renders a string for the approval panel with
-those characters highlighted and named.
+those characters highlighted and named. Every rendering of marked text — the console
+panel (`marked_text`), the inbox's pages (`marked_html`), the plain text of `proctor
+approvals show` and the inbox API's display fields (`marked_plain`) — is made from
+`marked_segments`, so each marks the same characters the same way.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.text import Text
 
-__all__ = ["LookAlike", "is_invisible", "look_alikes", "marked_text", "terminal_safe"]
+__all__ = ["LookAlike", "Segment", "is_invisible", "look_alikes", "marked_html", "marked_plain", "marked_segments",
+           "marked_text", "terminal_safe"]
 
 _ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"})
 
@@ -148,29 +152,84 @@ def look_alikes(text: str) -> list[LookAlike]:
     return found
 
 
-def marked_text(value: object, *, keep_newlines: bool = False, style: str = "") -> Text:
-    """`value` as a rich `Text` for the approval panel: escaped as by `terminal_safe`, each
-    invisible character's escape in reverse red, each confusable character highlighted and
-    followed by its code point (``\\u0435⟨U+0435⟩``), never parsed as markup."""
-    from rich.text import Text
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A piece of marked text: `text` as it may be shown (escaped), and the mark on it, if any."""
 
+    text: str
+    mark: LookAlike | None = None
+
+
+def marked_segments(value: object, *, keep_newlines: bool = False) -> list[Segment]:
+    """`value` cut into plain runs (escaped by `terminal_safe`) and marked characters: each invisible
+    one as its escape (``\\u202e``), each confusable one as itself, with its `LookAlike`.
+
+    The one place the marks are decided: the console panel (`marked_text`), the inbox's pages
+    (`marked_html`) and the plain text of `proctor approvals show` and the API (`marked_plain`)
+    all render these segments, so they mark exactly the same characters.
+    """
     text = value if isinstance(value, str) else str(value)
-    out = Text(style=style)
     marks = {m.index: m for m in look_alikes(text)}
+    if not marks:
+        return [Segment(terminal_safe(text, keep_newlines=keep_newlines))] if text else []
+    out: list[Segment] = []
     plain: list[str] = []
     for i, ch in enumerate(text):
         mark = marks.get(i)
         if mark is None:
-            plain.append(terminal_safe(ch, keep_newlines=keep_newlines))
+            plain.append(ch)
             continue
         if plain:
-            out.append("".join(plain))
+            out.append(Segment(terminal_safe("".join(plain), keep_newlines=keep_newlines)))
             plain = []
-        if mark.kind == "invisible":
-            out.append(_escape(ch), style="bold reverse red")
-        else:
-            out.append(ch, style="bold reverse yellow")
-            out.append(f"⟨U+{ord(ch):04X}⟩", style="bold yellow")
+        out.append(Segment(_escape(ch) if mark.kind == "invisible" else ch, mark))
     if plain:
-        out.append("".join(plain))
+        out.append(Segment(terminal_safe("".join(plain), keep_newlines=keep_newlines)))
+    return out
+
+
+def marked_plain(value: object, *, keep_newlines: bool = False) -> str:
+    """`value` as plain text with its marks spelled out: invisible characters as escapes
+    (``\\u202e``), each confusable one followed by its code point (``\u0435⟨U+0435⟩``)."""
+    return "".join(seg.text if seg.mark is None or seg.mark.kind == "invisible"
+                   else f"{seg.text}⟨U+{ord(seg.mark.char):04X}⟩" for seg in marked_segments(
+                       value, keep_newlines=keep_newlines))
+
+
+def marked_html(value: object) -> str:
+    """`value` as HTML text (never markup of its own): escaped, each invisible character shown as its
+    escape and each confusable one highlighted, both in a ``<mark>`` naming the character. Newlines
+    are kept (the page shows them in ``<pre>``). Returns HTML to insert in element content, never
+    in an attribute."""
+    from html import escape
+
+    parts: list[str] = []
+    for seg in marked_segments(value, keep_newlines=True):
+        if seg.mark is None:
+            parts.append(escape(seg.text, quote=True))
+            continue
+        label = escape(seg.mark.label, quote=True)
+        if seg.mark.kind == "invisible":
+            parts.append(f'<mark class="invisible" title="{label}">{escape(seg.text)}</mark>')
+        else:
+            parts.append(f'<mark class="confusable" title="{label}">{escape(seg.text)}'
+                         f'<span class="cp">U+{ord(seg.mark.char):04X}</span></mark>')
+    return "".join(parts)
+
+
+def marked_text(value: object, *, keep_newlines: bool = False, style: str = "") -> Text:
+    """`value` as a rich `Text` for the approval panel: escaped as by `terminal_safe`, each
+    invisible character's escape in reverse red, each confusable character highlighted and
+    followed by its code point (``\u0435⟨U+0435⟩``), never parsed as markup."""
+    from rich.text import Text
+
+    out = Text(style=style)
+    for seg in marked_segments(value, keep_newlines=keep_newlines):
+        if seg.mark is None:
+            out.append(seg.text)
+        elif seg.mark.kind == "invisible":
+            out.append(seg.text, style="bold reverse red")
+        else:
+            out.append(seg.text, style="bold reverse yellow")
+            out.append(f"⟨U+{ord(seg.mark.char):04X}⟩", style="bold yellow")
     return out

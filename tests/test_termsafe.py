@@ -186,3 +186,27 @@ def test_console_logs_escape_fields() -> None:
     text = stream.getvalue()
     assert "tool said \\x1b[2J" in text and "\\u202eevil\\x9b" in text
     assert "\u202e" not in text and "\x9b" not in text
+
+
+def test_every_rendering_marks_the_same_characters() -> None:
+    """The console panel, the inbox's HTML and the plain text of `approvals show` and the API are all made
+    from `marked_segments`: each marks exactly the characters `look_alikes` finds, and none is left raw."""
+    from proctor.termsafe import marked_html, marked_plain, marked_segments
+
+    text = "pay web-7f9\u0441 \u202eatad\u200b <b>&amp;</b> caf\u00e9 \uff41"
+    marks = look_alikes(text)
+    segments = marked_segments(text)
+    assert [s.mark for s in segments if s.mark is not None] == marks
+    plain = marked_plain(text)
+    html = marked_html(text)
+    rich = marked_text(text)
+    for mark in marks:
+        if mark.kind == "invisible":
+            assert mark.char not in plain and mark.char not in html and mark.char not in rich.plain
+            assert f"\\u{ord(mark.char):04x}" in plain and f'title="{mark.label}"' in html
+        else:
+            assert f"{mark.char}\u27e8U+{ord(mark.char):04X}\u27e9" in plain
+            assert f'<mark class="confusable" title="{mark.label}">{mark.char}' in html
+    assert "<b>" not in html and "&lt;b&gt;&amp;amp;&lt;/b&gt;" in html  # text, never markup
+    assert "caf\u00e9" in plain and "caf\u00e9" in html  # an accented Latin letter is its own letter
+    assert html.count("<mark") == len(marks) and plain.count("\u27e8U+") == sum(m.kind == "confusable" for m in marks)

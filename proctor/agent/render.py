@@ -8,6 +8,7 @@ an ESC sequence in a tool result cannot erase the calls table above it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
@@ -32,7 +33,9 @@ __all__ = [
     "describe_image",
     "outcome_of",
     "print_run",
+    "print_timeline",
     "summary_table",
+    "when",
 ]
 
 DECISION_STYLE = {"allow": "green", "deny": "red", "require_approval": "yellow"}
@@ -57,8 +60,10 @@ def _status_label(call: CallRecord) -> Text:
     return text
 
 
-def calls_table(calls: Sequence[CallRecord], *, title: str | None = None) -> Table:
-    """One row per call: what was called, its side effect, the decision and rules, and what happened."""
+def calls_table(calls: Sequence[CallRecord], *, title: str | None = None, whole: bool = False) -> Table:
+    """One row per call: what was called, its side effect, the decision and rules, and what happened.
+
+    `whole`: every argument in full, wrapped (a record for an audit), not cut to keep the table short."""
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
     table.add_column("#", justify="right", style="dim")
     table.add_column("call", overflow="fold", ratio=5)
@@ -66,7 +71,7 @@ def calls_table(calls: Sequence[CallRecord], *, title: str | None = None) -> Tab
     table.add_column("decision · rule", overflow="fold", ratio=3)
     table.add_column("result", overflow="fold", ratio=3)
     for i, call in enumerate(calls, 1):
-        args = _call_args(call.args)
+        args = format_args(dict(sorted(call.args.items())), 1 << 62) if whole else _call_args(call.args)
         table.add_row(str(i), Text(_t(f"{call.tool}({args})")), Text(_t(call.side_effect)),
                       _decision_label(call), _status_label(call))
     return table
@@ -89,9 +94,10 @@ def _call_args(args: Mapping[str, Any], per_value: int = 32, limit: int = 160) -
 class StepPrinter:
     """Step callbacks that print to `console`: the program before it runs, the calls and output after."""
 
-    def __init__(self, console: Console, *, show_output: bool = True) -> None:
+    def __init__(self, console: Console, *, show_output: bool = True, whole: bool = False) -> None:
         self.console = console
         self.show_output = show_output
+        self.whole = whole
 
     def program(self, step: StepRecord) -> None:
         """Before the step's calls run (so an approval prompt appears after the code that asks for it)."""
@@ -113,7 +119,7 @@ class StepPrinter:
                                      border_style="dim"))
             return
         if step.tool_calls:
-            self.console.print(calls_table(step.tool_calls))
+            self.console.print(calls_table(step.tool_calls, whole=self.whole))
         for image in step.images:
             self.console.print(Text(_t(describe_image(image)), style="dim"))
         parts: list[Any] = []
@@ -218,15 +224,18 @@ def summary_table(result: RunResult, *, limits: Mapping[str, Mapping[str, Any]] 
 
 
 def print_run(result: RunResult, *, file: IO[str] | None = None,
-              notes: Mapping[int, Sequence[str]] | None = None, extra: Sequence[tuple[str, str]] = ()) -> None:
+              notes: Mapping[int, Sequence[str]] | None = None, extra: Sequence[tuple[str, str]] = (),
+              whole: bool = False) -> None:
     """A finished run step by step, as `proctor run` showed it live, then its summary (`agent.replay()`).
 
     `notes[i]` are lines printed before step *i* (``notes[len(steps)]`` after the last): where a run
     read from the audit log was suspended, resumed or cut short. `extra` rows end the summary.
+    `whole`: arguments in full, wrapped (`audit show --run`, `runs show`).
     """
-    wide = file is not None and not file.isatty()  # a log or a report: no terminal to fit
+    # A log or a report has no terminal to fit: 120 columns, unless $COLUMNS says how wide to be.
+    wide = file is not None and not file.isatty() and not os.environ.get("COLUMNS", "").isdigit()
     console = Console(file=file, highlight=False, width=120 if wide else None)
-    printer = StepPrinter(console)
+    printer = StepPrinter(console, whole=whole)
     notes = notes or {}
 
     def say(before: int) -> None:
@@ -242,3 +251,30 @@ def print_run(result: RunResult, *, file: IO[str] | None = None,
     say(len(result.steps))
     console.print()
     console.print(summary_table(result, extra=extra))
+
+
+def when(ts_ns: int | None) -> str:
+    """A record's time as ``2026-12-01 21:18:15.123Z`` (UTC), or ``-``."""
+    import datetime as dt
+
+    if not ts_ns:
+        return "-"
+    moment = dt.datetime.fromtimestamp(ts_ns / 1e9, tz=dt.timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def print_timeline(events: Sequence[tuple[int | None, str, Sequence[str]]], *, file: IO[str] | None = None,
+                   title: str = "timeline") -> None:
+    """Events ``(ts_ns, what, details)`` oldest first: a line with the time and what happened, then each
+    detail indented below it and wrapped at the console's width, never cut (an approver's name, a
+    reason, whole arguments stay whole at any width)."""
+    wide = file is not None and not file.isatty() and not os.environ.get("COLUMNS", "").isdigit()
+    console = Console(file=file, highlight=False, width=120 if wide else None)
+    console.print()
+    console.print(Text(_t(title), style="bold"))
+    from rich.padding import Padding
+
+    for ts_ns, what, details in events:
+        console.print(Text(when(ts_ns), style="dim") + Text("  ") + Text(_t(what), style="bold"), overflow="fold")
+        for detail in details:  # indented, and so are the lines it wraps onto
+            console.print(Padding(Text(_t(detail, keep_newlines=True), overflow="fold"), (0, 0, 0, 4)))

@@ -70,6 +70,9 @@ class ApprovalRequest:
     #: The tool's JSON Schema of parameters, so an approver editing the arguments can be told at once
     #: what the tool would refuse (the gate validates the edited call again in any case).
     parameters: Mapping[str, Any] = field(default_factory=dict)
+    #: Where the program made the call (1-based line, 0-based column), when the worker reported it:
+    #: the inbox marks that place in the program, never every line naming the tool.
+    position: tuple[int, int] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -39,15 +39,21 @@ class InboxApprover:
         return f"InboxApprover({self.store!r}, wait={self.wait_s:g})"
 
     def request(self, request: ApprovalRequest) -> ApprovalDecision:
+        stored = dict(request.redacted_args if request.redacted_args is not None else request.args)
+        # What an approver may see: clear values, but for fields hidden from approvers too. Kept beside
+        # the redacted `args` (which lists and the audit log carry) for the inbox and `approvals show`.
+        shown = dict(request.args)
+        line, col = request.position if request.position is not None else (None, None)
         filed = self.store.file_approval(PendingApproval(
             id="", run_id=request.run.id, call_id=request.call_id, tool=request.tool, binding=request.binding,
             policy_sha256=request.policy_sha256, side_effect=request.side_effect,
-            args=dict(request.redacted_args if request.redacted_args is not None else request.args),
+            args=stored,
             step=request.run.step, seq=_seq_of(request.call_id), principal=request.run.principal,
             labels=dict(request.run.labels), rules=list(request.rules), reason=request.reason,
             budget=dict(request.budget), parameters=dict(request.parameters),
             # The deadline is the first request's: a resumed run asking again finds this one, deadline and all.
             expires_at_ns=request.expires_at_ns,
+            shown_args=shown if shown != stored else None, line=line, col=col,
         ))
         if filed.status == "pending" and self.wait_s > 0:
             wait_s = self.wait_s

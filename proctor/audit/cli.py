@@ -223,6 +223,11 @@ def _show(args: argparse.Namespace) -> int:
             _err(f"no LOG given and no log at {args.log} (where `proctor run` writes by default); name the log file")
             return 2
 
+    if args.run is not None:
+        found = _run_of(args.log, args.run)
+        if found is False:
+            return 1
+        args.run = found or args.run  # no such run: said below, where it is looked for
     if args.run is not None and not (args.table or args.json or args.tool or args.outcome or args.agent
                                      or args.limit is not None):
         return _show_run(args)
@@ -262,6 +267,10 @@ def _show(args: argparse.Namespace) -> int:
         # Default: one record a line at 80 columns (run column only when several runs are shown,
         # long cells cut with an ellipsis); --wide: everything in full, wrapped.
         wide = bool(args.wide)
+        console = Console()
+        if not wide and console.width < _TABLE_WIDTH:
+            _print_lines(console, picked, records, args.log)
+            return _bad_lines(bad, args.log)
         runs = {r.get("run_id") for r in picked if r.get("run_id")}
         names = ["seq", "time", "kind", "run", "agent", "tool", "verdict", "approval", "rules"]
         if not wide and len(runs) <= 1:
@@ -274,9 +283,14 @@ def _show(args: argparse.Namespace) -> int:
                       box=box.HEAVY_HEAD if wide else None, pad_edge=False, show_edge=wide, header_style="bold",
                       padding=(0, 1))
         for name in names:
-            table.add_column(name, justify="right" if name == "seq" else "left", no_wrap=not wide,
-                             overflow="fold" if wide else "ellipsis", min_width=None if wide else _MIN_WIDTH[name],
-                             max_width=None if wide else _MAX_WIDTH.get(name))
+            # Who decided is never cut (an approver's name with an ellipsis says nothing): it wraps.
+            whole = wide or name == "approval"
+            least = _MIN_WIDTH[name]
+            if name == "approval":  # as wide as who decided, within reason; past that it wraps
+                least = max([least, *(min(len(_approval(r)), 40) for r in picked)])
+            table.add_column(name, justify="right" if name == "seq" else "left", no_wrap=not whole,
+                             overflow="fold" if whole else "ellipsis", min_width=None if wide else least,
+                             max_width=None if whole else _MAX_WIDTH.get(name))
         for r in picked:
             kind = str(r.get("kind", "?"))
             cell = {"seq": str(r.get("seq", "?")), "time": _time(r) if wide else _time(r)[11:19],
@@ -285,11 +299,40 @@ def _show(args: argparse.Namespace) -> int:
                     "tool": str(r.get("tool") or ""),
                     "verdict": _decision(r), "approval": _approval(r), "rules": _rules(r)}
             table.add_row(*(Text(terminal_safe(cell[n])) for n in names))  # record text is data, never markup
-        Console().print(table)
+        console.print(table)
+    return _bad_lines(bad, args.log)
+
+
+def _bad_lines(bad: int, log: str) -> int:
     if bad:
-        _err(f"{bad} unreadable line(s) skipped; run `proctor audit verify {args.log}`")
+        _err(f"{bad} unreadable line(s) skipped; run `proctor audit verify {log}`")
         return 1
     return 0
+
+
+#: Below this width the records table cannot show who decided without cutting it: one block per record.
+_TABLE_WIDTH = 80
+
+
+def _print_lines(console: Any, picked: list[dict[str, Any]], records: list[dict[str, Any]], log: str) -> None:
+    """The records for a narrow terminal: a line per record, then its approval and rules on their own
+    indented lines, wrapped, never cut."""
+    import os
+
+    from rich.padding import Padding
+    from rich.text import Text
+
+    console.print(Text(terminal_safe(f"{os.path.basename(log)}: {len(picked)} of {len(records)} records"),
+                       style="bold"), overflow="fold")
+    several = len({r.get("run_id") for r in picked if r.get("run_id")}) > 1
+    for r in picked:
+        kind = str(r.get("kind", "?"))
+        head = "  ".join(x for x in (f"{r.get('seq', '?'):>4}", _time(r)[11:19], kind, str(r.get("tool") or ""),
+                                     _decision(r)) if x)
+        console.print(Text(terminal_safe(head)), overflow="fold")
+        for label, value in (("run", str(r.get("run_id") or "")), ("approval", _approval(r)), ("rules", _rules(r))):
+            if value and (label != "run" or several):
+                console.print(Padding(Text(terminal_safe(f"{label}: {value}"), overflow="fold"), (0, 0, 0, 6)))
 
 
 def _show_run(args: argparse.Namespace) -> int:
@@ -306,9 +349,19 @@ def _show_run(args: argparse.Namespace) -> int:
     except AuditError as exc:
         _err(str(exc))
         return 1
-    print_run(replayed.result, file=sys.stdout, notes=replayed.notes,
+    print_run(replayed.result, file=sys.stdout, notes=replayed.notes, whole=True,
               extra=[("read from", f"{args.log} alone: tool results, printed output and the answer's value "
                                    "are not kept in the audit log")])
+    from proctor.agent.render import print_timeline
+    from proctor.audit.lines import read_records
+
+    try:
+        records, _bad = read_records(args.log)
+    except OSError as exc:
+        _err(f"cannot read {args.log}: {exc.strerror or exc}")
+        return 1
+    print_timeline([_event(r) for r in records if r.get("run_id") == args.run], file=sys.stdout,
+                   title=f"timeline of run {args.run} (from {args.log})")
     if replayed.broken:
         _err(f"the records shown do not all hold in the log's hash chain ({len(replayed.broken)} problem(s), "
              f"first: {replayed.broken[0]}): some may be forged or edited; run `proctor audit verify {args.log}`")
@@ -324,6 +377,72 @@ _KIND_SHORT = {"call_intent": "intent", "call_outcome": "outcome", "approval_req
                "approval_resolved": "appr_done", "budget_exhausted": "budget_stop", "worker_started": "worker",
                "run_started": "run_start", "run_finished": "run_end", "run_suspended": "run_pause",
                "run_resumed": "run_resume", "call_replayed": "replayed"}
+
+
+def _run_of(log: str, text: str) -> str | bool | None:
+    """The run id `text` names in `log`: itself, or a unique prefix of one (≥ 6 characters); None when it
+    names none; False after saying why it cannot be used (an ambiguous or too short prefix, an unreadable log)."""
+    from proctor.audit.lines import read_records
+    from proctor.errors import StoreError
+    from proctor.store.prefix import unique_prefix
+
+    try:
+        records, _bad = read_records(log)
+    except OSError as exc:
+        _err(f"cannot read {log}: {exc.strerror or exc}")
+        return False
+    ids = [str(r["run_id"]) for r in records if isinstance(r.get("run_id"), str)]
+    try:
+        return unique_prefix(text, ids, "run")
+    except StoreError as exc:
+        _err(f"{log}: {exc}")
+        return False
+
+
+def _event(rec: dict[str, Any]) -> tuple[int | None, str, list[str]]:
+    """One record of a run as a timeline entry: its time, what happened, and its words in full."""
+    import json
+
+    def text(value: Any) -> str:
+        return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+
+    kind = str(rec.get("kind", "?"))
+    ts = rec.get("ts_ns") if isinstance(rec.get("ts_ns"), int) else None
+    tool = f" {rec['tool']}" if rec.get("tool") else ""
+    details: list[str] = []
+    if kind == "call_intent":
+        details.append(f"arguments {text(rec.get('args', {}))}")
+        decision = rec.get("decision")
+        if isinstance(decision, dict):
+            details.append(f"decision {decision.get('outcome')} ({_rules(rec) or 'no rule'})"
+                           + (f": {decision.get('reason')}" if decision.get("reason") else ""))
+        if isinstance(rec.get("approval"), dict) and rec["approval"].get("verdict"):
+            details.append(f"approval {_approval(rec)}")
+    elif kind == "approval_requested":
+        details += [f"arguments {text(rec.get('args', {}))}",
+                    f"asked by {_rules(rec) or 'the default'}: {rec.get('reason') or '-'}"]
+        if isinstance(rec.get("expires_at_ns"), int):
+            details.append(f"deadline {_time({'ts_ns': rec['expires_at_ns']})}")
+    elif kind == "approval_resolved":
+        details.append(_approval(rec) or str(rec.get("verdict")))
+        for key, label in (("answered_at_ns", "answered at"), ("address", "from"), ("auth", "authenticated by")):
+            if rec.get(key) is not None:
+                details.append(f"{label} {_time({'ts_ns': rec[key]}) if key.endswith('_ns') else rec[key]}")
+        details.append(f"reason: {rec.get('reason') or '-'}")
+        for key in ("args", "edited_args"):
+            if rec.get(key) is not None:
+                details.append(f"edited arguments {text(rec[key])}")
+        if rec.get("grant"):
+            details.append(f"grant {text(rec['grant'])}")
+        if rec.get("refused"):
+            details.append(f"refused: {rec['refused']}")
+    elif kind == "call_outcome":
+        details.append(f"status {rec.get('status')}" + (f": {rec.get('error')}" if rec.get("error") else ""))
+    else:
+        for key in ("task", "principal", "step", "status", "reason", "error", "pending"):
+            if rec.get(key) not in (None, "", []):
+                details.append(f"{key} {rec[key] if isinstance(rec[key], str) else text(rec[key])}")
+    return ts, f"#{rec.get('seq', '?')} {kind}{tool}", details
 
 
 def _short_id(value: Any, wide: bool) -> str:

@@ -7,7 +7,16 @@ approvals (filter by tool, principal, run label), ``/approvals/{id}``, ``/runs``
 /api/runs``, ``GET /api/runs/{id}``. Status codes: 401 without valid credentials, 403
 for four eyes, a missing CSRF token or a cross-origin post, 404 unknown id, 409 a
 binding that does not match (or an approval no longer pending), 422 an answer that
-cannot be taken. See docs/approvals.md.
+cannot be taken, 413 a body over the limit, 415 a body of a type the route does not take.
+
+Hardened as a web app (`proctor.serve.guard`): every response forbids framing and any
+script but the inbox's own; bodies are bounded before anything parses them, and a
+request's credentials are checked (from its headers) before its body is read. An
+external or destructive call is approved in the browser only with its tool name typed
+as confirmation: no single keypress, and nothing a framing or scripting page can give.
+There are no interactive API docs (no third-party script runs in the inbox's origin);
+``--openapi`` serves the schema, to approvers only, at ``/api/openapi.json``.
+See docs/approvals.md.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -34,14 +44,28 @@ from proctor.errors import (
 )
 from proctor.jsoninput import loads_bounded
 from proctor.serve.auth import COOKIE, Identity, Sessions, cross_origin, csrf_ok, identify
+from proctor.serve.guard import DEFAULT_MAX_BODY, ASGIApp, RequestGuard
 from proctor.serve.tokens import TokenFile
-from proctor.serve.views import approval_view, filter_approvals, run_view
+from proctor.serve.views import approval_view, display_fields, filter_approvals, run_view
 from proctor.store.answers import answer, grant_preview
 from proctor.store.base import RunStore
+from proctor.termsafe import marked_html
 
-__all__ = ["AnswerBody", "create_app"]
+__all__ = ["CONFIRMED_CLASSES", "AnswerBody", "InboxApp", "create_app"]
 
 HERE = Path(__file__).parent
+#: Side-effect classes whose approval in the browser needs the tool's name typed as confirmation.
+CONFIRMED_CLASSES = frozenset({"external", "destructive"})
+_FORM_FIELDS = 16  # the most fields any of the inbox's forms has, with room
+
+
+class InboxApp(FastAPI):
+    """The inbox's FastAPI app, with `RequestGuard` outside everything (Starlette's error pages included)."""
+
+    max_body: int = DEFAULT_MAX_BODY
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return RequestGuard(super().build_middleware_stack(), max_body=self.max_body)
 
 
 class AnswerBody(BaseModel):
@@ -52,6 +76,8 @@ class AnswerBody(BaseModel):
     reason: str = ""
     args: dict[str, Any] | None = None
     grant: dict[str, Any] | None = None
+    #: With a session (a browser): the tool's name, typed, to approve an external or destructive call.
+    confirm: str = ""
 
 
 class _Refused(Exception):
@@ -69,30 +95,55 @@ def _status_of(exc: StoreError) -> int:
 
 
 def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None = None,
-               sessions: Sessions | None = None) -> FastAPI:
-    """The inbox over `store`, accepting the approvers in `tokens` (and a trusted proxy's header, if named)."""
-    app = FastAPI(title="proctor approval inbox", docs_url="/api/docs", redoc_url=None,
-                  openapi_url="/api/openapi.json")
+               sessions: Sessions | None = None, trusted_proxies: int | None = None,
+               max_body: int = DEFAULT_MAX_BODY, resumes: bool = False, openapi: bool = False) -> FastAPI:
+    """The inbox over `store`, accepting the approvers in `tokens` (and a trusted proxy's header, if named).
+
+    `trusted_proxies`: how many reverse proxies stand before the server (the client's address is
+    the entry of ``X-Forwarded-For`` the outermost one wrote); default 1 with `proxy_header`, else 0.
+    `max_body`: the largest request body, in bytes. `resumes`: this server resumes answered runs
+    (``--resume``), as the pages then say. `openapi`: serve the schema at ``/api/openapi.json``.
+    """
+    hops = trusted_proxies if trusted_proxies is not None else (1 if proxy_header is not None else 0)
+    if hops < 0:
+        raise ConfigurationError("trusted_proxies must be 0 or more")
+    app = InboxApp(title="proctor approval inbox", docs_url=None, redoc_url=None, openapi_url=None)
+    app.max_body = max_body
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False, default=str)
+    templates.env.filters["tojson_edit"] = _editable_json
+    templates.env.filters["iso"] = _iso
+    # Compact JSON text for display (through `m` after it); Jinja's own `tojson` writes \\uXXXX for every
+    # non-ASCII character, which would hide a look-alike behind an escape nobody reads.
+    templates.env.filters["json_text"] = lambda v: json.dumps(v, ensure_ascii=False, default=str)
+    # Untrusted text in element content goes through `m`: escaped, look-alikes and invisibles marked.
+    templates.env.filters["m"] = lambda v: Markup(marked_html("" if v is None else v))
     sessions = sessions or Sessions()
 
     def who(request: Request) -> Identity | None:
-        return identify(request, tokens, sessions, proxy_header)
+        return identify(request, tokens, sessions, proxy_header, hops)
 
     def page(request: Request, name: str, identity: Identity | None, status: int = 200, **context: Any
              ) -> HTMLResponse:
         return templates.TemplateResponse(request, name, {"me": identity, **context}, status_code=status)
 
-    def guard_post(request: Request, identity: Identity | None, csrf: str | None) -> Identity:
+    def guard_post(request: Request) -> Identity:
+        """The checks of an unsafe request that need no body: origin, then credentials."""
         if cross_origin(request):
             raise _Refused(403, "cross-origin request refused")
+        identity = who(request)
         if identity is None:
             raise _Refused(401, "not signed in: log in, or send Authorization: Bearer TOKEN")
+        return identity
+
+    def check_csrf(identity: Identity, csrf: str | None) -> None:
         if not csrf_ok(identity, csrf):
             raise _Refused(403, "missing or wrong CSRF token: reload the page and try again")
-        return identity
+
+    async def form_of(request: Request) -> Any:
+        # The body is bounded (and its type checked) by RequestGuard before this reads it.
+        return await request.form(max_files=0, max_fields=_FORM_FIELDS)
 
     @app.exception_handler(_Refused)
     async def refused(request: Request, exc: _Refused) -> Response:
@@ -122,20 +173,22 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
     async def login(request: Request) -> Response:
         if cross_origin(request):
             raise _Refused(403, "cross-origin request refused")
-        form = await request.form()
+        form = await form_of(request)
         name = tokens.who(str(form.get("token", "")).strip())
         target = _local(str(form.get("next", "/")))
-        if name is None:
+        fingerprint = tokens.fingerprint(name) if name is not None else None
+        if name is None or fingerprint is None:
             return page(request, "login.html", None, 401, next=target, failed=True)
         response = RedirectResponse(target, status_code=303)
-        response.set_cookie(COOKIE, sessions.open(name), httponly=True, samesite="strict",
+        response.set_cookie(COOKIE, sessions.open(name, fingerprint), httponly=True, samesite="strict",
                             secure=request.url.scheme == "https", path="/")
         return response
 
     @app.post("/logout")
     async def logout(request: Request) -> Response:
-        form = await request.form()
-        identity = guard_post(request, who(request), str(form.get("csrf", "")))
+        identity = guard_post(request)
+        form = await form_of(request)
+        check_csrf(identity, str(form.get("csrf", "")))
         sid = request.cookies.get(COOKIE)
         if sid and identity.via == "session":
             sessions.close(sid)
@@ -155,21 +208,34 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
     @app.get("/approvals/{approval_id}", response_class=HTMLResponse)
     def approval_page(request: Request, approval_id: str) -> HTMLResponse:
         identity = need(request)
-        view = approval_view(store, store.get_approval(approval_id))
+        view = approval_view(store, store.get_approval(approval_id), resumes=resumes)
         own = view["approval"]["principal"] is not None and view["approval"]["principal"] == identity.name
-        return page(request, "approval.html", identity, own=own, **view)
+        confirm = view["approval"]["side_effect"] in CONFIRMED_CLASSES
+        return page(request, "approval.html", identity, own=own, confirm=confirm, **view)
 
     @app.post("/approvals/{approval_id}")
     async def answer_form(request: Request, approval_id: str) -> Response:
-        form = await request.form()
-        identity = guard_post(request, who(request), str(form.get("csrf", "")))
+        identity = guard_post(request)
+        form = await form_of(request)
+        check_csrf(identity, str(form.get("csrf", "")))
         decision = str(form.get("decision", ""))
         args = _json(str(form.get("args", "")), "edited arguments") if decision == "edit" else None
         grant = {"args": _json(str(form.get("grant", "") or "{}"), "grant patterns")} if decision == "grant" else None
+        confirm = str(form.get("confirm", ""))
+        await run_in_threadpool(_confirmed, approval_id, decision, confirm)
         await run_in_threadpool(answer, store, approval_id, approver=identity.name, address=identity.address,
                                 decision=decision, binding=str(form.get("binding", "")),
                                 reason=str(form.get("reason", "")), args=args, grant=grant)
         return RedirectResponse(f"/approvals/{approval_id}", status_code=303)
+
+    def _confirmed(approval_id: str, decision: str, confirm: str) -> None:
+        """An external or destructive call runs only if the approver typed its tool's name (a browser's answer)."""
+        if decision == "deny":
+            return
+        current = store.get_approval(approval_id)
+        if current.side_effect in CONFIRMED_CLASSES and confirm.strip() != current.tool:
+            raise _Refused(422, f"{current.tool} is {current.side_effect}: type its name, {current.tool}, "
+                                "in the confirmation field to let it run")
 
     @app.get("/runs", response_class=HTMLResponse)
     def runs_page(request: Request, status: str = "") -> HTMLResponse:
@@ -189,24 +255,28 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
                       status: str = "pending") -> list[dict[str, Any]]:
         need(request)
         items = store.list_approvals(status=None if status == "all" else status)  # type: ignore[arg-type]
-        return [a.as_dict() for a in filter_approvals(items, tool=tool, principal=principal, label=label)]
+        return [{**a.as_dict(), "display": display_fields(a, a.shown_args if a.shown_args is not None else a.args,
+                                                          None)}
+                for a in filter_approvals(items, tool=tool, principal=principal, label=label)]
 
     @app.get("/api/approvals/{approval_id}")
     def api_approval(request: Request, approval_id: str) -> dict[str, Any]:
         need(request)
-        return approval_view(store, store.get_approval(approval_id))
+        return approval_view(store, store.get_approval(approval_id), resumes=resumes)
 
-    # The body is parsed here, bounded in size and depth, not by FastAPI (deep JSON would be a 500);
-    # the schema is still published for /api/docs.
-    @app.post("/api/approvals/{approval_id}", openapi_extra={"requestBody": {
-        "required": True, "content": {"application/json": {"schema": AnswerBody.model_json_schema()}}}})
+    # The body is parsed here, bounded in size (RequestGuard) and depth, not by FastAPI (deep JSON
+    # would be a 500), and only once the request's credentials hold.
+    @app.post("/api/approvals/{approval_id}")
     async def api_answer(request: Request, approval_id: str) -> dict[str, Any]:
-        identity = guard_post(request, who(request), request.headers.get("x-csrf-token"))
+        identity = guard_post(request)
+        check_csrf(identity, request.headers.get("x-csrf-token"))
         raw = await request.body()
         try:
             body = AnswerBody.model_validate(_json(raw.decode("utf-8", "replace"), "answer"))
         except ValidationError as exc:
             raise _Refused(422, f"answer: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from None
+        if identity.via == "session":  # a browser: the same confirmation as the page's forms
+            await run_in_threadpool(_confirmed, approval_id, body.decision, body.confirm)
         return await run_in_threadpool(_answer_api, identity, approval_id, body)
 
     def _answer_api(identity: Identity, approval_id: str, body: AnswerBody) -> dict[str, Any]:
@@ -233,6 +303,13 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
         need(request)
         return run_view(store, store.get_run(run_id))
 
+    if openapi:
+        @app.get("/api/openapi.json", include_in_schema=False)
+        def api_schema(request: Request) -> dict[str, Any]:
+            need(request)
+            schema: dict[str, Any] = app.openapi()
+            return schema
+
     app.state.store = store
     return app
 
@@ -243,6 +320,32 @@ def _json(text: str, what: str) -> Any:
         return loads_bounded(text, what)
     except ConfigurationError as exc:
         raise _Refused(422, str(exc)) from None
+
+
+def _iso(ns: int) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _editable_json(value: Any) -> str:
+    """JSON for a text box the approver edits: every invisible character written as its JSON escape
+    (``\\u202e``), so the box shows it and it parses back to the same value; the rest as is."""
+    from proctor.termsafe import is_invisible
+
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    out = []
+    for ch in text:
+        if is_invisible(ch) and ch not in "\n\t":  # the layout's own newlines stay
+            code = ord(ch)
+            if code > 0xFFFF:  # JSON writes a character beyond the BMP as a surrogate pair
+                code -= 0x10000
+                out.append(f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}")
+            else:
+                out.append(f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 def _local(target: str) -> str:

@@ -8,8 +8,15 @@
   session must carry the session's CSRF token (form field ``csrf`` or header
   ``X-CSRF-Token``).
 - A reverse proxy's user header (``--trust-proxy-header X-Forwarded-User``), only when
-  enabled: the proxy authenticates, and then also gives the client's address
-  (``X-Forwarded-For``).
+  enabled: the proxy authenticates.
+
+A session remembers the hash of the token it was opened with: when that token is replaced
+or removed from the token file (which is re-read when it changes), the session ends at
+its next request.
+
+The client's address is the peer's, or behind `trusted_proxies` reverse proxies the entry
+of ``X-Forwarded-For`` that the outermost trusted proxy wrote: the N-th from the right.
+Entries left of it were written by the client and prove nothing.
 
 Any unsafe request whose ``Origin`` (or ``Sec-Fetch-Site``) says it came from another
 site is refused, whatever it carries.
@@ -27,7 +34,7 @@ from starlette.requests import Request
 
 from proctor.serve.tokens import TokenFile
 
-__all__ = ["COOKIE", "SESSION_TTL_S", "Identity", "Sessions", "cross_origin", "csrf_ok", "identify"]
+__all__ = ["COOKIE", "SESSION_TTL_S", "Identity", "Sessions", "client_address", "cross_origin", "csrf_ok", "identify"]
 
 COOKIE = "proctor_session"
 SESSION_TTL_S = 12 * 3600.0
@@ -48,6 +55,7 @@ class _Session:
     name: str
     csrf: str
     expires: float
+    token_hash: str  # the stored hash of the token it was opened with
 
 
 class Sessions:
@@ -58,12 +66,13 @@ class Sessions:
         self._by_id: dict[str, _Session] = {}
         self._lock = threading.Lock()
 
-    def open(self, name: str) -> str:
+    def open(self, name: str, token_hash: str) -> str:
+        """A new session of `name`, opened with the token whose stored hash is `token_hash`."""
         sid = secrets.token_urlsafe(32)
         with self._lock:
             now = time.monotonic()
             self._by_id = {k: v for k, v in self._by_id.items() if v.expires > now}
-            self._by_id[sid] = _Session(name, secrets.token_urlsafe(24), now + self.ttl_s)
+            self._by_id[sid] = _Session(name, secrets.token_urlsafe(24), now + self.ttl_s, token_hash)
         return sid
 
     def get(self, sid: str) -> _Session | None:
@@ -79,29 +88,42 @@ class Sessions:
             self._by_id.pop(sid, None)
 
 
-def _address(request: Request, proxied: bool) -> str:
-    if proxied:
-        forwarded = request.headers.get("x-forwarded-for", "").split(",")[0].strip()
-        if forwarded:
-            return forwarded
-    return request.client.host if request.client is not None else "unknown"
+def client_address(request: Request, trusted_proxies: int) -> str:
+    """The client's address: the peer's, or the N-th ``X-Forwarded-For`` entry from the right behind N proxies.
+
+    With fewer entries than trusted proxies the request did not come through them all: the
+    peer's own address is the only one known.
+    """
+    peer = request.client.host if request.client is not None else "unknown"
+    if trusted_proxies <= 0:
+        return peer
+    entries = [e.strip() for h in request.headers.getlist("x-forwarded-for") for e in h.split(",")]
+    entries = [e for e in entries if e]
+    if len(entries) < trusted_proxies:
+        return peer
+    return entries[-trusted_proxies]
 
 
-def identify(request: Request, tokens: TokenFile, sessions: Sessions, proxy_header: str | None) -> Identity | None:
-    """The approver making `request`, or None when it carries no valid credentials."""
+def identify(request: Request, tokens: TokenFile, sessions: Sessions, proxy_header: str | None,
+             trusted_proxies: int = 0) -> Identity | None:
+    """The approver making `request`, or None when it carries no valid credentials (headers only: no body is read)."""
+    address = client_address(request, trusted_proxies)
     auth = request.headers.get("authorization", "")
     if auth[:7].lower() == "bearer ":
         name = tokens.who(auth[7:].strip())
-        return Identity(name, _address(request, proxy_header is not None), "token") if name else None
+        return Identity(name, address, "token") if name else None
     if proxy_header is not None:
         name = request.headers.get(proxy_header, "").strip()
         if name:
-            return Identity(name, _address(request, True), "proxy")
+            return Identity(name, address, "proxy")
     sid = request.cookies.get(COOKIE)
     if sid:
         session = sessions.get(sid)
         if session is not None:
-            return Identity(session.name, _address(request, proxy_header is not None), "session", session.csrf)
+            if tokens.fingerprint(session.name) != session.token_hash:
+                sessions.close(sid)  # its token was replaced or removed: it ends now, not in 12 hours
+                return None
+            return Identity(session.name, address, "session", session.csrf)
     return None
 
 

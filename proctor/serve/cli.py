@@ -3,6 +3,7 @@
     proctor serve token alice --tokens tokens.txt      # prints alice's token (only its hash is kept)
     proctor serve --store sqlite:///runs.db --tokens tokens.txt [--host 127.0.0.1] [--port 8765]
     proctor serve ... --resume --tools tools:TOOLS --policy policy.yaml --model ID
+    proctor serve ... --trust-proxy-header X-Forwarded-User --trusted-proxies 1   # behind one proxy
 
 Exit codes: 0 served (stopped with Ctrl-C) or token added; 2 usage (no store, no token file,
 a missing extra).
@@ -26,8 +27,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8765, help="port (default 8765)")
     p.add_argument("--trust-proxy-header", metavar="HEADER", default=None,
-                   help="take the approver's name from this header set by your authenticating reverse proxy "
-                        "(and the address from X-Forwarded-For); only behind such a proxy")
+                   help="take the approver's name from this header set by your authenticating reverse proxy; "
+                        "only behind such a proxy")
+    p.add_argument("--trusted-proxies", metavar="N", type=int, default=None,
+                   help="how many reverse proxies stand before the server: the client's address is the N-th "
+                        "X-Forwarded-For entry from the right (default 1 with --trust-proxy-header, else 0: "
+                        "the peer's address)")
+    p.add_argument("--max-body", metavar="BYTES", type=int, default=None,
+                   help="the largest request body taken (default 1 MiB); larger ones are refused with 413 "
+                        "before they are read")
+    p.add_argument("--openapi", action="store_true",
+                   help="serve the API's OpenAPI schema to approvers at /api/openapi.json (no docs page: "
+                        "load it in a viewer of your own)")
     p.add_argument("--resume", action="store_true", help="resume suspended runs once their approvals are answered")
     p.add_argument("--tools", metavar="MOD[:ATTR]", action="append", default=[], help="tools, for --resume")
     p.add_argument("--policy", metavar="P", help="the policy file, for --resume")
@@ -85,8 +96,18 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"proctor serve: {exc}", file=sys.stderr)
         return 2
     resumer = _resumer(args, store) if args.resume else None
-    app = create_app(store, tokens, proxy_header=args.trust_proxy_header)
-    print(f"proctor inbox on http://{args.host}:{args.port}/ ({len(tokens.hashes)} approver(s))", flush=True)
+    from proctor.serve.guard import DEFAULT_MAX_BODY
+
+    try:
+        app = create_app(store, tokens, proxy_header=args.trust_proxy_header, trusted_proxies=args.trusted_proxies,
+                         max_body=args.max_body or DEFAULT_MAX_BODY, resumes=resumer is not None,
+                         openapi=args.openapi)
+    except (ProctorError, ValueError) as exc:
+        print(f"proctor serve: {exc}", file=sys.stderr)
+        store.close()
+        return 2
+    print(f"proctor inbox on http://{args.host}:{args.port}/ ({len(tokens.hashes)} approver(s); the token file "
+          "is re-read when it changes)", flush=True)
     try:
         if resumer is not None:
             resumer.start()

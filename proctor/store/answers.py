@@ -67,13 +67,14 @@ def check_edit(approval: PendingApproval, args: Mapping[str, Any]) -> dict[str, 
     if not schema:
         return edited
 
-    changed = {k: v for k, v in edited.items() if k not in approval.args or approval.args[k] != v}
-    view = {**schema, "required": [r for r in schema.get("required", []) if r not in approval.args]}
+    shown = approval.shown_args if approval.shown_args is not None else approval.args  # what the page showed
+    changed = {k: v for k, v in edited.items() if k not in shown or shown[k] != v}
+    view = {**schema, "required": [r for r in schema.get("required", []) if r not in shown]}
     errors = sorted(jsonschema.Draft202012Validator(view).iter_errors(changed), key=lambda e: list(e.absolute_path))
     if errors:
         where = ".".join(str(p) for p in errors[0].absolute_path) or "arguments"
         raise InvalidAnswer(f"edited arguments of {approval.tool}: {where}: {errors[0].message}")
-    missing = [r for r in schema.get("required", []) if r in approval.args and r not in edited]
+    missing = [r for r in schema.get("required", []) if r in shown and r not in edited]
     if missing:
         raise InvalidAnswer(f"edited arguments of {approval.tool}: missing {', '.join(missing)}")
     return edited

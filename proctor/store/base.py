@@ -215,9 +215,18 @@ class PendingApproval:
     answer: ApprovalAnswer | None = None
     #: The tool's JSON Schema of parameters (edits are checked against it before they are stored).
     parameters: Mapping[str, Any] = field(default_factory=dict)
+    #: The arguments as an approver sees them: clear, but for fields the policy hides from approvers
+    #: (``hide_from_approvers``, shown as their ``{"$redacted": …}`` marker). None when they are `args`.
+    shown_args: Mapping[str, Any] | None = None
+    #: Where in the step's program the call was made (1-based line, 0-based column), as the worker
+    #: reported it; None when it was not reported.
+    line: int | None = None
+    col: int | None = None
 
     def __post_init__(self) -> None:
         _normalise(self, ("rules",), ("args", "labels", "budget", "parameters"))
+        if self.shown_args is not None:
+            object.__setattr__(self, "shown_args", dict(self.shown_args))
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form (`proctor approvals list --json`, the inbox API)."""

@@ -7,8 +7,10 @@
     proctor runs list | show RUN | cancel RUN
     proctor runs resume RUN --tools MOD:ATTR --policy P --model ID [--audit PATH]
 
-The store comes from ``--store URL`` or ``$PROCTOR_STORE``. Exit codes: 0 done, 1 refused
-(unknown id, stale binding, already answered, four eyes) or a resumed run that failed, 2 usage.
+The store comes from ``--store URL`` or ``$PROCTOR_STORE``. Ids are printed whole, and any
+unique prefix of at least six characters stands for one (an ambiguous prefix is refused,
+naming the candidates). Exit codes: 0 done, 1 refused (unknown or ambiguous id, stale
+binding, already answered, four eyes) or a resumed run that failed, 2 usage.
 """
 
 from __future__ import annotations
@@ -157,17 +159,72 @@ def _out(text: str, file: Any = None) -> None:
     print(terminal_safe(text, keep_newlines=True), file=file)
 
 
-def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, ids: Sequence[int] = (0,)) -> None:
+    """A table whose cells wrap instead of being cut; the columns `ids` hold ids, kept whole on one line
+    (an id cut with an ellipsis cannot be used). Where the table cannot fit with its ids whole, each row
+    is printed as a block instead: the first id, then one ``name  value`` line per column."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     from proctor.termsafe import terminal_safe
 
-    table = Table(*headers, highlight=False)
+    wide = not sys.stdout.isatty() and not os.environ.get("COLUMNS", "").isdigit()  # a pipe: room to keep ids
+    console = Console(highlight=False, width=160 if wide else None)
+    widths = [max([len(h), *(len(terminal_safe(row[i])) for row in rows)]) for i, h in enumerate(headers)]
+    needed = sum(widths[i] for i in ids) + 8 * (len(headers) - len(ids)) + 3 * len(headers) + 1
+    if needed > console.width:
+        label = max(len(h) for h in headers)
+        for row in rows:
+            console.print(Text(terminal_safe(row[ids[0]]), style="bold"), overflow="fold")
+            for i, header in enumerate(headers):
+                if i != ids[0]:
+                    console.print(Text(f"  {header:<{label}}  {terminal_safe(row[i])}"), overflow="fold")
+        return
+    table = Table(highlight=False)
+    for i, header in enumerate(headers):
+        if i in ids:
+            table.add_column(header, no_wrap=True, min_width=widths[i], overflow="fold")
+        else:
+            table.add_column(header, overflow="fold")
     for row in rows:
         table.add_row(*(Text(terminal_safe(cell)) for cell in row))  # data, never rich markup
-    Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(table)
+    console.print(table)
+
+
+def _approval_id(args: argparse.Namespace, source: Any, text: str) -> str:
+    """The approval id `text` names: the id itself or a unique prefix (of the store's or the server's)."""
+    from proctor.errors import ApprovalNotFound
+    from proctor.serve.client import InboxClient
+    from proctor.store.prefix import unique_prefix
+
+    if isinstance(source, InboxClient):
+        ids = [str(a.get("id")) for a in source.approvals(status="all")]
+    else:
+        try:
+            return str(source.get_approval(text).id)
+        except ApprovalNotFound:
+            ids = [a.id for a in source.list_approvals(status=None)]
+    found = unique_prefix(text, ids, "approval")
+    if found is None:
+        raise ApprovalNotFound(f"no approval {text!r} (or starting so) in {getattr(source, 'url', 'the store')}: "
+                               "see `proctor approvals list --all`")
+    return found
+
+
+def _run_id(store: Any, text: str) -> str:
+    """The run id `text` names: the id itself or a unique prefix."""
+    from proctor.errors import RunNotFound
+    from proctor.store.prefix import unique_prefix
+
+    try:
+        return str(store.get_run(text).run_id)
+    except RunNotFound:
+        pass
+    found = unique_prefix(text, [r.run_id for r in store.list_runs(limit=1_000_000)], "run")
+    if found is None:
+        raise RunNotFound(f"no run {text!r} (or starting so) in {store.url}: see `proctor runs list`")
+    return found
 
 
 # -- approvals ---------------------------------------------------------------------------------------
@@ -179,12 +236,18 @@ def _approvals_list(args: argparse.Namespace) -> int:
     if client is not None:
         from proctor.store.base import PendingApproval
 
-        raw = client.approvals(status="all" if args.all else "pending", run_id=args.run)
+        raw = client.approvals(status="all" if args.all else "pending")
         items = [PendingApproval.from_dict(a) for a in raw]
+        if args.run:
+            from proctor.store.prefix import unique_prefix
+
+            wanted = unique_prefix(args.run, [a.run_id for a in items], "run")
+            items = [a for a in items if a.run_id == wanted]
     else:
         store = _open(args)
         try:
-            items = store.list_approvals(status=None if args.all else "pending", run_id=args.run)
+            run = _run_id(store, args.run) if args.run else None
+            items = store.list_approvals(status=None if args.all else "pending", run_id=run)
         finally:
             store.close()
     if args.json:
@@ -193,9 +256,9 @@ def _approvals_list(args: argparse.Namespace) -> int:
     if not items:
         _out("no pending approvals" if not args.all else "no approvals")
         return 0
-    _print_table(("id", "tool", "args", "run", "principal", "rule", "requested", "status"),
+    _print_table(("id", "tool", "args", "run", "principal", "rule", "requested", "deadline", "status"),
                  [(a.id, a.tool, _short(a.args), a.run_id, a.principal or "-", ", ".join(a.rules) or "-",
-                   _when(a.requested_at_ns), a.status) for a in items])
+                   _when(a.requested_at_ns), _when(a.expires_at_ns), a.status) for a in items], ids=(0, 3))
     return 0
 
 
@@ -205,25 +268,48 @@ def _approvals_show(args: argparse.Namespace) -> int:
     if client is not None:
         from proctor.store.base import PendingApproval
 
-        a = PendingApproval.from_dict(client.approval(args.id)["approval"])
+        a = PendingApproval.from_dict(client.approval(_approval_id(args, client, args.id))["approval"])
     else:
         store = _open(args)
         try:
-            a = store.get_approval(args.id)
+            a = store.get_approval(_approval_id(args, store, args.id))
         finally:
             store.close()
     if args.json:
         print(json.dumps(a.as_dict(), default=str, indent=2))
         return 0
-    _out(f"approval {a.id}  [{a.status}]")
-    _out(f"  call      {a.tool}({_short(a.args, 200)})  side effect: {a.side_effect}")
-    _out(f"  run       {a.run_id}  step {a.step}, call {a.seq + 1}  principal: {a.principal or '-'}")
-    _out(f"  asked by  {', '.join(a.rules) or 'the default'}: {a.reason}")
-    _out(f"  requested {_when(a.requested_at_ns)}  binding {a.binding}")
-    if a.answer is not None:
-        _out(f"  answer    {a.answer.verdict} by {a.answer.approver} at {_when(a.answer.answered_at_ns)}"
-              + (f": {a.answer.reason}" if a.answer.reason else ""))
+    for line in _approval_lines(a):
+        print(line)
     return 0
+
+
+def _approval_lines(a: Any) -> list[str]:
+    """One approval for a person: the arguments as an approver sees them (clear but for fields hidden from
+    approvers), with look-alike and invisible characters marked as the console and the inbox mark them."""
+    from proctor.serve.views import hidden_fields
+    from proctor.termsafe import marked_plain as m
+
+    shown = dict(a.shown_args) if a.shown_args is not None else dict(a.args)
+    lines = [f"approval {m(a.id)}  [{m(a.status)}]",
+             f"  call      {m(a.tool)}  side effect: {m(a.side_effect)}"]
+    for name, value in shown.items():
+        lines.append(f"    {m(name)} = {m(json.dumps(value, ensure_ascii=False, default=str))}")
+    hidden = hidden_fields(shown)
+    if hidden:
+        lines.append(f"  hidden    {', '.join(m(h) for h in hidden)}: the policy hides "
+                     f"{'it' if len(hidden) == 1 else 'them'} from approvers (hide_from_approvers)")
+    where = f", line {a.line}" + (f" column {a.col + 1}" if a.col is not None else "") if a.line is not None else ""
+    lines += [f"  run       {m(a.run_id)}  step {a.step}, call {a.seq + 1}{where}  principal: {m(a.principal or '-')}",
+              f"  asked by  {m(', '.join(a.rules) or 'the default')}: {m(a.reason)}",
+              f"  requested {_when(a.requested_at_ns)}  deadline {_when(a.expires_at_ns)}",
+              f"  binding   {a.binding}"]
+    if a.answer is not None:
+        lines.append(f"  answer    {m(a.answer.verdict)} by {m(a.answer.approver)}"
+                     + (f" from {m(a.answer.address)}" if a.answer.address else "")
+                     + f" at {_when(a.answer.answered_at_ns)}" + (f": {m(a.answer.reason)}" if a.answer.reason else ""))
+        if a.answer.args is not None:
+            lines.append("  edited    " + m(json.dumps(a.answer.args, ensure_ascii=False, default=str)))
+    return lines
 
 
 @_guard
@@ -246,6 +332,7 @@ def _answer(args: argparse.Namespace) -> int:
     if client is not None:
         if args.approver:
             raise _Usage("--as does not go with --server: the server knows you by your token")
+        args.id = _approval_id(args, client, args.id)
         binding = client.approval(args.id)["approval"]["binding"]
         data = client.answer(args.id, decision=args.verdict, binding=binding, reason=args.reason, args=edited)
         from proctor.store.base import PendingApproval
@@ -256,6 +343,7 @@ def _answer(args: argparse.Namespace) -> int:
         approver = args.approver or getpass.getuser()
         store = _open(args)
         try:
+            args.id = _approval_id(args, store, args.id)
             current = store.get_approval(args.id)
             answered = answer(store, args.id, approver=approver, address=f"cli:{_host()}", decision=args.verdict,
                               binding=current.binding, reason=args.reason, args=edited)
@@ -316,7 +404,7 @@ def _runs_list(args: argparse.Namespace) -> int:
     _print_table(("run", "status", "step", "principal", "task", "waiting for", "updated"),
                  [(r.run_id, r.status, str(r.step), r.principal or "-", _short(r.task, 40).strip('"'),
                    ", ".join(f"{a.tool} {a.id} ({a.status})" for a in w) or "-", _when(r.updated_at_ns))
-                  for r, w in rows])
+                  for r, w in rows], ids=(0,))
     return 0
 
 
@@ -324,37 +412,86 @@ def _runs_list(args: argparse.Namespace) -> int:
 def _runs_show(args: argparse.Namespace) -> int:
     store = _open(args)
     try:
-        record = store.get_run(args.id)
+        record = store.get_run(_run_id(store, args.id))
         waiting = _waiting(store, record)
         journal = store.journal(record.run_id, record.step) if record.step else []
+        approvals = store.list_approvals(status=None, run_id=record.run_id)
     finally:
         store.close()
     data: dict[str, Any] = record.as_dict()
     data["waiting_for"] = [{"id": a.id, "tool": a.tool, "status": a.status} for a in waiting]
-    data["journal"] = [{"seq": e.seq, "call_id": e.call_id, "tool": e.tool, "state": e.state, "status": e.status}
-                       for e in journal]
+    data["journal"] = [{"seq": e.seq, "call_id": e.call_id, "tool": e.tool, "state": e.state, "status": e.status,
+                        "ts_ns": e.ts_ns} for e in journal]
+    data["approvals"] = [a.as_dict() for a in reversed(approvals)]
     if args.json:
         print(json.dumps(data, default=str, indent=2))
         return 0
-    from proctor.agent.render import print_run
+    from rich.console import Console
+    from rich.padding import Padding
+    from rich.text import Text
+
+    from proctor.agent.render import print_run, print_timeline
     from proctor.agent.replay import run_from_store
     from proctor.termsafe import terminal_safe
 
-    # The task, the model's text and the calls' arguments are data from users, models and tools.
-    print(terminal_safe(f"run {record.run_id}  [{record.status}]  agent {record.agent or '-'}  "
-                        f"principal {record.principal or '-'}"))
-    print(terminal_safe(f"  task     {record.task}", keep_newlines=True))
-    print(terminal_safe(f"  policy   {record.policy_sha256[:16]}…  step {record.step}  created "
-                        f"{_when(record.created_at_ns)}  updated {_when(record.updated_at_ns)}"))
+    # The task, the model's text and the calls' arguments are data from users, models and tools: escaped,
+    # and wrapped at the terminal's width (or $COLUMNS), never cut.
+    wide = not sys.stdout.isatty() and not os.environ.get("COLUMNS", "").isdigit()
+    head = Console(highlight=False, width=120 if wide else None)
+    head.print(Text(terminal_safe(f"run {record.run_id}  [{record.status}]  agent {record.agent or '-'}  "
+                                  f"principal {record.principal or '-'}"), overflow="fold"))
+    for line in (f"task     {record.task}", f"policy   {record.policy_sha256}", f"step     {record.step}",
+                 f"created  {_when(record.created_at_ns)}", f"updated  {_when(record.updated_at_ns)}"):
+        head.print(Padding(Text(terminal_safe(line, keep_newlines=True), overflow="fold"), (0, 0, 0, 2)))
     replayed = run_from_store(record, journal, waiting)
-    print_run(replayed.result, file=sys.stdout, notes=replayed.notes)
+    print_run(replayed.result, file=sys.stdout, notes=replayed.notes, whole=True)
+    print_timeline(_store_timeline(record, journal, approvals), file=sys.stdout,
+                   title="timeline (from the run store: approvals asked and answered, calls of the current step)")
     return 0
+
+
+def _args_text(args: Any) -> str:
+    return json.dumps(args, ensure_ascii=False, default=str, sort_keys=True)
+
+
+def _store_timeline(record: Any, journal: Sequence[Any], approvals: Sequence[Any]
+                    ) -> list[tuple[int | None, str, list[str]]]:
+    """What the store says happened to the run, with times: its start, each approval asked and answered
+    (who, from where, why, original and edited arguments), the journal of the step in progress, its state."""
+    events: list[tuple[int | None, str, list[str]]] = [
+        (record.created_at_ns, "run created", [f"principal {record.principal or '-'}"])]
+    for a in approvals:
+        shown = a.shown_args if a.shown_args is not None else a.args
+        events.append((a.requested_at_ns, f"approval {a.id} asked: {a.tool} (step {a.step}, call {a.seq + 1})",
+                       [f"arguments {_args_text(shown)}",
+                        f"asked by {', '.join(a.rules) or 'the default'}: {a.reason or '-'}",
+                        f"deadline {_when(a.expires_at_ns)}"]))
+        if a.answer is not None:
+            details = [f"{a.answer.verdict} by {a.answer.approver}"
+                       + (f" from {a.answer.address}" if a.answer.address else ""),
+                       f"reason: {a.answer.reason or '-'}"]
+            if a.answer.args is not None:
+                details += [f"original arguments {_args_text(shown)}", f"edited arguments {_args_text(a.answer.args)}"]
+            if a.answer.grant is not None:
+                details.append(f"grant {_args_text(a.answer.grant)}")
+            events.append((a.answer.answered_at_ns or None, f"approval {a.id} answered: {a.answer.verdict}", details))
+        elif a.status == "void":
+            events.append((None, f"approval {a.id} void", ["the run was cancelled, or asked again"]))
+    for e in journal:
+        r = e.record or {}
+        details = [f"arguments {_args_text(r.get('args', e.args))}"]
+        if e.error:
+            details.append(f"error: {e.error.get('message', '')}")
+        events.append((e.ts_ns or None, f"call {e.tool} {e.call_id}: {e.status or e.state}", details))
+    events.append((record.updated_at_ns, f"run {record.status}", [record.error] if record.error else []))
+    return sorted(events, key=lambda ev: ev[0] or 0)
 
 
 @_guard
 def _runs_cancel(args: argparse.Namespace) -> int:
     store = _open(args)
     try:
+        args.id = _run_id(store, args.id)
         before = store.get_run(args.id)
         record = store.cancel_run(args.id, args.reason)
     finally:
@@ -382,6 +519,11 @@ def _runs_resume(args: argparse.Namespace) -> int:
         raise _Usage(str(exc)) from None
     policy = Policy.from_yaml(args.policy)
     store = _open(args)
+    try:
+        args.id = _run_id(store, args.id)
+    except BaseException:
+        store.close()
+        raise
     model = LiteLLMModel(args.model)
     approver = InboxApprover(store, wait=args.wait)
     from proctor.agent.cli import default_audit_path

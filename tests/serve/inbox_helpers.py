@@ -91,6 +91,38 @@ class Inbox:
             store.close()
 
 
+TWO_SENDS = ("x = send(to='ops@example.com', body='first')\n"
+             "for n in [1]:\n"
+             "    y = send(to='ceo@example.com', body='second')\n")
+
+
+def file_positioned(store: RunStore, *, line: int = 3, col: int = 8, run_id: str = "run_pos0123456789") -> str:
+    """A suspended run whose step calls `send` on two lines, and its approval for the call at (`line`, `col`)
+    as `InboxApprover` files it when the worker reports the position. Returns the approval id."""
+    import time
+
+    from proctor.approval.base import ApprovalRequest, approval_binding
+    from proctor.calls import RunInfo
+    from proctor.errors import RunSuspended
+    from proctor.store.base import RunRecord
+
+    store.create_run(RunRecord(run_id=run_id, task="two sends", principal="alice", step=1, status="suspended",
+                               step_state={"response": {"content": f"Thought: two.\n```python\n{TWO_SENDS}```"}}))
+    args = {"to": "ceo@example.com", "body": "second"}
+    call_id = f"call_{run_id}_1_1"
+    request = ApprovalRequest(
+        call_id=call_id, tool="send", side_effect="external", args=args, rules=("outbound",),
+        reason="money leaves", policy_sha256="0" * 64, budget={"run-calls": {"calls": 48}},
+        expires_at_ns=time.time_ns() + 600 * 10**9, binding=approval_binding("send", args, call_id, "0" * 64),
+        run=RunInfo(id=run_id, step=1, principal="alice"), position=(line, col),
+        parameters=send.parameters)
+    try:
+        InboxApprover(store).request(request)
+    except RunSuspended as suspended:
+        return str(suspended.approval_id)
+    raise AssertionError("the approval was answered at once")
+
+
 def background(fn: Any) -> tuple[threading.Thread, list[Any]]:
     """Run `fn` in a thread; its result (or exception) lands in the returned list."""
     out: list[Any] = []

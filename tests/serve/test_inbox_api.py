@@ -53,9 +53,11 @@ def test_list_and_show_a_pending_call(inbox: Inbox, client: TestClient) -> None:
     assert item["tool"] == "send" and item["principal"] == "alice" and item["rules"] == ["outbound-mail"]
     one = client.get(f"/api/approvals/{approval_id}", headers=bearer(inbox, "bob")).json()
     assert one["run"]["task"] == "Send carol her invoice"
-    marked = [line["text"] for line in one["program"] if line["marked"]]
-    assert marked == ["r = send(to='carol@partner.org', body='your invoice')"]
+    # Nothing is marked by the tool's name: only a position the worker reported marks a line.
+    assert [line for line in one["program"] if line["marked"]] == [] and one["position"] is None
     assert [(c["tool"], c["status"]) for c in one["calls"]] == [("lookup", "ok")]
+    assert one["calls"][0]["result"] == "carol <carol@partner.org>"  # a preview of the earlier call's result
+    assert one["thought"] == "Thought: find the address, then write."
 
 
 def test_filters(inbox: Inbox, client: TestClient) -> None:
@@ -160,8 +162,8 @@ def test_session_login_cookie_and_csrf(inbox: Inbox, client: TestClient) -> None
     cross = client.post(f"/approvals/{approval_id}", data={"decision": "approve", "binding": binding, "csrf": csrf},
                         headers={"Origin": "https://evil.example"}, follow_redirects=False)
     assert cross.status_code == 403
-    ok = client.post(f"/approvals/{approval_id}", data={"decision": "approve", "binding": binding, "csrf": csrf},
-                     follow_redirects=False)
+    ok = client.post(f"/approvals/{approval_id}", data={"decision": "approve", "binding": binding, "csrf": csrf,
+                                                        "confirm": "send"}, follow_redirects=False)
     assert ok.status_code == 303
     assert client.get(f"/api/approvals/{approval_id}").json()["approval"]["status"] == "answered"
 
@@ -247,4 +249,4 @@ def test_hostile_json_is_a_422_not_a_crash(inbox: Inbox, client: TestClient) -> 
                                                        "args": deep}, follow_redirects=False)
     assert r.status_code == 422 and "edited arguments" in r.text
     assert client.get(f"/api/approvals/{approval_id}").json()["approval"]["status"] == "pending"
-    assert "requestBody" in client.get("/api/openapi.json").json()["paths"]["/api/approvals/{approval_id}"]["post"]
+

@@ -18,7 +18,7 @@ from proctor.serve.tokens import TokenFile
 from proctor.store.base import RunStore
 
 from .browser import chromium, serving
-from .inbox_helpers import SENT, Inbox, background
+from .inbox_helpers import SENT, Inbox, background, file_positioned
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -71,12 +71,12 @@ def test_approve_in_the_browser_and_see_the_run_finish(inbox: Inbox, server: tup
         body = driver.find_element(By.TAG_NAME, "body").text
         assert "send" in body and "external" in body and "outbound-mail" in body
         assert "Send carol her invoice" in body and "carol@partner.org" in body
-        marked = driver.find_elements(By.CSS_SELECTOR, ".program .marked")
-        assert len(marked) == 1 and "send(" in marked[0].text
+        assert driver.find_elements(By.CSS_SELECTOR, ".program .marked") == []  # never marked by name
         assert "lookup" in driver.find_element(By.CSS_SELECTOR, "table.calls").text
         shots = os.environ.get("PROCTOR_SCREENSHOTS")
         if shots:
             driver.save_screenshot(str(Path(shots) / "inbox-approval.png"))
+        driver.find_element(By.ID, "confirm").send_keys("send")  # an external call: its name, typed
         driver.find_element(By.ID, "approve").click()
         wait_for(lambda: driver.find_element(By.ID, "status").text == "answered", "the answer to be shown")
         thread.join(timeout=120)
@@ -111,6 +111,7 @@ def test_deny_with_a_reason_and_edit_in_the_browser(inbox: Inbox, server: tuple[
         box = driver.find_element(By.ID, "edit-args")
         box.clear()
         box.send_keys('{"to": "billing@partner.org", "body": "your invoice"}')
+        driver.find_element(By.ID, "edit-confirm").send_keys("send")
         driver.find_element(By.ID, "edit").click()
         wait_for(lambda: driver.find_element(By.ID, "status").text == "answered", "the edit to be stored")
     assert inbox.resume(store.get_approval(second).run_id).status == "done"
@@ -118,7 +119,8 @@ def test_deny_with_a_reason_and_edit_in_the_browser(inbox: Inbox, server: tuple[
 
 
 def test_four_eyes_and_keyboard_in_the_browser(inbox: Inbox, server: tuple[str, RunStore], tmp_path: Path) -> None:
-    """alice cannot answer her own run's call; bob approves it with the `a` key; the page fits a phone."""
+    """alice cannot answer her own run's call; for bob the `a` key alone does not approve an external call
+    (it moves to the confirmation), `a`, the tool's name and Enter do; the page fits a phone."""
     url, store = server
     approval_id = inbox.suspend(principal="alice")
     with chromium(tmp_path / "alice") as driver:
@@ -132,6 +134,48 @@ def test_four_eyes_and_keyboard_in_the_browser(inbox: Inbox, server: tuple[str, 
         overflow = driver.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
         assert overflow <= 0, f"the page is {overflow}px wider than a phone screen"
         driver.find_element(By.TAG_NAME, "body").send_keys("a")
-        wait_for(lambda: driver.find_element(By.ID, "status").text == "answered", "the `a` key to approve")
+        wait_for(lambda: driver.switch_to.active_element.get_attribute("id") == "confirm", "the confirmation field")
+        time.sleep(0.5)
+        assert store.get_approval(approval_id).status == "pending"  # one key never lets it run
+        driver.switch_to.active_element.send_keys("send\n")
+        wait_for(lambda: driver.find_element(By.ID, "status").text == "answered", "the confirmed approval")
     answer = store.get_approval(approval_id).answer
     assert answer is not None and answer.verdict == "approve" and answer.approver == "bob"
+
+
+def test_the_page_marks_the_reported_call_and_shows_edits_reasons_and_the_deadline(
+        inbox: Inbox, server: tuple[str, RunStore], tmp_path: Path) -> None:
+    """One tool on two lines: only the reported line is marked; the thought, the deadline and the budgets
+    are shown; an edit with a reason is shown beside the original arguments, with what happens next."""
+    url, store = server
+    approval_id = file_positioned(store, line=3, col=8)
+    shots = os.environ.get("PROCTOR_SCREENSHOTS")
+    with chromium(tmp_path / "bob", height=1500) as driver:
+        log_in(driver, url, inbox.tokens["bob"])
+        driver.get(f"{url}/approvals/{approval_id}")
+        marked = driver.find_elements(By.CSS_SELECTOR, ".program .marked")
+        assert len(marked) == 1 and "send(to='ceo@example.com'" in marked[0].text
+        assert driver.find_element(By.ID, "pending-call").text.startswith("send(to='ceo@example.com'")
+        assert "line 3, column 9" in driver.find_element(By.ID, "position").text
+        assert driver.find_element(By.ID, "thought").text == "Thought: two."
+        expires = store.get_approval(approval_id).as_dict()["expires_at"]
+        assert expires in driver.find_element(By.ID, "deadline").text
+        assert "run-calls" in driver.find_element(By.CSS_SELECTOR, "table.budgets").text
+        if shots:
+            driver.save_screenshot(str(Path(shots) / "inbox-two-calls.png"))
+        driver.find_element(By.CSS_SELECTOR, "#edit-form").find_element(By.XPATH, "..").find_element(
+            By.TAG_NAME, "summary").click()
+        box = driver.find_element(By.ID, "edit-args")
+        box.clear()
+        box.send_keys('{"to": "cfo@example.com", "body": "second"}')
+        driver.find_element(By.CSS_SELECTOR, "#edit-form input[name=reason]").send_keys("the CFO signs these")
+        driver.find_element(By.ID, "edit-confirm").send_keys("send")
+        driver.find_element(By.ID, "edit").click()
+        wait_for(lambda: driver.find_element(By.ID, "status").text == "answered", "the edit to be stored")
+        answer = driver.find_element(By.ID, "answer").text
+        assert "edit by bob" in answer and "the CFO signs these" in answer
+        assert "cfo@example.com" in driver.find_element(By.ID, "edited-args").text
+        assert "ceo@example.com" in driver.find_element(By.ID, "args").text  # the original, beside it
+        assert "proctor runs resume run_pos0123456789" in driver.find_element(By.ID, "next").text
+        if shots:
+            driver.save_screenshot(str(Path(shots) / "inbox-edit.png"))

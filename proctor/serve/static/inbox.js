@@ -1,10 +1,16 @@
-// Keyboard shortcuts on an approval page: "a" approves, "d" moves to the deny reason (Enter sends it).
+// Keyboard shortcuts on an approval page: "a" approves a call whose side effect is none, read or write;
+// for an external or destructive call it only moves to the confirmation field, where the tool's name
+// must be typed (the server checks it): no single keypress lets such a call run. "d" moves to the
+// deny reason (Enter sends it).
 // And a preview of what a grant would admit, asked of the server, before it is given.
 (function () {
   document.addEventListener("keydown", function (e) {
     var t = e.target;
     if (e.ctrlKey || e.metaKey || e.altKey || (t && (t.tagName === "INPUT" || t.tagName === "TEXTAREA" || t.tagName === "SELECT"))) return;
-    if (e.key === "a") { var f = document.getElementById("approve-form"); if (f) { e.preventDefault(); f.submit(); } }
+    if (e.key === "a") {
+      var c = document.getElementById("confirm"), f = document.getElementById("approve-form");
+      if (c) { e.preventDefault(); c.focus(); } else if (f) { e.preventDefault(); f.submit(); }
+    }
     if (e.key === "d") { var r = document.getElementById("deny-reason"); if (r) { e.preventDefault(); r.focus(); } }
   });
   var grant = document.getElementById("grant-form");
