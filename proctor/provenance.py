@@ -220,11 +220,41 @@ def _analyze(text: str) -> tuple[str, set[str] | frozenset[str]]:
 
 
 def _analyze_text(text: str) -> tuple[str, set[str]]:
-    """`text` normalised as a whole and its tokens: in C when the extension built, else in Python (the same)."""
+    """`text` normalised as a whole and its tokens: in C when the extension built, else in Python (the same),
+    and the hosts and addresses a sentence was glued to (`glued_forms`)."""
     native = _native
-    if native is not None:
-        return native.analyze(_fold(text))
-    return _analyze_text_python(text)
+    whole, found = native.analyze(_fold(text)) if native is not None else _analyze_text_python(text)
+    if _GLUE_HINT.search(text) is not None:
+        found.update(glued_forms(text))
+    return whole, found
+
+
+#: A lower-case letter or digit, a full stop and a capital: the only place a sentence can be glued to a host.
+_GLUE_HINT = re.compile(r"[a-z0-9]\.[A-Z]")
+# A token ending in a host (a lower-case label of two letters or more after a dot: ``our-company.com``,
+# ``x.com.au``), or in a URL's path after one, glued by a full stop to a capitalised word that is not itself part of a name (``.They``,
+# ``.Thanks``, ``.I``): "www.our-company.com.They will…" as a prompt or a mail writes it without a space.
+_GLUED = re.compile(r"(?<![\w.@/:#+%~=?&,-])([\w@/:#+%~=?&-][\w.@/:#+%~=?&,-]*?[a-z0-9]\.[a-z]{2,63}"
+                    r"(?:[/?#][\w.@/:#+%~=?&,-]*?[a-z0-9/])?)\.[A-Z][a-z]*(?![\w.@/:#+%~=?&-])")
+
+
+def glued_forms(text: str) -> set[str]:
+    """The forms of each host or address of `text` followed, without a space, by the next sentence
+    (``www.our-company.com.They`` gives ``www.our-company.com`` and ``our-company.com``), as both tokenisers
+    give them for the host alone.
+
+    Tokens are read from case-folded text, where ``com.They`` and ``com.au`` look alike; the capital of the
+    original text tells them apart, so this runs on the text before folding and adds to the tokens (the glued
+    spelling stays indexed too: a value that copies it is still traced). A lower-case word after the dot
+    (``example.com.au``) is a label of the host and is never split off.
+    """
+    out: set[str] = set()
+    native = _native
+    for host in _GLUED.findall(text):
+        whole, found = native.analyze(_fold(host)) if native is not None else _analyze_text_python(host)
+        out.add(whole)
+        out.update(found)
+    return out
 
 
 def _analyze_text_python(text: str) -> tuple[str, set[str]]:
@@ -771,14 +801,20 @@ class ProvenanceIndex:
         long = len(folded) > limits.max_result_chars  # NFKC may lengthen a text up to 18 times (U+FDFA): the cap
         if long:  # holds after it too
             folded = folded[: limits.max_result_chars]
+        glued = glued_forms(text) if _GLUE_HINT.search(text) is not None else ()
         native = self._native
         if native is not None:  # tokens, digests and inserts in one C call
             with self._lock:
                 room = limits.max_tokens - len(self._entries)
                 whole_digest, new, used, over, full, joined = native.index(
                     self._sipkey, folded, self._entries, mask, room, budget, joined_cap)
+                if glued and not over:  # a host a sentence was glued to (rare: only after "x.com.They")
+                    more = [self._digest(t) for t in glued][: max(budget - used, 0)]
+                    added, cut = self._put(more, mask)
+                    new, used, over, full = new + added, used + len(more), len(more) < len(glued), full or cut
             return whole_digest, new, used, over, full or long, joined
         whole, inside, joined = _forms_python(folded, joined_cap)
+        inside.update(glued)
         entries = [whole, *inside.difference((whole,))]
         over = len(entries) > budget
         kept = entries[: max(budget, 0)] if over else entries

@@ -238,10 +238,13 @@ class RuleSpec(_Strict):
 LetField = Annotated[
     dict[str, str],
     BeforeValidator(_v.check_let_section),
-    WithJsonSchema({"type": "object", "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+    WithJsonSchema({"type": "object",
+                    "propertyNames": {"pattern": r"^[A-Za-z_][A-Za-z0-9_]*(\s*\(\s*([A-Za-z_][A-Za-z0-9_]*"
+                                                 r"(\s*,\s*[A-Za-z_][A-Za-z0-9_]*)*)?\s*\))?$"},
                     "additionalProperties": {"type": "string", "minLength": 1},
                     "description": "named CEL expressions, usable by name in every when (and side_effect "
-                                   "expressions)"}),
+                                   "expressions); a name with parameters, vouched(v), is used as a call: "
+                                   "vouched(args.to)"}),
 ]
 
 

@@ -206,21 +206,17 @@ def compile_with_lets(source: str, variables: tuple[str, ...], what: str) -> str
     invalid, only the source's own syntax is checked (the let error is reported once, there).
     """
     from proctor.policy.conditions import ConditionError, compile_expression
-    from proctor.policy.lets import expand
+    from proctor.policy.lets import check_source, expand
 
     lets = _LETS.get() or {}
     try:
-        compile_expression(source, tuple(dict.fromkeys((*variables, *lets))), what=what)
+        if not lets:
+            compile_expression(source, variables, what=what)
+            return source
+        check_source(source, variables, lets, what)  # names with parameters are called with their arguments
         if any(v is None for v in lets.values()):
             return source
-        used = {k: v for k, v in lets.items() if v is not None}
-        for bound in re.finditer(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_]\w*)\s*,", source):
-            if bound.group(1) in used:
-                line = source.count("\n", 0, bound.start(1)) + 1
-                col = bound.start(1) - (source.rfind("\n", 0, bound.start(1)) + 1) + 1
-                raise ConditionError(f"{what}: '{bound.group(1)}' is a let name; use another name for the macro's "
-                                     "variable", line, col)
-        expanded = expand(source, used)
+        expanded = expand(source, {k: v for k, v in lets.items() if v is not None})
         if expanded != source:
             compile_expression(expanded, variables, what=what)
         return expanded
