@@ -8,19 +8,11 @@ import pytest
 from proctor import provenance
 from proctor.provenance import USER, ProvenanceIndex, tokens
 
-
-@pytest.fixture(params=["c", "python"])
-def tokeniser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each test runs with the C tokeniser and with the pure-Python one."""
-    if request.param == "python":
-        monkeypatch.setattr(provenance, "_native", None)
-        provenance._analyze_short.cache_clear()
-    else:
-        assert provenance._native is not None
-    return str(request.param)
+# Each test runs with the C tokeniser and with the pure-Python one (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("tokeniser")
 
 
-def test_a_sentence_glued_to_a_host_leaves_the_host_a_token(tokeniser: str) -> None:
+def test_a_sentence_glued_to_a_host_leaves_the_host_a_token() -> None:
     found = tokens("Our site is www.our-company.com.They said so")
     assert {"www.our-company.com", "our-company.com"} <= found
     assert "www.our-company.com.they" in found  # the glued spelling is still traced
@@ -28,14 +20,14 @@ def test_a_sentence_glued_to_a_host_leaves_the_host_a_token(tokeniser: str) -> N
     assert "https://x.example/a" in tokens("see https://x.example/a.Then go")
 
 
-def test_hosts_with_lower_case_labels_are_never_split(tokeniser: str) -> None:
+def test_hosts_with_lower_case_labels_are_never_split() -> None:
     found = tokens("shop at www.example.com.au today, or mail eve@evil.com.au")
     assert "www.example.com.au" in found and "eve@evil.com.au" in found
     assert "www.example.com" not in found and "evil.com" not in found
     assert "example.com" not in tokens("Example.Com.They")  # one label before the dot: no host to split off
 
 
-def test_the_task_and_results_index_the_host(tokeniser: str) -> None:
+def test_the_task_and_results_index_the_host() -> None:
     index = ProvenanceIndex()
     index.add("Summarise the page at www.our-company.com.They asked for it", (USER,))
     assert index.from_user("www.our-company.com")
