@@ -273,7 +273,8 @@ def test_policy_check_validates_paths_against_the_result_type(tmp_path: Any, cap
 @pytest.mark.xfail(strict=True, reason="pending gate hook: Gate._index_result must call "
                                        "index.add_result(value, labels, result_sources(policy, tool), args, tool=…)")
 def test_the_gate_indexes_results_by_field() -> None:
-    """Through a real Gate: a calendar event id does not vouch for a file id (needs the gate hook)."""
+    """Through a real Gate: neither a calendar event's id nor a file's size vouches for a file id (needs the gate
+    hook: without it the whole listing is indexed under every label the tool may carry, file_id included)."""
     from proctor.gate import Gate
     from proctor.testing import InMemoryAudit
     from proctor.tools import tool
@@ -286,7 +287,7 @@ def test_the_gate_indexes_results_by_field() -> None:
     @tool(side_effect="read")
     def list_files() -> dict[str, Any]:
         """List files."""
-        return {"files": [{"id": "7"}]}
+        return {"files": [{"id": "7", "size": "13"}]}  # a size is no file id
 
     @tool(side_effect="destructive")
     def delete_file(file_id: str) -> str:
