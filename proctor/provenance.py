@@ -529,8 +529,12 @@ _PATH_CHARS = 256
 
 
 def phrase_runs(text: str, shortest: int = 2, longest: int = PHRASE_WORDS) -> list[str]:
-    """Every run of `shortest` to `longest` words of `text`, case-folded and joined by one space."""
-    words = _WORD.findall(_fold(text))
+    """Every run of `shortest` to `longest` words of `text`, case-folded and joined by one space, by length then
+    position (the C extension's `phrases` gives their digests in the same order)."""
+    return _runs(_WORD.findall(_fold(text)), shortest, longest)
+
+
+def _runs(words: list[str], shortest: int, longest: int) -> list[str]:
     out: list[str] = []
     n = len(words)
     for size in range(shortest, longest + 1):
@@ -1029,10 +1033,11 @@ class ProvenanceIndex:
 
     def _add_phrases(self, leaves: list[Any], labels: tuple[str, ...]) -> int:
         """Index the runs of two to `PHRASE_WORDS` words of the strings among `leaves` under `labels`, at most
-        `max_result_phrases`; past it, mark `labels` for every argument of two words or more."""
+        `max_result_phrases` runs; past it, mark `labels` for every argument of two words or more."""
         limits = self.limits
         left = limits.max_result_phrases
         chars = limits.max_result_chars
+        native = self._native
         digest = self._digest
         with self._lock:
             mask = 0
@@ -1043,15 +1048,32 @@ class ProvenanceIndex:
         for leaf in leaves:
             if not isinstance(leaf, str) or " " not in leaf.strip():
                 continue
-            text = leaf[:chars]
-            chars -= len(text)
-            runs = list(dict.fromkeys(phrase_runs(text)))
-            if len(runs) > left or chars <= 0:
-                runs, cut = runs[: max(left, 0)], True
-            left -= len(runs)
+            folded = _fold(leaf[:chars])
+            chars -= len(folded)
             with self._lock:
-                new, full = self._put([digest(r) for r in runs], mask)
                 self._phrases = True  # from now on arguments are looked up by their runs of words too
+                entries = self._entries
+                if native is not None and not isinstance(entries, dict) and folded.isascii():
+                    # in C: the words found, each run digested in place and put in the entries (one pass)
+                    room = limits.max_tokens - len(entries)
+                    done = native.phrases(self._sipkey, folded, PHRASE_WORDS, left, entries, mask, room)
+                    if done is not None:
+                        new, produced, full, over = done
+                        cut = cut or over
+                        left -= produced
+                        added += new
+                        if full or cut or chars <= 0:
+                            cut = True
+                            break
+                        continue
+            found = native.phrases(self._sipkey, folded, PHRASE_WORDS, left) if native is not None else None
+            if found is None:
+                found = [digest(run) for run in _runs(_WORD.findall(folded), 2, PHRASE_WORDS)]
+            if len(found) > left or chars <= 0:
+                found, cut = found[: max(left, 0)], True
+            left -= len(found)
+            with self._lock:
+                new, full = self._put(found, mask)
             added += new
             if full or cut:
                 cut = True
