@@ -725,7 +725,7 @@ class ProvenanceIndex:
     def field_paths(self, value: Any) -> list[str]:
         """Where `value` appeared as a whole value of a result, as ``TOOL:PATH`` (``list_files:files[].id``;
         list items are ``[]``, keys that are data ``*``), sorted; for a list or map, the paths every item appeared
-        at. Values of up to 256 characters from results indexed with `add_result`."""
+        at. Values of up to 256 characters from results of tools with sources (`add_result` given them)."""
         mask = self._whole_mask(value, self._field_paths)
         return sorted(self._paths[i] for i in range(mask.bit_length()) if mask >> i & 1)
 
@@ -944,18 +944,18 @@ class ProvenanceIndex:
         """Index one tool result: as `add` under `labels` when the tool has no `sources`; else as `sources` plans
         it for this call (`ResultLabeller.plan`, decided on `args` and on what the index holds before this
         result): each value at a field path under its own labels, the rest under the call's, and runs of words
-        when asked. Records the path of each whole value (`field_paths`). Returns the number of new entries.
+        when asked, recording the path of each whole value (`field_paths`). Returns the number of new entries.
 
         `labels` are every label the result may carry (the tool's `labels`): if the plan cannot be made, the
         whole result is indexed under all of them.
         """
         names = tuple(labels)
-        plan = ResultPlan(names)
-        if sources is not None:
-            try:
-                plan = sources.plan(tool, args or {}, self)
-            except Exception:  # noqa: BLE001 - fail safe: every label the result may carry, on all of it
-                plan = ResultPlan(names)
+        if sources is None:  # one source: exactly `add` (no paths recorded: those are for tools with sources)
+            return self.add(value, names)
+        try:
+            plan = sources.plan(tool, args or {}, self)
+        except Exception:  # noqa: BLE001 - fail safe: every label the result may carry, on all of it
+            plan = ResultPlan(names)
         groups: dict[tuple[str, ...], list[Any]] = {}
         placed: list[tuple[Any, str]] = []  # (whole leaf, its path) of short values, for `field_paths`
         cut = self._split(value, plan, groups, placed)

@@ -13,7 +13,7 @@ from proctor.errors import PolicyError
 from proctor.policy import Policy
 from proctor.policy.dataflow import DATAFLOW_FUNCTIONS, result_sources
 from proctor.policy.functions import PROVENANCE_FUNCTIONS
-from proctor.provenance import USER, ProvenanceIndex, ProvenanceLimits
+from proctor.provenance import USER, ProvenanceIndex, ProvenanceLimits, ResultPlan
 
 # Each test runs with the C tokeniser and with the pure-Python one (tests/conftest.py).
 pytestmark = pytest.mark.usefixtures("tokeniser")
@@ -73,6 +73,16 @@ rules:
 """
 
 
+class Fixed:
+    """A `ResultLabeller` giving every call the same plan."""
+
+    def __init__(self, plan: ResultPlan) -> None:
+        self._plan = plan
+
+    def plan(self, tool: str, args: Any, index: ProvenanceIndex) -> ResultPlan:
+        return self._plan
+
+
 def _index(policy: Policy, task: str) -> ProvenanceIndex:
     index = ProvenanceIndex()
     index.add(task, (USER,))
@@ -116,10 +126,12 @@ def test_a_whole_field_is_not_a_value_built_on_it() -> None:
 
 def test_a_cap_never_makes_a_value_a_field() -> None:
     """A full index adds its overflowing labels to provenance(), never to field_provenance()."""
-    index = ProvenanceIndex(ProvenanceLimits(max_tokens=3))
-    index.add_result([f"id-{i}" for i in range(10)], ("file_id",), tool="list_files")
-    assert "file_id" in index.labels_of("id-9")
-    assert index.field_labels("id-9") == []
+    ids = [f"id-{i}" for i in range(10)]
+    for sources in (None, Fixed(ResultPlan(("file_id",)))):
+        index = ProvenanceIndex(ProvenanceLimits(max_tokens=3))
+        index.add_result(ids, ("file_id",), sources, tool="list_files")
+        assert all("file_id" in index.labels_of(i) for i in ids)
+        assert sum(index.field_labels(i) == ["file_id"] for i in ids) <= 3  # only those actually indexed
 
 
 def test_labels_chosen_by_the_call() -> None:
@@ -165,17 +177,12 @@ def test_phrases_are_bounded_and_a_cut_errs_towards_the_labels() -> None:
     """At most `max_result_phrases` runs of words are indexed from one result; past it the result's labels are
     added to every argument of two words or more (not to one word, never to from_user)."""
     index = ProvenanceIndex(ProvenanceLimits(max_result_phrases=10))
-    from proctor.provenance import ResultPlan
-
-    class Phrases:
-        def plan(self, tool: str, args: Any, index: ProvenanceIndex) -> ResultPlan:
-            return ResultPlan(("untrusted",), (), True)
-
+    phrases = Fixed(ResultPlan(("untrusted",), (), True))
     text = " ".join(f"word{i}" for i in range(100))
     without = ProvenanceIndex()
     without.add_result(text, ("untrusted",), tool="t")
     index.add("hello there", (USER,))
-    index.add_result(text, ("untrusted",), Phrases(), {}, tool="t")
+    index.add_result(text, ("untrusted",), phrases, {}, tool="t")
     task = ProvenanceIndex()
     task.add("hello there", (USER,))
     assert len(index) - len(without) - len(task) <= 10
