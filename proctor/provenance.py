@@ -237,8 +237,9 @@ def _analyze_text(text: str) -> tuple[str, set[str]]:
     return whole, found
 
 
-#: A lower-case letter or digit, a full stop and a capital: the only place a sentence can be glued to a host.
-_GLUE_HINT = re.compile(r"[a-z0-9]\.[A-Z]")
+#: A full stop and a capital: where a sentence may be glued to a host (a literal first: the engine skips to each
+#: full stop, ~30 µs for 100 KB, where a class first costs ~0.9 ms).
+_GLUE_HINT = re.compile(r"\.[A-Z]")
 # A token ending in a host (a lower-case label of two letters or more after a dot: ``our-company.com``,
 # ``x.com.au``), or in a URL's path after one, glued by a full stop to a capitalised word that is not itself
 # part of a name (``.They``, ``.Thanks``, ``.I``): "www.our-company.com.They will…" as a prompt or a mail
