@@ -294,11 +294,11 @@ def _bound_carries(index: ProvenanceIndex) -> Callable[..., Any]:
     return lambda value, labels: index.carries(value, _labels_argument(labels))
 
 
-register(CelFunction("field_provenance", bind=_bind(lambda i: i.field_labels, _no_labels),
+register(CelFunction("field_provenance", bind=_bind(lambda i: i.field_labels, _no_labels), takes=(1, 1),
                      doc="labels under which a value appeared as a whole value of a result (a field, an item), "
                          "never inside longer text; for a list, those every item has"))
-register(CelFunction("field_paths", bind=_bind(lambda i: i.field_paths, _no_labels),
+register(CelFunction("field_paths", bind=_bind(lambda i: i.field_paths, _no_labels), takes=(1, 1),
                      doc="where a value appeared as a whole value of a result: 'TOOL:PATH' strings, sorted"))
-register(CelFunction("carries", bind=_bind(_bound_carries, _carries_nothing),
+register(CelFunction("carries", bind=_bind(_bound_carries, _carries_nothing), takes=(2, 2),
                      doc="carries(value, label or list): the value holds something from a source with that label, "
                          "matched as provenance() matches"))

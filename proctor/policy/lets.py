@@ -314,12 +314,13 @@ def check_source(source: str, variables: tuple[str, ...], lets: Mapping[str, str
     table = _table(lets)
     plain = tuple(n for n, (s, _) in table.items() if s.params is None)
     with_params = {n: s for n, (s, _) in table.items() if s.params is not None}
+    scanned = _scan(source)
     try:
         program = cel.compile(source)
     except ValueError:
         compile_expression(source, (*variables, *extra, *plain), what=what)  # raises the located syntax error
         raise
-    for start, end, name, called in _scan(source):
+    for start, end, name, called in scanned:
         sig = with_params.get(name)
         if sig is not None and sig.params is not None:
             if not called:
@@ -333,6 +334,17 @@ def check_source(source: str, variables: tuple[str, ...], lets: Mapping[str, str
         elif name in plain and called:
             raise ConditionError(f"{what}: '{name}' is a let name without parameters: use it as {name}, not "
                                  f"{name}(…)", *_position(source, start))
+    masked = list(source)
+    for start, end, name, called in scanned:
+        if called and name in with_params:
+            open_at = source.index("(", end)
+            parsed = _call_arguments(source, open_at)
+            if parsed is not None:  # `vouched(a, b)` read as `       [a, b]`: the same arguments at the same places
+                masked[start:end] = " " * (end - start)
+                masked[open_at], masked[parsed[1] - 1] = "[", "]"
+    # The names without parameters are variables here, and compile_expression checks everything else (syntax,
+    # unknown names, every function's arity), located in `source` as written.
+    compile_expression("".join(masked), tuple(dict.fromkeys((*variables, *extra, *plain))), what=what)
     bound = set(_MACRO_VAR.findall(source))
     allowed = (*variables, *extra, *plain)
     for name in program.variables():
@@ -405,6 +417,12 @@ def check_lets(lets: Mapping[str, str]) -> dict[str, str]:
             expanded[key] = expand(lets[key], inner)
         except ConditionError as exc:
             raise _located(ConditionError(f"let '{key}': {exc.message}", exc.line, exc.column), key) from None
+        if expanded[key] != lets[key]:  # names used inside: the whole, as CEL will run it (every function's arity)
+            try:
+                compile_expression(expanded[key], (*VARIABLES, *(signatures[key].params or ())),
+                                   what=f"let '{key}'")
+            except ConditionError as exc:
+                raise _located(ConditionError(f"{exc.message} (with its names replaced)", 0, 0), key) from None
         shadowed = set(_MACRO_VAR.findall(expanded[key])).intersection(signatures[key].params or ())
         if shadowed:  # a name used inside binds the parameter's name in a macro: the argument would land there
             raise _located(ConditionError(

@@ -223,8 +223,7 @@ def compile_with_lets(source: str, variables: tuple[str, ...], what: str) -> str
         if any(v is None for v in lets.values()):
             return source
         expanded = expand(source, {k: v for k, v in lets.items() if v is not None})
-        if expanded != source:
-            compile_expression(expanded, variables, what=what)
+        compile_expression(expanded, variables, what=what)  # as it runs: every function's arity, names replaced
         return expanded
     except ConditionError as exc:
         raise _cel_error(exc) from None

@@ -57,6 +57,9 @@ def test_a_name_with_parameters_means_its_expression_with_the_arguments() -> Non
         ('f(v): "[1].all(v, v == 1)"', "f(1)", 3, 18, "parameter 'v' is also a macro's variable"),
         ('f(l): "[1].all(x, x == l)"', "args.xs.all(x, f(x))", 7, 27,
          "an argument of 'f' uses 'x', the variable of a macro inside 'f(l)'"),
+        ('f(v): "v == 1"', "f(carries(args.a))", 7, 14, "carries() takes 2 arguments, got 1"),
+        ('f(v): "v == 1"', "f(1) && field_provenance()", 7, 20, "field_provenance() takes 1 argument, got 0"),
+        ('f(v): "carries(v)"', "f(1)", 3, 10, "carries() takes 2 arguments, got 1"),
     ],
 )
 def test_mistakes_in_names_with_parameters_are_located_load_errors(
