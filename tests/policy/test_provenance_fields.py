@@ -278,7 +278,7 @@ def test_policy_check_validates_paths_against_the_result_type(tmp_path: Any, cap
 
 
 @pytest.mark.xfail(strict=True, reason="pending gate hook: Gate._index_result must call index.add_result(value, "
-                                       "labels, self.policy.result_sources(tool), args, tool=…) (Policy.result_sources)")
+                                       "labels, self.policy.result_sources(tool), args, tool=…)")
 def test_the_gate_indexes_results_by_field() -> None:
     """Through a real Gate: neither a calendar event's id nor a file's size vouches for a file id (needs the gate
     hook: without it the whole listing is indexed under every label the tool may carry, file_id included)."""
