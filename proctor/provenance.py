@@ -976,7 +976,9 @@ class ProvenanceIndex:
                placed: list[tuple[Any, str]]) -> bool:
         """Sort the leaves of `value` (and its map keys) into `groups` by the labels `plan` gives their paths;
         True when it is nested too deep or too large to walk whole."""
-        fields = plan.fields
+        by_length: dict[int, list[tuple[tuple[str, ...], tuple[str, ...]]]] = {}
+        for pattern, own in plan.fields:  # a path matches only a node as deep as it is long
+            by_length.setdefault(len(pattern), []).append((pattern, own))
         stack: list[tuple[Any, list[str], tuple[str, ...], int]] = [(value, [], plan.result, 0)]
         budget = _MAX_NODES
         while stack:
@@ -984,7 +986,7 @@ class ProvenanceIndex:
             budget -= 1
             if budget < 0 or depth > _MAX_DEPTH:
                 return True
-            for pattern, own in fields:
+            for pattern, own in by_length.get(len(steps), ()):
                 if _matches(pattern, steps):
                     labels = own
             if isinstance(node, Mapping):
