@@ -24,13 +24,20 @@ For each suite (workspace, travel, banking, slack) and its policy `examples/poli
 Tool results reach the gate as AgentDojo's functions return them; the policies label the tools
 whose results hold outside content, so those results are indexed for `provenance()`.
 
-Run: `.venv-agentdojo/bin/python bench/agentdojo.py [--suite NAME] [--verbose]`.
+Run: `.venv-agentdojo/bin/python bench/agentdojo.py [--suite NAME] [--verbose] [--policies DIR] [--user-tasks-only]`.
+
+`--policies DIR` replays another set of policies (one `SUITE.yaml` per suite), e.g. the set written blind under
+bench/agentdojo_blind/README.md's protocol. A directory holding `FROZEN.sha256` (bench/agentdojo_blind/freeze.py)
+is checked first: every policy must be listed there with its hash, or nothing runs. `--user-tasks-only` runs the
+user tasks and never the attacks (what a blind author may run before freezing). Each policy's file hash and
+fingerprint are printed with the figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import inspect
 import sys
 import warnings
@@ -169,6 +176,42 @@ class Replay:
         return {"allowed": "passed"}.get(outcome, outcome), notes
 
 
+#: The hash manifest of a frozen set of policies (bench/agentdojo_blind/freeze.py), in `sha256sum` format.
+MANIFEST = "FROZEN.sha256"
+
+
+def frozen_hashes(directory: Path) -> dict[str, str] | None:
+    """The manifest of `directory` (file name -> sha256), or None when it has none."""
+    manifest = directory / MANIFEST
+    if not manifest.exists():
+        return None
+    hashes = {}
+    for line in manifest.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            digest, name = line.split(maxsplit=1)
+            hashes[name.strip().lstrip("*")] = digest
+    return hashes
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def check_frozen(directory: Path, suites: list[str]) -> str | None:
+    """Why the policies of `directory` must not run (a frozen set changed since it was frozen), or None."""
+    hashes = frozen_hashes(directory)
+    if hashes is None:
+        return None
+    for suite in suites:
+        name = f"{suite}.yaml"
+        if name not in hashes:
+            return f"{directory / name}: not in {MANIFEST}: a frozen set runs only the policies it froze"
+        if file_sha256(directory / name) != hashes[name]:
+            return (f"{directory / name}: changed since it was frozen (sha256 {file_sha256(directory / name)}, "
+                    f"{MANIFEST} says {hashes[name]}): a frozen set is never edited; write a new one")
+    return None
+
+
 def _share(n: int, total: int) -> str:
     return f"{100 * n / total:5.1f}%" if total else "   - "
 
@@ -177,16 +220,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", action="append", help="only these suites (default: all four)")
     parser.add_argument("--verbose", action="store_true", help="print each task's outcome and why")
+    parser.add_argument("--policies", type=Path, default=POLICIES, help="a directory of SUITE.yaml policies "
+                        f"(default: {POLICIES}); one with {MANIFEST} is checked against it first")
+    parser.add_argument("--user-tasks-only", action="store_true", help="run the user tasks, never the attacks")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     suites = get_suites(BENCHMARK_VERSION)
+    directory: Path = args.policies.resolve()
+    chosen = [name for name in suites if not args.suite or name in args.suite]
+    refused = check_frozen(directory, chosen)
+    if refused is not None:
+        print(refused, file=sys.stderr)
+        return 1
+    frozen = frozen_hashes(directory) is not None
+    fingerprints = []
     totals_user: Counter[str] = Counter()
     totals_attack: Counter[str] = Counter()
     rows = []
     for name, suite in suites.items():
         if args.suite and name not in args.suite:
             continue
-        replay = Replay(suite, Policy.from_yaml(POLICIES / f"{name}.yaml"))
+        path = directory / f"{name}.yaml"
+        policy = Policy.from_yaml(path)
+        fingerprints.append(f"  {name}.yaml: sha256 {file_sha256(path)}, policy fingerprint {policy.sha256}")
+        replay = Replay(suite, policy)
         users: Counter[str] = Counter()
         for task_id, task in suite.user_tasks.items():
             outcome, notes = replay.user_task(task)
@@ -194,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.verbose and outcome != "allowed":
                 print(f"{name} {task_id}: {outcome}: {'; '.join(notes)}")
         attacks: Counter[str] = Counter()
-        for task_id, task in suite.user_tasks.items():
+        for task_id, task in suite.user_tasks.items() if not args.user_tasks_only else ():
             for inj_id, inj in suite.injection_tasks.items():
                 outcome, notes = replay.attack(task, inj)
                 attacks[outcome] += 1
@@ -204,8 +261,11 @@ def main(argv: list[str] | None = None) -> int:
         totals_user.update(users)
         totals_attack.update(attacks)
     rows.append(("overall", totals_user, totals_attack))
-    print(f"AgentDojo {BENCHMARK_VERSION}: ground truths replayed through a Gate, policies in "
-          f"{POLICIES.relative_to(Path.cwd()) if POLICIES.is_relative_to(Path.cwd()) else POLICIES}")
+    shown = directory.relative_to(Path.cwd()) if directory.is_relative_to(Path.cwd()) else directory
+    print(f"AgentDojo {BENCHMARK_VERSION}: ground truths replayed through a Gate, policies in {shown}"
+          f"{f' (frozen: each matches {MANIFEST})' if frozen else ''}"
+          f"{'; user tasks only, no attack run' if args.user_tasks_only else ''}")
+    print("\n".join(fingerprints))
     print(f"{'suite':10} {'user tasks':>10} {'allowed':>8} {'human':>8} {'blocked':>8} | {'attacks':>7} "
           f"{'blocked':>8} {'human':>8} {'passed':>8} {'stopped':>8} | {'no GT':>5} {'no inj':>6}")
     for name, users, attacks in rows:

@@ -18,6 +18,11 @@ the fold's own cost); "digits" is the hostile `"1 " * 50000` (a number laid out 
 is a tab-separated table of numbers, where every run of 2 to 12 neighbouring numbers is also a number laid out
 in groups: ~180,000 joined forms, more than `max_joined_forms`, so none of them is indexed and the result's labels
 go to every argument that could be such a number (docs/policy.md, "Tables of numbers").
+
+Field-level sources (docs/policy.md): "phrases TEXT" indexes the text with its runs of two to four words too (a
+tool's `sources: {phrases: true}`), next to "index TEXT" without; "fields events" indexes 600 calendar events
+(~100 KB) with labels by field path, next to the same list under one set of labels; the two text_provenance()
+lookups are made at call #1,000 of a run whose 999 results (1 MB) were indexed with and without phrases.
 """
 
 from __future__ import annotations
@@ -194,6 +199,52 @@ def measure() -> dict[str, float]:
         figures[f"decide {label}"] = best(lambda policy=policy, call=call: policy.decide(call), number=2000)
     figures["provenance() extra"] = figures["decide provenance()"] - figures["decide plain condition"]
     figures["provenance() in CEL extra"] = figures["decide provenance() in CEL"] - figures["decide plain condition"]
+    if hasattr(ProvenanceIndex, "add_result"):  # (a revision before field-level sources has neither figure)
+        figures.update(_field_figures())
+    return figures
+
+
+def _field_figures() -> dict[str, float]:
+    """Phrases (a tool's `sources: {phrases: true}`) and labels by field path, next to the plain index."""
+    from proctor.provenance import ResultPlan
+
+    class Plan:
+        def __init__(self, plan: ResultPlan) -> None:
+            self._plan = plan
+
+        def plan(self, tool: str, args: object, index: ProvenanceIndex) -> ResultPlan:
+            return self._plan
+
+    figures: dict[str, float] = {}
+    phrases = Plan(ResultPlan(("untrusted",), (), True))
+    for name in ("mail", "page", "words"):
+        text = TEXTS[name](100_000)
+        figures[f"phrases {name}"] = best(
+            lambda text=text: ProvenanceIndex().add_result(text, ["untrusted"], phrases, {}, tool="t"))
+        entries = ProvenanceIndex()
+        entries.add_result(text, ["untrusted"], phrases, {}, tool="t")
+        figures[f"entries phrases {name}"] = len(entries)
+    rng = random.Random(7)
+    events = [{"id_": str(i), "title": " ".join(rng.choice(WORDS) for _ in range(4)),
+               "participants": [f"user{rng.randint(1, 500)}@mail.example" for _ in range(3)],
+               "description": " ".join(rng.choice(WORDS) for _ in range(12))} for i in range(600)]  # ~100 KB
+    by_field = Plan(ResultPlan(("untrusted",), ((("[]", "id_"), ("event_id",)),
+                                                (("[]", "participants", "[]"), ("directory",)))))
+    figures["fields events (plain)"] = best(lambda: ProvenanceIndex().add(events, ["untrusted"]))
+    figures["fields events"] = best(
+        lambda: ProvenanceIndex().add_result(events, ["untrusted", "event_id", "directory"], by_field, {},
+                                             tool="search_calendar_events"))
+    index = ProvenanceIndex()
+    index.add("Summarise my inbox", ("user",))
+    for page in PAGES[:999]:
+        index.add_result(page, ["untrusted"], phrases, {}, tool="read_inbox")
+    title = "Re: please review the budget planning before friday"
+    figures["decide text_provenance() with phrases"] = best(lambda: index.text_labels(title), number=2000)
+    plain = ProvenanceIndex()
+    plain.add("Summarise my inbox", ("user",))
+    for page in PAGES[:999]:
+        plain.add(page, ["untrusted"])
+    figures["decide text_provenance() plain"] = best(lambda: plain.text_labels(title), number=2000)
     return figures
 
 
@@ -207,7 +258,7 @@ def _target(key: str) -> float | None:
 def _show(key: str, value: float) -> str:
     if key.startswith("entries"):
         return f"{value:,.0f}"
-    return f"{value * 1e3:.2f} ms" if key.startswith("index") else f"{value * 1e6:.2f} µs"
+    return f"{value * 1e3:.2f} ms" if key.startswith(("index", "phrases", "fields")) else f"{value * 1e6:.2f} µs"
 
 
 def _run(tree: Path | None) -> dict[str, float]:

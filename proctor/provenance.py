@@ -70,7 +70,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from proctor.unicodenorm import nfkc, non_starters
 
@@ -86,11 +86,16 @@ if TYPE_CHECKING:
     from proctor._provtok import Digests
 
 __all__ = [
+    "PHRASE_WORDS",
     "TASK_WORDS",
     "USER",
     "ProvenanceIndex",
     "ProvenanceLimits",
+    "ResultLabeller",
+    "ResultPlan",
+    "glued_forms",
     "normalize_whole",
+    "phrase_runs",
     "tokens",
 ]
 
@@ -98,6 +103,9 @@ __all__ = [
 USER = "user"
 #: Longest run of whole words of the task indexed as one entry.
 TASK_WORDS = 8
+#: Runs of two to this many words of a result are indexed when its tool opts in (`ResultPlan.phrases`); a longer
+#: argument is traced to it when one of its runs of this many words is.
+PHRASE_WORDS = 4
 
 _SEPARATORS = ".@/:#+_-%~=?&,"
 # A token starts at a word character and runs over word characters and separators; the
@@ -220,11 +228,43 @@ def _analyze(text: str) -> tuple[str, set[str] | frozenset[str]]:
 
 
 def _analyze_text(text: str) -> tuple[str, set[str]]:
-    """`text` normalised as a whole and its tokens: in C when the extension built, else in Python (the same)."""
+    """`text` normalised as a whole and its tokens: in C when the extension built, else in Python (the same),
+    and the hosts and addresses a sentence was glued to (`glued_forms`)."""
     native = _native
-    if native is not None:
-        return native.analyze(_fold(text))
-    return _analyze_text_python(text)
+    whole, found = native.analyze(_fold(text)) if native is not None else _analyze_text_python(text)
+    if _GLUE_HINT.search(text) is not None:
+        found.update(glued_forms(text))
+    return whole, found
+
+
+#: A full stop and a capital: where a sentence may be glued to a host (a literal first: the engine skips to each
+#: full stop, ~30 µs for 100 KB, where a class first costs ~0.9 ms).
+_GLUE_HINT = re.compile(r"\.[A-Z]")
+# A token ending in a host (a lower-case label of two letters or more after a dot: ``our-company.com``,
+# ``x.com.au``), or in a URL's path after one, glued by a full stop to a capitalised word that is not itself
+# part of a name (``.They``, ``.Thanks``, ``.I``): "www.our-company.com.They will…" as a prompt or a mail
+# writes it without a space.
+_GLUED = re.compile(r"(?<![\w.@/:#+%~=?&,-])([\w@/:#+%~=?&-][\w.@/:#+%~=?&,-]*?[a-z0-9]\.[a-z]{2,63}"
+                    r"(?:[/?#][\w.@/:#+%~=?&,-]*?[a-z0-9/])?)\.[A-Z][a-z]*(?![\w.@/:#+%~=?&-])")
+
+
+def glued_forms(text: str) -> set[str]:
+    """The forms of each host or address of `text` followed, without a space, by the next sentence
+    (``www.our-company.com.They`` gives ``www.our-company.com`` and ``our-company.com``), as both tokenisers
+    give them for the host alone.
+
+    Tokens are read from case-folded text, where ``com.They`` and ``com.au`` look alike; the capital of the
+    original text tells them apart, so this runs on the text before folding and adds to the tokens (the glued
+    spelling stays indexed too: a value that copies it is still traced). A lower-case word after the dot
+    (``example.com.au``) is a label of the host and is never split off.
+    """
+    out: set[str] = set()
+    native = _native
+    for host in _GLUED.findall(text):
+        whole, found = native.analyze(_fold(host)) if native is not None else _analyze_text_python(host)
+        out.add(whole)
+        out.update(found)
+    return out
 
 
 def _analyze_text_python(text: str) -> tuple[str, set[str]]:
@@ -458,6 +498,62 @@ class ProvenanceLimits:
     #: are added to every argument that could be such a form (`_joinable`), not to every argument as for the caps
     #: above.
     max_joined_forms: int = 4_096
+    #: Runs of words (phrases) one result of a tool that opts in may add (a 100 KB page of prose gives ~45,000); past
+    #: it the result's labels are added to the answer for every argument of two words or more (and the rest of its
+    #: phrases are not indexed). They count against `max_tokens` too.
+    max_result_phrases: int = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class ResultPlan:
+    """How one tool result is indexed (`ProvenanceIndex.add_result`): under `result` labels, except the values
+    at `fields` paths (each a tuple of steps: a key, ``*`` any key, ``[]`` each item of a list), which get their
+    own; with its runs of words too when `phrases`."""
+
+    result: tuple[str, ...]
+    fields: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
+    phrases: bool = False
+
+
+class ResultLabeller(Protocol):
+    """What gives a tool's results their labels for one call (`proctor.policy.dataflow.ResultSources`)."""
+
+    def plan(self, tool: str, args: Mapping[str, Any], index: ProvenanceIndex) -> ResultPlan:
+        """The plan for this call's result, decided on the arguments and on what `index` holds before it."""
+        ...
+
+
+#: Most distinct field paths an index names (`field_paths`); past it, a value's path is ``TOOL:…``.
+_MAX_PATHS = 256
+#: Longest whole value whose field path is recorded (ids, addresses, names, titles: not documents).
+_PATH_CHARS = 256
+
+
+def phrase_runs(text: str, shortest: int = 2, longest: int = PHRASE_WORDS) -> list[str]:
+    """Every run of `shortest` to `longest` words of `text`, case-folded and joined by one space, by length then
+    position (the C extension's `phrases` gives their digests in the same order)."""
+    return _runs(_WORD.findall(_fold(text)), shortest, longest)
+
+
+def _runs(words: list[str], shortest: int, longest: int) -> list[str]:
+    out: list[str] = []
+    n = len(words)
+    for size in range(shortest, longest + 1):
+        out.extend(" ".join(words[i : i + size]) for i in range(n - size + 1))
+    return out
+
+
+def _path_name(steps: list[str]) -> str:
+    """``['files', '[]', 'id']`` -> ``files[].id``."""
+    out = ""
+    for step in steps:
+        out += step if step == "[]" or not out else "." + step
+    return out
+
+
+def _matches(pattern: tuple[str, ...], steps: list[str]) -> bool:
+    return len(pattern) == len(steps) and all(p == s or (p == "*" and s != "[]") for p, s in zip(pattern, steps,
+                                                                                                 strict=True))
 
 
 class ProvenanceIndex:
@@ -466,8 +562,9 @@ class ProvenanceIndex:
     Thread-safe: calls of one run may be settled by several threads.
     """
 
-    __slots__ = ("_bits", "_digest", "_entries", "_fields", "_joined_overflow", "_key", "_labels", "_lock", "_named",
-                 "_native", "_overflow", "_prefix", "_probes", "_sipkey", "limits")
+    __slots__ = ("_bits", "_digest", "_entries", "_field_paths", "_fields", "_joined_overflow", "_key", "_labels",
+                 "_lock", "_named", "_native", "_overflow", "_path_bits", "_paths", "_phrase_overflow",
+                 "_phrase_probes", "_phrases", "_prefix", "_probes", "_sipkey", "limits")
 
     def __init__(self, limits: ProvenanceLimits | None = None, *, key: bytes | None = None) -> None:
         self.limits = limits or ProvenanceLimits()
@@ -490,6 +587,12 @@ class ProvenanceIndex:
                                               else self._prefixed_hash)
         self._probes: dict[str, _Probe] = {}  # argument -> the digests it is looked up by
         self._named: dict[int, tuple[str, ...]] = {}  # label mask -> its sorted names
+        self._field_paths: dict[int, int] = {}  # digest of a whole value of a result -> bits of the paths it was at
+        self._paths: list[str] = []  # path bit -> "TOOL:path"
+        self._path_bits: dict[str, int] = {}
+        self._phrases = False  # whether a result's runs of words were indexed (then arguments are looked up by theirs)
+        self._phrase_overflow = 0  # labels of results whose phrases `max_result_phrases` cut
+        self._phrase_probes: dict[str, tuple[int, ...]] = {}  # argument -> digests of its runs of words
 
     # -- reading ---------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -528,6 +631,8 @@ class ProvenanceIndex:
                 mask |= entries.get(digest_, 0)
             if probe[5]:
                 unseen |= self._joined_overflow
+            if self._phrases:
+                mask, unseen = self._phrase_hits(value, mask, unseen)
         else:
             if self._joined_overflow and self._joinable_inside(value):
                 unseen |= self._joined_overflow
@@ -536,6 +641,10 @@ class ProvenanceIndex:
                     unseen |= (1 << len(self._labels)) - 1
                     break
                 mask |= entries.get(found, 0)
+            if self._phrases:
+                for leaf in _leaves(value, keys=False):
+                    if isinstance(leaf, str):
+                        mask, unseen = self._phrase_hits(leaf, mask, unseen)
         if unseen:
             user = self._bits.get(USER)
             mask |= unseen & ~(1 << user) if user is not None else unseen
@@ -571,7 +680,77 @@ class ProvenanceIndex:
             if found & user_bit:  # the user wrote it: not something a model picked out of prose
                 continue
             mask |= found & ~fields.get(key, 0)
+            if self._phrases and isinstance(leaf, str):  # a phrase copied out of a result's text
+                for phrase in self._phrase_digests(leaf):
+                    if phrase != key:
+                        mask |= entries.get(phrase, 0) & ~fields.get(phrase, 0)
+                if self._phrase_overflow and " " in text:
+                    unseen |= self._phrase_overflow
         return self._names(mask | (unseen & ~user_bit))
+
+    def _phrase_digests(self, text: str) -> tuple[int, ...]:
+        """The digests an argument is looked up by among phrases: its words joined when two to `PHRASE_WORDS`,
+        else each of its runs of `PHRASE_WORDS` words (remembered for short arguments)."""
+        found = self._phrase_probes.get(text)
+        if found is None:
+            words = _WORD.findall(_fold(text))
+            if len(words) < 2:
+                found = ()
+            elif len(words) <= PHRASE_WORDS:
+                found = (self._digest(" ".join(words)),)
+            else:
+                found = tuple({self._digest(" ".join(words[i : i + PHRASE_WORDS]))
+                               for i in range(len(words) - PHRASE_WORDS + 1)})
+            if len(text) <= _PATH_CHARS:
+                if len(self._phrase_probes) >= _PROBES:
+                    self._phrase_probes.clear()
+                self._phrase_probes[text] = found
+        return found
+
+    def _phrase_hits(self, text: str, mask: int, unseen: int) -> tuple[int, int]:
+        """`mask` with the labels of the phrases `text` copies, `unseen` with those phrases a cap kept out of."""
+        entries = self._entries
+        for phrase in self._phrase_digests(text):
+            mask |= entries.get(phrase, 0)
+        if self._phrase_overflow and " " in text.strip():
+            unseen |= self._phrase_overflow
+        return mask, unseen
+
+    def field_labels(self, value: Any) -> list[str]:
+        """The labels under which `value` appeared **as a whole value of a result** (a field, an item of a list),
+        never counting a token inside longer text nor the task: for a list or map, the labels under which every
+        item did (so each must have). Only what was indexed answers: a cap that kept content out adds nothing here
+        (this says a value *is* a field of a source; `labels_of` says where it *may* have come from)."""
+        return list(self._names(self._whole_mask(value, self._fields)))
+
+    def field_paths(self, value: Any) -> list[str]:
+        """Where `value` appeared as a whole value of a result, as ``TOOL:PATH`` (``list_files:files[].id``;
+        list items are ``[]``, keys that are data ``*``), sorted; for a list or map, the paths every item appeared
+        at. Values of up to 256 characters from results of tools with sources (`add_result` given them)."""
+        mask = self._whole_mask(value, self._field_paths)
+        return sorted(self._paths[i] for i in range(mask.bit_length()) if mask >> i & 1)
+
+    def _whole_mask(self, value: Any, table: Mapping[int, int]) -> int:
+        """The bits `table` gives every leaf of `value` (by its whole form's digest); 0 for no leaf."""
+        mask = -1
+        digest = self._digest
+        for leaf in _leaves(value, keys=_data_key):
+            if leaf is _CUT:
+                return 0
+            text = normalize_whole(leaf) if isinstance(leaf, str) else _scalar_text(leaf)
+            if text is None:
+                return 0
+            mask &= table.get(digest(text), 0)
+            if not mask:
+                return 0
+        return 0 if mask == -1 else mask
+
+    def carries(self, value: Any, labels: Any) -> bool:
+        """Whether `value` holds anything from a source labelled `labels` (one label or a list of them): the same
+        matching as `labels_of` (whole values, tokens, phrases; a cap errs towards yes)."""
+        wanted = (labels,) if isinstance(labels, str) else tuple(labels)
+        found = self.sources_of(value)
+        return any(label in found for label in wanted)
 
     def from_user(self, value: Any) -> bool:
         """Whether `value` as a whole came from the task: a string found whole (or made only of
@@ -761,6 +940,152 @@ class ProvenanceIndex:
                 self._overflow |= mask
         return added
 
+    def add_result(self, value: Any, labels: Iterable[str], sources: ResultLabeller | None = None,
+                   args: Mapping[str, Any] | None = None, *, tool: str = "") -> int:
+        """Index one tool result: as `add` under `labels` when the tool has no `sources`; else as `sources` plans
+        it for this call (`ResultLabeller.plan`, decided on `args` and on what the index holds before this
+        result): each value at a field path under its own labels, the rest under the call's, and runs of words
+        when asked, recording the path of each whole value (`field_paths`). Returns the number of new entries.
+
+        `labels` are every label the result may carry (the tool's `labels`): if the plan cannot be made, the
+        whole result is indexed under all of them.
+        """
+        names = tuple(labels)
+        if sources is None:  # one source: exactly `add` (no paths recorded: those are for tools with sources)
+            return self.add(value, names)
+        try:
+            plan = sources.plan(tool, args or {}, self)
+        except Exception:  # noqa: BLE001 - fail safe: every label the result may carry, on all of it
+            plan = ResultPlan(names)
+        groups: dict[tuple[str, ...], list[Any]] = {}
+        placed: list[tuple[Any, str]] = []  # (whole leaf, its path) of short values, for `field_paths`
+        cut = self._split(value, plan, groups, placed)
+        added = 0
+        for group_labels, leaves in groups.items():
+            if group_labels:
+                added += self.add(leaves, group_labels)
+                if plan.phrases:
+                    added += self._add_phrases(leaves, group_labels)
+        if cut:
+            self.mark_incomplete({label for group in groups for label in group} | set(names))
+        if placed and tool:
+            self._record_paths(tool, placed)
+        return added
+
+    def _split(self, value: Any, plan: ResultPlan, groups: dict[tuple[str, ...], list[Any]],
+               placed: list[tuple[Any, str]]) -> bool:
+        """Sort the leaves of `value` (and its map keys) into `groups` by the labels `plan` gives their paths;
+        True when it is nested too deep or too large to walk whole."""
+        by_length: dict[int, list[tuple[tuple[str, ...], tuple[str, ...]]]] = {}
+        for pattern, own in plan.fields:  # a path matches only a node as deep as it is long
+            by_length.setdefault(len(pattern), []).append((pattern, own))
+        stack: list[tuple[Any, list[str], tuple[str, ...], int]] = [(value, [], plan.result, 0)]
+        budget = _MAX_NODES
+        while stack:
+            node, steps, labels, depth = stack.pop()
+            budget -= 1
+            if budget < 0 or depth > _MAX_DEPTH:
+                return True
+            for pattern, own in by_length.get(len(steps), ()):
+                if _matches(pattern, steps):
+                    labels = own
+            if isinstance(node, Mapping):
+                keys = groups.setdefault(labels, [])
+                for k, v in node.items():
+                    if (isinstance(k, int) and not isinstance(k, bool)) or isinstance(k, str):
+                        keys.append(k)
+                    step = "*" if not isinstance(k, str) or _data_key(k) else k
+                    stack.append((v, [*steps, step], labels, depth + 1))
+            elif isinstance(node, (list, tuple, set, frozenset)):
+                stack.extend((item, [*steps, "[]"], labels, depth + 1) for item in node)
+            elif isinstance(node, (str, int, float, bytes)) or node is None:
+                groups.setdefault(labels, []).append(node)
+                if steps and (not isinstance(node, (str, bytes)) or len(node) <= _PATH_CHARS):
+                    placed.append((node, _path_name(steps)))
+            else:  # a model, a dataclass, anything else: as `_leaves` reads it
+                dump = getattr(node, "model_dump", None)
+                if callable(dump):
+                    try:
+                        stack.append((dump(), steps, labels, depth + 1))
+                        continue
+                    except Exception:  # noqa: BLE001 - fall back to its text
+                        pass
+                groups.setdefault(labels, []).append(str(node))
+        return False
+
+    def _record_paths(self, tool: str, placed: list[tuple[Any, str]]) -> None:
+        digest = self._digest
+        with self._lock:
+            for leaf, path in placed:
+                text = normalize_whole(leaf) if isinstance(leaf, str) else _scalar_text(leaf)
+                if text is None:
+                    continue
+                key = digest(text)
+                if key not in self._fields:  # not indexed as a whole value (a cap kept it out)
+                    continue
+                name = f"{tool}:{path}"
+                bit = self._path_bits.get(name)
+                if bit is None:
+                    if len(self._paths) >= _MAX_PATHS:
+                        name = f"{tool}:…"
+                        bit = self._path_bits.get(name)
+                    if bit is None:
+                        bit = self._path_bits[name] = len(self._paths)
+                        self._paths.append(name)
+                self._field_paths[key] = self._field_paths.get(key, 0) | 1 << bit
+
+    def _add_phrases(self, leaves: list[Any], labels: tuple[str, ...]) -> int:
+        """Index the runs of two to `PHRASE_WORDS` words of the strings among `leaves` under `labels`, at most
+        `max_result_phrases` runs; past it, mark `labels` for every argument of two words or more."""
+        limits = self.limits
+        left = limits.max_result_phrases
+        chars = limits.max_result_chars
+        native = self._native
+        digest = self._digest
+        with self._lock:
+            mask = 0
+            for name in labels:
+                mask |= 1 << self._bit(name)
+        added = 0
+        cut = False
+        for leaf in leaves:
+            if not isinstance(leaf, str) or " " not in leaf.strip():
+                continue
+            folded = _fold(leaf[:chars])
+            chars -= len(folded)
+            with self._lock:
+                self._phrases = True  # from now on arguments are looked up by their runs of words too
+                entries = self._entries
+                if native is not None and not isinstance(entries, dict) and folded.isascii():
+                    # in C: the words found, each run digested in place and put in the entries (one pass)
+                    room = limits.max_tokens - len(entries)
+                    done = native.phrases(self._sipkey, folded, PHRASE_WORDS, left, entries, mask, room)
+                    if done is not None:
+                        new, produced, full, over = done
+                        cut = cut or over
+                        left -= produced
+                        added += new
+                        if full or cut or chars <= 0:
+                            cut = True
+                            break
+                        continue
+            found = native.phrases(self._sipkey, folded, PHRASE_WORDS, left) if native is not None else None
+            if found is None:
+                found = [digest(run) for run in _runs(_WORD.findall(folded), 2, PHRASE_WORDS)]
+            if len(found) > left or chars <= 0:
+                found, cut = found[: max(left, 0)], True
+            left -= len(found)
+            with self._lock:
+                new, full = self._put(found, mask)
+            added += new
+            if full or cut:
+                cut = True
+                break
+        if cut:
+            with self._lock:
+                self._phrase_overflow |= mask
+        return added
+
     def _index_text(self, text: str, mask: int, budget: int, joined_cap: int) -> tuple[int, int, int, bool, bool, int]:
         """Index one string of a result: its whole form and its tokens, at most `budget` distinct entries, and
         its joined forms unless there are more than `joined_cap`. Returns (the whole form's digest, new entries,
@@ -771,14 +1096,20 @@ class ProvenanceIndex:
         long = len(folded) > limits.max_result_chars  # NFKC may lengthen a text up to 18 times (U+FDFA): the cap
         if long:  # holds after it too
             folded = folded[: limits.max_result_chars]
+        glued = glued_forms(text) if _GLUE_HINT.search(text) is not None else ()
         native = self._native
         if native is not None:  # tokens, digests and inserts in one C call
             with self._lock:
                 room = limits.max_tokens - len(self._entries)
                 whole_digest, new, used, over, full, joined = native.index(
                     self._sipkey, folded, self._entries, mask, room, budget, joined_cap)
+                if glued and not over:  # a host a sentence was glued to (rare: only after "x.com.They")
+                    more = [self._digest(t) for t in glued][: max(budget - used, 0)]
+                    added, cut = self._put(more, mask)
+                    new, used, over, full = new + added, used + len(more), len(more) < len(glued), full or cut
             return whole_digest, new, used, over, full or long, joined
         whole, inside, joined = _forms_python(folded, joined_cap)
+        inside.update(glued)
         entries = [whole, *inside.difference((whole,))]
         over = len(entries) > budget
         kept = entries[: max(budget, 0)] if over else entries

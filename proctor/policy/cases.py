@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from proctor.calls import OUTCOMES, STATUSES, Call, CallStatus, HistoryEntry, Outcome, RunInfo, SideEffect
 from proctor.errors import PolicyError, PolicyIssue
 from proctor.policy.budget_trace import trace_budgets
+from proctor.policy.dataflow import result_sources
 from proctor.policy.engine import Policy
 from proctor.policy.loader import Marks, compose_marked
 from proctor.policy.simulate import Simulation, SimulationError, complete_history, decide_like_gate
@@ -84,6 +85,8 @@ class ResultItem(_Model):
     tool: str | None = None
     labels: list[str] | None = None
     value: Any = None
+    #: The arguments of the call that returned it (a tool's `sources.calls` may choose its labels by them).
+    args: dict[str, Any] = Field(default_factory=dict)
 
     def labels_in(self, policy: Policy) -> tuple[str, ...]:
         if self.labels is not None:
@@ -125,7 +128,11 @@ class Case(_Model):
         if self.task:
             index.add(self.task, (USER,))
         for item in self.results:
-            index.add(item.value, item.labels_in(policy))
+            labels = item.labels_in(policy)
+            if item.labels is None and item.tool is not None:  # by field and by call, as the gate indexes it
+                index.add_result(item.value, labels, result_sources(policy, item.tool), item.args, tool=item.tool)
+            else:
+                index.add(item.value, labels)
         return index
 
     def call(self) -> Call:

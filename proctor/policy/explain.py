@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 from proctor.calls import Call, Decision
 from proctor.policy.activation import Activation
 from proctor.policy.aggregates import window_notes
-from proctor.policy.conditions import EvaluationError
+from proctor.policy.conditions import ConditionError, EvaluationError, compile_expression
 from proctor.policy.engine import Policy
+from proctor.policy.lets import uses
 from proctor.policy.simulate import decide_like_gate
 
 if TYPE_CHECKING:
@@ -58,6 +59,22 @@ def _listing(values: object) -> str:
     return ", ".join(sorted(str(v) for v in values)) if isinstance(values, (set, frozenset, tuple)) else str(values)
 
 
+def _let_values(policy: Policy, written: str, activation: Activation) -> str:
+    """`` (where vouched(args.to) = true, outbound = false)``: the value of each `let:` name the condition uses,
+    for this call (a name that fails says so)."""
+    if not policy.lets:
+        return ""
+    parts = []
+    for use in uses(written, policy.lets):
+        try:
+            value = compile_expression(use.expanded).compute(activation)
+            shown = "true" if value is True else "false" if value is False else repr(value)
+        except (ConditionError, EvaluationError) as exc:
+            shown = f"error ({exc})"
+        parts.append(f"{use.written} = {shown}")
+    return f" (where {', '.join(parts)})" if parts else ""
+
+
 def explain(
     policy: Policy,
     call: Call,
@@ -80,11 +97,13 @@ def explain(
         elif rule.condition is None:
             matched, note = True, "matches (no condition)"
         else:
+            written = (rule.spec.when or rule.condition.source).strip()
+            values = _let_values(policy, written, activation)
             try:
                 matched = rule.condition.evaluate(activation)
-                note = f"when {'holds' if matched else 'does not hold'}: {rule.condition.source.strip()}"
+                note = f"when {'holds' if matched else 'does not hold'}: {written}{values}"
             except EvaluationError as exc:
-                matched, note = True, f"condition failed (counts as deny): {exc}"
+                matched, note = True, f"condition failed (counts as deny): {exc}{values}"
         traces.append(RuleTrace(rule.name, rule.decision, matched, note))
     rules_decision = None
     if simulation.budget is not None:  # the budget decided, not the rule that allowed the call

@@ -448,7 +448,8 @@ for _name, (_fn, _doc) in _BUILTIN.items():
 
 #: The functions that read the run's provenance index: a policy calling one makes the gate keep it.
 PROVENANCE_FUNCTIONS = frozenset({"provenance", "from_user", "text_provenance",
-                                  "__box_provenance", "__box_text_provenance"})
+                                  "__box_provenance", "__box_text_provenance",
+                                  "field_provenance", "field_paths", "carries"})  # (proctor.policy.dataflow)
 
 
 def _no_sources(value: Any) -> list[str]:
@@ -500,3 +501,6 @@ register(CelFunction("text_provenance", bind=_bind_text_provenance, box=_box_tex
                      doc="labels of the sources in which a value appeared only inside longer text, never whole"))
 register(CelFunction("from_user", bind=_bind_from_user, takes=(1, 1),
                      doc="true when the value as a whole (every item of a list or map) came from the task"))
+
+# Field-level data flow: field_provenance(), field_paths(), carries() (registered on import).
+from proctor.policy import dataflow as _dataflow  # noqa: E402,F401

@@ -140,6 +140,11 @@ def lint(policy: Policy, path: str | None = None, tools: Mapping[str, Tool] | No
                                           f"'{arg}' ({hint})", offset)
         for offset, what in unnormalised_comparisons(rule.when):
             add("warning", loc, f"{who}: when: {_unnormalised_message(rule.when, offset, what)}", offset)
+    if tools is not None:  # `sources.fields` paths against the tools' declared result types
+        from proctor.policy.dataflow import source_findings
+
+        for loc, message in source_findings(policy, tools):
+            add("error", loc, message)
     findings.sort(key=lambda f: (f.issue.line, f.issue.column))
     return findings
 

@@ -48,10 +48,12 @@ __all__ = [
     "MODEL_LIMITS",
     "ApprovalSpec",
     "BudgetSpec",
+    "CallLabels",
     "LimitSpec",
     "MatchSpec",
     "PolicyModel",
     "RuleSpec",
+    "SourcesSpec",
     "ToolSpec",
     "compile_with_lets",
     "parse_byte_size",
@@ -131,6 +133,42 @@ DurabilityField = Annotated[
 ]
 
 
+FieldPath = Annotated[
+    str,
+    BeforeValidator(_v.check_field_path),
+    WithJsonSchema({"type": "string", "pattern": _v.FIELD_PATH_PATTERN, "examples": ["files[].id", "[].sender", "id"],
+                    "description": "a path into the tool's result: keys joined by '.', '[]' for each item of a "
+                                   "list, '*' for any key"}),
+]
+
+
+class CallLabels(_Strict):
+    """Labels for the calls whose arguments satisfy `when` (``a page fetched from a URL the user gave``)."""
+
+    #: A CEL condition over `tool` and `args` (the provenance functions read what the run has seen before this
+    #: result): the first entry whose condition holds gives the result its labels instead of the tool's `labels`.
+    when: Annotated[str, BeforeValidator(_v.check_labels_when)]
+    labels: tuple[Label, ...]
+
+    _labels_list = field_validator("labels", mode="before")(_v.tuple_from_list)
+
+
+class SourcesSpec(_Strict):
+    """Where a tool's result came from, finer than one set of labels (docs/policy.md, "Field-level sources")."""
+
+    #: The labels of the result outside `fields` (the tool's own `labels`: filled in by the loader, never written).
+    result: tuple[Label, ...] = ()
+    #: Labels of the values at these paths of the result, instead of `result`'s (``files[].id: [drive_id]``).
+    fields: dict[FieldPath, tuple[Label, ...]] = Field(default_factory=dict)
+    #: Labels chosen by the call's arguments, first match wins (else the tool's `labels`).
+    calls: tuple[CallLabels, ...] = ()
+    #: Also index the result's runs of two to four words, so an argument copying a phrase of it is traced.
+    phrases: bool = False
+
+    _lists = field_validator("calls", "result", mode="before")(_v.tuple_from_list)
+    _field_lists = field_validator("fields", mode="before")(_v.label_lists)
+
+
 class ToolSpec(_Strict):
     """Facts ops declare about one tool; each set field overrides the tool's own declaration."""
 
@@ -139,8 +177,12 @@ class ToolSpec(_Strict):
     side_effect: ToolSideEffectField | None = None
     #: Budget units per call: a whole number, or a CEL expression over the arguments (``"args.amount"``).
     cost: CostField | None = None
-    #: Data-flow labels: a call that ran adds them to the run's `seen`.
+    #: Data-flow labels: a call that ran adds them to the run's `seen`, and its result is indexed under them for
+    #: `provenance()`. With `sources`, every label the tool's results may carry (the loader adds those of
+    #: `sources` to the ones written here, which `sources.result` keeps).
     labels: tuple[Label, ...] = ()
+    #: Labels per field of the result, per call, and phrases (`SourcesSpec`); None: the result is one source.
+    sources: SourcesSpec | None = None
     timeout: Duration | None = None
     redact: tuple[Annotated[str, Field(pattern=r"^[^.\s]+(\.[^.\s]+)*$")], ...] = ()
     #: Fields approvers do not see in clear either (by default a human sees what is being approved).
@@ -155,6 +197,7 @@ class ToolSpec(_Strict):
 
     # Validators are functions of proctor.policy.validators (the fast check runs them without pydantic).
     _redact_list = field_validator("redact", "labels", "hide_from_approvers", mode="before")(_v.tuple_from_list)
+    _sources_labels = model_validator(mode="before")(_v.sources_into_labels)
     _flush_only_when_harmless = field_validator("durability")(_v.flush_only_when_harmless)
 
 
@@ -238,10 +281,13 @@ class RuleSpec(_Strict):
 LetField = Annotated[
     dict[str, str],
     BeforeValidator(_v.check_let_section),
-    WithJsonSchema({"type": "object", "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+    WithJsonSchema({"type": "object",
+                    "propertyNames": {"pattern": r"^[A-Za-z_][A-Za-z0-9_]*(\s*\(\s*([A-Za-z_][A-Za-z0-9_]*"
+                                                 r"(\s*,\s*[A-Za-z_][A-Za-z0-9_]*)*)?\s*\))?$"},
                     "additionalProperties": {"type": "string", "minLength": 1},
                     "description": "named CEL expressions, usable by name in every when (and side_effect "
-                                   "expressions)"}),
+                                   "expressions); a name with parameters, vouched(v), is used as a call: "
+                                   "vouched(args.to)"}),
 ]
 
 

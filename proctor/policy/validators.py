@@ -34,7 +34,13 @@ __all__ = [
     "BudgetScope",
     "Choice",
     "ChoicesList",
+    "FIELD_PATH_PATTERN",
+    "LABEL_WHEN_VARIABLES",
     "check_cost",
+    "check_field_path",
+    "check_labels_when",
+    "label_lists",
+    "sources_into_labels",
     "check_let_section",
     "check_names",
     "check_scope",
@@ -206,23 +212,18 @@ def compile_with_lets(source: str, variables: tuple[str, ...], what: str) -> str
     invalid, only the source's own syntax is checked (the let error is reported once, there).
     """
     from proctor.policy.conditions import ConditionError, compile_expression
-    from proctor.policy.lets import expand
+    from proctor.policy.lets import check_source, expand
 
     lets = _LETS.get() or {}
     try:
-        compile_expression(source, tuple(dict.fromkeys((*variables, *lets))), what=what)
+        if not lets:
+            compile_expression(source, variables, what=what)
+            return source
+        check_source(source, variables, lets, what)  # names with parameters are called with their arguments
         if any(v is None for v in lets.values()):
             return source
-        used = {k: v for k, v in lets.items() if v is not None}
-        for bound in re.finditer(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_]\w*)\s*,", source):
-            if bound.group(1) in used:
-                line = source.count("\n", 0, bound.start(1)) + 1
-                col = bound.start(1) - (source.rfind("\n", 0, bound.start(1)) + 1) + 1
-                raise ConditionError(f"{what}: '{bound.group(1)}' is a let name; use another name for the macro's "
-                                     "variable", line, col)
-        expanded = expand(source, used)
-        if expanded != source:
-            compile_expression(expanded, variables, what=what)
+        expanded = expand(source, {k: v for k, v in lets.items() if v is not None})
+        compile_expression(expanded, variables, what=what)  # as it runs: every function's arity, names replaced
         return expanded
     except ConditionError as exc:
         raise _cel_error(exc) from None
@@ -393,6 +394,76 @@ def check_version(value: object) -> object:
             "version", "unsupported version {value} (this proctor reads version 1)", {"value": repr(value)}
         )
     return value
+
+
+# -- tools' sources (`tools: X: {sources: …}`, proctor.policy.dataflow) ------------------------------------------
+
+#: A path into a tool's result: keys joined by ``.``, ``[]`` after a key (or alone first) for each item of a list,
+#: ``*`` for any key (`check_field_path` says what is wrong with one that does not match).
+FIELD_PATH_PATTERN = r"^(\*|[^.\[\]\s*]+)?(\[\])*(\.(\*|[^.\[\]\s*]+)(\[\])*)*$"
+_FIELD_PATH = re.compile(FIELD_PATH_PATTERN)
+#: Variables a `sources.calls[].when` condition may read: the call's arguments (decided before its result is
+#: indexed, by what the run saw until then).
+LABEL_WHEN_VARIABLES = ("tool", "args")
+
+
+def check_field_path(value: object) -> str:
+    """A field path of `sources.fields`: ``files[].id``, ``[].sender``, ``meta.*.email``."""
+    if not isinstance(value, str) or not value.strip():
+        raise PydanticCustomError("field_path", "a field path is a non-empty string such as 'files[].id'", {})
+    if value != value.strip() or not _FIELD_PATH.match(value) or value.startswith("."):
+        raise PydanticCustomError(
+            "field_path", "'{path}' is not a field path: keys joined by '.', '[]' for each item of a list "
+                          "('files[].id', '[].sender'), '*' for any key", {"path": value})
+    return value
+
+
+def label_lists(value: object) -> object:
+    """`sources.fields`: each path's labels, a list in YAML -> a tuple (strict mode)."""
+    if isinstance(value, dict):
+        return {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
+    return value
+
+
+def check_labels_when(value: object) -> str:
+    """`sources.calls[].when`: a CEL condition over the call's tool and arguments (and the `let:` names)."""
+    if not isinstance(value, str):
+        raise PydanticCustomError("cel", "{message}", {"message": "when: write a CEL condition in quotes",
+                                                       "cel_line": 0, "cel_col": 0})
+    compile_with_lets(value, LABEL_WHEN_VARIABLES, "when")
+    return value
+
+
+def _labels_in(value: object) -> list[str]:
+    """The valid labels of a list (an invalid one is reported where it is written)."""
+    if not isinstance(value, (list, tuple)):
+        return []
+    return [v for v in value if isinstance(v, str) and re.match(LABEL_PATTERN, v)]
+
+
+def sources_into_labels(data: Any) -> Any:
+    """A tool with `sources`: its `labels` become every label its results may carry (those of the fields and
+    calls added), and `sources.result` the labels written under `labels` (the rest of the result).
+
+    So whatever reads a tool's `labels` alone (the run's `seen`, a gate indexing the whole result under them, a
+    resumed run marking them unseen) errs towards every label the result may carry, never fewer.
+    """
+    if not isinstance(data, dict) or not isinstance(data.get("sources"), dict):
+        return data
+    sources = dict(data["sources"])
+    if "result" in sources:
+        raise PydanticCustomError("sources", "sources: write the labels of the rest of the result under the "
+                                             "tool's labels:, not sources.result", {"subloc": "sources"})
+    written = _labels_in(data.get("labels", []))
+    every = list(data.get("labels", [])) if isinstance(data.get("labels", []), (list, tuple)) else written
+    fields = sources.get("fields")
+    more = [label for labels in (fields.values() if isinstance(fields, dict) else ()) for label in _labels_in(labels)]
+    calls = sources.get("calls")
+    for entry in calls if isinstance(calls, (list, tuple)) else ():
+        if isinstance(entry, dict):
+            more.extend(_labels_in(entry.get("labels")))
+    every.extend(label for label in dict.fromkeys(more) if label not in every)
+    return {**data, "labels": every, "sources": {**sources, "result": written}}
 
 
 class BudgetScope:

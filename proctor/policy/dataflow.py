@@ -1,0 +1,304 @@
+"""Data flow at the level of fields: where a tool's results came from, and the CEL functions that ask.
+
+A tool's `labels` say where its whole result came from. `sources` says it finer
+(docs/policy.md, "Field-level sources"):
+
+```yaml
+tools:
+  list_files:
+    labels: [untrusted]                # the rest of the result
+    sources:
+      fields: {"files[].id": [drive_id], "files[].owner": [directory]}
+  get_webpage:
+    labels: [untrusted]
+    sources:
+      calls:                           # chosen by the call's arguments, first match wins
+        - when: "from_user(args.url)"
+          labels: [user_named]
+      phrases: true                    # runs of words are indexed too
+```
+
+`ResultSources` is that entry compiled (`result_sources(policy, tool)`); the gate hands it, with the
+call's arguments, to `ProvenanceIndex.add_result`, which asks it for the call's `ResultPlan`. A
+`calls[].when` that cannot be evaluated gives the result every label the tool may carry (fail safe).
+
+The functions conditions gain here (registered in `proctor.policy.functions.FUNCTIONS`):
+
+- `field_provenance(value)`: the labels under which `value` appeared as a *whole* value of a result
+  (a field, an item), never as a token inside longer text: a URL built on a host a page named is no
+  hit, an id is one. For a list, the labels every item has.
+- `field_paths(value)`: where it appeared whole, as ``TOOL:PATH`` (``list_files:files[].id``).
+- `carries(value, label)` (or a list of labels): whether `value` holds anything from a source with that
+  label, matched as `provenance()` matches: ``carries(args.body, 'private')``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import cel
+
+from proctor.calls import Call
+from proctor.policy.functions import FUNCTIONS, CelFunction, register
+from proctor.policy.validators import LABEL_WHEN_VARIABLES
+from proctor.provenance import ProvenanceIndex, ResultPlan
+
+if TYPE_CHECKING:
+    from proctor.policy.conditions import Condition
+    from proctor.policy.engine import Policy
+    from proctor.tools import Tool
+
+# (proctor.policy.conditions and .lets are imported where used: functions.py imports this module while
+# conditions.py is still importing functions.py)
+
+__all__ = ["DATAFLOW_FUNCTIONS", "ResultSources", "field_path_steps", "result_sources", "source_findings"]
+
+#: The functions of this module: like `provenance()`, a policy calling one makes the gate keep the run's index.
+DATAFLOW_FUNCTIONS = frozenset({"field_provenance", "field_paths", "carries"})
+
+
+def field_path_steps(path: str) -> tuple[str, ...]:
+    """``files[].id`` -> ``('files', '[]', 'id')``; ``[].sender`` -> ``('[]', 'sender')`` (a valid path)."""
+    steps: list[str] = []
+    for part in path.split("."):
+        key = part.split("[]", 1)[0]
+        if key:
+            steps.append(key)
+        steps.extend("[]" for _ in range(part.count("[]")))
+    return tuple(steps)
+
+
+@dataclass(frozen=True, slots=True)
+class _CallChoice:
+    condition: Condition
+    labels: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Bound:
+    """What the provenance functions read while a `calls[].when` is evaluated: the run's index so far."""
+
+    provenance: ProvenanceIndex
+
+
+class ResultSources:
+    """One tool's `sources`, compiled: gives each call's result its `ResultPlan` (a `ResultLabeller`)."""
+
+    __slots__ = ("calls", "every", "fields", "phrases", "result")
+
+    def __init__(self, result: tuple[str, ...], fields: Mapping[str, tuple[str, ...]],
+                 calls: tuple[_CallChoice, ...], phrases: bool, every: tuple[str, ...]) -> None:
+        self.result = result
+        self.fields = tuple((field_path_steps(path), tuple(labels)) for path, labels in fields.items())
+        self.calls = calls
+        self.phrases = phrases
+        #: Every label the tool's results may carry: what a call whose condition fails is indexed under.
+        self.every = every
+
+    def plan(self, tool: str, args: Mapping[str, Any], index: ProvenanceIndex) -> ResultPlan:
+        """The labels of this call's result: the first `calls` entry whose condition holds chooses those of the
+        rest of the result; a condition that fails makes them every label the tool may carry."""
+        result = self.result
+        if self.calls:
+            variables = {"tool": tool, "args": dict(args)}
+            call = Call(tool, dict(args), provenance=index)
+            for choice in self.calls:
+                try:
+                    holds = _evaluate(choice.condition, variables, call)
+                except _Failed:
+                    result = self.every
+                    break
+                if holds:
+                    result = choice.labels
+                    break
+        return ResultPlan(result, self.fields, self.phrases)
+
+
+class _Failed(Exception):
+    """A `calls[].when` that could not be evaluated for this call."""
+
+
+def _evaluate(condition: Condition, variables: Mapping[str, Any], call: Call) -> bool:
+    context = cel.Context({name: variables[name] for name in condition.variables})
+    bound = _Bound(call.provenance)
+    for fn in condition.functions:
+        context.add_function(fn, FUNCTIONS[fn].callable_for(bound))
+    try:
+        value = condition.program.execute(context)
+    except Exception as exc:  # noqa: BLE001 - any failure of the condition is a failure: fail safe
+        raise _Failed(str(exc)) from None
+    if not isinstance(value, bool):
+        raise _Failed(f"gave {value!r}, not true or false")
+    return value
+
+
+_COMPILED: weakref.WeakKeyDictionary[Policy, dict[str, ResultSources | None]] = weakref.WeakKeyDictionary()
+
+
+def result_sources(policy: Policy, tool: str) -> ResultSources | None:
+    """The compiled `sources` of `tool` in `policy` (None when it has none), compiled once per policy."""
+    per_tool = _COMPILED.get(policy)
+    if per_tool is None:
+        per_tool = _COMPILED[policy] = {}
+    if tool not in per_tool:
+        spec = policy.model.tools.get(tool)
+        sources = spec.sources if spec is not None else None
+        if sources is None:
+            per_tool[tool] = None
+        else:
+            from proctor.policy.conditions import compile_expression
+            from proctor.policy.lets import expand
+
+            calls = tuple(
+                _CallChoice(compile_expression(expand(c.when, policy.lets), LABEL_WHEN_VARIABLES, "when"),
+                            tuple(c.labels))
+                for c in sources.calls)
+            per_tool[tool] = ResultSources(tuple(sources.result), dict(sources.fields), calls, bool(sources.phrases),
+                                           tuple(spec.labels) if spec is not None else ())
+    return per_tool[tool]
+
+
+# -- policy check: paths against the tools' result types -------------------------------------------------------
+
+
+def source_findings(policy: Policy, tools: Mapping[str, Tool]) -> list[tuple[tuple[Any, ...], str]]:
+    """(location, message) for each `sources.fields` path the tool's declared result type has no place for
+    (checked only for tools whose result type is known: a return annotation other than Any)."""
+    out: list[tuple[tuple[Any, ...], str]] = []
+    for name, spec in policy.model.tools.items():
+        sources = spec.sources
+        tool = tools.get(name)
+        if sources is None or tool is None or not sources.fields:
+            continue
+        schema = _result_schema(tool)
+        if schema is None:
+            continue
+        for path in sources.fields:
+            problem = _walk(schema, schema, field_path_steps(path))
+            if problem is not None:
+                out.append((("tools", name, "sources", "fields", path),
+                            f"tool '{name}': sources.fields '{path}': {problem}"))
+    return out
+
+
+def _result_schema(tool: Tool) -> dict[str, Any] | None:
+    import inspect
+
+    import pydantic
+
+    annotation = tool.signature.return_annotation
+    if annotation is inspect.Signature.empty or annotation is Any:
+        return None
+    try:
+        schema: dict[str, Any] = pydantic.TypeAdapter(annotation).json_schema()
+    except Exception:  # noqa: BLE001 - a type pydantic cannot describe: nothing to check against
+        return None
+    return schema
+
+
+def _resolve(root: Mapping[str, Any], node: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The schemas `node` may be: $ref followed, anyOf/oneOf/allOf branches spread."""
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        target = root.get("$defs", {}).get(ref.removeprefix("#/$defs/"))
+        return _resolve(root, target) if isinstance(target, Mapping) else [{}]
+    branches = [b for key in ("anyOf", "oneOf", "allOf") for b in node.get(key, ()) if isinstance(b, Mapping)]
+    if branches:
+        return [r for b in branches for r in _resolve(root, b) if r.get("type") != "null"]
+    return [node]
+
+
+def _walk(root: Mapping[str, Any], node: Mapping[str, Any], steps: tuple[str, ...]) -> str | None:
+    """None when some schema `node` may be has a place at `steps`, else why not."""
+    if not steps:
+        return None
+    step, rest = steps[0], steps[1:]
+    problems: list[str] = []
+    for option in _resolve(root, node):
+        if not option or (option.get("type") is None and not option.get("properties")):
+            return None  # any value (Any, an untyped dict): cannot say
+        kind = option.get("type")
+        if step == "[]":
+            if kind == "array":
+                items = option.get("items", {})
+                found = _walk(root, items if isinstance(items, Mapping) else {}, rest)
+                if found is None:
+                    return None
+                problems.append(found)
+            else:
+                problems.append(f"'[]' but the value there is {kind or 'not a list'}, not a list")
+            continue
+        if kind != "object":
+            problems.append(f"'{step}' but the value there is {kind}, not an object")
+            continue
+        props = option.get("properties", {})
+        extra = option.get("additionalProperties")
+        if step == "*":
+            children = [*props.values(), *([extra] if isinstance(extra, Mapping) else [])]
+            if not children or any(_walk(root, c, rest) is None for c in children):
+                return None
+            problems.append(f"no key of the object there leads to '{'.'.join(rest)}'")
+        elif step in props:
+            found = _walk(root, props[step], rest)
+            if found is None:
+                return None
+            problems.append(found)
+        elif isinstance(extra, Mapping):
+            found = _walk(root, extra, rest)
+            if found is None:
+                return None
+            problems.append(found)
+        else:
+            problems.append(f"no field '{step}' in the result there (fields: {', '.join(sorted(props)) or 'none'})")
+    return problems[0] if problems else None
+
+
+# -- the CEL functions -----------------------------------------------------------------------------------------
+
+
+def _index_of(call: Any) -> ProvenanceIndex | None:
+    index = getattr(call, "provenance", None)
+    return index if isinstance(index, ProvenanceIndex) else None
+
+
+def _no_labels(value: Any) -> list[str]:
+    return []
+
+
+def _carries_nothing(value: Any, labels: Any) -> bool:
+    _labels_argument(labels)
+    return False
+
+
+def _labels_argument(labels: Any) -> tuple[str, ...]:
+    if isinstance(labels, str):
+        return (labels,)
+    if isinstance(labels, (list, tuple)) and all(isinstance(label, str) for label in labels):
+        return tuple(labels)
+    raise TypeError("carries() takes a value and a label or a list of labels")
+
+
+def _bind(method: Callable[[ProvenanceIndex], Callable[..., Any]], empty: Callable[..., Any]) -> Callable[
+        [Any], Callable[..., Any]]:
+    def bind(call: Any) -> Callable[..., Any]:
+        index = _index_of(call)
+        return empty if index is None else method(index)
+
+    return bind
+
+
+def _bound_carries(index: ProvenanceIndex) -> Callable[..., Any]:
+    return lambda value, labels: index.carries(value, _labels_argument(labels))
+
+
+register(CelFunction("field_provenance", bind=_bind(lambda i: i.field_labels, _no_labels), takes=(1, 1),
+                     doc="labels under which a value appeared as a whole value of a result (a field, an item), "
+                         "never inside longer text; for a list, those every item has"))
+register(CelFunction("field_paths", bind=_bind(lambda i: i.field_paths, _no_labels), takes=(1, 1),
+                     doc="where a value appeared as a whole value of a result: 'TOOL:PATH' strings, sorted"))
+register(CelFunction("carries", bind=_bind(_bound_carries, _carries_nothing), takes=(2, 2),
+                     doc="carries(value, label or list): the value holds something from a source with that label, "
+                         "matched as provenance() matches"))
