@@ -59,6 +59,10 @@ def register(subparsers: Any) -> None:
     schema = sub.add_parser("schema", help="print the JSON Schema of policy files (for yaml-language-server)")
     schema.set_defaults(func=_schema)
 
+    from proctor.policy.ops_cli import register as register_ops  # replay, coverage: a policy against a log
+
+    register_ops(sub)
+
 
 def _esc(text: object) -> str:
     """Untrusted text for a rich table or markup line: terminal escapes made visible, markup escaped."""
