@@ -22,11 +22,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from proctor.policy.activation import Activation
-from proctor.policy.admission import Admission, call_for
+from proctor.policy.admission import Admission, RunView, call_for
 from proctor.policy.budgets import Ledger
 from proctor.policy.conditions import EvaluationError
 from proctor.policy.replay import replay_log
-from proctor.policy.simulate import RecordedRun
 
 if TYPE_CHECKING:
     from proctor.policy.engine import Policy
@@ -80,7 +79,7 @@ class _Counter:
         self.report = report
         self.limits = {b.name: b.limit for b in policy.budgets}
 
-    def __call__(self, adm: Admission, run: RecordedRun, ledger: Ledger, outcome: str, budget: str | None) -> None:
+    def __call__(self, adm: Admission, run: RunView, ledger: Ledger, outcome: str, budget: str | None) -> None:
         report = self.report
         policy = self.policy
         report.calls += 1

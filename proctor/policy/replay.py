@@ -44,14 +44,14 @@ counted as ``not_decided``), and calls answered from a durable run's journal
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from proctor.calls import HistoryEntry, RunInfo, SideEffect
 from proctor.errors import BudgetExceeded
 from proctor.ledger.memory import MemoryLedger
-from proctor.policy.admission import Admission, LazyUsage, admit
+from proctor.policy.admission import Admission, LazyUsage, RunView, admit
 from proctor.policy.budgets import Ledger
 from proctor.policy.conditions import VARIABLES
 from proctor.policy.functions import PROVENANCE_FUNCTIONS
@@ -60,6 +60,7 @@ from proctor.policy.simulate import RAN_STATUSES, RecordedRun
 
 if TYPE_CHECKING:
     from proctor.policy.engine import Policy
+    from proctor.provenance import ProvenanceIndex
 
 __all__ = ["EXAMPLES_PER_GROUP", "REDACTED_MARK", "Change", "Observer", "ReplayReport", "Undecidable",
            "iter_log_records",
@@ -199,7 +200,12 @@ class _Clock:
 
 
 class _Run:
+    """A recorded run as the replay rebuilds it; also the `RunView` its calls are decided over."""
+
     __slots__ = ("history", "history_redacted", "info", "last_step", "ledger", "pending", "seen", "seen_sorted")
+
+    #: The log holds no tool results: no provenance index (a condition reading one is undecidable).
+    provenance: ProvenanceIndex | None = None
 
     def __init__(self, info: RunInfo, ledger: Ledger) -> None:
         self.info = info
@@ -213,10 +219,19 @@ class _Run:
         #: cost to count as it happened for a call that could not be decided again: None for the others)
         self.pending: dict[str, tuple[Mapping[str, Any], Any, SideEffect, tuple[str, ...], float | None]] = {}
 
+    def history_view(self) -> Sequence[HistoryEntry]:
+        return self.history
+
+    def seen_labels(self) -> Sequence[str]:
+        return self.seen_sorted
+
+    def usage_view(self) -> Mapping[str, Any]:
+        return LazyUsage(self.ledger)  # read only when a condition reads `usage`
+
 
 #: Told of every call decided again (and counted): its admission, the run as the decision read it,
 #: the run's ledger after the call reserved, the new effective outcome and the budget that refused it.
-Observer = Callable[[Admission, RecordedRun, Ledger, str, "str | None"], None]
+Observer = Callable[[Admission, RunView, Ledger, str, "str | None"], None]
 
 
 class _Replayer:
@@ -232,6 +247,9 @@ class _Replayer:
         self._reads: dict[tuple[str, str], _Reads] = {}
         self._expr_reads: dict[str, list[frozenset[str] | None]] = {}
         self._cost_unknown: dict[tuple[str, str], bool] = {}
+        #: Whether any condition can read `history` (else no entry is kept: nothing would read it).
+        self.keeps_history = any(r.condition is not None and "history" in r.condition.source
+                                 for r in policy.compiled)
 
     # -- runs -------------------------------------------------------------------------------------
 
@@ -309,7 +327,8 @@ class _Replayer:
         agent = rec.get("agent")  # a managed agent's call names it (`run.agent`)
         if isinstance(agent, str) and agent != info.agent:
             info = replace(info, agent=agent)
-        view = RecordedRun(info, run.history, run.seen_sorted, LazyUsage(run.ledger), None)
+        view: RunView = run if info is run.info else RecordedRun(info, run.history, run.seen_sorted,
+                                                                 LazyUsage(run.ledger), None)
         adm = admit(policy, tool, args, tools=None, run=view, declared_side_effect=declared, declared_cost=0)
         side_effect = adm.side_effect
         if facts.side_effect_expression is None or adm.stage != "class":
@@ -348,11 +367,11 @@ class _Replayer:
             self.observe(adm, view, run.ledger, new, budget)
         refused_by = self.budget_refused.pop(call_id, _NOT_REFUSED)
         old_outcome = "deny" if refused_by is not _NOT_REFUSED else old
-        rules = rec.get("rules")
-        old_rules = tuple(r for r in rules if isinstance(r, str)) if isinstance(rules, list) else ()
         if new == old_outcome:
             report.unchanged += 1
             return
+        rules = rec.get("rules")
+        old_rules = tuple(r for r in rules if isinstance(r, str)) if isinstance(rules, list) else ()
         report.note_change(Change(seq, self.clock.ns, run_id, call_id, tool, args, str(old_outcome), new, old_rules,
                                   new_rules, reason, budget))
 
@@ -379,14 +398,15 @@ class _Replayer:
         elif as_happened is not None and ran:
             # Not decided again, but it ran: the run's own budgets count it, as they did (never refused).
             run.ledger.replay(intent["tool"], side_effect, as_happened, duration)
-        args = intent.get("args")
-        decision = intent.get("decision")
-        entry = HistoryEntry(intent["tool"], args if isinstance(args, dict) else {}, side_effect,
-                             decision if decision in ("allow", "deny", "require_approval") else "deny",
-                             status if isinstance(status, str) else "denied", labels)  # type: ignore[arg-type]
-        run.history.append(entry)
-        if not run.history_redacted and isinstance(args, dict) and _has_mark(args):
-            run.history_redacted = True
+        if self.keeps_history:
+            args = intent.get("args")
+            decision = intent.get("decision")
+            run.history.append(HistoryEntry(
+                intent["tool"], args if isinstance(args, dict) else {}, side_effect,
+                decision if decision in ("allow", "deny", "require_approval") else "deny",
+                status if isinstance(status, str) else "denied", labels))  # type: ignore[arg-type]
+            if not run.history_redacted and isinstance(args, dict) and _has_mark(args):
+                run.history_redacted = True
         if ran and labels and not run.seen.issuperset(labels):
             run.seen.update(labels)
             run.seen_sorted = tuple(sorted(run.seen))
