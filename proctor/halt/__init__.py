@@ -139,9 +139,9 @@ def new_halt(scope: Scope, value: str | None, reason: str, by: str | None = None
                            "reason": reason, "by": by if by is not None else operator(), "at_ns": time.time_ns()})
 
 
-def halt_refusal(tool: str, halt: Halt) -> ToolDenied:
+def halt_refusal(tool: str, halt: Halt, call_id: str = "") -> ToolDenied:
     """The refusal a gate raises for a call `halt` stops: ``"{tool}: halted by {id}: {reason}"``."""
-    return ToolDenied(f"{tool}: halted by {halt.id}: {halt.reason}", tool=tool)
+    return ToolDenied(f"{tool}: halted by {halt.id}: {halt.reason}", tool=tool, call_id=call_id)
 
 
 class HaltChannel(Protocol):

@@ -247,6 +247,7 @@ class _Replayer:
         self._reads: dict[tuple[str, str], _Reads] = {}
         self._expr_reads: dict[str, list[frozenset[str] | None]] = {}
         self._cost_unknown: dict[tuple[str, str], bool] = {}
+        self._fixed: dict[tuple[str, str | None], Admission] = {}
         #: Whether any condition can read `history` (else no entry is kept: nothing would read it).
         self.keeps_history = any(r.condition is not None and "history" in r.condition.source
                                  for r in policy.compiled)
@@ -311,6 +312,7 @@ class _Replayer:
                 run.last_step += 1
             run.last_step = step
         old = rec.get("decision")
+        refused_by = self.budget_refused.pop(call_id, _NOT_REFUSED)  # (a budget refused it when recorded)
         counted = self.since_ns is None or self.clock.ns >= self.since_ns
         facts = policy.facts(tool, declared, 0)
         history_class: SideEffect = facts.side_effect
@@ -329,7 +331,16 @@ class _Replayer:
             info = replace(info, agent=agent)
         view: RunView = run if info is run.info else RecordedRun(info, run.history, run.seen_sorted,
                                                                  LazyUsage(run.ledger), None)
-        adm = admit(policy, tool, args, tools=None, run=view, declared_side_effect=declared, declared_cost=0)
+        memo_key = (tool, declared)
+        adm = self._fixed.get(memo_key)
+        if adm is None:
+            adm = admit(policy, tool, args, tools=None, run=view, declared_side_effect=declared, declared_cost=0)
+            # `admit` is pure, and without tools, a side_effect or cost expression, or a rule with a
+            # condition for the (tool, class), it reads nothing of the arguments or the run: its
+            # answer for this (tool, declared class) is the same for every call, so it is kept.
+            if (adm.stage in ("decided", "policy") and facts.side_effect_expression is None
+                    and facts.cost_expression is None and policy.fixed_decision(tool, adm.side_effect) is not None):
+                self._fixed[memo_key] = adm
         side_effect = adm.side_effect
         if facts.side_effect_expression is None or adm.stage != "class":
             history_class = side_effect
@@ -365,7 +376,6 @@ class _Replayer:
         report.decided += 1
         if self.observe is not None:
             self.observe(adm, view, run.ledger, new, budget)
-        refused_by = self.budget_refused.pop(call_id, _NOT_REFUSED)
         old_outcome = "deny" if refused_by is not _NOT_REFUSED else old
         if new == old_outcome:
             report.unchanged += 1
