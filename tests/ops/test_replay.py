@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fleet_engines import PostgresServer
 
 from proctor.audit import AuditLog
+from proctor.audit.base import AuditSink
 from proctor.cli import main
 from proctor.errors import ProctorError
 from proctor.gate import Gate
@@ -63,10 +65,10 @@ rules:
 """
 
 
-def _record(tmp_path: Path) -> Path:
+def _record(tmp_path: Path, audit: AuditSink | None = None) -> Path:
     """A log of two runs under OLD: reads, internal and external mail, charges."""
     log = tmp_path / "audit.jsonl"
-    audit = AuditLog(log, durability="flush")
+    audit = audit if audit is not None else AuditLog(log, durability="flush")
     gate = Gate(Policy.from_string(OLD), audit=audit, tools=[lookup, send_email, charge])
     for principal in ("alice", "bob"):
         ctx = gate.start_run(principal=principal, labels={"env": "prod"})
@@ -215,3 +217,17 @@ rules:
     assert out["always_matched"] == ["everything"] and out["undeclared_tools"] == ["charge", "lookup", "send_email"]
     assert main(["policy", "coverage", str(p), "--audit", str(log)]) == 0
     assert "rules that never matched: 0" in capsys.readouterr().out
+
+
+def test_replay_from_a_postgres_audit_log(tmp_path: Path, postgres_server: PostgresServer,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from proctor.audit.postgres import PostgresAuditLog
+
+    url = f"{postgres_server.url}&log=replay_{tmp_path.name[-8:]}"
+    _record(tmp_path, PostgresAuditLog(url))
+    stricter = tmp_path / "new.yaml"
+    stricter.write_text(OLD.replace("{name: charges, match: {tool: charge}, decision: allow}",
+                                    "{name: charges, match: {tool: charge}, decision: deny}"))
+    assert main(["policy", "replay", str(stricter), "--audit", url, "--json", "--fail-on-change"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["decided"] == 10 and out["by_change"]["allow→deny"]["count"] == 2
