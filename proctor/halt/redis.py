@@ -3,8 +3,7 @@
 Layout: a hash ``{prefix}`` (halt id -> the halt as JSON) and a counter ``{prefix}:version``
 bumped by every change, both written in one MULTI/EXEC (a reader sees the halts of one
 version), and a PUBLISH on ``{prefix}`` for tools that want to be told. A gate's
-`RedisHalts` channel reads the counter every `refresh_s` and the hash only when the counter
-moved, so a fleet idles at one GET a gate every 100 ms.
+`RedisHalts` channel reads both every `refresh_s`, in one round trip.
 """
 
 from __future__ import annotations
@@ -106,20 +105,21 @@ def _decode(raw: dict[bytes, bytes], shown: str) -> list[Halt]:
 
 
 class RedisHalts(PolledHalts):
-    """A gate's `HaltChannel` on Redis: the version read every `refresh_s`, the halts when it moved."""
+    """A gate's `HaltChannel` on Redis: the halts (and their version) read every `refresh_s`, in one round trip.
+
+    The whole hash is read each time rather than only when the version moved: it holds a handful of
+    halts, and a counter reset by a flushed or restored Redis can never hide a change this way.
+    """
 
     def __init__(self, url: str, *, prefix: str = DEFAULT_PREFIX, refresh_s: float = DEFAULT_REFRESH_S,
                  grace_s: float = DEFAULT_GRACE_S) -> None:
         self.backend = RedisHaltBackend(url, prefix=prefix, timeout_s=min(1.0, grace_s))
-        self._version = -1
-        self._cached: list[Halt] = []
+        self.version = -1
         super().__init__(self._read_halts, self.backend.shown, refresh_s=refresh_s, grace_s=grace_s)
 
     def _read_halts(self) -> list[Halt]:
-        version = self.backend.version()
-        if version != self._version:
-            self._version, self._cached = self.backend.snapshot()
-        return self._cached
+        self.version, halts = self.backend.snapshot()
+        return halts
 
     def close(self) -> None:
         super().close()

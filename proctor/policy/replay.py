@@ -182,6 +182,7 @@ class _Reads:
     history_args: bool  # whether an earlier call's arguments are read
     provenance: bool  # whether a provenance function is called
     nothing: bool  # no condition at all
+    cost_unknown: bool  # a cost budget counts the tool, whose cost the policy does not declare
 
 
 class _Clock:
@@ -312,7 +313,8 @@ class _Replayer:
                 run.last_step += 1
             run.last_step = step
         old = rec.get("decision")
-        refused_by = self.budget_refused.pop(call_id, _NOT_REFUSED)  # (a budget refused it when recorded)
+        budget_refused = self.budget_refused
+        refused_by = budget_refused.pop(call_id, _NOT_REFUSED) if budget_refused else _NOT_REFUSED
         counted = self.since_ns is None or self.clock.ns >= self.since_ns
         facts = policy.facts(tool, declared, 0)
         history_class: SideEffect = facts.side_effect
@@ -426,6 +428,8 @@ class _Replayer:
     def _undecidable(self, tool: str, side_effect: str, args: Mapping[str, Any], run: _Run,
                      *, redacted: bool) -> str | None:
         reads = self._reads_of(tool, side_effect)
+        if reads.nothing and not redacted and not reads.cost_unknown:  # most calls: nothing to look at
+            return None
         if not reads.nothing:
             if reads.provenance:
                 return "a condition reads where values came from (provenance): the log holds no tool results"
@@ -440,7 +444,7 @@ class _Replayer:
             for expression in self._expressions(tool):
                 if expression is None or not expression.isdisjoint(hidden):
                     return "the tool's side_effect or cost expression reads a redacted argument"
-        if self._cost_unknown_for(tool, side_effect):
+        if reads.cost_unknown:
             return "a cost budget counts this tool and the policy declares no cost for it (not in the log)"
         return None
 
@@ -463,7 +467,8 @@ class _Replayer:
                 if PROVENANCE_FUNCTIONS.intersection(condition.functions) or any(
                         name in condition.source for name in ("provenance(", "from_user(")):
                     provenance = True
-            found = self._reads[key] = _Reads(args, history_args, provenance, not conditions)
+            found = self._reads[key] = _Reads(args, history_args, provenance, not conditions,
+                                              self._cost_unknown_for(tool, side_effect))
         return found
 
     def _expressions(self, tool: str) -> list[frozenset[str] | None]:

@@ -200,3 +200,19 @@ def test_cli_usage(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypat
     assert main(["halt", *store]) == 2
     err = capsys.readouterr().err
     assert "--reason TEXT is required" in err and "--audit" in err and "--ledger redis://" in err
+
+
+def test_a_forged_redis_entry_fails_closed(redis_server: RedisServer) -> None:
+    import redis
+
+    channel = RedisHalts(redis_server.url, refresh_s=0.05, grace_s=0.3)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        assert channel.check("t", None, None, "r") is None
+        client.hset("proctor:halts", "halt_x", b'{"id": "halt_x", "scope": "all"}')  # no reason, no by
+        _wait_for(lambda: channel.check("t", None, None, "r") is not None)
+        found = channel.check("t", None, None, "r")
+        assert found is not None and found.id == OUTAGE_ID and "not a halt" in found.reason
+    finally:
+        client.close()
+        channel.close()
