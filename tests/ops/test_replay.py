@@ -231,3 +231,38 @@ def test_replay_from_a_postgres_audit_log(tmp_path: Path, postgres_server: Postg
     assert main(["policy", "replay", str(stricter), "--audit", url, "--json", "--fail-on-change"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["decided"] == 10 and out["by_change"]["allow→deny"]["count"] == 2
+
+
+def test_history_is_rebuilt_as_the_call_had_it(tmp_path: Path) -> None:
+    log = _record(tmp_path)
+    # Mail after a charge: the second lookup of each run comes after the charge, the mails before it.
+    after_charge = Policy.from_string(OLD + """
+  - name: nothing-after-charge
+    match: {tool: lookup}
+    when: "history.exists(h, h.tool == 'charge' && h.status == 'ok')"
+    decision: deny
+""")
+    out = replay_log(after_charge, str(log)).as_dict()
+    assert out["by_rule"]["nothing-after-charge"]["count"] == 2
+    assert {ex["args"]["order"] for ex in out["by_rule"]["nothing-after-charge"]["examples"]} == {"2"}
+    # A condition reading an earlier call's arguments, when one of them was redacted: undecidable.
+    reads_args = Policy.from_string(OLD + """
+  - name: no-repeat
+    match: {tool: lookup}
+    when: "history.exists(h, h.args == args)"
+    decision: deny
+""")
+    report = replay_log(reads_args, str(log))
+    # the first lookup of each run comes before the charge (no redacted entry yet): decided
+    assert report.undecidable == 2 and report.decided == 8
+    assert "earlier call's arguments" in next(iter(report.undecidable_why))
+
+
+def test_since_counts_later_calls_only(tmp_path: Path) -> None:
+    from proctor.audit.lines import read_records
+
+    log = _record(tmp_path)
+    records, _ = read_records(log)
+    second_run = next(r for r in records if r["kind"] == "run_started" and r["principal"] == "bob")
+    report = replay_log(Policy.from_string(OLD), str(log), since_ns=second_run["ts_ns"])
+    assert report.decided == 5  # bob's run only
