@@ -241,8 +241,12 @@ def install_signal_halt(halts: MemoryHalts | None = None, signum: int | None = N
         raise HaltError("install_signal_halt must be called from the main thread (Python's signal handlers run there)")
 
     def on_signal(number: int, frame: FrameType | None) -> None:
-        target.set(scope="all", reason=f"{reason} ({signal.Signals(number).name} to pid {os.getpid()})",
-                   by=f"signal {signal.Signals(number).name}")
+        name = signal.Signals(number).name
+        # The handler runs in the main thread between two bytecodes, maybe inside `set` holding its lock:
+        # the halt is set from a thread of its own, which waits for that lock instead of deadlocking on it.
+        threading.Thread(target=target.set, name="proctor-signal-halt", daemon=True,
+                         kwargs={"scope": "all", "reason": f"{reason} ({name} to pid {os.getpid()})",
+                                 "by": f"signal {name}"}).start()
 
     previous = signal.signal(sig, on_signal)
 
@@ -258,6 +262,8 @@ class PolledHalts:
     `read` returns the backend's active halts (raising when it cannot be read). Until the first
     read succeeds, and whenever reads have failed for longer than `grace_s`, `check` returns the
     synthetic halt `OUTAGE_ID` for every call (fail closed). The thread is a daemon; `close` stops it.
+    A forked child has no such thread (fork keeps only the calling one): it opens a channel of its own,
+    or its copy fails closed once the grace period has passed.
     """
 
     def __init__(self, read: Callable[[], Sequence[Halt]], name: str, *, refresh_s: float = DEFAULT_REFRESH_S,
