@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -529,24 +530,34 @@ def iter_log_records(source: str, bad: list[int] | None = None) -> Iterator[dict
     """The records of the audit log at `source` in order: a file path, or a ``postgresql://`` URL
     (exported by the sink's own reader, `proctor.audit.postgres.export_jsonl`). Lines that are
     not a record are skipped; with `bad` given, their count is added to ``bad[0]``."""
+    with _log_file(source) as path:
+        yield from _file_records(path, bad)
+
+
+@contextmanager
+def _log_file(source: str) -> Iterator[str]:
+    """A JSON Lines file holding the log at `source`: itself, or a PostgreSQL log exported to a temporary one."""
     from proctor.audit.postgres import is_postgres_url
 
-    if is_postgres_url(source):
-        import tempfile
-        from pathlib import Path
-
-        from proctor.audit.postgres import export_jsonl
-
-        with tempfile.TemporaryDirectory(prefix="proctor-replay-") as tmp:
-            path = Path(tmp) / "audit.jsonl"
-            with path.open("wb") as out:
-                export_jsonl(source, out)
-            yield from _file_records(str(path), bad)
+    if not is_postgres_url(source):
+        yield source
         return
-    yield from _file_records(source, bad)
+    import tempfile
+    from pathlib import Path
+
+    from proctor.audit.postgres import export_jsonl
+
+    with tempfile.TemporaryDirectory(prefix="proctor-replay-") as tmp:
+        path = Path(tmp) / "audit.jsonl"
+        with path.open("wb") as out:
+            export_jsonl(source, out)
+        yield str(path)
 
 
-def _file_records(path: str, bad: list[int] | None) -> Iterator[dict[str, Any]]:
+def _file_records(path: str, bad: list[int] | None, feed: Callable[[dict[str, Any]], None] | None = None
+                  ) -> Iterator[dict[str, Any]]:
+    """Each record of the file (lines read by `proctor.audit.lines.iter_lines`, which never holds a line over
+    the log's line limit); with `feed`, each is handed to it instead (one generator less per record)."""
     from proctor.audit.lines import iter_lines
 
     try:
@@ -555,22 +566,25 @@ def _file_records(path: str, bad: list[int] | None) -> Iterator[dict[str, Any]]:
         loads: Any = orjson.loads
     except ImportError:  # pragma: no cover - orjson is a dependency
         loads = json.loads
+    skipped = 0
     with open(path, "rb") as f:
         for raw in iter_lines(f):
-            if not isinstance(raw, bytes):
-                if bad is not None:
-                    bad[0] += 1
+            if raw.__class__ is not bytes:
+                skipped += 1
                 continue
             try:
                 value = loads(raw)
             except (ValueError, RecursionError):
-                if bad is not None:
-                    bad[0] += 1
+                skipped += 1
                 continue
-            if isinstance(value, dict):
+            if value.__class__ is not dict:
+                skipped += 1
+            elif feed is not None:
+                feed(value)
+            else:
                 yield value
-            elif bad is not None:
-                bad[0] += 1
+    if bad is not None:
+        bad[0] += skipped
 
 
 def replay(policy: Policy, records: Iterable[Mapping[str, Any]], *, since_ns: int | None = None,
@@ -590,7 +604,10 @@ def replay(policy: Policy, records: Iterable[Mapping[str, Any]], *, since_ns: in
 def replay_log(policy: Policy, source: str, *, since_ns: int | None = None,
                observe: Observer | None = None) -> ReplayReport:
     """`replay` over the audit log at `source` (a path or a ``postgresql://`` URL)."""
+    replayer = _Replayer(policy, since_ns, observe)
     bad = [0]
-    report = replay(policy, iter_log_records(source, bad), since_ns=since_ns, observe=observe)
-    report.bad_lines = bad[0]
-    return report
+    with _log_file(source) as path:
+        for _ in _file_records(path, bad, replayer.feed):  # (fed, not yielded)
+            pass
+    replayer.report.bad_lines = bad[0]
+    return replayer.report
