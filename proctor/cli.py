@@ -24,6 +24,7 @@ COMMANDS = {
     "approvals": "proctor.store.cli",
     "runs": "proctor.store.cli",
     "serve": "proctor.serve.cli",
+    "halt": "proctor.halt.cli",
 }
 _COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 

@@ -17,7 +17,7 @@ __all__ = ["FIELDS", "PYDANTIC_CORE_VERSION", "core_schema"]
 PYDANTIC_CORE_VERSION = '2.50.5'
 
 #: Each model's fields, in order.
-FIELDS: dict[str, tuple[str, ...]] = {'PolicyModel': ('version', 'let', 'default', 'tools', 'budgets', 'rules', 'approval', 'read_durability'),
+FIELDS: dict[str, tuple[str, ...]] = {'PolicyModel': ('version', 'let', 'default', 'tools', 'budgets', 'rules', 'approval', 'read_durability', 'reload'),
  'ToolSpec': ('side_effect',
               'cost',
               'labels',
@@ -506,7 +506,16 @@ def core_schema(records: Mapping[str, type], default: Callable[[str, dict[str, A
                                                                                        'schema': {'type': 'literal',
                                                                                                   'expected': ['fsync',
                                                                                                                'flush']}},
-                                                                            'default': 'flush'}}},
+                                                                            'default': 'flush'}},
+                                             'reload': {'type': 'model-field',
+                                                        'schema': {'type': 'default',
+                                                                   'schema': {'type': 'function-before',
+                                                                              'function': {'type': 'no-info',
+                                                                                           'function': V.Choice('reload', ('each_call', 'new_runs'))},
+                                                                              'schema': {'type': 'literal',
+                                                                                         'expected': ['each_call',
+                                                                                                      'new_runs']}},
+                                                                   'default': 'each_call'}}},
                                   'model_name': 'PolicyModel',
                                   'computed_fields': []},
                        'custom_init': False,

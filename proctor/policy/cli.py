@@ -1,4 +1,4 @@
-"""`proctor policy check | explain | test | schema`.
+"""`proctor policy check | explain | test | schema` (and `replay | coverage`, from `proctor.policy.ops_cli`).
 
 Exit codes: 0 valid / all cases pass; 1 invalid policy, failing case, or malformed
 cases file; 2 usage (bad JSON on the command line, unknown option). Heavy imports
@@ -20,7 +20,8 @@ __all__ = ["register"]
 
 def register(subparsers: Any) -> None:
     """Add `policy` and its subcommands to the `proctor` command."""
-    policy = subparsers.add_parser("policy", help="check, explain, test a policy file; print its JSON Schema")
+    policy = subparsers.add_parser("policy", help="check, explain, test a policy file; replay an audit log under it; "
+                                   "print its JSON Schema")
     sub = policy.add_subparsers(dest="policy_command", metavar="SUBCOMMAND")
     policy.set_defaults(func=lambda _args: _usage(policy))
 
@@ -58,6 +59,10 @@ def register(subparsers: Any) -> None:
 
     schema = sub.add_parser("schema", help="print the JSON Schema of policy files (for yaml-language-server)")
     schema.set_defaults(func=_schema)
+
+    from proctor.policy.ops_cli import register as register_ops  # replay, coverage: a policy against a log
+
+    register_ops(sub)
 
 
 def _esc(text: object) -> str:

@@ -178,8 +178,6 @@ class Condition:
     probed: Any = None
     probed_variables: tuple[str, ...] = ()
     probed_functions: tuple[str, ...] = ()
-    #: Always None: conditions are evaluated by CEL only. Kept while `engine.Candidates` still reads it.
-    python: None = None
 
     def evaluate(self, activation: Mapping[str, Any]) -> bool:
         """Evaluate against the variables in `activation` (only those referenced are read).

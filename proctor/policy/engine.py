@@ -119,7 +119,11 @@ def _normalized(model: PolicyModel) -> dict[str, Any]:
         data[section] = sorted(data[section], key=lambda item: item["name"])
     if not data["let"]:  # added later: absent when unused, so older policies keep their fingerprint
         del data["let"]
+    if data.get("reload") == "each_call":  # added later: absent when unused, so older policies keep theirs
+        del data["reload"]
     for spec in data["tools"].values():
+        if spec.get("sources") is None:  # added later: absent when unused, so older policies keep their fingerprint
+            spec.pop("sources", None)
         spec["redact"] = sorted(set(spec["redact"]))
         for later in ("labels", "hide_from_approvers"):
             if spec[later]:
@@ -340,7 +344,7 @@ class Policy:
             # (a condition decided in Python from probes needs no variable converted; if it falls back to
             # CEL, its variables are converted then)
             needs=merge_needs([r.condition.needs for r in rules
-                               if r.condition is not None and r.condition.python is None]),
+                               if r.condition is not None]),
             plain_needs=merge_needs([r.condition.plain_needs or r.condition.needs
                                      for r in rules if r.condition is not None]),
             # (a condition whose provenance calls are probes calls fewer functions; its fallback adds them)

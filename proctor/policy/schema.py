@@ -169,6 +169,16 @@ class SourcesSpec(_Strict):
     _field_lists = field_validator("fields", mode="before")(_v.label_lists)
 
 
+#: When runs in flight take a reloaded policy (`proctor.policy.reload`): at their next call, or only runs
+#: started after the reload (each run keeps the policy it started with).
+RELOAD_MODES = ("each_call", "new_runs")
+ReloadField = Annotated[
+    Literal["each_call", "new_runs"],
+    BeforeValidator(Choice("reload", RELOAD_MODES)),
+    WithJsonSchema(_enum_schema(RELOAD_MODES)),
+]
+
+
 class ToolSpec(_Strict):
     """Facts ops declare about one tool; each set field overrides the tool's own declaration."""
 
@@ -316,6 +326,9 @@ class PolicyModel(_Strict):
     #: Audit durability of calls to `none`/`read` tools without their own `durability`: flush (the
     #: default: a read's intent is written and flushed, not fsynced) or fsync (every intent on disk).
     read_durability: DurabilityField = "flush"
+    #: A gate reloading this file (`proctor.policy.reload`): runs in flight switch at their next call
+    #: (each_call, the default) or keep the policy they started with (new_runs).
+    reload: ReloadField = "each_call"
 
     # Rules and tools are checked knowing the `let:` names (a `when` may use them).
     _with_lets = model_validator(mode="wrap")(_v.with_lets)  # type: ignore[arg-type]  # a function, not a classmethod

@@ -80,6 +80,13 @@ CREATE TABLE IF NOT EXISTS {prefix}approvals (
 CREATE INDEX IF NOT EXISTS {prefix}approvals_by_status ON {prefix}approvals (status, requested_at_ns);
 CREATE INDEX IF NOT EXISTS {prefix}approvals_by_call ON {prefix}approvals (run_id, call_id);
 CREATE INDEX IF NOT EXISTS {prefix}approvals_by_binding ON {prefix}approvals (binding);
+CREATE TABLE IF NOT EXISTS {prefix}halts (
+    id {text} PRIMARY KEY,
+    set_at_ns {bigint} NOT NULL,
+    lifted_at_ns {bigint},
+    data {json} NOT NULL
+);
+CREATE INDEX IF NOT EXISTS {prefix}halts_active ON {prefix}halts (lifted_at_ns);
 """
 
 
@@ -124,7 +131,7 @@ class SQLRunStore(RunStore):
 
     def _sql(self, text: str) -> str:
         p = self.prefix
-        return text.format(runs=f"{p}runs", journal=f"{p}journal", approvals=f"{p}approvals",
+        return text.format(runs=f"{p}runs", journal=f"{p}journal", approvals=f"{p}approvals", halts=f"{p}halts",
                            lock=self.for_update).replace("?", self.placeholder)
 
     def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
@@ -312,6 +319,34 @@ class SQLRunStore(RunStore):
         with self._tx() as db:
             for aid, pending in list(self._pending(db, "id = ?", (approval_id,))):
                 self._set_approval(db, aid, pending, "void", None)
+
+    # -- halts (proctor.halt.sql): rows kept after lifting, so the table is also their history ------
+
+    def set_halt(self, halt: dict[str, Any]) -> None:
+        """Store an active halt (`proctor.halt.Halt.as_dict()`); `StoreError` if its id exists."""
+        with self._tx() as db:
+            if db.execute(self._sql("SELECT 1 FROM {halts} WHERE id = ?"), (halt["id"],)).fetchone() is not None:
+                raise StoreError(f"run store {self.where}: a halt {halt['id']!r} exists already")
+            db.execute(self._sql("INSERT INTO {halts} (id, set_at_ns, lifted_at_ns, data) VALUES (?, ?, NULL, ?)"),
+                       (halt["id"], int(halt["at_ns"]), self._encode(halt)))
+
+    def lift_halt(self, halt_id: str, lifted: dict[str, Any]) -> dict[str, Any] | None:
+        """End the active halt `halt_id`, noting `lifted` (who, why, when) in its row; its data, or None if
+        no such halt is active."""
+        with self._tx() as db:
+            row = db.execute(self._sql("SELECT data FROM {halts} WHERE id = ? AND lifted_at_ns IS NULL{lock}"),
+                             (halt_id,)).fetchone()
+            if row is None:
+                return None
+            data = self._decode(row[0])
+            db.execute(self._sql("UPDATE {halts} SET lifted_at_ns = ?, data = ? WHERE id = ?"),
+                       (time.time_ns(), self._encode({**data, "lifted": lifted}), halt_id))
+            return data
+
+    def active_halts(self) -> list[dict[str, Any]]:
+        """Every halt not lifted, oldest first (rows as stored: the caller checks them)."""
+        rows = self._query("SELECT data FROM {halts} WHERE lifted_at_ns IS NULL ORDER BY set_at_ns, id")
+        return [self._decode(row[0]) for row in rows]
 
 
 def _when(ns: int | None) -> str:

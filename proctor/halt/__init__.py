@@ -1,0 +1,330 @@
+"""Halts: an operator stops matching calls now, on every gate that shares a backend (`proctor halt`).
+
+A `Halt` names what it stops — every call (``all``), one agent, tool (a name or a glob),
+principal or run — with the reason the program sees and who set it. Halts live in a
+backend every gate of a fleet can read:
+
+- `MemoryHalts`: one process, no shared backend (`gate_halts`, and `install_signal_halt`
+  for a halt sent as a signal);
+- `proctor.halt.redis.RedisHalts`: a Redis hash of halts and a version counter;
+- `proctor.halt.sql.StoreHalts`: a table of the SQLite or PostgreSQL run store.
+
+A gate asks its `HaltChannel` after admission, for each call: ``check(tool, agent,
+principal, run_id)`` returns the first halt matching the call, or None; the gate then
+refuses the call with `halt_refusal(tool, halt)`. `check` reads a snapshot held in
+memory (no I/O on the call's path) that a background thread refreshes every
+`refresh_s` (at most 0.25 s). When the backend cannot be read for longer than
+`grace_s` (5 s by default), `check` fails closed: it returns a synthetic halt,
+`OUTAGE_ID`, naming the backend and how long it has been unreachable, for every call,
+until a refresh succeeds again.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, Literal, Protocol, cast
+
+from proctor.calls import new_id
+from proctor.errors import ToolDenied
+
+__all__ = ["DEFAULT_GRACE_S", "DEFAULT_REFRESH_S", "HALT_SIGNAL", "MAX_REFRESH_S", "OUTAGE_ID", "SCOPES", "Halt",
+           "HaltBackend", "HaltChannel", "HaltError", "MemoryHalts", "PolledHalts", "Scope", "gate_halts",
+           "halt_refusal", "install_signal_halt", "new_halt", "operator"]
+
+Scope = Literal["all", "agent", "tool", "principal", "run"]
+SCOPES: tuple[Scope, ...] = ("all", "agent", "tool", "principal", "run")
+
+#: How often a shared channel re-reads its backend, by default, and at most.
+DEFAULT_REFRESH_S = 0.1
+MAX_REFRESH_S = 0.25
+#: How long a shared channel keeps deciding from its last snapshot when the backend cannot be read;
+#: past it, every call is refused (fail closed) until the backend answers again.
+DEFAULT_GRACE_S = 5.0
+#: The id of the synthetic halt `check` returns while the backend is unreachable past the grace period.
+OUTAGE_ID = "halt_channel_unreachable"
+#: The signal `install_signal_halt` listens to: SIGUSR2. Not SIGTERM (it must stop the process) nor
+#: SIGUSR1 (debuggers, profilers and many servers take it); SIGHUP is the policy reload's.
+HALT_SIGNAL = signal.SIGUSR2 if hasattr(signal, "SIGUSR2") else None
+
+_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+_MAX_TEXT = 2000
+
+
+class HaltError(Exception):
+    """A halt could not be set, lifted or listed (a bad halt, an unreachable backend): says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Halt:
+    """One active halt: what it stops (`scope`, `value`), why, who set it and when (ns since the epoch)."""
+
+    id: str
+    scope: Scope
+    value: str | None
+    reason: str
+    by: str
+    at_ns: int
+
+    def matches(self, tool: str, agent: str | None, principal: str | None, run_id: str) -> bool:
+        scope, value = self.scope, self.value
+        if scope == "all":
+            return True
+        if scope == "tool":
+            return tool == value or (value is not None and _is_glob(value) and fnmatch.fnmatchcase(tool, value))
+        if scope == "agent":
+            return agent is not None and agent == value
+        if scope == "principal":
+            return principal is not None and principal == value
+        return run_id == value
+
+    @property
+    def target(self) -> str:
+        """What it stops, in words: ``all calls``, ``tool send_email``."""
+        return "all calls" if self.scope == "all" else f"{self.scope} {self.value}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "scope": self.scope, "value": self.value, "reason": self.reason, "by": self.by,
+                "at_ns": self.at_ns}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Halt:
+        """A halt read from a backend (not trusted): every field checked; `HaltError` naming the bad one."""
+        if not isinstance(data, Mapping):
+            raise HaltError("a halt must be an object")
+        hid, scope, value = data.get("id"), data.get("scope"), data.get("value")
+        reason, by, at_ns = data.get("reason"), data.get("by"), data.get("at_ns")
+        if not isinstance(hid, str) or not _ID.match(hid):
+            raise HaltError(f"halt id {hid!r} is not 1-128 letters, digits or _.:-")
+        if scope not in SCOPES:
+            raise HaltError(f"halt {hid}: scope {scope!r} is not one of {', '.join(SCOPES)}")
+        if scope == "all":
+            if value is not None:
+                raise HaltError(f"halt {hid}: a halt of all calls names no value")
+        elif not isinstance(value, str) or not value or len(value) > _MAX_TEXT:
+            raise HaltError(f"halt {hid}: a {scope} halt needs the {scope} it stops")
+        if not isinstance(reason, str) or not reason.strip() or len(reason) > _MAX_TEXT:
+            raise HaltError(f"halt {hid}: the reason must be text of 1-{_MAX_TEXT} characters")
+        if not isinstance(by, str) or len(by) > _MAX_TEXT:
+            raise HaltError(f"halt {hid}: `by` must be text")
+        if not isinstance(at_ns, int) or isinstance(at_ns, bool) or at_ns < 0:
+            raise HaltError(f"halt {hid}: at_ns must be a non-negative integer")
+        return cls(hid, cast(Scope, scope), value, reason, by, at_ns)
+
+
+def _is_glob(value: str) -> bool:
+    return any(c in value for c in "*?[")
+
+
+def operator() -> str:
+    """Who is acting: the OS user running the command (recorded as `by` and in the audit record)."""
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError, OSError):
+        return os.environ.get("USER") or os.environ.get("USERNAME") or f"uid {os.getuid()}"
+
+
+def new_halt(scope: Scope, value: str | None, reason: str, by: str | None = None) -> Halt:
+    """A fresh halt (id ``halt_…``), checked as a backend's would be."""
+    return Halt.from_dict({"id": new_id("halt_"), "scope": scope, "value": None if scope == "all" else value,
+                           "reason": reason, "by": by if by is not None else operator(), "at_ns": time.time_ns()})
+
+
+def halt_refusal(tool: str, halt: Halt, call_id: str = "") -> ToolDenied:
+    """The refusal a gate raises for a call `halt` stops: ``"{tool}: halted by {id}: {reason}"``."""
+    return ToolDenied(f"{tool}: halted by {halt.id}: {halt.reason}", tool=tool, call_id=call_id)
+
+
+class HaltChannel(Protocol):
+    """What a gate asks for each call after admission: the halt stopping it, or None. Cheap: no I/O."""
+
+    def check(self, tool: str, agent: str | None, principal: str | None, run_id: str) -> Halt | None: ...
+
+    def active(self) -> tuple[Halt, ...]:
+        """The active halts the channel knows of now (its snapshot)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class HaltBackend(Protocol):
+    """Where halts are kept: what `proctor halt` writes and lists."""
+
+    @property
+    def shown(self) -> str:
+        """Where, for messages (a URL with its password masked)."""
+        ...
+
+    def set(self, halt: Halt) -> Halt: ...
+
+    def lift(self, halt_id: str, *, reason: str = "", by: str | None = None) -> Halt:
+        """End the halt `halt_id` (`reason` and `by`: why and who, kept where the backend keeps history);
+        return it. `HaltError` when no such halt is active."""
+        ...
+
+    def list_halts(self) -> list[Halt]: ...
+
+    def close(self) -> None: ...
+
+
+def _first(halts: Sequence[Halt], tool: str, agent: str | None, principal: str | None, run_id: str) -> Halt | None:
+    for halt in halts:
+        if halt.matches(tool, agent, principal, run_id):
+            return halt
+    return None
+
+
+class MemoryHalts:
+    """Halts of one process: a `HaltChannel` and a `HaltBackend` at once, nothing shared, never unreachable."""
+
+    shown = "this process"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._halts: tuple[Halt, ...] = ()
+
+    def check(self, tool: str, agent: str | None, principal: str | None, run_id: str) -> Halt | None:
+        halts = self._halts  # one read of an immutable tuple: no lock on the call's path
+        return _first(halts, tool, agent, principal, run_id) if halts else None
+
+    def active(self) -> tuple[Halt, ...]:
+        return self._halts
+
+    def set(self, halt: Halt | None = None, *, scope: Scope = "all", value: str | None = None,
+            reason: str = "", by: str | None = None) -> Halt:
+        """Add `halt`, or one built from `scope`, `value`, `reason`: ``gate_halts.set(reason="incident 42")``."""
+        if halt is None:
+            halt = new_halt(scope, value, reason, by)
+        with self._lock:
+            self._halts = (*(h for h in self._halts if h.id != halt.id), halt)
+        return halt
+
+    def lift(self, halt_id: str, *, reason: str = "", by: str | None = None) -> Halt:
+        with self._lock:
+            found = next((h for h in self._halts if h.id == halt_id), None)
+            if found is None:
+                raise HaltError(f"no active halt {halt_id!r}")
+            self._halts = tuple(h for h in self._halts if h.id != halt_id)
+        return found
+
+    def list_halts(self) -> list[Halt]:
+        return list(self._halts)
+
+    def close(self) -> None:
+        pass
+
+
+#: This process's own halts: ``proctor.halt.gate_halts.set(reason=…)`` stops every call of the gates
+#: that use it (a gate given no shared halt channel), ``gate_halts.lift(id)`` ends it.
+gate_halts = MemoryHalts()
+
+
+def install_signal_halt(halts: MemoryHalts | None = None, signum: int | None = None,
+                        reason: str = "halted by signal") -> Callable[[], None]:
+    """Halt every call of this process when it receives `signum` (`HALT_SIGNAL`, SIGUSR2, by default):
+    ``kill -USR2 PID``. Lifted with the API (``gate_halts.lift(id)``), never by a signal. Must be called
+    from the main thread (Python installs handlers only there). Returns a function that uninstalls it."""
+    target = gate_halts if halts is None else halts
+    sig = HALT_SIGNAL if signum is None else signum
+    if sig is None:
+        raise HaltError("this platform has no SIGUSR2: pass the signal to use")
+    if threading.current_thread() is not threading.main_thread():
+        raise HaltError("install_signal_halt must be called from the main thread (Python's signal handlers run there)")
+
+    def on_signal(number: int, frame: FrameType | None) -> None:
+        name = signal.Signals(number).name
+        # The handler runs in the main thread between two bytecodes, maybe inside `set` holding its lock:
+        # the halt is set from a thread of its own, which waits for that lock instead of deadlocking on it.
+        threading.Thread(target=target.set, name="proctor-signal-halt", daemon=True,
+                         kwargs={"scope": "all", "reason": f"{reason} ({name} to pid {os.getpid()})",
+                                 "by": f"signal {name}"}).start()
+
+    previous = signal.signal(sig, on_signal)
+
+    def uninstall() -> None:
+        signal.signal(sig, previous)
+
+    return uninstall
+
+
+class PolledHalts:
+    """A `HaltChannel` over a shared backend: a snapshot refreshed by a background thread every `refresh_s`.
+
+    `read` returns the backend's active halts (raising when it cannot be read). Until the first
+    read succeeds, and whenever reads have failed for longer than `grace_s`, `check` returns the
+    synthetic halt `OUTAGE_ID` for every call (fail closed). The thread is a daemon; `close` stops it.
+    A forked child has no such thread (fork keeps only the calling one): it opens a channel of its own,
+    or its copy fails closed once the grace period has passed.
+    """
+
+    def __init__(self, read: Callable[[], Sequence[Halt]], name: str, *, refresh_s: float = DEFAULT_REFRESH_S,
+                 grace_s: float = DEFAULT_GRACE_S, wait_s: float = 2.0) -> None:
+        if not 0 < refresh_s <= MAX_REFRESH_S:
+            raise HaltError(f"refresh_s must be in (0, {MAX_REFRESH_S}] seconds, not {refresh_s}")
+        if grace_s < refresh_s:
+            raise HaltError(f"grace_s ({grace_s}) must be at least refresh_s ({refresh_s})")
+        self._read = read
+        self.name = name
+        self.refresh_s = refresh_s
+        self.grace_s = grace_s
+        self._halts: tuple[Halt, ...] = ()
+        self._ok_at = 0.0  # monotonic time of the last good read (0: none yet)
+        self._error = "not read yet"
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"proctor-halts {name}", daemon=True)
+        self._thread.start()
+        self._ready.wait(wait_s)  # the first snapshot, when the backend answers promptly
+
+    def _refresh(self) -> None:
+        try:
+            halts = tuple(self._read())
+        except Exception as exc:  # noqa: BLE001 - any failure to read is an outage, counted against the grace
+            self._error = str(exc) or type(exc).__name__
+            return
+        self._halts = halts
+        self._error = ""
+        self._ok_at = time.monotonic()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._refresh()
+            self._ready.set()
+            self._stop.wait(self.refresh_s)
+
+    def refresh(self) -> None:
+        """Read the backend now (the thread does it every `refresh_s`)."""
+        self._refresh()
+
+    def _outage(self) -> Halt:
+        if self._ok_at:
+            seen = f"not read for {time.monotonic() - self._ok_at:.1f}s"
+        else:
+            seen = "never read"
+        return Halt(OUTAGE_ID, "all", None,
+                    f"the halt channel {self.name} cannot be read ({seen}: {self._error}); every call is refused "
+                    f"past the {self.grace_s:g}s grace period until it answers", "proctor", time.time_ns())
+
+    def check(self, tool: str, agent: str | None, principal: str | None, run_id: str) -> Halt | None:
+        # Before the first good read nothing is known: refused (fail closed); after it, the grace applies.
+        if time.monotonic() - self._ok_at > self.grace_s:
+            return self._outage()
+        halts = self._halts
+        return _first(halts, tool, agent, principal, run_id) if halts else None
+
+    def active(self) -> tuple[Halt, ...]:
+        return self._halts
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)

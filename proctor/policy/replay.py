@@ -1,0 +1,613 @@
+"""What a policy would have done: every recorded call of an audit log decided again under a new policy.
+
+`replay(policy, records)` walks the records of an audit log in order and rebuilds each run
+as the gate kept it — run facts from ``run_started`` (principal, labels, agent), each call
+from its ``call_intent`` (tool, class, arguments as recorded, step) and ``call_outcome``
+(status, duration) — and decides every call again with `proctor.policy.admission.admit`,
+the gate's own decision (no second implementation), over:
+
+- the history the call had: the run's earlier calls whose outcome was recorded before its
+  intent, as recorded (their arguments, decisions and statuses), with the new policy's
+  class and labels for each tool, as a gate holding the new policy would have kept them;
+- `seen`: the new policy's labels of the earlier calls that ran;
+- budgets: a ledger of the new policy for each run (shared budgets on one pool for the whole
+  replay), fed in record order as the calls happened: a call the new policy admits reserves,
+  and is settled with its recorded duration if it ran (released if it did not), on a clock
+  that reads each record's own time, so windows and wall-time limits hold as they did.
+
+A call is compared by its effective outcome: the policy's decision, or deny where a budget
+refused it (``budget_exhausted`` in the log; a reservation on the replay's ledger).
+
+Calls the log cannot decide again are counted as undecidable, never guessed:
+
+- a condition (or the tool's `side_effect` / `cost` expression) of the new policy that could
+  read a redacted argument — of this call, or of an earlier call through `history` — or that
+  reads where values came from (`provenance()`, `from_user()`: the log holds no results);
+- a cost budget counts the call and the new policy declares no cost for its tool (a tool's
+  own declared cost is not recorded).
+
+How "could read" is known: each candidate rule's condition is analysed for what it reads of
+each variable (`proctor.policy.projection.needs_of`, the analysis the engine projects
+variables with: it narrows only when sure, so a field it does not list is never read). That
+is sound where deciding twice with two sentinel values is not: two sentinels that agree
+(``args.card.startsWith('4')`` is false for both) say nothing about the real value. It may
+count a call undecidable whose condition would have short-circuited before the redacted
+field; that is the safe side.
+
+What replay does not know: a managed agent's own policy (layers are not in the log: its
+calls are decided by the new policy alone), calls refused before the policy decided (an
+unknown tool, arguments the schema refused: the tool table decides those, not the policy;
+counted as ``not_decided``), and calls answered from a durable run's journal
+(``call_replayed``: nothing decided them).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from proctor.calls import HistoryEntry, RunInfo, SideEffect
+from proctor.errors import BudgetExceeded
+from proctor.ledger.memory import MemoryLedger
+from proctor.policy.admission import Admission, LazyUsage, RunView, admit
+from proctor.policy.budgets import Ledger
+from proctor.policy.conditions import VARIABLES
+from proctor.policy.functions import PROVENANCE_FUNCTIONS
+from proctor.policy.projection import needs_of
+from proctor.policy.simulate import RAN_STATUSES, RecordedRun
+
+if TYPE_CHECKING:
+    from proctor.policy.engine import Policy
+    from proctor.provenance import ProvenanceIndex
+
+__all__ = ["EXAMPLES_PER_GROUP", "REDACTED_MARK", "Change", "Observer", "ReplayReport", "Undecidable",
+           "iter_log_records",
+           "replay", "replay_log"]
+
+#: The key a redacted value is replaced with in recorded arguments (`proctor.redaction`).
+REDACTED_MARK = "$redacted"
+#: Examples kept for each group of changes.
+EXAMPLES_PER_GROUP = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One recorded call whose decision the new policy changes."""
+
+    seq: int
+    ts_ns: int
+    run_id: str
+    call_id: str
+    tool: str
+    args: Mapping[str, Any]
+    old: str
+    new: str
+    old_rules: tuple[str, ...]
+    new_rules: tuple[str, ...]
+    new_reason: str
+    budget: str | None = None
+
+    @property
+    def change(self) -> str:
+        return f"{self.old}→{self.new}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "ts_ns": self.ts_ns, "run_id": self.run_id, "call_id": self.call_id,
+                "tool": self.tool, "args": dict(self.args), "old": self.old, "new": self.new,
+                "change": self.change, "old_rules": list(self.old_rules), "new_rules": list(self.new_rules),
+                "new_reason": self.new_reason, "budget": self.budget}
+
+
+@dataclass(frozen=True, slots=True)
+class Undecidable:
+    """One recorded call the log cannot decide again, and why."""
+
+    seq: int
+    run_id: str
+    call_id: str
+    tool: str
+    why: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "run_id": self.run_id, "call_id": self.call_id, "tool": self.tool, "why": self.why}
+
+
+@dataclass
+class _Group:
+    count: int = 0
+    examples: list[Change] = field(default_factory=list)
+
+    def add(self, change: Change) -> None:
+        self.count += 1
+        if len(self.examples) < EXAMPLES_PER_GROUP:
+            self.examples.append(change)
+
+
+@dataclass
+class ReplayReport:
+    """What the new policy would have done to the recorded calls."""
+
+    policy_sha256: str
+    #: Calls re-decided (decidable, at or after `since`).
+    decided: int = 0
+    unchanged: int = 0
+    changed: int = 0
+    undecidable: int = 0
+    #: Calls refused before the policy decided (unknown tool, invalid arguments): not the policy's to change.
+    not_decided: int = 0
+    #: Record lines that were not a readable record, skipped.
+    bad_lines: int = 0
+    #: The recorded policies' fingerprints, with how many calls each decided.
+    recorded_policies: dict[str, int] = field(default_factory=dict)
+    by_change: dict[str, _Group] = field(default_factory=dict)
+    by_rule: dict[str, _Group] = field(default_factory=dict)
+    undecidable_why: dict[str, int] = field(default_factory=dict)
+    undecidable_examples: list[Undecidable] = field(default_factory=list)
+
+    def note_change(self, change: Change) -> None:
+        self.changed += 1
+        self.by_change.setdefault(change.change, _Group()).add(change)
+        names = tuple(dict.fromkeys((*change.new_rules, *change.old_rules)))
+        if change.budget is not None:
+            names = (*names, f"budget:{change.budget}")
+        for name in names or ("(default)",):
+            self.by_rule.setdefault(name, _Group()).add(change)
+
+    def note_undecidable(self, item: Undecidable) -> None:
+        self.undecidable += 1
+        self.undecidable_why[item.why] = self.undecidable_why.get(item.why, 0) + 1
+        if len(self.undecidable_examples) < EXAMPLES_PER_GROUP * 3:
+            self.undecidable_examples.append(item)
+
+    def as_dict(self) -> dict[str, Any]:
+        def groups(table: dict[str, _Group]) -> dict[str, Any]:
+            return {k: {"count": g.count, "examples": [c.as_dict() for c in g.examples]}
+                    for k, g in sorted(table.items(), key=lambda kv: (-kv[1].count, kv[0]))}
+
+        return {"policy_sha256": self.policy_sha256, "decided": self.decided, "unchanged": self.unchanged,
+                "changed": self.changed, "undecidable": self.undecidable, "not_decided": self.not_decided,
+                "bad_lines": self.bad_lines, "recorded_policies": dict(self.recorded_policies),
+                "by_change": groups(self.by_change), "by_rule": groups(self.by_rule),
+                "undecidable_why": dict(sorted(self.undecidable_why.items(), key=lambda kv: -kv[1])),
+                "undecidable_examples": [u.as_dict() for u in self.undecidable_examples]}
+
+
+@dataclass(frozen=True, slots=True)
+class _Reads:
+    """What the new policy's conditions and expressions for one (tool, class) read of a call."""
+
+    args: frozenset[str] | None  # fields of `args` read (None: the whole value)
+    history_args: bool  # whether an earlier call's arguments are read
+    provenance: bool  # whether a provenance function is called
+    nothing: bool  # no condition at all
+    cost_unknown: bool  # a cost budget counts the tool, whose cost the policy does not declare
+
+
+class _Clock:
+    """The replay's clock: the time of the record being replayed (budget windows and wall time)."""
+
+    __slots__ = ("ns",)
+
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def mono(self) -> int:
+        return self.ns
+
+    def wall(self) -> float:
+        return self.ns / 1e9
+
+
+class _Run:
+    """A recorded run as the replay rebuilds it; also the `RunView` its calls are decided over."""
+
+    __slots__ = ("history", "history_redacted", "info", "last_step", "ledger", "pending", "seen", "seen_sorted")
+
+    #: The log holds no tool results: no provenance index (a condition reading one is undecidable).
+    provenance: ProvenanceIndex | None = None
+
+    def __init__(self, info: RunInfo, ledger: Ledger) -> None:
+        self.info = info
+        self.ledger = ledger
+        self.history: list[HistoryEntry] = []
+        self.history_redacted = False
+        self.seen: set[str] = set()
+        self.seen_sorted: tuple[str, ...] = ()
+        self.last_step = 0
+        #: call_id -> (intent record, reservation or None, the history entry's class and labels, and the
+        #: cost to count as it happened for a call that could not be decided again: None for the others)
+        self.pending: dict[str, tuple[Mapping[str, Any], Any, SideEffect, tuple[str, ...], float | None]] = {}
+
+    def history_view(self) -> Sequence[HistoryEntry]:
+        return self.history
+
+    def seen_labels(self) -> Sequence[str]:
+        return self.seen_sorted
+
+    def usage_view(self) -> Mapping[str, Any]:
+        return LazyUsage(self.ledger)  # read only when a condition reads `usage`
+
+
+#: Told of every call decided again (and counted): its admission, the run as the decision read it,
+#: the run's ledger after the call reserved, the new effective outcome and the budget that refused it.
+Observer = Callable[[Admission, RunView, Ledger, str, "str | None"], None]
+
+
+class _Replayer:
+    def __init__(self, policy: Policy, since_ns: int | None, observe: Observer | None = None) -> None:
+        self.policy = policy
+        self.observe = observe
+        self.since_ns = since_ns
+        self.report = ReplayReport(policy.sha256)
+        self.clock = _Clock()
+        self.shared = MemoryLedger()
+        self.runs: dict[str, _Run] = {}
+        self.budget_refused: dict[str, str | None] = {}  # call_id -> budget that refused it when recorded
+        self._reads: dict[tuple[str, str], _Reads] = {}
+        self._expr_reads: dict[str, list[frozenset[str] | None]] = {}
+        self._cost_unknown: dict[tuple[str, str], bool] = {}
+        self._fixed: dict[tuple[str, str | None], Admission] = {}
+        #: Whether any condition can read `history` (else no entry is kept: nothing would read it).
+        self.keeps_history = any(r.condition is not None and "history" in r.condition.source
+                                 for r in policy.compiled)
+
+    # -- runs -------------------------------------------------------------------------------------
+
+    def _run(self, run_id: str, rec: Mapping[str, Any] | None = None) -> _Run:
+        run = self.runs.get(run_id)
+        if run is None:
+            principal = rec.get("principal") if rec is not None else None
+            labels = rec.get("labels") if rec is not None else None
+            agent = rec.get("agent") if rec is not None else None
+            info = RunInfo(id=run_id, principal=principal if isinstance(principal, str) else None,
+                           labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
+                           agent=agent if isinstance(agent, str) else None)
+            ledger = Ledger(self.policy.budgets, run=info, shared=self.shared, clock=self.clock.mono,
+                            wall_clock=self.clock.wall)
+            run = self.runs[run_id] = _Run(info, ledger)
+        return run
+
+    def feed(self, rec: Mapping[str, Any]) -> None:
+        kind = rec.get("kind")
+        ts = rec.get("ts_ns")
+        if isinstance(ts, int):
+            self.clock.ns = ts
+        if kind == "call_intent":
+            self._intent(rec)
+        elif kind == "call_outcome":
+            self._outcome(rec)
+        elif kind == "budget_exhausted":
+            call_id = rec.get("call_id")
+            if isinstance(call_id, str):
+                budget = rec.get("budget")
+                self.budget_refused[call_id] = budget if isinstance(budget, str) else None
+        elif kind in ("run_started", "run_resumed"):
+            run_id = rec.get("run_id")
+            if isinstance(run_id, str):
+                self._run(run_id, rec)
+        elif kind == "run_finished":
+            run_id = rec.get("run_id")
+            if isinstance(run_id, str):
+                self.runs.pop(run_id, None)
+
+    # -- calls ------------------------------------------------------------------------------------
+
+    def _intent(self, rec: Mapping[str, Any]) -> None:
+        run_id, call_id, tool = rec.get("run_id"), rec.get("call_id"), rec.get("tool")
+        if not (isinstance(run_id, str) and isinstance(call_id, str) and isinstance(tool, str)):
+            return
+        report = self.report
+        run = self._run(run_id)
+        policy = self.policy
+        args = rec.get("args")
+        if not isinstance(args, dict):
+            args = {}
+        recorded_class = rec.get("side_effect")
+        declared: SideEffect | None = recorded_class if isinstance(recorded_class, str) else None  # type: ignore[assignment]
+        step = rec.get("step")
+        if isinstance(step, int) and step != run.last_step:
+            while run.last_step < step:  # per-step budgets start afresh, as the gate's `next_step` does
+                run.ledger.next_step()
+                run.last_step += 1
+            run.last_step = step
+        old = rec.get("decision")
+        budget_refused = self.budget_refused
+        refused_by = budget_refused.pop(call_id, _NOT_REFUSED) if budget_refused else _NOT_REFUSED
+        counted = self.since_ns is None or self.clock.ns >= self.since_ns
+        facts = policy.facts(tool, declared, 0)
+        history_class: SideEffect = facts.side_effect
+        labels = facts.labels
+        if old not in ("allow", "deny", "require_approval"):
+            # Refused before the policy decided (unknown tool, invalid arguments): recorded, never re-decided.
+            run.pending[call_id] = (rec, None, history_class, labels, None)
+            if counted:
+                report.not_decided += 1
+            return
+        info = run.info
+        if isinstance(step, int) and step != info.step:
+            info = run.info = replace(info, step=step)
+        agent = rec.get("agent")  # a managed agent's call names it (`run.agent`)
+        if isinstance(agent, str) and agent != info.agent:
+            info = replace(info, agent=agent)
+        view: RunView = run if info is run.info else RecordedRun(info, run.history, run.seen_sorted,
+                                                                 LazyUsage(run.ledger), None)
+        memo_key = (tool, declared)
+        adm = self._fixed.get(memo_key)
+        if adm is None:
+            adm = admit(policy, tool, args, tools=None, run=view, declared_side_effect=declared, declared_cost=0)
+            # `admit` is pure, and without tools, a side_effect or cost expression, or a rule with a
+            # condition for the (tool, class), it reads nothing of the arguments or the run: its
+            # answer for this (tool, declared class) is the same for every call, so it is kept.
+            if (adm.stage in ("decided", "policy") and facts.side_effect_expression is None
+                    and facts.cost_expression is None and policy.fixed_decision(tool, adm.side_effect) is not None):
+                self._fixed[memo_key] = adm
+        side_effect = adm.side_effect
+        if facts.side_effect_expression is None or adm.stage != "class":
+            history_class = side_effect
+        why = self._undecidable(tool, side_effect, args, run, redacted=_has_mark(args))
+        reservation = None
+        new: str = "deny"
+        new_rules: tuple[str, ...] = ()
+        reason = ""
+        budget: str | None = None
+        if why is None and adm.decision is not None and adm.stage == "decided":
+            try:
+                reservation = run.ledger.reserve(tool, side_effect, adm.cost)
+            except BudgetExceeded as exc:
+                new, new_rules, reason, budget = "deny", adm.decision.rules, str(exc), exc.budget
+            else:
+                new, new_rules, reason, budget = (adm.decision.outcome, adm.decision.rules, adm.decision.reason,
+                                                  None)
+        elif why is None:  # refused by the policy, or before it (the class or cost could not be computed)
+            decision = adm.decision
+            new_rules = decision.rules if decision is not None else ()
+            reason = decision.reason if decision is not None and adm.refusal is None else str(adm.refusal)
+        run.pending[call_id] = (rec, reservation, history_class, labels, None if why is None else adm.cost)
+        if not counted:
+            return
+        sha = rec.get("policy_sha256")
+        if isinstance(sha, str):
+            report.recorded_policies[sha] = report.recorded_policies.get(sha, 0) + 1
+        seq = rec.get("seq")
+        seq = seq if isinstance(seq, int) else -1
+        if why is not None:
+            report.note_undecidable(Undecidable(seq, run_id, call_id, tool, why))
+            return
+        report.decided += 1
+        if self.observe is not None:
+            self.observe(adm, view, run.ledger, new, budget)
+        old_outcome = "deny" if refused_by is not _NOT_REFUSED else old
+        if new == old_outcome:
+            report.unchanged += 1
+            return
+        rules = rec.get("rules")
+        old_rules = tuple(r for r in rules if isinstance(r, str)) if isinstance(rules, list) else ()
+        report.note_change(Change(seq, self.clock.ns, run_id, call_id, tool, args, str(old_outcome), new, old_rules,
+                                  new_rules, reason, budget))
+
+    def _outcome(self, rec: Mapping[str, Any]) -> None:
+        run_id, call_id = rec.get("run_id"), rec.get("call_id")
+        if not (isinstance(run_id, str) and isinstance(call_id, str)):
+            return
+        run = self.runs.get(run_id)
+        if run is None:
+            return
+        pending = run.pending.pop(call_id, None)
+        if pending is None:
+            return
+        intent, reservation, side_effect, labels, as_happened = pending
+        status = rec.get("status")
+        ran = status in RAN_STATUSES
+        duration = rec.get("duration_ns")
+        duration = duration if isinstance(duration, int) else 0
+        if reservation is not None:
+            if ran:
+                run.ledger.settle(reservation, duration_ns=duration)
+            else:
+                run.ledger.release(reservation)
+        elif as_happened is not None and ran:
+            # Not decided again, but it ran: the run's own budgets count it, as they did (never refused).
+            run.ledger.replay(intent["tool"], side_effect, as_happened, duration)
+        if self.keeps_history:
+            args = intent.get("args")
+            decision = intent.get("decision")
+            run.history.append(HistoryEntry(
+                intent["tool"], args if isinstance(args, dict) else {}, side_effect,
+                decision if decision in ("allow", "deny", "require_approval") else "deny",
+                status if isinstance(status, str) else "denied", labels))  # type: ignore[arg-type]
+            if not run.history_redacted and isinstance(args, dict) and _has_mark(args):
+                run.history_redacted = True
+        if ran and labels and not run.seen.issuperset(labels):
+            run.seen.update(labels)
+            run.seen_sorted = tuple(sorted(run.seen))
+
+    # -- what the log cannot answer ---------------------------------------------------------------
+
+    def _undecidable(self, tool: str, side_effect: str, args: Mapping[str, Any], run: _Run,
+                     *, redacted: bool) -> str | None:
+        reads = self._reads_of(tool, side_effect)
+        if reads.nothing and not redacted and not reads.cost_unknown:  # most calls: nothing to look at
+            return None
+        if not reads.nothing:
+            if reads.provenance:
+                return "a condition reads where values came from (provenance): the log holds no tool results"
+            if redacted:
+                hidden = _redacted_fields(args)
+                if reads.args is None or not reads.args.isdisjoint(hidden):
+                    return "a condition reads a redacted argument"
+            if run.history_redacted and reads.history_args:
+                return "a condition reads an earlier call's arguments, some of them redacted"
+        if redacted:
+            hidden = _redacted_fields(args)
+            for expression in self._expressions(tool):
+                if expression is None or not expression.isdisjoint(hidden):
+                    return "the tool's side_effect or cost expression reads a redacted argument"
+        if reads.cost_unknown:
+            return "a cost budget counts this tool and the policy declares no cost for it (not in the log)"
+        return None
+
+    def _reads_of(self, tool: str, side_effect: str) -> _Reads:
+        key = (tool, side_effect)
+        found = self._reads.get(key)
+        if found is None:
+            rules = self.policy.candidates(tool, side_effect).all
+            conditions = [r.condition for r in rules if r.condition is not None]
+            args: frozenset[str] | None = frozenset()
+            history_args = provenance = False
+            for condition in conditions:
+                needs = needs_of(condition.source, VARIABLES)
+                if "args" in needs and args is not None:
+                    fields = needs["args"]
+                    args = None if fields is None else args | fields
+                if "history" in needs:
+                    entry = needs["history"]
+                    history_args = history_args or entry is None or "args" in entry
+                if PROVENANCE_FUNCTIONS.intersection(condition.functions) or any(
+                        name in condition.source for name in ("provenance(", "from_user(")):
+                    provenance = True
+            found = self._reads[key] = _Reads(args, history_args, provenance, not conditions,
+                                              self._cost_unknown_for(tool, side_effect))
+        return found
+
+    def _expressions(self, tool: str) -> list[frozenset[str] | None]:
+        """The `args` fields the tool's side_effect and cost expressions read (None: all of them)."""
+        found = self._expr_reads.get(tool)
+        if found is None:
+            facts = self.policy.facts(tool, None, 0)
+            found = []
+            for expression in (facts.side_effect_expression, facts.cost_expression):
+                if expression is not None:  # compiled from the expanded source (`let:` names inlined)
+                    needs = needs_of(expression.source, expression.variables)
+                    if "args" in needs:
+                        found.append(needs["args"])
+            self._expr_reads[tool] = found
+        return found
+
+    def _cost_unknown_for(self, tool: str, side_effect: str) -> bool:
+        key = (tool, side_effect)
+        found = self._cost_unknown.get(key)
+        if found is None:
+            spec = self.policy.model.tools.get(tool)
+            declared = spec is not None and spec.cost is not None
+            counted = any(b.limit.cost is not None and _matches(b.match, tool, side_effect)
+                          for b in self.policy.budgets)
+            found = self._cost_unknown[key] = counted and not declared
+        return found
+
+
+_NOT_REFUSED: Any = object()
+
+
+def _matches(match: Any, tool: str, side_effect: str) -> bool:
+    from proctor.policy.matching import Matcher
+
+    return Matcher.from_spec(match).matches(tool, side_effect)
+
+
+def _has_mark(node: Any) -> bool:
+    """Whether `node` holds a redaction mark at any depth."""
+    if isinstance(node, dict):
+        if REDACTED_MARK in node:
+            return True
+        return any(_has_mark(v) for v in node.values() if isinstance(v, (dict, list)))
+    if isinstance(node, list):
+        return any(_has_mark(v) for v in node if isinstance(v, (dict, list)))
+    return False
+
+
+def _redacted_fields(args: Mapping[str, Any]) -> frozenset[str]:
+    """The top-level argument names whose value holds a redaction mark (a nested path marks its head)."""
+    return frozenset(k for k, v in args.items() if isinstance(v, (dict, list)) and _has_mark(v))
+
+
+# -- reading logs ---------------------------------------------------------------------------------
+
+
+def iter_log_records(source: str, bad: list[int] | None = None) -> Iterator[dict[str, Any]]:
+    """The records of the audit log at `source` in order: a file path, or a ``postgresql://`` URL
+    (exported by the sink's own reader, `proctor.audit.postgres.export_jsonl`). Lines that are
+    not a record are skipped; with `bad` given, their count is added to ``bad[0]``."""
+    with _log_file(source) as path:
+        yield from _file_records(path, bad)
+
+
+@contextmanager
+def _log_file(source: str) -> Iterator[str]:
+    """A JSON Lines file holding the log at `source`: itself, or a PostgreSQL log exported to a temporary one."""
+    from proctor.audit.postgres import is_postgres_url
+
+    if not is_postgres_url(source):
+        yield source
+        return
+    import tempfile
+    from pathlib import Path
+
+    from proctor.audit.postgres import export_jsonl
+
+    with tempfile.TemporaryDirectory(prefix="proctor-replay-") as tmp:
+        path = Path(tmp) / "audit.jsonl"
+        with path.open("wb") as out:
+            export_jsonl(source, out)
+        yield str(path)
+
+
+def _file_records(path: str, bad: list[int] | None, feed: Callable[[dict[str, Any]], None] | None = None
+                  ) -> Iterator[dict[str, Any]]:
+    """Each record of the file (lines read by `proctor.audit.lines.iter_lines`, which never holds a line over
+    the log's line limit); with `feed`, each is handed to it instead (one generator less per record)."""
+    from proctor.audit.lines import iter_lines
+
+    try:
+        import orjson
+
+        loads: Any = orjson.loads
+    except ImportError:  # pragma: no cover - orjson is a dependency
+        loads = json.loads
+    skipped = 0
+    with open(path, "rb") as f:
+        for raw in iter_lines(f):
+            if raw.__class__ is not bytes:
+                skipped += 1
+                continue
+            try:
+                value = loads(raw)
+            except (ValueError, RecursionError):
+                skipped += 1
+                continue
+            if value.__class__ is not dict:
+                skipped += 1
+            elif feed is not None:
+                feed(value)
+            else:
+                yield value
+    if bad is not None:
+        bad[0] += skipped
+
+
+def replay(policy: Policy, records: Iterable[Mapping[str, Any]], *, since_ns: int | None = None,
+           observe: Observer | None = None) -> ReplayReport:
+    """Decide every recorded call in `records` (an audit log's records, in order) again under `policy`.
+
+    Calls recorded before `since_ns` (ns since the epoch) still shape their runs' history and
+    budgets but are not counted. `observe` is told of each call decided again (coverage uses it).
+    """
+    replayer = _Replayer(policy, since_ns, observe)
+    feed = replayer.feed
+    for rec in records:
+        feed(rec)
+    return replayer.report
+
+
+def replay_log(policy: Policy, source: str, *, since_ns: int | None = None,
+               observe: Observer | None = None) -> ReplayReport:
+    """`replay` over the audit log at `source` (a path or a ``postgresql://`` URL)."""
+    replayer = _Replayer(policy, since_ns, observe)
+    bad = [0]
+    with _log_file(source) as path:
+        for _ in _file_records(path, bad, replayer.feed):  # (fed, not yielded)
+            pass
+    replayer.report.bad_lines = bad[0]
+    return replayer.report

@@ -1,0 +1,218 @@
+"""Halts: `proctor halt` on Redis and on SQLite/PostgreSQL run stores, the channels gates read, failing closed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fleet_engines import PostgresServer, RedisServer
+
+from proctor.audit.lines import read_records
+from proctor.cli import main
+from proctor.errors import ToolDenied
+from proctor.halt import (
+    OUTAGE_ID,
+    Halt,
+    HaltChannel,
+    HaltError,
+    MemoryHalts,
+    PolledHalts,
+    halt_refusal,
+    install_signal_halt,
+    new_halt,
+)
+from proctor.halt.redis import RedisHalts
+from proctor.halt.sql import StoreHalts
+
+
+def _wait_for(predicate: Any, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def test_scopes_match_what_they_name() -> None:
+    halts = MemoryHalts()
+    assert halts.check("send_email", "mailer", "alice", "run_1") is None
+    tool = halts.set(scope="tool", value="send_*", reason="mail outage")
+    assert halts.check("send_email", None, None, "run_1") == tool
+    assert halts.check("lookup", None, None, "run_1") is None
+    halts.lift(tool.id)
+    for scope, value, hit, miss in (
+        ("agent", "mailer", ("t", "mailer", None, "r"), ("t", "other", None, "r")),
+        ("principal", "alice", ("t", None, "alice", "r"), ("t", None, "bob", "r")),
+        ("run", "run_9", ("t", None, None, "run_9"), ("t", None, None, "run_8")),
+        ("all", None, ("t", None, None, "r"), None),
+    ):
+        h = halts.set(scope=scope, value=value, reason="why")  # type: ignore[arg-type]
+        assert halts.check(*hit) == h
+        if miss is not None:
+            assert halts.check(*miss) is None
+        halts.lift(h.id)
+    with pytest.raises(HaltError, match="no active halt"):
+        halts.lift("halt_nope")
+    with pytest.raises(HaltError, match="needs the tool"):
+        new_halt("tool", None, "why")
+    with pytest.raises(HaltError, match="reason"):
+        new_halt("all", None, "  ")
+
+
+def test_refusal_names_the_halt() -> None:
+    halt = new_halt("all", None, "incident 42")
+    err = halt_refusal("send_email", halt)
+    assert isinstance(err, ToolDenied)
+    assert str(err) == f"send_email: halted by {halt.id}: incident 42"
+
+
+def test_signal_halts_this_process() -> None:
+    halts = MemoryHalts()
+    uninstall = install_signal_halt(halts)
+    try:
+        os.kill(os.getpid(), signal.SIGUSR2)
+        _wait_for(lambda: halts.check("t", None, None, "r") is not None)
+        found = halts.check("t", None, None, "r")
+        assert found is not None and "SIGUSR2" in found.reason
+    finally:
+        uninstall()
+
+
+def test_backend_rows_are_not_trusted() -> None:
+    with pytest.raises(HaltError, match="scope"):
+        Halt.from_dict({"id": "h1", "scope": "everything", "value": None, "reason": "r", "by": "x", "at_ns": 1})
+    with pytest.raises(HaltError, match="id"):
+        Halt.from_dict({"id": "bad id\n", "scope": "all", "value": None, "reason": "r", "by": "x", "at_ns": 1})
+
+
+def test_polled_channel_fails_closed_after_grace() -> None:
+    state = {"up": True}
+
+    def read() -> list[Halt]:
+        if not state["up"]:
+            raise ConnectionError("connection refused")
+        return []
+
+    channel = PolledHalts(read, "test://backend", refresh_s=0.02, grace_s=0.3)
+    try:
+        assert channel.check("t", None, None, "r") is None
+        state["up"] = False
+        time.sleep(0.1)
+        assert channel.check("t", None, None, "r") is None  # within the grace: the last snapshot decides
+        _wait_for(lambda: channel.check("t", None, None, "r") is not None)
+        outage = channel.check("t", None, None, "r")
+        assert outage is not None and outage.id == OUTAGE_ID
+        assert "test://backend" in outage.reason and "connection refused" in outage.reason
+        state["up"] = True
+        _wait_for(lambda: channel.check("t", None, None, "r") is None)
+    finally:
+        channel.close()
+    # Never read: refused from the start.
+    state["up"] = False
+    never = PolledHalts(read, "test://down", refresh_s=0.02, grace_s=0.3, wait_s=0.05)
+    try:
+        found = never.check("t", None, None, "r")
+        assert found is not None and found.id == OUTAGE_ID and "never read" in found.reason
+    finally:
+        never.close()
+    with pytest.raises(HaltError, match="refresh_s"):
+        PolledHalts(read, "x", refresh_s=1.0)
+
+
+def _cli_roundtrip(tmp_path: Path, backend: list[str], channel: HaltChannel, capsys: pytest.CaptureFixture[str]
+                   ) -> None:
+    audit = tmp_path / f"audit-{uuid.uuid4().hex[:6]}.jsonl"
+    assert main(["halt", "--tool", "send_email", "--reason", "mail storm", *backend, "--audit", str(audit)]) == 0
+    halt_id = capsys.readouterr().out.split()[-1]
+    assert halt_id.startswith("halt_")
+    _wait_for(lambda: channel.check("send_email", None, "alice", "run_1") is not None)
+    found = channel.check("send_email", None, "alice", "run_1")
+    assert found is not None and found.id == halt_id and found.reason == "mail storm"
+    assert channel.check("lookup", None, "alice", "run_1") is None
+    assert main(["halt", "--list", "--json", *backend]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [h["id"] for h in listed] == [halt_id]
+    assert main(["halt", "--lift", halt_id, "--reason", "storm over", *backend, "--audit", str(audit)]) == 0
+    capsys.readouterr()
+    _wait_for(lambda: channel.check("send_email", None, "alice", "run_1") is None)
+    assert main(["halt", "--lift", halt_id, "--reason", "again", *backend, "--audit", str(audit)]) == 1
+    records, bad = read_records(audit)
+    kinds = [(r["kind"], r.get("halt_id"), r.get("reason"), r.get("by"))
+             for r in records if r["kind"].startswith("halt")]
+    assert bad == 0
+    who = kinds[0][3]
+    assert kinds == [("halt_set", halt_id, "mail storm", who), ("halt_lifted", halt_id, "storm over", who)]
+    assert who
+    assert main(["audit", "verify", str(audit)]) == 0
+
+
+def test_cli_on_redis(tmp_path: Path, redis_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
+    channel = RedisHalts(redis_server.url)
+    try:
+        _cli_roundtrip(tmp_path, ["--ledger", redis_server.url], channel, capsys)
+    finally:
+        channel.close()
+
+
+def test_cli_on_sqlite_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    channel = StoreHalts(url)
+    try:
+        _cli_roundtrip(tmp_path, ["--store", url], channel, capsys)
+    finally:
+        channel.close()
+
+
+def test_cli_on_postgres_store(tmp_path: Path, postgres_server: PostgresServer,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    channel = StoreHalts(postgres_server.url)
+    try:
+        _cli_roundtrip(tmp_path, ["--store", postgres_server.url], channel, capsys)
+    finally:
+        channel.close()
+
+
+def test_redis_outage_fails_closed(redis_server: RedisServer) -> None:
+    channel = RedisHalts(redis_server.url, refresh_s=0.05, grace_s=0.5)
+    try:
+        assert channel.check("t", None, None, "r") is None
+        redis_server.stop()
+        _wait_for(lambda: channel.check("t", None, None, "r") is not None, 10)
+        found = channel.check("t", None, None, "r")
+        assert found is not None and found.id == OUTAGE_ID
+    finally:
+        channel.close()
+
+
+def test_cli_usage(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PROCTOR_LEDGER", raising=False)
+    monkeypatch.delenv("PROCTOR_STORE", raising=False)
+    monkeypatch.delenv("PROCTOR_AUDIT", raising=False)
+    store = ["--store", f"sqlite:///{tmp_path / 'runs.db'}"]
+    assert main(["halt", "--all", *store, "--audit", str(tmp_path / "a.jsonl")]) == 2  # no --reason
+    assert main(["halt", "--all", "--reason", "x", *store]) == 2  # no audit
+    assert main(["halt", "--all", "--reason", "x", "--audit", str(tmp_path / "a.jsonl")]) == 2  # no backend
+    assert main(["halt", *store]) == 2
+    err = capsys.readouterr().err
+    assert "--reason TEXT is required" in err and "--audit" in err and "--ledger redis://" in err
+
+
+def test_a_forged_redis_entry_fails_closed(redis_server: RedisServer) -> None:
+    import redis
+
+    channel = RedisHalts(redis_server.url, refresh_s=0.05, grace_s=0.3)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        assert channel.check("t", None, None, "r") is None
+        client.hset("proctor:halts", "halt_x", b'{"id": "halt_x", "scope": "all"}')  # no reason, no by
+        _wait_for(lambda: channel.check("t", None, None, "r") is not None)
+        found = channel.check("t", None, None, "r")
+        assert found is not None and found.id == OUTAGE_ID and "not a halt" in found.reason
+    finally:
+        client.close()
+        channel.close()

@@ -1,0 +1,268 @@
+"""`proctor policy replay`: recorded calls of a real gate's audit log decided again under a new policy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fleet_engines import PostgresServer
+
+from proctor.audit import AuditLog
+from proctor.audit.base import AuditSink
+from proctor.cli import main
+from proctor.errors import ProctorError
+from proctor.gate import Gate
+from proctor.policy import Policy
+from proctor.policy.replay import replay_log
+from proctor.tools import tool
+
+
+@tool(side_effect="read")
+def lookup(order: str) -> str:
+    """Look an order up.
+
+    Args:
+        order: Order id.
+    """
+    return f"order {order}"
+
+
+@tool(side_effect="external", cost=1)
+def send_email(to: str, body: str) -> str:
+    """Send an email.
+
+    Args:
+        to: Recipient.
+        body: Text.
+    """
+    return f"sent to {to}"
+
+
+@tool(side_effect="destructive")
+def charge(card: str, amount: int) -> str:
+    """Charge a card.
+
+    Args:
+        card: Card number.
+        amount: Amount.
+    """
+    return "charged"
+
+
+OLD = """
+version: 1
+tools:
+  charge: {side_effect: destructive, redact: [card]}
+rules:
+  - {name: reads, match: {side_effect: read}, decision: allow}
+  - name: mail
+    match: {tool: send_email}
+    when: "args.to.endsWith('@example.com')"
+    decision: allow
+  - {name: charges, match: {tool: charge}, decision: allow}
+"""
+
+
+def _record(tmp_path: Path, audit: AuditSink | None = None) -> Path:
+    """A log of two runs under OLD: reads, internal and external mail, charges."""
+    log = tmp_path / "audit.jsonl"
+    audit = audit if audit is not None else AuditLog(log, durability="flush")
+    gate = Gate(Policy.from_string(OLD), audit=audit, tools=[lookup, send_email, charge])
+    for principal in ("alice", "bob"):
+        ctx = gate.start_run(principal=principal, labels={"env": "prod"})
+        gate.call("lookup", {"order": "1"}, context=ctx)
+        gate.call("send_email", {"to": "a@example.com", "body": "hi"}, context=ctx)
+        with pytest.raises(ProctorError):
+            gate.call("send_email", {"to": "x@elsewhere.org", "body": "hi"}, context=ctx)
+        gate.call("charge", {"card": "4111111111111111", "amount": 5}, context=ctx)
+        gate.call("lookup", {"order": "2"}, context=ctx)
+        gate.finish_run(ctx)
+    audit.close()
+    return log
+
+
+def test_same_policy_changes_nothing(tmp_path: Path) -> None:
+    log = _record(tmp_path)
+    report = replay_log(Policy.from_string(OLD), str(log))
+    assert (report.decided, report.changed, report.undecidable, report.unchanged) == (10, 0, 0, 10)
+    assert list(report.recorded_policies.values()) == [10]
+
+
+def test_changes_are_grouped_by_change_and_rule(tmp_path: Path) -> None:
+    log = _record(tmp_path)
+    new = Policy.from_string(OLD.replace("endsWith('@example.com')", "endsWith('.org')")
+                             .replace("{name: reads, match: {side_effect: read}, decision: allow}",
+                                      "{name: reads, match: {side_effect: read}, decision: require_approval}"))
+    report = replay_log(new, str(log))
+    out = report.as_dict()
+    assert out["by_change"]["allow→deny"]["count"] == 2  # internal mail: no rule matches now, default deny
+    assert out["by_change"]["deny→allow"]["count"] == 2  # external mail
+    assert out["by_change"]["allow→require_approval"]["count"] == 4  # the reads
+    assert out["by_rule"]["reads"]["count"] == 4
+    assert out["by_rule"]["mail"]["count"] == 4  # both mail changes involve the rule (old or new)
+    example = out["by_change"]["deny→allow"]["examples"][0]
+    assert example["tool"] == "send_email" and example["args"]["to"] == "x@elsewhere.org"
+    assert example["new_rules"] == ["mail"] and example["old_rules"] == []
+
+
+def test_a_condition_on_a_redacted_argument_is_undecidable(tmp_path: Path) -> None:
+    log = _record(tmp_path)
+    new = Policy.from_string(OLD.replace("{name: charges, match: {tool: charge}, decision: allow}",
+                                         "{name: charges, match: {tool: charge}, decision: allow, "
+                                         "when: \"args.card.startsWith('4')\"}"))
+    report = replay_log(new, str(log))
+    assert report.undecidable == 2 and report.changed == 0
+    assert list(report.undecidable_why) == ["a condition reads a redacted argument"]
+    # A condition on the clear argument of the same call is decided.
+    clear = Policy.from_string(OLD.replace("{name: charges, match: {tool: charge}, decision: allow}",
+                                           "{name: charges, match: {tool: charge}, decision: allow, "
+                                           "when: 'args.amount > 10'}"))
+    report = replay_log(clear, str(log))
+    assert report.undecidable == 0 and report.by_change["allow→deny"].count == 2
+
+
+def test_history_budgets_and_run_facts(tmp_path: Path) -> None:
+    log = _record(tmp_path)
+    new = Policy.from_string(OLD + """
+  - name: no-mail-after-charge
+    match: {tool: send_email}
+    when: "history.exists(h, h.tool == 'charge')"
+    decision: deny
+  - name: bob-reads
+    match: {tool: lookup}
+    when: "run.principal == 'bob' && run.labels.env == 'prod'"
+    decision: deny
+budgets:
+  - {name: one-lookup, match: {tool: lookup}, limit: {calls: 1}}
+""")
+    report = replay_log(new, str(log))
+    out = report.as_dict()
+    # bob's two reads are denied by the rule; alice's second read by the per-run budget.
+    assert out["by_rule"]["bob-reads"]["count"] == 2
+    assert out["by_rule"]["budget:one-lookup"]["count"] == 1
+    budget_example = out["by_rule"]["budget:one-lookup"]["examples"][0]
+    assert budget_example["budget"] == "one-lookup" and "exhausted" in budget_example["new_reason"]
+    # No mail came after a charge in these runs: the history rule changes nothing.
+    assert "no-mail-after-charge" not in out["by_rule"]
+
+
+def test_provenance_is_undecidable(tmp_path: Path) -> None:
+    log = _record(tmp_path)
+    new = Policy.from_string(OLD + """
+  - name: no-untrusted-mail
+    match: {tool: send_email}
+    when: "'untrusted' in provenance(args.to)"
+    decision: deny
+""")
+    report = replay_log(new, str(log))
+    assert report.undecidable == 4
+    assert "provenance" in next(iter(report.undecidable_why))
+
+
+def test_cli_fail_on_change_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = _record(tmp_path)
+    same = tmp_path / "same.yaml"
+    same.write_text(OLD)
+    stricter = tmp_path / "new.yaml"
+    stricter.write_text(OLD.replace("{name: charges, match: {tool: charge}, decision: allow}",
+                                    "{name: charges, match: {tool: charge}, decision: deny}"))
+    assert main(["policy", "replay", str(same), "--audit", str(log), "--fail-on-change"]) == 0
+    capsys.readouterr()
+    assert main(["policy", "replay", str(stricter), "--audit", str(log), "--fail-on-change", "--json"]) == 1
+    out: dict[str, Any] = json.loads(capsys.readouterr().out)
+    assert out["changed"] == 2 and out["by_change"]["allow→deny"]["count"] == 2
+    assert main(["policy", "replay", str(stricter), "--audit", str(log)]) == 0  # reports, does not fail
+    text = capsys.readouterr().out
+    assert "allow→deny" in text and "charges" in text
+    # --since in the future: nothing counted
+    assert main(["policy", "replay", str(stricter), "--audit", str(log), "--since", "2999-01-01",
+                 "--fail-on-change"]) == 0
+
+
+def test_coverage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from proctor.policy.coverage import coverage_log
+
+    log = _record(tmp_path)
+    policy = Policy.from_string("""
+version: 1
+tools:
+  lookup: {side_effect: read}
+  charge: {side_effect: destructive, redact: [card]}
+budgets:
+  - {name: mails, match: {tool: send_email}, limit: {calls: 4}}
+  - {name: charges, match: {tool: charge}, limit: {calls: 1}}
+rules:
+  - {name: reads, match: {side_effect: read}, decision: allow}
+  - name: mail
+    match: {tool: send_email}
+    when: "args.to.endsWith('@example.com')"
+    decision: allow
+  - {name: wipes, match: {tool: wipe}, decision: deny}
+  - {name: charges, match: {tool: charge}, decision: allow}
+""")
+    report = coverage_log(policy, str(log))
+    assert report.calls == 10
+    assert report.never_matched == ["wipes"]
+    assert report.always_matched == ["reads", "charges"]
+    assert report.rules["mail"] == [4, 2]
+    assert report.budgets["charges"].max_fraction == 1.0  # one of one used in each run
+    assert report.budgets["mails"].max_fraction == 0.25  # only internal mail is allowed (and reserves)
+    assert sorted(report.undeclared) == ["send_email"]
+    p = tmp_path / "p.yaml"
+    p.write_text("version: 1\nrules:\n  - {name: everything, decision: allow}\n")
+    assert main(["policy", "coverage", str(p), "--audit", str(log), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["always_matched"] == ["everything"] and out["undeclared_tools"] == ["charge", "lookup", "send_email"]
+    assert main(["policy", "coverage", str(p), "--audit", str(log)]) == 0
+    assert "rules that never matched: 0" in capsys.readouterr().out
+
+
+def test_replay_from_a_postgres_audit_log(tmp_path: Path, postgres_server: PostgresServer,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from proctor.audit.postgres import PostgresAuditLog
+
+    url = f"{postgres_server.url}&log=replay_{tmp_path.name[-8:]}"
+    _record(tmp_path, PostgresAuditLog(url))
+    stricter = tmp_path / "new.yaml"
+    stricter.write_text(OLD.replace("{name: charges, match: {tool: charge}, decision: allow}",
+                                    "{name: charges, match: {tool: charge}, decision: deny}"))
+    assert main(["policy", "replay", str(stricter), "--audit", url, "--json", "--fail-on-change"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["decided"] == 10 and out["by_change"]["allow→deny"]["count"] == 2
+
+
+def test_history_is_rebuilt_as_the_call_had_it(tmp_path: Path) -> None:
+    log = _record(tmp_path)
+    # Mail after a charge: the second lookup of each run comes after the charge, the mails before it.
+    after_charge = Policy.from_string(OLD + """
+  - name: nothing-after-charge
+    match: {tool: lookup}
+    when: "history.exists(h, h.tool == 'charge' && h.status == 'ok')"
+    decision: deny
+""")
+    out = replay_log(after_charge, str(log)).as_dict()
+    assert out["by_rule"]["nothing-after-charge"]["count"] == 2
+    assert {ex["args"]["order"] for ex in out["by_rule"]["nothing-after-charge"]["examples"]} == {"2"}
+    # A condition reading an earlier call's arguments, when one of them was redacted: undecidable.
+    reads_args = Policy.from_string(OLD + """
+  - name: no-repeat
+    match: {tool: lookup}
+    when: "history.exists(h, h.args == args)"
+    decision: deny
+""")
+    report = replay_log(reads_args, str(log))
+    # the first lookup of each run comes before the charge (no redacted entry yet): decided
+    assert report.undecidable == 2 and report.decided == 8
+    assert "earlier call's arguments" in next(iter(report.undecidable_why))
+
+
+def test_since_counts_later_calls_only(tmp_path: Path) -> None:
+    from proctor.audit.lines import read_records
+
+    log = _record(tmp_path)
+    records, _ = read_records(log)
+    second_run = next(r for r in records if r["kind"] == "run_started" and r["principal"] == "bob")
+    report = replay_log(Policy.from_string(OLD), str(log), since_ns=second_run["ts_ns"])
+    assert report.decided == 5  # bob's run only
