@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import inspect
 import keyword
-import math
 import sys
 import threading
 import time
@@ -50,6 +49,7 @@ from proctor.agent.managed import MAX_AGENT_DEPTH, ScopedGate, strictest_sandbox
 from proctor.errors import ConfigurationError
 from proctor.gate import CallScope, Gate, RunContext, agent_fields
 from proctor.interpreter import ExecutionResult, Interpreter
+from proctor.interpreter.channel import EncodeError, encode_value
 from proctor.interpreter.interpreter import SandboxMode, check_installed
 from proctor.narrowing import Layer, StackedLedger
 from proctor.telemetry import AgentSpan, agent_span, step_span
@@ -228,14 +228,14 @@ class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ship
         """Run one program; return its value, logs and whether it gave the final answer, or raise its error."""
         interpreter = self.interpreter
         ctx = self._context
-        self._apply_variables(interpreter)
+        variables = self._variables()
         step = self._sync_step(ctx)
         if self._managed is not None or self._res.span is None:
             parent = self._managed.parent if self._managed is not None else None
-            result = interpreter.run(code_action, context=ctx, parent=parent)
+            result = interpreter.run(code_action, context=ctx, parent=parent, variables=variables)
         else:
             with step_span(self.gate.tracer, step=step, parent=self._res.span, run=ctx.info if ctx else None) as span:
-                result = interpreter.run(code_action, context=ctx, parent=span.context)
+                result = interpreter.run(code_action, context=ctx, parent=span.context, variables=variables)
                 if result.error is not None:
                     span.finish("error", type(result.error).__name__, str(result.error)[:500])
         self.last_result = result
@@ -391,16 +391,15 @@ class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ship
         self._built_for = self._key()
         self._sent = {}
 
-    def _apply_variables(self, interpreter: Interpreter) -> None:
+    def _variables(self) -> dict[str, Any]:
+        """The variables to set before the next program (sent with it): each as the channel carries it
+        (data, dates, Decimals, numpy, pandas, PIL images), or, when it cannot cross, its repr."""
         if not self._pending:
-            return
-        lines = [f"{name} = {_literal(value)}" for name, value in self._pending.items()]
-        parent = self._managed.parent if self._managed is not None else None
-        result = interpreter.run("\n".join(lines) + "\nNone", context=self._context, parent=parent)
-        if result.error is not None:
-            raise ConfigurationError(f"the agent's variables could not be sent to the sandbox: {result.error}")
+            return {}
+        out = {name: _sendable(value) for name, value in self._pending.items()}
         self._sent.update(self._pending)
         self._pending = {}
+        return out
 
     def _for_managed_call(self, managed: _Managed, imports: Iterable[str], sandbox: str) -> GovernedExecutor:
         """A copy of this executor's settings running one managed call's programs in `managed`'s run."""
@@ -676,27 +675,16 @@ def _inputs_of(tool: Tool) -> dict[str, dict[str, Any]]:
     return inputs
 
 
-def _literal(value: Any, depth: int = 0) -> str:
-    """Python source rebuilding `value` when it is data; otherwise its repr, as a string."""
-    kind = type(value)
-    if value is None or kind in (bool, int, str, bytes):
-        return repr(value)
-    if kind is float:
-        return repr(value) if math.isfinite(value) else f"float({str(value)!r})"
-    if depth < 50:
-        if kind is list:
-            return "[" + ", ".join(_literal(v, depth + 1) for v in value) + "]"
-        if kind is tuple:
-            return "(" + "".join(_literal(v, depth + 1) + ", " for v in value) + ")"
-        if kind in (set, frozenset):
-            items = "[" + ", ".join(_literal(v, depth + 1) for v in value) + "]"
-            return f"{kind.__name__}({items})"
-        if kind is dict:
-            pairs = (f"{_literal(k, depth + 1)}: {_literal(v, depth + 1)}" for k, v in value.items())
-            return "{" + ", ".join(pairs) + "}"
+def _sendable(value: Any) -> Any:
+    """`value` when the channel carries it, else its repr (it would not survive the process boundary)."""
+    try:
+        encode_value(value, "variable")
+        return value
+    except EncodeError:
+        pass
     try:
         text = repr(value)
     except Exception as exc:  # noqa: BLE001 - a broken __repr__ still sends something
-        text = f"<unrepresentable {kind.__name__}: {type(exc).__name__}>"
-    log.info("variable_sent_as_repr", type=kind.__name__)
-    return repr(text)
+        text = f"<unrepresentable {type(value).__name__}: {type(exc).__name__}>"
+    log.info("variable_sent_as_repr", type=type(value).__name__)
+    return text
