@@ -61,6 +61,18 @@ def _python_type(name: str, where: str, declared: Any) -> Any:
     return types[0] if len(types) == 1 else Union[tuple(types)]  # noqa: UP007 - built at run time
 
 
+def _dotted(text: str, namespace: dict[str, Any]) -> Any:
+    """The object a dotted name (``DataFrame``, ``pd.DataFrame``) names in `namespace`; the text otherwise
+    (looked up, never evaluated)."""
+    head, *rest = text.strip().strip("'\"").split(".")
+    if not head.isidentifier() or not all(part.isidentifier() for part in rest) or head not in namespace:
+        return text
+    value = namespace[head]
+    for part in rest:
+        value = getattr(value, part, text)
+    return value
+
+
 def from_smolagents(obj: Any, *, side_effect: Any = None, cost: int = 0) -> Tool:
     """A proctor `Tool` calling the smolagents tool `obj`, its ``inputs`` as the validated schema."""
     name = getattr(obj, "name", None)
@@ -107,6 +119,17 @@ def from_smolagents(obj: Any, *, side_effect: Any = None, cost: int = 0) -> Tool
         kind = inspect.Parameter.KEYWORD_ONLY if keyword_only else inspect.Parameter.POSITIONAL_OR_KEYWORD
         params.append(inspect.Parameter(arg, kind, default=default, annotation=py))
     returns = SMOLAGENTS_TYPES.get(output_type, Any) if isinstance(output_type, str) else Any
+    try:  # the class forward() says it returns: truer than smolagents' type name ("object" for any class)
+        # smolagents' @tool compiles forward() in its own module: names resolve where the function was written.
+        home = sys.modules.get(getattr(obj.forward, "__module__", None) or "")
+        declared_return = inspect.signature(obj.forward, globals=vars(home) if home is not None else None,
+                                            eval_str=True).return_annotation
+        if isinstance(declared_return, str) and home is not None:  # its source quotes them once more
+            declared_return = _dotted(declared_return, vars(home))
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve says nothing
+        declared_return = inspect.Signature.empty
+    if isinstance(declared_return, type) and declared_return is not inspect.Signature.empty:
+        returns = declared_return
     signature = inspect.Signature(params, return_annotation=returns)
 
     def call(**kwargs: Any) -> Any:

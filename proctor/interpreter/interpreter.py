@@ -13,6 +13,7 @@ import importlib.util
 import os
 import threading
 import time
+import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Literal, Protocol, cast
@@ -110,7 +111,7 @@ class Interpreter:
         needs_site = any(n == "*" or n.partition(".")[0] not in STDLIB for n in self.authorized_imports)
         # Tools whose return annotation says their result cannot reach the program: refused before they run.
         self._unsendable = {t.name: reason for t in self.tools
-                            if (reason := unsendable_return(t.signature.return_annotation, needs_site)) is not None}
+                            if (reason := unsendable_return(_return_type(t), needs_site)) is not None}
         # A fixed PYTHONHASHSEED (durable runs) makes set and str-hash order the same in every worker.
         env = {**worker_env(), "PYTHONHASHSEED": str(hash_seed)} if hash_seed is not None else {}
         self._spec = SandboxSpec(self.isolation, extra_paths=tuple(site_paths()) if needs_site else (), env=env)
@@ -630,6 +631,17 @@ class _Interrupted(Exception):
 
 def _replace(result: ExecutionResult, **changes: Any) -> ExecutionResult:
     return replace(result, **changes)
+
+
+def _return_type(t: Tool) -> Any:
+    """What `t` says it returns: its signature's annotation, resolved when it is text (postponed annotations)."""
+    annotation = t.signature.return_annotation
+    if isinstance(annotation, str):
+        try:
+            annotation = typing.get_type_hints(t.fn).get("return", annotation)
+        except Exception:  # noqa: BLE001 - a name that does not resolve says nothing about the result
+            return None
+    return annotation
 
 
 def _sha256_of(args: Any) -> str | None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-
 from interpreter.conftest import ISOLATIONS
+
 from proctor.interpreter import Interpreter
 from proctor.interpreter.guard import ImportPolicy
 
