@@ -35,6 +35,12 @@ def _smolagents_base() -> type | None:
     return base if isinstance(base, type) else None
 
 
+def _smolagents_tool_class() -> type | None:
+    module = sys.modules.get("smolagents.tools")
+    cls = getattr(module, "Tool", None) if module is not None else None
+    return cls if isinstance(cls, type) else None
+
+
 def is_smolagents_tool(obj: Any) -> bool:
     """Whether `obj` is a smolagents tool instance (``@smolagents.tool`` or a ``smolagents.Tool``)."""
     base = _smolagents_base()
@@ -132,7 +138,16 @@ def from_smolagents(obj: Any, *, side_effect: Any = None, cost: int = 0) -> Tool
         returns = declared_return
     signature = inspect.Signature(params, return_annotation=returns)
 
+    tool_class = _smolagents_tool_class()
+    direct = tool_class is not None and isinstance(obj, tool_class)
+
     def call(**kwargs: Any) -> Any:
+        if direct:
+            # What smolagents' Tool.__call__ does for keyword arguments, without going through it: that is
+            # where its instrumentation (openinference) opens a TOOL span, and the gate's span is this call's.
+            if not obj.is_initialized:
+                obj.setup()
+            return obj.forward(**kwargs)
         return obj(**kwargs)
 
     call.__name__ = name

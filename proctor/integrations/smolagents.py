@@ -37,6 +37,7 @@ from typing import Any
 
 from opentelemetry.context import Context
 from smolagents import Tool as SmolTool
+from smolagents.agent_types import handle_agent_input_types, handle_agent_output_types
 from smolagents.agents import CodeAgent as SmolCodeAgent
 from smolagents.agents import MultiStepAgent, ToolCallingAgent
 from smolagents.default_tools import FinalAnswerTool
@@ -234,7 +235,9 @@ class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ship
             parent = self._managed.parent if self._managed is not None else None
             result = interpreter.run(code_action, context=ctx, parent=parent, variables=variables)
         else:
-            with step_span(self.gate.tracer, step=step, parent=self._res.span, run=ctx.info if ctx else None) as span:
+            # Under the current span: this run's, or smolagents' own step span when openinference traces it.
+            with step_span(self.gate.tracer, step=step, agent_name=self._res.span.agent_name,
+                           run=ctx.info if ctx else None) as span:
                 result = interpreter.run(code_action, context=ctx, parent=span.context, variables=variables)
                 if result.error is not None:
                     span.finish("error", type(result.error).__name__, str(result.error)[:500])
@@ -623,6 +626,18 @@ class GovernedTool(SmolTool):  # type: ignore[misc]  # smolagents ships no type 
         self.output_schema = getattr(source, "output_schema", None)
         self.tool, self.gate, self.context, self.parent = tool, gate, context, parent
         super().__init__()
+
+    def __call__(self, *args: Any, sanitize_inputs_outputs: bool = False, **kwargs: Any) -> Any:
+        """smolagents' `Tool.__call__`, less its instrumentation point: with openinference on, the call's
+        span is the gate's ``execute_tool`` span (nested under smolagents' step), not a second TOOL span."""
+        if len(args) == 1 and not kwargs and isinstance(args[0], dict):
+            (given,) = args
+            if all(k in self.inputs for k in given):
+                args, kwargs = (), dict(given)
+        if sanitize_inputs_outputs:
+            args, kwargs = handle_agent_input_types(*args, **kwargs)
+        out = self.forward(*args, **kwargs)
+        return handle_agent_output_types(out, self.output_type) if sanitize_inputs_outputs else out
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Call the tool through the gate: decided, approved, audited and traced; a refusal raises."""

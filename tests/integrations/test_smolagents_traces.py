@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import smolagents
+from openinference.instrumentation.smolagents import SmolagentsInstrumentor
 
 from integrations.smol_tools import ScriptedSmolModel, get_weather
 from proctor import Gate, Policy
-from proctor.integrations.smolagents import GovernedExecutor
+from proctor.integrations.smolagents import GovernedExecutor, govern_tools
 from proctor.testing import InMemoryAudit, SpanCapture
 
 POLICY: dict[str, Any] = {
@@ -112,3 +113,43 @@ def test_the_audit_log_is_closed_cleanly_at_exit_without_cleanup(tmp_path: Path)
     assert report["unfinished_runs"] == [] and report["recoveries"] == [] and report["dangling_intents"] == []
     kinds = [json.loads(line)["kind"] for line in log.read_text().splitlines()]
     assert kinds.count("run_started") == kinds.count("run_finished") == 1
+
+
+def test_with_openinference_on_proctors_spans_nest_under_smolagents_and_no_tool_span_is_doubled() -> None:
+    """SmolagentsInstrumentor traces the run, steps and model calls; each tool call has one span, the gate's."""
+    capture = SpanCapture()
+    instrumentor = SmolagentsInstrumentor()
+    instrumentor.instrument(tracer_provider=capture.provider)
+    try:
+        gate = Gate(Policy.from_dict(POLICY), tracer=capture.tracer)
+        model = ScriptedSmolModel([code("a = get_weather('Oslo')"), code("final_answer(get_weather('Rome'))")])
+        agent = smolagents.CodeAgent(tools=[get_weather], model=model, name="planner",
+                                     executor=GovernedExecutor(gate, sandbox="process"))
+        try:
+            agent.run("weather")
+        finally:
+            agent.cleanup()
+        governed = govern_tools([get_weather], gate)
+        caller = smolagents.ToolCallingAgent(tools=governed, model=ScriptedSmolModel([
+            ("get_weather", {"city": "Lima"}), ("final_answer", {"answer": "ok"})]))
+        caller.run("weather")
+    finally:
+        instrumentor.uninstrument()
+    spans = capture.spans()
+    by_id = {s.context.span_id: s for s in spans}
+    tool_spans = [s for s in spans if s.name == "get_weather" or s.name.startswith("execute_tool")]
+    assert [s.name for s in tool_spans] == ["execute_tool get_weather"] * 3  # smolagents' TOOL span not doubled
+    ours = next(s for s in spans if s.name == "invoke_agent planner")
+
+    def ancestors(span: Any) -> list[str]:
+        names = []
+        while span.parent is not None and span.parent.span_id in by_id:
+            span = by_id[span.parent.span_id]
+            names.append(span.name)
+        return names
+
+    assert ancestors(ours), "proctor's run span nests under smolagents' own run span"
+    for step in (s for s in spans if s.name.startswith("step ")):
+        assert "invoke_agent planner" in ancestors(step)
+    first_run = {s.context.trace_id for s in spans if "invoke_agent planner" in [s.name, *ancestors(s)]}
+    assert len(first_run) == 1
