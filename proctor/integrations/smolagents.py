@@ -210,8 +210,11 @@ class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ship
         res = self._res
         res.steps = 0
         self._step_calls = []
-        name = str(getattr(agent, "name", None) or "smolagents")
-        res.context = self.gate.start_run(principal=self.principal, labels=self.labels, agent=None)
+        named = getattr(agent, "name", None)
+        name = named if isinstance(named, str) and named else "smolagents"
+        # Named after the agent (run.agent in CEL), which also keeps it from being handed its own task.
+        res.context = self.gate.start_run(principal=self.principal, labels=self.labels,
+                                          agent=named if isinstance(named, str) and named else None)
         model = getattr(getattr(agent, "model", None), "model_id", None)
         res.span_cm = agent_span(self.gate.tracer, agent_name=name, run=res.context.info,
                                  model=model if isinstance(model, str) else None)
