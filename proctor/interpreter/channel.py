@@ -504,8 +504,13 @@ def _decode_index(inner: Any, depth: int, limit: int, pd: Any, length: int) -> A
 
 
 def _scalar_name(value: Any, what: str) -> Any:
-    if not isinstance(value, (str, int, float, bool, type(None))):
-        raise ProtocolError(f"{what} must be a str, int, float, bool or None")
+    """A pandas label: a scalar (a number, text, a date, a numpy scalar…) or a tuple of them, never a container."""
+    if isinstance(value, tuple):
+        for item in value:
+            _scalar_name(item, what)
+        return value
+    if isinstance(value, (list, dict, set, frozenset, bytes)) or (hasattr(value, "shape") and value.shape != ()):
+        raise ProtocolError(f"{what} must be a scalar or a tuple of scalars, not a {type(value).__name__}")
     return value
 
 

@@ -71,6 +71,10 @@ def test_pandas_objects_cross_with_their_columns_index_and_dtypes() -> None:
     assert back.groupby("kind")["points"].sum().to_dict() == {"x": 13, "y": 4}
     series = pd.Series([1.5, 2.5], name="s", index=pd.RangeIndex(10, 12))
     pd.testing.assert_series_equal(wire(series), series)
+    row = df.iloc[1]  # a row: named by its index label (a numpy int), of object dtype
+    assert wire(row).name == 8 and wire(row)["points"] == 4
+    pair = pd.Series([1], name=("a", 1))
+    assert wire(pair).name == ("a", 1)
     assert wire(pd.DataFrame()).shape == (0, 0)
 
 
@@ -114,7 +118,7 @@ FORGED = [
     ({"$dataframe": {"columns": [], "data": [], "index": {"name": None, "range": [0, 10**12, 1]}}}, "over the limit"),
     ({"$series": {"name": None, "values": {"dtype": "|O", "values": {"$ndarray": {}}}, "index": {}}}, "dtype"),
     ({"$series": {"name": {"$set": [1]}, "values": {"dtype": "object", "values": [1]},
-                  "index": {"name": None, "range": [0, 1, 1]}}}, "name must be"),
+                  "index": {"name": None, "range": [0, 1, 1]}}}, "name must be a scalar"),
     ({"$series": {"name": None, "values": {"dtype": "float64; import os", "values": [1]},
                   "index": {"name": None, "range": [0, 1, 1]}}}, "must have dtype"),
     ({"$decimal": "9" * 5000}, "at most 1000"),
