@@ -194,3 +194,20 @@ def test_a_managed_agent_in_an_executor_proctor_cannot_govern_is_refused_before_
         assert model.seen == []  # refused before the model was asked anything
     finally:
         manager.cleanup()
+
+
+def test_a_dataframe_handed_to_a_managed_agent_arrives_as_a_dataframe() -> None:
+    """additional_args cross from the manager's program to the managed agent's as the objects they are."""
+    gate = Gate(Policy.from_dict(POLICY))
+    sub = smolagents.CodeAgent(tools=[], model=ScriptedSmolModel([
+        code("final_answer(f'{type(df).__name__} {int(df.x.sum())}')"),
+    ]), name="researcher", description="Reads data.", additional_authorized_imports=["pandas"])
+    manager = smolagents.CodeAgent(tools=[], model=ScriptedSmolModel([
+        code("import pandas as pd\nfinal_answer(researcher(task='sum x', additional_args={'df': "
+             "pd.DataFrame({'x': [1, 2, 3]})}))"),
+    ]), managed_agents=[sub], additional_authorized_imports=["pandas"],
+        executor=GovernedExecutor(gate, sandbox="process"))
+    try:
+        assert "DataFrame 6" in str(manager.run("sum"))
+    finally:
+        manager.cleanup()
