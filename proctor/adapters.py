@@ -35,6 +35,12 @@ def _smolagents_base() -> type | None:
     return base if isinstance(base, type) else None
 
 
+def _smolagents_tool_class() -> type | None:
+    module = sys.modules.get("smolagents.tools")
+    cls = getattr(module, "Tool", None) if module is not None else None
+    return cls if isinstance(cls, type) else None
+
+
 def is_smolagents_tool(obj: Any) -> bool:
     """Whether `obj` is a smolagents tool instance (``@smolagents.tool`` or a ``smolagents.Tool``)."""
     base = _smolagents_base()
@@ -59,6 +65,18 @@ def _python_type(name: str, where: str, declared: Any) -> Any:
     if any(t is Any for t in types):
         return Any
     return types[0] if len(types) == 1 else Union[tuple(types)]  # noqa: UP007 - built at run time
+
+
+def _dotted(text: str, namespace: dict[str, Any]) -> Any:
+    """The object a dotted name (``DataFrame``, ``pd.DataFrame``) names in `namespace`; the text otherwise
+    (looked up, never evaluated)."""
+    head, *rest = text.strip().strip("'\"").split(".")
+    if not head.isidentifier() or not all(part.isidentifier() for part in rest) or head not in namespace:
+        return text
+    value = namespace[head]
+    for part in rest:
+        value = getattr(value, part, text)
+    return value
 
 
 def from_smolagents(obj: Any, *, side_effect: Any = None, cost: int = 0) -> Tool:
@@ -107,9 +125,29 @@ def from_smolagents(obj: Any, *, side_effect: Any = None, cost: int = 0) -> Tool
         kind = inspect.Parameter.KEYWORD_ONLY if keyword_only else inspect.Parameter.POSITIONAL_OR_KEYWORD
         params.append(inspect.Parameter(arg, kind, default=default, annotation=py))
     returns = SMOLAGENTS_TYPES.get(output_type, Any) if isinstance(output_type, str) else Any
+    try:  # the class forward() says it returns: truer than smolagents' type name ("object" for any class)
+        # smolagents' @tool compiles forward() in its own module: names resolve where the function was written.
+        home = sys.modules.get(getattr(obj.forward, "__module__", None) or "")
+        declared_return = inspect.signature(obj.forward, globals=vars(home) if home is not None else None,
+                                            eval_str=True).return_annotation
+        if isinstance(declared_return, str) and home is not None:  # its source quotes them once more
+            declared_return = _dotted(declared_return, vars(home))
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve says nothing
+        declared_return = inspect.Signature.empty
+    if isinstance(declared_return, type) and declared_return is not inspect.Signature.empty:
+        returns = declared_return
     signature = inspect.Signature(params, return_annotation=returns)
 
+    tool_class = _smolagents_tool_class()
+    direct = tool_class is not None and isinstance(obj, tool_class)
+
     def call(**kwargs: Any) -> Any:
+        if direct:
+            # What smolagents' Tool.__call__ does for keyword arguments, without going through it: that is
+            # where its instrumentation (openinference) opens a TOOL span, and the gate's span is this call's.
+            if not obj.is_initialized:
+                obj.setup()
+            return obj.forward(**kwargs)
         return obj(**kwargs)
 
     call.__name__ = name

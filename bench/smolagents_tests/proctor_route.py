@@ -37,6 +37,20 @@ from proctor.tools import Tool
 
 # The same harness measures proctor before this integration existed (no final_answer=, no lenient tools).
 _HAS_FINAL = "final_answer" in inspect.signature(Interpreter.__init__).parameters
+_HAS_VARIABLES = "variables" in inspect.signature(Interpreter.run).parameters
+#: Modules whose values the channel carries as themselves (where this proctor's channel has the codec for them).
+_RICH_MODULES = ("numpy", "pandas", "datetime", "decimal", "PIL") if _HAS_VARIABLES else ()
+
+
+def _crosses(value: Any) -> bool:
+    """Whether the channel carries `value` as itself."""
+    from proctor.interpreter.channel import EncodeError, encode_value
+
+    try:
+        encode_value(value)
+    except (EncodeError, RecursionError):
+        return False
+    return True
 
 SANDBOX = os.environ.get("PROCTOR_ROUTE_SANDBOX", "auto")
 MAX_TIMEOUT = 5.0  # seconds a routed program may run (smolagents' default is 30; no test needs more than 5)
@@ -128,12 +142,17 @@ class _Routed:
     def send(self, variables: dict[str, Any]) -> None:
         lines = [*self.prelude]
         self.prelude = []
+        sent: dict[str, Any] = {}
         for name, value in variables.items():
             if isinstance(name, str) and name.isidentifier() and not name.startswith("__") and name != "_print_outputs":
-                lines.append(f"{name} = {_literal(value)}")
+                if _HAS_VARIABLES and _crosses(value):
+                    sent[name] = value  # as the object it is (the channel's codec: DataFrames, arrays, dates…)
+                else:
+                    lines.append(f"{name} = {_literal(value)}")
                 self.known.add(name)
-        if lines:
-            result = self.interpreter.run("\n".join(lines) + "\nNone")
+        if lines or sent:
+            extra = {"variables": sent} if sent else {}
+            result = self.interpreter.run("\n".join(lines) + "\nNone", **extra)
             if result.error is not None:
                 raise lpe.InterpreterError(str(result.error))
 
@@ -157,6 +176,8 @@ class _Routed:
             return
         lines = ["def _proctor_data(v, depth=0):",
                  "    if v is None or type(v) in (bool, int, float, str, bytes) or depth > 50:",
+                 "        return v",
+                 f"    if type(v).__module__.partition('.')[0] in {_RICH_MODULES!r}:",
                  "        return v",
                  "    if type(v) in (list, tuple, set, frozenset):",
                  "        return type(v)(_proctor_data(x, depth + 1) for x in v)",

@@ -1,11 +1,25 @@
 """The wire between the host and the worker: length-prefixed JSON, nothing else.
 
 A frame is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON
-(one object). Values that JSON cannot carry are tagged: ``{"$bytes": base64}``,
-``{"$tuple": [...]}``, ``{"$set": [...]}``, ``{"$frozenset": [...]}`` and
-``{"$dict": [[key, value], ...]}`` (dicts with non-string keys, or a user dict that
-happens to look like a tag). Nothing is ever pickled: a frame decodes to plain
-data or is rejected.
+(one object). Values that JSON cannot carry are tagged objects of one key (the table is
+`TAGS`; docs/sandbox.md, "Wire format", is the reference):
+
+- ``{"$bytes": base64}``, ``{"$tuple": [...]}``, ``{"$set": [...]}``, ``{"$frozenset": [...]}``
+  and ``{"$dict": [[key, value], ...]}`` (dicts with non-string keys, or a user dict that
+  happens to look like a tag);
+- ``{"$date": "2024-01-02"}``, ``{"$datetime": iso}``, ``{"$time": iso}``,
+  ``{"$timedelta": [days, seconds, microseconds]}``, ``{"$decimal": "1.10"}``;
+- ``{"$ndarray": {"dtype", "shape", "data"}}`` and ``{"$npscalar": …}``: numpy arrays and
+  scalars of plain numeric dtypes (bool, ints, floats, complex, datetime64, timedelta64) as
+  their raw bytes; never object, string or structured dtypes;
+- ``{"$series": …}``, ``{"$dataframe": …}``: pandas objects as named columns, each a
+  numeric array as above or a list of plain values, with their index;
+- ``{"$image": {"format", "data"}}``: a PIL image as PNG (or its own PNG/JPEG/GIF/WebP) bytes.
+
+Nothing is ever pickled and no constructor is looked up by name: each tag has its own
+decoder, which checks the sizes it is given (shape against bytes, text lengths, column and
+row counts, pixels) before allocating, and refuses anything else with a `ProtocolError`
+saying what. numpy, pandas and Pillow are imported only when a value of theirs is met.
 
 This module is imported by the worker too, so it uses the standard library only
 and stays cheap to import.
@@ -17,8 +31,10 @@ import base64
 import json
 import json.encoder
 import os
+import re
 import select
 import struct
+import sys
 import time
 
 TYPE_CHECKING = False  # typing is not imported at run time: the worker imports this module too
@@ -36,6 +52,7 @@ __all__ = [
     "BlockingReader",
     "ProtocolError",
     "SCALAR_TYPES",
+    "TAGS",
     "call_frame",
     "count_values",
     "decode_value",
@@ -43,6 +60,7 @@ __all__ = [
     "frame",
     "parse",
     "reply_frame",
+    "unsendable_return",
     "write_all",
 ]
 
@@ -83,7 +101,24 @@ def _dumps(message: Any) -> str:
     return "".join(_C_ENCODE(message, 0)) if _C_ENCODE is not None else _PY_ENCODE(message)
 
 
-_TAGS = ("$bytes", "$tuple", "$set", "$frozenset", "$dict")
+_TAGS = ("$bytes", "$tuple", "$set", "$frozenset", "$dict", "$date", "$datetime", "$time", "$timedelta", "$decimal",
+         "$ndarray", "$npscalar", "$series", "$dataframe", "$image")
+#: Every tag a value may carry on the wire.
+TAGS = frozenset(_TAGS)
+#: Largest raw buffer (an array's bytes, an image's file) a value may carry.
+MAX_BUFFER = 64 * 1024 * 1024
+#: Most dimensions of an array, columns of a DataFrame, characters of a date, time or Decimal.
+MAX_NDIM = 32
+MAX_COLUMNS = 10_000
+MAX_TEXT = 100
+MAX_DECIMAL = 1_000
+#: Most pixels of an image (width x height), checked from its header before it is decoded.
+MAX_PIXELS = 25_000_000
+#: The numpy dtypes that cross: byte order, then bool, ints, floats, complex, datetime64/timedelta64 with a unit.
+_DTYPE = re.compile(r"[<>|=]?(?:b1|[iu][1248]|f[248]|c(?:8|16)|[Mm]8\[(?:Y|M|W|D|h|m|s|ms|us|ns)\])\Z")
+#: The dtypes of a pandas column carried as a list of values (anything else numeric is an array).
+_LIST_DTYPES = frozenset({"object", "str", "string", "category", "bool", "boolean"})
+_IMAGE_FORMATS = frozenset({"PNG", "JPEG", "GIF", "WEBP"})
 _SCALARS = (str, int, float, bool, type(None))
 #: The exact types a value may have to cross the channel as itself, untagged.
 SCALAR_TYPES = frozenset(_SCALARS)
@@ -150,10 +185,151 @@ def _encode(value: Any, depth: int) -> Any:
     except _Unencodable as exc:
         exc.path.append(" item" if key == "item" and isinstance(value, (set, frozenset)) else f"[{key!r}]")
         raise
+    rich = _encode_rich(value, d)
+    if rich is not _NOT_RICH:
+        return rich
     raise _Unencodable(
-        f"{{where}} of type {type(value).__name__} cannot be sent: use str, int, float, bool, None, "
-        "bytes, list, tuple, set or dict values"
+        f"{{where}} of type {type(value).__name__} cannot be sent: use str, int, float, bool, None, bytes, list, "
+        "tuple, set, dict, date, datetime, time, timedelta, Decimal, numpy arrays of numbers, pandas "
+        "DataFrame/Series or PIL images"
     )
+
+
+_NOT_RICH: Any = object()
+
+
+def _encode_rich(value: Any, depth: int) -> Any:
+    """The tag of a date, Decimal, numpy, pandas or PIL value; `_NOT_RICH` for anything else.
+
+    Each library is looked up in ``sys.modules``, never imported: a value of it exists only once it is.
+    """
+    dt = sys.modules.get("datetime")
+    if dt is not None:
+        if isinstance(value, dt.datetime):
+            return {"$datetime": dt.datetime.isoformat(value)}  # the base method: a pandas Timestamp too
+        if isinstance(value, dt.date):
+            return {"$date": dt.date.isoformat(value)}
+        if isinstance(value, dt.time):
+            return {"$time": dt.time.isoformat(value)}
+        if isinstance(value, dt.timedelta):
+            return {"$timedelta": [value.days, value.seconds, value.microseconds]}
+    dec = sys.modules.get("decimal")
+    if dec is not None and isinstance(value, dec.Decimal):
+        return {"$decimal": str(value)}
+    np = sys.modules.get("numpy")
+    if np is not None:
+        if isinstance(value, np.ndarray):
+            return {"$ndarray": _array_body(value)}
+        if isinstance(value, np.generic):
+            return {"$npscalar": _array_body(np.asarray(value))}
+    pd = sys.modules.get("pandas")
+    if pd is not None:
+        if isinstance(value, pd.DataFrame):
+            if value.columns.nlevels != 1 or len(value.columns) > MAX_COLUMNS:
+                raise _Unencodable(f"{{where}}: a DataFrame crosses with at most {MAX_COLUMNS} columns of one level")
+            columns = [_encode(c, depth) for c in value.columns]
+            data = [_column(value.iloc[:, i], depth) for i in range(value.shape[1])]
+            return {"$dataframe": {"columns": columns, "data": data, "index": _index(value.index, depth)}}
+        if isinstance(value, pd.Series):
+            return {"$series": {"name": _encode(value.name, depth), "values": _column(value, depth),
+                                "index": _index(value.index, depth)}}
+    pil = sys.modules.get("PIL.Image")
+    if pil is not None and isinstance(value, pil.Image):
+        return {"$image": _image_body(value)}
+    return _NOT_RICH
+
+
+#: Classes whose values cross (with their subclasses), by module and name; the libraries' need the worker
+#: to import them (`unsendable_return`).
+_SENDABLE = frozenset({
+    ("builtins", n) for n in ("str", "int", "float", "bool", "NoneType", "bytes", "bytearray", "list", "tuple",
+                              "dict", "set", "frozenset", "object")
+} | {("datetime", n) for n in ("date", "datetime", "time", "timedelta")} | {("decimal", "Decimal")})
+#: Modules of annotations that name no class of value: ``typing.Any`` (a class since 3.11), ``inspect``'s
+#: "no annotation" marker, abstract collections and protocols.
+_SAYS_NOTHING = frozenset({"typing", "typing_extensions", "inspect", "collections.abc", "types", "abc"})
+_LIBRARY_TYPES = {"numpy": ("ndarray", "generic"), "pandas": ("DataFrame", "Series"), "PIL": ("Image",)}
+
+
+def unsendable_return(annotation: Any, third_party: bool) -> str | None:
+    """Why a tool whose return annotation is `annotation` cannot answer a program, or None when it may.
+
+    Only a plain class decides: a subclass of nothing that crosses (``-> MyRecord``), or a numpy, pandas
+    or PIL type when the worker cannot import those (`third_party` false: no third-party module is
+    authorized, so the sandbox has no site-packages). Unions, generics, ``Any`` and strings say nothing.
+    """
+    if not isinstance(annotation, type) or annotation.__module__ in _SAYS_NOTHING:
+        return None
+    library = None
+    for cls in annotation.__mro__:
+        module, name = cls.__module__, cls.__qualname__
+        top = module.partition(".")[0]
+        if (module, name) in _SENDABLE and cls is not object:
+            return None
+        if top in _LIBRARY_TYPES and name in _LIBRARY_TYPES[top]:
+            library = top
+            break
+    if library is None:
+        return (f"its result, a {annotation.__qualname__}, cannot be sent to the program (see docs/sandbox.md, "
+                "Wire format): return data (dict, list, str, numbers, dates, numpy/pandas objects)")
+    if not third_party:
+        return (f"its result, a {library} {annotation.__qualname__}, can reach the program only with {library} in "
+                f"the sandbox: authorize it (authorized_imports=[{library!r}])")
+    return None
+
+
+def _array_body(array: Any) -> dict[str, Any]:
+    dtype = array.dtype.str
+    if not _DTYPE.match(dtype):
+        raise _Unencodable(f"{{where}}: a numpy array of dtype {array.dtype} cannot be sent (plain numeric dtypes "
+                           "only: bool, ints, floats, complex, datetime64, timedelta64); convert it with .tolist()")
+    data = array.tobytes()  # C order, whatever the array's layout
+    if len(data) > MAX_BUFFER:
+        raise _Unencodable(f"{{where}}: a numpy array of {len(data):,} bytes is over the {MAX_BUFFER:,}-byte limit")
+    return {"dtype": dtype, "shape": list(array.shape), "data": base64.b64encode(data).decode("ascii")}
+
+
+def _column(series: Any, depth: int) -> dict[str, Any]:
+    np = sys.modules["numpy"]
+    dtype = series.dtype
+    if isinstance(dtype, np.dtype) and _DTYPE.match(dtype.str):
+        return {"dtype": dtype.str, "values": {"$ndarray": _array_body(series.to_numpy())}}
+    name = str(dtype)
+    return {"dtype": name if name in _LIST_DTYPES else "object",
+            "values": [_encode(_plain(v), depth + 1) for v in series.tolist()]}
+
+
+def _plain(value: Any) -> Any:
+    """pandas' missing value as None (it has no wire form); anything else as it is."""
+    pd = sys.modules["pandas"]
+    return None if value is pd.NA or value is pd.NaT else value
+
+
+def _index(index: Any, depth: int) -> dict[str, Any]:
+    pd = sys.modules["pandas"]
+    if index.nlevels != 1:
+        raise _Unencodable("{where}: a pandas object with a MultiIndex cannot be sent; reset_index() it first")
+    name = _encode(index.name, depth)
+    if isinstance(index, pd.RangeIndex):
+        return {"name": name, "range": [index.start, index.stop, index.step]}
+    return {"name": name, "values": _column(index.to_series(), depth)}
+
+
+def _image_body(image: Any) -> dict[str, Any]:
+    import io
+
+    fmt = "PNG"  # lossless, whatever the image was read from
+    out = io.BytesIO()
+    try:
+        if image.mode not in ("1", "L", "LA", "P", "RGB", "RGBA", "I;16"):
+            image = image.convert("RGBA" if "A" in image.mode else "RGB")
+        image.save(out, format="PNG")
+    except Exception as exc:  # noqa: BLE001 - an image Pillow cannot write
+        raise _Unencodable(f"{{where}}: the image cannot be encoded ({type(exc).__name__}: {exc})") from None
+    data = out.getvalue()
+    if len(data) > MAX_BUFFER:
+        raise _Unencodable(f"{{where}}: an image of {len(data):,} bytes is over the {MAX_BUFFER:,}-byte limit")
+    return {"format": fmt, "data": base64.b64encode(data).decode("ascii")}
 
 
 def decode_value(data: Any, _depth: int = 0, _limit: int = 0) -> Any:
@@ -180,12 +356,9 @@ def _decode_tag(tag: str, inner: Any, depth: int, limit: int) -> Any:
     if tag not in _TAGS:
         raise ProtocolError(f"unknown value tag {tag!r}")
     if tag == "$bytes":
-        if not isinstance(inner, str):
-            raise ProtocolError("$bytes must hold a base64 string")
-        try:
-            return base64.b64decode(inner.encode("ascii"), validate=True)
-        except ValueError as exc:
-            raise ProtocolError(f"$bytes is not valid base64: {exc}") from None
+        return _b64(inner, tag)
+    if tag in _RICH_DECODERS:
+        return _RICH_DECODERS[tag](inner, depth, limit)
     if not isinstance(inner, list):
         raise ProtocolError(f"{tag} must hold a list")
     items = [decode_value(v, depth, limit) for v in inner]
@@ -204,6 +377,224 @@ def _decode_tag(tag: str, inner: Any, depth: int, limit: int) -> Any:
         return pairs
     except TypeError as exc:  # an unhashable set member or dict key
         raise ProtocolError(f"{tag}: {exc}") from None
+
+
+def _b64(text: Any, tag: str, limit: int = 0) -> bytes:
+    """The bytes of a base64 field, refused unread when its length says they would pass `limit`."""
+    limit = limit or MAX_BUFFER
+    if not isinstance(text, str):
+        raise ProtocolError(f"{tag} must hold a base64 string")
+    if len(text) > 4 * (limit // 3 + 1):
+        raise ProtocolError(f"{tag}: {len(text):,} characters of base64 is over the {limit:,}-byte limit")
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except ValueError as exc:
+        raise ProtocolError(f"{tag} is not valid base64: {exc}") from None
+
+
+def _text(inner: Any, tag: str, most: int = 0) -> str:
+    most = most or MAX_TEXT
+    if not isinstance(inner, str) or len(inner) > most:
+        raise ProtocolError(f"{tag} must hold a string of at most {most} characters")
+    return inner
+
+
+def _library(name: str, tag: str) -> Any:
+    """numpy, pandas or PIL.Image, imported for a value that needs it; `ProtocolError` where it cannot be."""
+    try:
+        return __import__(name, fromlist=["_"])
+    except ImportError:
+        top = name.partition(".")[0]
+        raise ProtocolError(f"a {tag[1:]} value arrived, but {top} cannot be imported here: install it (on the "
+                            f"host), and authorize it (authorized_imports=[{top!r}]) for the sandbox to receive "
+                            "it") from None
+
+
+def _decode_when(tag: str, inner: Any) -> Any:
+    import datetime as dt
+
+    try:
+        if tag == "$date":
+            return dt.date.fromisoformat(_text(inner, tag))
+        if tag == "$datetime":
+            return dt.datetime.fromisoformat(_text(inner, tag))
+        if tag == "$time":
+            return dt.time.fromisoformat(_text(inner, tag))
+        if (not isinstance(inner, list) or len(inner) != 3 or any(type(v) is not int for v in inner)
+                or abs(inner[0]) > 999_999_999 or not 0 <= inner[1] < 86_400 or not 0 <= inner[2] < 1_000_000):
+            raise ProtocolError("$timedelta must hold [days, seconds, microseconds] within range")
+        return dt.timedelta(days=inner[0], seconds=inner[1], microseconds=inner[2])
+    except (ValueError, OverflowError) as exc:
+        raise ProtocolError(f"{tag}: {exc}") from None
+
+
+def _decode_decimal(inner: Any, depth: int, limit: int) -> Any:
+    import decimal
+
+    text = _text(inner, "$decimal", MAX_DECIMAL)
+    try:
+        return decimal.Decimal(text)
+    except decimal.InvalidOperation:
+        raise ProtocolError("$decimal does not hold a number") from None
+
+
+def _decode_array(inner: Any, tag: str) -> Any:
+    """An ndarray from dtype, shape and bytes, every size checked before anything is allocated."""
+    if not isinstance(inner, dict) or set(inner) != {"dtype", "shape", "data"}:
+        raise ProtocolError(f"{tag} must hold exactly dtype, shape and data")
+    dtype, shape, data = inner["dtype"], inner["shape"], inner["data"]
+    if not isinstance(dtype, str) or not _DTYPE.match(dtype):
+        raise ProtocolError(f"{tag}: dtype {str(dtype)[:40]!r} is not a plain numeric dtype")
+    if (not isinstance(shape, list) or len(shape) > MAX_NDIM
+            or any(type(n) is not int or n < 0 or n > MAX_BUFFER for n in shape)):
+        raise ProtocolError(f"{tag}: shape must be a list of at most {MAX_NDIM} sizes from 0 to {MAX_BUFFER:,}")
+    np = _library("numpy", tag)
+    itemsize = np.dtype(dtype).itemsize
+    count = 1
+    for n in shape:
+        count *= n
+        if count * itemsize > MAX_BUFFER:
+            raise ProtocolError(f"{tag}: shape {shape[:8]} holds more than the {MAX_BUFFER:,}-byte limit")
+    raw = _b64(data, tag)
+    if len(raw) != count * itemsize:
+        raise ProtocolError(f"{tag}: {len(raw):,} bytes of data for shape {shape[:8]} of {dtype} "
+                            f"({count * itemsize:,} expected)")
+    return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()  # its own writable memory
+
+
+def _decode_ndarray(inner: Any, depth: int, limit: int) -> Any:
+    return _decode_array(inner, "$ndarray")
+
+
+def _decode_npscalar(inner: Any, depth: int, limit: int) -> Any:
+    array = _decode_array(inner, "$npscalar")
+    if array.shape != ():
+        raise ProtocolError("$npscalar must have shape []")
+    return array[()]
+
+
+def _decode_column(inner: Any, depth: int, limit: int, pd: Any) -> Any:
+    if not isinstance(inner, dict) or set(inner) != {"dtype", "values"}:
+        raise ProtocolError("a pandas column must hold exactly dtype and values")
+    dtype, values = inner["dtype"], inner["values"]
+    if isinstance(values, list):
+        if dtype not in _LIST_DTYPES:
+            raise ProtocolError(f"a pandas column of values must have dtype {', '.join(sorted(_LIST_DTYPES))}")
+        items = [decode_value(v, depth + 1, limit) for v in values]
+        return pd.Series(items, dtype=None if dtype in ("object", "str") else dtype)
+    if not (isinstance(values, dict) and set(values) == {"$ndarray"}) or values["$ndarray"].get("dtype") != dtype:
+        raise ProtocolError("a pandas column must hold a list or an $ndarray of its dtype")
+    return pd.Series(_decode_array(values["$ndarray"], "$ndarray"), copy=False)
+
+
+def _decode_index(inner: Any, depth: int, limit: int, pd: Any, length: int) -> Any:
+    if not isinstance(inner, dict) or not ({"name", "range"} == set(inner) or {"name", "values"} == set(inner)):
+        raise ProtocolError("a pandas index must hold name and range, or name and values")
+    name = decode_value(inner["name"], depth + 1, limit)
+    if "range" in inner:
+        bounds = inner["range"]
+        if not isinstance(bounds, list) or len(bounds) != 3 or any(type(b) is not int for b in bounds) or not bounds[2]:
+            raise ProtocolError("a RangeIndex must hold [start, stop, step] with a step other than 0")
+        index = pd.RangeIndex(*bounds, name=name)
+    else:
+        index = pd.Index(_decode_column(inner["values"], depth, limit, pd), name=name)
+    if len(index) != length:
+        raise ProtocolError(f"a pandas index of {len(index):,} entries for {length:,} rows")
+    return index
+
+
+def _scalar_name(value: Any, what: str) -> Any:
+    """A pandas label: a scalar (a number, text, a date, a numpy scalar…) or a tuple of them, never a container."""
+    if isinstance(value, tuple):
+        for item in value:
+            _scalar_name(item, what)
+        return value
+    if isinstance(value, (list, dict, set, frozenset, bytes)) or (hasattr(value, "shape") and value.shape != ()):
+        raise ProtocolError(f"{what} must be a scalar or a tuple of scalars, not a {type(value).__name__}")
+    return value
+
+
+def _decode_series(inner: Any, depth: int, limit: int) -> Any:
+    if not isinstance(inner, dict) or set(inner) != {"name", "values", "index"}:
+        raise ProtocolError("$series must hold exactly name, values and index")
+    pd = _library("pandas", "$series")
+    values = _decode_column(inner["values"], depth, limit, pd)
+    values.index = _decode_index(inner["index"], depth, limit, pd, len(values))
+    values.name = _scalar_name(decode_value(inner["name"], depth + 1, limit), "a Series' name")
+    return values
+
+
+def _decode_dataframe(inner: Any, depth: int, limit: int) -> Any:
+    if not isinstance(inner, dict) or set(inner) != {"columns", "data", "index"}:
+        raise ProtocolError("$dataframe must hold exactly columns, data and index")
+    columns, data = inner["columns"], inner["data"]
+    if not isinstance(columns, list) or not isinstance(data, list) or len(columns) != len(data):
+        raise ProtocolError("$dataframe: columns and data must be lists of the same length")
+    if len(columns) > MAX_COLUMNS:
+        raise ProtocolError(f"$dataframe: {len(columns):,} columns is over the limit of {MAX_COLUMNS:,}")
+    pd = _library("pandas", "$dataframe")
+    names = [_scalar_name(decode_value(c, depth + 1, limit), "a column name") for c in columns]
+    series = [_decode_column(c, depth, limit, pd) for c in data]
+    rows = {len(s) for s in series}
+    if len(rows) > 1:
+        raise ProtocolError("$dataframe: its columns are of different lengths")
+    length = rows.pop() if rows else _index_length(inner["index"])
+    index = _decode_index(inner["index"], depth, limit, pd, length)
+    if not series:
+        return pd.DataFrame(index=index)
+    frame = pd.DataFrame(dict(enumerate(series)), copy=False)  # by position: names may repeat
+    frame.columns = pd.Index(names, dtype=object) if len(set(map(type, names))) > 1 else pd.Index(names)
+    frame.index = index
+    return frame
+
+
+def _index_length(inner: Any) -> int:
+    """Rows of a DataFrame without columns: its index's length (a range's is computed, not built)."""
+    if isinstance(inner, dict) and isinstance(inner.get("range"), list) and len(inner["range"]) == 3 \
+            and all(type(b) is int for b in inner["range"]) and inner["range"][2]:
+        start, stop, step = inner["range"]
+        n = len(range(start, stop, step))
+        if n > MAX_BUFFER:
+            raise ProtocolError(f"a RangeIndex of {n:,} rows is over the limit of {MAX_BUFFER:,}")
+        return n
+    values = inner.get("values") if isinstance(inner, dict) else None
+    listed = values.get("values") if isinstance(values, dict) else None
+    return len(listed) if isinstance(listed, list) else -1
+
+
+def _decode_image(inner: Any, depth: int, limit: int) -> Any:
+    """A PIL image from its encoded bytes: format and pixel count read from the header before decoding."""
+    if not isinstance(inner, dict) or set(inner) != {"format", "data"} or inner["format"] not in _IMAGE_FORMATS:
+        raise ProtocolError(f"$image must hold format ({', '.join(sorted(_IMAGE_FORMATS))}) and data")
+    raw = _b64(inner["data"], "$image")
+    pil = _library("PIL.Image", "$image")
+    import io
+
+    try:
+        image = pil.open(io.BytesIO(raw), formats=[inner["format"]])
+        width, height = image.size
+        if width * height > MAX_PIXELS:
+            raise ProtocolError(f"$image: {width}x{height} pixels is over the limit of {MAX_PIXELS:,}")
+        image.load()
+    except ProtocolError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds for a bad file
+        raise ProtocolError(f"$image: not a readable {inner['format']} image ({type(exc).__name__})") from None
+    return image
+
+
+_RICH_DECODERS: dict[str, Any] = {
+    "$date": lambda inner, depth, limit: _decode_when("$date", inner),
+    "$datetime": lambda inner, depth, limit: _decode_when("$datetime", inner),
+    "$time": lambda inner, depth, limit: _decode_when("$time", inner),
+    "$timedelta": lambda inner, depth, limit: _decode_when("$timedelta", inner),
+    "$decimal": _decode_decimal,
+    "$ndarray": _decode_ndarray,
+    "$npscalar": _decode_npscalar,
+    "$series": _decode_series,
+    "$dataframe": _decode_dataframe,
+    "$image": _decode_image,
+}
 
 
 def frame(message: dict[str, Any]) -> bytes:

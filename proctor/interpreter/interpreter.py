@@ -13,7 +13,8 @@ import importlib.util
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+import typing
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Literal, Protocol, cast
 
@@ -30,7 +31,15 @@ from proctor.errors import (
     ToolFailed,
 )
 from proctor.interpreter import spinning
-from proctor.interpreter.channel import SCALAR_TYPES, EncodeError, ProtocolError, encode_value, frame, reply_frame
+from proctor.interpreter.channel import (
+    SCALAR_TYPES,
+    EncodeError,
+    ProtocolError,
+    encode_value,
+    frame,
+    reply_frame,
+    unsendable_return,
+)
 from proctor.interpreter.host import WorkerDied, WorkerProcess
 from proctor.interpreter.limits import ChannelLimits, OversizedCall, call_args_bytes, size_text
 from proctor.interpreter.messages import (
@@ -100,6 +109,9 @@ class Interpreter:
                                                    max_containers, max_values)
         # "*" allows every installed package, so it needs them bound like a named third-party one.
         needs_site = any(n == "*" or n.partition(".")[0] not in STDLIB for n in self.authorized_imports)
+        # Tools whose return annotation says their result cannot reach the program: refused before they run.
+        self._unsendable = {t.name: reason for t in self.tools
+                            if (reason := unsendable_return(_return_type(t), needs_site)) is not None}
         # A fixed PYTHONHASHSEED (durable runs) makes set and str-hash order the same in every worker.
         env = {**worker_env(), "PYTHONHASHSEED": str(hash_seed)} if hash_seed is not None else {}
         self._spec = SandboxSpec(self.isolation, extra_paths=tuple(site_paths()) if needs_site else (), env=env)
@@ -163,8 +175,13 @@ class Interpreter:
                 self._worker.kill()
             self._worker = self._start()
 
-    def run(self, code: str, *, context: Any = None, parent: Any = None, seed: int | None = None) -> ExecutionResult:
+    def run(self, code: str, *, context: Any = None, parent: Any = None, seed: int | None = None,
+            variables: Mapping[str, Any] | None = None) -> ExecutionResult:
         """Run one program in the persistent namespace; never raises for anything the program does.
+
+        `variables` are set in the namespace before the program starts, as the channel carries them
+        (`proctor.interpreter.channel`: data, dates, Decimals, numpy, pandas and PIL objects); a value
+        that cannot cross makes the run fail with a `SandboxError` naming it, before anything runs.
 
         `seed`, when given, seeds the worker's `random` before the program starts (durable runs
         re-run a step's program and need it to take the same path). A call the gate answers
@@ -181,6 +198,11 @@ class Interpreter:
                 message: dict[str, Any] = {"t": "run", "run": self._seq + 1, "code": str(code), "key": self._key}
                 if seed is not None:
                     message["seed"] = int(seed)
+                if variables:
+                    bad = [n for n in variables if not isinstance(n, str) or not n.isidentifier() or n.startswith("__")]
+                    if bad:
+                        raise EncodeError(f"variable name {bad[0]!r} is not a plain identifier")
+                    message["vars"] = encode_value(dict(variables), "variable")
                 data = frame(message)
             except EncodeError as exc:
                 self._lost = lost
@@ -284,6 +306,10 @@ class Interpreter:
             refusal = "final_answer() was already called: the program may not call tools any more"
         elif req.tool not in self._names:
             refusal = f"unknown tool {req.tool!r} (this program can call: {', '.join(sorted(self._names))})"
+        elif req.tool in self._unsendable:
+            reason = f"{req.tool}: refused before it ran: {self._unsendable[req.tool]}"
+            self._refuse_unread(worker, req.id, req.tool, reason, ctx, parent, calls, _sha256_of(req.args), size)
+            return 0.0
         else:
             if ctx is not self._arg_run:
                 self._arg_run, self._arg_bytes = ctx, 0
@@ -605,6 +631,17 @@ class _Interrupted(Exception):
 
 def _replace(result: ExecutionResult, **changes: Any) -> ExecutionResult:
     return replace(result, **changes)
+
+
+def _return_type(t: Tool) -> Any:
+    """What `t` says it returns: its signature's annotation, resolved when it is text (postponed annotations)."""
+    annotation = t.signature.return_annotation
+    if isinstance(annotation, str):
+        try:
+            annotation = typing.get_type_hints(t.fn).get("return", annotation)
+        except Exception:  # noqa: BLE001 - a name that does not resolve says nothing about the result
+            return None
+    return annotation
 
 
 def _sha256_of(args: Any) -> str | None:

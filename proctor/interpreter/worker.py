@@ -18,7 +18,14 @@ import sys
 from proctor import errors as proctor_errors
 from proctor.interpreter import channel as _channel
 from proctor.interpreter import guard, program
-from proctor.interpreter.channel import SCALAR_TYPES, EncodeError, call_frame, decode_value, encode_value
+from proctor.interpreter.channel import (
+    SCALAR_TYPES,
+    EncodeError,
+    ProtocolError,
+    call_frame,
+    decode_value,
+    encode_value,
+)
 from proctor.interpreter.worker_io import Channel, Output
 
 # typing is not imported at run time: every import here is worker start-up time.
@@ -81,7 +88,13 @@ class Worker:
         reply = channel.wait(rid)
         if reply.get("ok"):
             value = reply.get("value")
-            return value if type(value) in SCALAR_TYPES else decode_value(value)
+            if type(value) in SCALAR_TYPES:
+                return value
+            try:
+                return decode_value(value)
+            except ProtocolError as exc:  # e.g. a DataFrame, pandas not importable here: the tool did run
+                raise proctor_errors.ToolFailed(f"{tool}: ran, but its result cannot be used in the program: {exc}",
+                                                tool=tool, error_type="ProtocolError") from None
         err = reply.get("error") or {}
         cls = _ERRORS.get(str(err.get("type")), proctor_errors.ProctorError)
         message = str(err.get("message", "the call failed"))
@@ -169,7 +182,7 @@ class Worker:
 
     # -- running ---------------------------------------------------------------------------------
 
-    def run(self, code: str, previous: int) -> dict[str, Any]:
+    def run(self, code: str, previous: int, variables: Any = None) -> dict[str, Any]:
         self.final = (False, None)
         self.output.reset()
         value: Any = None
@@ -178,6 +191,13 @@ class Worker:
         self.active = True
         self.channel.open_run()
         try:
+            if variables is not None:  # the host's, checked there: plain identifiers
+                decoded = decode_value(variables)
+                if not isinstance(decoded, dict):
+                    raise TypeError("the variables sent are not a mapping")
+                for name, item in decoded.items():
+                    if isinstance(name, str) and name.isidentifier() and not name.startswith("__"):
+                        self.namespace[name] = item
             tree = compile(code, PROGRAM, "exec", _ast.PyCF_ONLY_AST)
             assert isinstance(tree, _ast.Module)
             guard.check_program(tree)
@@ -226,7 +246,7 @@ class Worker:
 
                 random.seed(seed)
             try:
-                result = self.run(str(message.pop("code")), previous)
+                result = self.run(str(message.pop("code")), previous, message.pop("vars", None))
             except BaseException as exc:  # noqa: BLE001 - e.g. MemoryError while reporting: still answer
                 self.channel.close_run()
                 self.active = False

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import smolagents
+from smolagents import tool
 from smolagents.agents import ActionStep
 
 from integrations.smol_tools import CALLS, ScriptedSmolModel, Summer, get_weather
@@ -192,3 +193,53 @@ def test_govern_tools_gives_tool_calling_agents_gated_tools() -> None:
     assert [r.status for r in gate.default_context().records] == ["ok", "denied"]
     with pytest.raises(ToolDenied):
         tools[1](a=1000, xs=[])
+
+
+def test_govern_tools_and_the_executor_compose_on_one_gate(audit: InMemoryAudit) -> None:
+    """Tools governed for a ToolCallingAgent can be handed to a CodeAgent governed on the same gate: one tool each."""
+    CALLS.clear()
+    gate = Gate(POLICY, audit=audit)
+    tools = govern_tools([get_weather, Summer()], gate)
+    model = ScriptedSmolModel([code("w = get_weather('Oslo')\nfinal_answer(w + ' ' + str(summer(1, [2])))")])
+    agent = smolagents.CodeAgent(tools=tools, model=model, executor=GovernedExecutor(gate, sandbox="process"))
+    try:
+        assert agent.run("go") == "sunny in Oslo 3.0"
+    finally:
+        agent.cleanup()
+    assert [name for name, _ in CALLS] == ["get_weather", "summer"]
+    assert errors(agent) == []
+    assert [r["tool"] for r in audit.of_kind("call_intent")] == ["get_weather", "summer"]
+
+
+def test_a_real_tool_name_conflict_is_an_error_before_the_model_is_asked() -> None:
+    """Two different tools of one name on the gate: ConfigurationError from agent.run, not an observation."""
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Another weather tool.
+
+        Args:
+            city: The city.
+        """
+        return "rain"
+
+    gate = Gate(POLICY)
+    govern_tools([Summer()], gate)
+    from integrations.smol_tools import get_weather as registered
+
+    gate.register(registered)
+    model = ScriptedSmolModel([code("final_answer(get_weather('x'))")])
+    agent = smolagents.CodeAgent(tools=[get_weather], model=model, executor=GovernedExecutor(gate, sandbox="process"))
+    try:
+        with pytest.raises(ConfigurationError, match="a different tool named 'get_weather' is already registered"):
+            agent.run("go")
+        assert model.seen == []
+    finally:
+        agent.cleanup()
+    other = govern_tools([Summer()], Gate(POLICY))
+    agent = smolagents.CodeAgent(tools=other, model=model, executor=GovernedExecutor(gate, sandbox="process"))
+    try:
+        with pytest.raises(ConfigurationError, match="governed on another gate"):
+            agent.run("go")
+    finally:
+        agent.cleanup()
