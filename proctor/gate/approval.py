@@ -121,7 +121,7 @@ class ApprovalStep:
         if approver is None:
             return ApprovalDenied(f"{name}: needs approval ({p.decision.reason}) but no approver is configured",
                                   tool=name, call_id=p.call_id, rules=p.decision.rules)
-        timeout_s = self.policy.approval.timeout_s
+        timeout_s = p.policy.approval.timeout_s
         if p.ctx.layers or p.ctx.deadline is not None:  # a managed agent: the shortest wait, within its time
             timeout_s = min([timeout_s, *(layer.policy.approval.timeout_s for layer in p.ctx.layers)])
             if p.ctx.deadline is not None:
@@ -240,7 +240,7 @@ class ApprovalStep:
             given = _restore_hidden(given, self.approver_view(p, p.args), p.args, hidden)
         if p.facts.redact:
             p.ctx.secrets.update(secret_values(given, p.facts.redact))
-        adm = admit(self.policy, name, given, tools={name: p.tool}, run=p.ctx, layers=p.ctx.layers)
+        adm = admit(p.policy, name, given, tools={name: p.tool}, run=p.ctx, layers=p.ctx.layers)
         decision = adm.decision
         if adm.stage == "args":
             return self.recorder.clean(p, ApprovalDenied(f"{name}: edited arguments rejected: {adm.refusal}", tool=name,

@@ -24,7 +24,7 @@ from proctor.telemetry.spans import ToolSpan
 from proctor.tools import Tool
 
 if TYPE_CHECKING:
-    from proctor.gate.gate import Gate
+    from proctor.gate.gate import Gate, PolicyLike
     from proctor.gate.journal import StepJournal
     from proctor.gate.shadow import Verdict
     from proctor.run import RunContext
@@ -96,20 +96,21 @@ class InFlight:
     its tool and facts are the unknown worst case until admission looks them up."""
 
     __slots__ = ("approval", "args", "call_id", "cost", "ctx", "decision", "duration_ns", "error", "facts",
-                 "journal", "layer_facts", "layer_votes", "name", "on_result", "policy_sha256", "redacted",
+                 "journal", "layer_facts", "layer_votes", "name", "on_result", "policy", "policy_sha256", "redacted",
                  "reservation", "seq", "shadow", "shadow_verdict", "side_effect", "span", "started_ns", "state",
                  "status", "tool", "value")
 
     def __init__(self, name: str, call_id: str, ctx: RunContext, span: ToolSpan, *, started_ns: int,
-                 policy_sha256: str, on_result: Callable[[Any, ProctorError | None], None] | None = None,
+                 policy: PolicyLike, on_result: Callable[[Any, ProctorError | None], None] | None = None,
                  journal: StepJournal | None = None, seq: int = -1) -> None:
         self.name = name
         self.call_id = call_id
         self.ctx = ctx
         self.span = span
         self.on_result = on_result
-        #: The fingerprint of the policy that decides the call (a reload mid-call does not change it).
-        self.policy_sha256 = policy_sha256
+        #: The policy that decides the call, whole (a reload while it is in flight does not change it).
+        self.policy = policy
+        self.policy_sha256 = policy.sha256
         self.args: dict[str, Any] = {}
         #: A durable run's journal of the step and the call's number in it (-1: none).
         self.journal = journal

@@ -15,6 +15,7 @@ boundary can forward it. `call` is the raising convenience.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -45,12 +46,14 @@ from proctor.gate.approval import ApprovalStep
 from proctor.gate.call import CallOutcome, CallScope, InFlight
 from proctor.gate.recorder import Recorder, log_fields, safely
 from proctor.gate.shadow import Shadow, Verdict, verdict_of
+from proctor.halt import HaltChannel, gate_halts, halt_refusal
 from proctor.interrupts import interruption
 from proctor.ledger.base import SharedLedger, open_ledger
 from proctor.policy.admission import AdmissionPolicy, admit
 from proctor.policy.aggregates import Pipeline
 from proctor.policy.engine import ToolFacts
-from proctor.provenance import USER, ProvenanceIndex, ProvenanceLimits
+from proctor.policy.reload import PolicyChange, PolicySource
+from proctor.provenance import USER, ProvenanceIndex, ProvenanceLimits, ResultLabeller
 from proctor.redaction import Redacted, secret_values
 from proctor.run import DEFAULT_HISTORY_LIMIT, Ledger, RunContext
 from proctor.telemetry import metrics
@@ -87,6 +90,7 @@ class PolicyLike(AdmissionPolicy, Protocol):
     @property
     def result_labels(self) -> tuple[str, ...]: ...
     def new_ledger(self, run: RunInfo | None = None, shared: SharedLedger | None = None) -> Ledger: ...
+    def result_sources(self, tool: str) -> ResultLabeller | None: ...
 
 
 class Gate:
@@ -94,7 +98,7 @@ class Gate:
 
     def __init__(
         self,
-        policy: PolicyLike,
+        policy: PolicyLike | PolicySource | str | os.PathLike[str],
         *,
         approver: Approver | None = None,
         audit: AuditSink | None = None,
@@ -104,8 +108,22 @@ class Gate:
         ledger: SharedLedger | str | None = None,
         provenance_limits: ProvenanceLimits | None = None,
         shadow: PolicyLike | None = None,
+        halts: HaltChannel | None = None,
     ) -> None:
-        self.policy = policy
+        #: The one writer of the gate's audit records and of its calls' endings.
+        self.recorder = Recorder(audit)
+        # A policy file is reloaded when it changes (and on SIGHUP where installed): `proctor.policy.reload`.
+        self._source: PolicySource | None = None
+        self._static: PolicyLike | None = None
+        if isinstance(policy, (str, os.PathLike)):
+            policy = PolicySource(policy)
+        if isinstance(policy, PolicySource):
+            self._source = policy
+            self._chain_reload_callbacks(policy)
+        else:
+            self._static = policy
+        #: Halts this gate honours: a shared channel (Redis, a run store) or this process's (`gate_halts`).
+        self.halts: HaltChannel = halts if halts is not None else gate_halts
         #: Caps of each run's provenance index (kept only when the policy calls provenance()/from_user()).
         self.provenance_limits = provenance_limits or ProvenanceLimits()
         #: Calls of a run whose raw history entries and records are kept (see `RunContext`).
@@ -113,8 +131,6 @@ class Gate:
         # Budgets shared between runs (per principal, label, global): this process's, or Redis's.
         self.ledger = open_ledger(ledger)
         self.approver = approver
-        #: The one writer of the gate's audit records and of its calls' endings.
-        self.recorder = Recorder(audit)
         self.tracer = get_tracer(tracer)
         #: The approval step of calls the policy sends to a human (or a grant).
         self.approvals = ApprovalStep(self)
@@ -129,6 +145,38 @@ class Gate:
     def audit(self) -> AuditSink | None:
         """The audit sink the gate's records go to (None: none kept)."""
         return self.recorder.audit
+
+    @property
+    def policy(self) -> PolicyLike:
+        """The policy in force now (a reloading gate's current one)."""
+        if self._source is not None:
+            return self._source.current()
+        assert self._static is not None
+        return self._static
+
+    @policy.setter
+    def policy(self, policy: PolicyLike) -> None:
+        self._source, self._static = None, policy
+
+    def policy_for(self, ctx: RunContext) -> PolicyLike:
+        """The policy that decides the next call of run `ctx`: the current one, or the one the run started
+        with when the policy says `reload: new_runs`. One call is decided by one policy, whole."""
+        if self._source is not None:
+            return self._source.for_run(ctx.info.id)
+        assert self._static is not None
+        return self._static
+
+    def _chain_reload_callbacks(self, source: PolicySource) -> None:
+        """Record each change of the policy file in the audit log (`policy_changed`), after the source's own."""
+        theirs = source.on_change
+
+        def changed(change: PolicyChange) -> None:
+            if theirs is not None:
+                theirs(change)
+            self.recorder.append("policy_changed", {"path": change.path, "old_sha256": change.old_sha256,
+                                                    "new_sha256": change.new_sha256}, durable=True)
+
+        source.on_change = changed
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -198,6 +246,8 @@ class Gate:
         self.recorder.append("run_finished", {"run_id": ctx.info.id, "status": status, "calls": summary, **fields})
         if self.shadow is not None:
             self.shadow.finished(ctx.info.id)
+        if self._source is not None:
+            self._source.end_run(ctx.info.id)
 
     def _provenance_index(self, task: str | None, wanted: bool = False) -> ProvenanceIndex | None:
         """A run's index of where values came from, when a policy reads it (else None: no cost)."""
@@ -218,7 +268,9 @@ class Gate:
         if index is None or not labels:
             return
         try:
-            index.add(str(error) if error is not None else value, labels)
+            # Labels by field path and by call where the policy gives them (`sources:`), else the tool's.
+            index.add_result(str(error) if error is not None else value, labels, p.policy.result_sources(p.name),
+                             p.args, tool=p.name)
         except Exception as exc:  # noqa: BLE001 - the call has run; its provenance must fail safe, not crash it
             log.error("provenance_index_failed", tool=p.name, error=repr(exc), **log_fields(p.span))
             index.mark_incomplete(labels)
@@ -303,7 +355,8 @@ class Gate:
             except Exception as exc:  # noqa: BLE001 - a broken tracer costs the call its span, nothing more
                 opened = self._span_failed(name, call_id, ctx, exc)
             span = opened.__enter__()
-        p = InFlight(name, call_id, ctx, span, started_ns=time.perf_counter_ns(), policy_sha256=self.policy.sha256,
+        policy = self.policy_for(ctx)
+        p = InFlight(name, call_id, ctx, span, started_ns=time.perf_counter_ns(), policy=policy,
                      on_result=on_result, journal=journal, seq=seq)
         raised: BaseException | None = None
         try:
@@ -345,7 +398,7 @@ class Gate:
             return CallOutcome(record, None, ToolDenied(reason, tool=tool, call_id=call_id))
         opened = self._open_span(tool, call_id, ctx, parent)
         p = InFlight(tool, call_id, ctx, opened.__enter__(), started_ns=time.perf_counter_ns(),
-                     policy_sha256=self.policy.sha256, journal=ctx.journal)
+                     policy=self.policy_for(ctx), journal=ctx.journal)
         try:
             known = (ctx.tools if ctx.tools is not None else self.tools).get(tool)
             if known is not None:
@@ -380,7 +433,7 @@ class Gate:
         # The one decision (proctor.policy.admission); a managed agent's calls name its own tools.
         table = self.tools if ctx.tools is None else ctx.tools
         expected = tool if isinstance(tool, Tool) else None
-        adm = admit(self.policy, name, raw_args, tools=table, run=ctx, layers=ctx.layers, expected=expected)
+        adm = admit(p.policy, name, raw_args, tools=table, run=ctx, layers=ctx.layers, expected=expected)
         if self.shadow is not None and ctx.journal is None:  # (a replayed call was decided when it first ran)
             shadowed = self.shadow.admit(p, raw_args, table, expected)
             if adm.stage != "decided":
@@ -431,6 +484,9 @@ class Gate:
         if adm.stage == "cost":
             return self.recorder.refused(p, self._placed(p, adm.refusal))
         cost = p.cost = adm.cost
+        halt = self.halts.check(name, ctx.info.agent, ctx.info.principal, ctx.info.id)
+        if halt is not None:  # an operator stopped it (`proctor halt`): refused, naming the halt
+            return self.recorder.refused(p, halt_refusal(name, halt, p.call_id), extra={"halt_id": halt.id})
         try:
             p.reservation = p.ctx.ledger.reserve(name, p.side_effect, cost)
         except BudgetExceeded as exc:

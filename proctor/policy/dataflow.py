@@ -39,9 +39,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import cel
-
 from proctor.calls import Call
+from proctor.policy._cel import cel
 from proctor.policy.functions import FUNCTIONS, CelFunction, register
 from proctor.policy.validators import LABEL_WHEN_VARIABLES
 from proctor.provenance import ProvenanceIndex, ResultPlan

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from proctor.policy.budgets import Ledger
     from proctor.policy.explain import Explanation
     from proctor.policy.schema import BudgetSpec, PolicyModel, RuleSpec
+    from proctor.provenance import ResultLabeller
 
 __all__ = ["ApprovalSettings", "CompiledRule", "Policy", "ToolFacts"]
 
@@ -315,6 +316,12 @@ class Policy:
             raise ToolDenied(f"{tool}: denied: its cost `{expression.source}` gave {value!r}, a negative cost",
                              tool=tool)
         return value
+
+    def result_sources(self, tool: str) -> ResultLabeller | None:
+        """How `tool`'s results are labelled by field path and by call (`sources:`), or None: its `labels`."""
+        from proctor.policy.dataflow import result_sources
+
+        return result_sources(self, tool)
 
     def new_ledger(self, run: RunInfo | None = None, shared: SharedLedger | None = None) -> Ledger:
         """A fresh budget ledger for one run; its shared budgets (principal, label, global) draw on `shared`."""

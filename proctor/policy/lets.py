@@ -35,8 +35,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import cel
-
+from proctor.policy._cel import cel
 from proctor.policy.conditions import VARIABLES, ConditionError, compile_expression, known_functions
 
 __all__ = [

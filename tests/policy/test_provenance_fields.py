@@ -277,11 +277,8 @@ def test_policy_check_validates_paths_against_the_result_type(tmp_path: Any, cap
     assert main(["policy", "check", str(path), "--tools", "dataflow_tools_for_test:TOOLS"]) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="pending gate hook: Gate._index_result must call index.add_result(value, "
-                                       "labels, self.policy.result_sources(tool), args, tool=…)")
 def test_the_gate_indexes_results_by_field() -> None:
-    """Through a real Gate: neither a calendar event's id nor a file's size vouches for a file id (needs the gate
-    hook: without it the whole listing is indexed under every label the tool may carry, file_id included)."""
+    """Through a real Gate: neither a calendar event's id nor a file's size vouches for a file id."""
     from proctor.gate import Gate
     from proctor.testing import InMemoryAudit
     from proctor.tools import tool

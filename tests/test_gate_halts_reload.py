@@ -1,0 +1,118 @@
+"""The gate honours halts (after admission, naming the halt) and reloads a policy file between calls, whole."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from proctor.errors import ToolDenied
+from proctor.gate import Gate
+from proctor.halt import MemoryHalts
+from proctor.policy import Policy
+from proctor.policy.reload import PolicySource
+from proctor.testing import InMemoryAudit
+from proctor.tools import tool
+
+RAN: list[str] = []
+
+
+@tool(side_effect="external")
+def page(who: str) -> str:
+    """Page someone.
+
+    Args:
+        who: Who.
+    """
+    RAN.append(who)
+    return "paged"
+
+
+ALLOW = {"version": 1, "rules": [{"name": "pages", "match": {"tool": "page"}, "decision": "allow"}]}
+DENY = {"version": 1, "rules": [{"name": "no-pages", "match": {"tool": "page"}, "decision": "deny",
+                                 "reason": "paging is off"}]}
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> None:
+    RAN.clear()
+
+
+def test_a_halt_refuses_matching_calls_naming_it_and_lifting_it_lets_them_run() -> None:
+    halts = MemoryHalts()
+    audit = InMemoryAudit()
+    gate = Gate(Policy.from_dict(ALLOW), audit=audit, tools=[page], halts=halts)
+    ctx = gate.start_run(principal="alice")
+    halt = halts.set(scope="tool", value="page", reason="incident 42")
+    with pytest.raises(ToolDenied, match=rf"page: halted by {halt.id}: incident 42"):
+        gate.call("page", {"who": "oncall"}, context=ctx)
+    assert RAN == []
+    intent = audit.of_kind("call_intent")[-1]
+    assert intent["halt_id"] == halt.id and "incident 42" in intent["error"]
+    halts.lift(halt.id)
+    assert gate.call("page", {"who": "oncall"}, context=ctx) == "paged"
+    bobs = halts.set(scope="principal", value="bob", reason="bob's runs")
+    with pytest.raises(ToolDenied, match=f"halted by {bobs.id}"):
+        gate.call("page", {"who": "x"}, context=gate.start_run(principal="bob"))
+    assert gate.call("page", {"who": "y"}, context=gate.start_run(principal="carol")) == "paged"
+    assert RAN == ["oncall", "y"]
+
+
+def test_a_denied_call_is_denied_by_the_policy_not_the_halt() -> None:
+    halts = MemoryHalts()
+    gate = Gate(Policy.from_dict(DENY), tools=[page], halts=halts)
+    halts.set(reason="everything stops")
+    with pytest.raises(ToolDenied, match="paging is off"):
+        gate.call("page", {"who": "oncall"})
+
+
+def _write(path: Path, data: dict[str, object]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(data))
+    os.replace(tmp, path)
+
+
+def test_a_gate_given_a_policy_path_reloads_it_between_calls_and_records_the_change(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    _write(path, ALLOW)
+    audit = InMemoryAudit()
+    gate = Gate(PolicySource(path, check_every_ms=0), audit=audit, tools=[page])
+    ctx = gate.start_run()
+    assert gate.call("page", {"who": "a"}, context=ctx) == "paged"
+    old = gate.policy.sha256
+    _write(path, DENY)
+    time.sleep(0.01)
+    with pytest.raises(ToolDenied, match="paging is off"):
+        gate.call("page", {"who": "b"}, context=ctx)
+    (change,) = audit.of_kind("policy_changed")
+    assert change["old_sha256"] == old and change["new_sha256"] == Policy.from_dict(DENY).sha256
+    intents = audit.of_kind("call_intent")
+    assert [i["policy_sha256"] for i in intents] == [old, change["new_sha256"]]
+    path.write_text("version: 1\nrules: [{name: broken, match: {tool: page}, decision: alow}]\n")  # refused
+    time.sleep(0.01)
+    with pytest.raises(ToolDenied, match="paging is off"):  # the last good policy keeps deciding
+        gate.call("page", {"who": "c"}, context=ctx)
+    assert len(audit.of_kind("policy_changed")) == 1
+
+
+def test_a_path_given_as_a_string_is_a_reloading_policy(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    _write(path, ALLOW)
+    gate = Gate(str(path), tools=[page])
+    assert gate.call("page", {"who": "a"}) == "paged"
+
+
+def test_reload_new_runs_pins_a_run_to_the_policy_it_started_with(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    _write(path, {**ALLOW, "reload": "new_runs"})
+    gate = Gate(PolicySource(path, check_every_ms=0), tools=[page])
+    ctx = gate.start_run()
+    assert gate.call("page", {"who": "a"}, context=ctx) == "paged"
+    _write(path, {**DENY, "reload": "new_runs"})
+    time.sleep(0.01)
+    assert gate.call("page", {"who": "b"}, context=ctx) == "paged"  # pinned
+    with pytest.raises(ToolDenied, match="paging is off"):
+        gate.call("page", {"who": "c"}, context=gate.start_run())  # a new run gets the new policy
