@@ -316,7 +316,8 @@ def test_an_inbox_approval_inside_a_sub_agent_is_refused_not_suspended(tmp_path:
     store = RunStore.open(str(tmp_path / "runs.db"))
     code = "try:\n    send_note('boss', 'hi')\nexcept ApprovalTimeout as e:\n    final_answer(str(e))"
     sub = researcher(program(code))
-    with manager(sub, program("final_answer(researcher(task='x'))"), approver=InboxApprover(store)) as boss:
+    with manager(sub, program("final_answer(researcher(task='x'))"), approver=InboxApprover(store),
+                 audit=str(tmp_path / "audit.jsonl")) as boss:
         result = boss.run("Go.")
     assert result.status == "done" and "cannot suspend its parent's run" in result.answer
     (filed,) = store.list_approvals(status=None)
@@ -385,7 +386,8 @@ def test_a_durable_parent_runs_its_managed_agent_and_finishes(tmp_path: Path) ->
 
     store = RunStore.open(str(tmp_path / "runs.db"))
     sub = researcher(program("final_answer(get_price('plum'))"))
-    with manager(sub, program("final_answer(researcher(task='plum'))"), store=store) as boss:
+    with manager(sub, program("final_answer(researcher(task='plum'))"), store=store,
+                 audit=str(tmp_path / "audit.jsonl")) as boss:
         result = boss.run("Plum?")
     assert result.status == "done" and result.answer == 0.5
     assert store.get_run(result.run_id).status == "done"
