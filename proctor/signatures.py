@@ -120,7 +120,7 @@ def render_signature(name: str, input_schema: Mapping[str, Any] | None,
             default = prop["default"]
             params.append(Param(arg, text, False, _clip(repr(default)), default, description, nullable))
         else:
-            shown = text if nullable else f"{text} | None"
+            shown = text if nullable or text == "Any" else f"{text} | None"
             params.append(Param(arg, shown, False, "None", None, description, nullable))
     params.sort(key=lambda p: not p.required)  # Python wants the required ones first
     returns, wrapped = None, False
@@ -140,6 +140,11 @@ def _camel(name: str) -> str:
     words = [w for w in re.split(r"[^0-9A-Za-z]+", name) if w]
     text = "".join(w[:1].upper() + w[1:] for w in words) or "Value"
     return text if text[0].isalpha() else "T" + text
+
+
+def _singular(hint: str) -> str:
+    """The class name for an item of a list held by `hint` (``Lines`` -> ``Line``)."""
+    return hint[:-1] if len(hint) > 3 and hint.endswith("s") and not hint.endswith("ss") else hint + "Item"
 
 
 def _one_line(text: Any) -> str:
@@ -227,7 +232,7 @@ class _Renderer:
                 return f"tuple[{', '.join(parts)}]", False
             items = schema.get("items")
             if isinstance(items, Mapping) and items:
-                return f"list[{self.type_of(items, hint + 'Item', root, depth + 1)[0]}]", False
+                return f"list[{self.type_of(items, _singular(hint), root, depth + 1)[0]}]", False
             return "list[Any]", False
         if kind == "object" or (kind is None and isinstance(schema.get("properties"), Mapping)):
             return self.object_of(schema, hint, root, depth), False

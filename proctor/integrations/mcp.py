@@ -142,8 +142,8 @@ class MCPToolset:
     """A context manager connected to one MCP server, yielding its tools as proctor `Tool`s.
 
     `server` is ``mcp.StdioServerParameters`` (a server started as a subprocess) or the URL of a
-    streamable HTTP endpoint (``http://host:port/mcp``, with `headers`). `timeout` bounds starting,
-    listing and each call (seconds). `prefix` is put before every tool's name (``fs_`` → ``fs_read``).
+    streamable HTTP endpoint (``http://host:port/mcp``, with `headers`). `timeout` bounds starting and
+    listing, and each call unless `call_timeout` is given (seconds). `prefix` is put before every tool's name (``fs_`` → ``fs_read``).
     `name` names the server in records and errors (default: the command or URL). See the module's
     docstring for `trust_annotations`, `reserved` and the listing limits.
     """
@@ -151,14 +151,15 @@ class MCPToolset:
     def __init__(self, server: StdioServerParameters | str, *, timeout: float = 30, prefix: str = "",
                  headers: Mapping[str, str] | None = None, name: str | None = None,
                  trust_annotations: bool = False, reserved: Iterable[str] = (), max_tools: int = 256,
-                 max_pages: int = 32, max_schema_bytes: int = 64 * 1024) -> None:
+                 max_pages: int = 32, max_schema_bytes: int = 64 * 1024,
+                 call_timeout: float | None = None) -> None:
         if not isinstance(server, (StdioServerParameters, str)):
             raise ConfigurationError(f"MCPToolset takes mcp.StdioServerParameters or an http(s) URL, "
                                      f"not a {type(server).__name__}")
         if isinstance(server, str) and not re.match(r"^https?://", server):
             raise ConfigurationError(f"an MCP server URL must start with http:// or https://, got {server!r}")
-        if timeout <= 0:
-            raise ConfigurationError("timeout must be positive seconds")
+        if timeout <= 0 or (call_timeout is not None and call_timeout <= 0):
+            raise ConfigurationError("timeout and call_timeout must be positive seconds")
         if prefix and not prefix.isidentifier():
             raise ConfigurationError(f"prefix {prefix!r} must start a Python identifier (letters, digits, _)")
         for label, limit in (("max_tools", max_tools), ("max_pages", max_pages),
@@ -166,6 +167,7 @@ class MCPToolset:
             if not isinstance(limit, int) or limit < 1:
                 raise ConfigurationError(f"{label} must be a positive integer, got {limit!r}")
         self.server, self.timeout, self.prefix = server, float(timeout), prefix
+        self.call_timeout = float(call_timeout) if call_timeout is not None else self.timeout
         self.headers = dict(headers or {})
         self.trust_annotations = bool(trust_annotations)
         self.reserved = frozenset(reserved)
@@ -250,8 +252,9 @@ class MCPToolset:
         try:
             asyncio.run(self._main())
         except BaseException as exc:  # noqa: BLE001 - reported to open(), which raises it
+            inner = _innermost(exc)
             if not self._ready.done():
-                self._ready.set_exception(exc if isinstance(exc, ToolsetError) else ToolsetError(
+                self._ready.set_exception(inner if isinstance(inner, ToolsetError) else ToolsetError(
                     f"the MCP server {self.name} failed: {_reason(exc)}"))
         finally:
             self._ended = self._ended or "the session ended"
@@ -321,7 +324,7 @@ class MCPToolset:
         if loop is None or session is None or loop.is_closed():
             raise ToolsetError(f"{where}: the MCP session is closed ({self._ended or 'not opened'}): "
                                "use the tools inside `with`")
-        limit = self.timeout if timeout_s is None else min(self.timeout, timeout_s)
+        limit = self.call_timeout if timeout_s is None else min(self.call_timeout, timeout_s)
         sent = _sent_args(tool, args)
         future = asyncio.run_coroutine_threadsafe(self._call(session, tool, sent, limit), loop)
         try:
@@ -354,6 +357,8 @@ class MCPToolset:
         return _result_value(where, tool, _wire(result))
 
     def _lost(self, tool: MCPTool, why: str) -> ToolOutcomeUnknown:
+        # Nothing more goes to a session that broke: later calls are refused before they are sent.
+        self._session, self._ended = None, f"the connection was lost during a call to {tool.name}"
         return ToolOutcomeUnknown(f"{tool.name} (MCP server {self.name}): the connection to the server was lost "
                                   f"during the call ({why or 'no reason given'}); it may have taken effect",
                                   tool=tool.name, error_type="ToolOutcomeUnknown")
@@ -551,12 +556,18 @@ def _result_value(where: str, tool: MCPTool, result: Mapping[str, Any]) -> Any:
     return parts[0] if len(parts) == 1 else "\n".join(parts) if parts else None
 
 
-def _reason(exc: BaseException) -> str:
-    """One line for an error that may be an exception group (anyio task groups raise them)."""
+def _innermost(exc: BaseException) -> BaseException:
+    """The first error inside an exception group (anyio task groups raise them), or `exc`."""
     inner = getattr(exc, "exceptions", None)  # BaseExceptionGroup (3.11) or anyio's backport (3.10)
     while isinstance(inner, (list, tuple)) and inner and isinstance(inner[0], BaseException):
         exc = inner[0]
         inner = getattr(exc, "exceptions", None)
+    return exc
+
+
+def _reason(exc: BaseException) -> str:
+    """One line for an error that may be an exception group."""
+    exc = _innermost(exc)
     text = str(exc)
     if isinstance(exc, asyncio.CancelledError):
         return "the session was torn down (the server exited or the connection closed)"

@@ -27,7 +27,7 @@ def listing(cursor: str | None) -> dict[str, object]:
         return {"tools": [tool("get-x"), tool("get_x")]}
     if MODE == "pages":
         n = int(cursor or 0)
-        return {"tools": [tool(f"t{n}_{i}", description="x" * 2000) for i in range(50)], "nextCursor": str(n + 1)}
+        return {"tools": [tool(f"t{n}_{i}", description="x" * 2000) for i in range(10)], "nextCursor": str(n + 1)}
     if MODE == "many":
         return {"tools": [tool(f"t{i}") for i in range(10_000)]}
     if MODE == "big":
