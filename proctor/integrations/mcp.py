@@ -144,8 +144,8 @@ class MCPToolset:
     `server` is ``mcp.StdioServerParameters`` (a server started as a subprocess) or the URL of a
     streamable HTTP endpoint (``http://host:port/mcp``, with `headers`). `timeout` bounds starting and
     listing, and each call unless `call_timeout` is given (seconds). `prefix` is put before every
-    tool's name (``fs_`` → ``fs_read``). `name` names the server in records and errors (default: the command or URL). See the module's
-    docstring for `trust_annotations`, `reserved` and the listing limits.
+    tool's name (``fs_`` → ``fs_read``). `name` names the server in records and errors (default: the
+    command or URL). See the module's docstring for `trust_annotations`, `reserved` and the listing limits.
     """
 
     def __init__(self, server: StdioServerParameters | str, *, timeout: float = 30, prefix: str = "",
