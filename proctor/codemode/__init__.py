@@ -1,0 +1,1 @@
+"""Governed code mode for MCP clients: ``proctor mcp serve`` (see `proctor.codemode.server`, docs/code-mode.md)."""
