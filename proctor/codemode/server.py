@@ -101,7 +101,7 @@ class ElicitingApprover:
             result = future.result(limit)
         except TimeoutError:
             future.cancel()
-            return ApprovalDecision.deny(request, "timeout", f"no answer through MCP elicitation within {limit:g}s",
+            return ApprovalDecision.deny(request, "timeout", f"no answer through MCP elicitation within {limit:.1f}s",
                                          timed_out=True)
         except Exception as exc:  # noqa: BLE001 - a channel error is a deny that names it
             return ApprovalDecision.deny(request, who, f"MCP elicitation failed: {type(exc).__name__}: {exc}"[:500])
@@ -374,15 +374,14 @@ def render_result(result: Any) -> str:
         rows = [("#", "tool", "decision", "status", "ms", "note")]
         for i, c in enumerate(calls, 1):
             decision = c.decision.outcome if c.decision is not None else "-"
-            note = c.approval or c.budget or ""
-            if c.status not in ("ok",) and c.error:
-                note = (note + " " if note else "") + _first_line(c.error)[:160]
+            note = _first_line(c.error)[:160] if c.status != "ok" and c.error else (c.approval or "")
             rows.append((str(i), c.tool, decision, c.status, f"{c.duration_ns / 1e6:.0f}", note))
         widths = [max(len(r[k]) for r in rows) for k in range(5)]
         lines = ["  ".join(r[k].ljust(widths[k]) for k in range(5)) + ("  " + r[5] if r[5] else "") for r in rows]
         parts.append(f"calls ({len(calls)}):\n" + "\n".join(line.rstrip() for line in lines))
-    if result.error is not None:
-        parts.append(f"error: {type(result.error).__name__}: {result.error}")
+    if result.error is not None:  # a ProgramError's text starts with the program's own exception type
+        kind = type(result.error).__name__
+        parts.append(f"error: {result.error}" if kind == "ProgramError" else f"error: {kind}: {result.error}")
     if result.state_lost:
         parts.append("note: the sandbox was restarted; variables from earlier programs are gone")
     return "\n\n".join(parts) or "(no output, no value, no calls)"
