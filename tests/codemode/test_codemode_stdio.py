@@ -29,7 +29,8 @@ def test_the_client_sees_three_tools_and_reads_definitions_on_demand(tmp_path: P
 
     names, found, ship, missing = run(go())
     assert names == ["describe_tool", "run_python", "search_tools"]
-    assert found.splitlines()[0] == "t_get_weather(city: str, units: str = 'metric') -> str  # Tell the weather in a city."
+    assert found.splitlines()[0] == ("t_get_weather(city: str, units: str = 'metric') -> str"
+                                     "  # Tell the weather in a city.")
     assert "def t_ship(to: Address, count: int, note: str | None = None, express: bool = False) -> dict[str, str]:" \
         in ship
     assert "class Address(TypedDict):" in ship and "side effect: destructive" in ship and "# from mcp:t" in ship
