@@ -459,6 +459,6 @@ class BearerAuth:
                         "headers": [(b"content-type", b"application/json")]})
             await send({"type": "http.response.body", "body": b'{"error": "this MCP session is not yours"}'})
             return
-        await self.app(scope, receive, send)
-        if scope.get("method") == "DELETE" and sid:
+        if scope.get("method") == "DELETE" and sid:  # the run ends before the client hears the session did
             await asyncio.get_running_loop().run_in_executor(None, self.code_mode.end_session, f"http:{sid}")
+        await self.app(scope, receive, send)
