@@ -17,6 +17,7 @@ the call is denied, saying why.
 """
 
 import asyncio
+import inspect
 import json
 import os
 import re
@@ -330,9 +331,8 @@ class CodeMode:
             """
             return code_mode.describe(name)
 
-        server.tool()(run_python)
-        server.tool()(search_tools)
-        server.tool()(describe_tool)
+        for fn in (run_python, search_tools, describe_tool):  # the docstring, dedented, is the description
+            server.tool(description=inspect.cleandoc(fn.__doc__ or ""))(fn)
         return server
 
 
