@@ -103,8 +103,8 @@ def test_the_npm_reference_servers_are_governed_upstreams(tmp_path: Path) -> Non
 
 
 def inspector(*args: str) -> Any:
-    out = subprocess.run([*NPX, INSPECTOR, "--cli", *args, "--connect-timeout", "120000"], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "NO_COLOR": "1"})
+    out = subprocess.run([*NPX, INSPECTOR, "--cli", *args, "--connect-timeout", "120000"], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "NO_COLOR": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
 
