@@ -8,7 +8,9 @@ from typing import Any
 
 import mcp.types as mt
 
-from codemode.helpers import audit_records, serve_args, stdio_session, text, write_config
+from codemode.helpers import POLICY, audit_records, serve_args, stdio_session, text, write_config
+
+POLICY_30S = POLICY.replace("timeout: 3s", "timeout: 30s")
 
 
 def run(coro: Any) -> Any:
@@ -124,3 +126,46 @@ def test_without_elicitation_or_an_approver_the_call_is_denied_saying_why(tmp_pa
     out = _delete(tmp_path, None)
     assert "error: ApprovalDenied" in out
     assert "does not support elicitation and proctor mcp serve has no --approver" in out
+
+
+def test_a_client_without_elicitation_falls_back_to_the_inbox(tmp_path: Path) -> None:
+    """--approver inbox --store URL: the approval waits in the store, where `proctor approvals` answers it."""
+    import subprocess
+    import sys
+    import threading
+
+    servers, policy, audit = write_config(tmp_path, policy=POLICY_30S)
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    answered: list[str] = []
+
+    def answer() -> None:
+        from proctor.store import RunStore
+
+        s = RunStore.open(store)
+        try:
+            for _ in range(600):
+                pending = s.list_approvals()
+                if pending:
+                    out = subprocess.run([sys.executable, "-m", "proctor.cli", "approvals", "approve", pending[0].id,
+                                          "--store", store, "--as", "bob"], capture_output=True, text=True,
+                                         timeout=120)
+                    answered.append(out.stdout + out.stderr)
+                    return
+                threading.Event().wait(0.1)
+        finally:
+            s.close()
+
+    helper = threading.Thread(target=answer)
+    helper.start()
+
+    async def go() -> str:
+        args = serve_args(servers, policy, audit, "--user", "alice", "--approver", "inbox", "--store", store)
+        async with stdio_session(args) as s:
+            return text(await s.call_tool("run_python", {"code": "t_delete_file('/tmp/z')"}))
+
+    out = run(go())
+    helper.join(120)
+    assert answered, "no approval reached the store"
+    assert "value: 'deleted /tmp/z'" in out
+    approvals = [r for r in audit_records(audit) if r["kind"] == "approval_resolved"]
+    assert [a["verdict"] for a in approvals] == ["approve"] and approvals[0]["approver"].startswith("bob")
