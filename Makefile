@@ -57,7 +57,8 @@ clean:
 	touch $@
 
 test-mcp1: .venv-mcp1/.installed
-	.venv-mcp1/bin/pytest -q -p no:cacheprovider tests/integrations/test_mcp_toolset.py tests/integrations/test_mcp_untrusted.py
+	.venv-mcp1/bin/pytest -q -p no:cacheprovider tests/integrations/test_mcp_toolset.py \
+		tests/integrations/test_mcp_untrusted.py -k 'not current_fastmcp'  # fastmcp 4 needs mcp 2
 
 test: test-mcp1
 .PHONY: test-mcp1

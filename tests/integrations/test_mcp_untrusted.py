@@ -14,7 +14,7 @@ import pytest
 from mcp import StdioServerParameters
 
 from proctor import Gate, Interpreter, Policy
-from proctor.errors import ToolFailed, ToolsetError
+from proctor.errors import ToolDenied, ToolFailed, ToolsetError
 from proctor.integrations.mcp import MCP_MAJOR, MCPToolset
 from proctor.signatures import render_signature
 from proctor.testing import InMemoryAudit
@@ -182,3 +182,42 @@ def test_render_signature_covers_the_schema_forms() -> None:
     assert render_signature("walk", cyclic).def_line().startswith("walk(node: Node")
     assert render_signature("odd", {"properties": {"x": {"type": 7, "anyOf": "no"}}}).def_line() == \
         "odd(x: Any = None)"
+
+
+def test_current_fastmcp_over_streamable_http(tmp_path: Path) -> None:
+    """The `fastmcp` package (4.x) as the server: signatures from its schemas, annotations ignored."""
+    import socket
+
+    # fastmcp 4 needs mcp 2: `make test-mcp1` deselects this test in the 1.x venv.
+    log = tmp_path / "log"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    proc = subprocess.Popen([sys.executable, str(HERE / "fastmcp4_server.py"), str(port), str(log)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "the fastmcp server did not start"
+                time.sleep(0.2)
+        policy = Policy.from_dict({"version": 1, "default": "deny", "tools": {"norm": {"side_effect": "read"}},
+                                   "rules": [{"name": "reads", "match": {"side_effect": "read"},
+                                              "decision": "allow"}]})
+        with MCPToolset(f"http://127.0.0.1:{port}/mcp", name="f4") as tools:
+            by_name = {t.name: t for t in tools}
+            assert by_name["wipe_disk"].side_effect == "destructive"
+            assert str(by_name["norm"].signature) == "(p: P, scale: int = 1) -> float"  # fastmcp inlines, untitled
+            assert "class P(TypedDict):\n    x: float\n    y: NotRequired[float | None]" in \
+                by_name["norm"].description
+            gate = Gate(policy, tools=tools)
+            assert gate.call("norm", {"p": {"x": 3, "y": 4}}) == 5.0
+            with pytest.raises(ToolDenied):
+                gate.call("wipe_disk", {"disk": "sda"})
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert ran(log) == ["norm"]
