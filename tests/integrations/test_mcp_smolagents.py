@@ -39,3 +39,26 @@ def test_a_smolagents_agent_takes_the_toolsets_tools_and_every_call_is_governed(
     assert (log.read_text().split() if log.exists() else []) == ["add"]
     outcomes = [(r["tool"], r["status"]) for r in audit.of_kind("call_outcome")]
     assert outcomes == [("wipe_disk", "denied"), ("add", "ok")]
+
+
+def test_a_smolagents_code_agent_with_the_governed_executor_takes_them_too(tmp_path: Path) -> None:
+    """smolagents.CodeAgent(tools=toolset.smolagents_tools(gate), executor=GovernedExecutor(gate)): one gate."""
+    from proctor.integrations.smolagents import GovernedExecutor
+
+    log = tmp_path / "log"
+    audit = InMemoryAudit()
+    gate = Gate(POLICY, audit=audit)
+    server = StdioServerParameters(command=sys.executable, args=[str(SERVER), "stdio", "-", str(log)])
+    toolset = MCPToolset(server, name="test")
+    with toolset:
+        model = ScriptedSmolModel(["Thought: go.\n<code>\ntry:\n    wipe_disk('sda')\nexcept Exception as e:\n"
+                                   "    print(type(e).__name__)\nfinal_answer(add(20, 22))\n</code>"])
+        executor = GovernedExecutor(gate)
+        try:
+            agent = smolagents.CodeAgent(tools=toolset.smolagents_tools(gate), model=model, executor=executor)
+            assert agent.run("add") == 42
+        finally:
+            executor.cleanup()
+    assert (log.read_text().split() if log.exists() else []) == ["add"]
+    outcomes = [(r["tool"], r["status"]) for r in audit.of_kind("call_outcome")]
+    assert ("wipe_disk", "denied") in outcomes and ("add", "ok") in outcomes
