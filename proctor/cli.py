@@ -25,6 +25,7 @@ COMMANDS = {
     "runs": "proctor.store.cli",
     "serve": "proctor.serve.cli",
     "halt": "proctor.halt.cli",
+    "mcp": "proctor.codemode.cli",
 }
 _COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 

@@ -9,6 +9,7 @@ ProctorError                      base of everything below
 │   └── BudgetExceeded            the call would pass a budget limit
 │       └── LedgerUnavailable     the shared budget ledger (Redis) could not be reached: fail closed
 ├── ToolFailed                    the tool ran and raised; carries the tool's message
+│   └── ToolOutcomeUnknown        the tool started and its result is lost (timed out, its server died)
 ├── PolicyError                   a policy file that cannot be loaded (file, line, column)
 ├── AuditError                    the audit trail could not be written: the call is refused
 │   └── AuditCorrupted            an existing log is damaged and will not be appended to
@@ -78,6 +79,7 @@ __all__ = [
     "ToolDefinitionError",
     "ToolDenied",
     "ToolFailed",
+    "ToolOutcomeUnknown",
     "ToolsetError",
 ]
 
@@ -139,6 +141,12 @@ class ToolFailed(ProctorError):
         self.tool = tool
         self.call_id = call_id
         self.error_type = error_type
+
+
+class ToolOutcomeUnknown(ToolFailed):
+    """The tool started and whether it took effect is not known: it timed out, or the server running
+    it went away during the call. A tool raises it instead of `TimeoutError` when it cannot tell that
+    nothing happened (an MCP call, which a cancellation may or may not have stopped in time)."""
 
 
 @dataclass(frozen=True)

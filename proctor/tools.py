@@ -99,6 +99,9 @@ class Tool:
     #: ``bool`` with no constraint (see `_plain_fields`) and the tool has no `_check`, else None: `validate`'s
     #: shortcut.
     _plain_args: tuple[tuple[str, type], ...] | None = field(repr=False, default=None)
+    #: Where the tool comes from when that is not this process (``mcp:<server>`` for an MCP server's
+    #: tool), for records and spans; None for a local tool.
+    origin: str | None = None
 
     def run_in_call(self, args: Mapping[str, Any], scope: Any) -> Any:
         """Run inside the gate's call `scope`; only tools with `in_call` set implement it."""

@@ -1,99 +1,187 @@
-"""MCP servers' tools as proctor tools (extra ``proctor[mcp]``, the official ``mcp`` SDK).
+"""MCP servers' tools as proctor tools (extra ``proctor[mcp]``, the official ``mcp`` SDK, 1.x or 2.x).
 
 ```python
 from mcp import StdioServerParameters
 from proctor.integrations.mcp import MCPToolset
 
-with MCPToolset(StdioServerParameters(command="python", args=["server.py"])) as tools:
+with MCPToolset(StdioServerParameters(command="npx", args=["-y", "@modelcontextprotocol/server-memory"]),
+                prefix="mem_") as tools:
     agent = CodeAgent(tools=tools, model=…, policy="policy.yaml")
     agent.run("…")
-with MCPToolset("http://127.0.0.1:8000/mcp") as tools:   # streamable HTTP
+with MCPToolset("http://127.0.0.1:8000/mcp", headers={"Authorization": "Bearer …"}) as tools:
     …
 ```
 
-Each MCP tool becomes a proctor `Tool`: its ``inputSchema`` is the schema shown to models
-and every call's arguments are validated against it (a call that does not fit is refused
-before anything runs); its annotations give its side-effect class when the policy's
-``tools:`` section does not (``readOnlyHint`` → read, ``destructiveHint`` → destructive,
-``openWorldHint`` → external, otherwise write). Calls go through the gate like any other.
-A name that is not a Python identifier (``get-time``) is called as ``get_time`` in programs.
+An MCP server is not trusted, whoever runs it:
 
-The SDK is asynchronous; the toolset runs its session on an event loop of its own thread,
-so tools are called from synchronous code (the gate, the interpreter) and from async code alike.
+- **Annotations are hints.** Every MCP tool is ``destructive`` (the class proctor gives the
+  undeclared) unless the policy's ``tools:`` section says otherwise, or the toolset is built with
+  ``trust_annotations=True``, which trusts *that server's* annotations: ``readOnlyHint`` → read,
+  else ``destructiveHint`` (which MCP defaults to true) → destructive, else ``openWorldHint`` (true
+  by default) → external, else write.
+- **Names cannot take over the program.** A tool whose Python name would be a builtin (``print``,
+  ``open``, ``len``…), a keyword, a dunder, ``final_answer``, one of `reserved` (other tools, agents)
+  or another tool of the same server is refused when the toolset opens, naming the ``prefix=`` fix.
+- **Listing is bounded**: at most `max_tools` tools over `max_pages` pages of ``tools/list``, each
+  tool's definition at most `max_schema_bytes`, all within `timeout`; past any of them the listing
+  stops and the toolset refuses to open, naming the limit.
+- **A call whose outcome is unknown says so.** A call that times out (the toolset's `timeout` or the
+  policy's ``timeout`` for the tool, whichever is shorter) or whose server dies under it raises
+  `ToolOutcomeUnknown`, naming the server and what happened; a ``notifications/cancelled`` is sent
+  to the server for a call that timed out.
+- Every tool carries its server in `Tool.origin` (``mcp:<name>``), and so do its errors.
+
+Each MCP tool's ``inputSchema`` is the schema its calls are validated against (a call that does
+not fit is refused before anything runs); models see the Python signature `proctor.signatures`
+renders from it and from the ``outputSchema`` (nested ``TypedDict``s, nullability, defaults,
+return type). A name that is not a Python identifier (``get-time``) is called as ``get_time``.
+
+The SDK is asynchronous; the toolset runs its session on an event loop of its own thread, so tools
+are called from synchronous code (the gate, the interpreter) and from async code alike.
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
+import contextvars
+import dataclasses
 import inspect
+import json
 import keyword
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
-from datetime import timedelta
-from typing import Any
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _dist_version
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 import pydantic
-from mcp import ClientSession, StdioServerParameters
-from mcp import types as mcp_types
-from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 
 from proctor.calls import SideEffect
-from proctor.errors import ConfigurationError, ToolFailed, ToolsetError
+from proctor.errors import ConfigurationError, ToolFailed, ToolOutcomeUnknown, ToolsetError
+from proctor.signatures import Signature, TypeText, render_signature
 from proctor.tools import Tool
 
-__all__ = ["MCPToolFailed", "MCPToolset", "side_effect_of"]
+#: The ``mcp`` SDK releases this module is tested with (CI runs the newest 1.x and the newest 2.x).
+SUPPORTED_MCP = ">=1.30,<3"
 
-_JSON_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": float, "boolean": bool,
-                               "array": list[Any], "object": dict[str, Any], "null": type(None)}
+
+def _mcp_major() -> int:
+    try:
+        text = _dist_version("mcp")
+    except PackageNotFoundError:
+        raise ImportError("proctor.integrations.mcp needs the mcp SDK: pip install 'proctor[mcp]'") from None
+    parts = [int(p) for p in re.findall(r"\d+", text)[:2]] + [0, 0]
+    if not (1, 30) <= (parts[0], parts[1]) < (3, 0):
+        raise ImportError(f"proctor.integrations.mcp supports the mcp SDK {SUPPORTED_MCP} (1.30 and later 1.x, "
+                          f"and 2.x); mcp {text} is installed: pip install 'mcp{SUPPORTED_MCP}'")
+    return parts[0]
+
+
+MCP_MAJOR = _mcp_major()
+
+from mcp import ClientSession, StdioServerParameters  # noqa: E402 - after the version check, which names the fix
+from mcp import types as mcp_types  # noqa: E402
+from mcp.client.stdio import stdio_client  # noqa: E402
+from mcp.client.streamable_http import streamable_http_client  # noqa: E402
+from mcp.shared._httpx_utils import create_mcp_http_client  # noqa: E402 - the SDK's own client factory
+
+if TYPE_CHECKING or MCP_MAJOR >= 2:
+    from mcp.shared.exceptions import MCPError as SDKError
+else:  # 1.x spells it McpError
+    from mcp.shared.exceptions import McpError as SDKError
+
+__all__ = ["MCPTool", "MCPToolFailed", "MCPToolset", "SUPPORTED_MCP", "side_effect_of"]
+
+#: JSON-RPC's "connection closed" (the SDK's code when the server went away mid-request).
+_CONNECTION_CLOSED = -32000
+_TEXT_CAP = 2000
+_RESERVED = frozenset(dir(builtins)) | {"final_answer"}
 
 
 class MCPToolFailed(ToolFailed):
     """The MCP server answered the call with an error (``isError``); the gate records the call as failed."""
 
 
-def side_effect_of(annotations: mcp_types.ToolAnnotations | None) -> SideEffect:
-    """The side-effect class an MCP tool's annotations declare (write when they declare nothing)."""
-    if annotations is None:
-        return "write"
-    if annotations.readOnlyHint:
+def side_effect_of(annotations: Mapping[str, Any] | pydantic.BaseModel | None) -> SideEffect:
+    """The side-effect class a server's annotations claim, read with MCP's defaults (destructive,
+    open-world). Only a toolset built with ``trust_annotations=True`` uses it."""
+    hints = _wire(annotations) if isinstance(annotations, pydantic.BaseModel) else dict(annotations or {})
+    if hints.get("readOnlyHint") is True:
         return "read"
-    if annotations.destructiveHint:
+    if hints.get("destructiveHint", True) is not False:
         return "destructive"
-    if annotations.openWorldHint:
+    if hints.get("openWorldHint", True) is not False:
         return "external"
     return "write"
+
+
+@dataclass(frozen=True, eq=False)
+class MCPTool(Tool):
+    """A tool of an MCP server: `run` calls the server through its `MCPToolset`, within the shorter
+    of the toolset's timeout and the policy's for the tool."""
+
+    toolset: MCPToolset | None = field(repr=False, default=None)
+    #: The tool's name on its server (``get-stats``), which `name` may spell differently (``get_stats``).
+    remote_name: str = ""
+    #: The rendered signature (`proctor.signatures`): what ``describe_tool`` shows.
+    rendered: Signature | None = field(repr=False, default=None)
+
+    def run(self, args: Mapping[str, Any], timeout_s: float | None = None) -> Any:
+        if self.toolset is None:
+            raise ToolsetError(f"MCP tool {self.name!r} has no toolset")
+        return self.toolset.call(self, args, timeout_s)
 
 
 class MCPToolset:
     """A context manager connected to one MCP server, yielding its tools as proctor `Tool`s.
 
     `server` is ``mcp.StdioServerParameters`` (a server started as a subprocess) or the URL of a
-    streamable HTTP endpoint (``http://host:port/mcp``, with `headers`). `timeout` bounds starting,
-    listing and each call (seconds). `prefix` is put before every tool's name (``fs_`` → ``fs_read``).
+    streamable HTTP endpoint (``http://host:port/mcp``, with `headers`). `timeout` bounds starting and
+    listing, and each call unless `call_timeout` is given (seconds). `prefix` is put before every
+    tool's name (``fs_`` → ``fs_read``). `name` names the server in records and errors (default: the
+    command or URL). See the module's docstring for `trust_annotations`, `reserved` and the listing limits.
     """
 
     def __init__(self, server: StdioServerParameters | str, *, timeout: float = 30, prefix: str = "",
-                 headers: Mapping[str, str] | None = None) -> None:
+                 headers: Mapping[str, str] | None = None, name: str | None = None,
+                 trust_annotations: bool = False, reserved: Iterable[str] = (), max_tools: int = 256,
+                 max_pages: int = 32, max_schema_bytes: int = 64 * 1024,
+                 call_timeout: float | None = None) -> None:
         if not isinstance(server, (StdioServerParameters, str)):
             raise ConfigurationError(f"MCPToolset takes mcp.StdioServerParameters or an http(s) URL, "
                                      f"not a {type(server).__name__}")
         if isinstance(server, str) and not re.match(r"^https?://", server):
             raise ConfigurationError(f"an MCP server URL must start with http:// or https://, got {server!r}")
-        if timeout <= 0:
-            raise ConfigurationError("timeout must be positive seconds")
+        if timeout <= 0 or (call_timeout is not None and call_timeout <= 0):
+            raise ConfigurationError("timeout and call_timeout must be positive seconds")
+        if prefix and not prefix.isidentifier():
+            raise ConfigurationError(f"prefix {prefix!r} must start a Python identifier (letters, digits, _)")
+        for label, limit in (("max_tools", max_tools), ("max_pages", max_pages),
+                             ("max_schema_bytes", max_schema_bytes)):
+            if not isinstance(limit, int) or limit < 1:
+                raise ConfigurationError(f"{label} must be a positive integer, got {limit!r}")
         self.server, self.timeout, self.prefix = server, float(timeout), prefix
+        self.call_timeout = float(call_timeout) if call_timeout is not None else self.timeout
         self.headers = dict(headers or {})
+        self.trust_annotations = bool(trust_annotations)
+        self.reserved = frozenset(reserved)
+        self.max_tools, self.max_pages, self.max_schema_bytes = max_tools, max_pages, max_schema_bytes
+        self.name = name or self._label()
+        self.origin = f"mcp:{self.name}"
         self.tools: list[Tool] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._main_task: asyncio.Task[None] | None = None
         self._session: ClientSession | None = None
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
-        self._ready: Future[list[mcp_types.Tool]] = Future()
+        self._ready: Future[list[dict[str, Any]]] = Future()
+        self._ended: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -110,26 +198,39 @@ class MCPToolset:
         self._thread = threading.Thread(target=self._run, name="proctor-mcp", daemon=True)
         self._thread.start()
         try:
-            listed = self._ready.result(self.timeout)
-        except TimeoutError:
+            # The listing stops itself at `timeout` (inside the loop); the margin only covers a loop
+            # that cannot even get there.
+            listed = self._ready.result(self.timeout + 5)
+        except FutureTimeout:
             self.close()
-            raise ToolsetError(f"the MCP server {self._label()} did not answer within {self.timeout:g}s") from None
+            raise ToolsetError(f"the MCP server {self.name} did not answer within {self.timeout:g}s") from None
         except ToolsetError:
             self.close()
             raise
-        self.tools = [self._tool(t) for t in listed]
+        try:
+            self.tools = self._tools(listed)
+        except ToolsetError:
+            self.close()
+            raise
         return self.tools
 
     def close(self) -> None:
         """End the session (and stop a stdio server)."""
-        loop, stop, thread = self._loop, self._stop, self._thread
-        if loop is not None and stop is not None and not loop.is_closed():
+        loop, stop, thread, task = self._loop, self._stop, self._thread, self._main_task
+        if loop is not None and not loop.is_closed():
             try:
-                loop.call_soon_threadsafe(stop.set)
+                if stop is not None:
+                    loop.call_soon_threadsafe(stop.set)
             except RuntimeError:  # the loop already stopped
                 pass
         if thread is not None:
             thread.join(self.timeout)
+            if thread.is_alive() and loop is not None and task is not None and not loop.is_closed():
+                try:  # it did not end when asked: stop it where it is
+                    loop.call_soon_threadsafe(task.cancel)
+                except RuntimeError:
+                    pass
+                thread.join(self.timeout)
         self._thread = None
 
     def _label(self) -> str:
@@ -137,137 +238,337 @@ class MCPToolset:
             return self.server
         return " ".join([self.server.command, *self.server.args])
 
+    def smolagents_tools(self, gate: Any) -> list[Any]:
+        """The tools as smolagents tools for ``smolagents.CodeAgent(tools=…)``, each call going through
+        `gate` (``proctor.integrations.smolagents.govern_tools``): a smolagents agent never gets an
+        MCP tool it could call ungoverned."""
+        from proctor.integrations.smolagents import govern_tools
+
+        return list(govern_tools(self.tools, gate))
+
     # -- the session, on its own event loop ------------------------------------------------------
 
     def _run(self) -> None:
         try:
             asyncio.run(self._main())
         except BaseException as exc:  # noqa: BLE001 - reported to open(), which raises it
+            inner = _innermost(exc)
             if not self._ready.done():
-                self._ready.set_exception(ToolsetError(f"the MCP server {self._label()} failed: "
-                                                       f"{_reason(exc)}"))
+                self._ready.set_exception(inner if isinstance(inner, ToolsetError) else ToolsetError(
+                    f"the MCP server {self.name} failed: {_reason(exc)}"))
+        finally:
+            self._ended = self._ended or "the session ended"
+            if not self._ready.done():
+                self._ready.set_exception(ToolsetError(f"the MCP server {self.name} ended before listing its tools"))
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._main_task = asyncio.current_task()
         self._stop = asyncio.Event()
-        if isinstance(self.server, str):
-            async with create_mcp_http_client(headers=self.headers) as http, \
-                    streamable_http_client(self.server, http_client=http) as (read, write, _):
-                await self._serve(read, write)
-        else:
-            async with stdio_client(self.server) as (read, write):
-                await self._serve(read, write)
+        try:
+            if isinstance(self.server, str):
+                async with create_mcp_http_client(headers=self.headers) as http, \
+                        streamable_http_client(self.server, http_client=http) as streams:
+                    await self._serve(streams[0], streams[1])
+            else:
+                async with stdio_client(self.server) as streams:
+                    await self._serve(streams[0], streams[1])
+        finally:
+            self._session = None
 
     async def _serve(self, read: Any, write: Any) -> None:
-        async with ClientSession(read, write, read_timeout_seconds=timedelta(seconds=self.timeout)) as session:
-            await session.initialize()
-            listed: list[mcp_types.Tool] = []
-            cursor: str | None = None
-            while True:
-                page = await session.list_tools(cursor=cursor) if cursor else await session.list_tools()
-                listed.extend(page.tools)
-                cursor = page.nextCursor
-                if not cursor:
-                    break
+        if MCP_MAJOR == 1:  # 1.x sends no cancellation of its own: note request ids to send one
+            write = _NoteRequestIds(write)
+        async with ClientSession(read, write) as session:
+            try:
+                listed = await asyncio.wait_for(self._list(session), self.timeout)
+            except asyncio.TimeoutError:
+                raise ToolsetError(f"the MCP server {self.name} did not list its tools within {self.timeout:g}s "
+                                   "(the listing was stopped; raise `timeout=` if it is just slow)") from None
             self._session = session
             self._ready.set_result(listed)
             assert self._stop is not None
             await self._stop.wait()
-            self._session = None
+            self._ended = "the toolset was closed"
 
-    def _call(self, name: str, args: Mapping[str, Any], output_schema: Mapping[str, Any] | None = None) -> Any:
+    async def _list(self, session: ClientSession) -> list[dict[str, Any]]:
+        await session.initialize()
+        listed: list[dict[str, Any]] = []
+        cursor: str | None = None
+        for _page in range(self.max_pages):
+            params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = _wire(await session.list_tools(params=params))
+            tools = page.get("tools")
+            for spec in tools if isinstance(tools, list) else []:
+                if len(listed) >= self.max_tools:
+                    raise ToolsetError(f"the MCP server {self.name} lists more than {self.max_tools} tools "
+                                       f"(max_tools={self.max_tools}): the listing was stopped")
+                size = len(json.dumps(spec, separators=(",", ":")))
+                if size > self.max_schema_bytes:
+                    raise ToolsetError(f"the MCP server {self.name}: tool {str(spec.get('name'))[:80]!r}'s definition "
+                                       f"is {size} bytes, over max_schema_bytes={self.max_schema_bytes}")
+                listed.append(spec)
+            next_cursor = page.get("nextCursor")
+            if not next_cursor:
+                return listed
+            cursor = str(next_cursor)
+        raise ToolsetError(f"the MCP server {self.name} pages tools/list past {self.max_pages} pages "
+                           f"(max_pages={self.max_pages}): the listing was stopped")
+
+    # -- calls -----------------------------------------------------------------------------------
+
+    def call(self, tool: MCPTool, args: Mapping[str, Any], timeout_s: float | None = None) -> Any:
+        """Call `tool` on the server with validated `args`; the result, or an error saying what happened."""
         loop, session = self._loop, self._session
+        where = f"{tool.name} (MCP server {self.name})"
         if loop is None or session is None or loop.is_closed():
-            raise ToolsetError(f"the MCP session with {self._label()} is closed: use the tools inside `with`")
-        future = asyncio.run_coroutine_threadsafe(session.call_tool(name, dict(args)), loop)
+            raise ToolsetError(f"{where}: the MCP session is closed ({self._ended or 'not opened'}): "
+                               "use the tools inside `with`")
+        limit = self.call_timeout if timeout_s is None else min(self.call_timeout, timeout_s)
+        sent = _sent_args(tool, args)
+        future = asyncio.run_coroutine_threadsafe(self._call(session, tool, sent, limit), loop)
         try:
-            result = future.result(self.timeout)
-        except TimeoutError:
+            return future.result(limit + 10)  # the coroutine ends itself at `limit`; this is a backstop
+        except FutureTimeout:
             future.cancel()
-            raise
-        return _result_value(name, result, output_schema)
+            raise ToolOutcomeUnknown(f"{where}: no answer within {limit:g}s and the session did not end the call; "
+                                     "it may have taken effect", tool=tool.name,
+                                     error_type="ToolOutcomeUnknown") from None
+
+    async def _call(self, session: ClientSession, tool: MCPTool, args: dict[str, Any], limit: float) -> Any:
+        where = f"{tool.name} (MCP server {self.name})"
+        ids: list[Any] = []
+        _SENT.set(ids)
+        try:
+            result = await asyncio.wait_for(session.call_tool(tool.remote_name, args), limit)
+        except asyncio.TimeoutError:
+            await self._cancel(session, ids, f"timed out after {limit:g}s")
+            raise ToolOutcomeUnknown(f"{where}: timed out after {limit:g}s; a cancellation was sent to the server, "
+                                     "and the call may have taken effect", tool=tool.name,
+                                     error_type="ToolOutcomeUnknown") from None
+        except SDKError as exc:
+            code, message = exc.error.code, str(exc.error.message)[:_TEXT_CAP]
+            if code != _CONNECTION_CLOSED:  # the server answered: an error response, nothing unknown
+                raise MCPToolFailed(f"{where}: the server refused the call: {message or f'error {code}'}",
+                                    tool=tool.name, error_type="MCPError") from None
+            raise self._lost(tool, message) from None
+        except (asyncio.CancelledError, Exception) as exc:  # noqa: BLE001 - the session broke under the call
+            raise self._lost(tool, _reason(exc)) from None
+        return _result_value(where, tool, _wire(result))
+
+    def _lost(self, tool: MCPTool, why: str) -> ToolOutcomeUnknown:
+        # Nothing more goes to a session that broke: later calls are refused before they are sent.
+        self._session, self._ended = None, f"the connection was lost during a call to {tool.name}"
+        return ToolOutcomeUnknown(f"{tool.name} (MCP server {self.name}): the connection to the server was lost "
+                                  f"during the call ({why or 'no reason given'}); it may have taken effect",
+                                  tool=tool.name, error_type="ToolOutcomeUnknown")
+
+    async def _cancel(self, session: ClientSession, ids: list[Any], reason: str) -> None:
+        """Tell the server to stop the request (2.x sends this itself when the call is abandoned)."""
+        if MCP_MAJOR >= 2 or not ids:
+            return
+        types_v1: Any = mcp_types  # 1.x's typed notification (2.x, which mypy reads, builds it itself)
+        note = types_v1.ClientNotification(types_v1.CancelledNotification(
+            method="notifications/cancelled", params=types_v1.CancelledNotificationParams(requestId=ids[-1],
+                                                                                          reason=reason)))
+        try:
+            await asyncio.wait_for(session.send_notification(note), 5)
+        except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - the call is reported unknown either way
+            pass
 
     # -- tools -----------------------------------------------------------------------------------
 
-    def _tool(self, spec: mcp_types.Tool) -> Tool:
-        name = self.prefix + re.sub(r"\W", "_", spec.name)
-        if not name.isidentifier() or keyword.iskeyword(name):
-            name = "mcp_" + name
-        schema: dict[str, Any] = dict(spec.inputSchema or {"type": "object"})
+    def _tools(self, listed: list[dict[str, Any]]) -> list[Tool]:
+        tools: list[Tool] = []
+        taken: dict[str, str] = {}
+        for spec in listed:
+            remote = spec.get("name")
+            if not isinstance(remote, str) or not remote:
+                raise ToolsetError(f"the MCP server {self.name} lists a tool without a name")
+            name = self.prefix + re.sub(r"\W", "_", remote, flags=re.ASCII)
+            if not name.isidentifier():
+                name = "mcp_" + name
+            problem = None
+            if keyword.iskeyword(name) or keyword.issoftkeyword(name):
+                problem = "is a Python keyword"
+            elif name in _RESERVED or (name.startswith("__") and name.endswith("__")):
+                problem = "is a Python builtin"
+            elif name in self.reserved:
+                problem = "is already taken by another tool or agent"
+            elif name in taken:
+                problem = f"is also the name of its tool {taken[name]!r}"
+            if problem is not None:
+                raise ToolsetError(f"the MCP server {self.name}: tool {remote[:80]!r} would be called {name!r}, which "
+                                   f"{problem}; give the server's tools a prefix: MCPToolset(..., prefix='"
+                                   f"{_suggest_prefix(self.name)}')")
+            taken[name] = remote
+            tools.append(self._tool(name, remote, spec))
+        return tools
+
+    def _tool(self, name: str, remote: str, spec: Mapping[str, Any]) -> MCPTool:
+        raw = spec.get("inputSchema")
+        schema: dict[str, Any] = dict(raw) if isinstance(raw, Mapping) else {"type": "object"}
         schema.setdefault("type", "object")
+        output = spec.get("outputSchema")
+        output_schema = dict(output) if isinstance(output, Mapping) else None
         try:
             checker = jsonschema.validators.validator_for(schema)(schema)
             checker.check_schema(schema)
         except jsonschema.SchemaError as exc:
-            raise ToolsetError(f"MCP tool {spec.name!r} has an invalid inputSchema: {exc.message}") from None
-        props: dict[str, Any] = schema.get("properties") or {}
-        required = set(schema.get("required") or ())
+            raise ToolsetError(f"the MCP server {self.name}: tool {remote!r} has an invalid inputSchema: "
+                               f"{exc.message}") from None
+        rendered = render_signature(name, schema, output_schema)
+        props: Mapping[str, Any] = schema.get("properties") or {}
         fields: dict[str, Any] = {}
         params: list[inspect.Parameter] = []
         docs: dict[str, str] = {}
-        for arg, prop in props.items():
-            if not isinstance(arg, str) or not arg.isidentifier() or keyword.iskeyword(arg):
-                raise ToolsetError(f"MCP tool {spec.name!r}: argument {arg!r} is not a Python identifier")
-            prop = prop if isinstance(prop, dict) else {}
-            docs[arg] = str(prop.get("description") or prop.get("title") or "")
-            default: Any = inspect.Parameter.empty if arg in required else prop.get("default")
-            # Types are checked against the full JSON Schema below; pydantic only binds and refuses extras.
-            fields[arg] = (Any, pydantic.Field(... if default is inspect.Parameter.empty else default,
-                                               description=docs[arg]))
-            params.append(inspect.Parameter(arg, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                            annotation=_annotation(prop)))
-        params.sort(key=lambda p: p.default is not inspect.Parameter.empty)  # required ones first
-        params = [p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params]
-        description = (spec.description or spec.title or f"MCP tool {spec.name}").strip()
-        original = spec.name
-
-        def call(**kwargs: Any) -> Any:
-            sent = {k: v for k, v in kwargs.items() if k in required or v is not None}
-            return self._call(original, sent, spec.outputSchema)
+        for arg in props:
+            if not isinstance(arg, str) or not arg.isidentifier() or keyword.iskeyword(arg) \
+                    or arg.startswith("_proctor_"):
+                raise ToolsetError(f"the MCP server {self.name}: tool {remote!r}: argument {str(arg)[:80]!r} "
+                                   "cannot be a Python parameter")
+        for p in rendered.params:
+            docs[p.name] = p.description
+            default: Any = inspect.Parameter.empty if p.required else p.default_value
+            # Types are checked against the full JSON Schema (`check`); pydantic only binds and refuses extras.
+            fields[p.name] = (Any, pydantic.Field(... if p.required else default, description=p.description))
+            params.append(inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
+                                            annotation=_annotation(p.annotation)))
+        returns: Any = _annotation(rendered.returns) if rendered.returns else inspect.Signature.empty
+        description = _clip(str(spec.get("description") or spec.get("title") or f"MCP tool {remote}").strip())
+        if rendered.types:  # the model needs the TypedDicts the signature names
+            description += "\n\nTypes:\n" + "\n\n".join(rendered.types.values())
+        hints = spec.get("annotations")
+        side_effect: SideEffect = side_effect_of(hints if isinstance(hints, Mapping) else None) \
+            if self.trust_annotations else "destructive"
+        optional_nulls = {p.name for p in rendered.params if not p.required and p.default_value is None}
 
         def check(args: Mapping[str, Any]) -> str | None:
-            sent = {k: v for k, v in args.items() if k in required or v is not None}
+            sent = {k: v for k, v in args.items() if not (k in optional_nulls and v is None)}
             errors = sorted(checker.iter_errors(sent), key=lambda e: list(e.path))
             if not errors:
                 return None
-            return "; ".join(f"argument {'.'.join(str(p) for p in e.path) or 'arguments'!r}: {e.message}"
+            return "; ".join(f"argument {'.'.join(str(p) for p in e.path) or 'arguments'!r}: {e.message[:300]}"
                              for e in errors[:5])
 
-        call.__name__ = name
-        call.__doc__ = description
-        return Tool._build(name, description, call, fields, inspect.Signature(params), docs,
-                           side_effect=side_effect_of(spec.annotations), cost=0, source=spec,
-                           schema=schema, check=check)
+        def unbound(**kwargs: Any) -> Any:
+            raise ToolsetError(f"MCP tool {name!r} runs through its toolset, not as a function")
+
+        unbound.__name__ = name
+        unbound.__doc__ = description
+        base = Tool._build(name, description, unbound, fields, inspect.Signature(params, return_annotation=returns),
+                           docs, side_effect=side_effect, cost=0, source=dict(spec), schema=schema, check=check,
+                           output_type=_output_type(output_schema, rendered))
+        values = {f.name: getattr(base, f.name) for f in dataclasses.fields(Tool)}
+        values.update(origin=self.origin)
+        return MCPTool(**values, toolset=self, remote_name=remote, rendered=rendered)
 
 
-def _annotation(prop: Mapping[str, Any]) -> Any:
-    kind = prop.get("type")
-    if isinstance(kind, str) and kind in _JSON_TYPES:
-        return _JSON_TYPES[kind]
-    return Any
+#: The ids of the requests the current call sent (1.x; set in the task that makes the call).
+_SENT: contextvars.ContextVar[list[Any]] = contextvars.ContextVar("proctor_mcp_sent")
 
 
-def _result_value(name: str, result: mcp_types.CallToolResult, output_schema: Mapping[str, Any] | None) -> Any:
+class _NoteRequestIds:
+    """The write stream a 1.x ClientSession sends on, noting the id of each request sent from a
+    call's task (the session sends from the task that awaits the request)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def send(self, message: Any) -> None:
+        ids = _SENT.get(None)
+        if ids is not None:
+            wire = _wire(message.message)
+            if wire.get("method") == "tools/call" and "id" in wire:
+                ids.append(wire["id"])
+        await self.inner.send(message)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    async def __aenter__(self) -> _NoteRequestIds:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _wire(model: Any) -> dict[str, Any]:
+    """A message of either SDK as it is on the wire (JSON, camelCase): one form for 1.x and 2.x."""
+    if isinstance(model, pydantic.BaseModel):
+        data = model.model_dump(by_alias=True, mode="json", exclude_none=True)
+        return data if isinstance(data, dict) else {}
+    return dict(model) if isinstance(model, Mapping) else {}
+
+
+def _sent_args(tool: MCPTool, args: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments as sent: an optional argument left at None is left out (None means "not given"
+    unless the schema's own default is something else, where None is sent as null)."""
+    rendered = tool.rendered
+    optional_nulls = {p.name for p in rendered.params if not p.required and p.default_value is None} \
+        if rendered is not None else set()
+    return {k: v for k, v in args.items() if not (k in optional_nulls and v is None)}
+
+
+def _annotation(text: str) -> Any:
+    """A real type where the text is a plain one (``str``, ``int``…), else the text as an annotation."""
+    plain = {"str": str, "int": int, "float": float, "bool": bool, "None": None}
+    return plain.get(text, TypeText(text)) if text != "None" else None
+
+
+def _output_type(output: Mapping[str, Any] | None, rendered: Signature) -> str | None:
+    if output is None or rendered.returns is None:
+        return None
+    return {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}.get(
+        rendered.returns, "array" if rendered.returns.startswith("list[") else "object")
+
+
+def _suggest_prefix(label: str) -> str:
+    words = re.findall(r"[a-z]+", label.rsplit("/", 1)[-1].lower())
+    word = next((w for w in reversed(words) if w not in {"server", "mcp", "py", "js", "main", "http"}), "srv")
+    return word[:8] + "_"
+
+
+def _clip(text: str, cap: int = 8000) -> str:
+    return text if len(text) <= cap else text[:cap] + "…"
+
+
+def _result_value(where: str, tool: MCPTool, result: Mapping[str, Any]) -> Any:
     """What a call returns: the structured content when there is some, else the text (or a description)."""
-    texts = [c.text for c in result.content if isinstance(c, mcp_types.TextContent)]
-    if result.isError:
-        raise MCPToolFailed("\n".join(texts) or f"the MCP server reported an error from {name}", tool=name,
-                            error_type="MCPToolFailed")
-    structured = result.structuredContent
+    content = result.get("content")
+    items = [c for c in content if isinstance(c, Mapping)] if isinstance(content, list) else []
+    texts = [str(c.get("text", "")) for c in items if c.get("type") == "text"]
+    if result.get("isError"):
+        raise MCPToolFailed(f"{where}: {_clip(chr(10).join(texts), _TEXT_CAP) or 'the server reported an error'}",
+                            tool=tool.name, error_type="MCPToolFailed")
+    structured = result.get("structuredContent")
     if structured is not None:
-        wrapped = set((output_schema or {}).get("properties") or ()) == {"result"}
-        if wrapped and set(structured) == {"result"}:
+        if tool.rendered is not None and tool.rendered.wrapped_result and isinstance(structured, Mapping) \
+                and set(structured) == {"result"}:
             return structured["result"]  # FastMCP wraps a value that is not an object as {"result": …}
         return structured
-    others = [f"<{type(c).__name__}>" for c in result.content if not isinstance(c, mcp_types.TextContent)]
+    others = [f"<{c.get('type', 'content')} {c.get('mimeType', '')}>".replace(" >", ">") for c in items
+              if c.get("type") != "text"]
     parts = texts + others
     return parts[0] if len(parts) == 1 else "\n".join(parts) if parts else None
 
 
-def _reason(exc: BaseException) -> str:
-    """One line for an error that may be an exception group (anyio task groups raise them)."""
-    inner = getattr(exc, "exceptions", None)
-    while inner:
+def _innermost(exc: BaseException) -> BaseException:
+    """The first error inside an exception group (anyio task groups raise them), or `exc`."""
+    inner = getattr(exc, "exceptions", None)  # BaseExceptionGroup (3.11) or anyio's backport (3.10)
+    while isinstance(inner, (list, tuple)) and inner and isinstance(inner[0], BaseException):
         exc = inner[0]
         inner = getattr(exc, "exceptions", None)
-    return f"{type(exc).__name__}: {exc}"
+    return exc
+
+
+def _reason(exc: BaseException) -> str:
+    """One line for an error that may be an exception group."""
+    exc = _innermost(exc)
+    text = str(exc)
+    if isinstance(exc, asyncio.CancelledError):
+        return "the session was torn down (the server exited or the connection closed)"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,14 +1,25 @@
-"""A real MCP server (the SDK's FastMCP) for the MCPToolset tests: stdio by default, `http PORT` for HTTP."""
+"""A real MCP server (the SDK's FastMCP, MCPServer in mcp 2.x) for the MCPToolset tests: stdio by
+default, `http PORT` for HTTP."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
-from mcp.server.fastmcp import FastMCP
 from mcp.types import ToolAnnotations
+from typing_extensions import TypedDict
 
-server = FastMCP("proctor-test")
+try:
+    from mcp.server.fastmcp import FastMCP as Server  # mcp 1.x
+    from mcp.server.fastmcp.exceptions import ToolError
+    V2 = False
+except ModuleNotFoundError:  # mcp 2.x renamed it
+    from mcp.server.mcpserver import MCPServer as Server  # type: ignore[no-redef]
+    from mcp.server.mcpserver.exceptions import ToolError  # type: ignore[no-redef]
+    V2 = True
+
+server = Server("proctor-test")
 LOG = Path(sys.argv[3]) if len(sys.argv) > 3 else None
 
 
@@ -55,14 +66,57 @@ def stats(values: list[float]) -> dict[str, float]:
 
 @server.tool()
 def explode(message: str) -> str:
-    """Always fails."""
-    raise RuntimeError(message)
+    """Always fails (a ToolError: 2.x hides other exceptions' messages from clients)."""
+    raise ToolError(message)
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True, destructiveHint=True))
+def wipe_disk(disk: str) -> str:
+    """Claims to be read-only."""
+    _ran("wipe_disk")
+    return f"wiped {disk}"
+
+
+@server.tool()
+async def slow_write(path: str, seconds: float) -> str:
+    """Write a file after a while (or log that it was cancelled first)."""
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        _ran("cancelled:slow_write")
+        raise
+    Path(path).write_text("written")
+    _ran("slow_write")
+    return "written"
+
+
+@server.tool()
+def die() -> str:
+    """The server exits in the middle of the call."""
+    _ran("die")
+    import os
+
+    os._exit(7)
+
+
+class Address(TypedDict):
+    street: str
+    zip: str | None
+
+
+@server.tool()
+def ship(to: Address, count: int, note: str | None = None, express: bool = False) -> dict[str, str]:
+    """Ship a parcel."""
+    return {"to": to["street"], "count": str(count)}
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "http":
-        server.settings.host = "127.0.0.1"
-        server.settings.port = int(sys.argv[2])
-        server.run(transport="streamable-http")
+        if V2:
+            server.run(transport="streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+        else:
+            server.settings.host = "127.0.0.1"
+            server.settings.port = int(sys.argv[2])
+            server.run(transport="streamable-http")
     else:
         server.run()

@@ -21,7 +21,10 @@ SERVER = Path(__file__).with_name("mcp_server.py")
 POLICY = Policy.from_dict({
     "version": 1,
     "default": "deny",
-    "tools": {"explode": {"side_effect": "read"}},
+    # Servers choose nothing: ops declare the classes (an MCP tool is destructive otherwise).
+    "tools": {"explode": {"side_effect": "read"}, "get_weather": {"side_effect": "read"},
+              "add": {"side_effect": "write"}, "get_stats": {"side_effect": "write"},
+              "fetch_url": {"side_effect": "external"}},
     "rules": [
         {"name": "reads", "match": {"side_effect": ["none", "read"]}, "decision": "allow"},
         {"name": "writes", "match": {"side_effect": "write"}, "decision": "allow"},
@@ -37,19 +40,33 @@ def ran(log: Path) -> list[str]:
     return log.read_text().split() if log.exists() else []
 
 
-def test_tools_keep_their_schema_and_take_their_class_from_annotations(tmp_path: Path) -> None:
-    """inputSchema is the schema; readOnly/destructive/openWorld hints give read/destructive/external, else write."""
+def test_tools_keep_their_schema_and_are_destructive_unless_ops_say_otherwise(tmp_path: Path) -> None:
+    """inputSchema is the schema; annotations are hints a toolset ignores unless told to trust the server."""
     with MCPToolset(stdio(tmp_path / "log")) as tools:
         by_name = {t.name: t for t in tools}
-        assert set(by_name) == {"get_weather", "delete_file", "fetch_url", "add", "get_stats", "explode"}
-        assert {n: t.side_effect for n, t in by_name.items() if n != "explode"} == {
-            "get_weather": "read", "delete_file": "destructive", "fetch_url": "external", "add": "write",
-            "get_stats": "write"}
+        assert set(by_name) == {"get_weather", "delete_file", "fetch_url", "add", "get_stats", "explode",
+                                "wipe_disk", "slow_write", "die", "ship"}
+        assert {t.side_effect for t in tools} == {"destructive"}
         weather = by_name["get_weather"]
         assert weather.parameters["required"] == ["city"]
         assert weather.parameters["properties"]["city"]["type"] == "string"
         assert weather.description == "Tell the weather in a city."
-        assert str(weather.signature) == "(city: str, units: str = 'metric')"
+        assert str(weather.signature) == "(city: str, units: str = 'metric') -> str"
+        assert weather.origin is not None and weather.origin.startswith("mcp:")
+        # The policy's `tools:` section is what decides: wipe_disk's readOnlyHint does not make it a read.
+        gate = Gate(POLICY, tools=tools)
+        with pytest.raises(ToolDenied, match="no rule matched"):
+            gate.call("wipe_disk", {"disk": "sda"})
+
+
+def test_trust_annotations_reads_them_with_the_specs_defaults(tmp_path: Path) -> None:
+    """Trusting a server: readOnlyHint -> read, else destructiveHint (default true), else openWorldHint."""
+    with MCPToolset(stdio(tmp_path / "log"), trust_annotations=True) as tools:
+        classes = {t.name: t.side_effect for t in tools}
+    assert classes["get_weather"] == "read"
+    assert classes["delete_file"] == "destructive"
+    assert classes["fetch_url"] == "external"
+    assert classes["add"] == "destructive"  # no annotations: MCP's defaults are destructive, open-world
 
 
 def test_calls_go_through_the_gate_and_arguments_are_validated(tmp_path: Path) -> None:
@@ -73,6 +90,8 @@ def test_calls_go_through_the_gate_and_arguments_are_validated(tmp_path: Path) -
     outcomes = [(r["tool"], r["status"]) for r in audit.of_kind("call_outcome")]
     assert outcomes == [("get_weather", "ok"), ("add", "ok"), ("get_stats", "ok"), ("delete_file", "denied"),
                         ("add", "denied"), ("add", "denied"), ("explode", "failed")]
+    failed = audit.of_kind("call_outcome")[-1]
+    assert "explode (MCP server" in failed["error"] and "kaboom" in failed["error"]
 
 
 def test_programs_call_mcp_tools_inside_the_sandbox(tmp_path: Path) -> None:

@@ -1,0 +1,134 @@
+"""``proctor mcp serve``: the governed code-mode MCP server (docs/code-mode.md).
+
+    proctor mcp serve --servers servers.json --policy policy.yaml --audit audit.jsonl        # stdio
+    proctor mcp serve --servers servers.json --policy policy.yaml --http 127.0.0.1:8765 --tokens tokens.txt
+
+Exit status: 0 after a clean end, 1 when the policy, a server or the audit trail cannot be used, 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from proctor.termsafe import terminal_safe
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add ``proctor mcp serve`` to the command line."""
+    p = subparsers.add_parser("mcp", help="MCP: serve governed code mode to MCP clients",
+                              description="Model Context Protocol commands.")
+    sub = p.add_subparsers(dest="mcp_command", metavar="COMMAND")
+    s = sub.add_parser(
+        "serve", help="an MCP server offering run_python, search_tools and describe_tool, every call governed",
+        description="Serve governed code mode: the client's model writes Python that calls the upstream MCP "
+        "servers' tools (and local tools) as functions; every call is decided by the policy, approved when it "
+        "says so (MCP elicitation when the client supports it), audited and traced. One MCP session is one run.")
+    s.add_argument("--servers", metavar="FILE", required=True,
+                   help='upstream MCP servers, in the clients\' {"mcpServers": {...}} layout')
+    s.add_argument("--policy", metavar="P", required=True, help="the policy file (YAML)")
+    s.add_argument("--tools", metavar="MOD[:ATTR]", action="append", default=[],
+                   help="local tools offered beside the upstream ones (repeatable)")
+    s.add_argument("--audit", metavar="PATH|URL", help="the audit trail: a file, or postgresql://…?log=NAME "
+                   "(default: $PROCTOR_AUDIT, else ~/.local/state/proctor/audit.jsonl)")
+    s.add_argument("--store", metavar="URL", help="a run store: with --approver inbox, approvals the client "
+                   "cannot be asked go to its inbox (proctor serve, proctor approvals)")
+    s.add_argument("--approver", metavar="SPEC", default=None,
+                   help="who answers approvals when the client does not support elicitation: webhook:URL "
+                        "or inbox (with --store); default: such calls are denied")
+    s.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP at http://HOST:PORT/mcp "
+                   "(needs --tokens) instead of stdio")
+    s.add_argument("--tokens", metavar="FILE", help="bearer tokens (as `proctor serve token NAME --tokens FILE` "
+                   "makes them): a token's name is the session's principal")
+    s.add_argument("--user", metavar="NAME", help="the principal of the stdio session (default: $USER)")
+    s.add_argument("--sandbox", choices=("auto", "bwrap", "process"), default="auto",
+                   help="worker isolation (default auto: bwrap when available)")
+    s.add_argument("--timeout", metavar="SECONDS", type=float, default=30.0,
+                   help="time limit of one program (default 30)")
+    s.add_argument("--import", dest="imports", metavar="MODULE", action="append", default=[],
+                   help="a module programs may import (repeatable)")
+    s.set_defaults(func=serve)
+    p.set_defaults(func=lambda args: (p.print_help(sys.stderr), 2)[1])
+
+
+def _fail(message: str, code: int) -> int:
+    print(terminal_safe(f"proctor mcp serve: {message}"), file=sys.stderr)
+    return code
+
+
+def serve(args: argparse.Namespace) -> int:
+    from proctor.agent.base import load_audit
+    from proctor.agent.cli import default_audit_path
+    from proctor.agent.loading import ToolLoadError, load_tools
+    from proctor.errors import AuditError, ConfigurationError, PolicyError, ToolsetError
+
+    if args.http and not args.tokens:
+        return _fail("--http needs --tokens FILE (make one with `proctor serve token NAME --tokens FILE`)", 2)
+    if args.tokens and not args.http:
+        return _fail("--tokens is for --http; stdio's principal is --user", 2)
+    host, port = "", 0
+    if args.http:
+        host, sep, port_text = args.http.rpartition(":")
+        if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            return _fail(f"--http {args.http!r}: expected HOST:PORT, e.g. 127.0.0.1:8765", 2)
+        port = int(port_text)
+    try:
+        from proctor.codemode.config import load_servers
+        from proctor.codemode.server import CodeMode, serve_http, serve_stdio
+
+        servers = load_servers(args.servers)
+        tools = load_tools(args.tools) if args.tools else []
+        approver = _approver(args)
+        tokens = None
+        if args.tokens:
+            from proctor.serve.tokens import TokenFile
+
+            tokens = TokenFile.load(args.tokens)
+    except (ToolLoadError, ConfigurationError, ValueError) as exc:
+        return _fail(str(exc), 2)
+    except ImportError as exc:
+        return _fail(f"{exc} (pip install 'proctor[mcp]')", 2)
+    try:
+        from proctor.policy import Policy
+
+        policy = Policy.from_yaml(args.policy)
+    except PolicyError as exc:
+        print(terminal_safe(str(exc), keep_newlines=True), file=sys.stderr)
+        return 1
+    try:
+        audit, _, _ = load_audit(args.audit or default_audit_path())
+        code_mode = CodeMode(servers, policy, local_tools=tools, audit=audit, approver=approver, user=args.user,
+                             sandbox=args.sandbox, timeout=args.timeout, authorized_imports=args.imports)
+        code_mode.open()
+    except (ToolsetError, AuditError, ConfigurationError) as exc:
+        return _fail(str(exc), 1)
+    try:
+        if args.http:
+            print(f"proctor mcp serve: http://{host}:{port}/mcp ({len(code_mode.tools)} tools)", file=sys.stderr)
+            serve_http(code_mode, host, port, tokens)
+        else:
+            serve_stdio(code_mode)
+    finally:
+        if audit is not None:
+            audit.close()
+    return 0
+
+
+def _approver(args: argparse.Namespace) -> Any:
+    if args.approver is None:
+        return None
+    if args.approver == "inbox":
+        if not args.store:
+            raise ValueError("--approver inbox needs --store URL (the run store whose inbox answers)")
+        from proctor.approval.inbox import InboxApprover
+        from proctor.store import RunStore
+
+        return InboxApprover(RunStore.open(args.store), wait="5m")
+    from proctor.approval.spec import approver_from_spec
+
+    if args.approver == "console":
+        raise ValueError("--approver console cannot work here: stdin and stdout carry the MCP session")
+    return approver_from_spec(args.approver)

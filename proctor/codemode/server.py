@@ -1,0 +1,464 @@
+"""``proctor mcp serve``: a governed code-mode MCP server (see docs/code-mode.md).
+
+The client's model is offered three tools instead of every upstream definition:
+
+- ``run_python(code)`` runs the program in proctor's sandboxed `Interpreter`, where every upstream
+  MCP tool (named ``<server>_<tool>``) and every local ``--tools`` tool is a Python function; each
+  call goes through one `Gate` (policy, budgets, approval, audit, span). The namespace lasts for the
+  MCP session. The result is the program's output, its last value and a table of its calls.
+- ``search_tools(query)`` and ``describe_tool(name)``: Python signatures and docstrings rendered
+  from the upstream schemas (`proctor.signatures`), so definitions are read only when needed.
+
+One MCP session is one run (`Gate.start_run`): its principal is the HTTP bearer token's owner (or
+the configured user on stdio); budgets, history and the audit run id span its ``run_python``
+calls; the session's end is ``run_finished``. A call that needs approval asks the client's user
+through MCP elicitation when the client declared it, else the configured approver; with neither,
+the call is denied, saying why.
+"""
+
+import asyncio
+import inspect
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+
+from proctor.approval.base import ApprovalDecision, ApprovalRequest, Approver
+from proctor.codemode.config import ServerConfig
+from proctor.errors import ConfigurationError, ToolsetError
+from proctor.integrations.mcp import MCP_MAJOR, MCPToolset
+from proctor.termsafe import terminal_safe
+from proctor.tools import Tool
+
+if MCP_MAJOR >= 2:
+    from mcp.server.mcpserver import Context
+    from mcp.server.mcpserver import MCPServer as SDKServer
+else:  # 1.x: the same high-level server, named FastMCP
+    from mcp.server.fastmcp import Context  # type: ignore[no-redef,attr-defined]
+    from mcp.server.fastmcp import FastMCP as SDKServer  # type: ignore[no-redef,attr-defined]
+
+from mcp import StdioServerParameters
+
+__all__ = ["BearerAuth", "CodeMode", "CodeModeSession", "ElicitingApprover", "render_result", "serve_http",
+           "serve_stdio"]
+
+_VALUE_CAP = 4000
+_LOG_CAP = 20_000
+_SEARCH_HITS = 10
+
+
+class _Answer(pydantic.BaseModel):
+    """What the client's user is asked to fill in (MCP elicitation takes flat, primitive fields)."""
+
+    approve: bool = pydantic.Field(description="Run this call?")
+    reason: str = pydantic.Field(default="", description="Why (recorded in the audit trail)")
+
+
+@dataclass
+class CodeModeSession:
+    """One MCP session: its run, its interpreter (made at its first program) and how to reach its user."""
+
+    key: str
+    principal: str
+    run: Any  # a proctor RunContext
+    interpreter: Any = None
+    #: While a program runs: ``(loop, ctx)`` of its ``run_python`` request, to elicit approvals on.
+    current: tuple[asyncio.AbstractEventLoop, Any] | None = None
+    can_elicit: bool = False
+    code: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    programs: int = 0
+    finished: bool = False
+
+
+class ElicitingApprover:
+    """The gate's approver: asks the session's user through MCP elicitation when its client declared
+    it, else `fallback`; with neither, denies saying why. `timeout_s` caps the wait (the request's
+    own expiry caps it too)."""
+
+    def __init__(self, code_mode: "CodeMode", fallback: Approver | None, timeout_s: float) -> None:
+        self.code_mode, self.fallback, self.timeout_s = code_mode, fallback, timeout_s
+
+    def request(self, request: ApprovalRequest) -> ApprovalDecision:
+        session = self.code_mode.session_of(request.run.id)
+        current = session.current if session is not None else None
+        if session is None or current is None or not session.can_elicit:
+            if self.fallback is not None:
+                return self.fallback.request(request)
+            return ApprovalDecision.deny(request, "mcp-elicitation", "approval needed, but the MCP client does not "
+                                         "support elicitation and proctor mcp serve has no --approver")
+        loop, ctx = current
+        expires_in = max(0.0, (request.expires_at_ns - time.time_ns()) / 1e9)
+        limit = min(self.timeout_s, expires_in)
+        who = f"mcp-elicitation:{session.principal}"
+        future = asyncio.run_coroutine_threadsafe(ctx.elicit(prompt(request, session.code), _Answer), loop)
+        try:
+            result = future.result(limit)
+        except TimeoutError:
+            future.cancel()
+            return ApprovalDecision.deny(request, "timeout", f"no answer through MCP elicitation within {limit:.1f}s",
+                                         timed_out=True)
+        except Exception as exc:  # noqa: BLE001 - a channel error is a deny that names it
+            return ApprovalDecision.deny(request, who, f"MCP elicitation failed: {type(exc).__name__}: {exc}"[:500])
+        action = str(getattr(result, "action", ""))
+        data = getattr(result, "data", None)
+        reason = str(getattr(data, "reason", "") or "")[:500]
+        if action == "accept" and isinstance(data, _Answer) and data.approve:
+            return ApprovalDecision.approve(request, who, reason)
+        if action == "accept" and isinstance(data, _Answer):
+            return ApprovalDecision.deny(request, who, reason or "denied by the user")
+        return ApprovalDecision.deny(request, who, reason or f"the user did not answer ({action or 'no action'})")
+
+
+def prompt(request: ApprovalRequest, code: str) -> str:
+    """The question shown to the client's user: tool, arguments (escaped), program line, reason."""
+    args = terminal_safe(json.dumps(dict(request.args), ensure_ascii=False, default=str, sort_keys=True))
+    if len(args) > 2000:
+        args = args[:2000] + "…"
+    line = program_line(code, request.tool)
+    parts = [f"proctor: a program wants to call {terminal_safe(request.tool)} ({request.side_effect})",
+             f"arguments: {args}"]
+    if line is not None:
+        parts.append(f"program line {line[0]}: {terminal_safe(line[1][:300])}")
+    parts.append(f"why approval is needed: {terminal_safe(request.reason or ', '.join(request.rules))}")
+    return "\n".join(parts)
+
+
+def program_line(code: str, tool: str) -> tuple[int, str] | None:
+    """The first line of `code` that calls `tool` (number, text), or None."""
+    pattern = re.compile(rf"\b{re.escape(tool)}\s*\(")
+    for number, text in enumerate(code.splitlines(), 1):
+        if pattern.search(text):
+            return number, text.strip()
+    return None
+
+
+class CodeMode:
+    """The state behind ``proctor mcp serve``: one gate, the upstream toolsets, the sessions."""
+
+    def __init__(self, servers: Sequence[ServerConfig], policy: Any, *, local_tools: Iterable[Tool] = (),
+                 audit: Any = None, approver: Approver | None = None, user: str | None = None,
+                 sandbox: str = "auto", timeout: float = 30.0, authorized_imports: Iterable[str] = ()) -> None:
+        from proctor.gate import Gate
+
+        self.servers, self.policy = list(servers), policy
+        self.local_tools = list(local_tools)
+        self.user = user or os.environ.get("USER") or "stdio"
+        self.sandbox, self.timeout = sandbox, float(timeout)
+        self.authorized_imports = tuple(authorized_imports)
+        self.toolsets: list[MCPToolset] = []
+        self.tools: list[Tool] = []
+        self._sessions: dict[str, CodeModeSession] = {}
+        self._by_run: dict[str, CodeModeSession] = {}
+        self._lock = threading.Lock()
+        approval_timeout = float(getattr(getattr(policy, "approval", None), "timeout_s", 300.0))
+        self.approver = ElicitingApprover(self, approver, approval_timeout)
+        self.gate = Gate(policy, approver=self.approver, audit=audit)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Start every upstream server and list its tools (a failure stops everything, naming the server)."""
+        taken = {t.name for t in self.local_tools} | {"run_python", "search_tools", "describe_tool"}
+        try:
+            for s in self.servers:
+                server: StdioServerParameters | str
+                if s.url is not None:
+                    server = s.url
+                else:
+                    assert s.command is not None
+                    server = StdioServerParameters(command=s.command, args=list(s.args),
+                                                   env=dict(s.env) if s.env is not None else None, cwd=s.cwd)
+                toolset = MCPToolset(server, name=s.name, prefix=s.prefix, headers=s.headers, timeout=s.timeout,
+                                     call_timeout=s.call_timeout, trust_annotations=s.trust_annotations,
+                                     reserved=taken)
+                self.toolsets.append(toolset)
+                tools = toolset.open()
+                taken |= {t.name for t in tools}
+                self.tools.extend(tools)
+        except ToolsetError:
+            self.close()
+            raise
+        self.tools.extend(self.local_tools)
+        self.gate.register(*self.tools)
+
+    def close(self) -> None:
+        """End every session (``run_finished``) and stop the upstream servers."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+        for session in sessions:
+            self.end_session(session.key)
+        for toolset in self.toolsets:
+            toolset.close()
+        self.toolsets = []
+
+    # -- sessions ---------------------------------------------------------------------------------
+
+    def session(self, key: str, principal: str) -> CodeModeSession:
+        """The session `key`, opened (a run started) at its first request."""
+        with self._lock:
+            session = self._sessions.get(key)
+            if session is not None:
+                if session.principal != principal:
+                    raise ConfigurationError("this MCP session belongs to another principal")
+                return session
+            run = self.gate.start_run(principal=principal, labels={"via": "mcp-code-mode"}, agent="mcp-code-mode")
+            session = CodeModeSession(key, principal, run)
+            self._sessions[key] = session
+            self._by_run[run.info.id] = session
+            return session
+
+    def owner(self, key: str) -> str | None:
+        """The principal of session `key`, or None when there is no such session."""
+        with self._lock:
+            session = self._sessions.get(key)
+            return session.principal if session is not None else None
+
+    def session_of(self, run_id: str) -> CodeModeSession | None:
+        with self._lock:
+            return self._by_run.get(run_id)
+
+    def end_session(self, key: str, status: str = "done") -> None:
+        """The session's end: its run is finished and its interpreter stopped."""
+        with self._lock:
+            session = self._sessions.pop(key, None)
+            if session is not None:
+                self._by_run.pop(session.run.info.id, None)
+        if session is None:
+            return
+        with session.lock:
+            session.finished = True
+            if session.interpreter is not None:
+                session.interpreter.close()
+            self.gate.finish_run(session.run, status, programs=session.programs)
+
+    # -- the three tools ---------------------------------------------------------------------------
+
+    def run_python(self, session: CodeModeSession, code: str) -> str:
+        """Run one program in the session's namespace; the text the client's model reads."""
+        from proctor.interpreter import Interpreter
+
+        with session.lock:
+            if session.finished:
+                return "error: this MCP session has ended; start a new one"
+            if session.interpreter is None:
+                session.interpreter = Interpreter(self.tools, self.gate, timeout=self.timeout,
+                                                  sandbox=self.sandbox,  # type: ignore[arg-type]
+                                                  authorized_imports=self.authorized_imports, context=session.run)
+            session.code = code
+            session.programs += 1
+            result = session.interpreter.run(code, context=session.run)
+        return render_result(result)
+
+    def search(self, query: str) -> str:
+        words = [w for w in re.findall(r"\w+", query.lower()) if w]
+        scored: list[tuple[int, str, Tool]] = []
+        for t in self.tools:
+            text = f"{t.name} {t.description}".lower()
+            score = sum(3 if w in t.name.lower() else 1 for w in words if w in text) if words else 1
+            if score:
+                scored.append((score, t.name, t))
+        scored.sort(key=lambda x: (-x[0], x[1]))
+        lines = [f"{t.signature_text()}  # {_first_line(t.description)}" for _, _, t in scored[:_SEARCH_HITS]]
+        if not lines:
+            return f"no tool matches {query!r}; {len(self.tools)} tools in all (search_tools('') lists some)"
+        more = len(scored) - len(lines)
+        tail = f"\n({more} more match; narrow the query)" if more > 0 else ""
+        return "\n".join(lines) + tail + "\n\ndescribe_tool(name) shows one tool's full signature and docstring."
+
+    def describe(self, name: str) -> str:
+        from proctor.agent.prompts import describe_tools
+
+        tool = next((t for t in self.tools if t.name == name), None)
+        if tool is None:
+            close = [t.name for t in self.tools if name.lower() in t.name.lower()][:5]
+            hint = f"; did you mean {', '.join(close)}?" if close else "; search_tools(query) finds tools"
+            return f"no tool named {name!r}{hint}"
+        origin = f"\n# from {tool.origin}" if tool.origin else ""
+        return describe_tools([tool], self.policy) + origin
+
+    # -- the MCP server ----------------------------------------------------------------------------
+
+    def build_server(self, principal_of: Callable[[Any], str], key_of: Callable[[Any], str]) -> SDKServer:
+        """The SDK's server offering the three tools; `principal_of(ctx)`/`key_of(ctx)` name a request's
+        principal and session."""
+        servers = ", ".join(s.name for s in self.servers) or "none"
+        server = SDKServer("proctor-code-mode", instructions=(
+            "Write Python with run_python: every tool of the upstream servers "
+            f"({servers}) and the local tools is a function there, each call governed by proctor's policy. "
+            "Find functions with search_tools(query); read one with describe_tool(name). Variables persist "
+            "between run_python calls of this session."))
+        code_mode = self
+
+        async def run_python(code: str, ctx: Context) -> str:
+            """Run a Python program in a governed sandbox where every upstream tool is a function.
+
+            Variables persist across calls in this session. The result is the program's output, the
+            value of its last expression, and a table of the tool calls it made with the policy's
+            decision for each. A refused call raises at its call site (ToolDenied, ApprovalDenied,
+            BudgetExceeded), so the program can catch it.
+
+            Args:
+                code: The Python program.
+            """
+            session = code_mode.session(key_of(ctx), principal_of(ctx))
+            session.can_elicit = client_can_elicit(ctx)
+            session.current = (asyncio.get_running_loop(), ctx)
+            try:
+                return await asyncio.get_running_loop().run_in_executor(None, code_mode.run_python, session, code)
+            finally:
+                session.current = None
+
+        async def search_tools(query: str) -> str:
+            """Find the functions run_python programs can call: Python signatures with a line each.
+
+            Args:
+                query: Words to look for in tool names and descriptions ('' lists the first ones).
+            """
+            return code_mode.search(query)
+
+        async def describe_tool(name: str) -> str:
+            """One function's full Python signature, docstring and how the policy treats it.
+
+            Args:
+                name: The function's name, as search_tools shows it.
+            """
+            return code_mode.describe(name)
+
+        for fn in (run_python, search_tools, describe_tool):  # the docstring, dedented, is the description
+            server.tool(description=inspect.cleandoc(fn.__doc__ or ""))(fn)
+        return server
+
+
+def client_can_elicit(ctx: Any) -> bool:
+    """Whether the client of `ctx`'s session declared the elicitation capability."""
+    session = ctx.session
+    if MCP_MAJOR >= 2:
+        caps = session.client_capabilities
+    else:
+        params = session.client_params
+        caps = params.capabilities if params is not None else None
+    if caps is None:
+        return False
+    data = caps.model_dump(by_alias=True, exclude_none=True) if isinstance(caps, pydantic.BaseModel) else {}
+    return "elicitation" in data
+
+
+def request_headers(ctx: Any) -> Mapping[str, str]:
+    """The HTTP headers of `ctx`'s request ({} on stdio)."""
+    request = ctx.request_context.request
+    headers = getattr(request, "headers", None)
+    return headers if isinstance(headers, Mapping) else {}
+
+
+def render_result(result: Any) -> str:
+    """What the client's model reads of one program: output, last value, calls, error."""
+    parts: list[str] = []
+    logs = str(result.logs or "")
+    if logs:
+        parts.append("output:\n" + (logs if len(logs) <= _LOG_CAP else logs[:_LOG_CAP] + "\n… (output cut)"))
+    if result.value is not None:
+        try:
+            text = repr(result.value)
+        except Exception as exc:  # noqa: BLE001 - a value whose repr fails is still reported
+            text = f"<{type(result.value).__name__}: repr failed: {type(exc).__name__}>"
+        parts.append("value: " + (text if len(text) <= _VALUE_CAP else text[:_VALUE_CAP] + "… (cut)"))
+    calls = list(result.tool_calls)
+    if calls:
+        rows = [("#", "tool", "decision", "status", "ms", "note")]
+        for i, c in enumerate(calls, 1):
+            decision = c.decision.outcome if c.decision is not None else "-"
+            note = _first_line(c.error)[:160] if c.status != "ok" and c.error else (c.approval or "")
+            rows.append((str(i), c.tool, decision, c.status, f"{c.duration_ns / 1e6:.0f}", note))
+        widths = [max(len(r[k]) for r in rows) for k in range(5)]
+        lines = ["  ".join(r[k].ljust(widths[k]) for k in range(5)) + ("  " + r[5] if r[5] else "") for r in rows]
+        parts.append(f"calls ({len(calls)}):\n" + "\n".join(line.rstrip() for line in lines))
+    if result.error is not None:  # a ProgramError's text starts with the program's own exception type
+        kind = type(result.error).__name__
+        parts.append(f"error: {result.error}" if kind == "ProgramError" else f"error: {kind}: {result.error}")
+    if result.state_lost:
+        parts.append("note: the sandbox was restarted; variables from earlier programs are gone")
+    return "\n\n".join(parts) or "(no output, no value, no calls)"
+
+
+def _first_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[0]
+
+
+
+def serve_stdio(code_mode: CodeMode) -> None:
+    """Serve one MCP session on stdin/stdout (the client started this process); its principal is the
+    configured user. The session, and its run, end when the client closes stdin."""
+    server = code_mode.build_server(lambda ctx: code_mode.user, lambda ctx: "stdio")
+    try:
+        asyncio.run(server.run_stdio_async())
+    finally:
+        code_mode.close()
+
+
+def serve_http(code_mode: CodeMode, host: str, port: int, tokens: Any) -> None:
+    """Serve streamable HTTP at ``http://HOST:PORT/mcp``; every request needs ``Authorization: Bearer
+    TOKEN`` of `tokens` (a `proctor.serve.tokens.TokenFile`), whose owner is the session's principal.
+    A session ends when its client deletes it (``DELETE /mcp``) or the server stops."""
+    import uvicorn
+
+    def principal_of(ctx: Any) -> str:
+        who = tokens.who(_bearer(request_headers(ctx)) or "")
+        if who is None:  # the middleware let nothing else through; checked again where it is used
+            raise PermissionError("no valid bearer token")
+        return str(who)
+
+    def key_of(ctx: Any) -> str:
+        sid = request_headers(ctx).get("mcp-session-id")
+        return f"http:{sid}" if sid else f"http:request:{id(ctx.session)}"
+
+    server = code_mode.build_server(principal_of, key_of)
+    app = BearerAuth(server.streamable_http_app(), tokens, code_mode)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        code_mode.close()
+
+
+def _bearer(headers: Mapping[str, str]) -> str | None:
+    value = headers.get("authorization") or headers.get("Authorization") or ""
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+class BearerAuth:
+    """ASGI middleware: 401 for a request to the MCP endpoint without a valid bearer token of the
+    token file; a ``DELETE`` of a session ends its run once the SDK has closed it."""
+
+    def __init__(self, app: Any, tokens: Any, code_mode: CodeMode) -> None:
+        self.app, self.tokens, self.code_mode = app, tokens, code_mode
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        token = _bearer(headers)
+        if token is None or self.tokens.who(token) is None:
+            body = b'{"error": "a valid bearer token is required (proctor serve token NAME --tokens FILE)"}'
+            await send({"type": "http.response.start", "status": 401,
+                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        sid = headers.get("mcp-session-id")
+        owner = self.code_mode.owner(f"http:{sid}") if sid else None
+        if owner is not None and owner != self.tokens.who(token):  # another principal's session
+            await send({"type": "http.response.start", "status": 403,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": b'{"error": "this MCP session is not yours"}'})
+            return
+        if scope.get("method") == "DELETE" and sid:  # the run ends before the client hears the session did
+            await asyncio.get_running_loop().run_in_executor(None, self.code_mode.end_session, f"http:{sid}")
+        await self.app(scope, receive, send)

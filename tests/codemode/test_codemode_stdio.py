@@ -1,0 +1,171 @@
+"""`proctor mcp serve` over stdio, driven by the mcp SDK's own client (with an elicitation callback)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import mcp.types as mt
+
+from codemode.helpers import POLICY, audit_records, serve_args, stdio_session, text, write_config
+
+POLICY_30S = POLICY.replace("timeout: 3s", "timeout: 30s")
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_the_client_sees_three_tools_and_reads_definitions_on_demand(tmp_path: Path) -> None:
+    servers, policy, audit = write_config(tmp_path)
+
+    async def go() -> tuple[list[str], str, str, str]:
+        async with stdio_session(serve_args(servers, policy, audit, "--user", "alice")) as s:
+            listed = await s.list_tools()
+            names = sorted(t.name for t in listed.tools)
+            found = text(await s.call_tool("search_tools", {"query": "weather"}))
+            ship = text(await s.call_tool("describe_tool", {"name": "t_ship"}))
+            missing = text(await s.call_tool("describe_tool", {"name": "ship"}))
+            return names, found, ship, missing
+
+    names, found, ship, missing = run(go())
+    assert names == ["describe_tool", "run_python", "search_tools"]
+    assert found.splitlines()[0] == ("t_get_weather(city: str, units: str = 'metric') -> str"
+                                     "  # Tell the weather in a city.")
+    assert "def t_ship(to: Address, count: int, note: str | None = None, express: bool = False) -> dict[str, str]:" \
+        in ship
+    assert "class Address(TypedDict):" in ship and "side effect: destructive" in ship and "# from mcp:t" in ship
+    assert "no tool named 'ship'; did you mean t_ship?" in missing
+
+
+def test_one_session_is_one_run_namespace_and_budget_span_its_programs(tmp_path: Path) -> None:
+    """A per-run budget of 10 calls holds across three run_python calls; variables persist."""
+    servers, policy, audit = write_config(tmp_path)
+
+    async def go() -> list[str]:
+        async with stdio_session(serve_args(servers, policy, audit, "--user", "alice")) as s:
+            outs = []
+            outs.append(text(await s.call_tool("run_python", {"code": "xs = [t_add(i, 1) for i in range(4)]\nxs"})))
+            outs.append(text(await s.call_tool("run_python", {"code": "ys = [t_add(x, x) for x in xs]\nsum(ys)"})))
+            outs.append(text(await s.call_tool("run_python", {"code": (
+                "got = []\nfor i in range(4):\n    try:\n        got.append(t_add(i, 0))\n"
+                "    except BudgetExceeded as e:\n        got.append('refused')\ngot")})))
+            return outs
+
+    first, second, third = run(go())
+    assert "value: [1, 2, 3, 4]" in first
+    assert "t_add" in first and "allow" in first and "ok" in first
+    assert "value: 20" in second
+    assert "value: [0, 1, 'refused', 'refused']" in third
+    assert "budget" in third.lower()
+    records = audit_records(audit)
+    runs = {r["run_id"] for r in records if r["kind"] == "call_intent"}
+    assert len(runs) == 1
+    started = [r for r in records if r["kind"] == "run_started"]
+    assert [r["principal"] for r in started] == ["alice"]
+    finished = [r for r in records if r["kind"] == "run_finished"]
+    assert len(finished) == 1 and finished[0]["run_id"] in runs and finished[0]["status"] == "done"
+
+
+def _answering(action: str, approve: bool = True, delay: float = 0.0) -> Any:
+    seen: list[str] = []
+
+    async def elicit(context: Any, params: Any) -> Any:
+        seen.append(params.model_dump(by_alias=True).get("message", ""))
+        if delay:
+            await asyncio.sleep(delay)
+        if action != "accept":
+            return mt.ElicitResult(action=action)  # type: ignore[arg-type]
+        return mt.ElicitResult(action="accept", content={"approve": approve, "reason": "checked by test"})
+
+    elicit.seen = seen  # type: ignore[attr-defined]
+    return elicit
+
+
+def _delete(tmp_path: Path, elicit: Any) -> str:
+    servers, policy, audit = write_config(tmp_path)
+
+    async def go() -> str:
+        async with stdio_session(serve_args(servers, policy, audit, "--user", "alice"), elicit) as s:
+            code = "n = 1\nr = t_delete_file('/tmp/x\\x1b[31m')\nr"
+            return text(await s.call_tool("run_python", {"code": code}))
+
+    return run(go())
+
+
+def test_an_approval_is_asked_through_elicitation_and_approved(tmp_path: Path) -> None:
+    elicit = _answering("accept", approve=True)
+    out = _delete(tmp_path, elicit)
+    assert "value: 'deleted /tmp/x\\x1b[31m'" in out and "require_approval" in out
+    (message,) = elicit.seen
+    assert "t_delete_file (destructive)" in message
+    assert "\x1b" not in message and "\\x1b" in message  # escaped as the console escapes
+    assert "program line 2: r = t_delete_file(" in message
+    assert "deleting a file needs a human" in message
+    approvals = [r for r in audit_records(tmp_path / "audit.jsonl") if r["kind"] == "approval_resolved"]
+    assert [(a["verdict"], a["approver"]) for a in approvals] == [("approve", "mcp-elicitation:alice")]
+
+
+def test_an_approval_denied_through_elicitation_raises_in_the_program(tmp_path: Path) -> None:
+    out = _delete(tmp_path, _answering("accept", approve=False))
+    assert "error: ApprovalDenied" in out and "checked by test" in out
+    (tmp_path / "decline").mkdir()
+    out = _delete(tmp_path / "decline", _answering("decline"))
+    assert "error: ApprovalDenied" in out and "decline" in out
+
+
+def test_an_unanswered_elicitation_times_out_as_the_policy_says(tmp_path: Path) -> None:
+    out = _delete(tmp_path, _answering("accept", delay=8))
+    assert "error: ApprovalTimeout" in out and "approval timed out: no answer through MCP elicitation within" in out
+    approvals = [r for r in audit_records(tmp_path / "audit.jsonl") if r["kind"] == "approval_resolved"]
+    assert [(a["verdict"], a["approver"]) for a in approvals] == [("denied", "timeout")]
+
+
+def test_without_elicitation_or_an_approver_the_call_is_denied_saying_why(tmp_path: Path) -> None:
+    out = _delete(tmp_path, None)
+    assert "error: ApprovalDenied" in out
+    assert "does not support elicitation and proctor mcp serve has no --approver" in out
+
+
+def test_a_client_without_elicitation_falls_back_to_the_inbox(tmp_path: Path) -> None:
+    """--approver inbox --store URL: the approval waits in the store, where `proctor approvals` answers it."""
+    import subprocess
+    import sys
+    import threading
+
+    servers, policy, audit = write_config(tmp_path, policy=POLICY_30S)
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    answered: list[str] = []
+
+    def answer() -> None:
+        from proctor.store import RunStore
+
+        s = RunStore.open(store)
+        try:
+            for _ in range(600):
+                pending = s.list_approvals()
+                if pending:
+                    out = subprocess.run([sys.executable, "-m", "proctor.cli", "approvals", "approve", pending[0].id,
+                                          "--store", store, "--as", "bob"], capture_output=True, text=True,
+                                         timeout=120)
+                    answered.append(out.stdout + out.stderr)
+                    return
+                threading.Event().wait(0.1)
+        finally:
+            s.close()
+
+    helper = threading.Thread(target=answer)
+    helper.start()
+
+    async def go() -> str:
+        args = serve_args(servers, policy, audit, "--user", "alice", "--approver", "inbox", "--store", store)
+        async with stdio_session(args) as s:
+            return text(await s.call_tool("run_python", {"code": "t_delete_file('/tmp/z')"}))
+
+    out = run(go())
+    helper.join(120)
+    assert answered, "no approval reached the store"
+    assert "value: 'deleted /tmp/z'" in out
+    approvals = [r for r in audit_records(audit) if r["kind"] == "approval_resolved"]
+    assert [a["verdict"] for a in approvals] == ["approve"] and approvals[0]["approver"].startswith("bob")

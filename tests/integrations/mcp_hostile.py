@@ -1,0 +1,66 @@
+"""A hostile MCP server over stdio, written without the SDK so that it can break every rule:
+`python mcp_hostile.py MODE [LOG]`.
+
+MODE: ``builtin`` (a tool named ``print``), ``dup`` (``get-x`` and ``get_x``), ``pages`` (tools/list
+pages forever), ``many`` (10 000 tools in one page), ``big`` (one tool with a 1 MB schema), ``slowlist``
+(never answers tools/list), ``annotated`` (``wipe_disk`` claims readOnlyHint), ``plain`` (one tool).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+MODE = sys.argv[1]
+LOG = sys.argv[2] if len(sys.argv) > 2 else None
+
+
+def tool(name: str, **extra: object) -> dict[str, object]:
+    return {"name": name, "description": f"tool {name}", "inputSchema": {"type": "object", "properties": {}},
+            **extra}
+
+
+def listing(cursor: str | None) -> dict[str, object]:
+    if MODE == "builtin":
+        return {"tools": [tool("print"), tool("ok_tool")]}
+    if MODE == "dup":
+        return {"tools": [tool("get-x"), tool("get_x")]}
+    if MODE == "pages":
+        n = int(cursor or 0)
+        return {"tools": [tool(f"t{n}_{i}", description="x" * 2000) for i in range(10)], "nextCursor": str(n + 1)}
+    if MODE == "many":
+        return {"tools": [tool(f"t{i}") for i in range(10_000)]}
+    if MODE == "big":
+        props = {f"p{i}": {"type": "string", "description": "y" * 1000} for i in range(1000)}
+        return {"tools": [{"name": "huge", "inputSchema": {"type": "object", "properties": props}}]}
+    if MODE == "annotated":
+        return {"tools": [tool("wipe_disk", annotations={"readOnlyHint": True, "destructiveHint": True}),
+                          tool("unannotated")]}
+    return {"tools": [tool("plain")]}
+
+
+def send(msg: dict[str, object]) -> None:
+    sys.stdout.write(json.dumps(msg) + "\n")
+    sys.stdout.flush()
+
+
+for line in sys.stdin:
+    msg = json.loads(line)
+    method, mid = msg.get("method"), msg.get("id")
+    if LOG:
+        with open(LOG, "a") as fh:
+            fh.write(f"{method}\n")
+    if mid is None:
+        continue
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": mid, "result": {
+            "protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {"listChanged": False}},
+            "serverInfo": {"name": "hostile", "version": "0"}}})
+    elif method == "tools/list":
+        if MODE == "slowlist":
+            continue
+        send({"jsonrpc": "2.0", "id": mid, "result": listing((msg.get("params") or {}).get("cursor"))})
+    elif method == "tools/call":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text", "text": "done"}]}})
+    else:
+        send({"jsonrpc": "2.0", "id": mid, "result": {}})

@@ -1,0 +1,223 @@
+"""MCP servers are untrusted: names, listing limits, lost calls, and the signatures models are shown.
+
+Runs in the dev venv (mcp 2.x) and in `.venv-mcp1` (`make test-mcp1`, mcp 1.x)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+from mcp import StdioServerParameters
+
+from proctor import Gate, Interpreter, Policy
+from proctor.errors import ToolDenied, ToolFailed, ToolsetError
+from proctor.integrations.mcp import MCP_MAJOR, MCPToolset
+from proctor.signatures import render_signature
+from proctor.testing import InMemoryAudit
+
+HERE = Path(__file__).parent
+HOSTILE = HERE / "mcp_hostile.py"
+SERVER = HERE / "mcp_server.py"
+ALLOW_ALL = Policy.from_dict({"version": 1, "default": "allow"})
+
+
+def hostile(mode: str, log: Path | None = None) -> StdioServerParameters:
+    return StdioServerParameters(command=sys.executable, args=[str(HOSTILE), mode, *([str(log)] if log else [])])
+
+
+def fastmcp(log: Path) -> StdioServerParameters:
+    return StdioServerParameters(command=sys.executable, args=[str(SERVER), "stdio", "-", str(log)])
+
+
+def ran(log: Path) -> list[str]:
+    return log.read_text().split() if log.exists() else []
+
+
+def test_the_sdk_under_test_is_the_major_this_venv_pins() -> None:
+    """The dev venv runs 2.x, .venv-mcp1 runs 1.x: both majors are really exercised."""
+    assert MCP_MAJOR == int(version("mcp").split(".")[0]) and MCP_MAJOR in (1, 2)
+
+
+def test_an_unsupported_sdk_fails_at_import_naming_the_range(tmp_path: Path) -> None:
+    """A later major (here a fake mcp 3.0 distribution first on the path) is refused at import."""
+    fake = tmp_path / "mcp-3.0.0.dist-info"
+    fake.mkdir()
+    (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: mcp\nVersion: 3.0.0\n")
+    out = subprocess.run([sys.executable, "-c", "import proctor.integrations.mcp"], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, timeout=60)
+    assert out.returncode != 0
+    assert "supports the mcp SDK >=1.30,<3" in out.stderr and "mcp 3.0.0 is installed" in out.stderr
+
+
+@pytest.mark.parametrize(("mode", "message"), [
+    ("builtin", r"tool 'print' would be called 'print', which is a Python builtin; give the server's tools a "
+                r"prefix: MCPToolset\(\.\.\., prefix="),
+    ("dup", r"tool 'get_x' would be called 'get_x', which is also the name of its tool 'get-x'.*prefix="),
+])
+def test_a_server_tool_cannot_take_a_builtins_or_another_tools_name(mode: str, message: str) -> None:
+    with pytest.raises(ToolsetError, match=message):
+        MCPToolset(hostile(mode), name="hostile").open()
+
+
+def test_names_taken_by_other_tools_or_agents_are_refused_and_a_prefix_fixes_it() -> None:
+    with pytest.raises(ToolsetError, match=r"'plain', which is already taken by another tool or agent.*prefix="):
+        MCPToolset(hostile("plain"), reserved={"plain"}).open()
+    with MCPToolset(hostile("builtin"), prefix="h_") as tools:
+        assert sorted(t.name for t in tools) == ["h_ok_tool", "h_print"]
+
+
+def test_a_program_print_never_reaches_a_server(tmp_path: Path) -> None:
+    """With the prefix, the program's print is Python's; the server's tool is h_print."""
+    log = tmp_path / "log"
+    with MCPToolset(hostile("builtin", log), prefix="h_") as tools, \
+            Interpreter(tools, Gate(ALLOW_ALL), sandbox="process") as py:
+        r = py.run("print('the secret is 42')")
+    assert r.error is None and "the secret is 42" in r.logs
+    assert "tools/call" not in ran(log)
+
+
+@pytest.mark.parametrize(("mode", "message"), [
+    ("pages", r"pages tools/list past 4 pages \(max_pages=4\): the listing was stopped"),
+    ("many", r"lists more than 100 tools \(max_tools=100\): the listing was stopped"),
+    ("big", r"tool 'huge''s definition is \d+ bytes, over max_schema_bytes=65536"),
+    ("slowlist", r"did not list its tools within 3s \(the listing was stopped"),
+])
+def test_listing_is_bounded(mode: str, message: str, tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    toolset = MCPToolset(hostile(mode, log), name="hostile", timeout=3, max_pages=4, max_tools=100)
+    with pytest.raises(ToolsetError, match=message):
+        toolset.open()
+    if mode == "pages":  # the listing really stopped: no page is asked for after the limit
+        time.sleep(0.5)
+        assert ran(log).count("tools/list") == 4
+
+
+def test_a_timed_out_call_is_cancelled_and_says_its_outcome_is_unknown(tmp_path: Path) -> None:
+    """The write after 3 s never happens: the server got notifications/cancelled; the error says so."""
+    log, target = tmp_path / "log", tmp_path / "written"
+    audit = InMemoryAudit()
+    with MCPToolset(fastmcp(log), name="files", call_timeout=1) as tools:
+        gate = Gate(ALLOW_ALL, audit=audit, tools=tools)
+        with pytest.raises(ToolFailed) as info:
+            gate.call("slow_write", {"path": str(target), "seconds": 3})
+        time.sleep(3)
+        assert gate.call("add", {"a": 1, "b": 2}) == 3  # the session still works
+    text = str(info.value)
+    assert "slow_write (MCP server files): timed out after 1s; a cancellation was sent to the server" in text
+    assert "may have taken effect" in text
+    assert not target.exists()
+    assert "cancelled:slow_write" in ran(log)
+    outcome = audit.of_kind("call_outcome")[0]
+    assert outcome["status"] != "timeout" and "ToolOutcomeUnknown" in outcome["error"]
+
+
+def test_the_policys_timeout_for_a_tool_is_honoured_the_same_way(tmp_path: Path) -> None:
+    log, target = tmp_path / "log", tmp_path / "written"
+    policy = Policy.from_dict({"version": 1, "default": "allow", "tools": {"slow_write": {"timeout": "1s"}}})
+    with MCPToolset(fastmcp(log), name="files", timeout=30) as tools:
+        gate = Gate(policy, tools=tools)
+        with pytest.raises(ToolFailed, match=r"timed out after 1s; a cancellation was sent"):
+            gate.call("slow_write", {"path": str(target), "seconds": 3})
+        time.sleep(3)
+    assert not target.exists()
+
+
+def test_a_server_that_dies_during_a_call_is_reported_as_such(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    with MCPToolset(fastmcp(log), name="files", timeout=10) as tools:
+        gate = Gate(ALLOW_ALL, tools=tools)
+        with pytest.raises(ToolFailed) as info:
+            gate.call("die", {})
+        with pytest.raises(ToolFailed, match=r"the MCP session is closed"):
+            gate.call("add", {"a": 1, "b": 2})
+    text = str(info.value)
+    assert "die (MCP server files): the connection to the server was lost during the call" in text
+    assert "may have taken effect" in text and "CancelledError: \n" not in text + "\n"
+
+
+def test_models_see_faithful_signatures(tmp_path: Path) -> None:
+    """Nested input types, nullability, defaults and the return type from the output schema."""
+    with MCPToolset(fastmcp(tmp_path / "log")) as tools:
+        ship = next(t for t in tools if t.name == "ship")
+        add = next(t for t in tools if t.name == "add")
+    assert str(ship.signature) == ("(to: Address, count: int, note: str | None = None, express: bool = False)"
+                                   " -> dict[str, str]")
+    assert "class Address(TypedDict):\n    street: str\n    zip: str | None" in ship.description
+    assert str(add.signature) == "(a: int, b: int) -> int"
+
+
+def test_render_signature_covers_the_schema_forms() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "customer": {"$ref": "#/$defs/Customer"},
+            "lines": {"type": "array", "items": {"type": "object", "properties": {
+                "sku": {"type": "string"}, "qty": {"type": "integer", "default": 1}}, "required": ["sku"]}},
+            "tail": {"type": "number"},
+            "mode": {"enum": ["fast", "slow"]},
+            "tags": {"type": "object", "additionalProperties": {"type": "string"}},
+            "at": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": "now"},
+        },
+        "required": ["customer", "lines"],
+        "$defs": {"Customer": {"type": "object", "description": "A buyer.", "properties": {
+            "name": {"type": "string", "description": "Full name"}, "email": {"type": ["string", "null"]}},
+            "required": ["name"]}},
+    }
+    sig = render_signature("create_order", schema, {"type": "object", "properties": {"id": {"type": "string"}},
+                                                    "required": ["id"]})
+    assert sig.def_line() == ("create_order(customer: Customer, lines: list[Line], tail: float | None = None, "
+                              "mode: Literal['fast', 'slow'] | None = None, tags: dict[str, str] | None = None, "
+                              "at: str | None = 'now') -> CreateOrderResult")
+    assert sig.types["Customer"] == ('class Customer(TypedDict):\n    """A buyer."""\n'
+                                     "    name: str  # Full name\n    email: NotRequired[str | None]")
+    assert "qty: NotRequired[int]" in sig.types["Line"]
+    assert sig.types["CreateOrderResult"] == "class CreateOrderResult(TypedDict):\n    id: str"
+    # A cycle is named, not followed; a hostile schema never raises.
+    cyclic = {"type": "object", "properties": {"node": {"$ref": "#/$defs/Node"}}, "required": ["node"],
+              "$defs": {"Node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/Node"}}}}}
+    assert render_signature("walk", cyclic).def_line().startswith("walk(node: Node")
+    assert render_signature("odd", {"properties": {"x": {"type": 7, "anyOf": "no"}}}).def_line() == \
+        "odd(x: Any = None)"
+
+
+def test_current_fastmcp_over_streamable_http(tmp_path: Path) -> None:
+    """The `fastmcp` package (4.x) as the server: signatures from its schemas, annotations ignored."""
+    import socket
+
+    # fastmcp 4 needs mcp 2: `make test-mcp1` deselects this test in the 1.x venv.
+    log = tmp_path / "log"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    proc = subprocess.Popen([sys.executable, str(HERE / "fastmcp4_server.py"), str(port), str(log)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "the fastmcp server did not start"
+                time.sleep(0.2)
+        policy = Policy.from_dict({"version": 1, "default": "deny", "tools": {"norm": {"side_effect": "read"}},
+                                   "rules": [{"name": "reads", "match": {"side_effect": "read"},
+                                              "decision": "allow"}]})
+        with MCPToolset(f"http://127.0.0.1:{port}/mcp", name="f4") as tools:
+            by_name = {t.name: t for t in tools}
+            assert by_name["wipe_disk"].side_effect == "destructive"
+            assert str(by_name["norm"].signature) == "(p: P, scale: int = 1) -> float"  # fastmcp inlines, untitled
+            assert "class P(TypedDict):\n    x: float\n    y: NotRequired[float | None]" in \
+                by_name["norm"].description
+            gate = Gate(policy, tools=tools)
+            assert gate.call("norm", {"p": {"x": 3, "y": 4}}) == 5.0
+            with pytest.raises(ToolDenied):
+                gate.call("wipe_disk", {"disk": "sda"})
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert ran(log) == ["norm"]
