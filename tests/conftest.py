@@ -5,7 +5,7 @@ Tiers: `make check` runs the tests that start no server, browser or sandbox
 given here, at collection, so a new test gets them without writing them:
 
 - by where it lives: tests/fleet (real Redis and PostgreSQL) are ``server``, tests/interpreter ``sandbox``;
-- by the fixtures it uses (`SERVER_FIXTURES`, `SANDBOX_FIXTURES`);
+- by the fixtures it uses (`FIXTURE_MARKS`);
 - by what its module holds (`STARTS`): a module that imports `Interpreter`, `CodeAgent`, `run_demo`,
   `MCPToolset`, the browser helpers… gets the marker of what those start.
 
@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 
 TIERS = ("server", "browser", "sandbox")
-SERVER_FIXTURES = {"redis_server", "postgres_server"}
-SANDBOX_FIXTURES = {"py", "make"}  # tests/interpreter/conftest.py: interpreters per isolation
+#: Fixtures that start something: the fleet's real servers; the inbox's agent runs (tests/serve/conftest.py).
+FIXTURE_MARKS = {"redis_server": "server", "postgres_server": "server", "inbox": "sandbox"}
 #: Objects whose presence in a test module means its tests start something: "module.qualname" -> marker.
 STARTS = {
     "proctor.interpreter.interpreter.Interpreter": "sandbox",
@@ -52,11 +52,7 @@ def _marks_of(item: pytest.Item) -> set[str]:
     parts = Path(str(item.path)).resolve().relative_to(TESTS).parts
     if len(parts) > 1 and parts[0] in BY_DIRECTORY:
         found.add(BY_DIRECTORY[parts[0]])
-    names = set(getattr(item, "fixturenames", ()))
-    if names & SERVER_FIXTURES:
-        found.add("server")
-    if names & SANDBOX_FIXTURES and "interpreter" in parts:
-        found.add("sandbox")
+    found |= {FIXTURE_MARKS[name] for name in getattr(item, "fixturenames", ()) if name in FIXTURE_MARKS}
     module = getattr(item, "module", None)
     if module is not None:
         found |= _module_marks(module)

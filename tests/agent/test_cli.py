@@ -14,6 +14,9 @@ from proctor.cli import main
 
 from .openai_server import completion, serve, tool_call
 
+# `proctor run` as a process: each run starts its agent's sandboxed worker (tests/conftest.py, tiers).
+pytestmark = pytest.mark.sandbox
+
 ROOT = Path(__file__).resolve().parents[2]
 SUPPORT_POLICY = str(ROOT / "examples" / "policies" / "support.yaml")
 PROGRAM = '''Thought: read the ticket, refund the small order.

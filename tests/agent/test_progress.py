@@ -23,6 +23,9 @@ TOOLS = '''\
 import time
 from proctor import tool
 
+# `proctor run` on a terminal: the agent's sandboxed worker (tests/conftest.py, tiers).
+pytestmark = pytest.mark.sandbox
+
 @tool(side_effect="read")
 def tick(seconds: float) -> str:
     """Wait a little.
