@@ -34,11 +34,11 @@ typecheck: $(VENV)/.dev-installed
 	$(BIN)/mypy
 
 pytest: $(VENV)/.dev-installed
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS)
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 # The tests that start no server, browser or sandbox (markers in tests/conftest.py).
 pytest-fast: $(VENV)/.dev-installed
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS) -m "not server and not browser and not sandbox"
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not server and not browser and not sandbox"
 
 system-deps:
 	PYTHON=$(PYTHON) scripts/system-deps
