@@ -15,13 +15,27 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TOOLS, needs_bwrap
 
-from proctor import CodeAgent, Policy, ScriptedModel, ToolCallingAgent
+from proctor import CodeAgent, Policy, ScriptedModel, ToolCallingAgent, tool
 from proctor.errors import PolicyError, SandboxError
 from proctor.gate import Gate
 from proctor.interpreter import Interpreter
+from proctor.interpreter.sandbox import bwrap_status
 from proctor.testing import InMemoryAudit
+
+
+@tool(side_effect="read")
+def lookup(order: str) -> str:
+    """Look an order up.
+
+    Args:
+        order: Order id.
+    """
+    return f"order {order}: shipped"
+
+
+TOOLS = [lookup]
+needs_bwrap = pytest.mark.skipif(not bwrap_status()[0], reason=f"bubblewrap unusable here: {bwrap_status()[1]}")
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIRED = {"version": 1, "default": "allow", "sandbox": "required"}
