@@ -1,9 +1,15 @@
 # Two commands a newcomer needs: `make demo` and `make test`. Both build .venv when missing.
+# `make test` first installs the system packages the tests need (scripts/system-deps), or stops before
+# building anything with the one command to run; `make check` is the fast inner loop (no servers,
+# browsers or sandboxes started).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# The full suite runs on every core (pytest-xdist; each worker starts its own servers in temporary
+# directories); PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= auto
 
-.PHONY: demo test lint typecheck pytest bench bench-agentdojo clean
+.PHONY: demo test check system-deps lint typecheck pytest pytest-fast bench bench-agentdojo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,9 +34,20 @@ typecheck: $(VENV)/.dev-installed
 	$(BIN)/mypy
 
 pytest: $(VENV)/.dev-installed
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
-test: lint typecheck pytest
+# The tests that start no server, browser or sandbox (markers in tests/conftest.py).
+pytest-fast: $(VENV)/.dev-installed
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not server and not browser and not sandbox"
+
+system-deps:
+	PYTHON=$(PYTHON) scripts/system-deps
+
+# In this order, and nothing built before the system packages are there.
+test: system-deps
+	$(MAKE) --no-print-directory lint typecheck pytest
+
+check: lint typecheck pytest-fast
 
 bench: $(VENV)/.dev-installed
 	for b in bench/*.py; do [ $$b = bench/agentdojo.py ] || $(BIN)/python $$b || exit 1; done

@@ -1,12 +1,141 @@
-"""Suite-wide test settings."""
+"""Suite-wide test settings, and the test tiers.
+
+Tiers: `make check` runs the tests that start no server, browser or sandbox
+(``-m "not server and not browser and not sandbox"``); `make test` runs them all. The markers are
+given here, at collection, so a new test gets them without writing them:
+
+- by where it lives: tests/fleet (real Redis and PostgreSQL) are ``server``, tests/interpreter ``sandbox``;
+- by the fixtures it uses (`FIXTURE_MARKS`);
+- by what its module holds (`STARTS`): a module that imports `Interpreter`, `CodeAgent`, `run_demo`,
+  `MCPToolset`, the browser helpers… gets the marker of what those start.
+
+What that misses is caught when it happens: a test without the marker that starts a sandboxed worker
+in this process, or a subprocess that is a server, a browser or an agent run, fails at teardown naming
+the marker to add (`_tier_guard`). So `make check` never starts one silently, and stays fast.
+"""
 
 from __future__ import annotations
 
 import gc
+import os
 import signal
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 import pytest
+
+TIERS = ("server", "browser", "sandbox")
+#: Fixtures that start something: the fleet's real servers; the inbox's agent runs (tests/serve/conftest.py).
+FIXTURE_MARKS = {"redis_server": "server", "postgres_server": "server", "inbox": "sandbox"}
+#: Objects whose presence in a test module means its tests start something: "module.qualname" -> marker.
+STARTS = {
+    "proctor.interpreter.interpreter.Interpreter": "sandbox",
+    "proctor.agent.code_agent.CodeAgent": "sandbox",
+    "proctor.integrations.smolagents.GovernedExecutor": "sandbox",
+    "proctor.agent.demo.app.run_demo": "sandbox",
+    "proctor.integrations.mcp.MCPToolset": "server",
+    "fleet_engines.RedisServer": "server",
+    "fleet_engines.PostgresServer": "server",
+    "serve.browser.serving": "server",
+    "serve.browser.chromium": "browser",
+}
+BY_DIRECTORY = {"fleet": "server", "interpreter": "sandbox"}
+#: `proctor` subcommands that start an agent's sandboxed worker or a server, when a test runs them as a process.
+CLI_STARTS = {"demo": "sandbox", "run": "sandbox", "runs": "sandbox", "serve": "server", "mcp": "server"}
+TESTS = Path(__file__).resolve().parent
+
+
+def _marks_of(item: pytest.Item) -> set[str]:
+    found: set[str] = set()
+    parts = Path(str(item.path)).resolve().relative_to(TESTS).parts
+    if len(parts) > 1 and parts[0] in BY_DIRECTORY:
+        found.add(BY_DIRECTORY[parts[0]])
+    found |= {FIXTURE_MARKS[name] for name in getattr(item, "fixturenames", ()) if name in FIXTURE_MARKS}
+    module = getattr(item, "module", None)
+    if module is not None:
+        found |= _module_marks(module)
+    return found
+
+
+_by_module: dict[str, frozenset[str]] = {}
+
+
+def _module_marks(module: Any) -> frozenset[str]:
+    """The markers of what `module`'s globals start (test helpers are named as imported: `serve.browser`)."""
+    cached = _by_module.get(module.__name__)
+    if cached is None:
+        found = set()
+        for value in vars(module).values():
+            name = f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', '')}"
+            found |= {marker for key, marker in STARTS.items() if name == key or name.endswith("." + key)}
+        cached = _by_module[module.__name__] = frozenset(found)
+    return cached
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for marker in _marks_of(item) - {m.name for m in item.iter_markers()}:
+            item.add_marker(marker)
+
+
+def _started_by(argv: Sequence[str]) -> str | None:
+    """The tier marker a subprocess with this argv needs (None: it starts nothing of the kind)."""
+    if not argv:
+        return None
+    exe = os.path.basename(str(argv[0]))
+    if exe in ("redis-server", "initdb", "pg_ctl", "postgres") or "/postgresql/" in str(argv[0]):
+        return "server"
+    if exe in ("chromium", "chromedriver", "chrome"):
+        return "browser"
+    if exe == "bwrap":
+        return "sandbox"
+    words = [str(a) for a in argv]
+    if exe == "proctor":
+        command = words[1:2]
+    elif "proctor.cli" in words:
+        command = words[words.index("proctor.cli") + 1:][:1]
+    else:
+        return None
+    return CLI_STARTS.get(command[0]) if command else None
+
+
+@pytest.fixture(autouse=True)
+def _tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fail a test that starts a server, browser or sandbox without its marker (see the module docstring)."""
+    marked = {m.name for m in request.node.iter_markers() if m.name in TIERS}
+    if marked == set(TIERS):
+        yield
+        return
+    started: list[str] = []
+    popen_init = subprocess.Popen.__init__
+
+    def watched_init(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
+        argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+        needed = _started_by([os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else str(a) for a in argv])
+        if needed and needed not in marked:
+            started.append(f"{needed}: {' '.join(map(str, argv[:4]))}")
+        popen_init(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", watched_init)
+    if "sandbox" not in marked:
+        from proctor.interpreter import host
+
+        spawn = host.spawn
+
+        def watched_spawn(*args: Any, **kwargs: Any) -> Any:
+            started.append("sandbox: a sandboxed worker (Interpreter)")
+            return spawn(*args, **kwargs)
+
+        monkeypatch.setattr(host, "spawn", watched_spawn)
+    yield
+    if started:
+        needed = sorted({s.split(":", 1)[0] for s in started})
+        pytest.fail(f"this test starts {'; '.join(dict.fromkeys(started))}, but is not marked "
+                    f"{' and '.join(needed)}: add `pytestmark = [{', '.join(f'pytest.mark.{n}' for n in needed)}]` "
+                    "to its module (or an entry to STARTS in tests/conftest.py), so `make check` leaves it out",
+                    pytrace=False)
 
 # A suite started in the background by a non-interactive shell (`make test &`, nohup, some CI
 # runners) inherits SIGINT ignored, and every child it starts inherits that too: the tests that

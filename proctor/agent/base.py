@@ -175,9 +175,14 @@ class AgentBase:
             p for p in (self.policy, *(q for a in self.managed_agents.values() for q in a._provenance_policies))
             if p is not None))
         # Any: the gate's PolicyLike protocol is structural and Policy satisfies it at run time.
-        self.gate = Gate(cast(Any, self.policy if self.policy is not None else _no_policy()), approver=approver,
-                         audit=self.audit, tracer=self.tracer, tools=tools, ledger=ledger,
-                         shadow=load_policy(shadow) if shadow is not None else None)
+        try:
+            self.gate = Gate(cast(Any, self.policy if self.policy is not None else _no_policy()), approver=approver,
+                             audit=self.audit, tracer=self.tracer, tools=tools, ledger=ledger,
+                             shadow=load_policy(shadow) if shadow is not None else None)
+        except BaseException:  # refused (a cross-run budget on a local ledger…): the log it opened is closed
+            if self._owns_audit and self.audit is not None:
+                self.audit.close()
+            raise
         self.tools: list[Tool] = list(self.gate.tools.values())
         self.max_steps = max_steps
         self.planning_interval = planning_interval
@@ -295,7 +300,8 @@ class AgentBase:
                                                for label in getattr(p, "result_labels", ()))
         except ProctorError as exc:
             return RunResult(None, "error", steps, Usage(), None, run_id="", audit_path=self.audit_path,
-                             error=str(exc), duration_ns=time.perf_counter_ns() - started)
+                             error=str(exc), duration_ns=time.perf_counter_ns() - started,
+                             sandbox=self.sandbox_line(), ledger=self.gate.ledger_scope.summary)
         self.images = run_images
         if not self.memory:
             self.memory.append({"role": "system", "content": self._system_prompt()})
@@ -388,6 +394,10 @@ class AgentBase:
             raise StoreForged(f"resume refused: {exc}; nothing ran (see docs/durable.md, \"Who can do what\")"
                               ) from None
 
+    def sandbox_line(self) -> str:
+        """How this agent's programs are isolated, as its run summary says after ``sandbox:``."""
+        return "not used (a tool-calling agent runs no model-written code)"
+
     def _reads_provenance(self) -> bool:
         """Whether a policy of this agent or of an agent it manages calls provenance()/from_user()."""
         return any(getattr(p, "uses_provenance", False) for p in self._provenance_policies)
@@ -450,7 +460,8 @@ class AgentBase:
         self.last_run = RunResult(answer, status, steps, usage, cost, run_id=ctx.info.id,
                                   audit_path=self.audit_path, trace_id=trace_id, error=error,
                                   duration_ns=time.perf_counter_ns() - started, budget_usage=ctx.ledger.usage(),
-                                  budget_remaining=ctx.ledger.remaining(), pending=pending)
+                                  budget_remaining=ctx.ledger.remaining(), pending=pending,
+                                  sandbox=self.sandbox_line(), ledger=self.gate.ledger_scope.summary)
         return self.last_run
 
     def _run_managed(self, task: str, additional_args: Mapping[str, Any] | None, scope: CallScope) -> Any:

@@ -104,7 +104,7 @@ def main(args: argparse.Namespace) -> int:
     """Run the agent; print the steps and a summary (or JSON)."""
     from proctor.agent.base import AUDIT_KEY_ENV
     from proctor.agent.loading import ToolLoadError, load_tools
-    from proctor.errors import AuditError, ImageError, PolicyError
+    from proctor.errors import AuditError, ConfigurationError, ImageError, PolicyError, SandboxError
     from proctor.telemetry.cli import cli_telemetry
 
     if args.max_steps < 1:
@@ -147,7 +147,7 @@ def main(args: argparse.Namespace) -> int:
     with cli_telemetry(args):
         try:
             return _run(args, tools, policy, approver)
-        except AuditError as exc:
+        except (AuditError, ConfigurationError, SandboxError) as exc:  # refused to start: one line says why
             print(terminal_safe(f"proctor run: {exc}"), file=sys.stderr)
             return 1
 

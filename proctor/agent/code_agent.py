@@ -26,6 +26,7 @@ from proctor.agent.prompts import code_agent_prompt
 from proctor.agent.result import StepRecord
 from proctor.approval.base import Approver
 from proctor.audit.base import AuditSink
+from proctor.errors import SandboxError
 from proctor.gate import RunContext
 from proctor.interpreter.result import ProgramError
 from proctor.ledger.base import SharedLedger
@@ -89,6 +90,14 @@ class CodeAgent(AgentBase):
         self.sandbox = sandbox
         self.timeout = timeout
         self._interpreter: Any = None
+        if self.policy is not None and self.policy.model.sandbox == "required":
+            from proctor.interpreter.sandbox import require_bwrap
+
+            try:
+                require_bwrap(sandbox)  # refused here, before any run starts: one line naming the fix
+            except SandboxError:
+                self.close()
+                raise
 
     @property
     def interpreter(self) -> Any:
@@ -102,6 +111,14 @@ class CodeAgent(AgentBase):
                                             authorized_imports=self.authorized_imports, sandbox=self.sandbox,
                                             hash_seed=0 if self.store is not None else None)
         return self._interpreter
+
+    def sandbox_line(self) -> str:
+        """"bubblewrap" or "process only (why)": the interpreter's, or what one started now would get."""
+        if self._interpreter is not None:
+            return str(self._interpreter.sandbox_line)
+        from proctor.interpreter.sandbox import describe_sandbox
+
+        return describe_sandbox(self.sandbox)
 
     def _reset_executor(self) -> None:
         if self._interpreter is not None:

@@ -214,6 +214,10 @@ def summary_table(result: RunResult, *, limits: Mapping[str, Mapping[str, Any]] 
     if result.cost_usd:
         tokens += f", ${result.cost_usd:.4f}"
     row("model", tokens)
+    if result.sandbox is not None:
+        row("sandbox", result.sandbox)
+    if result.ledger is not None:
+        row("ledger", result.ledger)
     row("audit log", result.audit_path or "none (no --audit)")
     if verify is not None:
         row("verify", verify)

@@ -89,6 +89,11 @@ class RunResult:
     budget_remaining: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: What a suspended run waits for (`proctor.store.PendingApproval`s).
     pending: list[Any] = field(default_factory=list)
+    #: How the run's programs were isolated: "bubblewrap", "process only (why)", or, for an agent that runs
+    #: no program (`ToolCallingAgent`), a sentence saying so; None where nobody knows (a run read from a log).
+    sandbox: str | None = None
+    #: Where the policy's cross-run budgets were counted (`LedgerScope.summary`); None without such budgets.
+    ledger: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -120,4 +125,6 @@ class RunResult:
             "budget_usage": self.budget_usage,
             "budget_remaining": self.budget_remaining,
             "pending": [p.as_dict() if hasattr(p, "as_dict") else p for p in self.pending],
+            "sandbox": self.sandbox,
+            "ledger": self.ledger,
         }

@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from opentelemetry.context import Context
 from opentelemetry.trace import NoOpTracer, Tracer
@@ -49,6 +49,7 @@ from proctor.gate.shadow import Shadow, Verdict, verdict_of
 from proctor.halt import HaltChannel, gate_halts, halt_refusal
 from proctor.interrupts import interruption
 from proctor.ledger.base import SharedLedger, open_ledger
+from proctor.ledger.scope import ledger_scope
 from proctor.policy.admission import AdmissionPolicy, admit
 from proctor.policy.aggregates import Pipeline
 from proctor.policy.engine import ToolFacts
@@ -61,6 +62,9 @@ from proctor.telemetry import semconv as sc
 from proctor.telemetry.logging import get_logger
 from proctor.telemetry.spans import QuietSpan, ToolSpan, get_tracer, tool_span
 from proctor.tools import Tool, as_tool
+
+if TYPE_CHECKING:
+    from proctor.policy.schema import PolicyModel
 
 __all__ = ["CallOutcome", "CallScope", "Gate", "RunContext"]
 
@@ -91,6 +95,8 @@ class PolicyLike(AdmissionPolicy, Protocol):
     def result_labels(self) -> tuple[str, ...]: ...
     def new_ledger(self, run: RunInfo | None = None, shared: SharedLedger | None = None) -> Ledger: ...
     def result_sources(self, tool: str) -> ResultLabeller | None: ...
+    @property
+    def model(self) -> PolicyModel: ...  # the file's settings: `ledger:` (ledger_scope), `sandbox:` (Interpreter)
 
 
 class Gate:
@@ -130,6 +136,7 @@ class Gate:
         self.history_limit = history_limit
         # Budgets shared between runs (per principal, label, global): this process's, or Redis's.
         self.ledger = open_ledger(ledger)
+        self.ledger_scope = ledger_scope(self.policy.model, self.ledger, ledger)  # cross-run budgets: shared, or local
         self.approver = approver
         self.tracer = get_tracer(tracer)
         #: The approval step of calls the policy sends to a human (or a grant).
@@ -209,7 +216,7 @@ class Gate:
         ctx.track(self.policy.pipelines)
         ctx.provenance = self._provenance_index(task, provenance)
         fields: dict[str, Any] = {"run_id": info.id, "principal": info.principal, "labels": dict(info.labels),
-                                  "policy_sha256": self.policy.sha256}
+                                  "policy_sha256": self.policy.sha256, **self.ledger_scope.audit_fields}
         if agent is not None:
             fields["agent"] = agent
         self.recorder.append("run_started", fields, required=True)
@@ -230,7 +237,8 @@ class Gate:
             ctx.provenance.mark_incomplete(self.policy.result_labels)
         self.recorder.append("run_resumed", {"run_id": info.id, "principal": info.principal,
                                              "labels": dict(info.labels), "step": info.step + 1,
-                                             "policy_sha256": self.policy.sha256, **fields}, required=True)
+                                             "policy_sha256": self.policy.sha256, **fields,
+                                             **self.ledger_scope.audit_fields}, required=True)
         return ctx
 
     def suspend_run(self, ctx: RunContext, pending: Iterable[str], **fields: Any) -> None:

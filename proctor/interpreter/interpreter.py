@@ -16,7 +16,7 @@ import time
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from proctor.calls import CallRecord, new_id
 from proctor.canonical import canonical_sha256
@@ -52,7 +52,15 @@ from proctor.interpreter.messages import (
     refused_record,
 )
 from proctor.interpreter.result import ExecutionResult, ProgramError
-from proctor.interpreter.sandbox import INSTALL_HINT, SandboxSpec, bwrap_status, site_paths, worker_env
+from proctor.interpreter.sandbox import (
+    INSTALL_HINT,
+    SandboxSpec,
+    bwrap_status,
+    describe_isolation,
+    require_bwrap,
+    site_paths,
+    worker_env,
+)
 from proctor.interpreter.specs import STDLIB, limits_for, tool_spec
 from proctor.telemetry.logging import get_logger
 from proctor.tools import Tool, as_tool
@@ -65,12 +73,23 @@ FINAL_GRACE = 1.0  # seconds a program may run on after final_answer() before it
 _UNANSWERED: Any = object()  # `Interpreter._answered` while the gate has not called `on_result`
 MiB = 1024 * 1024
 
+if TYPE_CHECKING:
+    from proctor.policy.schema import PolicyModel
+
+
+class _PolicyLike(Protocol):
+    @property
+    def model(self) -> PolicyModel: ...
+
 
 class GateLike(Protocol):
     """What the interpreter needs of a gate; `proctor.Gate` is one."""
 
     @property
     def audit(self) -> Any: ...
+    @property
+    def policy(self) -> _PolicyLike: ...  # its `sandbox:` (required: no worker without bubblewrap)
+
     def register(self, *tools: Any) -> None: ...
     def start_run(self) -> Any: ...
     def submit(self, tool: Any, args: Any = None, *, context: Any = None, call_id: Any = None,
@@ -103,7 +122,12 @@ class Interpreter:
         check_installed(self.authorized_imports)
         self.context = context
         self.sandbox = sandbox
+        if gate.policy.model.sandbox == "required":
+            require_bwrap(sandbox)  # before anything starts: the policy's floor, whatever the caller asked
         self.isolation = self._choose_isolation(sandbox)
+        #: How this interpreter's workers are held, as run summaries print it: "bubblewrap" or
+        #: "process only (bubblewrap not installed: apt-get install bubblewrap)" and the like.
+        self.sandbox_line = describe_isolation(self.isolation, sandbox)
         self._names = {t.name for t in self.tools} | ({"final_answer"} if self.final_tool else set())
         self.channel_limits = self._channel_limits(max_arg_bytes, max_run_arg_bytes, max_frame_bytes, max_depth,
                                                    max_containers, max_values)

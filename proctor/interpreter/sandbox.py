@@ -28,7 +28,8 @@ from typing import Any, TypeVar
 
 from proctor.errors import SandboxError
 
-__all__ = ["SandboxSpec", "bwrap_status", "build_command", "seccomp_program", "spawn", "worker_env"]
+__all__ = ["SandboxSpec", "bwrap_status", "build_command", "describe_isolation", "describe_sandbox",
+           "require_bwrap", "seccomp_program", "spawn", "worker_env"]
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # .../proctor
 # The worker's code arrives as marshalled code objects on stdin (host -> worker, the trusted
@@ -206,6 +207,45 @@ def bwrap_status() -> tuple[bool, str, bool]:
         if "ok" not in _probe:
             _probe.update(zip(("ok", "reason", "disable_userns"), _run_probe(), strict=True))
         return _probe["ok"], _probe["reason"], _probe["disable_userns"]
+
+
+def describe_isolation(isolation: str, requested: str = "auto") -> str:
+    """How a worker of `isolation` is held, in the words run summaries print after ``sandbox:``.
+
+    ``bubblewrap``, or ``process only (why)``: bubblewrap not installed (with the command that installs
+    it), installed but unusable here (bubblewrap's own reason), or a plain process asked for.
+    """
+    if isolation == "bwrap":
+        return "bubblewrap"
+    if requested in ("process", "none"):
+        return f"process only (sandbox={requested!r} was asked for)"
+    ok, reason, _ = bwrap_status()
+    if shutil.which("bwrap") is None:
+        return "process only (bubblewrap not installed: apt-get install bubblewrap)"
+    return f"process only ({reason})" if not ok else "process only"
+
+
+def describe_sandbox(requested: str = "auto") -> str:
+    """`describe_isolation` of the worker an Interpreter given ``sandbox=requested`` would start now."""
+    if requested in ("process", "none"):
+        return describe_isolation("process", requested)
+    if bwrap_status()[0]:
+        return "bubblewrap"
+    if requested == "bwrap":
+        return f"none: sandbox='bwrap' but {bwrap_status()[1]} (no program can start)"
+    return describe_isolation("process", requested)
+
+
+def require_bwrap(requested: str = "auto") -> None:
+    """Raise `SandboxError` (one line, naming the fix) unless a worker asked for with `requested` would run
+    under bubblewrap: what a policy's ``sandbox: required`` holds an Interpreter or an agent to."""
+    if requested in ("process", "none"):
+        raise SandboxError(f"the policy says `sandbox: required` (bubblewrap), but sandbox={requested!r} was asked "
+                           "for: leave sandbox='auto' or 'bwrap'")
+    ok, reason, _ = bwrap_status()
+    if not ok:
+        fix = "apt-get install bubblewrap" if shutil.which("bwrap") is None else "see docs/sandbox.md"
+        raise SandboxError(f"the policy says `sandbox: required`, but {reason}: {fix}")
 
 
 def _run_probe() -> tuple[bool, str, bool]:

@@ -2,5 +2,7 @@
 
 from proctor.ledger.base import Claim, Lease, PoolUsage, SharedLedger, default_ledger, open_ledger
 from proctor.ledger.memory import MemoryLedger
+from proctor.ledger.scope import LedgerScope, ledger_scope
 
-__all__ = ["Claim", "Lease", "MemoryLedger", "PoolUsage", "SharedLedger", "default_ledger", "open_ledger"]
+__all__ = ["Claim", "Lease", "LedgerScope", "MemoryLedger", "PoolUsage", "SharedLedger", "default_ledger",
+           "ledger_scope", "open_ledger"]

@@ -115,7 +115,8 @@ def default_ledger() -> SharedLedger:
 
 
 def open_ledger(ledger: SharedLedger | str | None = None) -> SharedLedger:
-    """A ledger from an object, a URL (`memory`, `redis://…`, `rediss://…`) or PROCTOR_LEDGER; else the default."""
+    """A ledger from an object, a URL (`local` or `memory`, `redis://…`, `rediss://…`) or PROCTOR_LEDGER; else the
+    process's default."""
     if ledger is None:
         ledger = os.environ.get("PROCTOR_LEDGER") or None
         if ledger is None:
@@ -123,7 +124,7 @@ def open_ledger(ledger: SharedLedger | str | None = None) -> SharedLedger:
     if not isinstance(ledger, str):
         return ledger
     url = ledger.strip()
-    if url in ("memory", "memory://", ""):
+    if url in ("local", "memory", "memory://", ""):
         return default_ledger()
     from proctor.errors import ConfigurationError
     from proctor.urls import shown_url
@@ -135,7 +136,7 @@ def open_ledger(ledger: SharedLedger | str | None = None) -> SharedLedger:
             raise ConfigurationError(f"the ledger {shown_url(url, query=False)} needs {exc.name or 'redis'}: "
                                      "pip install 'proctor[redis]'") from None
         return RedisLedger(url)
-    raise ConfigurationError(f"unknown ledger {shown_url(url, query=False)!r}: use memory or redis://host:6379/0")
+    raise ConfigurationError(f"unknown ledger {shown_url(url, query=False)!r}: use local or redis://host:6379/0")
 
 
 def _num(value: float) -> Any:

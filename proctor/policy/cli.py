@@ -157,9 +157,13 @@ def _check(args: argparse.Namespace) -> int:
 
     for note in window_notes((rule.name, rule.when) for rule in policy.rules):
         print(terminal_safe(f"  note: {note}"))
-    if any(spec.shared for spec in policy.budgets):
-        print("  note: principal, label and global budgets are shared by the runs of one process; "
-              "give every process the same --ledger redis://… (or PROCTOR_LEDGER) to share them across a fleet")
+    if any(spec.shared for spec in policy.budgets) and policy.model.ledger == "local":
+        print("  note: `ledger: local`: principal, label and global budgets are counted by each process on its own "
+              "(run summaries and the audit log say so)")
+    elif any(spec.shared for spec in policy.budgets):
+        print("  note: principal, label and global budgets count across runs: a gate refuses to start without a "
+              "shared ledger; give every process the same --ledger redis://… (or PROCTOR_LEDGER), or write "
+              "`ledger: local` if one process is meant")
     return 0
 
 

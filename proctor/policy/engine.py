@@ -122,6 +122,9 @@ def _normalized(model: PolicyModel) -> dict[str, Any]:
         del data["let"]
     if data.get("reload") == "each_call":  # added later: absent when unused, so older policies keep theirs
         del data["reload"]
+    for later, default in (("sandbox", "auto"), ("ledger", "shared")):  # added later, as `let`
+        if data[later] == default:
+            del data[later]
     for spec in data["tools"].values():
         if spec.get("sources") is None:  # added later: absent when unused, so older policies keep their fingerprint
             spec.pop("sources", None)

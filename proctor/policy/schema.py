@@ -44,6 +44,8 @@ __all__ = [
     "COST_VARIABLES",
     "SIDE_EFFECT_VARIABLES",
     "DURATION_PATTERN",
+    "LEDGER_MODES",
+    "SANDBOX_MODES",
     "LABEL_PATTERN",
     "MODEL_LIMITS",
     "ApprovalSpec",
@@ -125,6 +127,25 @@ CostField = Annotated[
                                    "\"args.amount\" (int or double ≥ 0)"}),
 ]
 
+
+#: `sandbox:` -- how model-written programs must be isolated. auto: bubblewrap where it can run, else a
+#: plain process (the run summary says which); required: without a usable bubblewrap nothing starts.
+SANDBOX_MODES = ("auto", "required")
+#: `ledger:` -- where budgets shared between runs (per principal, label, global) must live. shared: a ledger
+#: several processes share (Redis); without one the gate refuses to start. local: this process's own
+#: ledger is meant (each process then counts on its own), stated in the run summary and the audit log.
+LEDGER_MODES = ("shared", "local")
+
+SandboxField = Annotated[
+    Literal["auto", "required"],
+    BeforeValidator(Choice("sandbox", SANDBOX_MODES)),
+    WithJsonSchema(_enum_schema(SANDBOX_MODES)),
+]
+LedgerField = Annotated[
+    Literal["shared", "local"],
+    BeforeValidator(Choice("ledger", LEDGER_MODES)),
+    WithJsonSchema(_enum_schema(LEDGER_MODES)),
+]
 
 DurabilityField = Annotated[
     Literal["fsync", "flush"],
@@ -329,6 +350,11 @@ class PolicyModel(_Strict):
     #: A gate reloading this file (`proctor.policy.reload`): runs in flight switch at their next call
     #: (each_call, the default) or keep the policy they started with (new_runs).
     reload: ReloadField = "each_call"
+    #: How programs must be isolated: auto (bubblewrap when usable, else a plain process) or required.
+    sandbox: SandboxField = "auto"
+    #: Where cross-run budgets live: shared (a fleet's ledger, the default: required when such budgets
+    #: exist) or local (this process's own ledger is meant; the run summary and audit log say so).
+    ledger: LedgerField = "shared"
 
     # Rules and tools are checked knowing the `let:` names (a `when` may use them).
     _with_lets = model_validator(mode="wrap")(_v.with_lets)  # type: ignore[arg-type]  # a function, not a classmethod

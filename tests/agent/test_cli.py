@@ -14,6 +14,9 @@ from proctor.cli import main
 
 from .openai_server import completion, serve, tool_call
 
+# `proctor run` as a process: each run starts its agent's sandboxed worker (tests/conftest.py, tiers).
+pytestmark = pytest.mark.sandbox
+
 ROOT = Path(__file__).resolve().parents[2]
 SUPPORT_POLICY = str(ROOT / "examples" / "policies" / "support.yaml")
 PROGRAM = '''Thought: read the ticket, refund the small order.
@@ -25,8 +28,11 @@ final_answer(f"refunded {order['total']} ({ref})")
 ```'''
 
 
-def _proctor(*args: str, base: str) -> subprocess.CompletedProcess[str]:
+def _proctor(*args: str, base: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OPENAI_API_KEY": "", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    env.pop("PROCTOR_LEDGER", None)
+    if path is not None:
+        env["PATH"] = path
     command = [sys.executable, "-m", "proctor.cli", "run", *args, "--model", "openai/gpt-4o-mini",
                "--model-arg", f"api_base={base}", "--model-arg", "api_key=test"]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
@@ -132,3 +138,29 @@ def test_run_refuses_a_tampered_log_naming_verify(tmp_path: Path) -> None:
                     "--audit", str(audit), base="http://127.0.0.1:9/v1")
     assert proc.returncode == 1 and "proctor audit verify" in proc.stderr, proc.stderr
     assert audit.read_bytes() == data
+
+
+def test_run_summary_says_how_programs_were_isolated(tmp_path: Path) -> None:
+    """`proctor run`'s summary has a sandbox row: bubblewrap, or process only with the reason (bwrap off PATH)."""
+    with serve([completion(PROGRAM)]) as fake:
+        proc = _proctor("Handle T-100", "--tools", "examples.tools_demo", "--policy", SUPPORT_POLICY,
+                        "--audit", str(tmp_path / "a.jsonl"), base=fake.base)
+    assert proc.returncode == 0, proc.stderr
+    sandbox = next(line for line in proc.stdout.splitlines() if "│ sandbox" in line)
+    assert "│ bubblewrap" in sandbox or "│ process only (" in sandbox
+    env_path = str(tmp_path / "no-bwrap")
+    with serve([completion(PROGRAM)]) as fake:
+        proc = _proctor("Handle T-100", "--tools", "examples.tools_demo", "--policy", SUPPORT_POLICY,
+                        "--audit", str(tmp_path / "b.jsonl"), base=fake.base, path=env_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "process only (bubblewrap not installed: apt-get install bubblewrap)" in proc.stdout
+
+
+def test_run_refuses_a_global_budget_on_a_local_ledger(tmp_path: Path) -> None:
+    """A policy with a cross-run budget and no shared ledger: exit 1, one line naming PROCTOR_LEDGER."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text("version: 1\ndefault: allow\nbudgets:\n  - {name: pages, per: global, limit: {calls: 3}}\n")
+    proc = _proctor("task", "--tools", "examples.tools_demo", "--policy", str(policy), "--no-audit", base="http://x")
+    assert proc.returncode == 1
+    assert "proctor run: budget 'pages' (per global) counts across runs" in proc.stderr
+    assert "PROCTOR_LEDGER=redis://" in proc.stderr and "Traceback" not in proc.stderr

@@ -15,6 +15,9 @@ from proctor.importpath import cwd_not_importable, import_from_cwd, names_cwd
 
 from .openai_server import completion, serve
 
+# `proctor run`/`demo` as processes: each starts an agent's sandboxed worker (tests/conftest.py, tiers).
+pytestmark = pytest.mark.sandbox
+
 # Modules proctor (or the libraries it uses) import lazily, after the command has started.
 PLANTED = ("litellm", "rich", "yaml", "orjson", "structlog", "httpx", "pydantic", "opentelemetry", "celpy",
            "cryptography", "openai", "tiktoken", "jinja2")

@@ -26,6 +26,9 @@ from proctor.agent.replay import run_from_log
 
 from .openai_server import completion
 
+# Agent runs, in this process and as `proctor run`: sandboxed workers (tests/conftest.py, tiers).
+pytestmark = pytest.mark.sandbox
+
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = """\
 version: 1

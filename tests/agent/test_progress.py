@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pexpect
+import pytest
 
 from proctor.agent.progress import PausingApprover, ProgressLine
 from proctor.agent.result import StepRecord
@@ -17,6 +18,9 @@ from proctor.approval import CallbackApprover
 from proctor.calls import CallRecord
 
 from .openai_server import completion, serve
+
+# `proctor run` on a terminal: the agent's sandboxed worker (tests/conftest.py, tiers).
+pytestmark = pytest.mark.sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = '''\

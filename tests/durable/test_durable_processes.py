@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 from durable_helpers import Durable, policy_dict
 
+# Durable runs in driver processes and `proctor runs resume`: sandboxed workers (tests/conftest.py, tiers).
+pytestmark = pytest.mark.sandbox
+
 # Step 1 reads twice, draws a random number, asks to mail it outside (approval), and ends with the answer.
 APPROVAL_PROGRAM = """```py
 import random

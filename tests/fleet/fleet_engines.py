@@ -18,7 +18,15 @@ from pathlib import Path
 
 __all__ = ["PostgresServer", "RedisServer"]
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+def _pg_bin() -> Path:
+    """The newest PostgreSQL installed the Debian way (/usr/lib/postgresql/N/bin): 15 on bookworm, 17 on trixie."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]) if
+                   p.parts[-3].isdigit() else 0)
+    return found[-1].parent if found else Path("/usr/lib/postgresql/15/bin")
+
+
+PG_BIN = _pg_bin()
 
 
 def _free_port() -> int:
@@ -96,7 +104,7 @@ class RedisServer:
 
 
 class PostgresServer:
-    """A PostgreSQL 15 cluster run by `nobody`, on a Unix socket in a temporary directory."""
+    """A PostgreSQL cluster (the newest installed) run by `nobody`, on a Unix socket in a temporary directory."""
 
     def __init__(self, parent: Path | None = None, settings: dict[str, str] | None = None) -> None:
         """`parent`: where the cluster's directory goes (a tmpfs for benchmarks); `settings`: more `-c` options."""

@@ -69,6 +69,22 @@ def test_gate_takes_a_redis_url_and_two_gates_share_the_pool(redis_server: Redis
         g2.ledger.close()
 
 
+def test_a_gate_on_redis_starts_a_global_budget_and_states_no_local_ledger(redis_server: RedisServer) -> None:
+    """A cross-run budget on a shared ledger: the gate starts (no `ledger: local` needed), its run_started record
+    carries no local-ledger statement, and the summary names the shared ledger."""
+    from proctor.testing import InMemoryAudit
+
+    audit = InMemoryAudit()
+    gate = Gate(_policy(3), tools=[ping], ledger=redis_server.url, audit=audit)
+    try:
+        gate.finish_run(gate.start_run())
+        (started,) = audit.of_kind("run_started")
+        assert "ledger" not in started and not gate.ledger_scope.local
+        assert gate.ledger_scope.summary == f"{gate.ledger.url} (shared): g (per global)"
+    finally:
+        gate.ledger.close()
+
+
 def test_PROCTOR_LEDGER_names_the_default(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a ledger argument the gate uses PROCTOR_LEDGER."""
     monkeypatch.setenv("PROCTOR_LEDGER", redis_server.url)

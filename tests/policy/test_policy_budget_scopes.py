@@ -127,7 +127,8 @@ def test_unknown_scope_and_window_on_step_are_load_errors() -> None:
 
 
 def test_gates_of_one_process_share_the_default_ledger() -> None:
-    """Two gates without a ledger argument draw on the same global pool (the process's MemoryLedger)."""
+    """Two gates without a ledger argument draw on the same global pool (the process's MemoryLedger), which a
+    policy saying `ledger: local` means."""
     from proctor import Gate, tool
 
     @tool(side_effect="read")
@@ -135,7 +136,7 @@ def test_gates_of_one_process_share_the_default_ledger() -> None:
         """Ping."""
         return "pong"
 
-    policy = Policy.from_dict({"version": 1, "default": "allow", "budgets": [
+    policy = Policy.from_dict({"version": 1, "default": "allow", "ledger": "local", "budgets": [
         {"name": "fleet-test-global-pings", "per": "global", "limit": {"calls": 1}}]})
     g1, g2 = Gate(policy, tools=[ping]), Gate(policy, tools=[ping])
     assert g1.ledger is g2.ledger

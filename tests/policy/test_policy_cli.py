@@ -166,7 +166,8 @@ def test_schema_is_a_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
     schema = json.loads(capsys.readouterr().out)
     assert schema["$schema"].startswith("https://json-schema.org/")
     assert set(schema["properties"]) == {
-        "version", "let", "default", "tools", "budgets", "rules", "approval", "read_durability", "reload"}
+        "version", "let", "default", "tools", "budgets", "rules", "approval", "read_durability", "reload", "sandbox",
+        "ledger"}
     assert schema["additionalProperties"] is False
     assert schema["$defs"]["RuleSpec"]["additionalProperties"] is False
     assert schema["required"] == ["version"]

@@ -235,8 +235,8 @@ def test_merge_keys_and_recursive_aliases_are_refused() -> None:
     with pytest.raises(PolicyError) as caught:
         Policy.from_string(text)
     assert [(i.line, i.column, i.message) for i in caught.value.issues] == [
-        (2, 1, "unknown key 'base' (expected one of approval, budgets, default, let, read_durability, reload, "
-               "rules, tools, version)"),
+        (2, 1, "unknown key 'base' (expected one of approval, budgets, default, ledger, let, read_durability, reload, "
+               "rules, sandbox, tools, version)"),
         (4, 5, "YAML merge keys (<<) are not supported"),
         (4, 5, "rule 'r': missing key 'decision'"),
     ]

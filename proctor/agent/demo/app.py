@@ -28,6 +28,7 @@ from proctor.agent.render import DECISION_STYLE as _DECISION_STYLE
 from proctor.agent.render import StepPrinter, summary_table
 from proctor.agent.result import RunResult
 from proctor.approval import ApprovalDecision, ApprovalRequest, Approver, CallbackApprover, ConsoleApprover
+from proctor.interpreter.sandbox import describe_sandbox
 from proctor.policy import Policy
 from proctor.termsafe import terminal_safe
 
@@ -110,7 +111,8 @@ def _intro(console: Console, policy: Policy, approval: str, audit_path: Path) ->
              "stops at proctor's gate before it runs.\n\n"),
             ("policy     ", "bold"), f"{policy.source}\n",
             ("approvals  ", "bold"), f"{approval}\n",
-            ("audit log  ", "bold"), f"{audit_path}",
+            ("audit log  ", "bold"), f"{audit_path}\n",
+            ("sandbox    ", "bold"), describe_sandbox("auto"),
         ),
         title="proctor demo", title_align="left", border_style="cyan"))
     rules = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, title="the policy", title_justify="left")
