@@ -41,7 +41,7 @@ STARTS = {
     "serve.browser.serving": "server",
     "serve.browser.chromium": "browser",
 }
-BY_DIRECTORY = {"fleet": "server", "interpreter": "sandbox"}
+BY_DIRECTORY = {"fleet": "server", "interpreter": "sandbox", "codemode": "server", "ops": "server"}
 #: `proctor` subcommands that start an agent's sandboxed worker or a server, when a test runs them as a process.
 CLI_STARTS = {"demo": "sandbox", "run": "sandbox", "runs": "sandbox", "serve": "server", "mcp": "server"}
 TESTS = Path(__file__).resolve().parent

@@ -32,6 +32,7 @@ from proctor.calls import (
     Decision,
     RunInfo,
     new_id,
+    side_effect_rank,
 )
 from proctor.errors import (
     AuditError,
@@ -41,6 +42,7 @@ from proctor.errors import (
     ProctorError,
     ToolDenied,
     ToolFailed,
+    ToolOutcomeUnknown,
 )
 from proctor.gate.approval import ApprovalStep
 from proctor.gate.call import CallOutcome, CallScope, InFlight
@@ -460,6 +462,8 @@ class Gate:
         recording = span.recording
         if recording:
             safely(span.describe, p.tool.description)
+            if p.tool.origin is not None:  # where the tool lives: an MCP server's `mcp:<name>`
+                safely(span.span.set_attribute, "proctor.tool.origin", p.tool.origin)
         if facts.redact and raw_args and isinstance(raw_args, Mapping):
             # raw, so a refusal quoting the value (a validation error) is scrubbed too
             ctx.secrets.update(secret_values(raw_args, facts.redact))
@@ -561,6 +565,9 @@ class Gate:
                 p.value = tool.run_in_call(p.args, CallScope(self, p.ctx, p.call_id, p.span.context, timeout_s))
             else:
                 p.value = tool.run(p.args, timeout_s)
+        except ToolOutcomeUnknown as exc:  # it started; whether it took effect is not known (a call cut off)
+            p.status = "unknown" if side_effect_rank(p.side_effect) > side_effect_rank("read") else "timeout"
+            p.error = ToolFailed(f"{name}: {exc}", tool=name, call_id=p.call_id, error_type="ToolOutcomeUnknown")
         except TimeoutError as exc:
             p.status = "timeout"
             text = f"timed out after {p.facts.timeout_s:g}s" if p.facts.timeout_s is not None else "timed out"

@@ -118,6 +118,8 @@ class Recorder:
             "approval": p.approval.as_dict() if p.approval else None,
             "trace_id": p.span.trace_id, "span_id": p.span.span_id,
         }
+        if p.tool.origin is not None:  # where the tool lives (an MCP server's `mcp:<name>`)
+            fields["origin"] = p.tool.origin
         if p.ctx.parent_call_id is not None:
             fields.update(agent_fields(p.ctx))
         return fields

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import smolagents
 from mcp import StdioServerParameters
 
@@ -12,6 +13,9 @@ from integrations.smol_tools import ScriptedSmolModel
 from proctor import Gate, Policy
 from proctor.integrations.mcp import MCPToolset
 from proctor.testing import InMemoryAudit
+
+# Servers over stdio, and smolagents programs in proctor's sandboxed worker.
+pytestmark = [pytest.mark.server, pytest.mark.sandbox]
 
 SERVER = Path(__file__).with_name("mcp_server.py")
 POLICY = Policy.from_dict({
