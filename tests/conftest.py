@@ -177,3 +177,10 @@ def tokeniser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
         monkeypatch.setattr(provenance, "_native", None)
     provenance._analyze_short.cache_clear()
     return str(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _stable_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rendered tables take their width from $COLUMNS off a terminal: every test starts at 120 (a test of
+    another width sets its own), so output does not depend on the worker or shell the suite runs in."""
+    monkeypatch.setenv("COLUMNS", "120")

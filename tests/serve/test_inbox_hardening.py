@@ -23,7 +23,7 @@ from proctor.store.base import RunStore
 from .browser import free_port
 from .inbox_helpers import Inbox
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.server]
 
 FORTY_EIGHT_MB = 48 << 20
 
