@@ -18,7 +18,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from opentelemetry.context import Context
@@ -54,6 +54,7 @@ from proctor.ledger.base import SharedLedger, open_ledger
 from proctor.ledger.scope import ledger_scope
 from proctor.policy.admission import AdmissionPolicy, admit
 from proctor.policy.aggregates import Pipeline
+from proctor.policy.approvers import ApproverRule, OsUser
 from proctor.policy.engine import ToolFacts
 from proctor.policy.reload import PolicyChange, PolicySource
 from proctor.provenance import USER, ProvenanceIndex, ProvenanceLimits, ResultLabeller
@@ -78,6 +79,12 @@ ProctorErrorT = TypeVar("ProctorErrorT", bound=ProctorError)
 class _ApprovalSettings(Protocol):
     @property
     def timeout_s(self) -> float: ...
+    #: Who may answer a call decided by these rules (`proctor.policy.approvers`).
+    def approvers_for(self, rules: Sequence[str]) -> tuple[ApproverRule, ...]: ...
+    @property
+    def os_users(self) -> Mapping[str, OsUser]: ...
+    @property
+    def tokens(self) -> str | None: ...
 
 
 class PolicyLike(AdmissionPolicy, Protocol):
