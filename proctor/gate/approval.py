@@ -190,6 +190,8 @@ class ApprovalStep:
         refusal = self._judge_answer(p, request, answer, grants)
         verdict = "denied" if refusal is not None else answer.verdict
         p.approval = p.approval or Approval(verdict, answer.approver, answer.reason)
+        if isinstance(answer, ApprovalDecision):
+            p.approval.address = answer.address
         p.approval.wait_ns = wait_ns
         p.span.approval(verdict if refusal is None else ("timeout" if answer.timed_out else "denied"),
                         answer.approver, wait_ns)

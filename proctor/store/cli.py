@@ -340,7 +340,7 @@ def _answer(args: argparse.Namespace) -> int:
         answered = PendingApproval.from_dict(data)
         approver = answered.answer.approver if answered.answer is not None else "?"
     else:
-        from proctor.policy.approvers import os_account
+        from proctor.policy.approvers import Answerer, os_account
         from proctor.store.answers import os_identity
 
         store = _open(args)
@@ -349,7 +349,10 @@ def _answer(args: argparse.Namespace) -> int:
             current = store.get_approval(args.id)
             # The store proves only which OS account runs this command: the answer names it, and --as
             # is taken only where the policy's approval.os_users lets that account act as the name.
-            who = os_identity(current, os_account(), args.approver)
+            account = os_account()
+            # (one no longer pending is refused by answer() for that, the clearer reason)
+            who = os_identity(current, account, args.approver) if current.status == "pending" else \
+                Answerer(args.approver or account, "os-user", None, account)
             approver = who.name
             answered = answer(store, args.id, approver=approver, address=f"cli:{_host()}", decision=args.verdict,
                               binding=current.binding, reason=args.reason, args=edited, method=who.method,

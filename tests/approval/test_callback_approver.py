@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import asyncio
+import dataclasses
 
 import pytest
 from approval_helpers import make_request
