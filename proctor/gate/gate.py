@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -235,8 +236,8 @@ class Gate:
                    **fields: Any) -> RunContext:
         """Reopen a durable run saved earlier (fresh ledger and history, for the caller to restore).
 
-        Recorded as `run_resumed`; refused (`AuditError`) if the audit trail cannot record it.
-        The results of calls made before the pause are not in the new provenance index: it
+        Recorded as `run_resumed` (with the resuming process's host and pid); refused (`AuditError`)
+        if the audit trail cannot record it. The results of calls made before the pause are not in the new provenance index: it
         counts them as unseen content of every label the policy gives tools (fail safe:
         `provenance()` then includes those labels for every value; `from_user` still reads `task`).
         """
@@ -244,9 +245,12 @@ class Gate:
         ctx.provenance = self._provenance_index(task, provenance)
         if ctx.provenance is not None:
             ctx.provenance.mark_incomplete(self.policy.result_labels)
+        # The resume is its own fact, apart from the answer that allowed it: its time (the record's
+        # ts_ns) and the process that resumed (host, pid), which need not be the one that suspended.
         self.recorder.append("run_resumed", {"run_id": info.id, "principal": info.principal,
                                              "labels": dict(info.labels), "step": info.step + 1,
-                                             "policy_sha256": self.policy.sha256, **fields,
+                                             "policy_sha256": self.policy.sha256, "host": socket.gethostname(),
+                                             "pid": os.getpid(), **fields,
                                              **self.ledger_scope.audit_fields}, required=True)
         return ctx
 

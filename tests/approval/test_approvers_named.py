@@ -251,3 +251,18 @@ def test_console_never_asks_the_principal() -> None:
     named = replace(base, approvers=(ApproverRule("rule 'x'", groups=("sre-leads",)),))
     decision = ConsoleApprover(timeout=5, approver_name="carol").request(named)
     assert decision.verdict == "deny" and "may not answer as 'carol'" in decision.reason
+
+
+def test_the_resume_is_its_own_fact(world: World) -> None:
+    """`run_resumed` is written by the resuming process, with its host and pid, apart from the answer."""
+    import os
+    import socket
+
+    gate, ctx, pending = world.suspend(world.policy())
+    world.store.answer_approval(pending.id, ApprovalAnswer("approve", "bob", method="token", answered_at_ns=1),
+                                binding=pending.binding)
+    again = gate.resume_run(ctx.info)
+    assert world.resume(gate, again) == "scale 0"
+    [resumed] = [r for r in world.audit.records if r["kind"] == "run_resumed"]
+    assert (resumed["host"], resumed["pid"], resumed["run_id"]) == (socket.gethostname(), os.getpid(), ctx.info.id)
+    assert world.resolved()["answered_at_ns"] == 1  # the answer's own time, not the resume's
