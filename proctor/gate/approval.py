@@ -146,8 +146,8 @@ class ApprovalStep:
             binding=approval_binding(name, p.redacted.args, p.call_id, p.decision.policy_sha256), run=p.ctx.info,
             redacted_args=p.redacted.args,
             parameters=p.tool.parameters,
-            approvers=self.policy.approval.approvers_for(p.decision.rules),
-            os_users=dict(self.policy.approval.os_users),
+            approvers=p.policy.approval.approvers_for(p.decision.rules),
+            os_users=dict(p.policy.approval.os_users),
         )
         self.recorder.about(p, "approval_requested", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
                                                       "args": p.redacted.args, "rules": list(p.decision.rules),
@@ -307,14 +307,14 @@ class ApprovalStep:
         policy names (`approval.tokens`) for a token or session answer, from `approval.os_users` for one
         given from an OS account (the store CLI, the console)."""
         assert p.decision is not None
-        specs = self.policy.approval.approvers_for(p.decision.rules)
+        specs = p.policy.approval.approvers_for(p.decision.rules)
         if not specs or answer.timed_out:
             return None
-        who = self._answerer(answer)
+        who = self._answerer(p, answer)
         return who if isinstance(who, str) else refusal(who, specs, p.ctx.info.principal)
 
-    def _answerer(self, answer: ApprovalDecision) -> Answerer | str:
-        settings = self.policy.approval
+    def _answerer(self, p: InFlight, answer: ApprovalDecision) -> Answerer | str:
+        settings = p.policy.approval
         if answer.method in ("token", "session", "proxy"):
             if settings.tokens is None:
                 return Answerer(answer.approver, answer.method, None)

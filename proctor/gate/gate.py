@@ -237,8 +237,9 @@ class Gate:
         """Reopen a durable run saved earlier (fresh ledger and history, for the caller to restore).
 
         Recorded as `run_resumed` (with the resuming process's host and pid); refused (`AuditError`)
-        if the audit trail cannot record it. The results of calls made before the pause are not in the new provenance index: it
-        counts them as unseen content of every label the policy gives tools (fail safe:
+        if the audit trail cannot record it. The results of calls made before the pause are not in
+        the new provenance index: it counts them as unseen content of every label the policy gives
+        tools (fail safe:
         `provenance()` then includes those labels for every value; `from_user` still reads `task`).
         """
         ctx = RunContext(info, self.policy.new_ledger(info, self.ledger))
