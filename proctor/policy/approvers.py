@@ -138,6 +138,9 @@ def refusal(answerer: Answerer, specs: Sequence[ApproverRule], principal: str | 
         if who in spec.users:
             continue
         if spec.groups and answerer.groups is None:
+            if answerer.method in ("token", "session", "proxy"):
+                return (f"{spec.source} asks for one of the groups {', '.join(spec.groups)} and {who}'s groups "
+                        "cannot be checked here: name the inbox's token file in the policy's approval.tokens")
             return (f"{who} answered by {answerer.method}, which proves no groups, and {spec.source} asks for "
                     f"one of the groups {', '.join(spec.groups)}: answer through the inbox or the CLI")
         if not set(spec.groups) & set(answerer.groups or ()):

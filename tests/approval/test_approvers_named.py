@@ -61,14 +61,15 @@ class World:
         self.audit = InMemoryAudit()
 
     def policy(self, os_users: dict[str, Any] | None = None,
-               approvers: dict[str, Any] | None = None) -> Policy:
+               approvers: dict[str, Any] | None = None, tokens: bool = True) -> Policy:
+        named = {"tokens": str(self.tokens_path)} if tokens else {}
         return Policy.from_dict({
             "version": 1,
             "tools": {"kubectl": {"side_effect": "destructive", "redact": ["token"]}},
             "rules": [{"name": "prod-change", "match": {"tool": "kubectl"}, "decision": "require_approval",
                        "reason": "production changes need an SRE lead",
                        "approvers": approvers or {"groups": ["sre-leads"], "not": "principal"}}],
-            "approval": {"timeout": "5m", "tokens": str(self.tokens_path), "os_users": os_users or {}},
+            "approval": {"timeout": "5m", **named, "os_users": os_users or {}},
         })
 
     def suspend(self, policy: Policy, principal: str = "alice") -> tuple[Gate, RunContext, PendingApproval]:
@@ -266,3 +267,11 @@ def test_the_resume_is_its_own_fact(world: World) -> None:
     [resumed] = [r for r in world.audit.records if r["kind"] == "run_resumed"]
     assert (resumed["host"], resumed["pid"], resumed["run_id"]) == (socket.gethostname(), os.getpid(), ctx.info.id)
     assert world.resolved()["answered_at_ns"] == 1  # the answer's own time, not the resume's
+
+
+def test_a_token_answer_the_gate_cannot_check_is_refused(world: World) -> None:
+    """Groups asked for and no `approval.tokens` in the policy: the gate cannot know, so it refuses."""
+    gate, ctx, pending = world.suspend(world.policy(tokens=False))
+    world.store.answer_approval(pending.id, ApprovalAnswer("approve", "bob", method="token"), binding=pending.binding)
+    with pytest.raises(ApprovalDenied, match=r"name the inbox's token file in the policy's approval\.tokens"):
+        world.resume(gate, ctx)
