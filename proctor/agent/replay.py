@@ -91,7 +91,9 @@ def _approval(intent: Mapping[str, Any], resolved: Mapping[str, Any] | None) -> 
         source = resolved
     if not isinstance(source, Mapping) or not source.get("verdict"):
         return None
-    who = source.get("approver")
+    who, where = source.get("approver"), source.get("address")
+    if who and where:  # the answer's address is its own field; say it where the name is read
+        who = f"{who} from {where}"
     return f"{source['verdict']} by {who}" if who else str(source["verdict"])
 
 

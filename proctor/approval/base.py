@@ -10,12 +10,14 @@ sent to webhooks, and a plain hash of a card number is reversed by brute force i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from proctor.calls import RunInfo, SideEffect
 from proctor.canonical import canonical_sha256
+from proctor.policy.approvers import ApproverRule, OsUser
 
 __all__ = [
     "ApprovalDecision",
@@ -73,9 +75,14 @@ class ApprovalRequest:
     #: Where the program made the call (1-based line, 0-based column), when the worker reported it:
     #: the inbox marks that place in the program, never every line naming the tool.
     position: tuple[int, int] | None = None
+    #: Who may answer (every spec must hold; `proctor.policy.approvers`); empty: the policy names nobody.
+    approvers: tuple[ApproverRule, ...] = ()
+    #: The policy's `approval.os_users`: whom each OS user may answer as, and its groups.
+    os_users: Mapping[str, OsUser] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "approvers": [spec.as_dict() for spec in self.approvers],
             "call_id": self.call_id,
             "tool": self.tool,
             "side_effect": self.side_effect,
@@ -100,7 +107,9 @@ class ApprovalDecision:
     - ``grant``: approve, and approve `grant` for the rest of the run.
 
     `timed_out` marks a deny because nobody answered in time; `approver` says who
-    decided (a user name, ``webhook:<url>``, ``callback``, ``timeout``…).
+    decided (a user name, ``webhook:<url>``, ``callback``, ``timeout``…); `method` how that
+    name was proven (`proctor.policy.approvers.METHODS`), `answered_at_ns` when the answer was
+    given (not when the gate read it), `address` where from, `os_user` the OS account it came from.
     """
 
     verdict: Verdict
@@ -110,14 +119,26 @@ class ApprovalDecision:
     args: Mapping[str, Any] | None = None
     grant: Grant | None = None
     timed_out: bool = False
+    method: str = ""
+    answered_at_ns: int = 0
+    address: str = ""
+    os_user: str = ""
 
     @classmethod
-    def approve(cls, request: ApprovalRequest, approver: str, reason: str = "") -> ApprovalDecision:
-        return cls("approve", request.binding, approver, reason)
+    def approve(cls, request: ApprovalRequest, approver: str, reason: str = "", *,
+                method: str = "") -> ApprovalDecision:
+        return cls("approve", request.binding, approver, reason, method=method, answered_at_ns=time.time_ns())
 
     @classmethod
-    def deny(cls, request: ApprovalRequest, approver: str, reason: str, *, timed_out: bool = False) -> ApprovalDecision:
-        return cls("deny", request.binding, approver, reason, timed_out=timed_out)
+    def deny(cls, request: ApprovalRequest, approver: str, reason: str, *, timed_out: bool = False,
+             method: str = "") -> ApprovalDecision:
+        return cls("deny", request.binding, approver, reason, timed_out=timed_out, method=method,
+                   answered_at_ns=time.time_ns())
+
+    def answer_facts(self) -> dict[str, Any]:
+        """Who answered, how that was proven, from where and when: for the `approval_resolved` record."""
+        return {"method": self.method, "answered_at_ns": self.answered_at_ns or None, "address": self.address,
+                "os_user": self.os_user}
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -128,6 +149,7 @@ class ApprovalDecision:
             "args": dict(self.args) if self.args is not None else None,
             "grant": self.grant.as_dict() if self.grant else None,
             "timed_out": self.timed_out,
+            **self.answer_facts(),
         }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import time
 from typing import Any, Protocol
 
 from proctor.approval.base import ApprovalDecision, ApprovalRequest
@@ -46,6 +47,12 @@ class CallbackApprover:
         return f"CallbackApprover({getattr(self.fn, '__qualname__', self.fn)!r}, name={self.name!r})"
 
     def request(self, request: ApprovalRequest) -> ApprovalDecision:
+        decision = self._ask(request)
+        # The program's own function answered: that is all that is proven (its name is the callback's word).
+        return dataclasses.replace(decision, method="callback",
+                                   answered_at_ns=decision.answered_at_ns or time.time_ns())
+
+    def _ask(self, request: ApprovalRequest) -> ApprovalDecision:
         try:
             result: Any = self.fn(request)
             if inspect.iscoroutine(result):

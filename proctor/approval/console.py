@@ -13,6 +13,7 @@ Anything but a clear answer is a deny that says why: no terminal, input ended
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import json
 import os
@@ -30,6 +31,7 @@ from proctor.approval.grants import GrantPattern, describe_grant
 from proctor.approval.panel import KEYS_HELP, format_duration, render_request, safe_text
 from proctor.errors import ConfigurationError
 from proctor.jsoninput import loads_bounded
+from proctor.policy.approvers import os_account, os_answerer, refusal
 
 __all__ = ["ConsoleApprover", "parse_grant_patterns"]
 
@@ -115,6 +117,12 @@ class ConsoleApprover:
     is where the panel goes (default: stderr); `stream_in` the terminal to read
     (default: ``sys.stdin`` at request time). `approver_name` is recorded as who
     decided (default ``console:<OS user>``).
+
+    The terminal's OS account (the process's effective uid) is who answers: a policy's
+    `approvers:` are checked against it (its groups from `approval.os_users`) before anything is
+    shown, and where the policy names approvers `approver_name` is accepted only where that mapping
+    lets the account act as it (the same rule as `proctor approvals --as`). With `not: principal`,
+    the run's principal is never asked.
     """
 
     def __init__(
@@ -139,8 +147,31 @@ class ConsoleApprover:
     def name(self) -> str:
         return self.approver_name or f"console:{_os_user()}"
 
+    def _answerer(self, request: ApprovalRequest) -> tuple[str, str | None]:
+        """Who answers at this terminal (its OS account, or `approver_name` where the policy's
+        `approval.os_users` lets that account act as it), and why they may not answer, if so."""
+        if not request.approvers:  # the policy names nobody: `approver_name` is just what is recorded
+            return self.name, None
+        found = os_answerer(os_account(), self.approver_name, request.os_users)
+        if isinstance(found, str):
+            return self.name, found
+        return self.name, refusal(found, request.approvers, request.run.principal)
+
+    def _decided(self, decision: ApprovalDecision) -> ApprovalDecision:
+        """`decision` with how its approver was proven: the OS account at the terminal."""
+        if decision.approver == "timeout":
+            return decision
+        return dataclasses.replace(decision, method="console", os_user=os_account(),
+                                   answered_at_ns=decision.answered_at_ns or time.time_ns())
+
     def request(self, request: ApprovalRequest) -> ApprovalDecision:
-        name = self.name
+        return self._decided(self._request(request))
+
+    def _request(self, request: ApprovalRequest) -> ApprovalDecision:
+        name, refused = self._answerer(request)
+        if refused is not None:  # never shown: this terminal's user may not answer this call
+            self._say(f"{request.tool}: not asked at this terminal: {refused}", "bold red")
+            return ApprovalDecision.deny(request, name, f"refused at the console: {refused}")
         expires_in = (request.expires_at_ns - time.time_ns()) / 1e9
         limit = expires_in if self.timeout is None else min(self.timeout, expires_in)
         if limit <= 0:

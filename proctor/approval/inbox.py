@@ -54,6 +54,8 @@ class InboxApprover:
             # The deadline is the first request's: a resumed run asking again finds this one, deadline and all.
             expires_at_ns=request.expires_at_ns,
             shown_args=shown if shown != stored else None, line=line, col=col,
+            approvers={"require": [spec.as_dict() for spec in request.approvers],
+                       "os_users": {name: u.as_dict() for name, u in request.os_users.items()}},
         ))
         if filed.status == "pending" and self.wait_s > 0:
             wait_s = self.wait_s
@@ -78,10 +80,12 @@ class InboxApprover:
         if answer.grant is not None:
             grant = Grant(str(answer.grant.get("tool", request.tool)), dict(answer.grant.get("args") or {}))
         verdict = answer.verdict if answer.verdict in ("approve", "deny", "edit", "grant") else "deny"
-        # The audit record names who answered and from where (the inbox saw the address).
-        who = f"{answer.approver} from {answer.address}" if answer.address else answer.approver
-        return ApprovalDecision(verdict, filed.binding, who, answer.reason,  # type: ignore[arg-type]
-                                dict(answer.args) if answer.args is not None else None, grant)
+        # The audit record names who answered, how that was proven, from where and when (the store's
+        # stamp of the answer, not the time a resumed run read it); the gate checks the approver again.
+        return ApprovalDecision(verdict, filed.binding, answer.approver, answer.reason,  # type: ignore[arg-type]
+                                dict(answer.args) if answer.args is not None else None, grant,
+                                method=answer.method or "unknown", answered_at_ns=answer.answered_at_ns,
+                                address=answer.address, os_user=answer.os_user)
 
 
 def _seq_of(call_id: str) -> int:

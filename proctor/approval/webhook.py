@@ -276,16 +276,20 @@ class WebhookApprover:
         approver = f"{self.name}/{str(who)[:200]}" if isinstance(who, str) and who else self.name
         reason = answer.get("reason")
         reason = str(reason)[:2000] if reason else ""
+        # What the service proved is its signature over the answer: the name inside is its word.
+        facts: dict[str, Any] = {"method": "webhook-signature", "answered_at_ns": time.time_ns(),
+                                 "address": _origin_text(self.url)}
         if verdict == "approve":
-            return ApprovalDecision.approve(request, approver, reason)
+            return ApprovalDecision("approve", request.binding, approver, reason, **facts)
         if verdict == "deny":
-            return ApprovalDecision.deny(request, approver, reason or f"denied by {approver}")
+            return ApprovalDecision("deny", request.binding, approver, reason or f"denied by {approver}", **facts)
         if verdict == "edit":
             args = answer.get("args")
             if not isinstance(args, dict):
                 raise _Deny(f"{self.name} answered edited without an args object")
-            return ApprovalDecision("edit", request.binding, approver, reason, args=args)
-        return ApprovalDecision("grant", request.binding, approver, reason, grant=self._grant(request, answer))
+            return ApprovalDecision("edit", request.binding, approver, reason, args=args, **facts)
+        return ApprovalDecision("grant", request.binding, approver, reason, grant=self._grant(request, answer),
+                                **facts)
 
     def _grant(self, request: ApprovalRequest, answer: Mapping[str, Any]) -> Grant:
         grant = answer.get("grant") or {}

@@ -455,7 +455,9 @@ def _approval(rec: dict[str, Any]) -> str:
     source = rec if rec.get("kind") == "approval_resolved" else rec.get("approval")
     if not isinstance(source, dict) or not source.get("verdict"):
         return ""
-    who = source.get("approver")
+    who, where = source.get("approver"), source.get("address")
+    if who and where:  # the answer's address is its own field; say it where the name is read
+        who = f"{who} from {where}"
     return f"{source['verdict']} by {who}" if who else str(source["verdict"])
 
 

@@ -15,12 +15,21 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from proctor.approval.base import ApprovalDecision, ApprovalRequest, Approver, Grant, approval_binding
-from proctor.errors import ApprovalDenied, ApprovalTimeout, BudgetExceeded, CallRefused, RunSuspended
+from proctor.errors import (
+    ApprovalDenied,
+    ApprovalTimeout,
+    BudgetExceeded,
+    CallRefused,
+    ConfigurationError,
+    RunSuspended,
+)
 from proctor.gate.call import Approval, InFlight
 from proctor.gate.recorder import safely
 from proctor.policy.admission import admit
+from proctor.policy.approvers import Answerer, os_answerer, refusal
 from proctor.policy.engine import ToolFacts
 from proctor.redaction import secret_values
+from proctor.serve.tokens import TokenFile
 from proctor.telemetry import semconv as sc
 from proctor.telemetry.logging import get_logger
 from proctor.tools import run_with_timeout
@@ -137,12 +146,15 @@ class ApprovalStep:
             binding=approval_binding(name, p.redacted.args, p.call_id, p.decision.policy_sha256), run=p.ctx.info,
             redacted_args=p.redacted.args,
             parameters=p.tool.parameters,
+            approvers=p.policy.approval.approvers_for(p.decision.rules),
+            os_users=dict(p.policy.approval.os_users),
         )
         self.recorder.about(p, "approval_requested", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
                                                       "args": p.redacted.args, "rules": list(p.decision.rules),
                                                       "reason": p.decision.reason,
                                                       "expires_at_ns": request.expires_at_ns,
-                                                      "binding": request.binding})
+                                                      "binding": request.binding,
+                                                      "approvers": [a.as_dict() for a in request.approvers]})
         safely(p.span.event, sc.APPROVAL_REQUESTED_EVENT, {"proctor.approval.expires_at_ns": request.expires_at_ns})
         asked = time.perf_counter_ns()
         # The policy's approval timeout holds even for an approver that never answers (a
@@ -178,11 +190,19 @@ class ApprovalStep:
         refusal = self._judge_answer(p, request, answer, grants)
         verdict = "denied" if refusal is not None else answer.verdict
         p.approval = p.approval or Approval(verdict, answer.approver, answer.reason)
+        if isinstance(answer, ApprovalDecision):
+            p.approval.address = answer.address
         p.approval.wait_ns = wait_ns
         p.span.approval(verdict if refusal is None else ("timeout" if answer.timed_out else "denied"),
                         answer.approver, wait_ns)
+        given = answer if isinstance(answer, ApprovalDecision) else None
         self.recorder.about(p, "approval_resolved", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": name,
                                                      **p.approval.as_dict(),
+                                                     **(given.answer_facts() if given is not None else {}),
+                                                     # the answerer's own name and words, kept when refused
+                                                     "answered_by": given.approver if given is not None else None,
+                                                     "answer_reason": given.reason if given is not None else "",
+                                                     "edited": dict(p.approval.args) if p.approval.args else None,
                                                      "refused": str(refusal) if refusal is not None else None})
         return refusal
 
@@ -214,6 +234,10 @@ class ApprovalStep:
         if answer.timed_out or time.time_ns() > request.expires_at_ns:
             return ApprovalTimeout(f"{name}: approval timed out: {answer.reason or 'no answer before expiry'}",
                                    tool=name, call_id=p.call_id, rules=rules)
+        who = self._answerer_refusal(p, answer)
+        if who is not None:
+            log.warning("approval_answer_refused", call_id=p.call_id, approver=answer.approver, reason=who)
+            return ApprovalDenied(f"{name}: approval rejected: {who}", tool=name, call_id=p.call_id, rules=rules)
         if answer.verdict == "deny":
             return ApprovalDenied(f"{name}: approval denied by {answer.approver}: {answer.reason or 'no reason'}",
                                   tool=name, call_id=p.call_id, rules=rules)
@@ -267,10 +291,47 @@ class ApprovalStep:
         p.layer_votes = list(adm.votes)
         p.redacted = self.recorder.redact(p.args, p.facts.redact)
         p.span.arguments(p.redacted.args)
+        # Original and edited arguments side by side, both redacted as the intent record is.
         p.approval = Approval("edit", answer.approver, answer.reason,
-                               args={"original_digest": original.digest if original else None})
+                               args={"original_args": original.args if original else None,
+                                     "original_digest": original.digest if original else None,
+                                     "args": p.redacted.args, "digest": p.redacted.digest})
         p.span.decision(decision, p.side_effect)
         return None
+
+    def _answerer_refusal(self, p: InFlight, answer: ApprovalDecision) -> str | None:
+        """Why the policy's `approvers:` refuse whoever gave `answer` (None: they may answer).
+
+        Checked here again whatever the approver checked: a store row can be forged to name anyone. The
+        answerer's groups are the gate's to learn, never the answer's to claim: from the token file the
+        policy names (`approval.tokens`) for a token or session answer, from `approval.os_users` for one
+        given from an OS account (the store CLI, the console)."""
+        assert p.decision is not None
+        specs = p.policy.approval.approvers_for(p.decision.rules)
+        if not specs or answer.timed_out:
+            return None
+        who = self._answerer(p, answer)
+        return who if isinstance(who, str) else refusal(who, specs, p.ctx.info.principal)
+
+    def _answerer(self, p: InFlight, answer: ApprovalDecision) -> Answerer | str:
+        settings = p.policy.approval
+        if answer.method in ("token", "session", "proxy"):
+            if settings.tokens is None:
+                return Answerer(answer.approver, answer.method, None)
+            try:
+                groups = TokenFile.load(settings.tokens).groups.get(answer.approver)
+            except ConfigurationError as exc:
+                return f"cannot read the token file to check {answer.approver}'s groups: {exc}"
+            if groups is None:
+                return f"{answer.approver} has no token in {settings.tokens}"
+            return Answerer(answer.approver, answer.method, groups)
+        if answer.method in ("os-user", "console"):
+            account = answer.os_user or answer.approver
+            acting = None if answer.approver in (account, f"console:{account}") else answer.approver
+            found = os_answerer(account, acting, settings.os_users)
+            return found if isinstance(found, str) else Answerer(found.name, answer.method, found.groups,
+                                                                  found.os_user)
+        return Answerer(answer.approver, answer.method or "unknown", None)
 
     def approver_view(self, p: InFlight, args: Mapping[str, Any]) -> dict[str, Any]:
         """The arguments as an approver sees them: clear, but for fields hidden from approvers too."""

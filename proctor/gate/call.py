@@ -71,6 +71,8 @@ class Approval:
     wait_ns: int = 0
     grant: Grant | None = None
     args: Mapping[str, Any] | None = None
+    #: Where the answer came from (the inbox's client address, ``cli:HOST``…), for the call's record.
+    address: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from opentelemetry.context import Context
@@ -54,6 +55,7 @@ from proctor.ledger.base import SharedLedger, open_ledger
 from proctor.ledger.scope import ledger_scope
 from proctor.policy.admission import AdmissionPolicy, admit
 from proctor.policy.aggregates import Pipeline
+from proctor.policy.approvers import ApproverRule, OsUser
 from proctor.policy.engine import ToolFacts
 from proctor.policy.reload import PolicyChange, PolicySource
 from proctor.provenance import USER, ProvenanceIndex, ProvenanceLimits, ResultLabeller
@@ -78,6 +80,12 @@ ProctorErrorT = TypeVar("ProctorErrorT", bound=ProctorError)
 class _ApprovalSettings(Protocol):
     @property
     def timeout_s(self) -> float: ...
+    #: Who may answer a call decided by these rules (`proctor.policy.approvers`).
+    def approvers_for(self, rules: Sequence[str]) -> tuple[ApproverRule, ...]: ...
+    @property
+    def os_users(self) -> Mapping[str, OsUser]: ...
+    @property
+    def tokens(self) -> str | None: ...
 
 
 class PolicyLike(AdmissionPolicy, Protocol):
@@ -228,18 +236,22 @@ class Gate:
                    **fields: Any) -> RunContext:
         """Reopen a durable run saved earlier (fresh ledger and history, for the caller to restore).
 
-        Recorded as `run_resumed`; refused (`AuditError`) if the audit trail cannot record it.
-        The results of calls made before the pause are not in the new provenance index: it
-        counts them as unseen content of every label the policy gives tools (fail safe:
+        Recorded as `run_resumed` (with the resuming process's host and pid); refused (`AuditError`)
+        if the audit trail cannot record it. The results of calls made before the pause are not in
+        the new provenance index: it counts them as unseen content of every label the policy gives
+        tools (fail safe:
         `provenance()` then includes those labels for every value; `from_user` still reads `task`).
         """
         ctx = RunContext(info, self.policy.new_ledger(info, self.ledger))
         ctx.provenance = self._provenance_index(task, provenance)
         if ctx.provenance is not None:
             ctx.provenance.mark_incomplete(self.policy.result_labels)
+        # The resume is its own fact, apart from the answer that allowed it: its time (the record's
+        # ts_ns) and the process that resumed (host, pid), which need not be the one that suspended.
         self.recorder.append("run_resumed", {"run_id": info.id, "principal": info.principal,
                                              "labels": dict(info.labels), "step": info.step + 1,
-                                             "policy_sha256": self.policy.sha256, **fields,
+                                             "policy_sha256": self.policy.sha256, "host": socket.gethostname(),
+                                             "pid": os.getpid(), **fields,
                                              **self.ledger_scope.audit_fields}, required=True)
         return ctx
 

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from proctor.audit.base import AuditResult, AuditSink
 from proctor.calls import CallRecord, CallStatus, new_id
 from proctor.errors import AuditError, BudgetExceeded, CallRefused, ProctorError, ToolFailed
-from proctor.gate.call import CallOutcome, InFlight, agent_fields
+from proctor.gate.call import Approval, CallOutcome, InFlight, agent_fields
 from proctor.policy.budgets import UNCOUNTED
 from proctor.redaction import Redacted, redact_args
 from proctor.telemetry import semconv as sc
@@ -139,7 +139,7 @@ class Recorder:
             p.call_id, p.name, p.redacted.args if p.redacted else {}, p.side_effect, p.decision, status,
             time.perf_counter_ns() - p.started_ns,  # duration_ns
             str(error) if error else None, type(error).__name__ if error else None,  # error, error_type
-            f"{p.approval.verdict} by {p.approval.approver}" if p.approval else None,  # approval
+            _approval_summary(p.approval) if p.approval else None,  # approval
             error.budget if isinstance(error, BudgetExceeded) else None,  # budget
         )
 
@@ -260,3 +260,9 @@ class Recorder:
                             type(error).__name__)
         p.state = "done"
         return CallOutcome(record, None, error)
+
+
+def _approval_summary(approval: Approval) -> str:
+    """`approve by bob from 127.0.0.1`: the verdict, who, and where from when known."""
+    where = f" from {approval.address}" if approval.address else ""
+    return f"{approval.verdict} by {approval.approver}{where}"

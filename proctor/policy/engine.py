@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from proctor.calls import SIDE_EFFECTS, Call, Decision, Outcome, RunInfo, SideEffect
@@ -23,6 +23,7 @@ from proctor.canonical import canonical_sha256
 from proctor.errors import ToolDenied
 from proctor.policy.activation import Activation
 from proctor.policy.aggregates import is_hidden, pipeline_named
+from proctor.policy.approvers import ApproverRule, OsUser, required
 from proctor.policy.conditions import Condition, EvaluationError, compile_condition, compile_expression
 from proctor.policy.functions import PROVENANCE_FUNCTIONS
 from proctor.policy.lets import check_lets, expand
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from proctor.ledger.base import SharedLedger
     from proctor.policy.budgets import Ledger
     from proctor.policy.explain import Explanation
-    from proctor.policy.schema import BudgetSpec, PolicyModel, RuleSpec
+    from proctor.policy.schema import ApproversSpec, BudgetSpec, PolicyModel, RuleSpec
     from proctor.provenance import ResultLabeller
 
 __all__ = ["ApprovalSettings", "CompiledRule", "Policy", "ToolFacts"]
@@ -71,6 +72,30 @@ class ApprovalSettings:
 
     timeout_s: float = 300.0
     on_timeout: Literal["deny"] = "deny"
+    #: Who may answer (`approval.approvers`) when the rules that asked name nobody.
+    default_approvers: ApproverRule | None = None
+    #: Each `require_approval` rule's own `approvers:` (None: it names nobody).
+    by_rule: Mapping[str, ApproverRule | None] = field(default_factory=dict)
+    #: OS users answering through the store: whom each may act as, and its groups.
+    os_users: Mapping[str, OsUser] = field(default_factory=dict)
+    #: The inbox's token file, where the gate reads the groups of an approver who answered by token.
+    tokens: str | None = None
+
+    def approvers_for(self, rules: Sequence[str]) -> tuple[ApproverRule, ...]:
+        """The `approvers:` specs an answer to a call decided by `rules` must meet (all of them)."""
+        return required(rules, self.by_rule, self.by_rule, self.default_approvers)
+
+    @classmethod
+    def from_model(cls, model: PolicyModel) -> ApprovalSettings:
+        def spec(source: str, given: ApproversSpec | None) -> ApproverRule | None:
+            return None if given is None else ApproverRule(source, given.groups, given.users, given.not_)
+
+        return cls(model.approval.timeout, model.approval.on_timeout,
+                   spec("approval.approvers", model.approval.approvers),
+                   {r.name: spec(f"rule {r.name!r}", r.approvers) for r in model.rules
+                    if r.decision == "require_approval"},
+                   {name: OsUser(u.as_, u.groups) for name, u in model.approval.os_users.items()},
+                   model.approval.tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +169,7 @@ class Policy:
         self.model = model
         self.source = source
         self.sha256 = canonical_sha256(_normalized(model))
-        self.approval = ApprovalSettings(timeout_s=model.approval.timeout, on_timeout=model.approval.on_timeout)
+        self.approval = ApprovalSettings.from_model(model)
         #: The `let:` names, each expanded to a CEL expression without names (proctor.policy.lets).
         self.lets = check_lets(model.let) if model.let else {}
         self.compiled = tuple(

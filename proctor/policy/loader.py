@@ -246,7 +246,12 @@ def _keys_at(loc: Loc) -> tuple[str, ...] | None:
         ("approval", 1, None): "ApprovalSpec",
     }
     model = table.get((head, n, loc[2] if n == 3 else None))
-    return FIELDS[model] if model else None
+    if model is None and n >= 2 and loc[n - 1] == "approvers" and head in ("rules", "approval"):
+        model = "ApproversSpec"
+    elif model is None and head == "approval" and n == 3 and loc[1] == "os_users":
+        model = "OsUserSpec"
+    # Fields named after a Python keyword (`not`, `as`) carry a trailing underscore the file does not.
+    return tuple(name.rstrip("_") for name in FIELDS[model]) if model else None
 
 
 def _entity(loc: Loc, data: Mapping[str, Any]) -> tuple[str, Loc]:

@@ -297,6 +297,28 @@ class BudgetSpec(_Strict, BudgetScope):
     _model_limits_unscoped = model_validator(mode="after")(_v.model_limits_unscoped)
 
 
+class ApproversSpec(_Strict):
+    """Who may answer a call's approval (`approvers:` on a rule, or the default under `approval:`).
+
+    An answerer must be in one of `groups` or be one of `users` (when either is given) and must not be
+    anyone `not` names; `principal` there means the run's principal (four eyes)."""
+
+    groups: tuple[Name, ...] = ()
+    users: tuple[Name, ...] = ()
+    not_: tuple[Name, ...] = Field(default=(), alias="not")
+
+    _names = field_validator("groups", "users", "not_", mode="before")(_v.names_or_one)
+
+
+class OsUserSpec(_Strict):
+    """What an OS user answering through `proctor approvals --store` may act as, and their groups."""
+
+    as_: tuple[Name, ...] = Field(default=(), alias="as")
+    groups: tuple[Name, ...] = ()
+
+    _names = field_validator("as_", "groups", mode="before")(_v.names_or_one)
+
+
 class RuleSpec(_Strict):
     """One rule: calls its match selects, for which `when` holds, get `decision`."""
 
@@ -305,6 +327,8 @@ class RuleSpec(_Strict):
     when: str | None = None
     decision: OutcomeField
     reason: str | None = None
+    #: Who may answer when this rule asks for approval (the policy's `approval.approvers` otherwise).
+    approvers: ApproversSpec | None = None
 
     _compile = field_validator("when")(_v.check_when)
 
@@ -329,6 +353,14 @@ class ApprovalSpec(_Strict):
     on_timeout: Annotated[
         Literal["deny"], BeforeValidator(Choice("on_timeout", ("deny",))), WithJsonSchema(_enum_schema(("deny",)))
     ] = "deny"
+    #: Who may answer, for every approval whose rules do not say (`approvers:` on a rule).
+    approvers: ApproversSpec | None = None
+    #: OS users answering through the store (`proctor approvals … --store`): who each may act as
+    #: (`--as`) and their groups. An OS user listed nowhere answers as themselves, in no group.
+    os_users: dict[Name, OsUserSpec] = Field(default_factory=dict)
+    #: The inbox's token file (`proctor serve --tokens`), read by the gate to check the groups of an
+    #: approver who answered with a token.
+    tokens: str | None = None
 
 
 class PolicyModel(_Strict):

@@ -171,6 +171,13 @@ def tuple_from_list(value: object) -> object:
     return tuple(value) if isinstance(value, list) else value
 
 
+def names_or_one(value: object) -> object:
+    """`not: principal` or `not: [principal, alice]`: one name or a list of them."""
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value) if isinstance(value, list) else value
+
+
 #: The policy's `let:` names while it is validated (None: no policy around, e.g. a RuleSpec on its own):
 #: name -> expanded expression, or None for each name when `let:` itself is invalid (reported there).
 _LETS: ContextVar[dict[str, str | None] | None] = ContextVar("proctor_policy_lets", default=None)

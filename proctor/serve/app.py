@@ -225,7 +225,8 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
         await run_in_threadpool(_confirmed, approval_id, decision, confirm)
         await run_in_threadpool(answer, store, approval_id, approver=identity.name, address=identity.address,
                                 decision=decision, binding=str(form.get("binding", "")),
-                                reason=str(form.get("reason", "")), args=args, grant=grant)
+                                reason=str(form.get("reason", "")), args=args, grant=grant,
+                                method=identity.via, groups=tokens.groups.get(identity.name))
         return RedirectResponse(f"/approvals/{approval_id}", status_code=303)
 
     def _confirmed(approval_id: str, decision: str, confirm: str) -> None:
@@ -282,7 +283,7 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
     def _answer_api(identity: Identity, approval_id: str, body: AnswerBody) -> dict[str, Any]:
         answered = answer(store, approval_id, approver=identity.name, address=identity.address,
                           decision=body.decision, binding=body.binding, reason=body.reason, args=body.args,
-                          grant=body.grant)
+                          grant=body.grant, method=identity.via, groups=tokens.groups.get(identity.name))
         return answered.as_dict()
 
     @app.get("/api/approvals/{approval_id}/grant-preview")

@@ -1,6 +1,6 @@
 """``proctor serve``: the approval inbox; ``proctor serve token NAME --tokens FILE`` adds an approver.
 
-    proctor serve token alice --tokens tokens.txt      # prints alice's token (only its hash is kept)
+    proctor serve token alice --tokens tokens.txt [--groups sre-leads]  # prints alice's token (only its hash is kept)
     proctor serve --store sqlite:///runs.db --tokens tokens.txt [--host 127.0.0.1] [--port 8765]
     proctor serve ... --resume --tools tools:TOOLS --policy policy.yaml --model ID
     proctor serve ... --trust-proxy-header X-Forwarded-User --trusted-proxies 1   # behind one proxy
@@ -49,6 +49,8 @@ def register(subparsers: Any) -> None:
     t = sub.add_parser("token", help="add an approver (or replace their token) and print the token")
     t.add_argument("name", metavar="NAME")
     t.add_argument("--tokens", metavar="FILE", required=True, help="the token file (created 0600 if missing)")
+    t.add_argument("--groups", metavar="A,B", default="",
+                   help="the approver's groups, comma-separated (what a policy's `approvers: {groups: […]}` checks)")
     t.set_defaults(func=_token)
 
 
@@ -57,7 +59,8 @@ def _token(args: argparse.Namespace) -> int:
     from proctor.serve.tokens import add_token
 
     try:
-        token = add_token(args.tokens, args.name)
+        groups = tuple(g.strip() for g in args.groups.split(",") if g.strip())
+        token = add_token(args.tokens, args.name, groups)
     except ProctorError as exc:
         print(f"proctor serve token: {exc}", file=sys.stderr)
         return 2

@@ -1,9 +1,11 @@
 """Approver tokens: a file that holds only their hashes.
 
-One approver a line, ``NAME sha256:HEX``. A token is 32 random bytes (URL-safe
-base64), so a plain SHA-256 is enough to store it: nothing short enough to guess
-ever reaches the file. `proctor serve token NAME --tokens FILE` adds a line and
-prints the token once; lose it and add another.
+One approver a line, ``NAME sha256:HEX [groups=GROUP,GROUP…]``. A token is 32 random
+bytes (URL-safe base64), so a plain SHA-256 is enough to store it: nothing short enough to
+guess ever reaches the file. `proctor serve token NAME --tokens FILE [--groups a,b]` adds a
+line and prints the token once; lose it and add another. The groups are what a policy's
+`approvers: {groups: […]}` is checked against, by the inbox when an answer comes in and by
+the gate (when the policy names this file as `approval.tokens`) when it judges the answer.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ __all__ = ["TokenFile", "add_token", "hash_token"]
 log = get_logger("proctor.serve")
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}")
-_LINE = re.compile(r"(?P<name>\S+)\s+sha256:(?P<hex>[0-9a-f]{64})")
+_GROUP = r"[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}"
+_LINE = re.compile(r"(?P<name>\S+)\s+sha256:(?P<hex>[0-9a-f]{64})(?:\s+groups=(?P<groups>" + _GROUP
+                   + r"(?:," + _GROUP + r")*))?")
 
 
 def hash_token(token: str) -> str:
@@ -42,9 +46,11 @@ class TokenFile:
     closed, and `problem` says why.
     """
 
-    def __init__(self, path: Path, hashes: dict[str, str], stamp: tuple[int, int, int, int] | None = None) -> None:
+    def __init__(self, path: Path, hashes: dict[str, str], stamp: tuple[int, int, int, int] | None = None,
+                 groups: dict[str, tuple[str, ...]] | None = None) -> None:
         self.path = path
         self._hashes = dict(hashes)
+        self._groups = dict(groups or {})
         self._stamp = stamp
         self._lock = threading.Lock()
         self.problem: str | None = None
@@ -54,13 +60,20 @@ class TokenFile:
         """Read the file; `ConfigurationError` naming the line when it cannot be used (the server does not start)."""
         p = Path(path)
         stamp = _stamp(p)
-        return cls(p, _read(p), stamp)
+        hashes, groups = _read(p)
+        return cls(p, hashes, stamp, groups)
 
     @property
     def hashes(self) -> dict[str, str]:
         """Name → stored hash, re-read first if the file changed."""
         self._refresh()
         return dict(self._hashes)
+
+    @property
+    def groups(self) -> dict[str, tuple[str, ...]]:
+        """Name → the approver's groups (``groups=`` on its line), re-read first if the file changed."""
+        self._refresh()
+        return dict(self._groups)
 
     def fingerprint(self, name: str) -> str | None:
         """`name`'s current token hash (a session remembers it: another value means the token was replaced)."""
@@ -86,15 +99,15 @@ class TokenFile:
             if stamp is not None and stamp == self._stamp:
                 return
             try:
-                hashes = _read(self.path)
+                hashes, groups = _read(self.path)
             except ConfigurationError as exc:
                 if self.problem != str(exc):
                     log.error("token_file_unusable", path=str(self.path), error=str(exc))
-                self._hashes, self._stamp, self.problem = {}, None, str(exc)
+                self._hashes, self._groups, self._stamp, self.problem = {}, {}, None, str(exc)
                 return
             if hashes != self._hashes:
                 log.info("token_file_reloaded", path=str(self.path), approvers=len(hashes))
-            self._hashes, self._stamp, self.problem = hashes, stamp, None
+            self._hashes, self._groups, self._stamp, self.problem = hashes, groups, stamp, None
 
 
 def _stamp(p: Path) -> tuple[int, int, int, int]:
@@ -109,7 +122,7 @@ def _stamp(p: Path) -> tuple[int, int, int, int]:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _read(p: Path) -> dict[str, str]:
+def _read(p: Path) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -119,29 +132,34 @@ def _read(p: Path) -> dict[str, str]:
         raise ConfigurationError(f"{p}: cannot read the token file: {getattr(exc, 'strerror', None) or exc}"
                                  ) from None
     hashes: dict[str, str] = {}
+    groups: dict[str, tuple[str, ...]] = {}
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         m = _LINE.fullmatch(line)
         if m is None:
-            raise ConfigurationError(f"{p}:{number}:1: expected `NAME sha256:HEX` (a token file stores only "
-                                     "hashes; make entries with `proctor serve token`)")
+            raise ConfigurationError(f"{p}:{number}:1: expected `NAME sha256:HEX [groups=a,b]` (a token file "
+                                     "stores only hashes; make entries with `proctor serve token`)")
         hashes[m["name"]] = "sha256:" + m["hex"]
-    return hashes
+        groups[m["name"]] = tuple(m["groups"].split(",")) if m["groups"] else ()
+    return hashes, groups
 
 
-def add_token(path: str | os.PathLike[str], name: str) -> str:
-    """Add (or replace) `name`'s token in the file, created private (0600); return the new token."""
+def add_token(path: str | os.PathLike[str], name: str, groups: tuple[str, ...] = ()) -> str:
+    """Add (or replace) `name`'s token (in `groups`) in the file, created private (0600); return the new token."""
     if not _NAME.fullmatch(name):
         raise ConfigurationError(f"approver name {name!r}: use letters, digits and _.@+- (at most 64)")
+    bad = [g for g in groups if not re.fullmatch(_GROUP, g)]
+    if bad:
+        raise ConfigurationError(f"group name {bad[0]!r}: use letters, digits and _.@+- (at most 64)")
     p = Path(path)
     lines: list[str] = []
     if p.exists():
         TokenFile.load(p)  # refuse to rewrite a file we cannot read back
         lines = [ln for ln in p.read_text(encoding="utf-8").splitlines() if ln.split(" ", 1)[0] != name]
     token = secrets.token_urlsafe(32)
-    lines.append(f"{name} {hash_token(token)}")
+    lines.append(f"{name} {hash_token(token)}" + (f" groups={','.join(groups)}" if groups else ""))
     # Written aside and renamed over the file: a server reading it meanwhile sees the old file or
     # the new one, never half of one (which would admit nobody for a moment).
     tmp = p.with_name(f".{p.name}.{secrets.token_hex(4)}.tmp")

@@ -1,10 +1,15 @@
 """Answering an approval: the checks every answer passes, from the inbox's pages and API and from the CLI.
 
 An answer is taken only when: its verdict is one of ``approve | deny | edit | grant``;
-a deny says why; the approver is not the run's principal (four eyes); it echoes the
-approval's `binding` (a page loaded before the arguments or the policy changed cannot
-approve what it did not show); edited arguments are an object the tool's schema
-accepts; a grant's patterns are safe on free text. The store then takes it once.
+a deny says why; the approver is not the run's principal (four eyes); the approver is one
+the policy's `approvers:` admit (its groups as the caller proved them: the inbox from the
+token file, the CLI from the policy's `approval.os_users`); it echoes the approval's
+`binding` (a page loaded before the arguments or the policy changed cannot approve what it
+did not show); edited arguments are an object the tool's schema accepts; a grant's patterns
+are safe on free text. The store then takes it once, with how the approver was proven.
+
+The approvers' specs read here are the copy filed with the approval: a convenience that refuses
+early and says why. The gate checks the answer again with its own policy (`proctor.gate.approval`).
 """
 
 from __future__ import annotations
@@ -14,17 +19,37 @@ from collections.abc import Mapping
 from typing import Any
 
 from proctor.errors import ApprovalConflict, FourEyes, InvalidAnswer
+from proctor.policy.approvers import Answerer, ApproverRule, OsUser, os_answerer, refusal
 from proctor.store.base import ApprovalAnswer, PendingApproval, RunStore
+from proctor.telemetry.logging import get_logger
 
-__all__ = ["VERDICTS", "answer", "check_edit", "check_grant", "grant_preview"]
+__all__ = ["VERDICTS", "answer", "check_edit", "check_grant", "grant_preview", "os_identity"]
 
 VERDICTS = ("approve", "deny", "edit", "grant")
+
+log = get_logger("proctor.store")
+
+
+def os_identity(approval: PendingApproval, os_user: str, acting_as: str | None) -> Answerer:
+    """Who an answer from OS account `os_user` (`--as acting_as`) is, by the mapping filed with `approval`
+    (the policy's `approval.os_users`); `FourEyes` naming the fix when the mapping does not allow it."""
+    mapping = approval.approvers.get("os_users")
+    users = {str(k): OsUser.from_dict(v) for k, v in mapping.items() if isinstance(v, Mapping)} \
+        if isinstance(mapping, Mapping) else {}
+    found = os_answerer(os_user, acting_as, users)
+    if isinstance(found, str):
+        raise FourEyes(f"approval {approval.id}: {found}")
+    return found
 
 
 def answer(store: RunStore, approval_id: str, *, approver: str, address: str, decision: str, binding: str,
            reason: str = "", args: Mapping[str, Any] | None = None,
-           grant: Mapping[str, Any] | None = None) -> PendingApproval:
-    """Check and store one answer; raise `InvalidAnswer`, `FourEyes` or `ApprovalConflict` otherwise."""
+           grant: Mapping[str, Any] | None = None, method: str = "", groups: tuple[str, ...] | None = None,
+           os_user: str = "") -> PendingApproval:
+    """Check and store one answer; raise `InvalidAnswer`, `FourEyes` or `ApprovalConflict` otherwise.
+
+    `method` says how `approver` was proven (`proctor.policy.approvers.METHODS`), `groups` the groups
+    that proof gives it (None: unknown), `os_user` the OS account it answered from (the store CLI)."""
     if decision not in VERDICTS:
         raise InvalidAnswer(f"decision must be one of {', '.join(VERDICTS)}, got {decision!r}")
     reason = reason.strip()
@@ -34,6 +59,12 @@ def answer(store: RunStore, approval_id: str, *, approver: str, address: str, de
     if current.principal is not None and current.principal == approver:
         raise FourEyes(f"{approver} is the principal of run {current.run_id} and cannot answer its calls "
                        "(four eyes): ask another approver")
+    specs = [ApproverRule.from_dict(s) for s in current.approvers.get("require") or () if isinstance(s, Mapping)]
+    refused = refusal(Answerer(approver, method or "unknown", groups, os_user), specs, current.principal)
+    if refused is not None:
+        log.warning("approval_answer_refused", approval_id=approval_id, approver=approver, method=method,
+                    os_user=os_user, address=address, reason=refused)
+        raise FourEyes(f"approval {approval_id}: {refused}")
     if current.status != "pending":
         raise ApprovalConflict(f"approval {approval_id} is already {current.status}")
     if binding != current.binding:
@@ -47,7 +78,7 @@ def answer(store: RunStore, approval_id: str, *, approver: str, address: str, de
     granted: dict[str, Any] | None = None
     if decision == "grant":
         granted = check_grant(current, grant)
-    stored = ApprovalAnswer(decision, approver, reason, edited, granted, time.time_ns(), address)
+    stored = ApprovalAnswer(decision, approver, reason, edited, granted, time.time_ns(), address, method, os_user)
     return store.answer_approval(approval_id, stored, binding=binding)
 
 

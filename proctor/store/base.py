@@ -180,6 +180,10 @@ class ApprovalAnswer:
     grant: Mapping[str, Any] | None = None
     answered_at_ns: int = 0
     address: str = ""
+    #: How `approver` was proven (`proctor.policy.approvers.METHODS`: token, session, os-user, …).
+    method: str = ""
+    #: The OS user the answer was given from, when it came through the store (`proctor approvals --store`).
+    os_user: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -222,9 +226,12 @@ class PendingApproval:
     #: reported it; None when it was not reported.
     line: int | None = None
     col: int | None = None
+    #: Who may answer, as the policy said when the call was filed: ``{"require": [spec…], "os_users": {…}}``
+    #: (`proctor.policy.approvers`). A convenience for refusing early; the gate checks again with its policy.
+    approvers: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _normalise(self, ("rules",), ("args", "labels", "budget", "parameters"))
+        _normalise(self, ("rules",), ("args", "labels", "budget", "parameters", "approvers"))
         if self.shown_args is not None:
             object.__setattr__(self, "shown_args", dict(self.shown_args))
 

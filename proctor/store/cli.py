@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import getpass
 import json
 import os
 import sys
@@ -63,7 +62,8 @@ def register(subparsers: Any) -> None:
         _store_arg(p)
         _server_arg(p)
         p.add_argument("--as", dest="approver", metavar="NAME",
-                       help="who answers (default: your user name; with --server the token names you)")
+                       help="answer as NAME (default: your OS user; only names the policy's approval.os_users "
+                       "lets your OS user act as; with --server the token names you)")
         p.add_argument("--reason", metavar="TEXT", default="", help="why (shown to the program on deny)")
         if verdict == "edit":
             p.add_argument("--args", metavar="JSON", required=True, help="the arguments to run with instead")
@@ -340,13 +340,23 @@ def _answer(args: argparse.Namespace) -> int:
         answered = PendingApproval.from_dict(data)
         approver = answered.answer.approver if answered.answer is not None else "?"
     else:
-        approver = args.approver or getpass.getuser()
+        from proctor.policy.approvers import Answerer, os_account
+        from proctor.store.answers import os_identity
+
         store = _open(args)
         try:
             args.id = _approval_id(args, store, args.id)
             current = store.get_approval(args.id)
+            # The store proves only which OS account runs this command: the answer names it, and --as
+            # is taken only where the policy's approval.os_users lets that account act as the name.
+            account = os_account()
+            # (one no longer pending is refused by answer() for that, the clearer reason)
+            who = os_identity(current, account, args.approver) if current.status == "pending" else \
+                Answerer(args.approver or account, "os-user", None, account)
+            approver = who.name
             answered = answer(store, args.id, approver=approver, address=f"cli:{_host()}", decision=args.verdict,
-                              binding=current.binding, reason=args.reason, args=edited)
+                              binding=current.binding, reason=args.reason, args=edited, method=who.method,
+                              groups=who.groups, os_user=who.os_user)
         finally:
             store.close()
     if args.json:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from approval_helpers import make_request
@@ -24,13 +25,14 @@ def test_false_denies_saying_so() -> None:
 
 
 def test_decision_passes_through_and_gets_the_name_when_unnamed() -> None:
-    """A returned decision is kept as is; only an unset approver is filled in."""
+    """A returned decision is kept as is; only an unset approver is filled in, and how it was proven
+    is stamped: a callback's word (whatever method it claimed)."""
     req = make_request()
     grant = ApprovalDecision("grant", req.binding, reason="ok", grant=Grant("send_email", {"to": "*@partner.org"}))
     decision = CallbackApprover(lambda r: grant, name="bot").request(req)
     assert decision.verdict == "grant" and decision.approver == "bot" and decision.grant == grant.grant
-    named = ApprovalDecision.approve(req, "carol")
-    assert CallbackApprover(lambda r: named).request(req) is named
+    named = ApprovalDecision.approve(req, "carol", method="token")
+    assert CallbackApprover(lambda r: named).request(req) == dataclasses.replace(named, method="callback")
 
 
 def test_decision_bound_to_another_call_is_passed_through() -> None:

@@ -13,6 +13,8 @@ from typing import Any
 import yaml
 from durable_tools import count
 
+from proctor.policy.approvers import os_account
+
 HERE = Path(__file__).parent
 PROC_TIMEOUT = 240
 
@@ -31,6 +33,8 @@ def policy_dict(**tools: Any) -> dict[str, Any]:
             {"name": "external-mail", "match": {"tool": "send"}, "when": "!args.to.endsWith('@example.com')",
              "decision": "require_approval", "reason": "mail leaving the company needs a human"},
         ],
+        # The tests answer through the store CLI as this OS account, `--as` the approvers they name.
+        "approval": {"os_users": {os_account(): {"as": ["bob", "carol", "alice"]}}},
     }
 
 

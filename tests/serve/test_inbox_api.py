@@ -107,7 +107,7 @@ def test_approve_then_resume_runs_the_call_once_and_audits_who(inbox: Inbox, cli
     assert result.status == "done" and SENT == [("carol@partner.org", "your invoice")]
     records = [json.loads(line) for line in (inbox.tmp / "audit.jsonl").read_text().splitlines()]
     resolved = [r for r in records if r["kind"] == "approval_resolved" and r.get("verdict") == "approve"]
-    assert resolved and resolved[-1]["approver"] == "bob from testclient"
+    assert resolved and (resolved[-1]["approver"], resolved[-1]["address"]) == ("bob", "testclient")
     assert verify(inbox.tmp / "audit.jsonl").ok
 
 
