@@ -63,7 +63,7 @@ bench-agentdojo: .venv-agentdojo/.installed
 	.venv-agentdojo/bin/python bench/agentdojo.py
 
 clean:
-	rm -rf $(VENV) .venv-agentdojo .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-agentdojo .venv-mcp1 .pytest_cache .mypy_cache .ruff_cache
 
 # proctor.integrations.mcp and `proctor mcp serve` support the mcp SDK 1.x and 2.x: the dev venv takes
 # the newest (2.x), this one the newest 1.x, and the MCP tests run in both (`make test` runs this too).

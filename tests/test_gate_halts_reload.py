@@ -116,3 +116,21 @@ def test_reload_new_runs_pins_a_run_to_the_policy_it_started_with(tmp_path: Path
     assert gate.call("page", {"who": "b"}, context=ctx) == "paged"  # pinned
     with pytest.raises(ToolDenied, match="paging is off"):
         gate.call("page", {"who": "c"}, context=gate.start_run())  # a new run gets the new policy
+
+
+def test_a_reload_that_adds_a_global_budget_on_a_local_ledger_starts_no_run(tmp_path: Path) -> None:
+    """Issue 34: a budget's scope is never silently narrower than written, after a reload too."""
+    from proctor.errors import ConfigurationError
+
+    path = tmp_path / "policy.yaml"
+    _write(path, ALLOW)
+    gate = Gate(PolicySource(path, check_every_ms=0), tools=[page])
+    assert gate.call("page", {"who": "a"}, context=gate.start_run()) == "paged"
+    _write(path, {**ALLOW, "budgets": [{"name": "pages", "per": "global", "window": "1h", "limit": {"calls": 3}}]})
+    time.sleep(0.01)
+    with pytest.raises(ConfigurationError, match="PROCTOR_LEDGER=redis://"):
+        gate.start_run()
+    _write(path, {**ALLOW, "ledger": "local",
+                  "budgets": [{"name": "pages", "per": "global", "window": "1h", "limit": {"calls": 3}}]})
+    time.sleep(0.01)
+    assert gate.call("page", {"who": "b"}, context=gate.start_run()) == "paged"  # said so: then it is local

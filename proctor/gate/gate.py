@@ -147,6 +147,8 @@ class Gate:
         # Budgets shared between runs (per principal, label, global): this process's, or Redis's.
         self.ledger = open_ledger(ledger)
         self.ledger_scope = ledger_scope(self.policy.model, self.ledger, ledger)  # cross-run budgets: shared, or local
+        # (checked again for each run started under a reloaded policy: `_check_scope`)
+        self._ledger_asked, self._scope_of = ledger, self.policy.sha256
         self.approver = approver
         self.tracer = get_tracer(tracer)
         #: The approval step of calls the policy sends to a human (or a grant).
@@ -182,6 +184,14 @@ class Gate:
             return self._source.for_run(ctx.info.id)
         assert self._static is not None
         return self._static
+
+    def _check_scope(self) -> None:
+        """A reloaded policy's cross-run budgets get the check the first policy got at the gate's start: a
+        run is not started on a process-local ledger the new policy did not ask for (ConfigurationError)."""
+        policy = self.policy
+        if policy.sha256 != self._scope_of:
+            self.ledger_scope = ledger_scope(policy.model, self.ledger, self._ledger_asked)
+            self._scope_of = policy.sha256
 
     def _chain_reload_callbacks(self, source: PolicySource) -> None:
         """Record each change of the policy file in the audit log (`policy_changed`), after the source's own."""
@@ -219,6 +229,7 @@ class Gate:
         when this gate's policy reads none (a managed agent's own policy does).
         """
         info = RunInfo(id=run_id or new_id("run_"), principal=principal, labels=dict(labels or {}), agent=agent)
+        self._check_scope()
         ctx = RunContext(info, self.policy.new_ledger(info, self.ledger), history_limit=self.history_limit)
         if agent is not None:
             ctx.agents = (agent,)
