@@ -121,6 +121,16 @@ class RunContext:
         rows, dropped = self._window
         return dropped + len(rows)
 
+    def restore_dropped(self, dropped: int) -> None:
+        """A resumed run that had dropped its first `dropped` calls' rows before it was saved: restored rows
+        follow them, so conditions that needed the dropped ones know they are gone (and deny) instead of
+        reading the restored rows as the run's first calls. Only before any call is remembered."""
+        with self._rows_lock:
+            rows, before = self._window
+            if rows or before:
+                raise ValueError("restore_dropped() comes before the run's rows are restored")
+            self._window = ([], dropped)
+
     @property
     def history(self) -> list[HistoryEntry]:
         """The retained calls (the last `history_limit` or more), oldest first."""

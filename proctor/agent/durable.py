@@ -119,6 +119,8 @@ def snapshot_history(ctx: RunContext) -> list[dict[str, Any]]:
 
 def restore_context(ctx: RunContext, record: RunRecord) -> None:
     """Put the saved history, budgets and grants of `record` (as at its step's start) into `ctx`."""
+    if record.history_dropped:
+        ctx.restore_dropped(record.history_dropped)
     for row in record.history:
         args = _decode(row.get("args") or {})
         rec: CallRecord = record_from_dict(row["record"])
@@ -188,7 +190,8 @@ class DurableRun:
         else:
             snapshot = getattr(ctx.ledger, "snapshot", None)
             self._save(step=number, messages=[dict(m) for m in memory], steps=[s.as_dict() for s in steps],
-                       history=snapshot_history(ctx), budgets=snapshot() if snapshot is not None else {},
+                       history=(history := snapshot_history(ctx)), history_dropped=ctx.calls_made - len(history),
+                       budgets=snapshot() if snapshot is not None else {},
                        grants=[g.as_dict() for g in ctx.grants], step_state=None, status="running")
         journal = StepJournal(self.store, self.record.run_id, number, entries,
                               idempotent=lambda tool: tool in self.idempotent, seal=self.seal)

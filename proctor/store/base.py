@@ -93,6 +93,8 @@ class RunRecord:
     steps: Sequence[Mapping[str, Any]] = ()
     step_state: Mapping[str, Any] | None = None
     history: Sequence[Mapping[str, Any]] = ()
+    #: How many of the run's first calls `history` no longer holds (dropped past the history limit).
+    history_dropped: int = 0
     budgets: Mapping[str, Any] = field(default_factory=dict)
     grants: Sequence[Mapping[str, Any]] = ()
     pending: Sequence[str] = ()
