@@ -565,11 +565,17 @@ def window_notes(rules: Iterable[tuple[str, str | None]]) -> tuple[str, ...]:
     notes = []
     for name, source in rules:
         windows = history_windows(source) if source else ()
-        if windows:
-            sizes = " and ".join(f"the last {n:,} calls" for n in dict.fromkeys(windows))
-            notes.append(f"rule '{name}' reads {sizes} of the run (history.last(N), a window it writes); "
-                         "every other read of history is over the whole run")
+        sizes = [f"the last {n:,} calls" for n in dict.fromkeys(windows)]
+        # A window whose size is not a number written in the rule (`history.last(args.n)`) is one too.
+        if source and len(_WINDOW_CALL.findall(source)) > len(windows):
+            sizes.append("a number of last calls the call itself gives")
+        if sizes:
+            notes.append(f"rule '{name}' reads {' and '.join(sizes)} of the run (history.last(N), a window it "
+                         "writes); every other read of history is over the whole run")
     return tuple(notes)
+
+
+_WINDOW_CALL = re.compile(r"(?<![\w.])history\s*\.\s*last\s*\(")
 
 
 # -- keyed pipelines ---------------------------------------------------------------------------------

@@ -182,3 +182,7 @@ def test_check_and_explain_state_the_windows_a_policy_writes(tmp_path: Path,
     path = _policy(tmp_path, "history.exists(h, h.args.to == args.to)", name="ever")
     assert main(["policy", "check", str(path)]) == 0
     assert "last" not in capsys.readouterr().out
+    # A window whose size the call gives is a window too, and said so.
+    path = _policy(tmp_path, "history.last(args.n).exists(h, h.args.to == args.to)", name="sized")
+    assert main(["policy", "check", str(path)]) == 0
+    assert "rule 'sized' reads a number of last calls the call itself gives" in capsys.readouterr().out
