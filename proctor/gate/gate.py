@@ -3,11 +3,14 @@
 Every call — from a sandboxed program's stub, the tool-calling agent or a user's own
 code — goes through `Gate.submit`, in this order, and nothing else runs a tool:
 
-    validate arguments → policy.decide → reserve budgets → approval (if required)
-        → audit intent (durable) → execute → audit outcome → settle budgets
+    admit (tool, facts, arguments, class, decision, cost: `proctor.policy.admission`)
+        → halts → reserve budgets → approval (if required) → audit intent (durable)
+        → execute → audit outcome → settle budgets
 
-A call that would pass a budget is refused before any human is asked; a call whose
-intent cannot be recorded does not run. `submit` never raises: it returns a
+Each call is decided by one policy, whole (a reloading gate's current one, or the one its
+run is pinned to); a shadow policy, when given, admits it beside and never acts. A call that
+would pass a budget is refused before any human is asked; a call whose intent cannot be
+recorded does not run. Every record and ending is written by `proctor.gate.recorder`. `submit` never raises: it returns a
 `CallOutcome` whose `error` is the refusal or failure, so callers across a process
 boundary can forward it. `call` is the raising convenience.
 """

@@ -10,11 +10,16 @@ time the step runs (`call_id`), and at three points hands the call to this modul
   Another tool or other arguments → `ReplayDiverged`, which stops the program. An
   entry that is only an *intent* (the process died while the tool ran) → the program
   gets ``ToolFailed("outcome unknown after a crash")``, unless the policy declares
-  the tool ``idempotent: true``, when it simply runs again. Past the end of the
-  journal the call goes on live;
+  the tool ``idempotent: true``, when it simply runs again. An entry that is the call
+  the run *suspended* at goes on live, to its answer, when the same call reaches it
+  (another call there diverges). Past the end of the journal the call goes on live;
 - before the tool runs (after the audit intent), `write_intent` makes the intent
   durable in the store; if it cannot, the call is refused;
-- after it ran or was refused, `write_outcome` completes the entry.
+- after it ran or was refused, `write_outcome` completes the entry (a call the run
+  suspends at is written as `suspended`, durably, before the run stops).
+
+Every entry is sealed (`proctor.store.seal`) with the run's audit-trail key: a resume
+believes no entry it did not write.
 
 A *quiet* journal re-runs an earlier step only to rebuild the program's namespace
 in a fresh worker: every call must come from the journal (a new one is divergence),
