@@ -10,9 +10,9 @@ code — goes through `Gate.submit`, in this order, and nothing else runs a tool
 Each call is decided by one policy, whole (a reloading gate's current one, or the one its
 run is pinned to); a shadow policy, when given, admits it beside and never acts. A call that
 would pass a budget is refused before any human is asked; a call whose intent cannot be
-recorded does not run. Every record and ending is written by `proctor.gate.recorder`. `submit` never raises: it returns a
-`CallOutcome` whose `error` is the refusal or failure, so callers across a process
-boundary can forward it. `call` is the raising convenience.
+recorded does not run. Every record and ending is written by `proctor.gate.recorder`.
+`submit` never raises: it returns a `CallOutcome` whose `error` is the refusal or failure,
+so callers across a process boundary can forward it. `call` is the raising convenience.
 """
 
 from __future__ import annotations
