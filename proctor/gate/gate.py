@@ -386,10 +386,7 @@ class Gate:
         if metrics.quiet(self.tracer):  # nothing would receive a span (QuietSpan)
             span = QuietSpan(name, call_id, ctx.info.id)  # its own context manager, a no-op
         else:
-            try:  # `_open_span`, inline: this is every call's path
-                opened = tool_span(self.tracer, tool=name, call_id=call_id, run=ctx.info, parent=parent)
-            except Exception as exc:  # noqa: BLE001 - a broken tracer costs the call its span, nothing more
-                opened = self._span_failed(name, call_id, ctx, exc)
+            opened = self._open_span(name, call_id, ctx, parent)
             span = opened.__enter__()
         policy = self.policy_for(ctx)
         p = InFlight(name, call_id, ctx, span, started_ns=time.perf_counter_ns(), policy=policy,
