@@ -57,7 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         was_devnull = _stdout_is_devnull()
         try:
             status = _main(argv)
-            sys.stdout.flush()  # here, not at exit: a reader that left must not turn into a traceback
+            if not sys.stdout.closed:  # `mcp serve` over stdio: the SDK (1.x) closes stdout when it ends
+                sys.stdout.flush()  # here, not at exit: a reader that left must not turn into a traceback
             return status
         except BrokenPipeError:
             return _pipe_closed()

@@ -43,6 +43,10 @@ def register(subparsers: Any) -> None:
                    "(needs --tokens) instead of stdio")
     s.add_argument("--tokens", metavar="FILE", help="bearer tokens (as `proctor serve token NAME --tokens FILE` "
                    "makes them): a token's name is the session's principal")
+    s.add_argument("--session-idle", metavar="DURATION", default="30m",
+                   help="with --http: end a session's run (run_finished status abandoned) after this long "
+                        "without a request, for a client that went away without deleting its session "
+                        "(default 30m; 'off' keeps sessions until the server stops)")
     s.add_argument("--user", metavar="NAME", help="the principal of the stdio session (default: $USER)")
     s.add_argument("--sandbox", choices=("auto", "bwrap", "process"), default="auto",
                    help="worker isolation (default auto: bwrap when available)")
@@ -82,6 +86,7 @@ def serve(args: argparse.Namespace) -> int:
         servers = load_servers(args.servers)
         tools = load_tools(args.tools) if args.tools else []
         approver = _approver(args)
+        session_idle = _session_idle(args.session_idle)
         tokens = None
         if args.tokens:
             from proctor.serve.tokens import TokenFile
@@ -101,7 +106,8 @@ def serve(args: argparse.Namespace) -> int:
     try:
         audit, _, _ = load_audit(args.audit or default_audit_path())
         code_mode = CodeMode(servers, policy, local_tools=tools, audit=audit, approver=approver, user=args.user,
-                             sandbox=args.sandbox, timeout=args.timeout, authorized_imports=args.imports)
+                             sandbox=args.sandbox, timeout=args.timeout, authorized_imports=args.imports,
+                             session_idle=session_idle)
         code_mode.open()
     except (ToolsetError, AuditError, ConfigurationError) as exc:
         return _fail(str(exc), 1)
@@ -115,6 +121,20 @@ def serve(args: argparse.Namespace) -> int:
         if audit is not None:
             audit.close()
     return 0
+
+
+def _session_idle(text: str) -> float | None:
+    if text.strip().lower() in ("off", "none", "never"):
+        return None
+    from proctor.policy.validators import parse_duration
+
+    try:
+        seconds = parse_duration(text)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"--session-idle {text!r}: {exc}") from None
+    if not seconds > 0:
+        raise ValueError(f"--session-idle {text!r}: must be longer than 0s, or 'off'")
+    return seconds
 
 
 def _approver(args: argparse.Namespace) -> Any:

@@ -17,13 +17,17 @@ the call is denied, saying why.
 """
 
 import asyncio
+import contextlib
 import inspect
+import io
 import json
 import os
 import re
+import signal
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +37,7 @@ from proctor.approval.base import ApprovalDecision, ApprovalRequest, Approver
 from proctor.codemode.config import ServerConfig
 from proctor.errors import ConfigurationError, ToolsetError
 from proctor.integrations.mcp import MCP_MAJOR, MCPToolset
+from proctor.interrupts import Terminated, interruption
 from proctor.termsafe import terminal_safe
 from proctor.tools import Tool
 
@@ -50,6 +55,9 @@ __all__ = ["BearerAuth", "CodeMode", "CodeModeSession", "ElicitingApprover", "re
 
 _VALUE_CAP = 4000
 _LOG_CAP = 20_000
+#: Seconds without a request after which an HTTP session's run is ended (the SDK's own default).
+DEFAULT_SESSION_IDLE = 1800.0
+_REAPED_KEPT = 10_000
 _SEARCH_HITS = 10
 
 
@@ -75,6 +83,8 @@ class CodeModeSession:
     lock: threading.Lock = field(default_factory=threading.Lock)
     programs: int = 0
     finished: bool = False
+    #: `time.monotonic()` of the session's last request (its start or a program's end).
+    last_active: float = field(default_factory=time.monotonic)
 
 
 class ElicitingApprover:
@@ -144,18 +154,26 @@ class CodeMode:
 
     def __init__(self, servers: Sequence[ServerConfig], policy: Any, *, local_tools: Iterable[Tool] = (),
                  audit: Any = None, approver: Approver | None = None, user: str | None = None,
-                 sandbox: str = "auto", timeout: float = 30.0, authorized_imports: Iterable[str] = ()) -> None:
+                 sandbox: str = "auto", timeout: float = 30.0, authorized_imports: Iterable[str] = (),
+                 session_idle: float | None = DEFAULT_SESSION_IDLE) -> None:
         from proctor.gate import Gate
+
+        if session_idle is not None and not session_idle > 0:
+            raise ConfigurationError(f"session_idle must be a positive number of seconds, not {session_idle!r}")
 
         self.servers, self.policy = list(servers), policy
         self.local_tools = list(local_tools)
         self.user = user or os.environ.get("USER") or "stdio"
         self.sandbox, self.timeout = sandbox, float(timeout)
         self.authorized_imports = tuple(authorized_imports)
+        self.session_idle = session_idle
         self.toolsets: list[MCPToolset] = []
         self.tools: list[Tool] = []
         self._sessions: dict[str, CodeModeSession] = {}
         self._by_run: dict[str, CodeModeSession] = {}
+        # Keys of sessions ended for idleness: a late request on one is told so instead of opening a
+        # second run under the same key. Bounded: the oldest are forgotten first.
+        self._reaped: dict[str, str] = {}
         self._lock = threading.Lock()
         approval_timeout = float(getattr(getattr(policy, "approval", None), "timeout_s", 300.0))
         self.approver = ElicitingApprover(self, approver, approval_timeout)
@@ -188,12 +206,12 @@ class CodeMode:
         self.tools.extend(self.local_tools)
         self.gate.register(*self.tools)
 
-    def close(self) -> None:
-        """End every session (``run_finished``) and stop the upstream servers."""
+    def close(self, status: str = "done", **fields: Any) -> None:
+        """End every session (``run_finished`` with `status`) and stop the upstream servers."""
         with self._lock:
             sessions = list(self._sessions.values())
         for session in sessions:
-            self.end_session(session.key)
+            self.end_session(session.key, status, **fields)
         for toolset in self.toolsets:
             toolset.close()
         self.toolsets = []
@@ -202,12 +220,22 @@ class CodeMode:
 
     def session(self, key: str, principal: str) -> CodeModeSession:
         """The session `key`, opened (a run started) at its first request."""
+        session = self.session_or_ended(key, principal)
+        if isinstance(session, str):
+            raise ConfigurationError(session)
+        return session
+
+    def session_or_ended(self, key: str, principal: str) -> CodeModeSession | str:
+        """The session `key` (opened at its first request), or why it can serve no more requests."""
         with self._lock:
             session = self._sessions.get(key)
             if session is not None:
                 if session.principal != principal:
                     raise ConfigurationError("this MCP session belongs to another principal")
+                session.last_active = time.monotonic()
                 return session
+            if key in self._reaped:
+                return self._reaped[key]
             run = self.gate.start_run(principal=principal, labels={"via": "mcp-code-mode"}, agent="mcp-code-mode")
             session = CodeModeSession(key, principal, run)
             self._sessions[key] = session
@@ -224,7 +252,7 @@ class CodeMode:
         with self._lock:
             return self._by_run.get(run_id)
 
-    def end_session(self, key: str, status: str = "done") -> None:
+    def end_session(self, key: str, status: str = "done", **fields: Any) -> None:
         """The session's end: its run is finished and its interpreter stopped."""
         with self._lock:
             session = self._sessions.pop(key, None)
@@ -236,7 +264,29 @@ class CodeMode:
             session.finished = True
             if session.interpreter is not None:
                 session.interpreter.close()
-            self.gate.finish_run(session.run, status, programs=session.programs)
+            self.gate.finish_run(session.run, status, programs=session.programs, **fields)
+
+    def reap_idle(self, now: float | None = None) -> list[str]:
+        """End the sessions that had no request for `session_idle` seconds and run no program now
+        (a client that vanished without deleting its session): ``run_finished`` with status
+        ``abandoned``. Returns their keys."""
+        if self.session_idle is None:
+            return []
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            idle = [s for s in self._sessions.values()
+                    if now - s.last_active >= self.session_idle and s.current is None and not s.lock.locked()]
+        reason = f"no request for {self.session_idle:g}s: the client went away without ending its session"
+        ended = []
+        for session in idle:
+            with self._lock:
+                self._reaped[session.key] = f"this MCP session was ended after {self.session_idle:g}s without " \
+                                            "a request; start a new one"
+                while len(self._reaped) > _REAPED_KEPT:
+                    del self._reaped[next(iter(self._reaped))]
+            self.end_session(session.key, "abandoned", reason=reason)
+            ended.append(session.key)
+        return ended
 
     # -- the three tools ---------------------------------------------------------------------------
 
@@ -253,7 +303,10 @@ class CodeMode:
                                                   authorized_imports=self.authorized_imports, context=session.run)
             session.code = code
             session.programs += 1
-            result = session.interpreter.run(code, context=session.run)
+            try:
+                result = session.interpreter.run(code, context=session.run)
+            finally:
+                session.last_active = time.monotonic()
         return render_result(result)
 
     def search(self, query: str) -> str:
@@ -307,7 +360,9 @@ class CodeMode:
             Args:
                 code: The Python program.
             """
-            session = code_mode.session(key_of(ctx), principal_of(ctx))
+            session = code_mode.session_or_ended(key_of(ctx), principal_of(ctx))
+            if isinstance(session, str):
+                return f"error: {session}"
             session.can_elicit = client_can_elicit(ctx)
             session.current = (asyncio.get_running_loop(), ctx)
             try:
@@ -396,18 +451,74 @@ def serve_stdio(code_mode: CodeMode) -> None:
     """Serve one MCP session on stdin/stdout (the client started this process); its principal is the
     configured user. The session, and its run, end when the client closes stdin."""
     server = code_mode.build_server(lambda ctx: code_mode.user, lambda ctx: "stdio")
-    try:
-        asyncio.run(server.run_stdio_async())
-    finally:
+    with _StdinEnds() as stdin:
+        try:
+            asyncio.run(server.run_stdio_async())
+        except BaseException as exc:  # Ctrl-C: the session's run ends interrupted, then the exit goes on
+            code_mode.close("interrupted", error=f"interrupted by {interruption(exc)}")
+            raise
+    if stdin.signalled is None:
         code_mode.close()
+        return
+    code_mode.close("interrupted", error=f"interrupted by {signal.Signals(stdin.signalled).name}")
+    raise Terminated(stdin.signalled)
+
+
+class _StdinEnds:
+    """While inside, the SDK reads stdin through a pipe that SIGTERM or SIGHUP closes, so the session
+    ends as if the client had closed it and its run is finished before the process exits. (Raising in
+    the handler instead would wait for the SDK's stdin thread, which only a line or EOF wakes.)
+    Signals are taken only where they are at their default."""
+
+    signalled: int | None = None
+
+    def __enter__(self) -> "_StdinEnds":
+        self._stdin = sys.stdin
+        self._read, self._write = os.pipe()
+        self._closed = threading.Lock()
+        self._handlers: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGHUP):
+                if signal.getsignal(signum) is signal.SIG_DFL:
+                    self._handlers[signum] = signal.signal(signum, self._on_signal)
+        source = self._stdin.buffer.fileno()
+        threading.Thread(target=self._pump, args=(source,), name="proctor-mcp-stdin", daemon=True).start()
+        sys.stdin = io.TextIOWrapper(os.fdopen(self._read, "rb"), encoding="utf-8")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, previous in self._handlers.items():
+            signal.signal(signum, previous)
+        sys.stdin.close()
+        sys.stdin = self._stdin
+        self._end()
+
+    def _pump(self, source: int) -> None:
+        try:
+            while chunk := os.read(source, 65536):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(self._write, view):]
+        except OSError:  # the pipe was closed by a signal, or stdin failed: either way the session ends
+            pass
+        finally:
+            self._end()
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if self.signalled is None:
+            self.signalled = signum
+        self._end()
+
+    def _end(self) -> None:
+        if self._closed.acquire(blocking=False):  # once, whichever comes first
+            os.close(self._write)
 
 
 def serve_http(code_mode: CodeMode, host: str, port: int, tokens: Any) -> None:
     """Serve streamable HTTP at ``http://HOST:PORT/mcp``; every request needs ``Authorization: Bearer
     TOKEN`` of `tokens` (a `proctor.serve.tokens.TokenFile`), whose owner is the session's principal.
-    A session ends when its client deletes it (``DELETE /mcp``) or the server stops."""
-    import uvicorn
-
+    A session ends when its client deletes it (``DELETE /mcp``), after `code_mode.session_idle` seconds
+    without a request (the client went away: ``run_finished`` says ``abandoned``), or when the server stops."""
     def principal_of(ctx: Any) -> str:
         who = tokens.who(_bearer(request_headers(ctx)) or "")
         if who is None:  # the middleware let nothing else through; checked again where it is used
@@ -419,12 +530,66 @@ def serve_http(code_mode: CodeMode, host: str, port: int, tokens: Any) -> None:
         return f"http:{sid}" if sid else f"http:request:{id(ctx.session)}"
 
     server = code_mode.build_server(principal_of, key_of)
-    app = BearerAuth(server.streamable_http_app(), tokens, code_mode)
+    # The SDK forgets an idle session's transport after the same time as the reaper ends its run.
+    if MCP_MAJOR >= 2:
+        http_app = server.streamable_http_app(session_idle_timeout=code_mode.session_idle)
+    else:
+        server.settings.session_idle_timeout = code_mode.session_idle  # type: ignore[attr-defined]  # mcp 1.x
+        http_app = server.streamable_http_app()
+    app = BearerAuth(http_app, tokens, code_mode)
+    import uvicorn
+
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+    stop = threading.Event()
+    reaper = threading.Thread(target=_reap_until, args=(code_mode, stop), name="proctor-mcp-reaper", daemon=True)
+    reaper.start()
+    http = _uvicorn_server()(config)
     try:
-        uvicorn.Server(config).run()
-    finally:
+        http.run()
+    except BaseException as exc:
+        stop.set()
+        reaper.join()
+        code_mode.close("interrupted", error=f"interrupted by {interruption(exc)}")
+        raise
+    stop.set()
+    reaper.join()
+    if http.signalled is None:
         code_mode.close()
+        return
+    code_mode.close("interrupted", error=f"interrupted by {signal.Signals(http.signalled).name}")
+    raise Terminated(http.signalled)
+
+
+def _uvicorn_server() -> type[Any]:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, stopping gracefully on SIGINT/SIGTERM and then returning with the signal in
+        `signalled`: uvicorn re-raises it after its shutdown, which would kill the process before the
+        sessions' runs are finished in the audit trail."""
+
+        signalled: int | None = None
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    if self._captured_signals:
+                        self.signalled = self._captured_signals[0]
+                        self._captured_signals.clear()
+
+    return Server
+
+
+def _reap_until(code_mode: CodeMode, stop: threading.Event) -> None:
+    """End idle sessions until `stop` is set, checking ten times per idle period (at most every 5 s)."""
+    if code_mode.session_idle is None:
+        return
+    interval = min(max(code_mode.session_idle / 10, 0.05), 5.0)
+    while not stop.wait(interval):
+        code_mode.reap_idle()
 
 
 def _bearer(headers: Mapping[str, str]) -> str | None:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +77,100 @@ def test_two_sessions_are_two_runs(served: Any) -> None:
     assert all("value: 3" in out for out in asyncio.run(go()))
     started = [r for r in audit_records(audit) if r["kind"] == "run_started"]
     assert sorted(r["principal"] for r in started) == ["alice", "bob"] and len({r["run_id"] for r in started}) == 2
+
+
+def _post(url: str, token: str, body: dict[str, Any], sid: str | None = None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
+               "MCP-Protocol-Version": "2025-06-18"}
+    if sid is not None:
+        headers["mcp-session-id"] = sid
+    return httpx.post(url, json=body, headers=headers, timeout=60)
+
+
+def _vanishing_client(url: str, token: str, code: str) -> tuple[str, str]:
+    """A client that opens a session, runs one program and goes away without deleting its session."""
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "gone", "version": "1"}}}
+    first = _post(url, token, init)
+    assert first.status_code == 200, first.text
+    sid = first.headers["mcp-session-id"]
+    assert _post(url, token, {"jsonrpc": "2.0", "method": "notifications/initialized"}, sid).status_code == 202
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "run_python", "arguments": {"code": code}}}
+    answer = _post(url, token, call, sid)
+    assert answer.status_code == 200, answer.text
+    return sid, answer.text
+
+
+def test_a_client_that_vanishes_has_its_run_ended_after_the_idle_time(tmp_path: Path) -> None:
+    servers, policy, audit = write_config(tmp_path)
+    tokens = tmp_path / "tokens.txt"
+    carol = add_token(tokens, "carol")
+    port = free_port()
+    args = serve_args(servers, policy, audit, "--http", f"127.0.0.1:{port}", "--tokens", str(tokens),
+                      "--session-idle", "1s")
+    url = f"http://127.0.0.1:{port}/mcp"
+    with http_server(args, port):
+        sid, out = _vanishing_client(url, carol, "t_add(20, 22)")
+        assert "value: 42" in out
+        _wait_for_finish(audit)
+        # The same session id later: told it has ended (or, once the SDK forgot it, 404), never a new run.
+        late = {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                "params": {"name": "run_python", "arguments": {"code": "1"}}}
+        again = _post(url, carol, late, sid)
+        assert again.status_code == 404 or "this MCP session was ended after 1s without a request" in again.text
+    records = audit_records(audit)
+    started = [r for r in records if r["kind"] == "run_started"]
+    finished = [r for r in records if r["kind"] == "run_finished"]
+    assert len(started) == 1 and [f["run_id"] for f in finished] == [started[0]["run_id"]]
+    assert finished[0]["status"] == "abandoned" and "went away" in finished[0]["reason"]
+    assert finished[0]["calls"]["ok"] == 1
+
+
+def test_a_session_running_a_program_is_not_reaped_however_long_it_runs(tmp_path: Path) -> None:
+    servers, policy, audit = write_config(tmp_path)
+    tokens = tmp_path / "tokens.txt"
+    dave = add_token(tokens, "dave")
+    port = free_port()
+    args = serve_args(servers, policy, audit, "--http", f"127.0.0.1:{port}", "--tokens", str(tokens),
+                      "--session-idle", "1s", "--import", "time")
+    with http_server(args, port):
+        _, out = _vanishing_client(f"http://127.0.0.1:{port}/mcp", dave,
+                                   "import time\ntime.sleep(2.5)\nt_add(1, 2)")
+        assert "value: 3" in out and "error" not in out  # not ended while its program ran
+        finished = _wait_for_finish(audit)
+    assert [f["status"] for f in finished] == ["abandoned"] and finished[0]["calls"]["ok"] == 1
+
+
+def test_a_server_stopped_by_sigterm_ends_its_sessions_runs_as_interrupted(tmp_path: Path) -> None:
+    servers, policy, audit = write_config(tmp_path)
+    tokens = tmp_path / "tokens.txt"
+    erin = add_token(tokens, "erin")
+    port = free_port()
+    args = serve_args(servers, policy, audit, "--http", f"127.0.0.1:{port}", "--tokens", str(tokens))
+    with http_server(args, port) as proc:
+        _vanishing_client(f"http://127.0.0.1:{port}/mcp", erin, "t_add(1, 1)")
+        proc.terminate()
+        assert proc.wait(60) == 128 + signal.SIGTERM  # the exit a SIGTERM'd process has, after the records
+    finished = [r for r in audit_records(audit) if r["kind"] == "run_finished"]
+    assert [(f["status"], f["error"], f["calls"]["ok"]) for f in finished] == [
+        ("interrupted", "interrupted by SIGTERM", 1)]
+
+
+def _wait_for_finish(audit: Path) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        finished = [r for r in audit_records(audit) if r["kind"] == "run_finished"]
+        if finished:
+            return finished
+        time.sleep(0.1)
+    raise AssertionError("no run_finished within 30s")
+
+
+def test_session_idle_must_be_a_duration(tmp_path: Path) -> None:
+    servers, policy, audit = write_config(tmp_path)
+    done = subprocess.run([sys.executable, *serve_args(servers, policy, audit, "--http", "127.0.0.1:1",
+                                                       "--tokens", str(tmp_path / "t"), "--session-idle", "5")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--session-idle '5': bad duration '5' (write a number and a unit" in done.stderr

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -169,3 +173,34 @@ def test_a_client_without_elicitation_falls_back_to_the_inbox(tmp_path: Path) ->
     assert "value: 'deleted /tmp/z'" in out
     approvals = [r for r in audit_records(audit) if r["kind"] == "approval_resolved"]
     assert [a["verdict"] for a in approvals] == ["approve"] and approvals[0]["method"] == "os-user"
+
+
+def test_a_stdio_server_stopped_by_sigterm_ends_its_run_as_interrupted(tmp_path: Path) -> None:
+    servers, policy, audit = write_config(tmp_path)
+    proc = subprocess.Popen([sys.executable, *serve_args(servers, policy, audit)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def send(message: dict[str, Any]) -> None:
+        proc.stdin.write((json.dumps(message) + "\n").encode())  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
+
+    try:
+        send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+        assert json.loads(proc.stdout.readline())["id"] == 1
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+              "params": {"name": "run_python", "arguments": {"code": "t_add(2, 3)"}}})
+        assert "value: 5" in proc.stdout.readline().decode()
+        proc.terminate()
+        assert proc.wait(60) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stdin.close()
+        proc.stdout.close()
+    finished = [r for r in audit_records(audit) if r["kind"] == "run_finished"]
+    assert [(f["status"], f["error"], f["calls"]["ok"]) for f in finished] == [
+        ("interrupted", "interrupted by SIGTERM", 1)]
