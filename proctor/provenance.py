@@ -89,6 +89,7 @@ __all__ = [
     "PHRASE_WORDS",
     "TASK_WORDS",
     "USER",
+    "FieldLabels",
     "ProvenanceIndex",
     "ProvenanceLimits",
     "ResultLabeller",
@@ -149,6 +150,10 @@ _INVISIBLE: dict[int, str | None] = {**dict.fromkeys(map(ord, "\u200b\u200c\u200
                                      **dict.fromkeys(map(ord, "\u3002\uff61"), ".")}
 _PIECES = re.compile(r"[=&?:]")
 _WORD = re.compile(r"\w+")
+#: Punctuation of prose that `from_user` sets aside between a value's words (`ProvenanceIndex._words_from`):
+#: ``Paris.``, ``O'Neil``, ``Follow up: budget, staffing``; any other mark keeps a value from being read as words.
+_PROSE_MARKS = ".,:!?'\"()\u2018\u2019\u201c\u201d"
+_NOT_PROSE = re.compile(r"[^\w\s" + re.escape(_PROSE_MARKS) + "]")
 
 
 def _fold(text: str) -> str:
@@ -502,16 +507,31 @@ class ProvenanceLimits:
     #: it the result's labels are added to the answer for every argument of two words or more (and the rest of its
     #: phrases are not indexed). They count against `max_tokens` too.
     max_result_phrases: int = 60_000
+    #: Memberships of whole values in records and calls (`same_record`, `same_call`) one run's index keeps: a
+    #: short whole value of a result of a tool with sources, in the map (record) holding it. Past it later results'
+    #: records are not kept, and those predicates answer only from what was kept (false for the rest).
+    max_record_links: int = 100_000
+
+
+class FieldLabels(Protocol):
+    """Labels of the values at one field path chosen by the record holding them (`sources.fields` with `when`:
+    ``content`` is ``trusted`` when the file's ``owner`` is the user): `proctor.policy.dataflow` gives one."""
+
+    def labels_for(self, record: Mapping[str, Any] | None, otherwise: tuple[str, ...]) -> tuple[str, ...]:
+        """The labels of the value at the path in `record` (the innermost map holding it; None: none does), or
+        `otherwise` (what it has without this path) when no choice holds or one cannot be evaluated."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
 class ResultPlan:
     """How one tool result is indexed (`ProvenanceIndex.add_result`): under `result` labels, except the values
     at `fields` paths (each a tuple of steps: a key, ``*`` any key, ``[]`` each item of a list), which get their
-    own; with its runs of words too when `phrases`."""
+    own — a tuple of labels, or `FieldLabels` choosing them per record; with its runs of words too when
+    `phrases`."""
 
     result: tuple[str, ...]
-    fields: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
+    fields: tuple[tuple[tuple[str, ...], tuple[str, ...] | FieldLabels], ...] = ()
     phrases: bool = False
 
 
@@ -562,9 +582,10 @@ class ProvenanceIndex:
     Thread-safe: calls of one run may be settled by several threads.
     """
 
-    __slots__ = ("_bits", "_digest", "_entries", "_field_paths", "_fields", "_joined_overflow", "_key", "_labels",
-                 "_lock", "_named", "_native", "_overflow", "_path_bits", "_paths", "_phrase_overflow",
-                 "_phrase_probes", "_phrases", "_prefix", "_probes", "_sipkey", "limits")
+    __slots__ = ("_bits", "_call_tool", "_digest", "_entries", "_field_paths", "_fields", "_joined_overflow", "_key",
+                 "_labels", "_links", "_lock", "_named", "_native", "_overflow", "_path_bits", "_paths",
+                 "_phrase_overflow", "_phrase_probes", "_phrases", "_prefix", "_probes", "_record_call",
+                 "_record_tool", "_records", "_sipkey", "_tool_names", "limits")
 
     def __init__(self, limits: ProvenanceLimits | None = None, *, key: bytes | None = None) -> None:
         self.limits = limits or ProvenanceLimits()
@@ -593,6 +614,14 @@ class ProvenanceIndex:
         self._phrases = False  # whether a result's runs of words were indexed (then arguments are looked up by theirs)
         self._phrase_overflow = 0  # labels of results whose phrases `max_result_phrases` cut
         self._phrase_probes: dict[str, tuple[int, ...]] = {}  # argument -> digests of its runs of words
+        # Records (the maps of results of tools with sources) and calls each short whole value was in: digest ->
+        # record numbers; record number -> its call's number and its tool's (in `_tool_names`).
+        self._records: dict[int, list[int]] = {}
+        self._record_call: list[int] = []
+        self._record_tool: list[int] = []
+        self._tool_names: list[str] = []
+        self._call_tool: list[int] = []  # call number -> its tool's number
+        self._links = 0
 
     # -- reading ---------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -730,6 +759,59 @@ class ProvenanceIndex:
         mask = self._whole_mask(value, self._field_paths)
         return sorted(self._paths[i] for i in range(mask.bit_length()) if mask >> i & 1)
 
+    def same_source(self, a: Any, b: Any) -> bool:
+        """Whether `a` and `b` appeared as whole values at one ``TOOL:PATH`` (the same field of the same tool):
+        every item of each, for lists. Only what was recorded answers (`field_paths`)."""
+        return bool(self._whole_mask(a, self._field_paths) & self._whole_mask(b, self._field_paths))
+
+    def same_record(self, a: Any, b: Any, tools: Iterable[str] | None = None) -> bool:
+        """Whether one record — the innermost map holding them, in a result of a tool with sources (of one of
+        `tools` when given) — held `a` and `b` (every item of each, for lists) as whole values: the account id
+        *of the contact* whose address is the recipient, not an id from another row."""
+        return bool(self._shared(a, b, tools, calls=False))
+
+    def same_call(self, a: Any, b: Any, tools: Iterable[str] | None = None) -> bool:
+        """Whether one call's result (of a tool with sources; of one of `tools` when given) held `a` and `b`
+        (every item of each, for lists) as whole values, anywhere in it."""
+        return bool(self._shared(a, b, tools, calls=True))
+
+    def _shared(self, a: Any, b: Any, tools: Iterable[str] | None, *, calls: bool) -> set[int]:
+        wanted: set[int] | None = None
+        if tools is not None:
+            names = set(tools)
+            wanted = {i for i, name in enumerate(self._tool_names) if name in names}
+            if not wanted:
+                return set()
+        with self._lock:
+            found = self._holding(a, calls)
+            if found:
+                found &= self._holding(b, calls)
+            if found and wanted is not None:
+                owner = self._record_tool
+                if calls:
+                    found = {c for c in found if self._call_tool[c] in wanted}
+                else:
+                    found = {r for r in found if owner[r] in wanted}
+        return found
+
+    def _holding(self, value: Any, calls: bool) -> set[int]:
+        """The records (or calls) holding every leaf of `value` as a whole value; empty for no leaf (the lock
+        held)."""
+        found: set[int] | None = None
+        digest, records, call_of = self._digest, self._records, self._record_call
+        for leaf in _leaves(value, keys=_data_key):
+            if leaf is _CUT:
+                return set()
+            text = normalize_whole(leaf) if isinstance(leaf, str) else _scalar_text(leaf)
+            if text is None:
+                return set()
+            held = records.get(digest(text), ())
+            these = {call_of[r] for r in held} if calls else set(held)
+            found = these if found is None else found & these
+            if not found:
+                return set()
+        return found or set()
+
     def _whole_mask(self, value: Any, table: Mapping[int, int]) -> int:
         """The bits `table` gives every leaf of `value` (by its whole form's digest); 0 for no leaf."""
         mask = -1
@@ -783,8 +865,8 @@ class ProvenanceIndex:
             if entries.get(probe[0], 0) & bit or (probe[4] and entries.get(probe[4], 0) & bit):
                 return True
             tokens_ = probe[2]
-            if not tokens_:
-                return False
+            if not tokens_:  # plain words: the user's when they are a run of the task's words (below)
+                return self._words_from(value, bit)
             for token in tokens_:
                 if not entries.get(token, 0) & bit:
                     return False
@@ -796,6 +878,24 @@ class ProvenanceIndex:
             return True
         text = _scalar_text(value)
         return text is not None and bool(entries.get(self._digest(text), 0) & bit)
+
+    def _words_from(self, value: str, bit: int) -> bool:
+        """Whether `value`, a string without tokens, is a run of the task's words once prose punctuation is set
+        aside: ``Paris.``, ``O'Neil``, ``budget, staffing`` (the task's runs are its words joined by one space). A
+        value of more than `TASK_WORDS` words must be such a run in each of its windows of `TASK_WORDS` words (a
+        long title the user wrote, cut at a word). Characters other than letters, digits, spaces and
+        `_PROSE_MARKS` (a ``;``, a ``|``, a ``$``…) keep the value from being read as words: they may change
+        what it means."""
+        if _NOT_PROSE.search(value) is not None:
+            return False
+        words = _WORD.findall(_fold(value))
+        if not words:
+            return False
+        entries, digest = self._entries, self._digest
+        if len(words) <= TASK_WORDS:
+            return bool(entries.get(digest(" ".join(words)), 0) & bit)
+        return all(entries.get(digest(" ".join(words[i : i + TASK_WORDS])), 0) & bit
+                   for i in range(len(words) - TASK_WORDS + 1))
 
     def _probe_str(self, value: str) -> _Probe:
         """The digests a string argument is looked up by — (whole, whole and every token, every token, every
@@ -958,7 +1058,9 @@ class ProvenanceIndex:
         except Exception:  # noqa: BLE001 - fail safe: every label the result may carry, on all of it
             plan = ResultPlan(names)
         groups: dict[tuple[str, ...], list[Any]] = {}
-        placed: list[tuple[Any, str]] = []  # (whole leaf, its path) of short values, for `field_paths`
+        # (whole leaf, its path, the number in this result of the record holding it or -1) of short values, for
+        # `field_paths` and `same_record`
+        placed: list[tuple[Any, str, int]] = []
         cut = self._split(value, plan, groups, placed)
         added = 0
         for group_labels, leaves in groups.items():
@@ -973,56 +1075,79 @@ class ProvenanceIndex:
         return added
 
     def _split(self, value: Any, plan: ResultPlan, groups: dict[tuple[str, ...], list[Any]],
-               placed: list[tuple[Any, str]]) -> bool:
-        """Sort the leaves of `value` (and its map keys) into `groups` by the labels `plan` gives their paths;
-        True when it is nested too deep or too large to walk whole."""
-        by_length: dict[int, list[tuple[tuple[str, ...], tuple[str, ...]]]] = {}
+               placed: list[tuple[Any, str, int]]) -> bool:
+        """Sort the leaves of `value` (and its map keys) into `groups` by the labels `plan` gives their paths (a
+        `FieldLabels` choosing them by the record holding the value); True when it is nested too deep or too
+        large to walk whole. Each map is a record, numbered in walking order: a value's is the innermost map
+        holding it (through lists)."""
+        by_length: dict[int, list[tuple[tuple[str, ...], tuple[str, ...] | FieldLabels]]] = {}
         for pattern, own in plan.fields:  # a path matches only a node as deep as it is long
             by_length.setdefault(len(pattern), []).append((pattern, own))
-        stack: list[tuple[Any, list[str], tuple[str, ...], int]] = [(value, [], plan.result, 0)]
+        # (node, its steps, its labels, depth, the record holding it and that record's number, -1 for none)
+        stack: list[tuple[Any, list[str], tuple[str, ...], int, Mapping[str, Any] | None, int]] = [
+            (value, [], plan.result, 0, None, -1)]
         budget = _MAX_NODES
+        records = 0
         while stack:
-            node, steps, labels, depth = stack.pop()
+            node, steps, labels, depth, record, number = stack.pop()
             budget -= 1
             if budget < 0 or depth > _MAX_DEPTH:
                 return True
             for pattern, own in by_length.get(len(steps), ()):
                 if _matches(pattern, steps):
-                    labels = own
+                    labels = own if isinstance(own, tuple) else own.labels_for(record, labels)
             if isinstance(node, Mapping):
                 keys = groups.setdefault(labels, [])
+                here, records = records, records + 1
                 for k, v in node.items():
                     if (isinstance(k, int) and not isinstance(k, bool)) or isinstance(k, str):
                         keys.append(k)
                     step = "*" if not isinstance(k, str) or _data_key(k) else k
-                    stack.append((v, [*steps, step], labels, depth + 1))
+                    stack.append((v, [*steps, step], labels, depth + 1, node, here))
             elif isinstance(node, (list, tuple, set, frozenset)):
-                stack.extend((item, [*steps, "[]"], labels, depth + 1) for item in node)
+                stack.extend((item, [*steps, "[]"], labels, depth + 1, record, number) for item in node)
             elif isinstance(node, (str, int, float, bytes)) or node is None:
                 groups.setdefault(labels, []).append(node)
                 if steps and (not isinstance(node, (str, bytes)) or len(node) <= _PATH_CHARS):
-                    placed.append((node, _path_name(steps)))
+                    placed.append((node, _path_name(steps), number))
             else:  # a model, a dataclass, anything else: as `_leaves` reads it
                 dump = getattr(node, "model_dump", None)
                 if callable(dump):
                     try:
-                        stack.append((dump(), steps, labels, depth + 1))
+                        stack.append((dump(), steps, labels, depth + 1, record, number))
                         continue
                     except Exception:  # noqa: BLE001 - fall back to its text
                         pass
                 groups.setdefault(labels, []).append(str(node))
         return False
 
-    def _record_paths(self, tool: str, placed: list[tuple[Any, str]]) -> None:
+    def _record_paths(self, tool: str, placed: list[tuple[Any, str, int]]) -> None:
         digest = self._digest
         with self._lock:
-            for leaf, path in placed:
+            if tool not in self._tool_names:
+                self._tool_names.append(tool)
+            tool_number = self._tool_names.index(tool)
+            call = len(self._call_tool)
+            self._call_tool.append(tool_number)
+            first = len(self._record_call)  # this result's record n is the index's record first + n
+            room = self.limits.max_record_links - self._links
+            for leaf, path, number in placed:
                 text = normalize_whole(leaf) if isinstance(leaf, str) else _scalar_text(leaf)
                 if text is None:
                     continue
                 key = digest(text)
                 if key not in self._fields:  # not indexed as a whole value (a cap kept it out)
                     continue
+                if number >= 0 and room > 0:
+                    record = first + number
+                    while len(self._record_call) <= record:
+                        self._record_call.append(call)
+                        self._record_tool.append(tool_number)
+                    held = self._records.setdefault(key, [])
+                    if not held or held[-1] != record:  # (a value twice in one record counts once)
+                        held.append(record)
+                        room -= 1
+                        self._links += 1
                 name = f"{tool}:{path}"
                 bit = self._path_bits.get(name)
                 if bit is None:

@@ -253,6 +253,8 @@ def _explain(args: argparse.Namespace) -> int:
         print(terminal_safe(f"args:     {json.dumps(result.args, default=str)} (validated, schema defaults applied)"))
     else:
         print(_NO_DEFAULTS)
+    for line in result.sources:
+        print(terminal_safe(f"sources:  {line}"))
     print("considered:")
     for trace in result.rules:
         mark = "✔" if trace.matched else "·"

@@ -468,7 +468,8 @@ def compile_expression(source: str, variables: tuple[str, ...] = VARIABLES, what
             *_find(source, rf"\b{re.escape(fn)}\s*\("),
         )
     _check_calls(source, what)
-    names = tuple(v for v in VARIABLES if v in used)
+    # (in VARIABLES' order; a variable only some expressions have, `record` of a field's labels, after them)
+    names = tuple(v for v in (*VARIABLES, *(x for x in variables if x not in VARIABLES)) if v in used)
     source_run = source
     boxes = [fn for fn in program.functions() if fn in CEL_FUNCTIONS and CEL_FUNCTIONS[fn].box is not None]
     if boxes:  # call the functions' boxed companions: a list they return then costs CEL no conversion

@@ -8,7 +8,13 @@ tools:
   list_files:
     labels: [untrusted]                # the rest of the result
     sources:
-      fields: {"files[].id": [drive_id], "files[].owner": [directory]}
+      fields:
+        "files[].id": [drive_id]
+        "files[].owner": [directory]
+        "files[].content":                # chosen by the record (the file) holding it, first that holds
+          - when: "record.owner == 'me@corp.example'"
+            labels: [trusted]
+          - labels: [untrusted]
   get_webpage:
     labels: [untrusted]
     sources:
@@ -30,6 +36,9 @@ The functions conditions gain here (registered in `proctor.policy.functions.FUNC
 - `field_paths(value)`: where it appeared whole, as ``TOOL:PATH`` (``list_files:files[].id``).
 - `carries(value, label)` (or a list of labels): whether `value` holds anything from a source with that
   label, matched as `provenance()` matches: ``carries(args.body, 'private')``.
+- `same_record(a, b)` (`same_record(a, b, tools)`): one record (the innermost map holding them) of a result of a
+  tool with sources (of one of `tools`) held both as whole values; `same_call(a, b[, tools])`: one call's result
+  did; `same_source(a, b)`: both appeared whole at one ``TOOL:PATH``.
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 from proctor.calls import Call
 from proctor.policy._cel import cel
 from proctor.policy.functions import FUNCTIONS, CelFunction, register
-from proctor.policy.validators import LABEL_WHEN_VARIABLES
+from proctor.policy.validators import FIELD_WHEN_VARIABLES, LABEL_WHEN_VARIABLES
 from proctor.provenance import ProvenanceIndex, ResultPlan
 
 if TYPE_CHECKING:
@@ -53,10 +62,15 @@ if TYPE_CHECKING:
 # (proctor.policy.conditions and .lets are imported where used: functions.py imports this module while
 # conditions.py is still importing functions.py)
 
-__all__ = ["DATAFLOW_FUNCTIONS", "ResultSources", "field_path_steps", "result_sources", "source_findings"]
+__all__ = ["DATAFLOW_FUNCTIONS", "RECORD_FUNCTIONS", "ResultSources", "field_path_steps", "result_sources",
+           "source_findings"]
 
 #: The functions of this module: like `provenance()`, a policy calling one makes the gate keep the run's index.
-DATAFLOW_FUNCTIONS = frozenset({"field_provenance", "field_paths", "carries"})
+DATAFLOW_FUNCTIONS = frozenset({"field_provenance", "field_paths", "carries", "same_record", "same_call",
+                                "same_source"})
+#: The functions whose optional third argument names tools (`policy check` checks a literal one names a tool with
+#: sources: only those results have records).
+RECORD_FUNCTIONS = frozenset({"same_record", "same_call"})
 
 
 def field_path_steps(path: str) -> tuple[str, ...]:
@@ -77,6 +91,36 @@ class _CallChoice:
 
 
 @dataclass(frozen=True, slots=True)
+class _FieldChoices:
+    """One `sources.fields` path's choices, compiled: (condition or None for always, labels), in order."""
+
+    choices: tuple[tuple[Condition | None, tuple[str, ...]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _RecordLabels:
+    """`_FieldChoices` for one call (a `FieldLabels`): chooses the labels of a value by the record holding it."""
+
+    choices: _FieldChoices
+    tool: str
+    args: Mapping[str, Any]
+    call: Call
+
+    def labels_for(self, record: Mapping[str, Any] | None, otherwise: tuple[str, ...]) -> tuple[str, ...]:
+        variables = {"record": dict(record) if record is not None else {}, "tool": self.tool, "args": self.args}
+        for condition, labels in self.choices.choices:
+            if condition is None:
+                return labels
+            try:
+                holds = _evaluate(condition, variables, self.call)
+            except _Failed:  # a record without the field the condition reads: no finer labels than the path's own
+                return otherwise
+            if holds:
+                return labels
+        return otherwise
+
+
+@dataclass(frozen=True, slots=True)
 class _Bound:
     """What the provenance functions read while a `calls[].when` is evaluated: the run's index so far."""
 
@@ -88,10 +132,10 @@ class ResultSources:
 
     __slots__ = ("calls", "every", "fields", "phrases", "result")
 
-    def __init__(self, result: tuple[str, ...], fields: Mapping[str, tuple[str, ...]],
+    def __init__(self, result: tuple[str, ...], fields: Mapping[str, tuple[str, ...] | _FieldChoices],
                  calls: tuple[_CallChoice, ...], phrases: bool, every: tuple[str, ...]) -> None:
         self.result = result
-        self.fields = tuple((field_path_steps(path), tuple(labels)) for path, labels in fields.items())
+        self.fields = tuple((field_path_steps(path), labels) for path, labels in fields.items())
         self.calls = calls
         self.phrases = phrases
         #: Every label the tool's results may carry: what a call whose condition fails is indexed under.
@@ -101,9 +145,9 @@ class ResultSources:
         """The labels of this call's result: the first `calls` entry whose condition holds chooses those of the
         rest of the result; a condition that fails makes them every label the tool may carry."""
         result = self.result
+        call = Call(tool, dict(args), provenance=index)
         if self.calls:
             variables = {"tool": tool, "args": dict(args)}
-            call = Call(tool, dict(args), provenance=index)
             for choice in self.calls:
                 try:
                     holds = _evaluate(choice.condition, variables, call)
@@ -113,7 +157,9 @@ class ResultSources:
                 if holds:
                     result = choice.labels
                     break
-        return ResultPlan(result, self.fields, self.phrases)
+        fields = tuple((steps, labels if isinstance(labels, tuple) else _RecordLabels(labels, tool, dict(args), call))
+                       for steps, labels in self.fields)
+        return ResultPlan(result, fields, self.phrases)
 
 
 class _Failed(Exception):
@@ -155,7 +201,18 @@ def result_sources(policy: Policy, tool: str) -> ResultSources | None:
                 _CallChoice(compile_expression(expand(c.when, policy.lets), LABEL_WHEN_VARIABLES, "when"),
                             tuple(c.labels))
                 for c in sources.calls)
-            per_tool[tool] = ResultSources(tuple(sources.result), dict(sources.fields), calls, bool(sources.phrases),
+            fields: dict[str, tuple[str, ...] | _FieldChoices] = {}
+            for path, given in sources.fields.items():
+                labels = [label for label in given if isinstance(label, str)]
+                if len(labels) == len(given):
+                    fields[path] = tuple(labels)
+                else:  # choices by record (the schema holds a path's value as labels only, or as choices only)
+                    fields[path] = _FieldChoices(tuple(
+                        (None if c.when is None
+                         else compile_expression(expand(c.when, policy.lets), FIELD_WHEN_VARIABLES, "when"),
+                         tuple(c.labels))
+                        for c in given if not isinstance(c, str)))
+            per_tool[tool] = ResultSources(tuple(sources.result), fields, calls, bool(sources.phrases),
                                            tuple(spec.labels) if spec is not None else ())
     return per_tool[tool]
 
@@ -293,6 +350,42 @@ def _bound_carries(index: ProvenanceIndex) -> Callable[..., Any]:
     return lambda value, labels: index.carries(value, _labels_argument(labels))
 
 
+def _tools_argument(tools: Any) -> tuple[str, ...]:
+    if isinstance(tools, str):
+        return (tools,)
+    if isinstance(tools, (list, tuple)) and all(isinstance(name, str) for name in tools):
+        return tuple(tools)
+    raise TypeError("same_record() and same_call() take two values and, third, a tool's name or a list of names")
+
+
+def _bound_same(method: Callable[[ProvenanceIndex], Callable[..., bool]]) -> Callable[[ProvenanceIndex],
+                                                                                     Callable[..., Any]]:
+    def bound(index: ProvenanceIndex) -> Callable[..., Any]:
+        same = method(index)
+
+        def call(a: Any, b: Any, tools: Any = None) -> bool:
+            return same(a, b, None if tools is None else _tools_argument(tools))
+
+        return call
+
+    return bound
+
+
+def _same_nothing(a: Any, b: Any, tools: Any = None) -> bool:
+    if tools is not None:
+        _tools_argument(tools)
+    return False
+
+
+register(CelFunction("same_record", bind=_bind(_bound_same(lambda i: i.same_record), _same_nothing), takes=(2, 3),
+                     doc="same_record(a, b[, tools]): one record (the innermost map holding them) of a result of a "
+                         "tool with sources held both as whole values"))
+register(CelFunction("same_call", bind=_bind(_bound_same(lambda i: i.same_call), _same_nothing), takes=(2, 3),
+                     doc="same_call(a, b[, tools]): one call's result (of a tool with sources) held both as whole "
+                         "values"))
+register(CelFunction("same_source", bind=_bind(lambda i: i.same_source, lambda a, b: False), takes=(2, 2),
+                     doc="same_source(a, b): both appeared as whole values at one TOOL:PATH (the same field of the "
+                         "same tool)"))
 register(CelFunction("field_provenance", bind=_bind(lambda i: i.field_labels, _no_labels), takes=(1, 1),
                      doc="labels under which a value appeared as a whole value of a result (a field, an item), "
                          "never inside longer text; for a list, those every item has"))

@@ -17,11 +17,12 @@ from proctor.policy.conditions import ConditionError, EvaluationError, compile_e
 from proctor.policy.engine import Policy
 from proctor.policy.lets import uses
 from proctor.policy.simulate import decide_like_gate
+from proctor.provenance import ProvenanceIndex
 
 if TYPE_CHECKING:
     from proctor.tools import Tool
 
-__all__ = ["Explanation", "RuleTrace", "explain", "history_notes"]
+__all__ = ["Explanation", "RuleTrace", "argument_sources", "explain", "history_notes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,36 @@ class Explanation:
     rules_decision: Decision | None = None
     #: One line per rule that reads history through a window it writes (``history.last(N)``).
     windows: tuple[str, ...] = ()
+    #: Where each argument came from, one line each, when the call has a provenance index (`argument_sources`).
+    sources: tuple[str, ...] = ()
+
+
+def argument_sources(call: Call) -> tuple[str, ...]:
+    """For each argument of `call` that is a string or a number: whether the user wrote it, its provenance, where
+    it appeared as a whole field (``TOOL:PATH``) under which labels, and which other arguments one record (and
+    one call's result) held with it — what `from_user`, `provenance`, `field_paths`, `field_provenance`,
+    `same_record` and `same_call` answer. Empty without a provenance index."""
+    index = call.provenance
+    if not isinstance(index, ProvenanceIndex):
+        return ()
+    plain = {k: v for k, v in call.args.items()
+             if isinstance(v, (str, int, float)) and not isinstance(v, bool)}
+    lines = []
+    for name, value in plain.items():
+        parts = [f"from_user {'yes' if index.from_user(value) else 'no'}",
+                 f"provenance [{', '.join(index.labels_of(value))}]"]
+        paths = index.field_paths(value)
+        if paths:
+            parts.append(f"a whole field at {', '.join(paths)} [{', '.join(index.field_labels(value))}]")
+        records = [other for other in plain if other != name and index.same_record(value, plain[other])]
+        if records:
+            parts.append(f"one record with {', '.join('args.' + r for r in records)}")
+        calls = [other for other in plain if other != name and other not in records
+                 and index.same_call(value, plain[other])]
+        if calls:
+            parts.append(f"one call's result with {', '.join('args.' + c for c in calls)}")
+        lines.append(f"args.{name}: {'; '.join(parts)}")
+    return tuple(lines)
 
 
 def _listing(values: object) -> str:
@@ -111,7 +142,7 @@ def explain(
         decision = replace(decision, rules=())
     return Explanation(decision, side_effect, tuple(traces), simulation.budget,
                        dict(call.args) if simulation.defaults_applied else None, rules_decision,
-                       history_notes(policy))
+                       history_notes(policy), argument_sources(call))
 
 
 

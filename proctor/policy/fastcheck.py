@@ -173,8 +173,8 @@ def generate() -> str:
 
     from proctor.policy import schema
 
-    models = ("PolicyModel", "ToolSpec", "SourcesSpec", "CallLabels", "MatchSpec", "LimitSpec", "BudgetSpec",
-              "RuleSpec", "ApprovalSpec", "ApproversSpec", "OsUserSpec")
+    models = ("PolicyModel", "ToolSpec", "SourcesSpec", "CallLabels", "FieldChoice", "MatchSpec", "LimitSpec",
+              "BudgetSpec", "RuleSpec", "ApprovalSpec", "ApproversSpec", "OsUserSpec")
     fields = {name: tuple(getattr(schema, name).model_fields) for name in models}
     body = pprint.pformat(_convert(schema.PolicyModel.__pydantic_core_schema__), width=116, sort_dicts=False)
     return (

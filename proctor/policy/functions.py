@@ -449,7 +449,8 @@ for _name, (_fn, _doc) in _BUILTIN.items():
 #: The functions that read the run's provenance index: a policy calling one makes the gate keep it.
 PROVENANCE_FUNCTIONS = frozenset({"provenance", "from_user", "text_provenance",
                                   "__box_provenance", "__box_text_provenance",
-                                  "field_provenance", "field_paths", "carries"})  # (proctor.policy.dataflow)
+                                  "field_provenance", "field_paths", "carries", "same_record", "same_call",
+                                  "same_source"})  # (proctor.policy.dataflow)
 
 
 def _no_sources(value: Any) -> list[str]:

@@ -16,6 +16,9 @@ mean what ops intended, each located in the file:
   (``@X.COM``, a trailing dot: `email_domain()`), a path (``/srv/out/../private``: a
   ``startsWith`` on a path points to `path_within()`), a command, a URL, an amount
   compared as a string, anything else (`normalize()`).
+- ``same_record(a, b, 'TOOL')`` / ``same_call(…)`` whose tools (a name or a list of names, written literally)
+  include one that is not a tool with `sources:` in the policy: an error (only those results have records, so
+  the condition could never hold for it).
 """
 
 from __future__ import annotations
@@ -140,6 +143,19 @@ def lint(policy: Policy, path: str | None = None, tools: Mapping[str, Tool] | No
                                           f"'{arg}' ({hint})", offset)
         for offset, what in unnormalised_comparisons(rule.when):
             add("warning", loc, f"{who}: when: {_unnormalised_message(rule.when, offset, what)}", offset)
+    with_sources = sorted(name for name, spec in policy.model.tools.items() if spec.sources is not None)
+    written: list[tuple[tuple[Any, ...], str, str]] = [
+        (("rules", i, "when"), f"rule '{rule.name}'", rule.when) for i, rule in enumerate(policy.rules)
+        if rule.when is not None]
+    written += [(("let", name), f"let '{name}'", text) for name, text in policy.model.let.items()]
+    for loc, who, text in written:
+        for offset, function, name in record_tool_names(text):
+            if name not in with_sources:
+                close = difflib.get_close_matches(name, with_sources, n=1)
+                hint = (f"did you mean '{close[0]}'?" if close
+                        else f"tools with sources: {', '.join(with_sources) or 'none'}")
+                add("error", loc, f"{who}: {function}(…, '{name}'): no tool with sources: is named '{name}', so "
+                                  f"it has no records and this never holds ({hint})", offset)
     if tools is not None:  # `sources.fields` paths against the tools' declared result types
         from proctor.policy.dataflow import source_findings
 
@@ -147,6 +163,47 @@ def lint(policy: Policy, path: str | None = None, tools: Mapping[str, Tool] | No
             add("error", loc, message)
     findings.sort(key=lambda f: (f.issue.line, f.issue.column))
     return findings
+
+
+_RECORD_CALL = re.compile(r"(?<![\w.])(same_record|same_call)\s*\(")
+_STRING_LITERAL = re.compile(r"'([^'\\]*)'|\"([^\"\\]*)\"")
+
+
+def record_tool_names(source: str) -> Iterator[tuple[int, str, str]]:
+    """(offset, function, tool name) of each tool named literally as the third argument of `same_record` or
+    `same_call` in `source` (``'t'`` or ``['t', 'u']``); other forms are not looked at."""
+    for found in _RECORD_CALL.finditer(source):
+        depth, quote, commas, i = 0, "", [], found.end()
+        while i < len(source):
+            c = source[i]
+            if quote:
+                if c == "\\":
+                    i += 1
+                elif c == quote:
+                    quote = ""
+            elif c in "'\"":
+                quote = c
+            elif c in "([{":
+                depth += 1
+            elif c in ")]}":
+                if depth == 0:
+                    break
+                depth -= 1
+            elif c == "," and depth == 0:
+                commas.append(i)
+            i += 1
+        if len(commas) != 2:
+            continue
+        third = source[commas[1] + 1 : i]
+        body = third.strip()
+        if body.startswith("[") and body.endswith("]"):
+            body = body[1:-1]
+        pieces = [p.strip() for p in body.split(",")] if body.strip() else []
+        if not pieces or not all(_STRING_LITERAL.fullmatch(p) for p in pieces):
+            continue
+        start = commas[1] + 1
+        for literal in _STRING_LITERAL.finditer(third):
+            yield start + literal.start(), found.group(1), literal.group(1) or literal.group(2) or ""
 
 
 def argument_kind(name: str, literal: str | None = None) -> str:

@@ -272,6 +272,8 @@ def _entity(loc: Loc, data: Mapping[str, Any]) -> tuple[str, Loc]:
 
 def _issue(err: ErrorDetails, data: Mapping[str, Any], source: str, marks: Marks | None) -> PolicyIssue:
     loc: Loc = tuple(err["loc"])
+    if len(loc) > 5 and loc[0] == "tools" and loc[2:4] == ("sources", "fields") and loc[5] in ("labels", "choices"):
+        loc = (*loc[:5], *loc[6:])  # the tag of a path's value (labels, or choices by record) is not in the file
     kind, ctx = err["type"], err.get("ctx") or {}
     entity, inner = _entity(loc, data)
     path = ".".join(str(p) for p in inner)

@@ -17,7 +17,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from proctor.calls import OUTCOMES, SIDE_EFFECTS, Outcome, SideEffect
 from proctor.policy import validators as _v
@@ -174,13 +184,33 @@ class CallLabels(_Strict):
     _labels_list = field_validator("labels", mode="before")(_v.tuple_from_list)
 
 
+class FieldChoice(_Strict):
+    """Labels for the values at a field path chosen by the record holding them (``content`` is ``trusted`` when the
+    file's ``owner`` is the user): the first choice whose `when` holds, one without `when` always holding."""
+
+    #: A CEL condition over `record` (the map holding the value: the file, the message), `tool` and `args`; the
+    #: provenance functions read what the run had seen before this result. None: this choice always holds.
+    when: Annotated[str, BeforeValidator(_v.check_field_when)] | None = None
+    labels: tuple[Label, ...]
+
+    _labels_list = field_validator("labels", mode="before")(_v.tuple_from_list)
+
+
+#: A path's labels, or its choices of labels by record (told apart by whether the list holds maps: one error each).
+FieldLabelsField = Annotated[
+    Annotated[tuple[Label, ...], Tag("labels")] | Annotated[tuple[FieldChoice, ...], Tag("choices")],
+    Discriminator(_v.field_labels_kind),
+]
+
+
 class SourcesSpec(_Strict):
     """Where a tool's result came from, finer than one set of labels (docs/policy.md, "Field-level sources")."""
 
     #: The labels of the result outside `fields` (the tool's own `labels`: filled in by the loader, never written).
     result: tuple[Label, ...] = ()
-    #: Labels of the values at these paths of the result, instead of `result`'s (``files[].id: [drive_id]``).
-    fields: dict[FieldPath, tuple[Label, ...]] = Field(default_factory=dict)
+    #: Labels of the values at these paths of the result, instead of `result`'s (``files[].id: [drive_id]``), or
+    #: choices of labels by the record holding them (`FieldChoice`).
+    fields: dict[FieldPath, FieldLabelsField] = Field(default_factory=dict)
     #: Labels chosen by the call's arguments, first match wins (else the tool's `labels`).
     calls: tuple[CallLabels, ...] = ()
     #: Also index the result's runs of two to four words, so an argument copying a phrase of it is traced.

@@ -35,9 +35,12 @@ __all__ = [
     "Choice",
     "ChoicesList",
     "FIELD_PATH_PATTERN",
+    "FIELD_WHEN_VARIABLES",
     "LABEL_WHEN_VARIABLES",
     "check_cost",
     "check_field_path",
+    "check_field_when",
+    "field_labels_kind",
     "check_labels_when",
     "label_lists",
     "sources_into_labels",
@@ -412,6 +415,9 @@ _FIELD_PATH = re.compile(FIELD_PATH_PATTERN)
 #: Variables a `sources.calls[].when` condition may read: the call's arguments (decided before its result is
 #: indexed, by what the run saw until then).
 LABEL_WHEN_VARIABLES = ("tool", "args")
+#: Variables a `sources.fields` choice's `when` may read: the record holding the value (the map: a file, a message)
+#: and the call's arguments.
+FIELD_WHEN_VARIABLES = ("record", "tool", "args")
 
 
 def check_field_path(value: object) -> str:
@@ -426,9 +432,28 @@ def check_field_path(value: object) -> str:
 
 
 def label_lists(value: object) -> object:
-    """`sources.fields`: each path's labels, a list in YAML -> a tuple (strict mode)."""
+    """`sources.fields`: each path's labels (or choices of them), a list in YAML -> a tuple (strict mode)."""
     if isinstance(value, dict):
         return {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
+    return value
+
+
+def field_labels_kind(value: object) -> str:
+    """Which a `sources.fields` path's value is: ``choices`` (a list holding a map: ``[{when: …, labels: […]}]``) or
+    ``labels`` (anything else, checked as a list of labels). (Also asked when a validated policy is dumped: its
+    choices are records then, not maps.)"""
+    if isinstance(value, (list, tuple)) and any(v is not None and not isinstance(v, (str, int, float)) for v in value):
+        return "choices"
+    return "labels"
+
+
+def check_field_when(value: object) -> str:
+    """`sources.fields` choice's `when`: a CEL condition over the record holding the value, the call's tool and
+    arguments (and the `let:` names)."""
+    if not isinstance(value, str):
+        raise PydanticCustomError("cel", "{message}", {"message": "when: write a CEL condition in quotes",
+                                                       "cel_line": 0, "cel_col": 0})
+    compile_with_lets(value, FIELD_WHEN_VARIABLES, "when")
     return value
 
 
@@ -442,10 +467,17 @@ def check_labels_when(value: object) -> str:
 
 
 def _labels_in(value: object) -> list[str]:
-    """The valid labels of a list (an invalid one is reported where it is written)."""
+    """The valid labels of a list, or of a list of field choices' `labels` (an invalid one is reported where it is
+    written)."""
     if not isinstance(value, (list, tuple)):
         return []
-    return [v for v in value if isinstance(v, str) and re.match(LABEL_PATTERN, v)]
+    found: list[str] = []
+    for v in value:
+        if isinstance(v, dict):
+            found.extend(_labels_in(v.get("labels")))
+        elif isinstance(v, str) and re.match(LABEL_PATTERN, v):
+            found.append(v)
+    return found
 
 
 def sources_into_labels(data: Any) -> Any:
