@@ -518,7 +518,8 @@ class FieldLabels(Protocol):
     ``content`` is ``trusted`` when the file's ``owner`` is the user): `proctor.policy.dataflow` gives one."""
 
     def labels_for(self, record: Mapping[str, Any] | None, otherwise: tuple[str, ...]) -> tuple[str, ...]:
-        """The labels of the value at the path in `record` (the innermost map holding it; None: none does), or
+        """The labels of the value at the path in `record` (the row holding it: the innermost map that is an item of
+        a list, else the result when it is a map; None: none), or
         `otherwise` (what it has without this path) when no choice holds or one cannot be evaluated."""
         ...
 
@@ -764,21 +765,22 @@ class ProvenanceIndex:
         every item of each, for lists. Only what was recorded answers (`field_paths`)."""
         return bool(self._whole_mask(a, self._field_paths) & self._whole_mask(b, self._field_paths))
 
-    def same_record(self, a: Any, b: Any, tools: Iterable[str] | None = None) -> bool:
-        """Whether one record — the innermost map holding them, in a result of a tool with sources (of one of
+    def same_record(self, a: Any, b: Any, tools: str | Iterable[str] | None = None) -> bool:
+        """Whether one record — a row: the innermost map holding them that is an item of a list (else the result
+        itself when it is a map), in a result of a tool with sources (of one of
         `tools` when given) — held `a` and `b` (every item of each, for lists) as whole values: the account id
         *of the contact* whose address is the recipient, not an id from another row."""
         return bool(self._shared(a, b, tools, calls=False))
 
-    def same_call(self, a: Any, b: Any, tools: Iterable[str] | None = None) -> bool:
+    def same_call(self, a: Any, b: Any, tools: str | Iterable[str] | None = None) -> bool:
         """Whether one call's result (of a tool with sources; of one of `tools` when given) held `a` and `b`
         (every item of each, for lists) as whole values, anywhere in it."""
         return bool(self._shared(a, b, tools, calls=True))
 
-    def _shared(self, a: Any, b: Any, tools: Iterable[str] | None, *, calls: bool) -> set[int]:
+    def _shared(self, a: Any, b: Any, tools: str | Iterable[str] | None, *, calls: bool) -> set[int]:
         wanted: set[int] | None = None
         if tools is not None:
-            names = set(tools)
+            names = {tools} if isinstance(tools, str) else set(tools)
             wanted = {i for i, name in enumerate(self._tool_names) if name in names}
             if not wanted:
                 return set()
@@ -1078,18 +1080,20 @@ class ProvenanceIndex:
                placed: list[tuple[Any, str, int]]) -> bool:
         """Sort the leaves of `value` (and its map keys) into `groups` by the labels `plan` gives their paths (a
         `FieldLabels` choosing them by the record holding the value); True when it is nested too deep or too
-        large to walk whole. Each map is a record, numbered in walking order: a value's is the innermost map
-        holding it (through lists)."""
+        large to walk whole. A value's record is the innermost map holding it that is an item of a list (a row: a
+        file, a contact, a message), else the result itself when it is a map; records are numbered in walking
+        order."""
         by_length: dict[int, list[tuple[tuple[str, ...], tuple[str, ...] | FieldLabels]]] = {}
         for pattern, own in plan.fields:  # a path matches only a node as deep as it is long
             by_length.setdefault(len(pattern), []).append((pattern, own))
-        # (node, its steps, its labels, depth, the record holding it and that record's number, -1 for none)
-        stack: list[tuple[Any, list[str], tuple[str, ...], int, Mapping[str, Any] | None, int]] = [
-            (value, [], plan.result, 0, None, -1)]
+        # (node, its steps, its labels, depth, the record holding it and that record's number, -1 for none, whether
+        # a map here is a record: the result itself or an item of a list)
+        stack: list[tuple[Any, list[str], tuple[str, ...], int, Mapping[str, Any] | None, int, bool]] = [
+            (value, [], plan.result, 0, None, -1, True)]
         budget = _MAX_NODES
         records = 0
         while stack:
-            node, steps, labels, depth, record, number = stack.pop()
+            node, steps, labels, depth, record, number, row = stack.pop()
             budget -= 1
             if budget < 0 or depth > _MAX_DEPTH:
                 return True
@@ -1098,14 +1102,15 @@ class ProvenanceIndex:
                     labels = own if isinstance(own, tuple) else own.labels_for(record, labels)
             if isinstance(node, Mapping):
                 keys = groups.setdefault(labels, [])
-                here, records = records, records + 1
+                if row:
+                    record, number, records = node, records, records + 1
                 for k, v in node.items():
                     if (isinstance(k, int) and not isinstance(k, bool)) or isinstance(k, str):
                         keys.append(k)
                     step = "*" if not isinstance(k, str) or _data_key(k) else k
-                    stack.append((v, [*steps, step], labels, depth + 1, node, here))
+                    stack.append((v, [*steps, step], labels, depth + 1, record, number, False))
             elif isinstance(node, (list, tuple, set, frozenset)):
-                stack.extend((item, [*steps, "[]"], labels, depth + 1, record, number) for item in node)
+                stack.extend((item, [*steps, "[]"], labels, depth + 1, record, number, True) for item in node)
             elif isinstance(node, (str, int, float, bytes)) or node is None:
                 groups.setdefault(labels, []).append(node)
                 if steps and (not isinstance(node, (str, bytes)) or len(node) <= _PATH_CHARS):
@@ -1114,7 +1119,7 @@ class ProvenanceIndex:
                 dump = getattr(node, "model_dump", None)
                 if callable(dump):
                     try:
-                        stack.append((dump(), steps, labels, depth + 1, record, number))
+                        stack.append((dump(), steps, labels, depth + 1, record, number, row))
                         continue
                     except Exception:  # noqa: BLE001 - fall back to its text
                         pass

@@ -247,7 +247,9 @@ def _explain(args: argparse.Namespace) -> int:
     print(terminal_safe(f"reason:   {decision.reason}"))
     for note in result.windows:
         print(terminal_safe(f"history:  {note}"))
-    print(terminal_safe(f"tool:     {args.tool} (side_effect {result.side_effect})"))
+    labels = policy.facts(args.tool).labels if args.tool in policy.model.tools else ()
+    print(terminal_safe(f"tool:     {args.tool} (side_effect {result.side_effect}"
+                        + (f"; labels {', '.join(labels)}" if labels else "") + ")"))
     print(terminal_safe(f"policy:   {args.policy} sha256 {decision.policy_sha256}"))
     if result.args is not None:
         print(terminal_safe(f"args:     {json.dumps(result.args, default=str)} (validated, schema defaults applied)"))
