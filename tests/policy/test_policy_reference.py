@@ -54,6 +54,12 @@ def schema_keys() -> dict[str, list[str]]:
             extra = sub.get("additionalProperties")
             if isinstance(extra, dict) and "properties" in _resolve(extra, defs):
                 walk(extra, path + ".NAME.")
+            for value in sub.get("patternProperties", {}).values():  # `sources.fields`: path -> labels or choices
+                for branch in [value, *value.get("oneOf", []), *value.get("anyOf", [])]:
+                    items = branch.get("items")
+                    if branch.get("type") == "array" and isinstance(items, dict) and "properties" in _resolve(
+                            items, defs):
+                        walk(items, path + ".PATH[].")
 
     walk(schema, "")
     return found
