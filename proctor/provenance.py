@@ -507,9 +507,10 @@ class ProvenanceLimits:
     #: it the result's labels are added to the answer for every argument of two words or more (and the rest of its
     #: phrases are not indexed). They count against `max_tokens` too.
     max_result_phrases: int = 60_000
-    #: Memberships of whole values in records and calls (`same_record`, `same_call`) one run's index keeps: a
-    #: short whole value of a result of a tool with sources, in the map (record) holding it. Past it later results'
-    #: records are not kept, and those predicates answer only from what was kept (false for the rest).
+    #: Records (`same_record`, `same_call`) one run's index keeps, counting each record and each membership of a
+    #: short whole value of a result of a tool with sources in its record. A result whose records would take the
+    #: run past it keeps none, later values past it none either; the predicates answer only from what was kept
+    #: (false for the rest).
     max_record_links: int = 100_000
 
 
@@ -529,11 +530,12 @@ class ResultPlan:
     """How one tool result is indexed (`ProvenanceIndex.add_result`): under `result` labels, except the values
     at `fields` paths (each a tuple of steps: a key, ``*`` any key, ``[]`` each item of a list), which get their
     own — a tuple of labels, or `FieldLabels` choosing them per record; with its runs of words too when
-    `phrases`."""
+    `phrases`; keeping the records its values were in (`same_record`, `same_call`) when `records`."""
 
     result: tuple[str, ...]
     fields: tuple[tuple[tuple[str, ...], tuple[str, ...] | FieldLabels], ...] = ()
     phrases: bool = False
+    records: bool = True
 
 
 class ResultLabeller(Protocol):
@@ -1073,7 +1075,7 @@ class ProvenanceIndex:
         if cut:
             self.mark_incomplete({label for group in groups for label in group} | set(names))
         if placed and tool:
-            self._record_paths(tool, placed)
+            self._record_paths(tool, placed, plan.records)
         return added
 
     def _split(self, value: Any, plan: ResultPlan, groups: dict[tuple[str, ...], list[Any]],
@@ -1126,16 +1128,22 @@ class ProvenanceIndex:
                 groups.setdefault(labels, []).append(str(node))
         return False
 
-    def _record_paths(self, tool: str, placed: list[tuple[Any, str, int]]) -> None:
+    def _record_paths(self, tool: str, placed: list[tuple[Any, str, int]], records: bool) -> None:
         digest = self._digest
         with self._lock:
-            if tool not in self._tool_names:
-                self._tool_names.append(tool)
-            tool_number = self._tool_names.index(tool)
-            call = len(self._call_tool)
-            self._call_tool.append(tool_number)
+            room = self.limits.max_record_links - self._links if records else 0
             first = len(self._record_call)  # this result's record n is the index's record first + n
-            room = self.limits.max_record_links - self._links
+            last = max(number for _, _, number in placed)
+            room -= last + 1  # each record counts as a link too (results of empty maps must not grow it unbounded)
+            if room > 0:
+                self._links += last + 1
+                if tool not in self._tool_names:
+                    self._tool_names.append(tool)
+                tool_number = self._tool_names.index(tool)
+                call = len(self._call_tool)
+                self._call_tool.append(tool_number)
+                self._record_call.extend([call] * (last + 1))
+                self._record_tool.extend([tool_number] * (last + 1))
             for leaf, path, number in placed:
                 text = normalize_whole(leaf) if isinstance(leaf, str) else _scalar_text(leaf)
                 if text is None:
@@ -1145,9 +1153,6 @@ class ProvenanceIndex:
                     continue
                 if number >= 0 and room > 0:
                     record = first + number
-                    while len(self._record_call) <= record:
-                        self._record_call.append(call)
-                        self._record_tool.append(tool_number)
                     held = self._records.setdefault(key, [])
                     if not held or held[-1] != record:  # (a value twice in one record counts once)
                         held.append(record)

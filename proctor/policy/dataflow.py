@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 from proctor.calls import Call
 from proctor.policy._cel import cel
 from proctor.policy.functions import FUNCTIONS, CelFunction, register
+from proctor.policy.functions import RECORD_FUNCTIONS as _RECORD_FUNCTIONS
 from proctor.policy.validators import FIELD_WHEN_VARIABLES, LABEL_WHEN_VARIABLES
 from proctor.provenance import ProvenanceIndex, ResultPlan
 
@@ -69,8 +70,8 @@ __all__ = ["DATAFLOW_FUNCTIONS", "RECORD_FUNCTIONS", "ResultSources", "field_pat
 DATAFLOW_FUNCTIONS = frozenset({"field_provenance", "field_paths", "carries", "same_record", "same_call",
                                 "same_source"})
 #: The functions whose optional third argument names tools (`policy check` checks a literal one names a tool with
-#: sources: only those results have records).
-RECORD_FUNCTIONS = frozenset({"same_record", "same_call"})
+#: sources: only those results have records); a policy calling one has the index keep records.
+RECORD_FUNCTIONS = _RECORD_FUNCTIONS
 
 
 def field_path_steps(path: str) -> tuple[str, ...]:
@@ -130,16 +131,18 @@ class _Bound:
 class ResultSources:
     """One tool's `sources`, compiled: gives each call's result its `ResultPlan` (a `ResultLabeller`)."""
 
-    __slots__ = ("calls", "every", "fields", "phrases", "result")
+    __slots__ = ("calls", "every", "fields", "phrases", "records", "result")
 
     def __init__(self, result: tuple[str, ...], fields: Mapping[str, tuple[str, ...] | _FieldChoices],
-                 calls: tuple[_CallChoice, ...], phrases: bool, every: tuple[str, ...]) -> None:
+                 calls: tuple[_CallChoice, ...], phrases: bool, every: tuple[str, ...], records: bool = True) -> None:
         self.result = result
         self.fields = tuple((field_path_steps(path), labels) for path, labels in fields.items())
         self.calls = calls
         self.phrases = phrases
         #: Every label the tool's results may carry: what a call whose condition fails is indexed under.
         self.every = every
+        #: Whether the index keeps this tool's records (the policy reads them: `same_record`, `same_call`).
+        self.records = records
 
     def plan(self, tool: str, args: Mapping[str, Any], index: ProvenanceIndex) -> ResultPlan:
         """The labels of this call's result: the first `calls` entry whose condition holds chooses those of the
@@ -159,7 +162,7 @@ class ResultSources:
                     break
         fields = tuple((steps, labels if isinstance(labels, tuple) else _RecordLabels(labels, tool, dict(args), call))
                        for steps, labels in self.fields)
-        return ResultPlan(result, fields, self.phrases)
+        return ResultPlan(result, fields, self.phrases, self.records)
 
 
 class _Failed(Exception):
@@ -212,8 +215,12 @@ def result_sources(policy: Policy, tool: str) -> ResultSources | None:
                          else compile_expression(expand(c.when, policy.lets), FIELD_WHEN_VARIABLES, "when"),
                          tuple(c.labels))
                         for c in given if not isinstance(c, str)))
+            chosen = [c.condition for c in calls] + [condition for f in fields.values()
+                                                     if isinstance(f, _FieldChoices)
+                                                     for condition, _ in f.choices if condition is not None]
+            records = policy.uses_records or any(RECORD_FUNCTIONS.intersection(c.functions) for c in chosen)
             per_tool[tool] = ResultSources(tuple(sources.result), fields, calls, bool(sources.phrases),
-                                           tuple(spec.labels) if spec is not None else ())
+                                           tuple(spec.labels) if spec is not None else (), records)
     return per_tool[tool]
 
 

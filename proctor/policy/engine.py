@@ -25,7 +25,7 @@ from proctor.policy.activation import Activation
 from proctor.policy.aggregates import is_hidden, pipeline_named
 from proctor.policy.approvers import ApproverRule, OsUser, required
 from proctor.policy.conditions import Condition, EvaluationError, compile_condition, compile_expression
-from proctor.policy.functions import PROVENANCE_FUNCTIONS
+from proctor.policy.functions import PROVENANCE_FUNCTIONS, RECORD_FUNCTIONS
 from proctor.policy.lets import check_lets, expand
 from proctor.policy.loader import load_policy_text, validate_policy_data
 from proctor.policy.matching import Matcher
@@ -188,6 +188,13 @@ class Policy:
         #: Whether a condition reads where values came from: then each run keeps a provenance index.
         self.uses_provenance = any(
             PROVENANCE_FUNCTIONS.intersection(c.functions)
+            for c in (*(r.condition for r in self.compiled), *self._side_effect_expressions.values())
+            if c is not None
+        )
+        #: Whether a rule or side-effect expression reads records (`same_record`, `same_call`): the index then keeps
+        #: the records of results of tools with sources (`proctor.policy.dataflow.result_sources`).
+        self.uses_records = any(
+            RECORD_FUNCTIONS.intersection(c.functions)
             for c in (*(r.condition for r in self.compiled), *self._side_effect_expressions.values())
             if c is not None
         )

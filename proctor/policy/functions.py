@@ -49,6 +49,7 @@ __all__ = [
     "FUNCTIONS",
     "CelFunction",
     "PROVENANCE_FUNCTIONS",
+    "RECORD_FUNCTIONS",
     "boxed",
     "cel_sum",
     "email_domain",
@@ -451,6 +452,9 @@ PROVENANCE_FUNCTIONS = frozenset({"provenance", "from_user", "text_provenance",
                                   "__box_provenance", "__box_text_provenance",
                                   "field_provenance", "field_paths", "carries", "same_record", "same_call",
                                   "same_source"})  # (proctor.policy.dataflow)
+#: The functions that read a run's records (`same_record`, `same_call`): only a policy calling one has the index
+#: keep them (they cost time per value of a result of a tool with sources).
+RECORD_FUNCTIONS = frozenset({"same_record", "same_call"})
 
 
 def _no_sources(value: Any) -> list[str]:

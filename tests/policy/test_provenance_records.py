@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proctor.calls import Call
 from proctor.cli import main
@@ -377,3 +379,51 @@ def test_explain_says_where_each_argument_came_from(tmp_path: Path, capsys: pyte
     same = explain(to="ann@corp.example", account="ACC-1001-77")
     assert "one record with args.account" in same, same
     assert "tool:     pay (side_effect destructive)" in same
+
+
+def test_through_a_real_gate_records_and_labels_by_record_decide() -> None:
+    """A real Gate indexes each result with its records and its labels by record, and decides on them."""
+    from proctor.gate import Gate
+    from proctor.testing import InMemoryAudit
+    from proctor.tools import tool
+
+    @tool(side_effect="read")
+    def list_contacts() -> list[dict[str, str]]:
+        """List contacts."""
+        return CONTACTS
+
+    @tool(side_effect="destructive")
+    def pay(to: str, account: str) -> str:
+        """Pay someone.
+
+        Args:
+            to: Their address.
+            account: The account paid.
+        """
+        return "paid"
+
+    policy = _policy(PAYEE)
+    gate = Gate(policy, audit=InMemoryAudit(), tools=[list_contacts, pay])
+    ctx = gate.start_run(task="Pay ann@corp.example back for the lunch")
+    gate.call("list_contacts", {}, context=ctx)
+    own = gate.submit("pay", {"to": "ann@corp.example", "account": "ACC-1001-77"}, context=ctx)
+    assert own.record.decision is not None and own.record.decision.outcome == "allow"
+    other = gate.submit("pay", {"to": "ann@corp.example", "account": "ACC-2002-88"}, context=ctx)
+    assert other.record.decision is not None and other.record.decision.outcome == "require_approval"
+
+
+_WORDS = st.lists(st.sampled_from(["lisbon", "dana", "o'neil", "q3", "review", "the", "Budget", "naïve", "x"]),
+                  min_size=1, max_size=14)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_WORDS, st.integers(0, 13), st.integers(1, 14), st.sampled_from(["", ".", ",", ":", "!"]))
+def test_every_run_of_the_tasks_words_is_the_users_and_nothing_else_is(words: list[str], start: int, length: int,
+                                                                        mark: str) -> None:
+    """Any run of the task's words (prose punctuation around them aside) is from the user, with either tokeniser
+    (the module's fixture runs it with each); the same run with one word the task does not hold is not."""
+    index = _task(" ".join(words) + ".")
+    run = words[start : start + length]
+    if run:
+        assert index.from_user(" ".join(run) + mark), run
+        assert not index.from_user(" ".join([*run, "zebra"]) + mark), run
