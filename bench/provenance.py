@@ -21,7 +21,8 @@ go to every argument that could be such a number (docs/policy.md, "Tables of num
 
 Field-level sources (docs/policy.md): "phrases TEXT" indexes the text with its runs of two to four words too (a
 tool's `sources: {phrases: true}`), next to "index TEXT" without; "fields events" indexes 600 calendar events
-(~100 KB) with labels by field path, next to the same list under one set of labels; the two text_provenance()
+(~100 KB) with labels by field path, next to the same list under one set of labels, and "fields events with
+records" keeping its records too (a policy calling `same_record`/`same_call`); the two text_provenance()
 lookups are made at call #1,000 of a run whose 999 results (1 MB) were indexed with and without phrases.
 """
 
@@ -228,12 +229,20 @@ def _field_figures() -> dict[str, float]:
     events = [{"id_": str(i), "title": " ".join(rng.choice(WORDS) for _ in range(4)),
                "participants": [f"user{rng.randint(1, 500)}@mail.example" for _ in range(3)],
                "description": " ".join(rng.choice(WORDS) for _ in range(12))} for i in range(600)]  # ~100 KB
-    by_field = Plan(ResultPlan(("untrusted",), ((("[]", "id_"), ("event_id",)),
-                                                (("[]", "participants", "[]"), ("directory",)))))
+    paths = ((("[]", "id_"), ("event_id",)), (("[]", "participants", "[]"), ("directory",)))
+    by_field = Plan(ResultPlan(("untrusted",), paths))
     figures["fields events (plain)"] = best(lambda: ProvenanceIndex().add(events, ["untrusted"]))
     figures["fields events"] = best(
         lambda: ProvenanceIndex().add_result(events, ["untrusted", "event_id", "directory"], by_field, {},
                                              tool="search_calendar_events"))
+    try:  # (a revision before records: no such figure on its side)
+        with_records = Plan(ResultPlan(("untrusted",), paths, records=True))  # type: ignore[call-arg, unused-ignore]
+    except TypeError:
+        with_records = None
+    if with_records is not None:
+        figures["fields events with records"] = best(
+            lambda: ProvenanceIndex().add_result(events, ["untrusted", "event_id", "directory"], with_records, {},
+                                                 tool="search_calendar_events"))
     index = ProvenanceIndex()
     index.add("Summarise my inbox", ("user",))
     for page in PAGES[:999]:

@@ -535,7 +535,7 @@ class ResultPlan:
     result: tuple[str, ...]
     fields: tuple[tuple[tuple[str, ...], tuple[str, ...] | FieldLabels], ...] = ()
     phrases: bool = False
-    records: bool = True
+    records: bool = False
 
 
 class ResultLabeller(Protocol):
@@ -1131,10 +1131,12 @@ class ProvenanceIndex:
     def _record_paths(self, tool: str, placed: list[tuple[Any, str, int]], records: bool) -> None:
         digest = self._digest
         with self._lock:
-            room = self.limits.max_record_links - self._links if records else 0
+            room = 0
             first = len(self._record_call)  # this result's record n is the index's record first + n
-            last = max(number for _, _, number in placed)
-            room -= last + 1  # each record counts as a link too (results of empty maps must not grow it unbounded)
+            if records:
+                last = max(number for _, _, number in placed)
+                # each record counts as a link too (results of empty maps must not grow the lists unbounded)
+                room = self.limits.max_record_links - self._links - (last + 1)
             if room > 0:
                 self._links += last + 1
                 if tool not in self._tool_names:

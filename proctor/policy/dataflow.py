@@ -134,7 +134,7 @@ class ResultSources:
     __slots__ = ("calls", "every", "fields", "phrases", "records", "result")
 
     def __init__(self, result: tuple[str, ...], fields: Mapping[str, tuple[str, ...] | _FieldChoices],
-                 calls: tuple[_CallChoice, ...], phrases: bool, every: tuple[str, ...], records: bool = True) -> None:
+                 calls: tuple[_CallChoice, ...], phrases: bool, every: tuple[str, ...], records: bool = False) -> None:
         self.result = result
         self.fields = tuple((field_path_steps(path), labels) for path, labels in fields.items())
         self.calls = calls

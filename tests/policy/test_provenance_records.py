@@ -72,7 +72,7 @@ class Rows:
     """A `ResultLabeller` indexing every result under one label, recording its records."""
 
     def plan(self, tool: str, args: Any, index: ProvenanceIndex) -> ResultPlan:
-        return ResultPlan(("untrusted",))
+        return ResultPlan(("untrusted",), records=True)
 
 
 # -- same_record / same_call / same_source ---------------------------------------------------------------------
@@ -315,7 +315,7 @@ def test_a_word_found_only_in_untrusted_text_launders_nothing() -> None:
     """A word of a page, of a field, of an opted-in phrase index, is never the user's; nor is a value mixing a
     word the user wrote with one a page wrote."""
     index = _task("Book two nights in Lisbon")
-    phrases = ResultPlan(("untrusted",), (), True)
+    phrases = ResultPlan(("untrusted",), (), True, True)
 
     class Fixed:
         def plan(self, tool: str, args: Any, index: ProvenanceIndex) -> ResultPlan:
