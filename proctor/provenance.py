@@ -1065,7 +1065,12 @@ class ProvenanceIndex:
         # (whole leaf, its path, the number in this result of the record holding it or -1) of short values, for
         # `field_paths` and `same_record`
         placed: list[tuple[Any, str, int]] = []
-        cut = self._split(value, plan, groups, placed)
+        try:
+            cut = self._split(value, plan, groups, placed)
+        except Exception:  # noqa: BLE001 - a field's labels that could not be chosen: fail safe as for the plan
+            groups, placed = {}, []
+            plan = ResultPlan(names)
+            cut = self._split(value, plan, groups, placed)
         added = 0
         for group_labels, leaves in groups.items():
             if group_labels:

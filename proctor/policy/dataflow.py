@@ -170,11 +170,11 @@ class _Failed(Exception):
 
 
 def _evaluate(condition: Condition, variables: Mapping[str, Any], call: Call) -> bool:
-    context = cel.Context({name: variables[name] for name in condition.variables})
     bound = _Bound(call.provenance)
-    for fn in condition.functions:
-        context.add_function(fn, FUNCTIONS[fn].callable_for(bound))
-    try:
+    try:  # (a record CEL cannot take, a set or an object in it, fails the condition too)
+        context = cel.Context({name: variables[name] for name in condition.variables})
+        for fn in condition.functions:
+            context.add_function(fn, FUNCTIONS[fn].callable_for(bound))
         value = condition.program.execute(context)
     except Exception as exc:  # noqa: BLE001 - any failure of the condition is a failure: fail safe
         raise _Failed(str(exc)) from None

@@ -427,3 +427,40 @@ def test_every_run_of_the_tasks_words_is_the_users_and_nothing_else_is(words: li
     if run:
         assert index.from_user(" ".join(run) + mark), run
         assert not index.from_user(" ".join([*run, "zebra"]) + mark), run
+
+
+def test_a_record_cel_cannot_read_keeps_the_paths_own_labels_and_is_indexed() -> None:
+    """A row holding what CEL cannot take (a set, an object) fails the choice's `when`: the value keeps the labels
+    it has without the path, and the result is indexed all the same (never left out)."""
+    policy = Policy.from_string("""
+version: 1
+tools:
+  t:
+    side_effect: read
+    labels: [untrusted]
+    sources:
+      fields:
+        "[].body": [{when: "record.owner == 'me'", labels: [trusted]}]
+""")
+    index = ProvenanceIndex()
+    rows: list[dict[Any, Any]] = [{"owner": {1, 2}, "body": "b-222"}, {"owner": object(), "body": "b-444"},
+                                  {1: "x", "owner": "me", "body": "b-333"}]
+    for row in rows:
+        index.add_result([row], policy.facts("t").labels, result_sources(policy, "t"), {}, tool="t")
+    assert index.labels_of("b-222") == ["untrusted"]
+    assert index.labels_of("b-444") == ["untrusted"]
+    assert index.labels_of("b-333") == ["trusted"]
+
+
+def test_a_field_labeller_that_raises_indexes_the_result_under_every_label() -> None:
+    class Broken:
+        def labels_for(self, record: Any, otherwise: tuple[str, ...]) -> tuple[str, ...]:
+            raise RuntimeError("no")
+
+    class Plan:
+        def plan(self, tool: str, args: Any, index: ProvenanceIndex) -> ResultPlan:
+            return ResultPlan(("untrusted",), ((("[]", "body"), Broken()),))
+
+    index = ProvenanceIndex()
+    index.add_result([{"body": "b-555"}], ("untrusted", "trusted"), Plan(), {}, tool="t")
+    assert index.labels_of("b-555") == ["trusted", "untrusted"]
