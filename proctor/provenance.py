@@ -780,13 +780,11 @@ class ProvenanceIndex:
         return bool(self._shared(a, b, tools, calls=True))
 
     def _shared(self, a: Any, b: Any, tools: str | Iterable[str] | None, *, calls: bool) -> set[int]:
-        wanted: set[int] | None = None
-        if tools is not None:
-            names = {tools} if isinstance(tools, str) else set(tools)
-            wanted = {i for i, name in enumerate(self._tool_names) if name in names}
-            if not wanted:
-                return set()
+        names = None if tools is None else {tools} if isinstance(tools, str) else set(tools)
         with self._lock:
+            wanted = None if names is None else {i for i, name in enumerate(self._tool_names) if name in names}
+            if wanted is not None and not wanted:
+                return set()
             found = self._holding(a, calls)
             if found:
                 found &= self._holding(b, calls)
