@@ -24,8 +24,10 @@ going through the gate; such tools can be handed to a `GovernedExecutor` on the 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import keyword
+import re
 import sys
 import threading
 import time
@@ -33,7 +35,7 @@ import weakref
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry.context import Context
 from smolagents import Tool as SmolTool
@@ -57,7 +59,8 @@ from proctor.telemetry import AgentSpan, agent_span, step_span
 from proctor.telemetry.logging import get_logger
 from proctor.tools import Tool, as_tool
 
-__all__ = ["GovernedExecutor", "GovernedTool", "SmolagentsAgentTool", "govern_tools"]
+__all__ = ["GovernedExecutor", "GovernedTool", "SmolagentsAgentTool", "MCPClientTool", "govern", "govern_tools",
+           "mcp_client_tools"]
 
 log = get_logger("proctor.integrations.smolagents")
 _RESTARTED = "\nNote: the interpreter was restarted; variables and functions from earlier steps are gone.\n"
@@ -174,7 +177,10 @@ class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ship
         self._sent: dict[str, Any] = {}
         self._managed: _Managed | None = None
         self._agent: weakref.ref[Any] | None = None
+        #: The agent `govern` tied this executor to (else smolagents' ``run()`` tells, see `_calling_agent`).
+        self._bound: weakref.ref[Any] | None = None
         self._step_calls: list[str] = []
+        self._step_lock = threading.Lock()
         check_installed(self.authorized_imports)  # now, as smolagents' own executor checks them when built
         self._finalizer = weakref.finalize(self, self._res.close, "interrupted")
 
@@ -185,20 +191,14 @@ class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ship
 
         Everything that would make the run fail is found here, before the model is asked anything:
         a tool name taken by another tool, a managed agent proctor cannot govern, a module that is
-        not installed.
+        not installed. (`govern` finds the same when the agent is built.)
         """
         agent = self._calling_agent()
         if agent is not None:
             self._adopt(agent)
-        converted: list[Tool] = []
-        final: Tool | None = None
-        for name, obj in tools.items():
-            if name == "final_answer":
-                final = None if _is_stock_final_answer(obj) else self._governed(name, obj)
-            else:
-                converted.append(self._governed(name, obj))
-        if self._managed is None:
-            self.gate.register(*converted, *([final] if final is not None else []))  # a conflict raises now
+            if self._managed is None and agent in _GOVERNED:
+                _check_still_governed(agent, self)
+        converted, final = self._convert(tools)
         self._tools, self._final = converted, final
         if self._res.interpreter is not None and self._key() != self._built_for:
             self._res.interpreter.close()  # the next program starts a worker with these tools
@@ -219,6 +219,20 @@ class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ship
         res.span_cm = agent_span(self.gate.tracer, agent_name=name, run=res.context.info,
                                  model=model if isinstance(model, str) else None)
         res.span = res.span_cm.__enter__()
+
+    def _convert(self, tools: Mapping[str, Any]) -> tuple[list[Tool], Tool | None]:
+        """The gate's tools for smolagents' tool table, registered at the gate (a conflict raises here), and
+        the custom ``final_answer``, if any; every managed agent's tree is checked on the way."""
+        converted: list[Tool] = []
+        final: Tool | None = None
+        for name, obj in tools.items():
+            if name == "final_answer":
+                final = None if _is_stock_final_answer(obj) else self._governed(name, obj)
+            else:
+                converted.append(self._governed(name, obj))
+        if self._managed is None:
+            self.gate.register(*converted, *([final] if final is not None else []))
+        return converted, final
 
     def send_variables(self, variables: Mapping[str, Any]) -> None:
         """Make `variables` names in the program's namespace; values that are not data arrive as their repr."""
@@ -296,6 +310,9 @@ class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ship
         ``max_steps``. The caller's frame is smolagents' own ``run``; its agent is taken only when
         its executor is this one.
         """
+        bound = self._bound() if self._bound is not None else None
+        if isinstance(bound, MultiStepAgent):
+            return bound if _executor_of(bound) is self else None
         try:
             candidate = sys._getframe(2).f_locals.get("self")
         except ValueError:
@@ -306,13 +323,39 @@ class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ship
 
     def _adopt(self, agent: Any) -> None:
         """Take what the agent says about the run: its imports, and callbacks ending steps and the run."""
-        extra = tuple(str(m) for m in (agent.additional_authorized_imports or ()))
+        codes = isinstance(agent, SmolCodeAgent)  # a ToolCallingAgent runs no programs: it has no imports
+        extra = tuple(str(m) for m in (agent.additional_authorized_imports or ())) if codes else ()
         wanted = tuple(dict.fromkeys((*self.authorized_imports, *extra)))
         if wanted != self._imports:
             check_installed(wanted)
             self._imports = wanted
         self._agent = weakref.ref(agent)
         _hook(agent)
+
+    def attach(self, agent: Any) -> None:
+        """Tie this executor to `agent` now, as `govern` does: take its imports (a module that is not
+        installed raises here) and check its tools and managed agents, registering them at the gate (a
+        conflict, or a managed agent proctor cannot govern, raises here, when the agent is built)."""
+        self._bound = weakref.ref(agent)
+        self._adopt(agent)
+        self._convert({**_tools_of(agent), **_managed_of(agent)})
+
+    def uses(self, gate: Gate) -> bool:
+        """Whether this executor's calls go through `gate` (one built from a policy has no gate until it runs)."""
+        return self._res.gate is gate
+
+    def call_context(self) -> tuple[RunContext | None, Context | None]:
+        """The run a tool call made now belongs to, and the span it nests under (a governed
+        ``ToolCallingAgent``'s calls: the agent's run, at its current step); (None, None) outside a run."""
+        ctx = self._context
+        if ctx is None:
+            return None, None
+        with self._step_lock:  # a ToolCallingAgent calls tools in threads
+            self._sync_step(ctx)
+        if self._managed is not None:
+            return ctx, self._managed.parent
+        span = self._res.span
+        return ctx, span.context if span is not None else None
 
     def _sync_step(self, ctx: RunContext | None) -> int:
         """Move the run's step counter to the agent's (`proctor.run.step`, `per: step` budgets)."""
@@ -438,12 +481,12 @@ def _hook(agent: Any) -> None:
         _HOOKED.add(agent)
 
     def on_action(step: ActionStep, agent: Any = None) -> None:
-        executor = getattr(agent, "python_executor", None)
+        executor = _executor_of(agent)
         if isinstance(executor, GovernedExecutor):
             executor._step_ended(step)
 
     def on_final(step: FinalAnswerStep, agent: Any = None) -> None:
-        executor = getattr(agent, "python_executor", None)
+        executor = _executor_of(agent)
         if isinstance(executor, GovernedExecutor):
             executor._run_ended(agent)
 
@@ -499,7 +542,7 @@ def managed_agent_tool(agent: Any, *, floor: str = "auto", path: tuple[str, ...]
     elif not isinstance(agent, ToolCallingAgent):
         raise ConfigurationError(f"managed agent {where} is a {type(agent).__name__}: proctor governs smolagents "
                                  "CodeAgent and ToolCallingAgent managed agents")
-    for sub in agent.managed_agents.values():
+    for sub in _managed_of(agent).values():
         managed_agent_tool(sub, floor=floor, path=(*path, name))
     description = str(agent.description or "").strip()
     if not description:
@@ -523,11 +566,11 @@ _BUSY_LOCK = threading.Lock()
 def _table_of(agent: Any, floor: str) -> dict[str, Tool]:
     """The proctor tools of a managed agent's tools and managed agents (smolagents' own final_answer aside)."""
     table: dict[str, Tool] = {}
-    for name, obj in agent.tools.items():
+    for name, obj in _tools_of(agent).items():
         if name == "final_answer" and _is_stock_final_answer(obj):
             continue
         table[name] = obj.tool if isinstance(obj, GovernedTool) else as_tool(obj)
-    for name, sub in agent.managed_agents.items():
+    for name, sub in _managed_of(agent).items():
         table[name] = managed_agent_tool(sub, floor=floor)
     return table
 
@@ -549,8 +592,8 @@ def _run_managed(tool: SmolagentsAgentTool, task: str, additional_args: Any, sco
         gate = scope.gate
         table = _table_of(agent, tool.floor)
         own: Layer | None = None
-        executor = agent.python_executor if isinstance(agent, SmolCodeAgent) else None
-        if isinstance(executor, GovernedExecutor) and executor.policy is not gate.policy:
+        executor = _executor_of(agent)
+        if executor is not None and executor.policy is not gate.policy:
             # Its own policy (another gate's) only narrows the run's; its budgets count its calls only.
             info = replace(parent.info, step=0, agent=agent.name)
             own = Layer(agent.name, executor.policy, executor.policy.new_ledger(info, gate.ledger), executor.approver)
@@ -568,7 +611,7 @@ def _run_managed(tool: SmolagentsAgentTool, task: str, additional_args: Any, sco
             if isinstance(agent, SmolCodeAgent):
                 answer = _run_code_agent(agent, executor, managed, tool.floor, task, kwargs)
             else:
-                answer = _run_tool_calling_agent(agent, gate, managed, task, kwargs)
+                answer = _run_tool_calling_agent(agent, gate, managed, tool.floor, task, kwargs)
             steps = agent.memory.steps
             if steps and isinstance(getattr(steps[-1], "error", None), AgentMaxStepsError):
                 span.finish("max_steps", "max_steps")
@@ -592,18 +635,144 @@ def _run_code_agent(agent: Any, executor: Any, managed: _Managed, floor: str, ta
         runner.cleanup()
 
 
-def _run_tool_calling_agent(agent: Any, gate: Gate, managed: _Managed, task: str, kwargs: dict[str, Any]) -> Any:
+def _run_tool_calling_agent(agent: Any, gate: Gate, managed: _Managed, floor: str, task: str,
+                            kwargs: dict[str, Any]) -> Any:
     saved_tools, saved_agents = agent.tools, agent.managed_agents
     ctx = managed.context
     agent.tools = {name: obj if name not in managed.tools else GovernedTool(managed.tools[name], gate, ctx,
                                                                             parent=managed.parent)
-                   for name, obj in saved_tools.items()}
+                   for name, obj in _tools_of(agent).items()}
     agent.managed_agents = {name: GovernedTool(managed.tools[name], gate, ctx, parent=managed.parent)
-                            for name in saved_agents}
+                            for name in _managed_of(agent)}
+    # An agent `govern` gave its own executor: smolagents' run() would open that executor's own run.
+    own = _GOVERNED.get(agent)
+    runner = own.executor._for_managed_call(managed, (), floor) if own is not None else None
+    if runner is not None:
+        agent.python_executor = runner
     try:
         return agent(task, **kwargs)
     finally:
         agent.tools, agent.managed_agents = saved_tools, saved_agents
+        if own is not None and runner is not None:
+            agent.python_executor = own.executor
+            runner.cleanup()
+
+
+# -- govern: one call, checked when the agent is built ------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class _Governed:
+    """A ``ToolCallingAgent`` `govern` rewired: its own tools and managed agents (its tables now hold
+    `GovernedTool`s) and the executor that opens a gate run at each of its ``run()``s."""
+
+    tools: Mapping[str, Any]
+    managed: Mapping[str, Any]
+    executor: GovernedExecutor
+
+
+_GOVERNED: weakref.WeakKeyDictionary[Any, _Governed] = weakref.WeakKeyDictionary()
+_A = TypeVar("_A")
+
+
+def _tools_of(agent: Any) -> Mapping[str, Any]:
+    """`agent`'s own tools (a `govern`-ed ``ToolCallingAgent``'s as it was given them)."""
+    own = _GOVERNED.get(agent)
+    return own.tools if own is not None else agent.tools
+
+
+def _managed_of(agent: Any) -> Mapping[str, Any]:
+    """`agent`'s managed agents (a `govern`-ed ``ToolCallingAgent``'s as it was given them)."""
+    own = _GOVERNED.get(agent)
+    return own.managed if own is not None else agent.managed_agents
+
+
+def _executor_of(agent: Any) -> GovernedExecutor | None:
+    """The `GovernedExecutor` of `agent` at this moment: a ``CodeAgent``'s, or the one `govern` gave a
+    ``ToolCallingAgent`` (replaced, while it works as a managed agent, by one in its manager's run)."""
+    if not isinstance(agent, SmolCodeAgent) and agent not in _GOVERNED:
+        return None
+    executor = agent.python_executor
+    return executor if isinstance(executor, GovernedExecutor) else None
+
+
+def govern(agent: _A, gate: Gate, *, authorized_imports: Iterable[str] = (), timeout: float = 30,
+           sandbox: SandboxMode = "auto", principal: str | None = None, labels: Mapping[str, str] | None = None,
+           **interpreter_options: Any) -> _A:
+    """Govern the smolagents `agent` — its tools and its managed agents, at any depth — through `gate`, and
+    return it. Everything that would leave a path ungoverned is refused here, when the agent is built,
+    with a `ConfigurationError` naming the fix.
+
+    A ``CodeAgent`` keeps a `GovernedExecutor` it was built with on this gate (one on another gate is
+    refused), gets one in place of smolagents' own local executor (the other keywords build it), and is
+    refused with a remote executor (E2B, Docker, Modal…: its tool calls would run there). A
+    ``ToolCallingAgent``'s tools and managed agents are replaced by `GovernedTool`s, so each call the model
+    asks for passes the gate; each ``run()`` is one gate run, its managed agents working inside it. Then
+    the tools are registered at the gate (two different tools of one name are refused) and the whole
+    managed-agent tree is checked as `managed_agent_tool` does.
+    """
+    options: dict[str, Any] = {"authorized_imports": authorized_imports, "timeout": timeout, "sandbox": sandbox,
+                               "principal": principal, "labels": labels, **interpreter_options}
+    if isinstance(agent, SmolCodeAgent):
+        label = f"agent {agent.name or 'CodeAgent'}"
+        executor = agent.python_executor
+        if isinstance(executor, GovernedExecutor):
+            if not executor.uses(gate):
+                raise ConfigurationError(f"{label} has a GovernedExecutor on another gate: build it without "
+                                         "executor= (govern() gives it one on this gate), or on this gate")
+        elif isinstance(executor, LocalPythonExecutor):  # smolagents' default: proctor runs its programs instead
+            executor = GovernedExecutor(gate, **options)
+        else:
+            raise ConfigurationError(f"{label} runs its programs in {type(executor).__name__}, outside proctor's gate: "
+                                     "build it without executor= or executor_type= (govern() then runs its programs)")
+        executor.attach(agent)
+        agent.python_executor = executor  # only once everything checked: a refused agent is left as it was
+        return agent
+    if isinstance(agent, ToolCallingAgent):
+        _govern_tool_calling(agent, gate, options)
+        return agent
+    raise ConfigurationError(f"govern() takes a smolagents CodeAgent or ToolCallingAgent, not a {type(agent).__name__}")
+
+
+def _check_still_governed(agent: Any, executor: GovernedExecutor) -> None:
+    """Refuse a run of a `govern`-ed ``ToolCallingAgent`` given a tool or managed agent since: smolagents
+    would call it directly, outside the gate."""
+    for name, obj in {**agent.tools, **agent.managed_agents}.items():
+        if name == "final_answer" and _is_stock_final_answer(obj):
+            continue
+        if not (isinstance(obj, GovernedTool) and obj.runner is executor):
+            raise ConfigurationError(f"agent {agent.name or 'ToolCallingAgent'}: {name!r} was added after govern(), "
+                                     "and smolagents would call it outside the gate: call govern(agent, gate) again")
+
+
+def _govern_tool_calling(agent: Any, gate: Gate, options: dict[str, Any]) -> None:
+    before = _GOVERNED.get(agent)
+    if before is not None and not before.executor.uses(gate):
+        raise ConfigurationError(f"agent {agent.name or 'ToolCallingAgent'} is governed on another gate already")
+
+    def own(obj: Any) -> Any:  # a tool govern() wrapped before, as the agent was given it
+        if before is not None and isinstance(obj, GovernedTool) and obj.runner is before.executor:
+            return {**before.tools, **before.managed}.get(obj.name, obj)
+        return obj
+
+    tools = {name: own(obj) for name, obj in agent.tools.items()}
+    managed = {name: own(obj) for name, obj in agent.managed_agents.items()}
+    executor = before.executor if before is not None else GovernedExecutor(gate, **options)
+    _GOVERNED[agent] = _Governed(tools, managed, executor)
+    try:
+        executor.attach(agent)  # checks the tree and registers every tool: a refusal raises here
+    except BaseException:
+        if before is None:
+            del _GOVERNED[agent]
+        else:
+            _GOVERNED[agent] = before
+        raise
+    agent.tools = {name: obj if name == "final_answer" and _is_stock_final_answer(obj)
+                   else GovernedTool(gate.tools[name], gate, runner=executor) for name, obj in tools.items()}
+    agent.managed_agents = {name: GovernedTool(gate.tools[name], gate, runner=executor) for name in managed}
+    # smolagents' run() calls send_tools on any agent's python_executor (a ToolCallingAgent has none): the
+    # hook through which each run() opens a gate run and its step callbacks close it.
+    agent.python_executor = executor
 
 
 def _model_id(agent: Any) -> str | None:
@@ -620,7 +789,7 @@ class GovernedTool(SmolTool):  # type: ignore[misc]  # smolagents ships no type 
     skip_forward_signature_validation = True
 
     def __init__(self, tool: Tool, gate: Gate, context: RunContext | None = None, *,
-                 parent: Context | None = None) -> None:
+                 parent: Context | None = None, runner: GovernedExecutor | None = None) -> None:
         source = tool.source
         self.name = tool.name
         self.description = tool.description
@@ -628,6 +797,8 @@ class GovernedTool(SmolTool):  # type: ignore[misc]  # smolagents ships no type 
         self.output_type = tool.output_type or "any"
         self.output_schema = getattr(source, "output_schema", None)
         self.tool, self.gate, self.context, self.parent = tool, gate, context, parent
+        #: The executor whose current run the calls belong to (a `govern`-ed ``ToolCallingAgent``'s), if any.
+        self.runner = runner
         super().__init__()
 
     def __call__(self, *args: Any, sanitize_inputs_outputs: bool = False, **kwargs: Any) -> Any:
@@ -644,7 +815,10 @@ class GovernedTool(SmolTool):  # type: ignore[misc]  # smolagents ships no type 
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Call the tool through the gate: decided, approved, audited and traced; a refusal raises."""
-        return self.gate.call(self.tool, self.tool.bind(args, kwargs), context=self.context, parent=self.parent)
+        context, parent = self.context, self.parent
+        if self.runner is not None:
+            context, parent = self.runner.call_context()
+        return self.gate.call(self.tool, self.tool.bind(args, kwargs), context=context, parent=parent)
 
 
 def govern_tools(tools: Iterable[Any], gate: Gate, *, context: RunContext | None = None) -> list[GovernedTool]:
@@ -667,6 +841,91 @@ def govern_tools(tools: Iterable[Any], gate: Gate, *, context: RunContext | None
         gate.register(tool)
         governed.append(GovernedTool(tool, gate, context))
     return governed
+
+
+# -- smolagents' MCPClient -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class MCPClientTool(Tool):
+    """A tool of smolagents' ``MCPClient`` (made by `mcp_client_tools`), with what its server said about it."""
+
+    #: The tool's MCP annotations (``readOnlyHint``, ``destructiveHint``…) as the server sent them: hints.
+    annotations: Mapping[str, Any] = field(default_factory=dict)
+    #: The tool's name on its server (``get-sum``), which `name` may spell differently (``get_sum``).
+    remote_name: str = ""
+
+
+def mcp_client_tools(client: Any, *, name: str = "mcp", trust_annotations: bool = False) -> list[MCPClientTool]:
+    """The tools of smolagents' ``MCPClient`` as proctor tools keeping their MCP annotations.
+
+    ``client.get_tools()`` gives the tools mcpadapt made, which have lost their annotations; these are
+    the same tools with them recovered (`MCPClientTool.annotations`) and read exactly as `MCPToolset`
+    reads them: as hints. Each tool is ``destructive`` unless the policy's ``tools:`` section declares
+    its class, or `trust_annotations` is true, which trusts *this* server: ``readOnlyHint`` → read,
+    else ``destructiveHint`` (true unless false) → destructive, else ``openWorldHint`` (true unless
+    false) → external, else write. `name` names the server in records and spans (``origin``
+    ``mcp:<name>``). A tool that would take a Python builtin's name is refused (the MCPClient cannot
+    prefix its tools: use `MCPToolset(..., prefix=…)`). Hand them to `govern_tools` for a smolagents agent.
+    """
+    import builtins
+
+    from smolagents.mcp_client import MCPClient
+
+    from proctor.integrations.mcp import side_effect_of
+
+    if not isinstance(client, MCPClient):
+        raise ConfigurationError(f"mcp_client_tools() takes a smolagents MCPClient, not a {type(client).__name__}")
+    made = client.get_tools()
+    listed = _mcp_client_listing(client)
+    if [_mcpadapt_name(spec.name) for spec in listed] != [getattr(t, "name", None) for t in made]:
+        raise ConfigurationError("smolagents' MCPClient: its tools and the server's listing behind them do not line "
+                                 "up (a smolagents or mcpadapt version proctor does not know): use MCPToolset")
+    tools: list[MCPClientTool] = []
+    for obj, spec in zip(made, listed, strict=True):
+        if hasattr(builtins, obj.name) or obj.name == "final_answer":
+            raise ConfigurationError(f"the MCP server {name}: tool {spec.name!r} would take the name of Python's "
+                                     f"{obj.name!r}; MCPClient cannot prefix its tools: use "
+                                     f"MCPToolset(..., prefix='{name}_')")
+        hints = spec.annotations
+        annotations: dict[str, Any] = hints.model_dump(by_alias=True, exclude_none=True) if hints is not None else {}
+        side_effect = side_effect_of(annotations) if trust_annotations else "destructive"
+        base = adapters.from_smolagents(obj, side_effect=side_effect)
+        values = {f.name: getattr(base, f.name) for f in dataclasses.fields(Tool)}
+        values.update(origin=f"mcp:{name}")
+        tools.append(MCPClientTool(**values, annotations=annotations, remote_name=spec.name))
+    return tools
+
+
+def _mcp_client_listing(client: Any) -> list[Any]:
+    """The MCP tool definitions behind ``client.get_tools()``, in the same order.
+
+    Why a private attribute: smolagents' ``MCPClient`` hands out only the tools mcpadapt made from the
+    server's listing, and mcpadapt drops each definition's annotations as it makes them. The listing
+    itself stays on the ``MCPAdapt`` the client keeps as ``_adapter`` (``mcp_tools``: one list per
+    server, in the order ``get_tools()`` follows). This is the one place proctor reads it;
+    tests/integrations/test_smolagents_mcp_client.py fails loudly when smolagents or mcpadapt change it.
+    """
+    try:
+        from mcpadapt.core import MCPAdapt
+    except ImportError as exc:  # mcpadapt imports names the mcp SDK 2.x no longer has
+        raise ConfigurationError(f"smolagents' MCPClient needs mcpadapt, which does not import here ({exc}): "
+                                 "use MCPToolset") from None
+    adapter = client._adapter  # the one private read of smolagents proctor makes: see the docstring
+    listing = adapter.mcp_tools if isinstance(adapter, MCPAdapt) else None
+    if not isinstance(listing, list) or not all(isinstance(part, list) for part in listing):
+        raise ConfigurationError("smolagents' MCPClient no longer keeps its server's listing where proctor reads it "
+                                 "(a smolagents or mcpadapt version proctor does not know): use MCPToolset")
+    return [spec for part in listing for spec in part]
+
+
+def _mcpadapt_name(name: str) -> str:
+    """The name mcpadapt gives a server's tool (its ``_sanitize_function_name``): dashes become
+    underscores, other non-word characters go, a leading digit gets an underscore, a keyword one after."""
+    name = re.sub(r"[^\w_]", "", name.replace("-", "_"))
+    if name[:1].isdigit():
+        name = f"_{name}"
+    return f"{name}_" if keyword.iskeyword(name) else name
 
 
 def _is_stock_final_answer(obj: Any) -> bool:
