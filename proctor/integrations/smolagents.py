@@ -890,11 +890,29 @@ def mcp_client_tools(client: Any, *, name: str = "mcp", trust_annotations: bool 
         hints = spec.annotations
         annotations: dict[str, Any] = hints.model_dump(by_alias=True, exclude_none=True) if hints is not None else {}
         side_effect = side_effect_of(annotations) if trust_annotations else "destructive"
-        base = adapters.from_smolagents(obj, side_effect=side_effect)
+        schema = spec.inputSchema if isinstance(spec.inputSchema, dict) else {}
+        required = {str(k) for k in schema.get("required") or ()}
+        base = adapters.from_smolagents(_MCPClientCall(obj, required), side_effect=side_effect)
         values = {f.name: getattr(base, f.name) for f in dataclasses.fields(Tool)}
         values.update(origin=f"mcp:{name}")
         tools.append(MCPClientTool(**values, annotations=annotations, remote_name=spec.name))
     return tools
+
+
+class _MCPClientCall(SmolTool):  # type: ignore[misc]  # smolagents ships no type information
+    """One MCPClient tool with the inputs its server declared: mcpadapt marks every input required, so
+    those the server's schema leaves optional are made nullable, and left out of the call when None."""
+
+    skip_forward_signature_validation = True
+
+    def __init__(self, made: Any, required: set[str]) -> None:
+        self.name, self.description, self.output_type = made.name, made.description, made.output_type
+        self.inputs = {k: dict(v) if k in required else {**v, "nullable": True} for k, v in made.inputs.items()}
+        self.made, self.required = made, required
+        super().__init__()
+
+    def forward(self, **kwargs: Any) -> Any:
+        return self.made(**{k: v for k, v in kwargs.items() if v is not None or k in self.required})
 
 
 def _mcp_client_listing(client: Any) -> list[Any]:
