@@ -34,6 +34,8 @@ STARTS = {
     "proctor.interpreter.interpreter.Interpreter": "sandbox",
     "proctor.agent.code_agent.CodeAgent": "sandbox",
     "proctor.integrations.smolagents.GovernedExecutor": "sandbox",
+    "proctor.integrations.smolagents.govern": "sandbox",
+    "smolagents.mcp_client.MCPClient": "server",
     "proctor.agent.demo.app.run_demo": "sandbox",
     "proctor.integrations.mcp.MCPToolset": "server",
     "fleet_engines.RedisServer": "server",

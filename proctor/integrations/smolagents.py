@@ -18,8 +18,14 @@ programs run in a `GovernedExecutor` for the call, whatever executor it was buil
 tools are called through the gate. A tree proctor cannot govern whole (a managed agent running
 programs in a remote executor, or one that is no smolagents agent) is refused before the run starts.
 
+A manager built with ``executor=GovernedExecutor(…)`` finds such a tree when ``run()`` starts
+(smolagents calls no executor while it builds an agent). ``govern(agent, gate)`` finds it when the
+agent is built: it governs a ``CodeAgent`` or a ``ToolCallingAgent`` (whose tools and managed agents
+the model calls by JSON tool calls: each becomes a `GovernedTool` in the agent's run) in one call.
+
 ``govern_tools(tools, gate)`` gives a ``ToolCallingAgent`` the same tools back, each call
 going through the gate; such tools can be handed to a `GovernedExecutor` on the same gate too.
+``mcp_client_tools(client)`` gives smolagents' ``MCPClient`` tools back with their MCP annotations.
 """
 
 from __future__ import annotations
@@ -718,8 +724,8 @@ def govern(agent: _A, gate: Gate, *, authorized_imports: Iterable[str] = (), tim
         executor = agent.python_executor
         if isinstance(executor, GovernedExecutor):
             if not executor.uses(gate):
-                raise ConfigurationError(f"{label} has a GovernedExecutor on another gate: build it without "
-                                         "executor= (govern() gives it one on this gate), or on this gate")
+                raise ConfigurationError(f"{label} has a GovernedExecutor of another gate (or policy): build it "
+                                         "without executor= (govern() gives it one on this gate), or on this gate")
         elif isinstance(executor, LocalPythonExecutor):  # smolagents' default: proctor runs its programs instead
             executor = GovernedExecutor(gate, **options)
         else:

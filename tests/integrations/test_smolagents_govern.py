@@ -150,8 +150,8 @@ def test_govern_refuses_an_agent_whose_own_executor_escapes_or_answers_to_anothe
     other = GovernedExecutor(gate_with(), sandbox="process")
     elsewhere = smolagents.CodeAgent(tools=[], model=ScriptedSmolModel([]), executor=other)
     try:
-        with pytest.raises(ConfigurationError, match=r"has a GovernedExecutor on another gate: build it without "
-                                                     r"executor= \(govern\(\) gives it one on this gate\)"):
+        with pytest.raises(ConfigurationError, match=r"has a GovernedExecutor of another gate \(or policy\): build "
+                                                     r"it without executor= \(govern\(\) gives it one on this gate\)"):
             govern(elsewhere, gate)
     finally:
         other.cleanup()
