@@ -55,6 +55,7 @@ from smolagents.utils import AgentMaxStepsError
 
 from proctor import adapters
 from proctor.agent.managed import MAX_AGENT_DEPTH, ScopedGate, strictest_sandbox
+from proctor.calls import new_id
 from proctor.errors import ConfigurationError
 from proctor.gate import CallScope, Gate, RunContext, agent_fields
 from proctor.interpreter import ExecutionResult, Interpreter
@@ -350,18 +351,21 @@ class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ship
         """Whether this executor's calls go through `gate` (one built from a policy has no gate until it runs)."""
         return self._res.gate is gate
 
-    def call_context(self) -> tuple[RunContext | None, Context | None]:
-        """The run a tool call made now belongs to, and the span it nests under (a governed
-        ``ToolCallingAgent``'s calls: the agent's run, at its current step); (None, None) outside a run."""
+    def call_context(self) -> tuple[RunContext | None, Context | None, str]:
+        """The run a tool call made now belongs to, the span it nests under and its call id, noted for
+        the step's audit record (a governed ``ToolCallingAgent``'s calls: the agent's run, at its current
+        step); no run and no span outside a run."""
+        call_id = new_id("call_")
         ctx = self._context
         if ctx is None:
-            return None, None
+            return None, None, call_id
         with self._step_lock:  # a ToolCallingAgent calls tools in threads
             self._sync_step(ctx)
+            self._step_calls.append(call_id)
         if self._managed is not None:
-            return ctx, self._managed.parent
+            return ctx, self._managed.parent, call_id
         span = self._res.span
-        return ctx, span.context if span is not None else None
+        return ctx, span.context if span is not None else None, call_id
 
     def _sync_step(self, ctx: RunContext | None) -> int:
         """Move the run's step counter to the agent's (`proctor.run.step`, `per: step` budgets)."""
@@ -821,10 +825,11 @@ class GovernedTool(SmolTool):  # type: ignore[misc]  # smolagents ships no type 
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Call the tool through the gate: decided, approved, audited and traced; a refusal raises."""
-        context, parent = self.context, self.parent
-        if self.runner is not None:
-            context, parent = self.runner.call_context()
-        return self.gate.call(self.tool, self.tool.bind(args, kwargs), context=context, parent=parent)
+        if self.runner is None:
+            return self.gate.call(self.tool, self.tool.bind(args, kwargs), context=self.context, parent=self.parent)
+        context, parent, call_id = self.runner.call_context()
+        return self.gate.call(self.tool, self.tool.bind(args, kwargs), context=context, parent=parent,
+                              call_id=call_id)
 
 
 def govern_tools(tools: Iterable[Any], gate: Gate, *, context: RunContext | None = None) -> list[GovernedTool]:

@@ -243,8 +243,12 @@ def test_each_run_of_a_governed_tool_calling_agent_is_its_own_gate_run_with_fres
     assert agent.run("second") == "b"
     assert [r["amount"] for _, r in RAN] == [1, 2, 4]  # the third charge of the first run hit the budget
     assert len(run_ids(audit)) == 2
-    steps = [r["step"] for r in audit.of_kind("call_intent")]
-    assert steps == [1, 2, 3, 1]  # smolagents' own step numbers
+    intents = audit.of_kind("call_intent")
+    assert [r["step"] for r in intents] == [1, 2, 3, 1]  # smolagents' own step numbers
+    # Each smolagents step leaves a step record naming its calls.
+    steps = [(r["step"], r["call_ids"]) for r in audit.of_kind("step")]
+    assert steps == [(1, [intents[0]["call_id"]]), (2, [intents[1]["call_id"]]), (3, [intents[2]["call_id"]]),
+                     (4, []), (1, [intents[3]["call_id"]]), (2, [])]
 
 
 def test_a_tool_added_after_govern_is_refused_before_the_model_is_asked() -> None:
@@ -281,3 +285,13 @@ def test_a_governed_code_agent_manages_a_governed_tool_calling_agent_inside_its_
     assert len(run_ids(audit)) == 1
     assert [r.get("agent") for r in audit.of_kind("call_intent") if r["tool"] == "charge"] == ["clerk", "clerk", None]
     assert [r["status"] for r in audit.of_kind("run_finished")] == ["done"]
+
+
+def test_a_governed_tool_calling_run_stopped_at_max_steps_says_so() -> None:
+    audit = InMemoryAudit()
+    agent = smolagents.ToolCallingAgent(tools=[charge], model=ScriptedSmolModel([
+        ("charge", {"amount": 1}), "I ran out of steps.",
+    ]), max_steps=1)
+    govern(agent, gate_with(audit))
+    agent.run("pay")
+    assert [r["status"] for r in audit.of_kind("run_finished")] == ["max_steps"]
