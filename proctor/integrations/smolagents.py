@@ -491,12 +491,12 @@ def _hook(agent: Any) -> None:
         _HOOKED.add(agent)
 
     def on_action(step: ActionStep, agent: Any = None) -> None:
-        executor = _executor_of(agent)
+        executor = getattr(agent, "python_executor", None)
         if isinstance(executor, GovernedExecutor):
             executor._step_ended(step)
 
     def on_final(step: FinalAnswerStep, agent: Any = None) -> None:
-        executor = _executor_of(agent)
+        executor = getattr(agent, "python_executor", None)
         if isinstance(executor, GovernedExecutor):
             executor._run_ended(agent)
 
