@@ -16,12 +16,13 @@ same run (`RunContext.delegate`): its id, budgets, history, provenance and audit
 programs run in a `GovernedExecutor` for the call, whatever executor it was built with (its own
 `GovernedExecutor`'s policy, if another gate's, only narrows); a managed ``ToolCallingAgent``'s
 tools are called through the gate. A tree proctor cannot govern whole (a managed agent running
-programs in a remote executor, or one that is no smolagents agent) is refused before the run starts.
+programs in a remote executor, or one that is no smolagents agent) is refused when the agent is
+built: ``CodeAgent.__init__`` asks its executor ``executor or …`` (`GovernedExecutor.__bool__`), and
+``run()`` checks again before the model is asked anything.
 
-A manager built with ``executor=GovernedExecutor(…)`` finds such a tree when ``run()`` starts
-(smolagents calls no executor while it builds an agent). ``govern(agent, gate)`` finds it when the
-agent is built: it governs a ``CodeAgent`` or a ``ToolCallingAgent`` (whose tools and managed agents
-the model calls by JSON tool calls: each becomes a `GovernedTool` in the agent's run) in one call.
+``govern(agent, gate)`` refuses such a tree when called, and governs a ``CodeAgent`` or a
+``ToolCallingAgent`` (whose tools and managed agents the model calls by JSON tool calls: each becomes
+a `GovernedTool` in the agent's run) in one call.
 
 ``govern_tools(tools, gate)`` gives a ``ToolCallingAgent`` the same tools back, each call
 going through the gate; such tools can be handed to a `GovernedExecutor` on the same gate too.
@@ -315,18 +316,20 @@ class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ship
         smolagents hands its executor no reference to the agent, yet the agent decides what the run
         needs: its ``additional_authorized_imports``, its step numbers, whether it stopped at
         ``max_steps``. The caller's frame is smolagents' own ``run``; its agent is taken only when
-        its executor is this one.
+        its executor is this one. Otherwise it is the agent this executor was attached to (`attach`),
+        while this is still that agent's executor: a ``ToolCallingAgent`` `govern` took.
         """
-        bound = self._bound() if self._bound is not None else None
-        if isinstance(bound, MultiStepAgent):
-            return bound if _executor_of(bound) is self else None
         try:
             candidate = sys._getframe(2).f_locals.get("self")
         except ValueError:
             return None
         if isinstance(candidate, SmolCodeAgent) and candidate.python_executor is self:
             return candidate
-        return None
+        return self._attached()
+
+    def _attached(self) -> Any:
+        bound = self._bound() if self._bound is not None else None
+        return bound if bound is not None and _executor_of(bound) is self else None
 
     def _adopt(self, agent: Any) -> None:
         """Take what the agent says about the run: its imports, and callbacks ending steps and the run."""
@@ -339,13 +342,38 @@ class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ship
         self._agent = weakref.ref(agent)
         _hook(agent)
 
-    def attach(self, agent: Any) -> None:
-        """Tie this executor to `agent` now, as `govern` does: take its imports (a module that is not
-        installed raises here) and check its tools and managed agents, registering them at the gate (a
-        conflict, or a managed agent proctor cannot govern, raises here, when the agent is built)."""
+    def attach(self, agent: Any, *, register: bool = True) -> None:
+        """Tie this executor to `agent` now, as `govern` does, and as smolagents' ``CodeAgent`` does
+        itself when built with ``executor=`` this (`__bool__`): take its imports (a module that is not
+        installed raises here) and check its tools and managed agents, and with `register` register
+        them at the gate (a conflict, or a managed agent proctor cannot govern, raises here, when the
+        agent is built)."""
         self._bound = weakref.ref(agent)
         self._adopt(agent)
+        if self._res.gate is None or not register:
+            # Built from a policy, its gate (and audit log) opens when its agent first runs on its own, and a
+            # managed agent's never does (its calls are in its manager's trail); and an agent being built may
+            # yet become a managed agent, whose tools are its own, not the gate's. The tree is checked all the same.
+            for sub in _managed_of(agent).values():
+                managed_agent_tool(sub, floor=self.sandbox)
+            return
         self._convert({**_tools_of(agent), **_managed_of(agent)})
+
+    def __bool__(self) -> bool:
+        """True, as any object. smolagents' ``CodeAgent.__init__`` ends with ``executor or
+        self.create_python_executor()``: the one moment an executor meets the agent being built, whose
+        tools, managed agents and imports are all set by then. Asked there, this executor attaches to
+        that agent (`attach`), so a tree with an ungoverned path, or a module that is not installed, is
+        refused when the agent is built.
+        (tests/integrations/test_smolagents_govern.py fails if a smolagents release stops asking.)"""
+        frame = inspect.currentframe()
+        caller = frame.f_back if frame is not None else None
+        if caller is not None and caller.f_code is _CODE_AGENT_INIT and caller.f_locals.get("executor") is self:
+            agent = caller.f_locals.get("self")
+            del frame, caller  # no frame kept alive past this call
+            if isinstance(agent, SmolCodeAgent):
+                self.attach(agent, register=False)  # its tools are registered when it runs on its own
+        return True
 
     def uses(self, gate: Gate) -> bool:
         """Whether this executor's calls go through `gate` (one built from a policy has no gate until it runs)."""
@@ -476,6 +504,9 @@ class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ship
         check_installed(runner._imports)
         return runner
 
+
+#: The code of smolagents' ``CodeAgent.__init__``, whose ``executor or …`` calls `GovernedExecutor.__bool__`.
+_CODE_AGENT_INIT = SmolCodeAgent.__init__.__code__
 
 #: Agents whose step callbacks tell their executor when a step and the run end (registered once each).
 _HOOKED: weakref.WeakSet[Any] = weakref.WeakSet()

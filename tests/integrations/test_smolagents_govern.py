@@ -127,18 +127,42 @@ def test_govern_refuses_a_tree_with_an_ungoverned_path_two_levels_down_when_the_
         assert isinstance(manager.python_executor, LocalPythonExecutor)
 
 
-def test_a_manager_built_with_a_governed_executor_refuses_the_same_tree_before_the_first_model_call() -> None:
-    """The other documented way: smolagents calls no executor while building, so the refusal comes when
-    run() starts, still before the model is asked anything (govern() refuses it when built)."""
+def test_a_manager_built_with_a_governed_executor_refuses_the_same_tree_when_built() -> None:
+    """The other documented way, ``CodeAgent(executor=GovernedExecutor(gate))``: smolagents' CodeAgent asks its
+    executor ``executor or …`` at the end of __init__, where the executor checks the tree. If a smolagents
+    release stops asking, this fails: the tree would then be refused only when run() starts."""
     tree, models = remote_two_levels_down("code")
-    manager = smolagents.CodeAgent(tools=[], model=models[0], managed_agents=[tree.managed_agents["researcher"]],
-                                   executor=GovernedExecutor(gate_with(), sandbox="process"))
+    executor = GovernedExecutor(gate_with(), sandbox="process")
     try:
         with pytest.raises(ConfigurationError, match=r"researcher -> deep runs its programs in RemoteExecutor"):
-            manager.run("x")
+            smolagents.CodeAgent(tools=[], model=models[0], managed_agents=[tree.managed_agents["researcher"]],
+                                 executor=executor)
         assert all(m.seen == [] for m in models)
     finally:
-        manager.cleanup()
+        executor.cleanup()
+
+
+def test_a_managed_agent_built_with_a_governed_executor_refuses_its_own_tree_when_built() -> None:
+    """researcher (its own GovernedExecutor) -> deep (remote): refused as researcher is built, before any manager."""
+    deep = smolagents.CodeAgent(tools=[], model=ScriptedSmolModel([]), name="deep", description="Pays.",
+                                executor=RemoteExecutor())
+    executor = GovernedExecutor(gate_with(), sandbox="process")
+    try:
+        with pytest.raises(ConfigurationError, match=r"managed agent deep runs its programs in RemoteExecutor"):
+            smolagents.CodeAgent(tools=[], model=ScriptedSmolModel([]), managed_agents=[deep], name="researcher",
+                                 description="Books.", executor=executor)
+    finally:
+        executor.cleanup()
+
+
+def test_a_governed_executor_built_into_an_agent_needing_a_missing_module_is_refused_when_built() -> None:
+    executor = GovernedExecutor(gate_with(), sandbox="process")
+    try:
+        with pytest.raises(ConfigurationError, match="not installed"):
+            smolagents.CodeAgent(tools=[], model=ScriptedSmolModel([]), executor=executor,
+                                 additional_authorized_imports=["surely_not_installed_pkg"])
+    finally:
+        executor.cleanup()
 
 
 def test_govern_refuses_an_agent_whose_own_executor_escapes_or_answers_to_another_gate() -> None:

@@ -170,7 +170,7 @@ def test_a_managed_agent_with_its_own_governed_executor_joins_the_run_on_one_aud
     assert [r["kind"] for r in lines if r["kind"].startswith("run_")] == ["run_started", "run_finished"]
 
 
-def test_a_managed_agent_in_an_executor_proctor_cannot_govern_is_refused_before_the_run() -> None:
+def test_a_managed_agent_in_an_executor_proctor_cannot_govern_is_refused_when_the_manager_is_built() -> None:
     """A managed CodeAgent whose programs run elsewhere (a remote executor) would call its tools there."""
 
     class RemoteExecutor(PythonExecutor):  # type: ignore[misc]
@@ -185,15 +185,14 @@ def test_a_managed_agent_in_an_executor_proctor_cannot_govern_is_refused_before_
 
     sub = researcher(ScriptedSmolModel([]), executor=RemoteExecutor())
     model = ScriptedSmolModel([code("final_answer(researcher(task='x'))")])
-    manager = smolagents.CodeAgent(tools=[], model=model, managed_agents=[sub],
-                                   executor=GovernedExecutor(Gate(Policy.from_dict(POLICY)), sandbox="process"))
+    executor = GovernedExecutor(Gate(Policy.from_dict(POLICY)), sandbox="process")
     try:
         with pytest.raises(ConfigurationError, match=r"researcher runs its programs in RemoteExecutor.*"
                                                      r"executor=GovernedExecutor\(gate\)"):
-            manager.run("x")
+            smolagents.CodeAgent(tools=[], model=model, managed_agents=[sub], executor=executor)
         assert model.seen == []  # refused before the model was asked anything
     finally:
-        manager.cleanup()
+        executor.cleanup()
 
 
 def test_a_dataframe_handed_to_a_managed_agent_arrives_as_a_dataframe() -> None:
