@@ -19,7 +19,7 @@ from smolagents.local_python_executor import CodeOutput, LocalPythonExecutor, Py
 from integrations.smol_tools import ScriptedSmolModel
 from proctor import Gate, Policy
 from proctor.errors import ConfigurationError
-from proctor.integrations.smolagents import GovernedExecutor, GovernedTool, govern
+from proctor.integrations.smolagents import GovernedExecutor, GovernedTool, govern, govern_tools
 from proctor.testing import InMemoryAudit, SpanCapture
 from proctor.tools import as_tool
 
@@ -181,6 +181,9 @@ def test_govern_refuses_an_agent_whose_own_executor_escapes_or_answers_to_anothe
         other.cleanup()
     with pytest.raises(ConfigurationError, match=r"takes a smolagents CodeAgent or ToolCallingAgent, not a str"):
         govern("agent", gate)
+    foreign = smolagents.ToolCallingAgent(tools=govern_tools([charge], gate_with()), model=ScriptedSmolModel([]))
+    with pytest.raises(ConfigurationError, match=r"tool 'charge' was governed on another gate"):
+        govern(foreign, gate)
 
 
 def test_govern_refuses_a_tool_name_another_tool_holds_at_the_gate_when_built() -> None:
