@@ -42,13 +42,10 @@ from typing import Any, Literal, Protocol, cast
 
 from proctor.calls import new_id
 from proctor.errors import ToolDenied
-from proctor.telemetry.logging import get_logger
 
 __all__ = ["DEFAULT_GRACE_S", "DEFAULT_REFRESH_S", "HALT_SIGNAL", "MAX_REFRESH_S", "OUTAGE_ID", "SCOPES", "Halt",
            "HaltBackend", "HaltChannel", "HaltError", "HaltEvent", "HaltListener", "MemoryHalts", "PolledHalts",
            "Scope", "gate_halts", "halt_refusal", "install_signal_halt", "new_halt", "operator"]
-
-log = get_logger("proctor.halt")
 
 Scope = Literal["all", "agent", "tool", "principal", "run"]
 SCOPES: tuple[Scope, ...] = ("all", "agent", "tool", "principal", "run")
@@ -222,7 +219,10 @@ class _Listeners:
             try:
                 listener(event)
             except Exception as exc:  # noqa: BLE001 - one watcher's failure neither stops the halt nor the others
-                log.error("halt_listener_failed", halt_id=event.halt.id, kind=event.kind, error=repr(exc))
+                from proctor.telemetry.logging import get_logger  # here: `proctor halt --help` loads no telemetry
+
+                get_logger("proctor.halt").error("halt_listener_failed", halt_id=event.halt.id, kind=event.kind,
+                                                 error=repr(exc))
 
 
 class HaltChannel(Protocol):
