@@ -211,4 +211,8 @@ def test_a_gate_watching_the_process_halts_is_not_kept_alive_by_them() -> None:
     del gate
     gc.collect()
     assert ref() is None
+    for _ in range(50):  # gates come and go: their entries go with them
+        Gate(Policy.from_dict(ALLOW), audit=InMemoryAudit(), tools=[page], halts=halts)
+    gc.collect()
+    assert halts.watchers == 0
     halts.lift(halts.set(reason="no gate to tell").id)  # the dead watcher is dropped, nothing fails

@@ -191,14 +191,17 @@ class _Listeners:
 
     def add(self, listener: HaltListener) -> Callable[[], None]:
         ref: Callable[[], HaltListener | None]
+        with self._lock:
+            key = self._next
+            self._next += 1
         if inspect.ismethod(listener):
-            ref = weakref.WeakMethod(listener)
+            # Dropped when its object is collected (a process making many gates keeps no dead entries);
+            # the callback may run inside this object's lock (a collection there): one atomic pop, no lock.
+            ref = weakref.WeakMethod(listener, lambda _: self._refs.pop(key, None))
         else:
             def ref(listener: HaltListener = listener) -> HaltListener:
                 return listener
         with self._lock:
-            key = self._next
-            self._next += 1
             self._refs[key] = ref
 
         def remove() -> None:
@@ -206,6 +209,9 @@ class _Listeners:
                 self._refs.pop(key, None)
 
         return remove
+
+    def __len__(self) -> int:
+        return len(self._refs)
 
     def notify(self, event: HaltEvent) -> None:
         with self._lock:
@@ -289,6 +295,11 @@ class MemoryHalts:
 
     def watch(self, listener: HaltListener) -> Callable[[], None]:
         return self._listeners.add(listener)
+
+    @property
+    def watchers(self) -> int:
+        """How many watchers it tells (a gate that was collected is no longer one)."""
+        return len(self._listeners)
 
     def check(self, tool: str, agent: str | None, principal: str | None, run_id: str) -> Halt | None:
         halts = self._halts  # one read of an immutable tuple: no lock on the call's path
@@ -422,6 +433,11 @@ class PolledHalts:
 
     def watch(self, listener: HaltListener) -> Callable[[], None]:
         return self._listeners.add(listener)
+
+    @property
+    def watchers(self) -> int:
+        """How many watchers it tells (a gate that was collected is no longer one)."""
+        return len(self._listeners)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
