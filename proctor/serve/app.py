@@ -156,9 +156,8 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
         return {"halts": active, "halt_error": error,
                 "run_halts": desk.stopping(active, run_id, principal, agent, tool),
                 "halt_form": {"run_id": run_id, "back": back} if refusal is None else None,
-                # an approver who may halt but cannot here is told why; one who may not sees no form
-                "halt_note": refusal if refusal is not None and desk.may_halt(tokens.groups.get(identity.name))
-                else None}
+                # an approver who may halt but cannot here (503: not set up) is told why; one who may not sees no form
+                "halt_note": str(refusal) if refusal is not None and refusal.status == 503 else None}
 
     def guard_post(request: Request) -> Identity:
         """The checks of an unsafe request that need no body: origin, then credentials."""
@@ -248,9 +247,12 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
         own = view["approval"]["principal"] is not None and view["approval"]["principal"] == identity.name
         confirm = view["approval"]["side_effect"] in CONFIRMED_CLASSES
         a = view["approval"]
-        run = store.get_run(a["run_id"])
-        halting = halt_context(identity, run.run_id, run.principal, run.agent, f"/approvals/{approval_id}",
-                               tool=a["tool"])
+        try:  # (an approval whose run the store does not hold is still shown, as `approval_view` does)
+            run = store.get_run(a["run_id"])
+            principal, agent = run.principal, run.agent
+        except StoreError:
+            principal, agent = a["principal"], None
+        halting = halt_context(identity, a["run_id"], principal, agent, f"/approvals/{approval_id}", tool=a["tool"])
         return page(request, "approval.html", identity, own=own, confirm=confirm, **halting, **view)
 
     @app.post("/approvals/{approval_id}")

@@ -71,16 +71,19 @@ class HaltDesk:
     def may_halt(self, approver_groups: Sequence[str] | None) -> bool:
         return bool(self.groups) and bool(set(approver_groups or ()) & set(self.groups))
 
-    def refusal(self, approver_groups: Sequence[str] | None) -> str | None:
-        """Why this approver cannot halt from the inbox (None: they can)."""
-        if self.backend is None:
-            return "this inbox has no halt backend (proctor serve --halts URL, or a SQLite/PostgreSQL --store)"
+    def refusal(self, approver_groups: Sequence[str] | None) -> HaltRefused | None:
+        """Why this approver cannot halt from the inbox (None: they can): 403 not allowed, 503 not set up."""
         if not self.may_halt(approver_groups):
             if not self.groups:
-                return "nobody may halt runs from this inbox (proctor serve --halt-groups GROUP names who may)"
-            return f"halting runs needs one of the groups {', '.join(sorted(self.groups))}"
+                return HaltRefused(403, "nobody may halt runs from this inbox (proctor serve --halt-groups GROUP "
+                                        "names who may)")
+            return HaltRefused(403, f"halting runs needs one of the groups {', '.join(sorted(self.groups))}")
+        if self.backend is None:
+            return HaltRefused(503, "this inbox has no halt backend (proctor serve --halts URL, or a SQLite/"
+                                    "PostgreSQL --store)")
         if self.audit is None:
-            return "halting from this inbox needs an audit log (proctor serve --audit LOG): every halt is audited"
+            return HaltRefused(503, "halting from this inbox needs an audit log (proctor serve --audit LOG): every "
+                                    "halt is audited")
         return None
 
     def halt_run(self, run_id: str, reason: str, confirm: str, *, approver: str, address: str, method: str,
@@ -88,7 +91,7 @@ class HaltDesk:
         """Halt every call of run `run_id`; `confirm` must be the run's id, typed. Raises `HaltRefused`."""
         refusal = self.refusal(approver_groups)
         if refusal is not None:
-            raise HaltRefused(403 if "groups" in refusal else 503, refusal)
+            raise refusal
         assert self.backend is not None and self.audit is not None
         if not reason.strip():
             raise HaltRefused(422, "a halt needs its reason: the program refused sees it, and the audit log keeps it")
