@@ -2,14 +2,16 @@
 
 Pages (server-rendered, Jinja2; a small script adds keyboard shortcuts): ``/`` pending
 approvals (filter by tool, principal, run label), ``/approvals/{id}``, ``/runs``,
-``/runs/{id}``, ``/login``; ``POST /runs/{id}/halt`` (an approver in ``--halt-groups`` halts a
-run, its id typed as confirmation: `proctor.serve.halting`). API: ``GET /api/approvals``, ``GET /api/approvals/{id}``,
-``POST /api/approvals/{id}`` with ``{decision, binding, reason, args?, grant?}``, ``GET
-/api/runs``, ``GET /api/runs/{id}``, ``GET /api/halts``, ``POST /api/runs/{id}/halt`` with
-``{reason, confirm?}``. Status codes: 401 without valid credentials, 403
-for four eyes, a missing CSRF token or a cross-origin post, 404 unknown id, 409 a
-binding that does not match (or an approval no longer pending), 422 an answer that
-cannot be taken, 413 a body over the limit, 415 a body of a type the route does not take.
+``/runs/{id}``, ``/login``; ``POST /runs/{id}/halt`` and ``POST /halts/{id}/lift`` (an
+approver in ``--halt-groups`` halts a run, or lifts a run's halt, its id typed as
+confirmation: `proctor.serve.halting`). API: ``GET /api/approvals``, ``GET
+/api/approvals/{id}``, ``POST /api/approvals/{id}`` with ``{decision, binding, reason,
+args?, grant?}``, ``GET /api/runs``, ``GET /api/runs/{id}``, ``GET /api/halts``, ``POST
+/api/runs/{id}/halt`` and ``POST /api/halts/{id}/lift`` with ``{reason, confirm?}``. Status
+codes: 401 without valid credentials, 403 for four eyes, a missing CSRF token, a cross-origin
+post or an approver outside the halt groups, 404 unknown id, 409 a binding that does not
+match (or an approval no longer pending), 422 an answer that cannot be taken, 413 a body
+over the limit, 415 a body of a type the route does not take, 503 halting not set up.
 
 Hardened as a web app (`proctor.serve.guard`): every response forbids framing and any
 script but the inbox's own; bodies are bounded before anything parses them, and a
@@ -146,6 +148,8 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
              ) -> HTMLResponse:
         if identity is not None and "halts" not in context:  # the banner of active halts, on every page
             context["halts"], context["halt_error"] = desk.active()
+        if identity is not None:  # whether the banner offers to lift a run's halt
+            context["halt_lift"] = desk.refusal(tokens.groups.get(identity.name)) is None
         return templates.TemplateResponse(request, name, {"me": identity, **context}, status_code=status)
 
     def halt_context(identity: Identity, run_id: str, principal: str | None, agent: str | None, back: str,
@@ -304,6 +308,16 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
                                 approver_groups=tokens.groups.get(identity.name))
         return RedirectResponse(_local(str(form.get("back", "") or f"/runs/{run.run_id}")), status_code=303)
 
+    @app.post("/halts/{halt_id}/lift")
+    async def lift_form(request: Request, halt_id: str) -> Response:
+        identity = guard_post(request)
+        form = await form_of(request)
+        check_csrf(identity, str(form.get("csrf", "")))
+        await run_in_threadpool(desk.lift, halt_id, str(form.get("reason", "")), str(form.get("confirm", "")),
+                                approver=identity.name, address=identity.address, method=identity.via,
+                                approver_groups=tokens.groups.get(identity.name))
+        return RedirectResponse(_local(str(form.get("back", "") or "/")), status_code=303)
+
     # -- API ------------------------------------------------------------------------------------
 
     @app.get("/api/approvals")
@@ -383,6 +397,21 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
                                        address=identity.address, method=identity.via,
                                        approver_groups=tokens.groups.get(identity.name))
         return {"halt": halt.as_dict()}
+
+    @app.post("/api/halts/{halt_id}/lift")
+    async def api_lift(request: Request, halt_id: str) -> dict[str, Any]:
+        identity = guard_post(request)
+        check_csrf(identity, request.headers.get("x-csrf-token"))
+        raw = await request.body()
+        try:
+            body = HaltBody.model_validate(_json(raw.decode("utf-8", "replace"), "lift"))
+        except ValidationError as exc:
+            raise _Refused(422, f"lift: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from None
+        confirm = body.confirm if identity.via == "session" else halt_id  # as for a halt: a browser types it
+        lifted = await run_in_threadpool(desk.lift, halt_id, body.reason, confirm, approver=identity.name,
+                                         address=identity.address, method=identity.via,
+                                         approver_groups=tokens.groups.get(identity.name))
+        return {"lifted": lifted.as_dict()}
 
     if openapi:
         @app.get("/api/openapi.json", include_in_schema=False)

@@ -9,7 +9,9 @@ is a halt of one run (``scope: run``), recorded in the audit log (``--audit``) a
 with who (the approver), why, from where, and ``via: inbox``; without an audit log the inbox
 offers no halting (every halt is audited). Set first, recorded second, as `proctor halt` does:
 stopping calls is never the dangerous direction, and a halt the log could not record is said
-to be in force.
+to be in force. The same approvers may lift a halt of one run (its id typed as confirmation):
+recorded first (`halt_lifted`), lifted only once the record is written. Wider halts (a tool,
+an agent, everything) are lifted with `proctor halt --lift ID`.
 """
 
 from __future__ import annotations
@@ -114,3 +116,37 @@ class HaltDesk:
                                    f"lift it with `proctor halt --lift {halt.id}` once the log is writable, or "
                                    "record it by hand")
         return halt
+
+    def lift(self, halt_id: str, reason: str, confirm: str, *, approver: str, address: str, method: str,
+             approver_groups: Sequence[str] | None) -> Halt:
+        """Lift the halt of one run `halt_id`; `confirm` must be its id, typed. Raises `HaltRefused`."""
+        refusal = self.refusal(approver_groups)
+        if refusal is not None:
+            raise refusal
+        assert self.backend is not None and self.audit is not None
+        try:
+            found = {h.id: h for h in self.backend.list_halts()}.get(halt_id)
+        except HaltError as exc:
+            raise HaltRefused(503, f"the halts cannot be read: {exc}") from None
+        if found is None:
+            raise HaltRefused(404, f"no active halt {halt_id!r}")
+        if found.scope != "run":
+            raise HaltRefused(403, f"the inbox lifts halts of one run; {halt_id} stops {found.target}: lift it with "
+                                   f"`proctor halt --lift {halt_id}`")
+        if not reason.strip():
+            raise HaltRefused(422, "a lift needs its reason: the audit log keeps it")
+        if confirm.strip() != halt_id:
+            raise HaltRefused(422, f"type the halt's id, {halt_id}, in the confirmation field to lift it")
+        fields = {**HaltEvent("halt_lifted", found, approver, reason.strip(), "inbox").audit_fields(),
+                  "address": address, "method": method, "backend": self.backend.shown}
+        try:
+            result = self.audit.append("halt_lifted", fields, durable=True)
+            error = None if result.ok else result.error
+        except Exception as exc:  # noqa: BLE001 - a sink that raises is a write that failed
+            error = repr(exc)
+        if error is not None:
+            raise HaltRefused(500, f"not lifted: the audit log could not record the lift: {error}")
+        try:
+            return self.backend.lift(halt_id, reason=reason.strip(), by=approver)
+        except HaltError as exc:
+            raise HaltRefused(503, f"the lift of {halt_id} is recorded but did not happen: {exc}") from None

@@ -189,3 +189,63 @@ def test_halt_a_run_in_the_browser(inbox: Inbox, served: Served, tmp_path: Path)
         while not [r for r in read_records(served.audit_path)[0] if r["kind"] == "halt_set"]:
             assert time.monotonic() < deadline
             time.sleep(0.05)
+
+
+def test_a_runs_halt_is_lifted_from_the_inbox_recorded_first(inbox: Inbox, served: Served) -> None:
+    client, csrf = session(served.url, served.carol)
+    assert client.post(f"/runs/{served.run_id}/halt", data={"csrf": csrf, "reason": "runaway mail",
+                                                            "confirm": served.run_id}).status_code == 303
+    (halt,) = served.halts.list_halts()
+    wide = served.halts.set(new_halt("tool", "send", "mail provider incident", "ops-dan"))
+    page = client.get("/").text
+    assert f'action="/halts/{halt.id}/lift"' in page and f'action="/halts/{wide.id}/lift"' not in page
+    lift = f"/halts/{halt.id}/lift"
+    assert client.post(lift, data={"csrf": csrf, "reason": "fixed", "confirm": "halt_other"}).status_code == 422
+    assert client.post(lift, data={"csrf": csrf, "reason": "", "confirm": halt.id}).status_code == 422
+    assert client.post(lift, data={"reason": "fixed", "confirm": halt.id}).status_code == 403  # no CSRF
+    widened = client.post(f"/halts/{wide.id}/lift", data={"csrf": csrf, "reason": "x", "confirm": wide.id})
+    assert widened.status_code == 403 and "proctor halt --lift" in widened.text
+    bob = httpx.post(f"{served.url}/api/halts/{halt.id}/lift", json={"reason": "x"},
+                     headers={"Authorization": f"Bearer {inbox.tokens['bob']}"})
+    assert bob.status_code == 403
+    assert {h.id for h in served.halts.list_halts()} == {halt.id, wide.id}
+    done = client.post(lift, data={"csrf": csrf, "reason": "mail fixed", "confirm": halt.id, "back": "/runs"})
+    assert done.status_code == 303 and done.headers["location"] == "/runs"
+    assert [h.id for h in served.halts.list_halts()] == [wide.id]
+    assert client.post(lift, data={"csrf": csrf, "reason": "again", "confirm": halt.id}).status_code == 404
+    records, _ = read_records(served.audit_path)
+    (lifted,) = [r for r in records if r["kind"] == "halt_lifted"]
+    assert (lifted["halt_id"], lifted["by"], lifted["reason"], lifted["via"], lifted["halt_reason"]) == (
+        halt.id, "carol", "mail fixed", "inbox", "runaway mail")
+    client.close()
+
+
+def test_a_halt_the_log_cannot_record_is_said_to_be_in_force_and_such_a_lift_does_not_happen(inbox: Inbox) -> None:
+    from fastapi.testclient import TestClient
+
+    from proctor.testing import InMemoryAudit
+
+    inbox.suspend()
+    carol = add_token(inbox.tokens_path, "carol", ("sre-leads",))
+    store = RunStore.open(inbox.store_url)
+    halts = StoreHaltBackend(inbox.store_url)
+    run_id = store.list_runs()[0].run_id
+    try:
+        for failing in ("halt_set", "halt_lifted"):
+            app = create_app(store, TokenFile.load(inbox.tokens_path), halts=halts,
+                             audit=InMemoryAudit(fail_on=(failing,)), halt_groups=("sre-leads",))
+            with TestClient(app, base_url="http://inbox.test") as c:
+                auth = {"Authorization": f"Bearer {carol}"}
+                made = c.post(f"/api/runs/{run_id}/halt", json={"reason": "runaway"}, headers=auth)
+                if failing == "halt_set":
+                    assert made.status_code == 500 and "IS IN FORCE" in made.json()["error"]
+                    (halt,) = halts.list_halts()  # in force all the same
+                    halts.lift(halt.id)
+                    continue
+                halt_id = made.json()["halt"]["id"]
+                lifted = c.post(f"/api/halts/{halt_id}/lift", json={"reason": "fine"}, headers=auth)
+                assert lifted.status_code == 500 and "not lifted" in lifted.json()["error"]
+                assert [h.id for h in halts.list_halts()] == [halt_id]
+    finally:
+        halts.close()
+        store.close()
