@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from proctor.errors import ToolDenied
+from proctor.errors import AuditError, ToolDenied
 from proctor.gate import Gate
-from proctor.halt import MemoryHalts
+from proctor.halt import HaltError, MemoryHalts, install_signal_halt
 from proctor.policy import Policy
 from proctor.policy.reload import PolicySource
 from proctor.testing import InMemoryAudit
@@ -134,3 +135,84 @@ def test_a_reload_that_adds_a_global_budget_on_a_local_ledger_starts_no_run(tmp_
                   "budgets": [{"name": "pages", "per": "global", "window": "1h", "limit": {"calls": 3}}]})
     time.sleep(0.01)
     assert gate.call("page", {"who": "b"}, context=gate.start_run()) == "paged"  # said so: then it is local
+
+
+def _halt_records(audit: InMemoryAudit) -> list[tuple[str, str, str | None, str | None, str]]:
+    return [(r["kind"], r["halt_id"], r["by"], r["reason"], r["via"])
+            for r in audit.records if r["kind"] in ("halt_set", "halt_lifted")]
+
+
+def test_a_halt_set_and_lifted_through_the_gate_is_audited_with_who_and_why() -> None:
+    halts = MemoryHalts()
+    audit = InMemoryAudit()
+    gate = Gate(Policy.from_dict(ALLOW), audit=audit, tools=[page], halts=halts)
+    ctx = gate.start_run()
+    halt = gate.halt("incident 42", scope="tool", value="page", by="oncall-ann")
+    with pytest.raises(ToolDenied, match=f"halted by {halt.id}: incident 42"):
+        gate.call("page", {"who": "x"}, context=ctx)
+    gate.lift_halt(halt.id, "resolved", by="oncall-bob")
+    assert gate.call("page", {"who": "y"}, context=ctx) == "paged"
+    # One record each (the channel's telling of the gate's own halt is not a second one), who and why.
+    assert _halt_records(audit) == [("halt_set", halt.id, "oncall-ann", "incident 42", "api"),
+                                    ("halt_lifted", halt.id, "oncall-bob", "resolved", "api")]
+    assert audit.of_kind("halt_lifted")[0]["halt_reason"] == "incident 42"
+    with pytest.raises(HaltError, match="no active halt"):
+        gate.lift_halt(halt.id, "again")
+    with pytest.raises(HaltError, match="reason"):
+        gate.lift_halt(halt.id, " ")
+
+
+def test_a_halt_set_on_the_channel_or_by_signal_is_audited_by_every_gate_using_it() -> None:
+    halts = MemoryHalts()
+    first, second = InMemoryAudit(), InMemoryAudit()
+    gates = [Gate(Policy.from_dict(ALLOW), audit=a, tools=[page], halts=halts) for a in (first, second)]
+    halt = halts.set(scope="all", reason="freeze", by="ops-carol")
+    halts.lift(halt.id, reason="thaw", by="ops-dave")
+    for audit in (first, second):
+        assert _halt_records(audit) == [("halt_set", halt.id, "ops-carol", "freeze", "api"),
+                                        ("halt_lifted", halt.id, "ops-dave", "thaw", "api")]
+    uninstall = install_signal_halt(halts)
+    try:
+        os.kill(os.getpid(), signal.SIGUSR2)
+        deadline = time.monotonic() + 5
+        while not first.of_kind("halt_set")[1:] and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        uninstall()
+    signalled = first.of_kind("halt_set")[-1]
+    assert signalled["via"] == "signal" and signalled["by"] == "signal SIGUSR2" and "SIGUSR2" in signalled["reason"]
+    with pytest.raises(ToolDenied, match=f"halted by {signalled['halt_id']}"):
+        gates[1].call("page", {"who": "x"}, context=gates[1].start_run())
+    halts.lift(signalled["halt_id"], reason="signal test over")
+
+
+def test_a_halt_the_gate_cannot_record_stays_in_force_and_a_lift_it_cannot_record_does_not_happen() -> None:
+    halts = MemoryHalts()
+    audit = InMemoryAudit(fail_on=("halt_set", "halt_lifted"))
+    gate = Gate(Policy.from_dict(ALLOW), audit=audit, tools=[page], halts=halts)
+    with pytest.raises(AuditError, match="IS IN FORCE"):
+        gate.halt("incident 43")
+    (halt,) = halts.active()
+    with pytest.raises(AuditError, match="halt_lifted"):
+        gate.lift_halt(halt.id, "resolved")
+    assert halts.active() == (halt,)
+    with pytest.raises(ToolDenied, match=f"halted by {halt.id}"):
+        gate.call("page", {"who": "x"}, context=gate.start_run())
+    halts.lift(halt.id)
+
+
+def test_a_gate_watching_the_process_halts_is_not_kept_alive_by_them() -> None:
+    import gc
+    import weakref
+
+    halts = MemoryHalts()
+    gate = Gate(Policy.from_dict(ALLOW), audit=InMemoryAudit(), tools=[page], halts=halts)
+    ref = weakref.ref(gate)
+    del gate
+    gc.collect()
+    assert ref() is None
+    for _ in range(50):  # gates come and go: their entries go with them
+        Gate(Policy.from_dict(ALLOW), audit=InMemoryAudit(), tools=[page], halts=halts)
+    gc.collect()
+    assert halts.watchers == 0
+    halts.lift(halts.set(reason="no gate to tell").id)  # the dead watcher is dropped, nothing fails

@@ -52,7 +52,7 @@ from proctor.gate.approval import ApprovalStep
 from proctor.gate.call import CallOutcome, CallScope, InFlight
 from proctor.gate.recorder import Recorder, log_fields, safely
 from proctor.gate.shadow import Shadow, Verdict, verdict_of
-from proctor.halt import HaltChannel, gate_halts, halt_refusal
+from proctor.halt import Halt, HaltChannel, HaltEvent, Scope, gate_halts, halt_refusal, new_halt
 from proctor.interrupts import interruption
 from proctor.ledger.base import SharedLedger, open_ledger
 from proctor.ledger.scope import ledger_scope
@@ -143,6 +143,12 @@ class Gate:
             self._static = policy
         #: Halts this gate honours: a shared channel (Redis, a run store) or this process's (`gate_halts`).
         self.halts: HaltChannel = halts if halts is not None else gate_halts
+        # Every halt that starts or ends on the channel is recorded here (`halt_set`, `halt_lifted`), however
+        # it came (this gate's API, another's, a signal, another process on the shared backend); the ones
+        # `halt`/`lift_halt` record themselves are noted so that the channel's telling is not a second record.
+        self._halts_recorded: set[tuple[str, str]] = set()
+        self._halts_lock = threading.Lock()
+        self.halts.watch(self._on_halt)  # held weakly by the channel: it does not keep this gate alive
         #: Caps of each run's provenance index (kept only when the policy calls provenance()/from_user()).
         self.provenance_limits = provenance_limits or ProvenanceLimits()
         #: Calls of a run whose raw history entries and records are kept (see `RunContext`).
@@ -207,6 +213,58 @@ class Gate:
                                                     "new_sha256": change.new_sha256}, durable=True)
 
         source.on_change = changed
+
+    # -- halts ----------------------------------------------------------------------------------
+
+    def halt(self, reason: str, *, scope: Scope = "all", value: str | None = None, by: str | None = None) -> Halt:
+        """Halt matching calls on every gate sharing this gate's halt channel (`proctor.halt`), now.
+
+        ``gate.halt("incident 42", scope="tool", value="send_email")``. `by` defaults to the OS user.
+        The halt is set first and recorded (`halt_set`) second — stopping calls is never the dangerous
+        direction: if the record cannot be written, the halt stays in force and `AuditError` says so.
+        """
+        halt = new_halt(scope, value, reason, by)
+        with self._halts_lock:
+            self._halts_recorded.add(("halt_set", halt.id))
+        self.halts.backend.set(halt)
+        fields = HaltEvent("halt_set", halt, halt.by, halt.reason, "api").audit_fields()
+        try:
+            self.recorder.append("halt_set", {**fields, "backend": self.halts.backend.shown}, required=True)
+        except AuditError as exc:
+            raise AuditError(f"halt {halt.id} IS IN FORCE but {exc}; lift it with gate.lift_halt({halt.id!r}, …) "
+                             "once the trail is writable, or record it by hand") from None
+        return halt
+
+    def lift_halt(self, halt_id: str, reason: str, *, by: str | None = None) -> Halt:
+        """End halt `halt_id` on this gate's channel. Recorded first (`halt_lifted`, who and why): a lift that
+        cannot be recorded does not happen (`AuditError`); `HaltError` when no such halt is active."""
+        from proctor.halt import HaltError, operator
+
+        if not reason.strip():
+            raise HaltError("a lift needs its reason: the audit trail keeps it")
+        found = {h.id: h for h in self.halts.backend.list_halts()}.get(halt_id)
+        if found is None:
+            raise HaltError(f"no active halt {halt_id!r} on {self.halts.backend.shown}")
+        who = by if by is not None else operator()
+        fields = HaltEvent("halt_lifted", found, who, reason, "api").audit_fields()
+        with self._halts_lock:
+            self._halts_recorded.add(("halt_lifted", halt_id))
+        try:
+            self.recorder.append("halt_lifted", {**fields, "backend": self.halts.backend.shown}, required=True)
+        except AuditError:
+            with self._halts_lock:
+                self._halts_recorded.discard(("halt_lifted", halt_id))
+            raise
+        return self.halts.backend.lift(halt_id, reason=reason, by=who)
+
+    def _on_halt(self, event: HaltEvent) -> None:
+        """Record a halt the channel saw start or end (unless `halt`/`lift_halt` of this gate recorded it)."""
+        key = (event.kind, event.halt.id)
+        with self._halts_lock:
+            if key in self._halts_recorded:
+                self._halts_recorded.discard(key)
+                return
+        self.recorder.append(event.kind, event.audit_fields())
 
     # -- set-up ---------------------------------------------------------------------------------
 

@@ -17,16 +17,24 @@ memory (no I/O on the call's path) that a background thread refreshes every
 `grace_s` (5 s by default), `check` fails closed: it returns a synthetic halt,
 `OUTAGE_ID`, naming the backend and how long it has been unreachable, for every call,
 until a refresh succeeds again.
+
+A channel tells whoever `watch`es it when a halt starts or ends (a `HaltEvent`: the halt,
+who and why, and how it came — ``api``, ``signal``, or ``channel NAME`` for one another
+process set on the shared backend): a gate records each as `halt_set` / `halt_lifted` in
+its audit trail, so a halt set in-process (the API, SIGUSR2) is audited like one set by
+`proctor halt`, and every gate's trail says when it began and stopped honouring it.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import inspect
 import os
 import re
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
@@ -36,8 +44,8 @@ from proctor.calls import new_id
 from proctor.errors import ToolDenied
 
 __all__ = ["DEFAULT_GRACE_S", "DEFAULT_REFRESH_S", "HALT_SIGNAL", "MAX_REFRESH_S", "OUTAGE_ID", "SCOPES", "Halt",
-           "HaltBackend", "HaltChannel", "HaltError", "MemoryHalts", "PolledHalts", "Scope", "gate_halts",
-           "halt_refusal", "install_signal_halt", "new_halt", "operator"]
+           "HaltBackend", "HaltChannel", "HaltError", "HaltEvent", "HaltListener", "MemoryHalts", "PolledHalts",
+           "Scope", "gate_halts", "halt_refusal", "install_signal_halt", "new_halt", "operator"]
 
 Scope = Literal["all", "agent", "tool", "principal", "run"]
 SCOPES: tuple[Scope, ...] = ("all", "agent", "tool", "principal", "run")
@@ -144,6 +152,85 @@ def halt_refusal(tool: str, halt: Halt, call_id: str = "") -> ToolDenied:
     return ToolDenied(f"{tool}: halted by {halt.id}: {halt.reason}", tool=tool, call_id=call_id)
 
 
+@dataclass(frozen=True, slots=True)
+class HaltEvent:
+    """A halt started (``halt_set``) or ended (``halt_lifted``): who, why, and how (`via`).
+
+    `via`: ``api`` (set or lifted in this process through a channel's or a gate's API),
+    ``signal`` (`install_signal_halt`), ``channel NAME`` (seen on a shared backend: set or
+    lifted by another process). A lift seen on a shared channel does not say who lifted it nor
+    why (`by`, `reason` None): the process that lifted it recorded that (`proctor halt --lift`).
+    """
+
+    kind: Literal["halt_set", "halt_lifted"]
+    halt: Halt
+    by: str | None
+    reason: str | None
+    via: str
+
+    def audit_fields(self) -> dict[str, Any]:
+        """The fields of its audit record (the same as `proctor halt` writes, with `via`)."""
+        if self.kind == "halt_set":
+            return {**self.halt.as_dict(), "halt_id": self.halt.id, "via": self.via}
+        return {"halt_id": self.halt.id, "scope": self.halt.scope, "value": self.halt.value, "reason": self.reason,
+                "by": self.by, "halt_reason": self.halt.reason, "via": self.via}
+
+
+#: What `HaltChannel.watch` calls for each halt started or ended (from the thread that saw it).
+HaltListener = Callable[[HaltEvent], None]
+
+
+class _Listeners:
+    """A channel's watchers. A bound method is held weakly: a gate that watches its channel (the
+    process-wide `gate_halts` outlives every gate) is not kept alive by it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._refs: dict[int, Callable[[], HaltListener | None]] = {}
+        self._next = 0
+
+    def add(self, listener: HaltListener) -> Callable[[], None]:
+        ref: Callable[[], HaltListener | None]
+        with self._lock:
+            key = self._next
+            self._next += 1
+        if inspect.ismethod(listener):
+            # Dropped when its object is collected (a process making many gates keeps no dead entries);
+            # the callback may run inside this object's lock (a collection there): one atomic pop, no lock.
+            ref = weakref.WeakMethod(listener, lambda _: self._refs.pop(key, None))
+        else:
+            def ref(listener: HaltListener = listener) -> HaltListener:
+                return listener
+        with self._lock:
+            self._refs[key] = ref
+
+        def remove() -> None:
+            with self._lock:
+                self._refs.pop(key, None)
+
+        return remove
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+    def notify(self, event: HaltEvent) -> None:
+        with self._lock:
+            refs = list(self._refs.items())
+        for key, ref in refs:
+            listener = ref()
+            if listener is None:
+                with self._lock:
+                    self._refs.pop(key, None)
+                continue
+            try:
+                listener(event)
+            except Exception as exc:  # noqa: BLE001 - one watcher's failure neither stops the halt nor the others
+                from proctor.telemetry.logging import get_logger  # here: `proctor halt --help` loads no telemetry
+
+                get_logger("proctor.halt").error("halt_listener_failed", halt_id=event.halt.id, kind=event.kind,
+                                                 error=repr(exc))
+
+
 class HaltChannel(Protocol):
     """What a gate asks for each call after admission: the halt stopping it, or None. Cheap: no I/O."""
 
@@ -151,6 +238,15 @@ class HaltChannel(Protocol):
 
     def active(self) -> tuple[Halt, ...]:
         """The active halts the channel knows of now (its snapshot)."""
+        ...
+
+    @property
+    def backend(self) -> HaltBackend:
+        """Where this channel's halts are set and lifted (`Gate.halt` writes there)."""
+        ...
+
+    def watch(self, listener: HaltListener) -> Callable[[], None]:
+        """Call `listener` for each halt that starts or ends from now on; returns what stops it."""
         ...
 
     def close(self) -> None: ...
@@ -191,6 +287,19 @@ class MemoryHalts:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._halts: tuple[Halt, ...] = ()
+        self._listeners = _Listeners()
+
+    @property
+    def backend(self) -> MemoryHalts:
+        return self
+
+    def watch(self, listener: HaltListener) -> Callable[[], None]:
+        return self._listeners.add(listener)
+
+    @property
+    def watchers(self) -> int:
+        """How many watchers it tells (a gate that was collected is no longer one)."""
+        return len(self._listeners)
 
     def check(self, tool: str, agent: str | None, principal: str | None, run_id: str) -> Halt | None:
         halts = self._halts  # one read of an immutable tuple: no lock on the call's path
@@ -200,20 +309,24 @@ class MemoryHalts:
         return self._halts
 
     def set(self, halt: Halt | None = None, *, scope: Scope = "all", value: str | None = None,
-            reason: str = "", by: str | None = None) -> Halt:
-        """Add `halt`, or one built from `scope`, `value`, `reason`: ``gate_halts.set(reason="incident 42")``."""
+            reason: str = "", by: str | None = None, via: str = "api") -> Halt:
+        """Add `halt`, or one built from `scope`, `value`, `reason`: ``gate_halts.set(reason="incident 42")``.
+        In force on return; then its watchers are told (the gates using it audit it as `halt_set`)."""
         if halt is None:
             halt = new_halt(scope, value, reason, by)
         with self._lock:
             self._halts = (*(h for h in self._halts if h.id != halt.id), halt)
+        self._listeners.notify(HaltEvent("halt_set", halt, halt.by, halt.reason, via))
         return halt
 
-    def lift(self, halt_id: str, *, reason: str = "", by: str | None = None) -> Halt:
+    def lift(self, halt_id: str, *, reason: str = "", by: str | None = None, via: str = "api") -> Halt:
+        """End halt `halt_id` (`reason`, `by`: why and who, for the watchers' `halt_lifted` records)."""
         with self._lock:
             found = next((h for h in self._halts if h.id == halt_id), None)
             if found is None:
                 raise HaltError(f"no active halt {halt_id!r}")
             self._halts = tuple(h for h in self._halts if h.id != halt_id)
+        self._listeners.notify(HaltEvent("halt_lifted", found, by if by is not None else operator(), reason, via))
         return found
 
     def list_halts(self) -> list[Halt]:
@@ -246,7 +359,7 @@ def install_signal_halt(halts: MemoryHalts | None = None, signum: int | None = N
         # the halt is set from a thread of its own, which waits for that lock instead of deadlocking on it.
         threading.Thread(target=target.set, name="proctor-signal-halt", daemon=True,
                          kwargs={"scope": "all", "reason": f"{reason} ({name} to pid {os.getpid()})",
-                                 "by": f"signal {name}"}).start()
+                                 "by": f"signal {name}", "via": "signal"}).start()
 
     previous = signal.signal(sig, on_signal)
 
@@ -267,12 +380,14 @@ class PolledHalts:
     """
 
     def __init__(self, read: Callable[[], Sequence[Halt]], name: str, *, refresh_s: float = DEFAULT_REFRESH_S,
-                 grace_s: float = DEFAULT_GRACE_S, wait_s: float = 2.0) -> None:
+                 grace_s: float = DEFAULT_GRACE_S, wait_s: float = 2.0, backend: HaltBackend | None = None) -> None:
         if not 0 < refresh_s <= MAX_REFRESH_S:
             raise HaltError(f"refresh_s must be in (0, {MAX_REFRESH_S}] seconds, not {refresh_s}")
         if grace_s < refresh_s:
             raise HaltError(f"grace_s ({grace_s}) must be at least refresh_s ({refresh_s})")
         self._read = read
+        self._backend = backend
+        self._listeners = _Listeners()
         self.name = name
         self.refresh_s = refresh_s
         self.grace_s = grace_s
@@ -291,9 +406,38 @@ class PolledHalts:
         except Exception as exc:  # noqa: BLE001 - any failure to read is an outage, counted against the grace
             self._error = str(exc) or type(exc).__name__
             return
+        before, known = self._halts, self._ok_at != 0
         self._halts = halts
         self._error = ""
         self._ok_at = time.monotonic()
+        if known:  # halts started or ended since the last good read (the first read is where watching starts)
+            self._tell(before, halts)
+
+    def _tell(self, before: tuple[Halt, ...], after: tuple[Halt, ...]) -> None:
+        old, new = {h.id for h in before}, {h.id for h in after}
+        if old == new:
+            return
+        via = f"channel {self.name}"
+        for halt in after:
+            if halt.id not in old:
+                self._listeners.notify(HaltEvent("halt_set", halt, halt.by, halt.reason, via))
+        for halt in before:
+            if halt.id not in new:
+                self._listeners.notify(HaltEvent("halt_lifted", halt, None, None, via))
+
+    @property
+    def backend(self) -> HaltBackend:
+        if self._backend is None:
+            raise HaltError(f"the halt channel {self.name} was given no backend to set halts on")
+        return self._backend
+
+    def watch(self, listener: HaltListener) -> Callable[[], None]:
+        return self._listeners.add(listener)
+
+    @property
+    def watchers(self) -> int:
+        """How many watchers it tells (a gate that was collected is no longer one)."""
+        return len(self._listeners)
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -113,14 +113,19 @@ class RedisHalts(PolledHalts):
 
     def __init__(self, url: str, *, prefix: str = DEFAULT_PREFIX, refresh_s: float = DEFAULT_REFRESH_S,
                  grace_s: float = DEFAULT_GRACE_S) -> None:
-        self.backend = RedisHaltBackend(url, prefix=prefix, timeout_s=min(1.0, grace_s))
+        self._redis = RedisHaltBackend(url, prefix=prefix, timeout_s=min(1.0, grace_s))
         self.version = -1
-        super().__init__(self._read_halts, self.backend.shown, refresh_s=refresh_s, grace_s=grace_s)
+        super().__init__(self._read_halts, self._redis.shown, refresh_s=refresh_s, grace_s=grace_s,
+                         backend=self._redis)
+
+    @property
+    def backend(self) -> RedisHaltBackend:
+        return self._redis
 
     def _read_halts(self) -> list[Halt]:
-        self.version, halts = self.backend.snapshot()
+        self.version, halts = self._redis.snapshot()
         return halts
 
     def close(self) -> None:
         super().close()
-        self.backend.close()
+        self._redis.close()

@@ -74,9 +74,14 @@ class StoreHalts(PolledHalts):
     """A gate's `HaltChannel` on a run store's ``halts`` table, read every `refresh_s`."""
 
     def __init__(self, url: str, *, refresh_s: float = DEFAULT_REFRESH_S, grace_s: float = DEFAULT_GRACE_S) -> None:
-        self.backend = StoreHaltBackend(url)
-        super().__init__(self.backend.list_halts, self.backend.shown, refresh_s=refresh_s, grace_s=grace_s)
+        self._store = StoreHaltBackend(url)
+        super().__init__(self._store.list_halts, self._store.shown, refresh_s=refresh_s, grace_s=grace_s,
+                         backend=self._store)
+
+    @property
+    def backend(self) -> StoreHaltBackend:
+        return self._store
 
     def close(self) -> None:
         super().close()
-        self.backend.close()
+        self._store.close()

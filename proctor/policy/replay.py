@@ -184,6 +184,9 @@ class _Reads:
     provenance: bool  # whether a provenance function is called
     nothing: bool  # no condition at all
     cost_unknown: bool  # a cost budget counts the tool, whose cost the policy does not declare
+    #: Nothing can make such a call undecidable — no condition, no side_effect or cost expression, no
+    #: unknown cost — so its arguments need not even be looked at for redaction marks (`_undecidable`).
+    plain: bool = False
 
 
 class _Clock:
@@ -296,24 +299,25 @@ class _Replayer:
     # -- calls ------------------------------------------------------------------------------------
 
     def _intent(self, rec: Mapping[str, Any]) -> None:
-        run_id, call_id, tool = rec.get("run_id"), rec.get("call_id"), rec.get("tool")
+        get = rec.get  # (one attribute lookup for the dozen fields read: every recorded call comes here)
+        run_id, call_id, tool = get("run_id"), get("call_id"), get("tool")
         if not (isinstance(run_id, str) and isinstance(call_id, str) and isinstance(tool, str)):
             return
         report = self.report
-        run = self._run(run_id)
+        run = self.runs.get(run_id) or self._run(run_id)
         policy = self.policy
-        args = rec.get("args")
+        args = get("args")
         if not isinstance(args, dict):
             args = {}
-        recorded_class = rec.get("side_effect")
+        recorded_class = get("side_effect")
         declared: SideEffect | None = recorded_class if isinstance(recorded_class, str) else None  # type: ignore[assignment]
-        step = rec.get("step")
+        step = get("step")
         if isinstance(step, int) and step != run.last_step:
             while run.last_step < step:  # per-step budgets start afresh, as the gate's `next_step` does
                 run.ledger.next_step()
                 run.last_step += 1
             run.last_step = step
-        old = rec.get("decision")
+        old = get("decision")
         budget_refused = self.budget_refused
         refused_by = budget_refused.pop(call_id, _NOT_REFUSED) if budget_refused else _NOT_REFUSED
         counted = self.since_ns is None or self.clock.ns >= self.since_ns
@@ -329,7 +333,7 @@ class _Replayer:
         info = run.info
         if isinstance(step, int) and step != info.step:
             info = run.info = replace(info, step=step)
-        agent = rec.get("agent")  # a managed agent's call names it (`run.agent`)
+        agent = get("agent")  # a managed agent's call names it (`run.agent`)
         if isinstance(agent, str) and agent != info.agent:
             info = replace(info, agent=agent)
         view: RunView = run if info is run.info else RecordedRun(info, run.history, run.seen_sorted,
@@ -347,7 +351,8 @@ class _Replayer:
         side_effect = adm.side_effect
         if facts.side_effect_expression is None or adm.stage != "class":
             history_class = side_effect
-        why = self._undecidable(tool, side_effect, args, run, redacted=_has_mark(args))
+        reads = self._reads_of(tool, side_effect)
+        why = None if reads.plain else self._undecidable(tool, side_effect, args, run, redacted=_has_mark(args))
         reservation = None
         new: str = "deny"
         new_rules: tuple[str, ...] = ()
@@ -368,10 +373,10 @@ class _Replayer:
         run.pending[call_id] = (rec, reservation, history_class, labels, None if why is None else adm.cost)
         if not counted:
             return
-        sha = rec.get("policy_sha256")
+        sha = get("policy_sha256")
         if isinstance(sha, str):
             report.recorded_policies[sha] = report.recorded_policies.get(sha, 0) + 1
-        seq = rec.get("seq")
+        seq = get("seq")
         seq = seq if isinstance(seq, int) else -1
         if why is not None:
             report.note_undecidable(Undecidable(seq, run_id, call_id, tool, why))
@@ -383,7 +388,7 @@ class _Replayer:
         if new == old_outcome:
             report.unchanged += 1
             return
-        rules = rec.get("rules")
+        rules = get("rules")
         old_rules = tuple(r for r in rules if isinstance(r, str)) if isinstance(rules, list) else ()
         report.note_change(Change(seq, self.clock.ns, run_id, call_id, tool, args, str(old_outcome), new, old_rules,
                                   new_rules, reason, budget))
@@ -468,8 +473,9 @@ class _Replayer:
                 if PROVENANCE_FUNCTIONS.intersection(condition.functions) or any(
                         name in condition.source for name in ("provenance(", "from_user(")):
                     provenance = True
-            found = self._reads[key] = _Reads(args, history_args, provenance, not conditions,
-                                              self._cost_unknown_for(tool, side_effect))
+            cost_unknown = self._cost_unknown_for(tool, side_effect)
+            plain = not conditions and not cost_unknown and not self._expressions(tool)
+            found = self._reads[key] = _Reads(args, history_args, provenance, not conditions, cost_unknown, plain)
         return found
 
     def _expressions(self, tool: str) -> list[frozenset[str] | None]:

@@ -2,12 +2,16 @@
 
 Pages (server-rendered, Jinja2; a small script adds keyboard shortcuts): ``/`` pending
 approvals (filter by tool, principal, run label), ``/approvals/{id}``, ``/runs``,
-``/runs/{id}``, ``/login``. API: ``GET /api/approvals``, ``GET /api/approvals/{id}``,
-``POST /api/approvals/{id}`` with ``{decision, binding, reason, args?, grant?}``, ``GET
-/api/runs``, ``GET /api/runs/{id}``. Status codes: 401 without valid credentials, 403
-for four eyes, a missing CSRF token or a cross-origin post, 404 unknown id, 409 a
-binding that does not match (or an approval no longer pending), 422 an answer that
-cannot be taken, 413 a body over the limit, 415 a body of a type the route does not take.
+``/runs/{id}``, ``/login``; ``POST /runs/{id}/halt`` and ``POST /halts/{id}/lift`` (an
+approver in ``--halt-groups`` halts a run, or lifts a run's halt, its id typed as
+confirmation: `proctor.serve.halting`). API: ``GET /api/approvals``, ``GET
+/api/approvals/{id}``, ``POST /api/approvals/{id}`` with ``{decision, binding, reason,
+args?, grant?}``, ``GET /api/runs``, ``GET /api/runs/{id}``, ``GET /api/halts``, ``POST
+/api/runs/{id}/halt`` and ``POST /api/halts/{id}/lift`` with ``{reason, confirm?}``. Status
+codes: 401 without valid credentials, 403 for four eyes, a missing CSRF token, a cross-origin
+post or an approver outside the halt groups, 404 unknown id, 409 a binding that does not
+match (or an approval no longer pending), 422 an answer that cannot be taken, 413 a body
+over the limit, 415 a body of a type the route does not take, 503 halting not set up.
 
 Hardened as a web app (`proctor.serve.guard`): every response forbids framing and any
 script but the inbox's own; bodies are bounded before anything parses them, and a
@@ -22,6 +26,7 @@ See docs/approvals.md.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +38,7 @@ from markupsafe import Markup
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from proctor.audit.base import AuditSink
 from proctor.errors import (
     ApprovalConflict,
     ApprovalNotFound,
@@ -42,16 +48,18 @@ from proctor.errors import (
     RunNotFound,
     StoreError,
 )
+from proctor.halt import HaltBackend
 from proctor.jsoninput import loads_bounded
 from proctor.serve.auth import COOKIE, Identity, Sessions, cross_origin, csrf_ok, identify
 from proctor.serve.guard import DEFAULT_MAX_BODY, ASGIApp, RequestGuard
+from proctor.serve.halting import HaltDesk, HaltRefused
 from proctor.serve.tokens import TokenFile
 from proctor.serve.views import approval_view, display_fields, filter_approvals, run_view
 from proctor.store.answers import answer, grant_preview
 from proctor.store.base import RunStore
 from proctor.termsafe import marked_html
 
-__all__ = ["CONFIRMED_CLASSES", "AnswerBody", "InboxApp", "create_app"]
+__all__ = ["CONFIRMED_CLASSES", "AnswerBody", "HaltBody", "InboxApp", "create_app"]
 
 HERE = Path(__file__).parent
 #: Side-effect classes whose approval in the browser needs the tool's name typed as confirmation.
@@ -80,6 +88,13 @@ class AnswerBody(BaseModel):
     confirm: str = ""
 
 
+class HaltBody(BaseModel):
+    """A halt of a run through the API: why, and (with a session: a browser) the run's id typed."""
+
+    reason: str
+    confirm: str = ""
+
+
 class _Refused(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -96,13 +111,17 @@ def _status_of(exc: StoreError) -> int:
 
 def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None = None,
                sessions: Sessions | None = None, trusted_proxies: int | None = None,
-               max_body: int = DEFAULT_MAX_BODY, resumes: bool = False, openapi: bool = False) -> FastAPI:
+               max_body: int = DEFAULT_MAX_BODY, resumes: bool = False, openapi: bool = False,
+               halts: HaltBackend | None = None, audit: AuditSink | None = None,
+               halt_groups: Collection[str] = ()) -> FastAPI:
     """The inbox over `store`, accepting the approvers in `tokens` (and a trusted proxy's header, if named).
 
     `trusted_proxies`: how many reverse proxies stand before the server (the client's address is
     the entry of ``X-Forwarded-For`` the outermost one wrote); default 1 with `proxy_header`, else 0.
     `max_body`: the largest request body, in bytes. `resumes`: this server resumes answered runs
     (``--resume``), as the pages then say. `openapi`: serve the schema at ``/api/openapi.json``.
+    `halts`: where the fleet's halts are (shown on every page); approvers in `halt_groups` may halt
+    a run from its page, recorded in `audit` (`proctor.serve.halting`).
     """
     hops = trusted_proxies if trusted_proxies is not None else (1 if proxy_header is not None else 0)
     if hops < 0:
@@ -120,13 +139,29 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
     # Untrusted text in element content goes through `m`: escaped, look-alikes and invisibles marked.
     templates.env.filters["m"] = lambda v: Markup(marked_html("" if v is None else v))
     sessions = sessions or Sessions()
+    desk = HaltDesk(halts, audit, frozenset(halt_groups))
 
     def who(request: Request) -> Identity | None:
         return identify(request, tokens, sessions, proxy_header, hops)
 
     def page(request: Request, name: str, identity: Identity | None, status: int = 200, **context: Any
              ) -> HTMLResponse:
+        if identity is not None and "halts" not in context:  # the banner of active halts, on every page
+            context["halts"], context["halt_error"] = desk.active()
+        if identity is not None:  # whether the banner offers to lift a run's halt
+            context["halt_lift"] = desk.refusal(tokens.groups.get(identity.name)) is None
         return templates.TemplateResponse(request, name, {"me": identity, **context}, status_code=status)
+
+    def halt_context(identity: Identity, run_id: str, principal: str | None, agent: str | None, back: str,
+                     tool: str | None = None) -> dict[str, Any]:
+        """What a run's or an approval's page shows of halts: those stopping it, and the halt form or why not."""
+        active, error = desk.active()
+        refusal = desk.refusal(tokens.groups.get(identity.name))
+        return {"halts": active, "halt_error": error,
+                "run_halts": desk.stopping(active, run_id, principal, agent, tool),
+                "halt_form": {"run_id": run_id, "back": back} if refusal is None else None,
+                # an approver who may halt but cannot here (503: not set up) is told why; one who may not sees no form
+                "halt_note": str(refusal) if refusal is not None and refusal.status == 503 else None}
 
     def guard_post(request: Request) -> Identity:
         """The checks of an unsafe request that need no body: origin, then credentials."""
@@ -152,6 +187,10 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
         if exc.status == 401:
             return RedirectResponse(f"/login?next={request.url.path}", status_code=303)
         return page(request, "error.html", who(request), exc.status, message=str(exc), code=exc.status)
+
+    @app.exception_handler(HaltRefused)
+    async def halt_refused(request: Request, exc: HaltRefused) -> Response:
+        return await refused(request, _Refused(exc.status, str(exc)))
 
     @app.exception_handler(StoreError)
     async def store_error(request: Request, exc: StoreError) -> Response:
@@ -211,7 +250,14 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
         view = approval_view(store, store.get_approval(approval_id), resumes=resumes)
         own = view["approval"]["principal"] is not None and view["approval"]["principal"] == identity.name
         confirm = view["approval"]["side_effect"] in CONFIRMED_CLASSES
-        return page(request, "approval.html", identity, own=own, confirm=confirm, **view)
+        a = view["approval"]
+        try:  # (an approval whose run the store does not hold is still shown, as `approval_view` does)
+            run = store.get_run(a["run_id"])
+            principal, agent = run.principal, run.agent
+        except StoreError:
+            principal, agent = a["principal"], None
+        halting = halt_context(identity, a["run_id"], principal, agent, f"/approvals/{approval_id}", tool=a["tool"])
+        return page(request, "approval.html", identity, own=own, confirm=confirm, **halting, **view)
 
     @app.post("/approvals/{approval_id}")
     async def answer_form(request: Request, approval_id: str) -> Response:
@@ -247,7 +293,30 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
     @app.get("/runs/{run_id}", response_class=HTMLResponse)
     def run_page(request: Request, run_id: str) -> HTMLResponse:
         identity = need(request)
-        return page(request, "run.html", identity, **run_view(store, store.get_run(run_id)))
+        run = store.get_run(run_id)
+        halting = halt_context(identity, run.run_id, run.principal, run.agent, f"/runs/{run.run_id}")
+        return page(request, "run.html", identity, **halting, **run_view(store, run))
+
+    @app.post("/runs/{run_id}/halt")
+    async def halt_form(request: Request, run_id: str) -> Response:
+        identity = guard_post(request)
+        form = await form_of(request)
+        check_csrf(identity, str(form.get("csrf", "")))
+        run = await run_in_threadpool(store.get_run, run_id)  # 404 for a run the store does not hold
+        await run_in_threadpool(desk.halt_run, run.run_id, str(form.get("reason", "")), str(form.get("confirm", "")),
+                                approver=identity.name, address=identity.address, method=identity.via,
+                                approver_groups=tokens.groups.get(identity.name))
+        return RedirectResponse(_local(str(form.get("back", "") or f"/runs/{run.run_id}")), status_code=303)
+
+    @app.post("/halts/{halt_id}/lift")
+    async def lift_form(request: Request, halt_id: str) -> Response:
+        identity = guard_post(request)
+        form = await form_of(request)
+        check_csrf(identity, str(form.get("csrf", "")))
+        await run_in_threadpool(desk.lift, halt_id, str(form.get("reason", "")), str(form.get("confirm", "")),
+                                approver=identity.name, address=identity.address, method=identity.via,
+                                approver_groups=tokens.groups.get(identity.name))
+        return RedirectResponse(_local(str(form.get("back", "") or "/")), status_code=303)
 
     # -- API ------------------------------------------------------------------------------------
 
@@ -303,6 +372,46 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
     def api_run(request: Request, run_id: str) -> dict[str, Any]:
         need(request)
         return run_view(store, store.get_run(run_id))
+
+    @app.get("/api/halts")
+    def api_halts(request: Request) -> dict[str, Any]:
+        need(request)
+        active, error = desk.active()
+        if error is not None:
+            raise _Refused(503, error)
+        return {"halts": active}
+
+    @app.post("/api/runs/{run_id}/halt")
+    async def api_halt(request: Request, run_id: str) -> dict[str, Any]:
+        identity = guard_post(request)
+        check_csrf(identity, request.headers.get("x-csrf-token"))
+        raw = await request.body()
+        try:
+            body = HaltBody.model_validate(_json(raw.decode("utf-8", "replace"), "halt"))
+        except ValidationError as exc:
+            raise _Refused(422, f"halt: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from None
+        run = await run_in_threadpool(store.get_run, run_id)
+        # A token (a script, `curl`) names the run in the URL; a browser's session types it, as the page does.
+        confirm = body.confirm if identity.via == "session" else run.run_id
+        halt = await run_in_threadpool(desk.halt_run, run.run_id, body.reason, confirm, approver=identity.name,
+                                       address=identity.address, method=identity.via,
+                                       approver_groups=tokens.groups.get(identity.name))
+        return {"halt": halt.as_dict()}
+
+    @app.post("/api/halts/{halt_id}/lift")
+    async def api_lift(request: Request, halt_id: str) -> dict[str, Any]:
+        identity = guard_post(request)
+        check_csrf(identity, request.headers.get("x-csrf-token"))
+        raw = await request.body()
+        try:
+            body = HaltBody.model_validate(_json(raw.decode("utf-8", "replace"), "lift"))
+        except ValidationError as exc:
+            raise _Refused(422, f"lift: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from None
+        confirm = body.confirm if identity.via == "session" else halt_id  # as for a halt: a browser types it
+        lifted = await run_in_threadpool(desk.lift, halt_id, body.reason, confirm, approver=identity.name,
+                                         address=identity.address, method=identity.via,
+                                         approver_groups=tokens.groups.get(identity.name))
+        return {"lifted": lifted.as_dict()}
 
     if openapi:
         @app.get("/api/openapi.json", include_in_schema=False)

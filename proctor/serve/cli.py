@@ -4,6 +4,7 @@
     proctor serve --store sqlite:///runs.db --tokens tokens.txt [--host 127.0.0.1] [--port 8765]
     proctor serve ... --resume --tools tools:TOOLS --policy policy.yaml --model ID
     proctor serve ... --trust-proxy-header X-Forwarded-User --trusted-proxies 1   # behind one proxy
+    proctor serve ... --halt-groups sre-leads --audit audit.jsonl [--halts redis://…]  # halt runs from their pages
 
 Exit codes: 0 served (stopped with Ctrl-C) or token added; 2 usage (no store, no token file,
 a missing extra).
@@ -43,7 +44,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tools", metavar="MOD[:ATTR]", action="append", default=[], help="tools, for --resume")
     p.add_argument("--policy", metavar="P", help="the policy file, for --resume")
     p.add_argument("--model", metavar="ID", help="a litellm model id, for --resume")
-    p.add_argument("--audit", metavar="PATH", help="the audit log resumed runs append to")
+    p.add_argument("--audit", metavar="LOG|URL",
+                   help="the audit log resumed runs and halts set from the inbox append to (default $PROCTOR_AUDIT "
+                        "for halts)")
+    p.add_argument("--halts", metavar="URL", default=None,
+                   help="where the fleet's halts are: redis://… (the gates' --ledger) or a run store URL; default: "
+                        "the run store, when it is SQLite or PostgreSQL. Active halts are shown on every page")
+    p.add_argument("--halt-groups", metavar="A,B", default="",
+                   help="approvers in one of these groups (the token file's groups) may halt a run from its page "
+                        "(needs --audit); default: nobody")
     p.set_defaults(func=_serve)
     sub = p.add_subparsers(dest="action", metavar="token", required=False)
     t = sub.add_parser("token", help="add an approver (or replace their token) and print the token")
@@ -98,13 +107,20 @@ def _serve(args: argparse.Namespace) -> int:
     except ProctorError as exc:
         print(f"proctor serve: {exc}", file=sys.stderr)
         return 2
+    halt_groups = tuple(g.strip() for g in args.halt_groups.split(",") if g.strip())
+    halting = _halting(args, url, halt_groups)
+    if isinstance(halting, str):
+        print(f"proctor serve: {halting}", file=sys.stderr)
+        store.close()
+        return 2
+    halts, audit = halting
     resumer = _resumer(args, store) if args.resume else None
     from proctor.serve.guard import DEFAULT_MAX_BODY
 
     try:
         app = create_app(store, tokens, proxy_header=args.trust_proxy_header, trusted_proxies=args.trusted_proxies,
                          max_body=args.max_body or DEFAULT_MAX_BODY, resumes=resumer is not None,
-                         openapi=args.openapi)
+                         openapi=args.openapi, halts=halts, audit=audit, halt_groups=halt_groups)
     except (ProctorError, ValueError) as exc:
         print(f"proctor serve: {exc}", file=sys.stderr)
         store.close()
@@ -118,8 +134,58 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         if resumer is not None:
             resumer.stop()
+        for opened in (halts, audit):
+            if opened is not None:
+                opened.close()
         store.close()
     return 0
+
+
+def _halting(args: argparse.Namespace, store_url: str, groups: tuple[str, ...]) -> tuple[Any, Any] | str:
+    """The halt backend the inbox shows (None: none) and the audit sink its halts go to (None without
+    --halt-groups); a string says why they cannot be opened."""
+    from proctor.errors import ProctorError
+    from proctor.halt import HaltError
+
+    url = args.halts
+    backend: Any = None
+    try:
+        if url is not None and url.startswith(("redis://", "rediss://", "unix://")):
+            from proctor.halt.redis import RedisHaltBackend
+
+            backend = RedisHaltBackend(url)
+        else:
+            from proctor.halt.sql import StoreHaltBackend
+
+            try:
+                backend = StoreHaltBackend(url or store_url)
+            except HaltError:
+                if url is not None:
+                    raise
+                backend = None  # a run store that keeps no halts (not SQL): none shown unless --halts names them
+    except ImportError as exc:
+        return f"--halts {url} needs {exc.name or 'redis'}: pip install 'proctor[redis]'"
+    except HaltError as exc:
+        return f"--halts: {exc}"
+    if not groups:
+        return backend, None
+    if backend is None:
+        return "--halt-groups needs where the halts are: --halts URL (this run store keeps none)"
+    target = args.audit or os.environ.get("PROCTOR_AUDIT", "")
+    if not target:
+        backend.close()
+        return "--halt-groups needs --audit LOG|URL (or PROCTOR_AUDIT): every halt set from the inbox is audited"
+    try:
+        from proctor.agent.base import load_audit
+
+        sink, _, _ = load_audit(target)
+    except (ProctorError, OSError) as exc:
+        backend.close()
+        return f"cannot open the audit log {target}: {exc}"
+    if sink is None:
+        backend.close()
+        return f"cannot open the audit log {target}"
+    return backend, sink
 
 
 def _resumer(args: argparse.Namespace, store: Any) -> Any:

@@ -216,3 +216,36 @@ def test_a_forged_redis_entry_fails_closed(redis_server: RedisServer) -> None:
     finally:
         client.close()
         channel.close()
+
+
+def test_a_gate_on_a_shared_channel_audits_halts_set_elsewhere_and_its_own(redis_server: RedisServer) -> None:
+    from proctor.gate import Gate
+    from proctor.halt.redis import RedisHaltBackend
+    from proctor.policy import Policy
+    from proctor.testing import InMemoryAudit
+
+    prefix = f"proctor:halts:{uuid.uuid4().hex[:8]}"
+    channel = RedisHalts(redis_server.url, prefix=prefix, refresh_s=0.02)
+    other = RedisHaltBackend(redis_server.url, prefix=prefix)  # another process's `proctor halt`
+    audit = InMemoryAudit()
+    gate = Gate(Policy.from_dict({"version": 1, "rules": []}), audit=audit, halts=channel)
+    try:
+        elsewhere = other.set(new_halt("tool", "send_email", "mail storm", "ops-erin"))
+        _wait_for(lambda: audit.of_kind("halt_set"))
+        other.lift(elsewhere.id)
+        _wait_for(lambda: audit.of_kind("halt_lifted"))
+        mine = gate.halt("freeze", by="ops-frank")
+        _wait_for(lambda: channel.check("t", None, None, "r") is not None)
+        gate.lift_halt(mine.id, "thaw", by="ops-gus")
+        _wait_for(lambda: channel.check("t", None, None, "r") is None)
+        via = f"channel {channel.name}"
+        records = [(r["kind"], r["halt_id"], r["by"], r["reason"], r["via"])
+                   for r in audit.records if r["kind"].startswith("halt")]
+        assert records == [("halt_set", elsewhere.id, "ops-erin", "mail storm", via),
+                           ("halt_lifted", elsewhere.id, None, None, via),  # who lifted it recorded that
+                           ("halt_set", mine.id, "ops-frank", "freeze", "api"),
+                           ("halt_lifted", mine.id, "ops-gus", "thaw", "api")]
+        assert audit.of_kind("halt_set")[1]["backend"] == channel.name
+    finally:
+        channel.close()
+        other.close()

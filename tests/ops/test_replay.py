@@ -266,3 +266,22 @@ def test_since_counts_later_calls_only(tmp_path: Path) -> None:
     second_run = next(r for r in records if r["kind"] == "run_started" and r["principal"] == "bob")
     report = replay_log(Policy.from_string(OLD), str(log), since_ns=second_run["ts_ns"])
     assert report.decided == 5  # bob's run only
+
+
+def test_without_conditions_an_expression_on_a_redacted_argument_or_an_unknown_cost_is_still_undecidable(
+        tmp_path: Path) -> None:
+    """Calls of rules without conditions skip the redaction look-up only when nothing else could read the
+    arguments: a side_effect or cost expression over a redacted one, or a cost the log does not hold."""
+    log = _record(tmp_path)
+    expression = Policy.from_string(OLD.replace(
+        "charge: {side_effect: destructive, redact: [card]}",
+        "charge: {side_effect: \"args.card.startsWith('4') ? 'destructive' : 'write'\", redact: [card]}"))
+    report = replay_log(expression, str(log))
+    assert report.undecidable == 2
+    assert list(report.undecidable_why) == ["the tool's side_effect or cost expression reads a redacted argument"]
+    cost = Policy.from_string(OLD + "budgets:\n  - {name: spend, match: {tool: charge}, limit: {cost: 100}}\n")
+    report = replay_log(cost, str(log))
+    assert report.undecidable == 2
+    assert list(report.undecidable_why) == [
+        "a cost budget counts this tool and the policy declares no cost for it (not in the log)"]
+    assert (report.decided, report.changed) == (8, 0)  # the rest, rules without conditions, decided as before

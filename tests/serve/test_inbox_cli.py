@@ -90,3 +90,49 @@ def test_resumer_takes_up_answered_runs(inbox: Inbox) -> None:
         assert store.get_run(current.run_id).status == "done"
     finally:
         store.close()
+
+
+def test_serve_halting_needs_an_audit_log_and_serves_the_store_halts(inbox: Inbox, tmp_path: Path) -> None:
+    """`--halt-groups` without an audit log is refused; with one, the server shows and sets the store's halts."""
+    from proctor.serve.tokens import add_token
+
+    env = {k: v for k, v in os.environ.items() if k != "PROCTOR_AUDIT"}
+    base = ["serve", "--store", inbox.store_url, "--tokens", str(inbox.tokens_path), "--halt-groups", "sre"]
+    out = subprocess.run([sys.executable, "-m", "proctor.cli", *base], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert out.returncode == 2 and "--audit" in out.stderr
+    inbox.suspend()
+    store = RunStore.open(inbox.store_url)
+    run_id = store.list_runs()[0].run_id
+    store.close()
+    erin = add_token(inbox.tokens_path, "erin", ("sre",))
+    from .browser import free_port
+
+    port = free_port()
+    audit = tmp_path / "serve-audit.jsonl"
+    with subprocess.Popen([sys.executable, "-m", "proctor.cli", *base, "--audit", str(audit), "--port", str(port)],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env) as server:
+        _halt_through(server, port, erin, run_id, inbox)
+    assert "halt_set" in audit.read_text()
+
+
+def _halt_through(server: subprocess.Popen[str], port: int, token: str, run_id: str, inbox: Inbox) -> None:
+    import httpx
+
+    try:
+        url, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token}"}
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                assert httpx.get(f"{url}/api/halts", headers=headers).json() == {"halts": []}
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and server.poll() is None, server.stderr
+                time.sleep(0.2)
+        made = httpx.post(f"{url}/api/runs/{run_id}/halt", json={"reason": "from the CLI's server"}, headers=headers)
+        assert made.status_code == 200, made.text
+        listed = proctor("halt", "--list", "--json", "--store", inbox.store_url)
+        assert [h["id"] for h in json.loads(listed.stdout)] == [made.json()["halt"]["id"]]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
