@@ -21,7 +21,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
 
 from proctor.agent.attachments import RunImages, with_images
-from proctor.agent.durable import DurableRun, RunCancelled, restore_context, step_from_dict
+from proctor.agent.durable import DurableRun, restore_context, step_from_dict
 from proctor.agent.managed import MAX_AGENT_DEPTH, ScopedGate, agent_tool, managed_task, strictest_sandbox
 from proctor.agent.models import LiteLLMModel, Message, Model, ModelError, ModelResponse, Usage
 from proctor.agent.prompts import planning_prompt
@@ -30,7 +30,15 @@ from proctor.agent.tracing import HeldChat, model_span
 from proctor.approval.base import Approver
 from proctor.audit.base import AuditSink
 from proctor.calls import CallRecord, RunInfo
-from proctor.errors import BudgetExceeded, ConfigurationError, ManagedAgentError, ProctorError, StoreError, StoreForged
+from proctor.errors import (
+    BudgetExceeded,
+    ConfigurationError,
+    ManagedAgentError,
+    ProctorError,
+    RunCancelled,
+    StoreError,
+    StoreForged,
+)
 from proctor.gate import CallScope, Gate, RunContext, agent_fields
 from proctor.interrupts import interruption, terminate_as_exception
 from proctor.ledger.base import SharedLedger

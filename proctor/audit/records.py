@@ -23,6 +23,7 @@ from typing import Any, TypeGuard
 
 from proctor.audit.base import KINDS
 from proctor.canonical import ORJSON_AGREES, canonical_bytes, jsonable
+from proctor.errors import LineError
 
 try:
     import orjson
@@ -92,17 +93,6 @@ CODES = (
 
 _HEX = frozenset("0123456789abcdef")
 _sha256 = hashlib.sha256
-
-
-class LineError(Exception):
-    """One line is not a well-formed record; `code` is PARSE or NONCANONICAL."""
-
-    def __init__(self, code: str, message: str, *, unreadable: bool = False) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        #: True when the line is not JSON at all (what a crash mid-append leaves behind).
-        self.unreadable = unreadable
 
 
 class _FloatSeen(Exception):

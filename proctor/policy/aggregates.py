@@ -57,6 +57,7 @@ from collections.abc import Callable, Iterable, Mapping
 from itertools import combinations
 from typing import Any
 
+from proctor.errors import AggregateError, ValueTooDeep
 from proctor.policy._cel import cel
 from proctor.policy.functions import FUNCTIONS as CEL_FUNCTIONS
 
@@ -248,7 +249,7 @@ class _Program:
                           for fn in self.program.functions() if fn in CEL_FUNCTIONS}
 
     def run(self, var: str, value: Any) -> Any:
-        from proctor.policy.conditions import ValueTooDeep, check_value  # (conditions imports this module)
+        from proctor.policy.conditions import check_value  # (conditions imports this module)
 
         try:
             check_value(value)  # a cyclic or absurdly deep entry would crash CEL's native converter
@@ -726,10 +727,6 @@ def _keyed_spec(source: str, toks: list[_Tok], lo: int, hi: int, var: str, mode:
 
 
 # -- folding -------------------------------------------------------------------------------------
-
-
-class AggregateError(ValueError):
-    """A pipeline whose value is an error (CEL's message for the entry that caused it)."""
 
 
 def is_hidden(name: str) -> bool:

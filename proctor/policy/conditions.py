@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proctor.errors import ConditionError, EvaluationError, ValueTooDeep
 from proctor.policy._cel import cel
 from proctor.policy.aggregates import (
     AggregateError,
@@ -98,10 +99,6 @@ def _is_container(value: Any) -> bool:
 MAX_CONTAINERS = 100_000
 
 
-class ValueTooDeep(ValueError):
-    """A value CEL's converter must not see: cyclic, nested too deep, or with too many containers."""
-
-
 def check_value(value: Any) -> None:
     """Refuse values that would crash or stall CEL's (recursive, native) converter.
 
@@ -123,20 +120,6 @@ def check_value(value: Any) -> None:
                 if left < 0:
                     raise ValueTooDeep(f"a value holds more than {MAX_CONTAINERS} maps and lists")
                 stack.append((child, depth + 1))
-
-
-class ConditionError(Exception):
-    """A condition that does not compile; `line`/`column` are 1-based, inside the expression (0: all of it)."""
-
-    def __init__(self, message: str, line: int = 1, column: int = 1) -> None:
-        super().__init__(message)
-        self.message = message
-        self.line = line
-        self.column = column
-
-
-class EvaluationError(Exception):
-    """A condition that could not be evaluated for one call (the call is then denied)."""
 
 
 def _position(source: str, offset: int) -> tuple[int, int]:
