@@ -65,3 +65,117 @@ def parsed(name: str) -> ast.Module | None:
     """The syntax tree of a module's source (None for a native module), parsed once per test session."""
     path = source_of(name)
     return None if path is None else ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _imported(module: str, is_package: bool, node: ast.Import | ast.ImportFrom, known: set[str]) -> list[str]:
+    """The proctor modules an import statement loads (`from . import x` names module x when x is one)."""
+    if isinstance(node, ast.Import):
+        targets = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            parts = module.split(".") if is_package else module.split(".")[:-1]
+            parts = parts[: len(parts) - (node.level - 1)]
+            base = ".".join([*parts, base] if base else parts)
+        targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+    found = []
+    for target in targets:
+        while target and target not in known:  # `import proctor.x.y as z` loads proctor.x.y; an attribute is no module
+            target = target.rpartition(".")[0]
+        if target and target != module:
+            found.append(target)
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    names = [n for n in ast.walk(test) if isinstance(n, (ast.Name, ast.Attribute))]
+    return any((n.id if isinstance(n, ast.Name) else n.attr) == "TYPE_CHECKING" for n in names)
+
+
+@functools.cache
+def import_graph() -> tuple[dict[str, frozenset[str]], dict[str, frozenset[str]], dict[str, frozenset[str]]]:
+    """(module level, inside functions, under `if TYPE_CHECKING:`): for each module, the proctor modules it imports.
+
+    Module level is what runs when the module is imported: its top-level statements, the bodies of its
+    classes, `try`/`with`/`if` blocks (the `else` of an `if TYPE_CHECKING:` included)."""
+    known = set(module_names())
+    graphs: tuple[dict[str, set[str]], dict[str, set[str]], dict[str, set[str]]] = ({}, {}, {})
+
+    def visit(module: str, is_package: bool, nodes: list[ast.stmt], kind: int) -> None:
+        for node in nodes:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                graphs[kind].setdefault(module, set()).update(_imported(module, is_package, node, known))
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(module, is_package, node.body, 1 if kind == 0 else kind)
+            elif isinstance(node, ast.If) and _is_type_checking(node.test):
+                visit(module, is_package, node.body, 2)
+                visit(module, is_package, node.orelse, kind)
+            else:
+                for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+                    children = getattr(node, field, None)
+                    if isinstance(children, list):
+                        stmts = [c for child in children
+                                 for c in (child.body if isinstance(child, (ast.ExceptHandler, ast.match_case))
+                                           else [child]) if isinstance(c, ast.stmt)]
+                        visit(module, is_package, stmts, kind)
+
+    for name in known:
+        tree, path = parsed(name), source_of(name)
+        if tree is not None and path is not None:
+            visit(name, path.name == "__init__.py", tree.body, 0)
+    return tuple({m: frozenset(t) for m, t in g.items()} for g in graphs)  # type: ignore[return-value]
+
+
+def cycles(graph: dict[str, frozenset[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def reaches(graph: dict[str, frozenset[str]], start: str, goal: str) -> bool:
+    """Whether `goal` is imported, directly or through others, when `start` is."""
+    seen, todo = {start}, [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt == goal:
+                return True
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return False

@@ -19,8 +19,8 @@ from __future__ import annotations
 import time
 
 from proctor.approval.base import ApprovalDecision, ApprovalRequest, Grant
+from proctor.durations import parse_duration
 from proctor.errors import RunSuspended
-from proctor.policy.validators import parse_duration
 from proctor.store.base import PendingApproval, RunStore
 
 __all__ = ["InboxApprover"]

@@ -89,7 +89,7 @@ def serve(args: argparse.Namespace) -> int:
         session_idle = _session_idle(args.session_idle)
         tokens = None
         if args.tokens:
-            from proctor.serve.tokens import TokenFile
+            from proctor.approval.tokens import TokenFile
 
             tokens = TokenFile.load(args.tokens)
     except (ToolLoadError, ConfigurationError, ValueError) as exc:

@@ -60,6 +60,7 @@ from typing import Any
 from proctor.errors import AggregateError, ValueTooDeep
 from proctor.policy._cel import cel
 from proctor.policy.functions import FUNCTIONS as CEL_FUNCTIONS
+from proctor.policy.values import check_value
 
 __all__ = [
     "FREE_VARIABLES", "PURE_FUNCTIONS", "AggregateError", "Fold", "KeyedFold", "Pipeline", "Rewrite", "WindowFold",
@@ -249,8 +250,6 @@ class _Program:
                           for fn in self.program.functions() if fn in CEL_FUNCTIONS}
 
     def run(self, var: str, value: Any) -> Any:
-        from proctor.policy.conditions import check_value  # (conditions imports this module)
-
         try:
             check_value(value)  # a cyclic or absurdly deep entry would crash CEL's native converter
         except ValueTooDeep as exc:
@@ -1005,8 +1004,6 @@ class KeyedFold(Fold):
         return total == 1 if mode == "exists_one" else total
 
     def _residual(self, activation: Any, entries: list[Any]) -> Any:
-        from proctor.policy.conditions import ValueTooDeep, check_value
-
         keyed = self.pipeline.keyed
         assert keyed is not None
         variables = {name: activation[name] for name in keyed.residual_variables}

@@ -23,7 +23,7 @@ from proctor.halt import new_halt
 from proctor.halt.sql import StoreHaltBackend, StoreHalts
 from proctor.policy import Policy
 from proctor.serve.app import create_app
-from proctor.serve.tokens import TokenFile, add_token
+from proctor.approval.tokens import TokenFile, add_token
 from proctor.store.base import RunStore
 
 from .browser import chromium, serving
