@@ -11,7 +11,7 @@ from proctor_modules import cycles, import_graph, module_names, reaches
 #: own name); the command-line modules (`cli`, `ops_cli`, wherever they sit) belong to the top layer.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in (
     # foundations: the error tree, plain data, text and encoding helpers nothing else of proctor's is under
-    "errors _lazy _provtok calls canonical durations termsafe textcaps unicodenorm urls jsoninput importpath "
+    "errors _lazy _provtok backends calls canonical durations termsafe textcaps unicodenorm urls jsoninput importpath "
     "interrupts pgconn redaction narrowing images signatures provenance",
     "telemetry tools adapters",       # spans and logs; what a tool is
     "ledger",                         # budget pools (memory, Redis)
@@ -27,8 +27,6 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in
 #: Imports deferred into a function that point back at a module already importing this one at module level.
 #: Each stays deferred for the reason given; a new one is a cycle the layout should lose instead.
 KNOWN_DEFERRED_BACK: dict[tuple[str, str], str] = {
-    ("proctor.ledger.base", "proctor.ledger.memory"): "open_ledger() by URL (one resolver for all backends: next)",
-    ("proctor.ledger.base", "proctor.ledger.redis"): "as above; redis-py is an optional extra",
     ("proctor.policy.aggregates", "proctor.policy.conditions"):
         "recognising a pipeline asks which functions conditions know, once per condition compiled",
     ("proctor.policy.dataflow", "proctor.policy.conditions"):

@@ -54,7 +54,8 @@ from proctor.gate.recorder import Recorder, log_fields, safely
 from proctor.gate.shadow import Shadow, Verdict, verdict_of
 from proctor.halt import Halt, HaltChannel, HaltEvent, Scope, gate_halts, halt_refusal, new_halt
 from proctor.interrupts import interruption
-from proctor.ledger.base import SharedLedger, open_ledger
+from proctor.ledger.base import SharedLedger
+from proctor.ledger.opening import open_ledger
 from proctor.ledger.scope import ledger_scope
 from proctor.policy.admission import AdmissionPolicy, admit
 from proctor.policy.aggregates import Pipeline
