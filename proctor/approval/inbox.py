@@ -29,7 +29,7 @@ __all__ = ["InboxApprover"]
 class InboxApprover:
     """Files each request in `store` and waits `wait` (``"0s"``, ``"30s"``, or seconds) before suspending."""
 
-    def __init__(self, store: RunStore, wait: str | float = "0s") -> None:
+    def __init__(self, store: RunStore, *, wait: str | float = "0s") -> None:
         self.store = store
         self.wait_s = parse_duration(wait) if isinstance(wait, str) else float(wait)
         if self.wait_s < 0:
