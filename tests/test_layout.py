@@ -19,7 +19,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in
     "audit store halt",               # what is written down: the audit trail, the run store, halts
     "approval",                       # who answers, and how (console, webhook, callback, inbox)
     "interpreter",                    # the sandboxed worker and its channel
-    "run gate",                       # the call's whole life
+    "gate",                           # the call's whole life (proctor.gate.run: the run context)
     "agent",                          # the model loop
     "integrations codemode serve demo testing cli proctor",  # what users start: adapters, servers, commands
 ))

@@ -28,8 +28,8 @@ from proctor.approval.base import Grant
 from proctor.calls import CallRecord, new_id
 from proctor.errors import RunCancelled, StoreConflict, StoreError
 from proctor.gate.journal import StepJournal, record_from_dict
+from proctor.gate.run import RunContext
 from proctor.interpreter.channel import EncodeError, ProtocolError, decode_value, encode_value
-from proctor.run import RunContext
 from proctor.store.base import PendingApproval, RunRecord, RunStore
 from proctor.store.seal import StoreSeal
 from proctor.telemetry.logging import get_logger

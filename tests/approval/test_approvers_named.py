@@ -22,9 +22,9 @@ from proctor.approval.tokens import TokenFile, add_token
 from proctor.cli import main
 from proctor.errors import ApprovalDenied, PolicyError, RunSuspended
 from proctor.gate import Gate
+from proctor.gate.run import RunContext
 from proctor.policy import Policy
 from proctor.policy.approvers import Answerer, ApproverRule, OsUser, os_account, os_answerer, refusal
-from proctor.run import RunContext
 from proctor.serve.app import create_app
 from proctor.store.base import ApprovalAnswer, PendingApproval, RunStore
 from proctor.testing import InMemoryAudit
