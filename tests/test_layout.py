@@ -30,7 +30,8 @@ KNOWN_DEFERRED_BACK: dict[tuple[str, str], str] = {
     ("proctor.policy.aggregates", "proctor.policy.conditions"):
         "recognising a pipeline asks which functions conditions know, once per condition compiled",
     ("proctor.policy.dataflow", "proctor.policy.conditions"):
-        "field-level data flow compiles its label conditions only when a policy has them",
+        "a tool's `sources:` conditions are compiled when first used; conditions imports dataflow to register "
+        "field_provenance() & co.",
     ("proctor.policy.dataflow", "proctor.policy.lets"): "as above, for `let:` names in label conditions",
     ("proctor.policy.engine", "proctor.policy.explain"): "Policy.explain() is a facade over proctor.policy.explain",
     ("proctor.policy.validators", "proctor.policy.conditions"):
