@@ -84,12 +84,14 @@ def scheme_of(kind: Kind, url: str | os.PathLike[str]) -> str:
     return _PATH_SCHEME[kind] or ""
 
 
-def register(kind: Kind, scheme: str, factory: Callable[[str], object]) -> None:
-    """Make URLs of `scheme` open with `factory(url)` for `kind` (a third-party run store, say)."""
+def register(kind: Literal["ledger", "store"], scheme: str, factory: Callable[[str], object]) -> None:
+    """Make URLs of `scheme` open with `factory(url)` for `kind` (a third-party run store, say).
+
+    An audit sink is not registered by scheme: pass the sink itself (`Gate(audit=…)`, `CodeAgent(audit=…)`)."""
     _BACKENDS[kind][scheme.lower()] = factory
 
 
-def unregister(kind: Kind, scheme: str) -> None:
+def unregister(kind: Literal["ledger", "store"], scheme: str) -> None:
     """Forget a scheme `register` added (the built-in ones stay)."""
     if scheme.lower() in _BUILTIN[kind]:
         raise ConfigurationError(f"{scheme!r} is a built-in {_LABELS[kind][0]} scheme: it cannot be unregistered")
