@@ -119,34 +119,34 @@ PUBLIC: dict[str, str] = {
         "CallRefused CallbackApprover CodeAgent ConsoleApprover Decision ExecutionResult ExecutionTimeout Gate "
         "InboxApprover Interpreter LiteLLMModel ModelResponse Policy PolicyError ProctorError RunContext RunInfo "
         "RunResult RunStore SandboxError ScriptedModel StepRecord StoreError Tool ToolCallingAgent ToolDenied "
-        "ToolFailed WebhookApprover tool "
+        "ToolFailed WebhookApprover tool"
     ),
     "proctor.agent": (
         "AgentBase CallEvent CodeAgent CodeParseError FinalAnswerCheck LiteLLMModel Message Model ModelError "
         "ModelResponse RUN_STATUSES RunResult RunStatus ScriptedModel StepCallback StepRecord StreamEvent "
-        "ToolCallRequest ToolCallingAgent Usage extract_code "
+        "ToolCallRequest ToolCallingAgent Usage extract_code"
     ),
     "proctor.agent.render": (
         "DECISION_STYLE STATUS_STYLE StepPrinter calls_table decision_counts describe_image outcome_of print_run "
-        "print_timeline summary_table when "
+        "print_timeline summary_table when"
     ),
     "proctor.agent.replay": "ReplayedRun run_from_log run_from_records",
     "proctor.approval": (
         "ApprovalCallback ApprovalDecision ApprovalRequest Approver CallbackApprover ConsoleApprover Grant "
-        "InboxApprover Verdict WebhookApprover approval_binding approver_from_spec "
+        "InboxApprover Verdict WebhookApprover approval_binding approver_from_spec"
     ),
     "proctor.audit": (
         "AuditLog AuditResult AuditSink CODES EMPTY_ROOT Failure GENESIS KINDS MerkleFrontier VerifyReport "
-        "generate_keypair key_id load_private_key load_public_key merkle_root verify "
+        "generate_keypair key_id load_private_key load_public_key merkle_root verify"
     ),
     "proctor.audit.base": "AuditResult AuditSink KINDS derive_key",
     "proctor.backends": (
         "AUDIT_KEY_ENV AuditFactory Backend KINDS Kind load_audit open_audit open_store register resolve "
-        "scheme_of unregister "
+        "scheme_of unregister"
     ),
     "proctor.calls": (
         "Call CallRecord CallStatus Decision HistoryEntry OUTCOMES Outcome RunInfo SIDE_EFFECTS STATUSES "
-        "SideEffect TrimmedHistory new_id side_effect_rank "
+        "SideEffect TrimmedHistory new_id side_effect_rank"
     ),
     "proctor.errors": (
         "AggregateError AmbiguousId ApprovalConflict ApprovalDenied ApprovalExpired ApprovalNotFound "
@@ -156,35 +156,37 @@ PUBLIC: dict[str, str] = {
         "ModelError PolicyError PolicyIssue ProctorError ProgramError ProtocolError ReplayDiverged RunCancelled "
         "RunNotFound RunSuspended SandboxError ScanFailure SignatureError SimulationError StepInterrupted "
         "StoreConflict StoreError StoreForged Terminated ToolDefinitionError ToolDenied ToolFailed ToolLoadError "
-        "ToolOutcomeUnknown ToolsetError Unresolved ValueTooDeep WorkerDied "
+        "ToolOutcomeUnknown ToolsetError Unresolved ValueTooDeep WorkerDied"
     ),
     "proctor.gate": "CallOutcome CallScope Gate PolicyLike RunContext agent_fields",
     "proctor.halt": (
         "DEFAULT_GRACE_S DEFAULT_REFRESH_S HALT_SIGNAL Halt HaltBackend HaltChannel HaltError MAX_REFRESH_S "
         "MemoryHalts OUTAGE_ID PolledHalts SCOPES Scope gate_halts halt_refusal install_signal_halt new_halt "
-        "operator "
+        "operator"
     ),
     "proctor.integrations.mcp": "MCPTool MCPToolFailed MCPToolset SUPPORTED_MCP side_effect_of",
-    "proctor.integrations.smolagents": "GovernedExecutor GovernedTool SmolagentsAgentTool govern_tools",
+    "proctor.integrations.smolagents": (
+        "GovernedExecutor GovernedTool MCPClientTool SmolagentsAgentTool govern govern_tools mcp_client_tools"
+    ),
     "proctor.interpreter": "ExecutionResult Interpreter ProgramError",
     "proctor.ledger": (
         "Claim Lease LedgerScope MemoryLedger PoolUsage SharedLedger default_ledger ledger_scope open_ledger"
     ),
     "proctor.policy": "ApprovalSettings Ledger Policy Reservation ToolFacts",
     "proctor.policy.functions": (
-        "BOX_PREFIX CelFunction FUNCTIONS PROVENANCE_FUNCTIONS boxed cel_sum email_domain normalize "
-        "path_normalize path_within register "
+        "BOX_PREFIX CelFunction FUNCTIONS PROVENANCE_FUNCTIONS RECORD_FUNCTIONS boxed cel_sum email_domain "
+        "normalize path_normalize path_within register"
     ),
     "proctor.policy.reload": "DEFAULT_CHECK_EVERY_MS PolicyChange PolicyRefused PolicySource",
     "proctor.policy.simulate": "RAN_STATUSES RecordedRun Simulation SimulationError complete_history decide_like_gate",
     "proctor.store": (
         "APPROVAL_STATES ApprovalAnswer ApprovalState JournalEntry PendingApproval RUN_STATES RunRecord RunState "
-        "RunStore register_scheme "
+        "RunStore register_scheme"
     ),
     "proctor.telemetry": (
         "AgentSpan ApprovalSpan StepSpan ToolSpan agent_span approval_span bind_call bind_run capture_content "
         "configure_logging configure_tracing current_context get_tracer set_capture_content span_ids step_span "
-        "tool_span "
+        "tool_span"
     ),
     "proctor.telemetry.logging": "add_otel_ids bind_call bind_run configure_logging get_logger",
     "proctor.telemetry.setup": "OtlpProtocol Telemetry configure_tracing current resolve_endpoint shutdown",
