@@ -44,6 +44,7 @@ ProctorError                      base of everything below
 │   ├── AmbiguousId               an id prefix that names more than one id
 │   └── RunCancelled              the run was cancelled in the store while this process worked on it
 ├── HaltError                     a halt could not be set, lifted or listed
+├── HaltRefused                   a halt or lift from the inbox that cannot be taken (carries the HTTP status)
 ├── SignatureError (ValueError)   a webhook message's signature is missing, malformed, wrong or too old
 ├── ToolLoadError (ValueError)    a `--tools MOD:ATTR` spec that names nothing usable
 ├── CodeParseError (ValueError)   a model's answer that holds no program
@@ -97,6 +98,7 @@ __all__ = [
     "FinalAnswer",
     "FourEyes",
     "HaltError",
+    "HaltRefused",
     "ImageError",
     "InterpreterError",
     "InvalidAnswer",
@@ -358,6 +360,14 @@ class AmbiguousId(StoreError):
 
 class HaltError(ProctorError):
     """A halt could not be set, lifted or listed (a bad halt, an unreachable backend): says which and why."""
+
+
+class HaltRefused(ProctorError):
+    """A halt from the inbox that cannot be taken: `status` is the HTTP status, the message says why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class SignatureError(ProctorError, ValueError):

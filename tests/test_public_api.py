@@ -152,17 +152,17 @@ PUBLIC: dict[str, str] = {
         "AggregateError AmbiguousId ApprovalConflict ApprovalDenied ApprovalExpired ApprovalNotFound "
         "ApprovalTimeout AuditCorrupted AuditError BudgetExceeded CallRefused CodeParseError ConditionError "
         "ConfigurationError EncodeError EvaluationError ExecutionTimeout FinalAnswer FourEyes HaltError "
-        "ImageError InterpreterError InvalidAnswer LedgerUnavailable LineError MCPToolFailed ManagedAgentError "
-        "ModelError PolicyError PolicyIssue ProctorError ProgramError ProtocolError ReplayDiverged RunCancelled "
-        "RunNotFound RunSuspended SandboxError ScanFailure SignatureError SimulationError StepInterrupted "
-        "StoreConflict StoreError StoreForged Terminated ToolDefinitionError ToolDenied ToolFailed ToolLoadError "
-        "ToolOutcomeUnknown ToolsetError Unresolved ValueTooDeep WorkerDied"
+        "HaltRefused ImageError InterpreterError InvalidAnswer LedgerUnavailable LineError MCPToolFailed "
+        "ManagedAgentError ModelError PolicyError PolicyIssue ProctorError ProgramError ProtocolError "
+        "ReplayDiverged RunCancelled RunNotFound RunSuspended SandboxError ScanFailure SignatureError "
+        "SimulationError StepInterrupted StoreConflict StoreError StoreForged Terminated ToolDefinitionError "
+        "ToolDenied ToolFailed ToolLoadError ToolOutcomeUnknown ToolsetError Unresolved ValueTooDeep WorkerDied"
     ),
     "proctor.gate": "CallOutcome CallScope Gate PolicyLike RunContext agent_fields",
     "proctor.halt": (
-        "DEFAULT_GRACE_S DEFAULT_REFRESH_S HALT_SIGNAL Halt HaltBackend HaltChannel HaltError MAX_REFRESH_S "
-        "MemoryHalts OUTAGE_ID PolledHalts SCOPES Scope gate_halts halt_refusal install_signal_halt new_halt "
-        "operator"
+        "DEFAULT_GRACE_S DEFAULT_REFRESH_S HALT_SIGNAL Halt HaltBackend HaltChannel HaltError HaltEvent "
+        "HaltListener MAX_REFRESH_S MemoryHalts OUTAGE_ID PolledHalts SCOPES Scope gate_halts halt_refusal "
+        "install_signal_halt new_halt operator"
     ),
     "proctor.integrations.mcp": "MCPTool MCPToolFailed MCPToolset SUPPORTED_MCP side_effect_of",
     "proctor.integrations.smolagents": (

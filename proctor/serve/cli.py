@@ -176,7 +176,7 @@ def _halting(args: argparse.Namespace, store_url: str, groups: tuple[str, ...]) 
         backend.close()
         return "--halt-groups needs --audit LOG|URL (or PROCTOR_AUDIT): every halt set from the inbox is audited"
     try:
-        from proctor.agent.base import load_audit
+        from proctor.backends import load_audit
 
         sink, _, _ = load_audit(target)
     except (ProctorError, OSError) as exc:
