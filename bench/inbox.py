@@ -57,8 +57,8 @@ def timed(port: int, path: str, headers: dict[str, str]) -> float:
 
 
 def latency(requests: int) -> None:
+    from proctor.approval.tokens import TokenFile
     from proctor.serve.app import create_app
-    from proctor.serve.tokens import TokenFile
     from proctor.store.base import RunStore
 
     tmp = Path(tempfile.mkdtemp())

@@ -7,11 +7,13 @@ audit trail and telemetry can pass them around without importing one another.
 from __future__ import annotations
 
 import os
+from abc import abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = [
+    "TrimmedHistory",
     "OUTCOMES",
     "SIDE_EFFECTS",
     "STATUSES",
@@ -136,6 +138,20 @@ class HistoryEntry:
             "status": self.status,
             "labels": list(self.labels),
         }
+
+
+class TrimmedHistory(Sequence[HistoryEntry]):
+    """A run's history whose first `dropped` calls are no longer held (the gate keeps a bounded window).
+
+    Policy conditions that read raw history rows check `dropped` and refuse to decide on a part of the run;
+    the gate's run context provides the one implementation."""
+
+    __slots__ = ()
+
+    @property
+    @abstractmethod
+    def dropped(self) -> int:
+        """How many calls of the run came before the first row here."""
 
 
 @dataclass(frozen=True, slots=True)

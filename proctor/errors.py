@@ -9,12 +9,26 @@ ProctorError                      base of everything below
 │   └── BudgetExceeded            the call would pass a budget limit
 │       └── LedgerUnavailable     the shared budget ledger (Redis) could not be reached: fail closed
 ├── ToolFailed                    the tool ran and raised; carries the tool's message
-│   └── ToolOutcomeUnknown        the tool started and its result is lost (timed out, its server died)
+│   ├── ToolOutcomeUnknown        the tool started and its result is lost (timed out, its server died)
+│   └── MCPToolFailed             an MCP server answered the call with an error (isError)
 ├── PolicyError                   a policy file that cannot be loaded (file, line, column)
+├── ConditionError                a CEL condition that does not compile (line, column in the expression)
+├── EvaluationError               a condition that cannot be evaluated for one call (the call is denied)
+├── AggregateError (ValueError)   a history pipeline whose value is an error
+├── ValueTooDeep (ValueError)     a value too deep or cyclic for a condition to see
+├── Unresolved (LookupError)      a probe's path that does not resolve plainly: CEL evaluates it as written
+├── SimulationError (ValueError)  inputs `policy test`/`explain` cannot decide as the gate would
 ├── AuditError                    the audit trail could not be written: the call is refused
 │   └── AuditCorrupted            an existing log is damaged and will not be appended to
+├── LineError                     one audit line is not a well-formed record (PARSE, NONCANONICAL)
+├── ScanFailure                   a scan of an audit log stopped at its first bad record
 ├── ExecutionTimeout              a program ran past its time limit and was killed
 ├── SandboxError                  the worker could not start, misbehaved, or died
+├── ProgramError                  the program raised (type, message, line and its source)
+├── InterpreterError              the program did something the interpreter refuses
+├── EncodeError (TypeError)       a value the worker channel cannot carry
+├── ProtocolError (ValueError)    a frame or value that breaks the worker channel's protocol
+├── WorkerDied                    the worker's channel closed: it exited or was killed
 ├── StepInterrupted               the host stopped the step's program (it never sees this)
 │   ├── RunSuspended              a call waits for an answer that comes later: the run suspends
 │   └── ReplayDiverged            a resumed program asked for other calls than its journal holds
@@ -26,17 +40,28 @@ ProctorError                      base of everything below
 │   ├── ApprovalConflict          an answer with the wrong binding, or to an approval already closed
 │   │   ├── FourEyes              the approver is the principal of the run that asks
 │   │   └── ApprovalExpired       an answer after the approval's deadline (the policy's approval.timeout)
-│   └── InvalidAnswer (ValueError)  an answer the store cannot take (bad verdict, edited args the tool refuses)
+│   ├── InvalidAnswer (ValueError)  an answer the store cannot take (bad verdict, edited args the tool refuses)
+│   ├── AmbiguousId               an id prefix that names more than one id
+│   └── RunCancelled              the run was cancelled in the store while this process worked on it
+├── HaltError                     a halt could not be set, lifted or listed
+├── HaltRefused                   a halt or lift from the inbox that cannot be taken (carries the HTTP status)
+├── SignatureError (ValueError)   a webhook message's signature is missing, malformed, wrong or too old
+├── ToolLoadError (ValueError)    a `--tools MOD:ATTR` spec that names nothing usable
+├── CodeParseError (ValueError)   a model's answer that holds no program
 ├── ToolsetError                  a tool server (MCP) could not be started, reached or listed
 ├── ManagedAgentError             a managed agent ended without a final answer (its parent's call fails)
 ├── ToolDefinitionError (TypeError)   an object cannot become a tool as written
 ├── ModelError (RuntimeError)         the model could not answer
 └── ConfigurationError (ValueError, TypeError)   an argument or setting proctor cannot use
     └── ImageError                an image proctor will not pass to a model (unreadable, format, size)
+
+FinalAnswer (BaseException)       a program's `final_answer(...)`: a signal, not an error
+Terminated (SystemExit)           a terminating signal (SIGTERM, SIGHUP): exits with 128 + its number
 ```
 
-The three last keep a builtin base (in parentheses) so code that catches the builtin
-keeps working.
+Those with a builtin base (in parentheses) keep it so code that catches the builtin keeps
+working. The two signals below the tree are not errors: they derive from BaseException on
+purpose, so that no `except Exception` (in a program, or in an application) swallows them.
 
 The first five are the ones a model sees inside its program, at the call site of
 the tool; `ApprovalDenied`, `ApprovalTimeout` and `BudgetExceeded` are refusals too,
@@ -47,7 +72,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# typing is not imported at run time: the sandboxed worker imports this module at start-up.
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # only for an annotation: the audit scanner imports this module, not the reverse
+    from proctor.audit.scan import Failure
+
 __all__ = [
+    "AggregateError",
+    "AmbiguousId",
     "ApprovalConflict",
     "ApprovalDenied",
     "ApprovalExpired",
@@ -57,30 +89,51 @@ __all__ = [
     "AuditError",
     "BudgetExceeded",
     "CallRefused",
+    "CodeParseError",
+    "ConditionError",
     "ConfigurationError",
+    "EncodeError",
+    "EvaluationError",
     "ExecutionTimeout",
+    "FinalAnswer",
     "FourEyes",
+    "HaltError",
+    "HaltRefused",
     "ImageError",
+    "InterpreterError",
     "InvalidAnswer",
     "LedgerUnavailable",
+    "LineError",
+    "MCPToolFailed",
     "ManagedAgentError",
     "ModelError",
     "PolicyError",
     "PolicyIssue",
     "ProctorError",
-    "RunNotFound",
+    "ProgramError",
+    "ProtocolError",
     "ReplayDiverged",
+    "RunCancelled",
+    "RunNotFound",
     "RunSuspended",
     "SandboxError",
+    "ScanFailure",
+    "SignatureError",
+    "SimulationError",
     "StepInterrupted",
     "StoreConflict",
-    "StoreForged",
     "StoreError",
+    "StoreForged",
+    "Terminated",
     "ToolDefinitionError",
     "ToolDenied",
     "ToolFailed",
+    "ToolLoadError",
     "ToolOutcomeUnknown",
     "ToolsetError",
+    "Unresolved",
+    "ValueTooDeep",
+    "WorkerDied",
 ]
 
 
@@ -291,3 +344,150 @@ class RunSuspended(StepInterrupted):
 
 class ReplayDiverged(StepInterrupted):
     """A resumed step's program asked for another call than the one its journal recorded at that point."""
+
+
+class MCPToolFailed(ToolFailed):
+    """The MCP server answered the call with an error (``isError``); the gate records the call as failed."""
+
+
+class RunCancelled(StoreError):
+    """The run was cancelled in the store while this process worked on it."""
+
+
+class AmbiguousId(StoreError):
+    """A prefix that names more than one id."""
+
+
+class HaltError(ProctorError):
+    """A halt could not be set, lifted or listed (a bad halt, an unreachable backend): says which and why."""
+
+
+class HaltRefused(ProctorError):
+    """A halt from the inbox that cannot be taken: `status` is the HTTP status, the message says why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class SignatureError(ProctorError, ValueError):
+    """A message's signature is missing, malformed, wrong or too old; `str()` says which."""
+
+
+class ToolLoadError(ProctorError, ValueError):
+    """A ``--tools`` spec that names nothing usable; the message says what to fix."""
+
+
+class CodeParseError(ProctorError, ValueError):
+    """The answer holds no program; the message says what was expected."""
+
+
+# -- the policy's conditions (CEL) ------------------------------------------------------------------
+
+
+class ConditionError(ProctorError):
+    """A condition that does not compile; `line`/`column` are 1-based, inside the expression (0: all of it).
+
+    The loader turns it into a located `PolicyError`; `proctor policy explain` prints it."""
+
+    def __init__(self, message: str, line: int = 1, column: int = 1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.line = line
+        self.column = column
+
+
+class EvaluationError(ProctorError):
+    """A condition that could not be evaluated for one call (the call is then denied)."""
+
+
+class AggregateError(ProctorError, ValueError):
+    """A pipeline whose value is an error (CEL's message for the entry that caused it)."""
+
+
+class ValueTooDeep(ProctorError, ValueError):
+    """A value CEL's converter must not see: cyclic, nested too deep, or with too many containers."""
+
+
+class Unresolved(ProctorError, LookupError):
+    """A probe's path does not resolve plainly for this call: evaluate the condition as written."""
+
+
+class SimulationError(ProctorError, ValueError):
+    """The inputs cannot be decided as the gate would (a history entry the tool would have refused).
+
+    `history_index` is the position of the offending history entry, when one is.
+    """
+
+    def __init__(self, message: str, history_index: int | None = None) -> None:
+        super().__init__(message)
+        self.history_index = history_index
+
+
+# -- the audit log's lines ----------------------------------------------------------------------------
+
+
+class LineError(ProctorError):
+    """One line is not a well-formed record; `code` is PARSE or NONCANONICAL."""
+
+    def __init__(self, code: str, message: str, *, unreadable: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        #: True when the line is not JSON at all (what a crash mid-append leaves behind).
+        self.unreadable = unreadable
+
+
+class ScanFailure(ProctorError):
+    """A scan of an audit log stopped at its first bad record; `failure` locates it (seq, line, offset)."""
+
+    def __init__(self, failure: Failure, *, unreadable: bool = False) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+        self.unreadable = unreadable
+
+
+# -- the interpreter: program, channel and worker ----------------------------------------------------
+
+
+class ProgramError(ProctorError):
+    """The program raised: its exception type, message, line and that line's source text,
+    as ``ZeroDivisionError: division by zero (line 3: y = x / 0)``."""
+
+    def __init__(self, type_name: str, message: str, line: int | None, source: str | None = None) -> None:
+        self.type, self.message, self.line, self.source = type_name, message, line, source
+        where = (f" (line {line}: {source})" if source else f" (line {line})") if line else ""
+        head, newline, rest = message.partition("\n")  # a SyntaxError's source line and caret go below
+        text = f"{type_name}: {head}{where}" if head else f"{type_name}{where}"
+        super().__init__(text + newline + rest)
+
+
+class InterpreterError(ProctorError):
+    """The program did something the interpreter refuses (a forbidden name, import or builtin)."""
+
+
+class EncodeError(ProctorError, TypeError):
+    """A value cannot be carried over the channel (names the offending type and where)."""
+
+
+class ProtocolError(ProctorError, ValueError):
+    """A frame or value broke the protocol: bad length, bad JSON, bad tag, too deep."""
+
+
+class WorkerDied(ProctorError):
+    """The worker's channel closed: it exited or was killed."""
+
+
+# -- signals: BaseExceptions on purpose, so no `except Exception` swallows them -------------------------
+
+
+class FinalAnswer(BaseException):
+    """Raised by `final_answer`; a BaseException so `except Exception` cannot swallow it."""
+
+
+class Terminated(SystemExit):
+    """A terminating signal (SIGTERM, SIGHUP) raised as an exception; exits with 128 + the signal number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum

@@ -12,15 +12,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
+from proctor.errors import Terminated
+
 __all__ = ["Terminated", "interruption", "terminate_as_exception"]
-
-
-class Terminated(SystemExit):
-    """A terminating signal (SIGTERM, SIGHUP) raised as an exception; exits with 128 + the signal number."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(128 + signum)
-        self.signum = signum
 
 
 def interruption(exc: BaseException) -> str:

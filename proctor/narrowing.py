@@ -1,6 +1,6 @@
 """Narrowing: a managed agent's own policy can only take away from its parent's.
 
-A managed agent works inside its parent's run (`proctor.run.AgentContext`). Every call it
+A managed agent works inside its parent's run (`proctor.gate.run.AgentContext`). Every call it
 makes is decided by the run's policy first — the gate's, with `run.agent` naming the managed
 agent — and then by the own policy of each managed agent in the chain (a `Layer`), and the
 strictest answer wins: deny beats require_approval beats allow. This is structural, not a

@@ -1,4 +1,4 @@
-"""Tests for proctor.run: the run context's history view, lazy usage and grants."""
+"""Tests for proctor.gate.run: the run context's history view, lazy usage and grants."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 
 from proctor.approval import Grant
 from proctor.calls import CallRecord, HistoryEntry, RunInfo
+from proctor.gate.run import LazyUsage, RunContext
 from proctor.policy import Policy
-from proctor.run import LazyUsage, RunContext
 
 
 def _context() -> RunContext:

@@ -6,7 +6,10 @@ import inspect
 
 import pytest
 
+import proctor.approval
 from proctor import CodeAgent, Gate, Interpreter, Policy, ProctorError, ScriptedModel, ToolCallingAgent, tool
+from proctor.audit.log import AuditLog
+from proctor.audit.postgres import PostgresAuditLog
 from proctor.errors import ConfigurationError, ModelError, ToolDefinitionError
 
 POLICY = Policy.from_dict({"version": 1, "default": "allow"})
@@ -82,3 +85,33 @@ def test_bad_constructor_values_are_configuration_errors() -> None:
         Interpreter([], Gate(POLICY), sandbox="docker")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_steps"):
         CodeAgent([], ScriptedModel([]), POLICY, max_steps=0)
+
+
+# -- AuditLog and the approvers: one obvious argument at most, the rest by keyword (pydantic-ai style) --
+
+APPROVERS = [getattr(proctor.approval, name) for name in proctor.approval.__all__
+             if name.endswith("Approver") and name != "Approver"]  # Approver: the Protocol they implement
+
+
+def test_every_approver_is_checked() -> None:
+    names = {cls.__name__ for cls in APPROVERS}
+    assert {"ConsoleApprover", "WebhookApprover", "CallbackApprover", "InboxApprover"} <= names
+
+
+@pytest.mark.parametrize(("cls", "first"), [
+    (AuditLog, ["path"]), (PostgresAuditLog, ["url"]),
+    *((cls, None) for cls in APPROVERS),
+], ids=lambda v: v.__name__ if isinstance(v, type) else str(v))
+def test_at_most_the_first_parameter_is_positional(cls: type, first: list[str] | None) -> None:
+    taken = _positional(cls)
+    assert len(taken) <= 1, f"{cls.__name__}({', '.join(taken)}, …): make all after the first keyword-only"
+    if first is not None:
+        assert taken == first
+
+
+def test_a_second_positional_argument_is_refused() -> None:
+    """AuditLog("audit.jsonl", "audit.key") is a TypeError: the key is named (signing_key=)."""
+    with pytest.raises(TypeError):
+        AuditLog("audit.jsonl", "audit.key")  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        proctor.approval.WebhookApprover("https://x.example/approve", "secret")  # type: ignore[misc]

@@ -21,7 +21,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
 
 from proctor.agent.attachments import RunImages, with_images
-from proctor.agent.durable import DurableRun, RunCancelled, restore_context, step_from_dict
+from proctor.agent.durable import DurableRun, restore_context, step_from_dict
 from proctor.agent.managed import MAX_AGENT_DEPTH, ScopedGate, agent_tool, managed_task, strictest_sandbox
 from proctor.agent.models import LiteLLMModel, Message, Model, ModelError, ModelResponse, Usage
 from proctor.agent.prompts import planning_prompt
@@ -29,8 +29,17 @@ from proctor.agent.result import RunResult, RunStatus, StepRecord
 from proctor.agent.tracing import HeldChat, model_span
 from proctor.approval.base import Approver
 from proctor.audit.base import AuditSink
+from proctor.backends import AUDIT_KEY_ENV, load_audit
 from proctor.calls import CallRecord, RunInfo
-from proctor.errors import BudgetExceeded, ConfigurationError, ManagedAgentError, ProctorError, StoreError, StoreForged
+from proctor.errors import (
+    BudgetExceeded,
+    ConfigurationError,
+    ManagedAgentError,
+    ProctorError,
+    RunCancelled,
+    StoreError,
+    StoreForged,
+)
 from proctor.gate import CallScope, Gate, RunContext, agent_fields
 from proctor.interrupts import interruption, terminate_as_exception
 from proctor.ledger.base import SharedLedger
@@ -68,40 +77,6 @@ def load_policy(policy: Policy | str | os.PathLike[str]) -> Policy:
     if not hasattr(policy, "decide"):
         raise ConfigurationError(f"policy must be a Policy or a path to a policy file, got {type(policy).__name__}")
     return policy
-
-
-#: The signing key of audit logs opened from a path, when none is given (`proctor run` reads it too).
-AUDIT_KEY_ENV = "PROCTOR_AUDIT_KEY"
-
-
-def load_audit(audit: AuditSink | str | os.PathLike[str] | None, audit_key: Any = None,
-               ) -> tuple[AuditSink | None, str | None, bool]:
-    """(sink, path, owned): a path becomes an `AuditLog` the agent owns and closes.
-
-    `audit_key` (a private key file, PEM bytes or an Ed25519 key; default ``$PROCTOR_AUDIT_KEY``)
-    signs the log's checkpoints, so `proctor audit verify --pubkey` can tell who wrote it.
-    """
-    if audit is None:
-        return None, None, False
-    if isinstance(audit, str) and audit.startswith(("postgresql://", "postgres://")):
-        try:
-            from proctor.audit.postgres import PostgresAuditLog  # one chain shared by a fleet (docs/fleet.md)
-        except ImportError as exc:
-            from proctor.urls import shown_url
-
-            raise ConfigurationError(f"audit={shown_url(audit, query=False)} needs {exc.name or 'psycopg'}: "
-                                     "pip install 'proctor[postgres]'") from None
-        pg_key = audit_key if audit_key is not None else (os.environ.get(AUDIT_KEY_ENV) or None)
-        pg = PostgresAuditLog(audit, signing_key=pg_key)
-        return pg, pg.url, True
-    if isinstance(audit, (str, os.PathLike)):
-        from proctor.audit import AuditLog
-
-        key = audit_key if audit_key is not None else (os.environ.get(AUDIT_KEY_ENV) or None)
-        sink: AuditSink = AuditLog(audit, signing_key=key)
-        return sink, os.fspath(audit), True
-    path = getattr(audit, "path", None)
-    return audit, (os.fspath(path) if path is not None else None), False
 
 
 def _no_policy() -> Policy:

@@ -102,8 +102,8 @@ def register(subparsers: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run the agent; print the steps and a summary (or JSON)."""
-    from proctor.agent.base import AUDIT_KEY_ENV
     from proctor.agent.loading import ToolLoadError, load_tools
+    from proctor.backends import AUDIT_KEY_ENV
     from proctor.errors import AuditError, ConfigurationError, ImageError, PolicyError, SandboxError
     from proctor.telemetry.cli import cli_telemetry
 

@@ -26,10 +26,10 @@ from proctor.agent.models import ModelResponse, ToolCallRequest, Usage
 from proctor.agent.result import StepRecord
 from proctor.approval.base import Grant
 from proctor.calls import CallRecord, new_id
-from proctor.errors import StoreConflict, StoreError
+from proctor.errors import RunCancelled, StoreConflict, StoreError
 from proctor.gate.journal import StepJournal, record_from_dict
+from proctor.gate.run import RunContext
 from proctor.interpreter.channel import EncodeError, ProtocolError, decode_value, encode_value
-from proctor.run import RunContext
 from proctor.store.base import PendingApproval, RunRecord, RunStore
 from proctor.store.seal import StoreSeal
 from proctor.telemetry.logging import get_logger
@@ -276,8 +276,4 @@ class DurableRun:
                 raise RunCancelled(f"run {current.run_id} was cancelled: {current.error or 'no reason given'}"
                                    ) from None
             self.record = self.store.save_run(self.sealed(current.evolve(**changes)))
-
-
-class RunCancelled(StoreError):
-    """The run was cancelled in the store while this process worked on it."""
 

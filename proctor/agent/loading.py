@@ -17,15 +17,11 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from proctor.errors import ProctorError
+from proctor.errors import ToolLoadError
 from proctor.importpath import import_from_cwd
 from proctor.tools import Tool, ToolDefinitionError, as_tool
 
 __all__ = ["ToolLoadError", "load_tools"]
-
-
-class ToolLoadError(ProctorError, ValueError):
-    """A ``--tools`` spec that names nothing usable; the message says what to fix."""
 
 
 def _as_tool(obj: Any, where: str) -> Tool:

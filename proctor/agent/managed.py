@@ -9,7 +9,7 @@ manager.run("Find out X and mail it to bob")   # its programs call researcher(ta
 
 The parent's call ``researcher(task=…)`` goes through the gate like any call: a tool named
 after the agent, destructive unless the policy's ``tools:`` says otherwise. When it runs,
-the managed agent works *inside the parent's run* (`proctor.run.AgentContext`): its calls go
+the managed agent works *inside the parent's run* (`proctor.gate.run.AgentContext`): its calls go
 through the same gate with the run's id, history and budgets, `run.agent` naming it, its own
 policy (if any) only narrowing (`proctor.narrowing`), and its spans under the parent's
 ``execute_tool researcher`` span. Its final answer is the call's result; a run that ends
@@ -101,7 +101,7 @@ def managed_task(name: str, task: str, additional_args: Mapping[str, Any] | None
 
 class ScopedGate:
     """The gate as a managed agent's interpreter sees it: each call goes to the run's gate in the
-    agent's context (`proctor.run.AgentContext`), whose tool table is the agent's own; nothing is
+    agent's context (`proctor.gate.run.AgentContext`), whose tool table is the agent's own; nothing is
     registered on the run's gate, so the parent's programs cannot name the agent's tools."""
 
     def __init__(self, gate: Any) -> None:

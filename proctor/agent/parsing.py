@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from proctor.errors import ProctorError
+from proctor.errors import CodeParseError
 
 __all__ = ["CodeParseError", "extract_code"]
 
@@ -23,10 +23,6 @@ FORMAT_HINT = (
     "```python\n# your code\n```\n"
     "End the task by calling final_answer(...) inside a program."
 )
-
-
-class CodeParseError(ProctorError, ValueError):
-    """The answer holds no program; the message says what was expected."""
 
 
 def extract_code(text: str) -> str:

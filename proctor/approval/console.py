@@ -127,6 +127,7 @@ class ConsoleApprover:
 
     def __init__(
         self,
+        *,
         timeout: float | None = None,
         console: Console | None = None,
         stream_in: TextIO | None = None,

@@ -19,8 +19,8 @@ from __future__ import annotations
 import time
 
 from proctor.approval.base import ApprovalDecision, ApprovalRequest, Grant
+from proctor.durations import parse_duration
 from proctor.errors import RunSuspended
-from proctor.policy.validators import parse_duration
 from proctor.store.base import PendingApproval, RunStore
 
 __all__ = ["InboxApprover"]
@@ -29,7 +29,7 @@ __all__ = ["InboxApprover"]
 class InboxApprover:
     """Files each request in `store` and waits `wait` (``"0s"``, ``"30s"``, or seconds) before suspending."""
 
-    def __init__(self, store: RunStore, wait: str | float = "0s") -> None:
+    def __init__(self, store: RunStore, *, wait: str | float = "0s") -> None:
         self.store = store
         self.wait_s = parse_duration(wait) if isinstance(wait, str) else float(wait)
         if self.wait_s < 0:

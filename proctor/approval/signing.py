@@ -22,7 +22,7 @@ import hashlib
 import hmac
 import time
 
-from proctor.errors import ProctorError
+from proctor.errors import SignatureError
 
 __all__ = [
     "SIGNATURE_HEADER",
@@ -38,10 +38,6 @@ __all__ = [
 TIMESTAMP_HEADER = "X-Proctor-Timestamp"
 SIGNATURE_HEADER = "X-Proctor-Signature"
 SIGNATURE_SCHEME = "v1"
-
-
-class SignatureError(ProctorError, ValueError):
-    """A message's signature is missing, malformed, wrong or too old; `str()` says which."""
 
 
 def _key(secret: str | bytes) -> bytes:

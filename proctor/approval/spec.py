@@ -31,5 +31,5 @@ def approver_from_spec(spec: str, *, env: Mapping[str, str] | None = None) -> Ap
         secret = environ.get(SECRET_ENV, "")
         if not secret:
             raise ConfigurationError(f"--approver {spec} needs the shared secret in ${SECRET_ENV}")
-        return WebhookApprover(url, secret)
+        return WebhookApprover(url, secret=secret)
     raise ConfigurationError(f"unknown approver {spec!r}: use 'console' or 'webhook:https://host/path'")

@@ -128,6 +128,7 @@ class WebhookApprover:
     def __init__(
         self,
         url: str,
+        *,
         secret: str | bytes,
         timeout: float = 300.0,
         poll_interval: float = 1.0,

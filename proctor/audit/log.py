@@ -61,11 +61,11 @@ class AuditLog:
     def __init__(
         self,
         path: str | os.PathLike[str],
+        *,
         signing_key: KeySource | None = None,
         durability: str = "fsync",
         checkpoint_every: int = 1000,
         checkpoint_interval_s: float = 60.0,
-        *,
         redaction_key: bytes | None = None,
     ) -> None:
         if durability not in DURABILITIES:

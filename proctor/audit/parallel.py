@@ -27,9 +27,8 @@ from typing import Any
 
 from proctor.audit.base import KINDS
 from proctor.audit.lines import MAX_LINE_BYTES
-from proctor.audit.records import ORJSON_FAST, LineError, parse_line
+from proctor.audit.records import BATCH, ORJSON_FAST, LineError, check_batch, parse_line
 from proctor.audit.scan import OpenItems, ScanFailure, Scanner
-from proctor.audit.verify import _BATCH, check_batch
 
 try:
     import orjson
@@ -55,7 +54,7 @@ class _Segment:
 def _check_segment(task: tuple[str, int, int]) -> _Segment:
     """Check lines in [start, end) of `path`; the chain inside the segment too, but not its first link.
 
-    Batches of lines go through `verify.check_batch` (the sequential scan's fast path, which
+    Batches of lines go through `records.check_batch` (the sequential scan's fast path, which
     lets checkpoints through here: the parent checks them); a batch it does not accept is
     checked line by line, and any line that fails makes the whole segment fail.
     """
@@ -79,8 +78,8 @@ def _check_segment(task: tuple[str, int, int]) -> _Segment:
     leaves = bytearray()
     head = prev0
     note_many = out.open.note_many
-    for j in range(0, len(lines), _BATCH):
-        batch = lines[j : j + _BATCH]
+    for j in range(0, len(lines), BATCH):
+        batch = lines[j : j + BATCH]
         checked = (check_batch(batch, seq0 + j, head, _KINDS)
                    if ORJSON_FAST and type(seq0) is int and type(head) is str else None)
         if checked is None:

@@ -328,10 +328,10 @@ class PostgresAuditLog:
     def __init__(
         self,
         url: str,
+        *,
         signing_key: KeySource | None = None,
         checkpoint_every: int = 1000,
         checkpoint_interval_s: float = 60.0,
-        *,
         max_batch: int = 256,
     ) -> None:
         if checkpoint_every < 1 or checkpoint_interval_s <= 0:

@@ -19,10 +19,13 @@ import hashlib
 import json
 import json.encoder
 from collections.abc import Callable, Mapping
+from itertools import repeat
+from operator import itemgetter
 from typing import Any, TypeGuard
 
 from proctor.audit.base import KINDS
 from proctor.canonical import ORJSON_AGREES, canonical_bytes, jsonable
+from proctor.errors import LineError
 
 try:
     import orjson
@@ -31,6 +34,7 @@ except ImportError:  # pragma: no cover - orjson is a dependency; without it onl
 
 __all__ = [
     "APPENDABLE_KINDS",
+    "BATCH",
     "CALL_STATUSES",
     "CHECKPOINT_TYPE",
     "CODES",
@@ -38,6 +42,7 @@ __all__ = [
     "GENESIS",
     "LineError",
     "append_problem",
+    "check_batch",
     "checkpoint_statement",
     "duplicate_key",
     "is_hex64",
@@ -92,17 +97,6 @@ CODES = (
 
 _HEX = frozenset("0123456789abcdef")
 _sha256 = hashlib.sha256
-
-
-class LineError(Exception):
-    """One line is not a well-formed record; `code` is PARSE or NONCANONICAL."""
-
-    def __init__(self, code: str, message: str, *, unreadable: bool = False) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        #: True when the line is not JSON at all (what a crash mid-append leaves behind).
-        self.unreadable = unreadable
 
 
 class _FloatSeen(Exception):
@@ -368,3 +362,58 @@ def checkpoint_statement(log_id: str, size: int, head: str, root: str, ts_ns: in
     if reopened:
         statement["reopened"] = True
     return canonical_bytes(statement)
+
+
+#: Lines checked together by `check_batch` (the scanner's fast path, sequential or parallel): enough to
+#: spread its fixed costs, few enough that the records stay in cache and a batch that falls back costs little.
+BATCH = 32
+_get_h, _get_seq, _get_ts = itemgetter("h"), itemgetter("seq"), itemgetter("ts_ns")
+_get_kind, _get_prev = itemgetter("kind"), itemgetter("prev")
+
+
+def check_batch(
+    lines: list[bytes], count: int, head: str, kinds_ok: frozenset[str]
+) -> tuple[list[dict[str, Any]], list[str], list[int], list[str], list[bytes]] | None:
+    """Each line's checks in `Scanner.feed` for a whole batch, or None if any line might fail one.
+
+    Lines must be canonical records without floats whose `h` is their hash, with seqs
+    `count`, `count + 1`, … and each `prev` the `h` before it (`head` for the first), an
+    integer `ts_ns` and a kind in `kinds_ok`. Returns (records, kinds, seqs, hs, leaves).
+    Each test is one C-level pass over the batch. The canonical test compares orjson's
+    encoding of the list of records with the lines joined: each line parsed on its own
+    into an object, and an object's encoding ends at its matching brace, so equal joins
+    mean each line equals its encoding.
+    """
+    try:
+        recs = list(map(orjson.loads, lines))
+        joined = b",".join(lines)
+        out = orjson.dumps(recs, None, orjson.OPT_SORT_KEYS)
+        if (len(out) != len(joined) + 2 or not out.startswith(joined, 1) or out[0] != 91  # "[" + joined + "]"
+                or set(map(type, recs)) != {dict}):
+            return None
+        # The lines are joined by "," between "}" and "{": no float can straddle a join.
+        if may_hold_float(joined) and any(map(holds_float, recs)):
+            return None
+        hs = list(map(_get_h, recs))
+        if set(map(type, hs)) != {str}:
+            return None
+        # The first `"h":"` of each line must start `"h":"<h>",` (where `records._leaf` cuts).
+        markers = list(map(b'"h":"%b",'.__mod__, map(str.encode, hs)))
+        ats = list(map(bytes.find, lines, repeat(b'"h":"')))
+        if not all(map(bytes.startswith, lines, markers, ats)):
+            return None
+        sha = hashlib.sha256
+        leaves = [sha(b"\x00" + raw[:at] + raw[at + len(m) :]).digest()
+                  for raw, at, m in zip(lines, ats, markers, strict=True)]
+        k = len(lines)
+        seqs = list(map(_get_seq, recs))
+        kinds = list(map(_get_kind, recs))
+        if (list(map(bytes.hex, leaves)) != hs
+                or seqs != list(range(count, count + k)) or set(map(type, seqs)) != {int}
+                or set(map(type, map(_get_ts, recs))) != {int}
+                or not kinds_ok.issuperset(kinds)  # only strs are in it; an unhashable kind raises
+                or list(map(_get_prev, recs)) != [head, *hs[:-1]]):
+            return None
+    except (ValueError, TypeError, KeyError):  # orjson's errors, a missing field, an unhashable kind
+        return None
+    return recs, kinds, seqs, hs, leaves

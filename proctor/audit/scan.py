@@ -22,6 +22,7 @@ from proctor.audit.keys import key_id, public_raw, verify_signature
 from proctor.audit.lines import MAX_LINE_BYTES, too_long_message
 from proctor.audit.merkle import MerkleFrontier
 from proctor.audit.records import GENESIS, LineError, checkpoint_statement, is_hex64, parse_line, parse_record
+from proctor.errors import ScanFailure
 
 __all__ = ["Anchor", "Failure", "OpenItems", "ScanFailure", "Scanner", "load_anchor"]
 
@@ -44,13 +45,6 @@ class Failure:
     line: int | None
     offset: int | None
     message: str
-
-
-class ScanFailure(Exception):
-    def __init__(self, failure: Failure, *, unreadable: bool = False) -> None:
-        super().__init__(failure.message)
-        self.failure = failure
-        self.unreadable = unreadable
 
 
 @dataclass(frozen=True)

@@ -17,19 +17,17 @@ the same length by a trusted checkpoint (FORK).
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from io import BytesIO
 from itertools import repeat
-from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal
 
 from proctor.audit.keys import PublicKeySource, load_public_key
 from proctor.audit.lines import MAX_LINE_BYTES, too_long_message
-from proctor.audit.records import ORJSON_FAST, holds_float, may_hold_float
+from proctor.audit.records import BATCH, ORJSON_FAST, check_batch
 from proctor.audit.scan import PLAIN_KINDS, Anchor, Failure, ScanFailure, Scanner, load_anchor
 from proctor.errors import AuditError
 
@@ -43,12 +41,6 @@ __all__ = [
 ]
 
 _CHUNK = 1 << 20
-#: Lines checked together by `_accept_batch`: enough to spread its fixed costs, few enough
-#: that the records stay in cache and a batch that falls back costs little.
-_BATCH = 32
-_sha256 = hashlib.sha256
-_get_h, _get_seq, _get_ts = itemgetter("h"), itemgetter("seq"), itemgetter("ts_ns")
-_get_kind, _get_prev = itemgetter("kind"), itemgetter("prev")
 _PARALLEL_MIN = 8 << 20  # below this, starting worker processes costs more than it saves
 #: Past this many processes the parent's stitching (about 1 M records/s) is the limit.
 _MAX_AUTO_WORKERS = 8
@@ -156,7 +148,7 @@ def feed_lines(scanner: Scanner, parts: list[bytes], line: int, offset: int) -> 
 
     The verifier's hot loop: exactly `Scanner.feed` on each line in turn, only faster.
     There are two paths and one bookkeeping (`scan.OpenItems.note`): lines go in batches
-    of `_BATCH` through `_accept_batch`, the fast path, which either accepts a whole batch
+    of `BATCH` through `_accept_batch`, the fast path, which either accepts a whole batch
     of ordinary records or changes nothing; a checkpoint, a record an anchor names, and
     any batch the fast path does not accept go through `Scanner.feed`, the reference
     path. So reports are those of feeding line by line; property tests check that the
@@ -167,7 +159,7 @@ def feed_lines(scanner: Scanner, parts: list[bytes], line: int, offset: int) -> 
     pending: list[bytes] = []  # leaves of accepted records not yet in the frontier
     done = i = 0  # parts[:i] are fed; parts[:done] are accounted for in `line` and `offset`
     while i < len(parts):
-        batch = parts[i : i + _BATCH]
+        batch = parts[i : i + BATCH]
         if _accept_batch(scanner, batch, pending):
             i += len(batch)
             continue
@@ -206,54 +198,6 @@ def _accept_batch(scanner: Scanner, lines: list[bytes], pending: list[bytes]) ->
     scanner.count = count + len(lines)
     scanner.head = hs[-1]
     return True
-
-
-def check_batch(
-    lines: list[bytes], count: int, head: str, kinds_ok: frozenset[str]
-) -> tuple[list[dict[str, Any]], list[str], list[int], list[str], list[bytes]] | None:
-    """Each line's checks in `Scanner.feed` for a whole batch, or None if any line might fail one.
-
-    Lines must be canonical records without floats whose `h` is their hash, with seqs
-    `count`, `count + 1`, … and each `prev` the `h` before it (`head` for the first), an
-    integer `ts_ns` and a kind in `kinds_ok`. Returns (records, kinds, seqs, hs, leaves).
-    Each test is one C-level pass over the batch. The canonical test compares orjson's
-    encoding of the list of records with the lines joined: each line parsed on its own
-    into an object, and an object's encoding ends at its matching brace, so equal joins
-    mean each line equals its encoding.
-    """
-    try:
-        recs = list(map(orjson.loads, lines))
-        joined = b",".join(lines)
-        out = orjson.dumps(recs, None, orjson.OPT_SORT_KEYS)
-        if (len(out) != len(joined) + 2 or not out.startswith(joined, 1) or out[0] != 91  # "[" + joined + "]"
-                or set(map(type, recs)) != {dict}):
-            return None
-        # The lines are joined by "," between "}" and "{": no float can straddle a join.
-        if may_hold_float(joined) and any(map(holds_float, recs)):
-            return None
-        hs = list(map(_get_h, recs))
-        if set(map(type, hs)) != {str}:
-            return None
-        # The first `"h":"` of each line must start `"h":"<h>",` (where `records._leaf` cuts).
-        markers = list(map(b'"h":"%b",'.__mod__, map(str.encode, hs)))
-        ats = list(map(bytes.find, lines, repeat(b'"h":"')))
-        if not all(map(bytes.startswith, lines, markers, ats)):
-            return None
-        sha = _sha256
-        leaves = [sha(b"\x00" + raw[:at] + raw[at + len(m) :]).digest()
-                  for raw, at, m in zip(lines, ats, markers, strict=True)]
-        k = len(lines)
-        seqs = list(map(_get_seq, recs))
-        kinds = list(map(_get_kind, recs))
-        if (list(map(bytes.hex, leaves)) != hs
-                or seqs != list(range(count, count + k)) or set(map(type, seqs)) != {int}
-                or set(map(type, map(_get_ts, recs))) != {int}
-                or not kinds_ok.issuperset(kinds)  # only strs are in it; an unhashable kind raises
-                or list(map(_get_prev, recs)) != [head, *hs[:-1]]):
-            return None
-    except (ValueError, TypeError, KeyError):  # orjson's errors, a missing field, an unhashable kind
-        return None
-    return recs, kinds, seqs, hs, leaves
 
 
 def _feed_reference(scanner: Scanner, parts: list[bytes], line: int, offset: int) -> tuple[int, int]:

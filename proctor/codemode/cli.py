@@ -64,9 +64,9 @@ def _fail(message: str, code: int) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from proctor.agent.base import load_audit
     from proctor.agent.cli import default_audit_path
     from proctor.agent.loading import ToolLoadError, load_tools
+    from proctor.backends import load_audit
     from proctor.errors import AuditError, ConfigurationError, PolicyError, ToolsetError
 
     if args.http and not args.tokens:
@@ -89,7 +89,7 @@ def serve(args: argparse.Namespace) -> int:
         session_idle = _session_idle(args.session_idle)
         tokens = None
         if args.tokens:
-            from proctor.serve.tokens import TokenFile
+            from proctor.approval.tokens import TokenFile
 
             tokens = TokenFile.load(args.tokens)
     except (ToolLoadError, ConfigurationError, ValueError) as exc:

@@ -516,7 +516,7 @@ class _StdinEnds:
 
 def serve_http(code_mode: CodeMode, host: str, port: int, tokens: Any) -> None:
     """Serve streamable HTTP at ``http://HOST:PORT/mcp``; every request needs ``Authorization: Bearer
-    TOKEN`` of `tokens` (a `proctor.serve.tokens.TokenFile`), whose owner is the session's principal.
+    TOKEN`` of `tokens` (a `proctor.approval.tokens.TokenFile`), whose owner is the session's principal.
     A session ends when its client deletes it (``DELETE /mcp``), after `code_mode.session_idle` seconds
     without a request (the client went away: ``run_finished`` says ``abandoned``), or when the server stops."""
     def principal_of(ctx: Any) -> str:

@@ -6,11 +6,11 @@
 - `journal`: a durable run's step journal, and a resumed step answered from it.
 
 The decision itself is `proctor.policy.admission.admit`; the run a call belongs to is
-`proctor.run.RunContext`.
+`proctor.gate.run.RunContext`.
 """
 
 from proctor.gate.call import CallOutcome, CallScope, agent_fields
 from proctor.gate.gate import Gate, PolicyLike
-from proctor.run import RunContext
+from proctor.gate.run import RunContext
 
 __all__ = ["CallOutcome", "CallScope", "Gate", "PolicyLike", "RunContext", "agent_fields"]

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from proctor.approval.base import ApprovalDecision, ApprovalRequest, Approver, Grant, approval_binding
+from proctor.approval.tokens import TokenFile
 from proctor.errors import (
     ApprovalDenied,
     ApprovalTimeout,
@@ -29,7 +30,6 @@ from proctor.policy.admission import admit
 from proctor.policy.approvers import Answerer, os_answerer, refusal
 from proctor.policy.engine import ToolFacts
 from proctor.redaction import secret_values
-from proctor.serve.tokens import TokenFile
 from proctor.telemetry import semconv as sc
 from proctor.telemetry.logging import get_logger
 from proctor.tools import run_with_timeout

@@ -26,8 +26,8 @@ from proctor.tools import Tool
 if TYPE_CHECKING:
     from proctor.gate.gate import Gate, PolicyLike
     from proctor.gate.journal import StepJournal
+    from proctor.gate.run import RunContext
     from proctor.gate.shadow import Verdict
-    from proctor.run import RunContext
 
 __all__ = ["UNKNOWN_FACTS", "Approval", "CallOutcome", "CallScope", "InFlight", "agent_fields"]
 

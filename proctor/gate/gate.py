@@ -51,10 +51,12 @@ from proctor.errors import (
 from proctor.gate.approval import ApprovalStep
 from proctor.gate.call import CallOutcome, CallScope, InFlight
 from proctor.gate.recorder import Recorder, log_fields, safely
+from proctor.gate.run import DEFAULT_HISTORY_LIMIT, Ledger, RunContext
 from proctor.gate.shadow import Shadow, Verdict, verdict_of
 from proctor.halt import Halt, HaltChannel, HaltEvent, Scope, gate_halts, halt_refusal, new_halt
 from proctor.interrupts import interruption
-from proctor.ledger.base import SharedLedger, open_ledger
+from proctor.ledger.base import SharedLedger
+from proctor.ledger.opening import open_ledger
 from proctor.ledger.scope import ledger_scope
 from proctor.policy.admission import AdmissionPolicy, admit
 from proctor.policy.aggregates import Pipeline
@@ -63,7 +65,6 @@ from proctor.policy.engine import ToolFacts
 from proctor.policy.reload import PolicyChange, PolicySource
 from proctor.provenance import USER, ProvenanceIndex, ProvenanceLimits, ResultLabeller
 from proctor.redaction import Redacted, secret_values
-from proctor.run import DEFAULT_HISTORY_LIMIT, Ledger, RunContext
 from proctor.telemetry import metrics
 from proctor.telemetry import semconv as sc
 from proctor.telemetry.logging import get_logger

@@ -32,7 +32,7 @@ from proctor.telemetry.logging import get_logger
 
 if TYPE_CHECKING:
     from proctor.gate.gate import PolicyLike
-    from proctor.run import Ledger
+    from proctor.gate.run import Ledger
     from proctor.tools import Tool
 
 __all__ = ["Shadow", "Verdict"]

@@ -41,7 +41,7 @@ from types import FrameType
 from typing import Any, Literal, Protocol, cast
 
 from proctor.calls import new_id
-from proctor.errors import ToolDenied
+from proctor.errors import HaltError, ToolDenied
 
 __all__ = ["DEFAULT_GRACE_S", "DEFAULT_REFRESH_S", "HALT_SIGNAL", "MAX_REFRESH_S", "OUTAGE_ID", "SCOPES", "Halt",
            "HaltBackend", "HaltChannel", "HaltError", "HaltEvent", "HaltListener", "MemoryHalts", "PolledHalts",
@@ -64,10 +64,6 @@ HALT_SIGNAL = signal.SIGUSR2 if hasattr(signal, "SIGUSR2") else None
 
 _ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 _MAX_TEXT = 2000
-
-
-class HaltError(Exception):
-    """A halt could not be set, lifted or listed (a bad halt, an unreachable backend): says which and why."""
 
 
 @dataclass(frozen=True, slots=True)

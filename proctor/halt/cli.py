@@ -149,7 +149,7 @@ def _open_audit(target: str) -> AuditSink | str:
     from proctor.errors import ProctorError
 
     try:
-        from proctor.agent.base import load_audit
+        from proctor.backends import load_audit
 
         sink, _, _ = load_audit(target)
     except (ProctorError, OSError) as exc:

@@ -63,7 +63,7 @@ import jsonschema
 import pydantic
 
 from proctor.calls import SideEffect
-from proctor.errors import ConfigurationError, ToolFailed, ToolOutcomeUnknown, ToolsetError
+from proctor.errors import ConfigurationError, MCPToolFailed, ToolOutcomeUnknown, ToolsetError
 from proctor.signatures import Signature, TypeText, render_signature
 from proctor.tools import Tool
 
@@ -102,10 +102,6 @@ __all__ = ["MCPTool", "MCPToolFailed", "MCPToolset", "SUPPORTED_MCP", "side_effe
 _CONNECTION_CLOSED = -32000
 _TEXT_CAP = 2000
 _RESERVED = frozenset(dir(builtins)) | {"final_answer"}
-
-
-class MCPToolFailed(ToolFailed):
-    """The MCP server answered the call with an error (``isError``); the gate records the call as failed."""
 
 
 def side_effect_of(annotations: Mapping[str, Any] | pydantic.BaseModel | None) -> SideEffect:

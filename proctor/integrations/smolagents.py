@@ -290,7 +290,7 @@ class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ship
         """The gate every call goes through (built from the policy, its audit log opened, on first use)."""
         res = self._res
         if res.gate is None:
-            from proctor.agent.base import load_audit
+            from proctor.backends import load_audit
 
             sink, _, owned = load_audit(self._audit_spec)
             res.owned_audit = sink if owned else None

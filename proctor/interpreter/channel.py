@@ -37,6 +37,8 @@ import struct
 import sys
 import time
 
+from proctor.errors import EncodeError, ProtocolError
+
 TYPE_CHECKING = False  # typing is not imported at run time: the worker imports this module too
 if TYPE_CHECKING:
     from typing import Any
@@ -122,14 +124,6 @@ _IMAGE_FORMATS = frozenset({"PNG", "JPEG", "GIF", "WEBP"})
 _SCALARS = (str, int, float, bool, type(None))
 #: The exact types a value may have to cross the channel as itself, untagged.
 SCALAR_TYPES = frozenset(_SCALARS)
-
-
-class EncodeError(TypeError):
-    """A value cannot be carried over the channel (names the offending type and where)."""
-
-
-class ProtocolError(ValueError):
-    """A frame or value broke the protocol: bad length, bad JSON, bad tag, too deep."""
 
 
 def encode_value(value: Any, _where: str = "value") -> Any:

@@ -13,6 +13,8 @@ import re
 import sys
 import types
 
+from proctor.errors import InterpreterError
+
 TYPE_CHECKING = False  # typing is not imported at run time: the worker starts faster without it
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
@@ -52,10 +54,6 @@ _FORMAT_WALK = re.compile(r"\{[^{}]*[.\[](_|gi_|cr_|ag_|tb_|f_|co_)")
 _STDLIB_HELPERS = ("_strptime", "copyreg", "encodings")
 _PROCTOR_ERRORS = ("ProctorError", "CallRefused", "ToolDenied", "ApprovalDenied", "ApprovalTimeout",
                    "BudgetExceeded", "ToolFailed", "AuditError")
-
-
-class InterpreterError(Exception):
-    """The program did something the interpreter refuses (a forbidden name, import or builtin)."""
 
 
 def attribute_allowed(name: str) -> bool:

@@ -18,7 +18,7 @@ import time
 import weakref
 from typing import Any
 
-from proctor.errors import SandboxError
+from proctor.errors import SandboxError, WorkerDied
 from proctor.interpreter import spinning
 from proctor.interpreter.channel import ProtocolError, frame
 from proctor.interpreter.limits import ChannelLimits, HostFrameReader
@@ -30,10 +30,6 @@ from proctor.interpreter.sandbox import SandboxSpec, spawn
 _RECV = 1 << 16
 
 __all__ = ["SeenIds", "WorkerDied", "WorkerProcess"]
-
-
-class WorkerDied(Exception):
-    """The worker's channel closed: it exited or was killed."""
 
 
 class SeenIds:

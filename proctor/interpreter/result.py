@@ -7,21 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from proctor.calls import CallRecord
-from proctor.errors import ProctorError
+from proctor.errors import ProgramError
 
 __all__ = ["ExecutionResult", "ProgramError"]
-
-
-class ProgramError(ProctorError):
-    """The program raised: its exception type, message, line and that line's source text,
-    as ``ZeroDivisionError: division by zero (line 3: y = x / 0)``."""
-
-    def __init__(self, type_name: str, message: str, line: int | None, source: str | None = None) -> None:
-        self.type, self.message, self.line, self.source = type_name, message, line, source
-        where = (f" (line {line}: {source})" if source else f" (line {line})") if line else ""
-        head, newline, rest = message.partition("\n")  # a SyntaxError's source line and caret go below
-        text = f"{type_name}: {head}{where}" if head else f"{type_name}{where}"
-        super().__init__(text + newline + rest)
 
 
 @dataclass(frozen=True)

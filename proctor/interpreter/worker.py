@@ -16,6 +16,7 @@ import os
 import sys
 
 from proctor import errors as proctor_errors
+from proctor.errors import FinalAnswer
 from proctor.interpreter import channel as _channel
 from proctor.interpreter import guard, program
 from proctor.interpreter.channel import (
@@ -36,13 +37,11 @@ if TYPE_CHECKING:
 __all__ = ["FinalAnswer", "main"]
 
 PROGRAM = "<program>"
-_ERRORS = {name: getattr(proctor_errors, name) for name in proctor_errors.__all__}
+#: The errors a reply may name, raised at the call site; the signals in `proctor.errors` are not among them.
+_ERRORS = {name: cls for name, cls in vars(proctor_errors).items()
+           if isinstance(cls, type) and issubclass(cls, proctor_errors.ProctorError)}
 _STALE = ("{}: refused, this thread was started by an earlier program; only the running program's "
           "threads may call tools")
-
-
-class FinalAnswer(BaseException):
-    """Raised by `final_answer`; a BaseException so `except Exception` cannot swallow it."""
 
 
 class Worker:
@@ -107,7 +106,10 @@ class Worker:
         elif issubclass(cls, proctor_errors.ToolFailed):
             raised = cls(message, error_type=str(err.get("error_type", "")), **extra)
         else:
-            raised = cls(message)
+            try:
+                raised = cls(message)
+            except TypeError:  # an error built from more than a message (ProgramError): its message is what counts
+                raised = proctor_errors.ProctorError(message)
         raise raised
 
     def make_stub(self, spec: dict[str, Any]) -> Any:

@@ -20,13 +20,11 @@ promises:
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Claim", "Lease", "PoolUsage", "SharedLedger", "default_ledger", "open_ledger"]
+__all__ = ["Claim", "Lease", "PoolUsage", "SharedLedger"]
 
 #: How long a reservation is held without a sign of life from its holder.
 DEFAULT_LEASE_S = 15.0
@@ -97,46 +95,6 @@ class SharedLedger(Protocol):
     def close(self) -> None:
         """Stop background work and drop connections."""
         ...
-
-
-_default: SharedLedger | None = None
-_default_lock = threading.Lock()
-
-
-def default_ledger() -> SharedLedger:
-    """The process-wide in-memory ledger used when no ledger is given and PROCTOR_LEDGER is unset."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            from proctor.ledger.memory import MemoryLedger
-
-            _default = MemoryLedger()
-        return _default
-
-
-def open_ledger(ledger: SharedLedger | str | None = None) -> SharedLedger:
-    """A ledger from an object, a URL (`local` or `memory`, `redis://…`, `rediss://…`) or PROCTOR_LEDGER; else the
-    process's default."""
-    if ledger is None:
-        ledger = os.environ.get("PROCTOR_LEDGER") or None
-        if ledger is None:
-            return default_ledger()
-    if not isinstance(ledger, str):
-        return ledger
-    url = ledger.strip()
-    if url in ("local", "memory", "memory://", ""):
-        return default_ledger()
-    from proctor.errors import ConfigurationError
-    from proctor.urls import shown_url
-
-    if url.startswith(("redis://", "rediss://", "unix://")):
-        try:
-            from proctor.ledger.redis import RedisLedger
-        except ImportError as exc:  # the extra is missing: say how to get it, never fall back to a local ledger
-            raise ConfigurationError(f"the ledger {shown_url(url, query=False)} needs {exc.name or 'redis'}: "
-                                     "pip install 'proctor[redis]'") from None
-        return RedisLedger(url)
-    raise ConfigurationError(f"unknown ledger {shown_url(url, query=False)!r}: use local or redis://host:6379/0")
 
 
 def _num(value: float) -> Any:

@@ -44,11 +44,11 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from proctor.durations import parse_duration
 from proctor.errors import BudgetExceeded, LedgerUnavailable
 from proctor.ledger.base import DEFAULT_LEASE_S, Claim, Lease, PoolUsage
 from proctor.ledger.checks import refusal
 from proctor.ledger.redis_wire import Script, Wire, bulk, command
-from proctor.policy.validators import parse_duration
 from proctor.urls import shown_url
 
 __all__ = ["RedisLedger"]

@@ -12,14 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from proctor.calls import Call, HistoryEntry
+from proctor.calls import Call, HistoryEntry, TrimmedHistory
 from proctor.policy._cel import cel
 from proctor.policy.aggregates import Fold, fold_list, is_hidden, pipeline_named
-from proctor.policy.conditions import check_value
 from proctor.policy.functions import FUNCTIONS, boxed
 from proctor.policy.probes import is_probe, probe_named
 from proctor.policy.projection import Needs
-from proctor.run import HistoryView
+from proctor.policy.values import check_value
 
 __all__ = ["Activation"]
 
@@ -108,7 +107,7 @@ class Activation(Mapping[str, Any]):
             value = _project(call.args, fields)
         elif name == "history":
             history = call.history
-            if isinstance(history, HistoryView) and history.dropped:
+            if isinstance(history, TrimmedHistory) and history.dropped:
                 # Only a condition proctor cannot rewrite reads the raw rows (a macro naming its variable
                 # `history`): the rows kept are not the whole run, and a window nobody wrote fails open.
                 raise ValueError(f"this condition reads the raw history, whose first {history.dropped} calls were "

@@ -76,7 +76,7 @@ class LayerView(Protocol):
 
 
 class RunView(Protocol):
-    """What a decision reads of the run; `proctor.run.RunContext` is one, `policy test` builds its own."""
+    """What a decision reads of the run; `proctor.gate.run.RunContext` is one, `policy test` builds its own."""
 
     @property
     def info(self) -> RunInfo: ...

@@ -57,8 +57,10 @@ from collections.abc import Callable, Iterable, Mapping
 from itertools import combinations
 from typing import Any
 
+from proctor.errors import AggregateError, ValueTooDeep
 from proctor.policy._cel import cel
 from proctor.policy.functions import FUNCTIONS as CEL_FUNCTIONS
+from proctor.policy.values import check_value
 
 __all__ = [
     "FREE_VARIABLES", "PURE_FUNCTIONS", "AggregateError", "Fold", "KeyedFold", "Pipeline", "Rewrite", "WindowFold",
@@ -248,8 +250,6 @@ class _Program:
                           for fn in self.program.functions() if fn in CEL_FUNCTIONS}
 
     def run(self, var: str, value: Any) -> Any:
-        from proctor.policy.conditions import ValueTooDeep, check_value  # (conditions imports this module)
-
         try:
             check_value(value)  # a cyclic or absurdly deep entry would crash CEL's native converter
         except ValueTooDeep as exc:
@@ -728,10 +728,6 @@ def _keyed_spec(source: str, toks: list[_Tok], lo: int, hi: int, var: str, mode:
 # -- folding -------------------------------------------------------------------------------------
 
 
-class AggregateError(ValueError):
-    """A pipeline whose value is an error (CEL's message for the entry that caused it)."""
-
-
 def is_hidden(name: str) -> bool:
     """Whether `name` is a pipeline's hidden variable (``__h3``)."""
     return name.startswith("__h") and name in _BY_NAME
@@ -1008,8 +1004,6 @@ class KeyedFold(Fold):
         return total == 1 if mode == "exists_one" else total
 
     def _residual(self, activation: Any, entries: list[Any]) -> Any:
-        from proctor.policy.conditions import ValueTooDeep, check_value
-
         keyed = self.pipeline.keyed
         assert keyed is not None
         variables = {name: activation[name] for name in keyed.residual_variables}

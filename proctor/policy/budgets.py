@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 from proctor.calls import RunInfo
 from proctor.errors import BudgetExceeded, LedgerUnavailable
-from proctor.ledger.base import Claim, Lease, PoolUsage, SharedLedger, default_ledger
+from proctor.ledger.base import Claim, Lease, PoolUsage, SharedLedger
+from proctor.ledger.opening import default_ledger
 from proctor.policy.matching import Matcher
 
 if TYPE_CHECKING:

@@ -15,10 +15,12 @@ from __future__ import annotations
 import difflib
 import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from proctor.errors import ConditionError, EvaluationError, ValueTooDeep
+from proctor.policy import dataflow as _dataflow  # noqa: F401 - registers field_provenance() & co. in the catalogue
 from proctor.policy._cel import cel
 from proctor.policy.aggregates import (
     AggregateError,
@@ -34,6 +36,7 @@ from proctor.policy.functions import BOX_PREFIX
 from proctor.policy.functions import FUNCTIONS as CEL_FUNCTIONS
 from proctor.policy.probes import PROBE_FUNCTIONS, Unresolved, rewrite_probes
 from proctor.policy.projection import Needs, needs_of
+from proctor.policy.values import MAX_CONTAINERS, MAX_DEPTH, check_value
 
 __all__ = [
     "FUNCTIONS",
@@ -85,58 +88,6 @@ _CEL_ERROR = re.compile(r"<input>:(\d+):(\d+): (.*)")
 _EXPECTING = re.compile(r"\s+expecting \{.*$")
 
 
-MAX_DEPTH = 64
-_FAST_CONTAINERS = (dict, list, tuple)
-_SCALARS = (str, bytes, int, float, type(None))
-
-
-def _is_container(value: Any) -> bool:
-    """Whether CEL's converter may recurse into `value` (any mapping or sequence but str/bytes)."""
-    if isinstance(value, _FAST_CONTAINERS):
-        return True
-    return not isinstance(value, _SCALARS) and isinstance(value, (Mapping, Sequence))
-MAX_CONTAINERS = 100_000
-
-
-class ValueTooDeep(ValueError):
-    """A value CEL's converter must not see: cyclic, nested too deep, or with too many containers."""
-
-
-def check_value(value: Any) -> None:
-    """Refuse values that would crash or stall CEL's (recursive, native) converter.
-
-    A cyclic or very deeply nested argument makes the converter overflow its stack and
-    kill the whole host process; so anything nested deeper than MAX_DEPTH, or holding
-    more than MAX_CONTAINERS maps and lists, is refused here and the call is denied.
-    """
-    if not _is_container(value):
-        return
-    left = MAX_CONTAINERS
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise ValueTooDeep(f"a value is nested deeper than {MAX_DEPTH} levels (or is cyclic)")
-        for child in node.values() if isinstance(node, Mapping) else node:
-            if _is_container(child):
-                left -= 1
-                if left < 0:
-                    raise ValueTooDeep(f"a value holds more than {MAX_CONTAINERS} maps and lists")
-                stack.append((child, depth + 1))
-
-
-class ConditionError(Exception):
-    """A condition that does not compile; `line`/`column` are 1-based, inside the expression (0: all of it)."""
-
-    def __init__(self, message: str, line: int = 1, column: int = 1) -> None:
-        super().__init__(message)
-        self.message = message
-        self.line = line
-        self.column = column
-
-
-class EvaluationError(Exception):
-    """A condition that could not be evaluated for one call (the call is then denied)."""
 
 
 def _position(source: str, offset: int) -> tuple[int, int]:

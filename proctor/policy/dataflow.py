@@ -60,8 +60,8 @@ if TYPE_CHECKING:
     from proctor.policy.engine import Policy
     from proctor.tools import Tool
 
-# (proctor.policy.conditions and .lets are imported where used: functions.py imports this module while
-# conditions.py is still importing functions.py)
+# (proctor.policy.conditions and .lets are imported where used: conditions.py imports this module, to register
+# its functions in the catalogue, before it has finished importing)
 
 __all__ = ["DATAFLOW_FUNCTIONS", "RECORD_FUNCTIONS", "ResultSources", "field_path_steps", "result_sources",
            "source_findings"]

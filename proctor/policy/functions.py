@@ -506,6 +506,3 @@ register(CelFunction("text_provenance", bind=_bind_text_provenance, box=_box_tex
                      doc="labels of the sources in which a value appeared only inside longer text, never whole"))
 register(CelFunction("from_user", bind=_bind_from_user, takes=(1, 1),
                      doc="true when the value as a whole (every item of a list or map) came from the task"))
-
-# Field-level data flow: field_provenance(), field_paths(), carries() (registered on import).
-from proctor.policy import dataflow as _dataflow  # noqa: E402,F401

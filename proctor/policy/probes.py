@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from proctor.errors import Unresolved
 from proctor.policy.aggregates import closing as _close
 from proctor.policy.aggregates import tokenize as _tokens
 
@@ -30,10 +31,6 @@ __all__ = ["PROBE_FUNCTIONS", "Probe", "Unresolved", "is_probe", "probe_named", 
 
 #: The functions whose calls on a path of `args` are answered before CEL runs; True: returns a list.
 PROBE_FUNCTIONS: dict[str, bool] = {"provenance": True, "text_provenance": True, "from_user": False}
-
-
-class Unresolved(LookupError):
-    """A probe's path does not resolve plainly for this call: evaluate the condition as written."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from proctor.calls import Call, Decision, HistoryEntry, RunInfo
-from proctor.errors import BudgetExceeded, ToolDenied
+from proctor.errors import BudgetExceeded, SimulationError, ToolDenied
 from proctor.ledger.memory import MemoryLedger
 from proctor.policy.admission import admit, call_for
 
@@ -32,17 +32,6 @@ __all__ = ["RAN_STATUSES", "RecordedRun", "Simulation", "SimulationError", "comp
 
 #: A call with one of these statuses started its tool: its labels are in `seen` (as `RunContext` keeps it).
 RAN_STATUSES = frozenset(("ok", "failed", "timeout", "unknown"))
-
-
-class SimulationError(ValueError):
-    """The inputs cannot be decided as the gate would (a history entry the tool would have refused).
-
-    `history_index` is the position of the offending history entry, when one is.
-    """
-
-    def __init__(self, message: str, history_index: int | None = None) -> None:
-        super().__init__(message)
-        self.history_index = history_index
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic_core._pydantic_core import PydanticCustomError  # where it is defined (see policy._native_core)
 
+from proctor import durations
 from proctor.calls import SIDE_EFFECTS
+from proctor.durations import DURATION_PATTERN
 
 __all__ = [
     "BUDGET_SCOPES",
@@ -64,9 +66,6 @@ __all__ = [
     "with_lets",
 ]
 
-DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 #: Limits that concern the model, not tool calls: they apply to the whole run.
 MODEL_LIMITS = ("model_tokens", "model_cost_usd")
 #: Every limit a budget may set (`limit:`).
@@ -92,10 +91,11 @@ def _duration_error(value: object) -> PydanticCustomError:
 
 
 def parse_duration(value: object) -> float:
-    """Parse ``250ms``, ``120s``, ``5m`` or ``1h30m`` into seconds; a bare number is refused (unit unclear)."""
-    if not isinstance(value, str) or not re.fullmatch(DURATION_PATTERN, value.strip()):
-        raise _duration_error(value)
-    return sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(value.strip()))
+    """`proctor.durations.parse_duration` for the policy's schema: the same message, as a pydantic error."""
+    try:
+        return durations.parse_duration(value)
+    except ValueError:
+        raise _duration_error(value) from None
 
 
 def parse_byte_size(value: object) -> int:

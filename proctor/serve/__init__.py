@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 import proctor._lazy as _lazy
 
 if TYPE_CHECKING:
+    from proctor.approval.tokens import TokenFile, add_token
     from proctor.serve.app import create_app
-    from proctor.serve.tokens import TokenFile, add_token
 
 __all__ = ["TokenFile", "add_token", "create_app"]
 
-_lazy.install(__name__, {"TokenFile": "proctor.serve.tokens", "add_token": "proctor.serve.tokens",
+_lazy.install(__name__, {"TokenFile": "proctor.approval.tokens", "add_token": "proctor.approval.tokens",
                          "create_app": "proctor.serve.app"})

@@ -38,6 +38,7 @@ from markupsafe import Markup
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from proctor.approval.tokens import TokenFile
 from proctor.audit.base import AuditSink
 from proctor.errors import (
     ApprovalConflict,
@@ -53,7 +54,6 @@ from proctor.jsoninput import loads_bounded
 from proctor.serve.auth import COOKIE, Identity, Sessions, cross_origin, csrf_ok, identify
 from proctor.serve.guard import DEFAULT_MAX_BODY, ASGIApp, RequestGuard
 from proctor.serve.halting import HaltDesk, HaltRefused
-from proctor.serve.tokens import TokenFile
 from proctor.serve.views import approval_view, display_fields, filter_approvals, run_view
 from proctor.store.answers import answer, grant_preview
 from proctor.store.base import RunStore

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from proctor.serve.tokens import TokenFile
+from proctor.approval.tokens import TokenFile
 
 __all__ = ["COOKIE", "SESSION_TTL_S", "Identity", "Sessions", "client_address", "cross_origin", "csrf_ok", "identify"]
 

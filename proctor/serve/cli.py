@@ -64,8 +64,8 @@ def register(subparsers: Any) -> None:
 
 
 def _token(args: argparse.Namespace) -> int:
+    from proctor.approval.tokens import add_token
     from proctor.errors import ProctorError
-    from proctor.serve.tokens import add_token
 
     try:
         groups = tuple(g.strip() for g in args.groups.split(",") if g.strip())
@@ -97,8 +97,8 @@ def _serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"proctor serve: {exc.name} is missing: pip install 'proctor[serve]'", file=sys.stderr)
         return 2
+    from proctor.approval.tokens import TokenFile
     from proctor.errors import ProctorError
-    from proctor.serve.tokens import TokenFile
     from proctor.store.base import RunStore
 
     try:
@@ -176,7 +176,7 @@ def _halting(args: argparse.Namespace, store_url: str, groups: tuple[str, ...]) 
         backend.close()
         return "--halt-groups needs --audit LOG|URL (or PROCTOR_AUDIT): every halt set from the inbox is audited"
     try:
-        from proctor.agent.base import load_audit
+        from proctor.backends import load_audit
 
         sink, _, _ = load_audit(target)
     except (ProctorError, OSError) as exc:

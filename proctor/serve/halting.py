@@ -22,17 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from proctor.audit.base import AuditSink
+from proctor.errors import HaltRefused
 from proctor.halt import Halt, HaltBackend, HaltError, HaltEvent, new_halt
 
 __all__ = ["HaltDesk", "HaltRefused"]
-
-
-class HaltRefused(Exception):
-    """A halt from the inbox that cannot be taken: `status` is the HTTP status, the message says why."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def _shown(halt: Halt) -> dict[str, Any]:

@@ -18,8 +18,8 @@ A store holds three things, each keyed so that several processes can share it:
 
 `RunStore.open(url)` picks the implementation by the URL's scheme: a path or
 ``sqlite:///path`` is the embedded SQLite store; ``postgresql://…`` the PostgreSQL
-one (fleet). Implementations subclass `RunStore` and register their scheme with
-`register_scheme`. Values in records are JSON data (the channel's tagged encoding
+one (fleet), as `proctor.backends` maps them. Implementations subclass `RunStore`; another
+one is added with `register_scheme`. Values in records are JSON data (the channel's tagged encoding
 for tool results), so every implementation stores the same things.
 
 Every method may be called from any thread. Methods raise `StoreError` (or a
@@ -33,9 +33,9 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, Literal, Protocol
 
-from proctor.errors import StoreError
+from proctor import backends
 
 __all__ = [
     "APPROVAL_STATES",
@@ -285,12 +285,10 @@ class RunStore(Protocol):
     #: The URL the store was opened with.
     url: str
 
-    _schemes: ClassVar[dict[str, Callable[[str], RunStore]]] = {}
-
     @staticmethod
     def open(url: str | os.PathLike[str]) -> RunStore:
-        """Open the store named by `url`: a path or ``sqlite:///path``, or ``postgresql://…``."""
-        return _open(url)
+        """Open the store named by `url`: a path or ``sqlite:///path``, or ``postgresql://…`` (`proctor.backends`)."""
+        return backends.open_store(url)
 
     # -- runs -------------------------------------------------------------------------------------
 
@@ -398,32 +396,7 @@ class RunStore(Protocol):
 
 
 def register_scheme(scheme: str, factory: Callable[[str], RunStore]) -> None:
-    """Make `RunStore.open` hand URLs of `scheme` (``"postgresql"``) to `factory(url)`."""
-    RunStore._schemes[scheme] = factory
+    """Make `RunStore.open` hand URLs of `scheme` (``"postgresql"``) to `factory(url)` (`proctor.backends`)."""
+    backends.register("store", scheme, factory)
 
 
-def _open(url: str | os.PathLike[str]) -> RunStore:
-    text = os.fspath(url)
-    if not text:
-        raise StoreError("no run store given: pass --store URL or set PROCTOR_STORE (e.g. sqlite:///runs.db)")
-    scheme = text.split("://", 1)[0].lower() if "://" in text else "sqlite"
-    if scheme in ("postgres", "postgresql") and scheme not in RunStore._schemes:
-        _load("proctor.store.postgres")
-        scheme = "postgresql"
-    if scheme == "sqlite" and "sqlite" not in RunStore._schemes:
-        _load("proctor.store.sqlite")
-    factory = RunStore._schemes.get(scheme)
-    if factory is None:
-        raise StoreError(f"unknown run store URL scheme {scheme!r} in {text!r}: use sqlite:///PATH or "
-                         "postgresql://…")
-    return factory(text)
-
-
-def _load(module: str) -> None:
-    import importlib
-
-    try:
-        importlib.import_module(module)
-    except ImportError as exc:
-        raise StoreError(f"cannot open this run store: {exc} (install proctor[postgres] for postgresql://)"
-                         ) from exc

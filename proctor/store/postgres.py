@@ -30,7 +30,7 @@ from psycopg.types.json import Jsonb
 
 from proctor.errors import StoreError
 from proctor.pgconn import READ_COMMITTED, PgConnection, why
-from proctor.store.base import PendingApproval, register_scheme
+from proctor.store.base import PendingApproval
 from proctor.store.sql import Db, SQLRunStore, schema
 from proctor.urls import shown_url
 
@@ -136,7 +136,3 @@ class PostgresRunStore(SQLRunStore):
             if not self._closed:
                 self._drop()
                 self._closed = True
-
-
-register_scheme("postgresql", PostgresRunStore)
-register_scheme("postgres", PostgresRunStore)

@@ -9,17 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from proctor.errors import StoreError
+from proctor.errors import AmbiguousId
 
 __all__ = ["MIN_PREFIX", "AmbiguousId", "unique_prefix"]
 
 #: The shortest prefix taken for an id (shorter ones are too likely to name several).
 MIN_PREFIX = 6
 _SHOWN = 8  # candidates named in a refusal
-
-
-class AmbiguousId(StoreError):
-    """A prefix that names more than one id."""
 
 
 def unique_prefix(text: str, ids: Iterable[str], what: str) -> str | None:

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from proctor.errors import StoreError
-from proctor.store.base import PendingApproval, register_scheme
+from proctor.store.base import PendingApproval
 from proctor.store.sql import SQLRunStore, schema
 
 __all__ = ["SQLiteRunStore"]
@@ -175,4 +175,3 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-register_scheme("sqlite", SQLiteRunStore)

@@ -59,7 +59,7 @@ def test_receiver_example_approves_company_mail(receiver: tuple[dict[str, Any], 
     """Mail to the company domain is approved at once by the example receiver."""
     _, url = receiver
     req = make_request(args={"to": "carol@example.com", "subject": "s", "body": "b"})
-    decision = WebhookApprover(url, "whsec_demo_5f3a", request_timeout=2).request(req)
+    decision = WebhookApprover(url, secret="whsec_demo_5f3a", request_timeout=2).request(req)
     assert decision.verdict == "approve" and decision.approver.endswith("/rule:company-mail")
 
 
@@ -68,7 +68,7 @@ def test_receiver_example_waits_for_a_human(receiver: tuple[dict[str, Any], str]
     namespace, url = receiver
     req = make_request()
     results: list[ApprovalDecision] = []
-    approver = WebhookApprover(url, "whsec_demo_5f3a", poll_interval=0.05, request_timeout=2, timeout=10)
+    approver = WebhookApprover(url, secret="whsec_demo_5f3a", poll_interval=0.05, request_timeout=2, timeout=10)
     thread = threading.Thread(target=lambda: results.append(approver.request(req)))
     thread.start()
     deadline = time.monotonic() + 5
@@ -85,5 +85,5 @@ def test_receiver_example_waits_for_a_human(receiver: tuple[dict[str, Any], str]
 def test_receiver_example_refuses_a_wrong_secret(receiver: tuple[dict[str, Any], str]) -> None:
     """The example receiver refuses unsigned requests, which proctor then reports as a deny."""
     _, url = receiver
-    decision = WebhookApprover(url, "not-the-secret", request_timeout=2).request(make_request())
+    decision = WebhookApprover(url, secret="not-the-secret", request_timeout=2).request(make_request())
     assert decision.verdict == "deny" and "HTTP 401" in decision.reason

@@ -18,14 +18,14 @@ from fastapi.testclient import TestClient
 
 from proctor.approval import ConsoleApprover
 from proctor.approval.inbox import InboxApprover
+from proctor.approval.tokens import TokenFile, add_token
 from proctor.cli import main
 from proctor.errors import ApprovalDenied, PolicyError, RunSuspended
 from proctor.gate import Gate
+from proctor.gate.run import RunContext
 from proctor.policy import Policy
 from proctor.policy.approvers import Answerer, ApproverRule, OsUser, os_account, os_answerer, refusal
-from proctor.run import RunContext
 from proctor.serve.app import create_app
-from proctor.serve.tokens import TokenFile, add_token
 from proctor.store.base import ApprovalAnswer, PendingApproval, RunStore
 from proctor.testing import InMemoryAudit
 from proctor.tools import tool

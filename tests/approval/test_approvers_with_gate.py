@@ -95,7 +95,7 @@ def webhook_url() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 def test_webhook_grant_covers_later_matching_calls(webhook_url: tuple[str, list[dict[str, Any]]]) -> None:
     """A webhook grant for *@partner.org approves later matching calls without asking again."""
     url, seen = webhook_url
-    gate = make_gate(WebhookApprover(url, SECRET, poll_interval=0.05, timeout=0.4))
+    gate = make_gate(WebhookApprover(url, secret=SECRET, poll_interval=0.05, timeout=0.4))
     ctx = gate.start_run(principal="alice")
     assert gate.call("send_email", {"to": "bob@partner.org", "body": "1"}, context=ctx) == "sent to bob@partner.org"
     assert gate.call("send_email", {"to": "eve@partner.org", "body": "2"}, context=ctx) == "sent to eve@partner.org"

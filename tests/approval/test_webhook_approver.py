@@ -106,7 +106,7 @@ def hook() -> Iterator[Hook]:
 
 def approver(hook: Hook, **kwargs: Any) -> WebhookApprover:
     options: dict[str, Any] = {"timeout": 5.0, "poll_interval": 0.05, "request_timeout": 1.0, **kwargs}
-    return WebhookApprover(hook.url, SECRET, **options)
+    return WebhookApprover(hook.url, secret=SECRET, **options)
 
 
 def test_server_receives_a_correctly_signed_request(hook: Hook) -> None:
@@ -226,7 +226,7 @@ def test_server_dying_mid_wait_denies(hook: Hook) -> None:
 def test_unreachable_server_denies() -> None:
     """Nothing listening on the port is a deny, never an exception."""
     req = make_request()
-    decision = WebhookApprover("http://127.0.0.1:9/approve", SECRET, request_timeout=0.5).request(req)
+    decision = WebhookApprover("http://127.0.0.1:9/approve", secret=SECRET, request_timeout=0.5).request(req)
     assert decision.verdict == "deny" and decision.reason.startswith("cannot reach webhook:127.0.0.1:9")
 
 
@@ -333,12 +333,12 @@ def test_already_expired_request_is_not_sent(hook: Hook) -> None:
 def test_construction_checks_and_secret_stays_out_of_repr() -> None:
     """Bad URLs, empty secrets and non-positive timeouts are refused; repr never shows the secret."""
     with pytest.raises(ValueError, match="http"):
-        WebhookApprover("ftp://x/approve", SECRET)
+        WebhookApprover("ftp://x/approve", secret=SECRET)
     with pytest.raises(ValueError, match="secret"):
-        WebhookApprover("https://x/approve", "")
+        WebhookApprover("https://x/approve", secret="")
     with pytest.raises(ValueError, match="poll_interval"):
-        WebhookApprover("https://x/approve", SECRET, poll_interval=0)
-    hook_approver = WebhookApprover("https://hooks.example.com:8443/approve", SECRET)
+        WebhookApprover("https://x/approve", secret=SECRET, poll_interval=0)
+    hook_approver = WebhookApprover("https://hooks.example.com:8443/approve", secret=SECRET)
     assert SECRET not in repr(hook_approver) and hook_approver.name == "webhook:hooks.example.com:8443"
     assert isinstance(hook_approver, Approver)
 

@@ -68,7 +68,7 @@ def drip() -> Iterator[DripServer]:
 
 def test_a_slow_drip_server_cannot_hold_the_exchange(drip: DripServer) -> None:
     """One byte at a time keeps every read alive; the whole exchange still ends near request_timeout."""
-    approver = WebhookApprover(f"http://127.0.0.1:{drip.port}/approve", SECRET, timeout=60, request_timeout=1.0)
+    approver = WebhookApprover(f"http://127.0.0.1:{drip.port}/approve", secret=SECRET, timeout=60, request_timeout=1.0)
     threads_before = threading.active_count()
     started = time.monotonic()
     decision = approver.request(make_request(expires_in=120))
@@ -84,7 +84,7 @@ def test_a_slow_drip_server_cannot_hold_the_exchange(drip: DripServer) -> None:
 
 def test_the_overall_deadline_cuts_a_drip_too(drip: DripServer) -> None:
     """With the approval about to expire, the exchange ends by the expiry as a timed-out deny."""
-    approver = WebhookApprover(f"http://127.0.0.1:{drip.port}/approve", SECRET, timeout=60, request_timeout=30)
+    approver = WebhookApprover(f"http://127.0.0.1:{drip.port}/approve", secret=SECRET, timeout=60, request_timeout=30)
     decision = approver.request(make_request(expires_in=1.0))
     assert decision.verdict == "deny" and decision.timed_out
 
@@ -144,7 +144,7 @@ def test_polls_never_leave_the_webhook_origin(poll: str) -> None:
     """A signed pending answer pointing polls elsewhere is a deny, and nothing is sent there."""
     server = Pending(poll)
     try:
-        approver = WebhookApprover(f"http://127.0.0.1:{server.port}/approve", SECRET, timeout=5,
+        approver = WebhookApprover(f"http://127.0.0.1:{server.port}/approve", secret=SECRET, timeout=5,
                                    poll_interval=0.05, request_timeout=2)
         decision = approver.request(make_request(expires_in=30))
     finally:
@@ -157,7 +157,7 @@ def test_same_origin_polls_are_signed_over_method_and_path() -> None:
     """A relative poll URL is polled on the same origin; its signature verifies only for that method and path."""
     server = Pending("/status/c1?x=1")
     try:
-        approver = WebhookApprover(f"http://127.0.0.1:{server.port}/approve", SECRET, timeout=0.6,
+        approver = WebhookApprover(f"http://127.0.0.1:{server.port}/approve", secret=SECRET, timeout=0.6,
                                    poll_interval=0.05, request_timeout=2)
         decision = approver.request(make_request(expires_in=30))
     finally:
@@ -196,7 +196,7 @@ def test_a_deeply_nested_signed_answer_is_a_plain_deny() -> None:
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
-        approver = WebhookApprover(f"http://127.0.0.1:{server.server_address[1]}/approve", SECRET, timeout=5)
+        approver = WebhookApprover(f"http://127.0.0.1:{server.server_address[1]}/approve", secret=SECRET, timeout=5)
         decision = approver.request(make_request(expires_in=30))
     finally:
         server.shutdown()

@@ -14,7 +14,7 @@ from typing import Any
 import mcp.types as mt
 
 from codemode.helpers import audit_records, free_port, http_server, serve_args, stdio_session, text, write_config
-from proctor.serve.tokens import add_token
+from proctor.approval.tokens import add_token
 
 NPX = ["npx", "-y"]
 # The newest Inspector (its CLI mode takes --header for the bearer token); npm warns that it wants a

@@ -15,7 +15,7 @@ import mcp.types as mt
 import pytest
 
 from codemode.helpers import audit_records, free_port, http_server, http_session, serve_args, text, write_config
-from proctor.serve.tokens import add_token
+from proctor.approval.tokens import add_token
 
 
 @pytest.fixture

@@ -9,11 +9,11 @@ import cel
 import pytest
 
 from proctor.calls import Call, CallRecord, HistoryEntry, RunInfo
+from proctor.gate.run import RunContext
 from proctor.policy import Policy
 from proctor.policy.aggregates import AggregateError, fold_list, rewrite
 from proctor.policy.conditions import EvaluationError, compile_condition
 from proctor.policy.functions import FUNCTIONS, cel_sum
-from proctor.run import RunContext
 
 CONDITIONS = [
     "history.exists(h, h.tool == 'read_secret')",

@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 
 from proctor import Gate, Policy, tool
 from proctor.calls import Call, CallRecord, HistoryEntry, RunInfo
+from proctor.gate.run import RunContext
 from proctor.policy.activation import Activation
 from proctor.policy.aggregates import history_windows, rewrite
 from proctor.policy.budgets import Ledger
 from proctor.policy.conditions import EvaluationError, compile_condition
 from proctor.policy.functions import FUNCTIONS
-from proctor.run import RunContext
 
 KEYED = [
     "history.exists(h, h.tool == 'x' && h.args.id == args.id)",

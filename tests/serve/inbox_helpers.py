@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from proctor import CodeAgent, InboxApprover, Policy, RunStore, ScriptedModel, tool
+from proctor.approval.tokens import add_token
 from proctor.policy.approvers import os_account
-from proctor.serve.tokens import add_token
 
 SENT: list[tuple[str, str]] = []  # every real send, on the host
 

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
+from proctor.approval.tokens import TokenFile
 from proctor.audit import verify
 from proctor.serve.app import create_app
-from proctor.serve.tokens import TokenFile
 from proctor.store.base import RunStore
 
 from .inbox_helpers import SENT, Inbox, background

@@ -13,8 +13,8 @@ from selenium.common.exceptions import NoSuchElementException, StaleElementRefer
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
+from proctor.approval.tokens import TokenFile
 from proctor.serve.app import create_app
-from proctor.serve.tokens import TokenFile
 from proctor.store.base import RunStore
 
 from .browser import chromium, serving

@@ -9,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+from proctor.approval.tokens import TokenFile
 from proctor.serve.app import create_app
 from proctor.serve.resumer import Resumer, ready_runs
-from proctor.serve.tokens import TokenFile
 from proctor.store.base import RunStore
 
 from .browser import serving
@@ -94,7 +94,7 @@ def test_resumer_takes_up_answered_runs(inbox: Inbox) -> None:
 
 def test_serve_halting_needs_an_audit_log_and_serves_the_store_halts(inbox: Inbox, tmp_path: Path) -> None:
     """`--halt-groups` without an audit log is refused; with one, the server shows and sets the store's halts."""
-    from proctor.serve.tokens import add_token
+    from proctor.approval.tokens import add_token
 
     env = {k: v for k, v in os.environ.items() if k != "PROCTOR_AUDIT"}
     base = ["serve", "--store", inbox.store_url, "--tokens", str(inbox.tokens_path), "--halt-groups", "sre"]

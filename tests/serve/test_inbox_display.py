@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from proctor import CodeAgent, InboxApprover, Policy, ScriptedModel
+from proctor.approval.tokens import TokenFile
 from proctor.serve.app import create_app
-from proctor.serve.tokens import TokenFile
 from proctor.store.base import RunStore
 
 from .inbox_helpers import Inbox, file_positioned, lookup, send

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from selenium.webdriver.common.by import By
 
+from proctor.approval.tokens import TokenFile, add_token
 from proctor.audit.lines import read_records
 from proctor.audit.log import AuditLog
 from proctor.errors import ToolDenied
@@ -23,7 +24,6 @@ from proctor.halt import new_halt
 from proctor.halt.sql import StoreHaltBackend, StoreHalts
 from proctor.policy import Policy
 from proctor.serve.app import create_app
-from proctor.serve.tokens import TokenFile, add_token
 from proctor.store.base import RunStore
 
 from .browser import chromium, serving

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from proctor.approval.tokens import TokenFile, add_token
 from proctor.serve.app import create_app
 from proctor.serve.guard import CSP, LOGIN_MAX_BODY
-from proctor.serve.tokens import TokenFile, add_token
 from proctor.store.base import RunStore
 
 from .browser import free_port

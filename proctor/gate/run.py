@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from proctor.approval.base import Grant
 from proctor.approval.grants import grant_admits
-from proctor.calls import CallRecord, CallStatus, HistoryEntry, Outcome, RunInfo, SideEffect
+from proctor.calls import CallRecord, CallStatus, HistoryEntry, Outcome, RunInfo, SideEffect, TrimmedHistory
 from proctor.policy.admission import LazyUsage
 from proctor.redaction import scrub
 
@@ -380,7 +380,7 @@ class _Records(Sequence[CallRecord]):
         return iter(self._state[0])
 
 
-class HistoryView(Sequence[HistoryEntry]):
+class HistoryView(TrimmedHistory):
     """The first `n` rows of an append-only list, as entries, without copying it; `dropped` calls came before."""
 
     __slots__ = ("_base", "_items", "_n", "_run")
