@@ -28,10 +28,11 @@ from proctor.agent.prompts import planning_prompt
 from proctor.agent.result import RunResult, RunStatus, StepRecord
 from proctor.agent.tracing import HeldChat, model_span
 from proctor.approval.base import Approver
-from proctor.audit.base import AuditSink
+from proctor.audit.base import AuditReader, AuditSink
 from proctor.backends import AUDIT_KEY_ENV, load_audit
 from proctor.calls import CallRecord, RunInfo
 from proctor.errors import (
+    AuditError,
     BudgetExceeded,
     ConfigurationError,
     ManagedAgentError,
@@ -48,6 +49,7 @@ from proctor.policy import Policy
 from proctor.store.base import RunRecord, RunStore
 from proctor.store.seal import PURPOSE as SEAL_PURPOSE
 from proctor.store.seal import StoreSeal
+from proctor.store.trail import behind_trail, trails
 from proctor.telemetry import AgentSpan, agent_span, get_tracer, step_span
 from proctor.telemetry.logging import get_logger
 from proctor.tools import Tool
@@ -363,7 +365,20 @@ class AgentBase:
             if seal is None:
                 raise StoreForged(f"run {record.run_id}: cannot check what the store holds for it without the "
                                   "audit trail whose key sealed it (give the agent the run's audit=...)")
-            seal.check_run(record, {step: store.journal(record.run_id, step) for step in range(1, record.step + 1)})
+            journals = {step: store.journal(record.run_id, step) for step in range(1, record.step + 1)}
+            seal.check_run(record, journals)
+            # Sealed is not enough: an earlier sealed version put back is caught against the trail's order.
+            if not isinstance(self.audit, AuditReader):
+                raise StoreForged(f"run {record.run_id}: its audit trail ({type(self.audit).__name__}) cannot be "
+                                  "read back to check the store against it (a durable run needs an AuditLog, a "
+                                  "PostgreSQL audit log or another AuditReader)")
+            try:
+                trail = trails(self.audit.run_records(record.run_id), record.run_id).get(record.run_id)
+            except AuditError as exc:
+                raise StoreForged(f"run {record.run_id}: cannot read its audit trail to check the store against "
+                                  f"it: {exc}") from None
+            for problem in behind_trail(record, journals, trail):
+                raise StoreForged(problem.line())
         except StoreForged as exc:
             self.gate.recorder.append("resume_refused", {"run_id": record.run_id, "reason": str(exc)})
             raise StoreForged(f"resume refused: {exc}; nothing ran (see docs/durable.md, \"Who can do what\")"

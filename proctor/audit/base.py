@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from proctor.redaction import Redacted
 
-__all__ = ["KINDS", "AuditResult", "AuditSink", "derive_key"]
+__all__ = ["KINDS", "AuditReader", "AuditResult", "AuditSink", "derive_key"]
 
 #: Record kinds, as written in the `kind` field.
 KINDS = (
@@ -71,6 +71,16 @@ class AuditSink(Protocol):
 
     def close(self) -> None:
         """Seal and release the sink; appending afterwards fails."""
+        ...
+
+
+@runtime_checkable
+class AuditReader(Protocol):
+    """A sink whose records can be read back by run: a durable run's resume checks its store against them
+    (`proctor.store.trail`). `AuditLog`, `PostgresAuditLog` and `InMemoryAudit` are readers."""
+
+    def run_records(self, run_id: str) -> list[dict[str, Any]]:
+        """Every record of run `run_id` the trail holds, in order; `AuditError` when it cannot be read."""
         ...
 
 

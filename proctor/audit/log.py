@@ -464,6 +464,21 @@ class AuditLog:
         """This sink's secret derived for `purpose` (`AuditSink.key_for`)."""
         return derive_key(self._redaction_key, purpose)
 
+    def run_records(self, run_id: str) -> list[dict[str, Any]]:
+        """Every record of run `run_id` in the file, in order (`AuditReader`): only its lines are decoded."""
+        import json
+
+        from proctor.audit.lines import read_records
+
+        # Appends write whole lines (a line being written meanwhile is skipped as unreadable, and is newer
+        # than anything the caller asks about). Lines without the id's bytes are not decoded.
+        needle = json.dumps(run_id).encode() if run_id.isascii() else None
+        try:
+            records, _ = read_records(self.path, containing=needle)
+        except OSError as exc:
+            raise AuditError(f"cannot read the audit log {self.path}: {exc.strerror or exc}") from exc
+        return [r for r in records if r.get("run_id") == run_id]
+
     def redact(self, args: Mapping[str, Any], fields: Sequence[str]) -> Redacted:
         """Replace `fields` of `args` by HMAC digests keyed with this log's redaction key."""
         return redact_args(args, fields, self._redaction_key)

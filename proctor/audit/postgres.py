@@ -444,6 +444,22 @@ class PostgresAuditLog:
         """This sink's secret derived for `purpose` (`AuditSink.key_for`)."""
         return derive_key(self._redaction_key, purpose)
 
+    def run_records(self, run_id: str) -> list[dict[str, Any]]:
+        """Every record of run `run_id` in this log, in order (`AuditReader`), on a connection of its own."""
+        needle = f'"run_id":{json.dumps(run_id)}'
+        try:
+            with psycopg.connect(self._conninfo, connect_timeout=5, autocommit=True) as conn:
+                rows = conn.execute("SELECT line FROM proctor_audit_records WHERE log = %s AND strpos(line, %s) > 0 "
+                                    "ORDER BY seq", (self.name, needle)).fetchall()
+        except psycopg.Error as exc:
+            raise AuditError(f"cannot read the audit log {self.url}: {why(exc)}") from None
+        out: list[dict[str, Any]] = []
+        for (line,) in rows:
+            rec = json.loads(line)
+            if isinstance(rec, dict) and rec.get("run_id") == run_id:
+                out.append(rec)
+        return out
+
     def redact(self, args: Mapping[str, Any], fields: Sequence[str]) -> Redacted:
         """Replace `fields` of `args` by HMAC digests keyed with the log's redaction key (kept in the database)."""
         return redact_args(args, fields, self._redaction_key)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, fields
 from typing import Any
 
@@ -53,12 +53,17 @@ class StoreSeal:
 
     def check_journal(self, run_id: str, step: int, entries: Sequence[JournalEntry]) -> None:
         """Check a step's entries: each in its place (seq 0, 1, …, of this run and step), each seal holding."""
+        for problem in self.journal_problems(run_id, step, entries):
+            raise StoreForged(problem)
+
+    def journal_problems(self, run_id: str, step: int, entries: Sequence[JournalEntry]) -> Iterator[str]:
+        """What does not hold of a step's entries, one line each naming the run, step and entry."""
         for position, entry in enumerate(entries):
             where = f"run {run_id}, step {step}, journal entry {entry.seq} ({entry.tool})"
             if entry.run_id != run_id or entry.step != step or entry.seq != position:
-                raise StoreForged(f"{where}: out of place (a journal entry was dropped, moved or copied)")
-            if not entry.seal or not hmac.compare_digest(entry.seal, self.seal_entry(entry)):
-                raise StoreForged(f"{where}: its seal does not hold (written or changed outside the run)")
+                yield f"{where}: out of place (a journal entry was dropped, moved or copied)"
+            elif not entry.seal or not hmac.compare_digest(entry.seal, self.seal_entry(entry)):
+                yield f"{where}: its seal does not hold (written or changed outside the run)"
 
     # -- run records ----------------------------------------------------------------------------
 
@@ -67,20 +72,35 @@ class StoreSeal:
         return self._mac("run", {"record": asdict_plain(data)})
 
     def check_record(self, record: RunRecord) -> None:
+        problem = self.record_problem(record)
+        if problem is not None:
+            raise StoreForged(problem)
+
+    def record_problem(self, record: RunRecord) -> str | None:
+        """Why the saved run's seal does not hold, or None when it does."""
         if not record.seal or not hmac.compare_digest(record.seal, self.seal_record(record)):
-            raise StoreForged(f"run {record.run_id}: the saved run's seal does not hold (its task, history, "
-                              "budgets, grants, messages or steps were written or changed outside the run)")
+            return (f"run {record.run_id}: the saved run's seal does not hold (its task, history, budgets, grants, "
+                    "messages or steps were written or changed outside the run)")
+        return None
 
     def check_run(self, record: RunRecord, journals: Mapping[int, Sequence[JournalEntry]]) -> None:
         """Everything a resume reads of a run: its record, and each step's journal up to the heads it sealed."""
-        self.check_record(record)
+        for problem in self.run_problems(record, journals):
+            raise StoreForged(problem)
+
+    def run_problems(self, record: RunRecord, journals: Mapping[int, Sequence[JournalEntry]]) -> Iterator[str]:
+        """Every seal of the run that does not hold, and every entry the record sealed that is gone."""
+        problem = self.record_problem(record)
+        if problem is not None:
+            yield problem
+            return  # the heads below are the record's: not believed once its seal fails
         counts = dict(record.journal_heads)
         for step, entries in sorted(journals.items()):
-            self.check_journal(record.run_id, step, entries)
+            yield from self.journal_problems(record.run_id, step, entries)
             sealed = counts.get(str(step))
             if sealed is not None and int(sealed.get("count", 0)) > len(entries):
-                raise StoreForged(f"run {record.run_id}, step {step}: {int(sealed['count']) - len(entries)} journal "
-                                  "entries are missing (dropped from the store)")
+                yield (f"run {record.run_id}, step {step}: {int(sealed['count']) - len(entries)} journal "
+                       "entries are missing (dropped from the store)")
 
 
 def asdict_plain(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,264 @@
+"""A run store checked against its audit trail: what the log recorded of each run, and where the store disagrees.
+
+The seals (`proctor.store.seal`) prove that what the store holds was written by the run; they cannot
+prove it is the *latest* thing the run wrote. Whoever can write the store could put back an earlier
+sealed version of a journal entry or of the whole run: a call journaled ``suspended`` again after it
+ran, so that a resume runs it a second time, or a run set back to a step it had finished. The audit
+trail is the clock the store cannot turn back: it is append-only, hash-chained, and the store's writers
+cannot write it. Every version a run writes of an entry comes after the entry's previous version in
+the trail's order, and the trail records the moment that matters — a call's live ``call_intent``,
+written after its journal intent and before its tool runs. So:
+
+- `behind_trail` is what a resume checks (`AgentBase._check_sealed`), before anything runs: no call the
+  trail records as started may be journaled as waiting for its approval, or be missing, or belong to
+  a step later than the saved run's; no run the trail records as finished may be resumable;
+- `check_store` is what ``proctor audit verify LOG --store URL`` reports: the same, every seal,
+  and every other disagreement between the store and the log (grants and answers no
+  ``approval_resolved`` gave, calls journaled as done that the log never saw end, and the reverse
+  for finished runs, statuses that are not the log's ``run_finished``).
+
+Both read the records of the log as dicts (`AuditReader.run_records`, or every record of a file).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from proctor.store.base import JournalEntry, PendingApproval, RunRecord, RunStore
+from proctor.store.seal import StoreSeal
+
+__all__ = ["Disagreement", "RunTrail", "behind_trail", "check_store", "journal_place", "trails"]
+
+#: Statuses of `run_finished` after which a run is never resumed (an interrupted run is taken up again).
+FINAL = frozenset({"done", "max_steps", "budget_exhausted", "error", "cancelled"})
+#: Journal states at or past a call's start (its journal intent is written before its audit intent).
+STARTED = frozenset({"intent", "done"})
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """One thing the store and the log do not agree on: which run, which entry of it, and what."""
+
+    run_id: str
+    entry: str
+    message: str
+
+    def line(self) -> str:
+        return f"run {self.run_id}, {self.entry}: {self.message}"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"run_id": self.run_id, "entry": self.entry, "message": self.message}
+
+
+@dataclass
+class RunTrail:
+    """What the audit trail recorded of one run's own calls (a managed agent's are not journaled)."""
+
+    run_id: str
+    #: call id → the call's live `call_intent` (the one written right before its tool ran).
+    started: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: call id → the statuses of its `call_outcome` records, in order.
+    outcomes: dict[str, list[str]] = field(default_factory=dict)
+    #: The run's `approval_resolved` records that carry an answer (not the suspensions).
+    resolved: list[Mapping[str, Any]] = field(default_factory=list)
+    #: The run's last `run_finished`, if any.
+    finished: Mapping[str, Any] | None = None
+
+    def note(self, rec: Mapping[str, Any]) -> None:
+        kind, call_id = rec.get("kind"), rec.get("call_id")
+        if kind == "run_finished":
+            self.finished = rec
+        elif "parent_call_id" in rec or not isinstance(call_id, str):
+            return
+        elif kind == "call_intent" and "error" not in rec:  # a refused call's intent carries its refusal
+            self.started[call_id] = rec
+        elif kind == "call_outcome":
+            self.outcomes.setdefault(call_id, []).append(str(rec.get("status")))
+        elif kind == "approval_resolved" and rec.get("verdict") not in (None, "suspended"):
+            self.resolved.append(rec)
+
+
+def trails(records: Iterable[Mapping[str, Any]], run_id: str | None = None) -> dict[str, RunTrail]:
+    """The trail of every run the records name (only `run_id`'s, when given)."""
+    out: dict[str, RunTrail] = {}
+    for rec in records:
+        rid = rec.get("run_id")
+        if not isinstance(rid, str) or (run_id is not None and rid != run_id):
+            continue
+        trail = out.get(rid)
+        if trail is None:
+            trail = out[rid] = RunTrail(rid)
+        trail.note(rec)
+    return out
+
+
+def journal_place(run_id: str, call_id: str) -> tuple[int, int] | None:
+    """(step, seq) of a call id a run's journal gave (`StepJournal.call_id`), or None for another call."""
+    prefix = f"call_{run_id.removeprefix('run_')}_"
+    if not call_id.startswith(prefix):
+        return None
+    step, _, seq = call_id[len(prefix):].partition("_")
+    if not (step.isdigit() and seq.isdigit()):
+        return None
+    return int(step), int(seq)
+
+
+def _where(step: int, seq: int, tool: object) -> str:
+    return f"step {step}, journal entry {seq} ({tool})"
+
+
+def behind_trail(record: RunRecord, journals: Mapping[int, Sequence[JournalEntry]],
+                 trail: RunTrail | None) -> list[Disagreement]:
+    """Where the store is behind what the trail recorded of the run: an earlier version put back.
+
+    `journals` are the step journals read from the store (step → entries). Each problem names the run
+    and the entry; resuming past any of them could run a call a second time."""
+    if trail is None:
+        return []
+    run_id, out = record.run_id, []
+    if trail.finished is not None and trail.finished.get("status") in FINAL and record.status in ("suspended",
+                                                                                                  "running"):
+        out.append(Disagreement(run_id, "run record", (
+            f"the store has the run {record.status}, but the audit trail records it finished "
+            f"({trail.finished.get('status')}, seq {trail.finished.get('seq')}): an earlier version of the run was "
+            "put back into the store")))
+    for call_id, intent in trail.started.items():
+        place = journal_place(run_id, call_id)
+        if place is None:
+            continue
+        step, seq = place
+        tool, at = intent.get("tool"), intent.get("seq")
+        if step > record.step:
+            out.append(Disagreement(run_id, _where(step, seq, tool), (
+                f"the audit trail records the call as started (seq {at}), but the store's run is at step "
+                f"{record.step}: an earlier version of the run was put back into the store")))
+            continue
+        entries = journals.get(step)
+        if entries is None:
+            continue
+        entry = entries[seq] if seq < len(entries) and entries[seq].seq == seq else None
+        if entry is None:
+            out.append(Disagreement(run_id, _where(step, seq, tool), (
+                f"missing from the journal, but the audit trail records the call as started (seq {at}): the entry "
+                "was dropped, or the store lost a write it had acknowledged")))
+        elif entry.state not in STARTED:
+            out.append(Disagreement(run_id, _where(step, seq, entry.tool), (
+                f"journaled as {entry.state}, but the audit trail records the call as started after that (seq "
+                f"{at}): an earlier version of the entry was put back into the store; resuming it would run the "
+                "call again")))
+    return out
+
+
+def check_store(store: RunStore, seal: StoreSeal, records: Iterable[Mapping[str, Any]],
+                *, runs: Sequence[RunRecord] | None = None) -> tuple[list[Disagreement], dict[str, int]]:
+    """Every disagreement between `store` and the log whose records are `records`, and what was checked.
+
+    `seal` is the log's store seal (its sink's `key_for("run-store")`). Runs are the store's (all of
+    them, unless `runs` names some); the log may hold other stores' runs too, which are not looked at."""
+    by_run = trails(records)
+    counted = {"runs": 0, "entries": 0, "approvals": 0}
+    out: list[Disagreement] = []
+    for record in runs if runs is not None else _all_runs(store):
+        trail = by_run.get(record.run_id) or RunTrail(record.run_id)
+        last = max([record.step, *(p[0] for c in trail.started if (p := journal_place(record.run_id, c)))])
+        journals = {step: store.journal(record.run_id, step) for step in range(1, last + 1)}
+        counted["runs"] += 1
+        counted["entries"] += sum(len(e) for e in journals.values())
+        approvals = store.list_approvals(status=None, run_id=record.run_id)
+        counted["approvals"] += len(approvals)
+        out.extend(_run_disagreements(record, journals, trail, approvals, seal))
+    return out, counted
+
+
+def _all_runs(store: RunStore) -> list[RunRecord]:
+    return store.list_runs(limit=2**31 - 1)
+
+
+def _seal_disagreements(record: RunRecord, journals: Mapping[int, Sequence[JournalEntry]],
+                        seal: StoreSeal) -> list[Disagreement]:
+    run_id, out = record.run_id, []
+    if record.status != "cancelled":  # a cancel is the store's own write, never sealed (nor ever resumed)
+        problem = seal.record_problem(record)
+        if problem is not None:
+            out.append(Disagreement(run_id, "run record", problem.removeprefix(f"run {run_id}: ")))
+    heads = {} if out else dict(record.journal_heads)
+    for step, entries in sorted(journals.items()):
+        for problem in seal.journal_problems(run_id, step, entries):
+            where, _, why = problem.removeprefix(f"run {run_id}, ").partition(": ")
+            out.append(Disagreement(run_id, where, why))
+        sealed = heads.get(str(step))
+        if sealed is not None and int(sealed.get("count", 0)) > len(entries):
+            out.append(Disagreement(run_id, f"step {step}", f"{int(sealed['count']) - len(entries)} journal entries "
+                                    "are missing (the run sealed more than the store holds)"))
+    return out
+
+
+def _run_disagreements(record: RunRecord, journals: Mapping[int, Sequence[JournalEntry]], trail: RunTrail,
+                       approvals: Sequence[PendingApproval], seal: StoreSeal) -> list[Disagreement]:
+    run_id = record.run_id
+    out = _seal_disagreements(record, journals, seal)
+    out.extend(behind_trail(record, journals, trail))
+    # Calls journaled as done must have ended in the log with the same status.
+    entries = {e.call_id: e for step in journals.values() for e in step}
+    for entry in entries.values():
+        if entry.state == "done" and entry.status not in trail.outcomes.get(entry.call_id, []):
+            out.append(Disagreement(run_id, _where(entry.step, entry.seq, entry.tool), (
+                f"journaled as done ({entry.status}), but the audit trail has no outcome {entry.status} for call "
+                f"{entry.call_id}")))
+    finished = trail.finished.get("status") if trail.finished is not None else None
+    if record.status in FINAL:  # a finished run: every call the log saw end is journaled as it ended
+        for call_id, statuses in trail.outcomes.items():
+            place = journal_place(run_id, call_id)
+            kept = entries.get(call_id)
+            if place is None or (kept is not None and kept.state == "done" and kept.status == statuses[-1]):
+                continue
+            step, seq = place
+            now = f"journaled as {kept.state} ({kept.status})" if kept is not None else "not journaled"
+            out.append(Disagreement(run_id, _where(step, seq, kept.tool if kept else "?"), (
+                f"the audit trail records call {call_id} as ended {statuses[-1]}, but it is {now}")))
+        if finished is None and record.status != "cancelled":  # a cancel from the store is not the run's
+            out.append(Disagreement(run_id, "run record", (
+                f"the store has the run {record.status}, but the audit trail never recorded it finishing "
+                "(no run_finished)")))
+    if finished in FINAL and record.status in FINAL and finished != record.status:
+        out.append(Disagreement(run_id, "run record", (
+            f"the store has the run {record.status}, but the audit trail's run_finished says {finished}")))
+    out.extend(_answer_disagreements(record, journals, trail, approvals))
+    return out
+
+
+def _grant_of(value: Any) -> tuple[str, str] | None:
+    if not isinstance(value, Mapping):
+        return None
+    from proctor.canonical import canonical_bytes
+
+    return str(value.get("tool")), canonical_bytes(dict(value.get("args") or {})).decode()
+
+
+def _answer_disagreements(record: RunRecord, journals: Mapping[int, Sequence[JournalEntry]], trail: RunTrail,
+                          approvals: Sequence[PendingApproval]) -> list[Disagreement]:
+    """Grants and answers the store holds that no `approval_resolved` of the log gave."""
+    run_id, out = record.run_id, []
+    given = {g for rec in trail.resolved if (g := _grant_of(rec.get("grant"))) is not None}
+    for grant in record.grants:
+        if _grant_of(grant) not in given:
+            out.append(Disagreement(run_id, "run record", (
+                f"holds a grant for {grant.get('tool')} that no approval_resolved of the audit trail gave")))
+    for step in journals.values():
+        for entry in step:
+            if entry.grant is not None and _grant_of(entry.grant) not in given:
+                out.append(Disagreement(run_id, _where(entry.step, entry.seq, entry.tool), (
+                    f"carries a grant for {entry.grant.get('tool')} that no approval_resolved of the audit trail "
+                    "gave")))
+    answered = {(rec.get("call_id"), rec.get("verdict"), rec.get("approver")) for rec in trail.resolved}
+    waiting = set(record.pending)  # (kept until the run ends: a resume that died before reading one keeps it)
+    for a in approvals:
+        if a.status != "answered" or a.answer is None or a.id in waiting:
+            continue  # (an answer its suspended run has not read yet is in the log once a resume reads it)
+        if (a.call_id, a.answer.verdict, a.answer.approver) not in answered:
+            out.append(Disagreement(run_id, f"approval {a.id} ({a.tool})", (
+                f"answered {a.answer.verdict} by {a.answer.approver} in the store, but no approval_resolved of the "
+                "audit trail records that answer")))
+    return out
