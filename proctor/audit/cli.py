@@ -35,6 +35,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--strict", action="store_true",
                    help="also fail (exit 1) when runs were left open: unfinished runs, intents without an outcome, "
                         "approvals without a resolution, recovery records")
+    p.add_argument("--store", metavar="URL",
+                   help="also check this run store (sqlite:///PATH or postgresql://…) against the log and report every "
+                        "disagreement, one line each naming the run and entry: a seal that does not hold, a grant or "
+                        "answer no approval_resolved gave, a call journaled as done that the log never saw end (and "
+                        "the reverse for finished runs), an entry or run behind the log, a status that is not the "
+                        "log's run_finished; exit 1 on any. The seals' key is the log's (LOG.redact-key beside a "
+                        "file log)")
     p.set_defaults(func=_verify)
 
     p = sub.add_parser("export", help="write a PostgreSQL audit log as JSON Lines (what `verify LOG` reads)")
@@ -135,10 +142,19 @@ def _verify(args: argparse.Namespace) -> int:
         return 1
     strict_failed = report.ok and args.strict and report.run_problems > 0
     code = 0 if report.ok and not strict_failed else 1
+    store: dict[str, Any] | None = None
+    if args.store is not None:
+        store = _check_store(args.log, args.store, database)
+        if store is None:
+            return 2
+        if store["disagreements"]:
+            code = 1
     if args.json:
         out = report.to_dict()
         out["strict"] = bool(args.strict)
         out["run_problems"] = report.run_problems
+        if store is not None:
+            out["store"] = store
         print(json.dumps(out, indent=2, sort_keys=True))
         return code
     f = report.failure
@@ -153,7 +169,70 @@ def _verify(args: argparse.Namespace) -> int:
         print(terminal_safe(f"warning: {warning}"))
     if strict_failed:
         print(terminal_safe(f"{args.log}: FAILED (--strict): {report.run_problems} run problem(s) above"))
+    if store is not None:
+        checked = f"{store['runs']} run(s), {store['entries']} journal entries, {store['approvals']} approval(s)"
+        if not store["disagreements"]:
+            print(terminal_safe(f"{store['url']}: agrees with the log: {checked}"))
+        else:
+            print(terminal_safe(f"{store['url']}: DISAGREES with the log: {len(store['disagreements'])} "
+                                f"disagreement(s) over {checked}:"))
+            for d in store["disagreements"]:
+                print(terminal_safe(f"  run {d['run_id']}, {d['entry']}: {d['message']}"))
     return code
+
+
+def _check_store(log: str, url: str, database: bool) -> dict[str, Any] | None:
+    """The store named by `url` checked against `log` (`proctor.store.trail.check_store`), as the report's
+    ``store`` object; None (the reason said) when the store or the log's key cannot be read."""
+    import tempfile
+    from pathlib import Path
+
+    from proctor.audit.base import derive_key
+    from proctor.audit.lines import read_records
+    from proctor.errors import AuditError, StoreError
+    from proctor.store.base import RunStore
+    from proctor.store.seal import PURPOSE, StoreSeal
+    from proctor.store.trail import check_store
+    from proctor.urls import shown_url
+
+    try:
+        if database:
+            from proctor.audit.postgres import export_jsonl, redaction_secret
+
+            secret = redaction_secret(log)
+            with tempfile.TemporaryDirectory(prefix="proctor-verify-") as tmp:
+                path = Path(tmp) / "audit.jsonl"
+                with path.open("wb") as out:
+                    export_jsonl(log, out)
+                records, _ = read_records(path)
+        else:
+            key_file = Path(log + ".redact-key")
+            if not key_file.is_file():
+                _err(f"{key_file}: no such file: the store's seals are keyed by the log's secret, kept there (copy "
+                     "it beside the log to check a store)")
+                return None
+            secret = key_file.read_bytes()
+            records, _ = read_records(log)
+    except AuditError as exc:
+        _err(str(exc))
+        return None
+    except OSError as exc:
+        _err(f"cannot read {log}: {exc.strerror or exc}")
+        return None
+    try:
+        store = RunStore.open(url)
+    except StoreError as exc:
+        _err(f"--store {shown_url(url)}: {exc}")
+        return None
+    try:
+        found, counted = check_store(store, StoreSeal(derive_key(secret, PURPOSE)), records)
+    except StoreError as exc:
+        _err(f"--store {shown_url(url)}: {exc}")
+        return None
+    finally:
+        store.close()
+    shown = shown_url(url) if url.startswith(("postgresql://", "postgres://")) else url
+    return {"url": shown, **counted, "disagreements": [d.as_dict() for d in found]}
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -60,7 +60,7 @@ from proctor.pgconn import READ_COMMITTED, PgConnection, why
 from proctor.redaction import Redacted, redact_args
 from proctor.urls import shown_url
 
-__all__ = ["SCHEMA", "PostgresAuditLog", "export_jsonl", "is_postgres_url", "verify_postgres"]
+__all__ = ["SCHEMA", "PostgresAuditLog", "export_jsonl", "is_postgres_url", "redaction_secret", "verify_postgres"]
 
 
 SCHEMA = r"""
@@ -790,6 +790,21 @@ def export_jsonl(url: str, out: IO[bytes], *, side_file: str | os.PathLike[str] 
     if side_file is not None and row is not None and row[0] is not None:
         Path(side_file).write_bytes(row[0].encode("utf-8") + b"\n")
     return count
+
+
+def redaction_secret(url: str) -> bytes:
+    """The log's secret (what `PostgresAuditLog.key_for` derives its keys from), read without appending."""
+    conninfo, name = _split(url)
+    try:
+        with psycopg.connect(conninfo, connect_timeout=5, autocommit=True) as conn:
+            exists = conn.execute("SELECT to_regclass('proctor_audit_logs') IS NOT NULL").fetchone()
+            row = (conn.execute("SELECT redact_key FROM proctor_audit_logs WHERE name = %s", (name,)).fetchone()
+                   if exists and exists[0] else None)
+    except psycopg.Error as exc:
+        raise AuditError(f"cannot read the audit log {shown_url(url)}: {why(exc)}") from None
+    if row is None:
+        raise AuditError(f"{shown_url(url)}: no audit log named {name!r} in this database")
+    return bytes(row[0])
 
 
 def verify_postgres(url: str, **options: Any) -> VerifyReport:

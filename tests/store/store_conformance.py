@@ -3,22 +3,28 @@
 A subclass provides one fixture, ``store_url``: a URL naming a fresh, empty store
 (``RunStore.open(store_url)`` must open it, any number of times, from any process).
 The SQLite store runs it in test_store_sqlite.py; the PostgreSQL store subclasses it
-the same way with a server its fixture starts.
+the same way with a server its fixture starts. `StoreForgeryConformance`, subclassed the same
+way, runs agents against the store and edits its rows as an insider would.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import fields
+from pathlib import Path
 
 import pytest
+from store_forgery import TWICE, Suspended, other, suspended
 
 from proctor.approval import approval_binding
-from proctor.errors import ApprovalConflict, ApprovalNotFound, RunNotFound, StoreConflict, StoreError
+from proctor.errors import ApprovalConflict, ApprovalNotFound, RunNotFound, StoreConflict, StoreError, StoreForged
 from proctor.store import ApprovalAnswer, JournalEntry, PendingApproval, RunRecord, RunStore
+from proctor.store.seal import RECORD_UNSEALED
 
 
 def _approval(run_id: str = "run_1", call_id: str = "call_1", args: dict[str, object] | None = None,
@@ -262,3 +268,186 @@ class StoreConformance:
         got = store.wait_for_answer(filed.id, 30)
         assert got.status == "answered" and got.answer is not None
         assert (got.answer.verdict, got.answer.approver, got.answer.reason) == ("deny", "carol", "no")
+
+
+@pytest.mark.sandbox
+class StoreForgeryConformance:
+    """What the store holds is not believed on its own, whatever the store: every field a resume reads,
+    forged, and every entry rolled back, makes the resume refuse and run nothing (store_forgery.py).
+    Subclassed as `StoreConformance` is, with the same ``store_url`` fixture."""
+
+    @pytest.fixture
+    def run(self, store_url: str, tmp_path: Path) -> Iterator[Suspended]:
+        """A run suspended at its mail, two reads before it journaled, in this store."""
+        for s in suspended(store_url, tmp_path):
+            yield s.start()
+
+    def test_forged_grant_in_a_journal_entry_is_refused(self, run: Suspended) -> None:
+        """The red team's attack: a grant added to a replayed entry is refused, named, audited; nothing runs."""
+        key, data = run.rows.all("journal")[0]
+        run.rows.set("journal", key, {**data, "grant": {"tool": "send", "args": {}}})
+        message = run.refused()
+        assert run.run_id in message and "journal entry 0 (look)" in message
+        [record] = run.refusals()
+        assert record["run_id"] == run.run_id and "journal entry 0" in record["reason"]
+
+    @pytest.mark.parametrize("name", [f.name for f in fields(JournalEntry) if f.name != "seal"])
+    def test_every_journal_field_forged_is_refused(self, run: Suspended, name: str) -> None:
+        """Each field of each journal entry, changed in the store, makes the resume refuse; put back, it goes on."""
+        for key, data in run.rows.all("journal"):
+            run.rows.set("journal", key, {**data, name: other(data.get(name))})
+            assert run.run_id in run.refused()
+            run.rows.set("journal", key, data)
+        run.approve()
+        assert run.resumed() == "done" and run.sent() == ["x@evil.test"]
+
+    @pytest.mark.parametrize("name", [f.name for f in fields(RunRecord) if f.name not in RECORD_UNSEALED])
+    def test_every_run_field_a_resume_reads_forged_is_refused(self, run: Suspended, name: str) -> None:
+        """Each sealed field of the run record, changed in the store, makes the resume refuse."""
+        [(key, data)] = run.rows.all("runs")
+        # (a status forged to another resumable one: a finished run set back to `running` must not go on)
+        forged = "running" if name == "status" else other(data.get(name))
+        run.rows.set("runs", key, {**data, name: forged})
+        assert "seal does not hold" in run.refused()
+        run.rows.set("runs", key, data)
+        run.approve()
+        assert run.resumed() == "done"
+
+    def test_a_dropped_moved_or_copied_entry_is_refused(self, run: Suspended) -> None:
+        """Entries deleted, the last one dropped, or one copied to another position: refused each time."""
+        entries = run.store.journal(run.run_id, 1)
+        assert [e.state for e in entries] == ["done", "done", "suspended"]
+        run.rows.delete(run.run_id, 1)
+        assert "out of place" in run.refused()
+        run.rows.delete(run.run_id, 2)  # the last one dropped: the suspension sealed how many there were
+        run.rows.insert(run.run_id, 1, entries[1].as_dict())
+        assert "missing" in run.refused()
+        run.rows.insert(run.run_id, 2, entries[0].as_dict())  # moved: entry 0's data at position 2
+        assert "out of place" in run.refused()
+        run.rows.set("journal", f"{run.run_id}:1:2", entries[2].as_dict())
+        run.approve()
+        assert run.resumed() == "done"
+
+    def test_a_run_without_a_seal_is_refused(self, run: Suspended) -> None:
+        """A run record whose seal was cleared is not believed."""
+        [(key, data)] = run.rows.all("runs")
+        run.rows.set("runs", key, {**data, "seal": ""})
+        assert "seal does not hold" in run.refused()
+
+    def test_another_audit_trail_cannot_vouch_for_the_store(self, run: Suspended) -> None:
+        """The key is the run's audit trail's: an agent given another trail cannot resume (nor forge) the run."""
+        other_trail = run.tmp / "elsewhere"
+        other_trail.mkdir()
+        with run.agent([], audit=other_trail / "audit.jsonl") as agent, \
+                pytest.raises(StoreForged, match="seal does not hold"):
+            agent.resume(run.run_id)
+
+    @pytest.mark.parametrize("what", ["entry", "run"])
+    def test_an_entry_rolled_back_within_the_step_is_refused(self, store_url: str, tmp_path: Path,
+                                                             what: str) -> None:
+        """A step suspends twice; after the first mail went out, its entry (or the whole run) is put back to the
+        sealed version of the first suspension. Every seal holds; the audit trail's order catches it: refused,
+        naming the entry, and the first mail is never sent twice. Put forward again, the run finishes."""
+        for run in suspended(store_url, tmp_path):
+            run.start(TWICE)
+            first = {key: data for key, data in run.rows.all("journal")}
+            [(run_key, first_run)] = run.rows.all("runs")
+            assert first[f"{run.run_id}:1:1"]["state"] == "suspended"
+            run.approve()
+            with run.agent([]) as agent:
+                assert agent.resume(run.run_id).status == "suspended"
+            assert run.sent() == ["a@evil.test"]
+            later = {key: data for key, data in run.rows.all("journal")}
+            [(_, later_run)] = run.rows.all("runs")
+            assert later[f"{run.run_id}:1:1"]["state"] == "done"
+            run.rows.set("journal", f"{run.run_id}:1:1", first[f"{run.run_id}:1:1"])
+            if what == "run":  # the whole run as it was at the first suspension (its journal had 2 entries)
+                run.rows.set("runs", run_key, first_run)
+                run.rows.delete(run.run_id, 2)
+            run.approve()  # the second mail's approval: the resume would now find both answered
+            message = run.refused()
+            assert "step 1, journal entry 1 (send)" in message and "audit trail" in message, message
+            assert run.sent() == ["a@evil.test"]
+            assert any("journal entry 1" in r["reason"] for r in run.refusals())
+            for key, data in later.items():  # put forward again: believed
+                if key in dict(run.rows.all("journal")):
+                    run.rows.set("journal", key, data)
+                else:
+                    run.rows.insert(run.run_id, int(key.rsplit(":", 1)[1]), data)
+            run.rows.set("runs", run_key, later_run)
+            assert run.resumed() == "done"
+            assert run.sent() == ["a@evil.test", "b@evil.test"]
+
+    def test_a_finished_run_put_back_to_suspended_is_refused(self, run: Suspended) -> None:
+        """A run that finished, its rows put back to their sealed suspended versions, is not resumed again."""
+        journal, [(run_key, record)] = run.rows.all("journal"), run.rows.all("runs")
+        run.approve()
+        assert run.resumed() == "done" and run.sent() == ["x@evil.test"]
+        for key, data in journal:
+            run.rows.set("journal", key, data)
+        run.rows.set("runs", run_key, record)
+        message = run.refused()
+        assert "finished (done" in message, message
+        assert run.sent() == ["x@evil.test"]
+
+    # -- proctor audit verify LOG --store URL -------------------------------------------------------
+
+    def test_verify_store_agrees_with_the_log_it_was_written_beside(self, run: Suspended) -> None:
+        """A suspended run (its answer not read yet) and a finished one: the store agrees with the log, exit 0."""
+        run.approve()
+        first = run.run_id
+        assert run.resumed() == "done"
+        run.start()  # a second run, suspended
+        run.approve()  # answered, not yet read by a resume: not a disagreement
+        done = run.verify(expect=0)
+        assert "agrees with the log: 2 run(s), 6 journal entries, 2 approval(s)" in done.stdout, done.stdout
+        report = json.loads(run.verify("--json", expect=0).stdout)
+        assert report["store"]["disagreements"] == [] and report["store"]["runs"] == 2
+        assert {first, run.run_id} == {r.run_id for r in run.store.list_runs()}
+
+    def test_verify_store_reports_every_disagreement(self, run: Suspended) -> None:
+        """A finished run edited five ways and a suspended one rolled back: each disagreement on its own line,
+        naming the run and the entry, in the text and the JSON report; exit 1."""
+        suspended_journal = dict(run.rows.all("journal"))
+        run.approve()
+        assert run.resumed() == "done"
+        done_id = run.run_id
+        rows = dict(run.rows.all("journal"))
+        # 1. the mail's entry put back to its suspended version (sealed, but behind the log)
+        run.rows.set("journal", f"{done_id}:1:2", suspended_journal[f"{done_id}:1:2"])
+        # 2. a read's result changed and given a grant (its seal breaks; no approval_resolved gave the grant)
+        forged = {**rows[f"{done_id}:1:0"], "value": 99, "grant": {"tool": "send", "args": {}}}
+        run.rows.set("journal", f"{done_id}:1:0", forged)
+        # 3. the other read journaled as failed: the log saw it end ok
+        run.rows.set("journal", f"{done_id}:1:1", {**rows[f"{done_id}:1:1"], "status": "failed"})
+        # 4. the run's status: the log's run_finished says done
+        [(key, record)] = [r for r in run.rows.all("runs") if r[0] == done_id]
+        run.rows.set("runs", key, {**record, "status": "max_steps"})
+        # 5. the answer's approver rewritten in the store
+        [(apr, approval)] = run.rows.all("approvals")
+        run.rows.set("approvals", apr, {**approval, "answer": {**approval["answer"], "approver": "mallory"}})
+        out = run.verify(expect=1).stdout
+        lines = [line.strip() for line in out.splitlines() if line.startswith("  run ")]
+        mine = [line for line in lines if line.startswith(f"run {done_id}, ")]
+        assert len(mine) == len(lines) >= 8, out
+        text = "\n".join(lines)
+        for expected in ("step 1, journal entry 2 (send): journaled as suspended, but the audit trail records the "
+                         "call as started",
+                         "step 1, journal entry 0 (look): its seal does not hold",
+                         "step 1, journal entry 0 (look): carries a grant for send that no approval_resolved",
+                         "step 1, journal entry 1 (look): journaled as done (failed), but the audit trail has no "
+                         "outcome failed",
+                         "run record: the saved run's seal does not hold",
+                         "run record: the store has the run max_steps, but the audit trail's run_finished says done",
+                         f"approval {apr} (send): answered approve by mallory in the store"):
+            assert expected in text, (expected, out)
+        assert "DISAGREES with the log" in out
+        report = json.loads(run.verify("--json", expect=1).stdout)
+        found = report["store"]["disagreements"]
+        assert len(found) == len(lines) and all(d["run_id"] == done_id and d["entry"] and d["message"]
+                                                for d in found)
+
+    def test_verify_store_without_the_logs_key_is_a_usage_error(self, run: Suspended) -> None:
+        """The seals' key lives beside the log; without it the store cannot be checked (exit 2, saying so)."""
+        (run.tmp / "audit.jsonl.redact-key").rename(run.tmp / "key.bak")
+        assert "redact-key: no such file" in run.verify(expect=2).stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from store_conformance import StoreConformance, _approval
+from store_conformance import StoreConformance, StoreForgeryConformance, _approval
 
 from proctor.errors import StoreError
 from proctor.store import ApprovalAnswer, RunStore
@@ -41,6 +41,14 @@ def _fresh(server: PostgresServer) -> str:
 
 class TestPostgresStore(StoreConformance):
     """The conformance suite against a fresh schema of a real PostgreSQL."""
+
+    @pytest.fixture
+    def store_url(self, pg: PostgresServer) -> str:
+        return _fresh(pg)
+
+
+class TestPostgresStoreForgery(StoreForgeryConformance):
+    """The forgery cases against the same kind of store."""
 
     @pytest.fixture
     def store_url(self, pg: PostgresServer) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from store_conformance import StoreConformance
+from store_conformance import StoreConformance, StoreForgeryConformance
 
 from proctor.errors import StoreError
 from proctor.store import RunRecord, RunStore
@@ -14,6 +14,14 @@ from proctor.store.sqlite import SQLiteRunStore
 
 class TestSQLiteStore(StoreConformance):
     """The conformance suite against a fresh SQLite file."""
+
+    @pytest.fixture
+    def store_url(self, tmp_path: Path) -> str:
+        return f"sqlite:///{tmp_path}/runs.db"
+
+
+class TestSQLiteStoreForgery(StoreForgeryConformance):
+    """The forgery cases against the same kind of store."""
 
     @pytest.fixture
     def store_url(self, tmp_path: Path) -> str:
