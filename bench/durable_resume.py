@@ -14,6 +14,12 @@ replay - live is the replay cost (target: ≤ 50 ms for N = 1,000). Also printed
 whole `agent.resume` (fresh worker, state restored, step re-run) and, for the record,
 what a store adds while the run is live (a SQLite commit per intent and per outcome,
 fsynced only for intents of calls with effects).
+
+And what a resume's checks of the store cost (docs/durable.md, "Who can do what"): the
+journal read, every seal, the run's records read back from the audit log and compared
+with the store (`proctor.store.trail.behind_trail`), timed on the same suspended run just
+before the resume that runs them; the resume with them against the resume less them
+(target: ≤ 2x).
 """
 
 from __future__ import annotations
@@ -27,10 +33,13 @@ import time
 from proctor import CodeAgent, InboxApprover, Policy, RunStore, ScriptedModel, tool
 from proctor.approval import ApprovalDecision, CallbackApprover
 from proctor.audit import AuditLog
+from proctor.audit.base import AuditReader, AuditSink
 from proctor.gate import Gate
 from proctor.gate.journal import StepJournal
 from proctor.interpreter import Interpreter
 from proctor.store import ApprovalAnswer
+from proctor.store.seal import PURPOSE, StoreSeal
+from proctor.store.trail import behind_trail, trails
 
 POLICY = {
     "version": 1,
@@ -123,12 +132,28 @@ def durable_round(policy: Policy, code: str, tmp: str, n: int) -> dict[str, floa
     with CodeAgent([look, send], ScriptedModel([]), policy, approver=InboxApprover(store), audit=audit,
                    store=store, sandbox="process", timeout=120) as agent:
         agent.interpreter  # noqa: B018 - start the worker first: a resume's worker start is the same either way
+        assert agent.audit is not None
+        checks = min(resume_checks(store, agent.audit, second.run_id) for _ in range(3))
         t = time.perf_counter()
         done = agent.resume(second.run_id)
         resume = (time.perf_counter() - t) * 1000
     assert done.status in ("done", "max_steps"), done.error
     store.close()
-    return {"load": load, "replay": replay, "resume": resume, "live_journaled": live_journaled}
+    return {"load": load, "replay": replay, "resume": resume, "live_journaled": live_journaled, "checks": checks}
+
+
+def resume_checks(store: RunStore, audit: AuditSink, run_id: str) -> float:
+    """What a resume checks before anything runs, as it checks it: ms. (The seal key is the trail's.)"""
+    assert isinstance(audit, AuditReader)
+    key = audit.key_for(PURPOSE)
+    t = time.perf_counter()
+    record = store.get_run(run_id)
+    journals = {step: store.journal(run_id, step) for step in range(1, record.step + 1)}
+    StoreSeal(key).check_run(record, journals)
+    problems = behind_trail(record, journals, trails(audit.run_records(run_id), run_id).get(run_id))
+    elapsed = (time.perf_counter() - t) * 1000
+    assert not problems, problems
+    return elapsed
 
 
 def in_process(policy: Policy, n: int, tmp: str) -> dict[str, float]:
@@ -191,6 +216,10 @@ def main() -> None:
     print(f"in process, {args.calls} gate.submit: live {med('ip_live'):.1f} ms, from the journal "
           f"{med('ip_replay'):.1f} ms (+ read {med('ip_load'):.1f} ms): replay cost "
           f"{med('ip_replay') + med('ip_load') - med('ip_live'):.1f} ms")
+    checks, resume = med("checks"), med("resume")
+    print(f"resume's store checks:           {checks:8.1f} ms   (journal read, seals, the run's audit records "
+          f"compared); resume {resume:.1f} ms with them, {resume - checks:.1f} ms less them: "
+          f"{resume / (resume - checks):.2f}x   target ≤ 2x")
     print(f"live run with audit + store:     {med('live_journaled'):8.1f} ms   (agent.run until suspended: "
           f"{(med('live_journaled') - med('audited')) / args.calls * 1000:.0f} µs a call more than the audit alone)")
 

@@ -214,6 +214,8 @@ def _run_disagreements(record: RunRecord, journals: Mapping[int, Sequence[Journa
             kept = entries.get(call_id)
             if place is None or (kept is not None and kept.state == "done" and kept.status == statuses[-1]):
                 continue
+            if kept is not None and kept.state == "suspended" and statuses[-1] == "denied":
+                continue  # the suspension's own outcome, in a run that ended without coming back to the call
             step, seq = place
             now = f"journaled as {kept.state} ({kept.status})" if kept is not None else "not journaled"
             out.append(Disagreement(run_id, _where(step, seq, kept.tool if kept else "?"), (

@@ -397,13 +397,15 @@ class StoreForgeryConformance:
         run.approve()
         first = run.run_id
         assert run.resumed() == "done"
-        run.start()  # a second run, suspended
+        run.start()  # a second run, cancelled in the store while it waited (the store's own write)
+        run.store.cancel_run(run.run_id, "not needed")
+        run.start()  # a third run, suspended
         run.approve()  # answered, not yet read by a resume: not a disagreement
         done = run.verify(expect=0)
-        assert "agrees with the log: 2 run(s), 6 journal entries, 2 approval(s)" in done.stdout, done.stdout
+        assert "agrees with the log: 3 run(s), 9 journal entries, 3 approval(s)" in done.stdout, done.stdout
         report = json.loads(run.verify("--json", expect=0).stdout)
-        assert report["store"]["disagreements"] == [] and report["store"]["runs"] == 2
-        assert {first, run.run_id} == {r.run_id for r in run.store.list_runs()}
+        assert report["store"]["disagreements"] == [] and report["store"]["runs"] == 3
+        assert first in {r.run_id for r in run.store.list_runs()}
 
     def test_verify_store_reports_every_disagreement(self, run: Suspended) -> None:
         """A finished run edited five ways and a suspended one rolled back: each disagreement on its own line,

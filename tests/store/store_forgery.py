@@ -14,7 +14,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -111,11 +111,16 @@ class Suspended:
     rows: Rows
     tmp: Path
     run_id: str = ""
-    programs: list[str] = field(default_factory=list)
+    #: The audit trail: a file beside the store (default) or a postgresql://…?log=NAME URL.
+    audit: str = ""
+
+    @property
+    def log(self) -> str:
+        return self.audit or str(self.tmp / "audit.jsonl")
 
     def agent(self, responses: list[str], audit: Path | None = None) -> CodeAgent:
         return CodeAgent(TOOLS, ScriptedModel(responses), Policy.from_dict(POLICY),
-                         approver=InboxApprover(self.store, wait="0s"), audit=str(audit or self.tmp / "audit.jsonl"),
+                         approver=InboxApprover(self.store, wait="0s"), audit=str(audit) if audit else self.log,
                          store=self.store, sandbox="process")
 
     def start(self, program: str = PROGRAM) -> Suspended:
@@ -154,7 +159,7 @@ class Suspended:
 
     def verify(self, *extra: str, expect: int) -> subprocess.CompletedProcess[str]:
         """`proctor audit verify LOG --store URL …` in its own process."""
-        done = subprocess.run([sys.executable, "-m", "proctor.cli", "audit", "verify", str(self.tmp / "audit.jsonl"),
+        done = subprocess.run([sys.executable, "-m", "proctor.cli", "audit", "verify", self.log,
                                "--store", self.rows.url, *extra], capture_output=True, text=True, timeout=240)
         assert done.returncode == expect, (done.returncode, done.stdout, done.stderr)
         return done
@@ -163,10 +168,10 @@ class Suspended:
         return [args["to"] for name, args in EFFECTS if name == "send"]
 
 
-def suspended(store_url: str, tmp: Path) -> Iterator[Suspended]:
+def suspended(store_url: str, tmp: Path, audit: str = "") -> Iterator[Suspended]:
     store = RunStore.open(store_url)
     try:
-        yield Suspended(store, Rows(store_url), tmp)
+        yield Suspended(store, Rows(store_url), tmp, audit=audit)
     finally:
         store.close()
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from store_conformance import StoreConformance, StoreForgeryConformance, _approval
+from store_forgery import suspended
 
 from proctor.errors import StoreError
 from proctor.store import ApprovalAnswer, RunStore
@@ -53,6 +54,26 @@ class TestPostgresStoreForgery(StoreForgeryConformance):
     @pytest.fixture
     def store_url(self, pg: PostgresServer) -> str:
         return _fresh(pg)
+
+
+@pytest.mark.sandbox
+def test_a_rollback_is_caught_against_a_postgresql_audit_log(pg: PostgresServer, tmp_path: Path) -> None:
+    """Store and audit trail both in PostgreSQL: the resume reads the run's records from the log's table and
+    refuses an entry put back to its suspended version; `audit verify URL --store URL` reports it."""
+    for run in suspended(_fresh(pg), tmp_path, audit=f"{pg.url}&log={uuid.uuid4().hex[:12]}"):
+        run.start()
+        before, [(run_key, record)] = dict(run.rows.all("journal")), run.rows.all("runs")
+        run.approve()
+        assert run.resumed() == "done" and run.sent() == ["x@evil.test"]
+        assert "agrees with the log: 1 run(s), 3 journal entries, 1 approval(s)" in run.verify(expect=0).stdout
+        run.rows.set("runs", run_key, record)  # the run and its mail's entry as sealed at the suspension
+        key = f"{run.run_id}:1:2"
+        run.rows.set("journal", key, before[key])
+        out = run.verify(expect=1).stdout
+        assert "step 1, journal entry 2 (send): journaled as suspended, but the audit trail records" in out, out
+        assert "the audit trail records it finished (done" in out, out
+        assert "the audit trail records it finished (done" in run.refused()
+        assert run.sent() == ["x@evil.test"]
 
 
 def test_open_by_url_gives_the_postgres_store(pg: PostgresServer) -> None:
