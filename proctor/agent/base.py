@@ -359,7 +359,9 @@ class AgentBase:
         return StoreSeal(self.audit.key_for(SEAL_PURPOSE)) if self.audit is not None else None
 
     def _check_sealed(self, store: RunStore, record: RunRecord) -> None:
-        """Refuse a run whose store entries this agent's audit trail did not seal (`resume_refused`, audited)."""
+        """Refuse a run whose store entries this agent's audit trail did not seal, or that are behind what the
+        trail recorded of the run (an earlier sealed version put back: `proctor.store.trail`); `resume_refused`,
+        audited."""
         seal = self._store_seal()
         try:
             if seal is None:
