@@ -46,7 +46,7 @@ from proctor.interrupts import interruption, terminate_as_exception
 from proctor.ledger.base import SharedLedger
 from proctor.narrowing import Layer, StackedLedger
 from proctor.policy import Policy
-from proctor.store.base import RunRecord, RunStore
+from proctor.store.base import JournalEntry, RunRecord, RunStore
 from proctor.store.seal import PURPOSE as SEAL_PURPOSE
 from proctor.store.seal import StoreSeal
 from proctor.store.trail import behind_trail, trails
@@ -305,8 +305,9 @@ class AgentBase:
         started = time.perf_counter_ns()
         if self.store is None:
             raise StoreError("resume needs a run store: CodeAgent(..., store=RunStore.open(URL))")
-        self._check_resumable(self.store, run_id)
-        durable = DurableRun.claim(self.store, run_id, self._idempotent_tools(), self._store_seal())
+        checked, journals = self._check_resumable(self.store, run_id)
+        durable = DurableRun.claim(self.store, run_id, self._idempotent_tools(), self._store_seal(),
+                                   checked=(checked, journals))
         record = durable.record
         info = RunInfo(id=record.run_id, step=max(0, record.step - 1), principal=record.principal,
                        labels=dict(record.labels), agent=self.name)
@@ -329,14 +330,15 @@ class AgentBase:
         self._rebuild(ctx, durable, steps)
         return self._drive(ctx, record.task, steps, started, durable)
 
-    def _check_resumable(self, store: RunStore, run_id: str) -> None:
+    def _check_resumable(self, store: RunStore, run_id: str) -> tuple[RunRecord, dict[int, list[JournalEntry]]]:
         """Everything a resume needs, checked before the run is claimed (so before anything runs): the run
         is resumable, the model can be used, every tool the run has called is here. A failure raises
-        `StoreError` naming what is missing, and leaves the run as it was (suspended, answerable)."""
+        `StoreError` naming what is missing, and leaves the run as it was (suspended, answerable). Returns the
+        record and journals it checked: the resume goes on from these, not from another read of the store."""
         record = store.get_run(run_id)
         if record.status not in ("suspended", "running"):
             raise StoreError(f"run {run_id} is {record.status}: there is nothing to resume")
-        self._check_sealed(store, record)  # first: nothing the store says is read before it is believed
+        journals = self._check_sealed(store, record)  # first: nothing the store says is read before it is believed
         problems: list[str] = []
         if isinstance(self.model, LiteLLMModel):
             try:
@@ -344,8 +346,8 @@ class AgentBase:
             except ModelError as exc:
                 problems.append(f"the model cannot be used: {exc}")
         called: set[str] = set()  # the run's own calls (a managed agent's are made with its own tools)
-        for step in range(1, record.step + 1):
-            called.update(entry.tool for entry in store.journal(run_id, step))
+        for entries in journals.values():
+            called.update(entry.tool for entry in entries)
         missing = sorted(called - set(self.gate.tools))
         if missing:
             problems.append(f"the run called tools this agent does not have: {', '.join(missing)} "
@@ -353,12 +355,13 @@ class AgentBase:
         if problems:
             raise StoreError(f"cannot resume run {run_id}: {'; '.join(problems)}; nothing ran, the run is still "
                              f"{record.status}")
+        return record, journals
 
     def _store_seal(self) -> StoreSeal | None:
         """What seals this agent's runs in the store: a key of its audit trail's (None without one)."""
         return StoreSeal(self.audit.key_for(SEAL_PURPOSE)) if self.audit is not None else None
 
-    def _check_sealed(self, store: RunStore, record: RunRecord) -> None:
+    def _check_sealed(self, store: RunStore, record: RunRecord) -> dict[int, list[JournalEntry]]:
         """Refuse a run whose store entries this agent's audit trail did not seal, or that are behind what the
         trail recorded of the run (an earlier sealed version put back: `proctor.store.trail`); `resume_refused`,
         audited."""
@@ -385,6 +388,7 @@ class AgentBase:
             self.gate.recorder.append("resume_refused", {"run_id": record.run_id, "reason": str(exc)})
             raise StoreForged(f"resume refused: {exc}; nothing ran (see docs/durable.md, \"Who can do what\")"
                               ) from None
+        return journals
 
     def sandbox_line(self) -> str:
         """How this agent's programs are isolated, as its run summary says after ``sandbox:``."""

@@ -26,11 +26,11 @@ from proctor.agent.models import ModelResponse, ToolCallRequest, Usage
 from proctor.agent.result import StepRecord
 from proctor.approval.base import Grant
 from proctor.calls import CallRecord, new_id
-from proctor.errors import RunCancelled, StoreConflict, StoreError
+from proctor.errors import RunCancelled, StoreConflict, StoreError, StoreForged
 from proctor.gate.journal import StepJournal, record_from_dict
 from proctor.gate.run import RunContext
 from proctor.interpreter.channel import EncodeError, ProtocolError, decode_value, encode_value
-from proctor.store.base import PendingApproval, RunRecord, RunStore
+from proctor.store.base import JournalEntry, PendingApproval, RunRecord, RunStore
 from proctor.store.seal import StoreSeal
 from proctor.telemetry.logging import get_logger
 
@@ -145,6 +145,8 @@ class DurableRun:
     seal: StoreSeal | None = None
     #: The journal of the step in progress (its entry count is sealed into each save).
     journal: StepJournal | None = None
+    #: A resumed run's journals as its resume checked them (step → entries): replayed from, not read again.
+    checked: dict[int, list[JournalEntry]] = field(default_factory=dict)
 
     # -- starting and resuming --------------------------------------------------------------------
 
@@ -162,8 +164,13 @@ class DurableRun:
         return cls(store, record, owner, idempotent, seal)
 
     @classmethod
-    def claim(cls, store: RunStore, run_id: str, idempotent: set[str], seal: StoreSeal | None) -> DurableRun:
-        """Take a suspended run (or a running one whose process died) for this process; StoreError if not possible."""
+    def claim(cls, store: RunStore, run_id: str, idempotent: set[str], seal: StoreSeal | None, *,
+              checked: tuple[RunRecord, dict[int, list[JournalEntry]]] | None = None) -> DurableRun:
+        """Take a suspended run (or a running one whose process died) for this process; StoreError if not possible.
+
+        `checked` is the record and journals the resume checked (`AgentBase._check_resumable`): the run
+        claimed must be that record (`StoreForged` if it changed meanwhile), and its steps replay from
+        those journals, so nothing written to the store between the check and the claim is believed."""
         record = store.get_run(run_id)
         if record.status not in ("suspended", "running"):
             raise StoreError(f"run {run_id} is {record.status}: there is nothing to resume")
@@ -175,7 +182,13 @@ class DurableRun:
                 raise StoreConflict(f"run {run_id} is being worked on by {record.owner}; resume it once that "
                                     f"process has ended (or its {LEASE_S:g}s lease has run out)")
         record = store.get_run(run_id)
+        if checked is not None and record.seal != checked[0].seal:
+            store.release_run(run_id, owner)
+            raise StoreForged(f"resume refused: run {run_id} changed in the store while it was checked; nothing ran "
+                              "(resume it again)")
         durable = cls(store, record, owner, idempotent, seal)
+        if checked is not None:
+            durable.checked = dict(checked[1])
         durable.record = store.save_run(durable.sealed(record.evolve(status="running", owner=owner)))
         return durable
 
@@ -186,7 +199,7 @@ class DurableRun:
         """Save the state at the start of step `number` and give the step its journal."""
         entries: list[Any] = []
         if resuming:
-            entries = self.store.journal(self.record.run_id, number)
+            entries = self._journal(number)
         else:
             snapshot = getattr(ctx.ledger, "snapshot", None)
             self._save(step=number, messages=[dict(m) for m in memory], steps=[s.as_dict() for s in steps],
@@ -211,10 +224,14 @@ class DurableRun:
 
     def replay_journal(self, step: int) -> StepJournal:
         """A quiet journal for re-running earlier step `step` (rebuilding the program's namespace)."""
-        journal = StepJournal(self.store, self.record.run_id, step, self.store.journal(self.record.run_id, step),
-                              quiet=True, seal=self.seal)
+        journal = StepJournal(self.store, self.record.run_id, step, self._journal(step), quiet=True, seal=self.seal)
         journal.seed = step_seed(self.record.seed, step)
         return journal
+
+    def _journal(self, step: int) -> list[JournalEntry]:
+        """Step `step`'s journal: as the resume checked it, once; read from the store otherwise."""
+        checked = self.checked.pop(step, None)
+        return checked if checked is not None else self.store.journal(self.record.run_id, step)
 
     def pending_for(self, calls: Sequence[CallRecord]) -> list[PendingApproval]:
         """The approvals the suspended calls among `calls` wait for."""

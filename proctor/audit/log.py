@@ -468,16 +468,35 @@ class AuditLog:
         """Every record of run `run_id` in the file, in order (`AuditReader`): only its lines are decoded."""
         import json
 
-        from proctor.audit.lines import read_records
+        from proctor.audit.lines import iter_lines
 
+        try:
+            import orjson
+
+            loads: Any = orjson.loads
+        except ImportError:  # pragma: no cover - a dependency
+            loads = json.loads
         # Appends write whole lines (a line being written meanwhile is skipped as unreadable, and is newer
         # than anything the caller asks about). Lines without the id's bytes are not decoded.
-        needle = json.dumps(run_id).encode() if run_id.isascii() else None
+        needle = json.dumps(run_id).encode() if run_id.isascii() else b""
+        out: list[dict[str, Any]] = []
         try:
-            records, _ = read_records(self.path, containing=needle)
+            with open(self.path, "rb") as f:
+                for raw in iter_lines(f):
+                    if not isinstance(raw, bytes) or needle not in raw:
+                        continue
+                    try:
+                        rec = loads(raw)
+                    except ValueError:  # orjson refuses some valid JSON (ints past 64 bits): json decides
+                        try:
+                            rec = json.loads(raw)
+                        except (ValueError, RecursionError):
+                            continue
+                    if isinstance(rec, dict) and rec.get("run_id") == run_id:
+                        out.append(rec)
         except OSError as exc:
             raise AuditError(f"cannot read the audit log {self.path}: {exc.strerror or exc}") from exc
-        return [r for r in records if r.get("run_id") == run_id]
+        return out
 
     def redact(self, args: Mapping[str, Any], fields: Sequence[str]) -> Redacted:
         """Replace `fields` of `args` by HMAC digests keyed with this log's redaction key."""

@@ -48,14 +48,22 @@ class StoreSeal:
         body = canonical_bytes({"kind": kind, **payload})
         return hmac.new(self._key, body, hashlib.sha256).hexdigest()
 
+    def _mac_plain(self, kind: str, name: str, data: dict[str, Any]) -> str:
+        """`_mac(kind, {name: asdict_plain(data)})`, without the copy when `data` is JSON data already (what a
+        store reads back): canonical JSON writes mappings and sequences the same way `asdict_plain` makes them."""
+        try:
+            body = canonical_bytes({"kind": kind, name: data})
+        except TypeError:  # a key that is not a string: asdict_plain writes it as one
+            return self._mac(kind, {name: asdict_plain(data)})
+        return hmac.new(self._key, body, hashlib.sha256).hexdigest()
+
     # -- journal --------------------------------------------------------------------------------
 
     def seal_entry(self, entry: JournalEntry) -> str:
         """The seal of `entry` (its run, step and position are in what it covers)."""
         # Field by field, not `dataclasses.asdict` (a deep copy, most of a resume's checking time): the
         # values are JSON data, which `asdict_plain` copies into the same plain form either way.
-        data = {name: getattr(entry, name) for name in _ENTRY_SEALED}
-        return self._mac("journal", {"entry": asdict_plain(data)})
+        return self._mac_plain("journal", "entry", {name: getattr(entry, name) for name in _ENTRY_SEALED})
 
     def check_journal(self, run_id: str, step: int, entries: Sequence[JournalEntry]) -> None:
         """Check a step's entries: each in its place (seq 0, 1, …, of this run and step), each seal holding."""
@@ -75,7 +83,7 @@ class StoreSeal:
 
     def seal_record(self, record: RunRecord) -> str:
         data = {f.name: getattr(record, f.name) for f in fields(record) if f.name not in RECORD_UNSEALED}
-        return self._mac("run", {"record": asdict_plain(data)})
+        return self._mac_plain("run", "record", data)
 
     def check_record(self, record: RunRecord) -> None:
         problem = self.record_problem(record)
