@@ -153,8 +153,10 @@ def _tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
         popen_init(self, args, *rest, **kwargs)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", watched_init)
-    if not marked:  # a process started without subprocess: fork, a pty, multiprocessing
+    if not marked:  # a process started without subprocess: fork, a pty, os.system, multiprocessing
         for module, name, what in ((os, "fork", "os.fork()"), (os, "forkpty", "a pty (os.forkpty)"),
+                                   (os, "posix_spawn", "os.posix_spawn()"), (os, "posix_spawnp", "os.posix_spawnp()"),
+                                   (os, "system", "os.system()"),
                                    (multiprocessing.process.BaseProcess, "start", "a multiprocessing worker")):
             monkeypatch.setattr(module, name, _noting(getattr(module, name), started, f"process: {what}"))
     if "sandbox" not in marked:

@@ -59,3 +59,11 @@ def test_the_check_profile_runs_a_tenth_of_each_tests_examples() -> None:
     assert check.max_examples == CHECK_PROFILE.max_examples
     assert [examples(n, full) for n in (5, 20, 300, 2500)] == [5, 20, 300, 2500]
     assert [examples(n, check) for n in (5, 20, 300, 2500)] == [5, 10, 30, 250]
+
+
+def test_property_tests_name_their_examples_through_the_tier() -> None:
+    """A literal example count would run in full in `make check` too: write ``max_examples=examples(500)``."""
+    literal = re.compile(r"max_examples\s*=\s*\d")
+    found = [f"{path.relative_to(ROOT)}:{n}" for path in sorted((ROOT / "tests").rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if literal.search(line)]
+    assert found == [], "use max_examples=examples(N) (tests/tiers.py) at " + ", ".join(found)
