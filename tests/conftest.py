@@ -54,6 +54,10 @@ STARTS = {
     "serve.browser.chromium": "browser",
     # A local OpenAI-compatible server (a thread on localhost) that LiteLLMModel talks to.
     "openai_server.serve": "server",
+    # OTLP receivers on localhost; their exporters' retry threads outlive the test that made them.
+    "otlp_receivers.HttpReceiver": "server",
+    "otlp_receivers.GrpcReceiver": "server",
+    "otlp_receivers.BlackHole": "server",
 }
 BY_DIRECTORY = {"fleet": "server", "interpreter": "sandbox", "codemode": "server", "ops": "server"}
 #: `proctor` subcommands that start an agent's sandboxed worker or a server, when a test runs them as a process.
