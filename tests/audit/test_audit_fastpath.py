@@ -326,7 +326,7 @@ def _log(path: Path, records: int, every: int) -> bytes:
 def test_feed_lines_equals_feeding_line_by_line(tmp_path: Path, records: int, every: int) -> None:
     """The batched and inlined loops report what per-line feeding reports, for real logs and edits of them."""
     data = _log(tmp_path / "a.jsonl", records, every)
-    for corpus in _corpora(data, records + every, 150):
+    for corpus in _corpora(data, records + every, examples(150)):  # random edits: as many as examples
         parts = corpus.split(b"\n")
         parts.pop()
         assert _scan(parts, batched=True) == _scan(parts, batched=False)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from audit_helpers import signing_key
+from tiers import examples
 
 from proctor.audit import AuditLog, verify
 from proctor.audit.parallel import _check_segment, _segments, _stitch
@@ -111,10 +112,10 @@ def _edits(data: bytes, seed: int) -> list[bytes]:
     """One-byte edits, and records dropped, duplicated, swapped and forged with a correct h (floats too)."""
     rng, out = random.Random(seed), []
     lines = data.splitlines(keepends=True)
-    for _ in range(40):
+    for _ in range(examples(40)):  # random byte edits: as many as a property test's examples
         pos = rng.randrange(len(data))
         out.append(data[:pos] + bytes([rng.randrange(256)]) + data[pos + 1 :])
-    for _ in range(20):
+    for _ in range(examples(20)):  # random forgeries, likewise
         i = rng.randrange(1, len(lines) - 1)
         record = json.loads(lines[i])
         del record["h"]
