@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 from proctor_modules import PACKAGE_DIR, module_names
 
-import pytest
-
 import proctor
 import proctor.errors
 

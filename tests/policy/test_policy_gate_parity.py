@@ -20,12 +20,11 @@ import pytest
 from proctor.approval import ApprovalDecision, ApprovalRequest, CallbackApprover
 from proctor.calls import Call, CallRecord
 from proctor.cli import main
-from proctor.gate import Gate
+from proctor.gate import Gate, RunContext
 from proctor.narrowing import Layer, StackedLedger
 from proctor.policy import Policy
 from proctor.policy.cases import Case, load_cases, run_cases
 from proctor.policy.simulate import Simulation, decide_like_gate
-from proctor.run import RunContext
 from proctor.tools import Tool, as_tool
 
 ROOT = Path(__file__).resolve().parents[2]
