@@ -8,6 +8,9 @@ BIN := $(VENV)/bin
 # The full suite runs on every core (pytest-xdist; each worker starts its own servers in temporary
 # directories); PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= auto
+# pytest caches the test modules it rewrites for assertions as bytecode: with PYTHONDONTWRITEBYTECODE set
+# every worker would rewrite all of them again on every run (about half of collection's time).
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest
 
 .PHONY: demo test check system-deps lint typecheck pytest pytest-fast bench bench-agentdojo clean
 
@@ -34,11 +37,13 @@ typecheck: $(VENV)/.dev-installed
 	$(BIN)/mypy
 
 pytest: $(VENV)/.dev-installed
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+	$(PYTEST) -q -n $(PYTEST_WORKERS) --dist loadfile
 
-# The tests that start no server, browser or sandbox (markers in tests/conftest.py).
+# The tests that start no server, browser, sandbox or other process (markers in tests/conftest.py), with a
+# tenth of each property test's examples (tests/tiers.py). `make test` runs all of them, with every example.
+FAST_TIER := not server and not browser and not sandbox and not process
 pytest-fast: $(VENV)/.dev-installed
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not server and not browser and not sandbox"
+	$(PYTEST) -q -n $(PYTEST_WORKERS) --dist loadfile -m "$(FAST_TIER)" --hypothesis-profile=check
 
 system-deps:
 	PYTHON=$(PYTHON) scripts/system-deps

@@ -1,22 +1,29 @@
 """Suite-wide test settings, and the test tiers.
 
-Tiers: `make check` runs the tests that start no server, browser or sandbox
-(``-m "not server and not browser and not sandbox"``); `make test` runs them all. The markers are
-given here, at collection, so a new test gets them without writing them:
+Tiers: `make check` runs the tests that start no server, browser, sandbox or other process
+(``-m "not server and not browser and not sandbox and not process"``, hypothesis with the "check"
+profile: a tenth of each test's examples, see tests/tiers.py); `make test` runs them all, with every
+example. The markers are given here, at collection, so a new test gets them without writing them:
 
 - by where it lives: tests/fleet (real Redis and PostgreSQL) are ``server``, tests/interpreter ``sandbox``;
 - by the fixtures it uses (`FIXTURE_MARKS`);
 - by what its module holds (`STARTS`): a module that imports `Interpreter`, `CodeAgent`, `run_demo`,
   `MCPToolset`, the browser helpers… gets the marker of what those start.
 
+A test that starts any other process — a `proctor` command or a script as a subprocess, a forked
+child, a multiprocessing worker, a pty — is marked ``process`` where it is written (`@pytest.mark.process`,
+or `pytestmark` for a module whose tests all do).
+
 What that misses is caught when it happens: a test without the marker that starts a sandboxed worker
-in this process, or a subprocess that is a server, a browser or an agent run, fails at teardown naming
-the marker to add (`_tier_guard`). So `make check` never starts one silently, and stays fast.
+in this process, a subprocess that is a server, a browser or an agent run, or any other process while it
+has no tier marker at all, fails at teardown naming the marker to add (`_tier_guard`). So `make check`
+never starts one silently, and stays fast.
 """
 
 from __future__ import annotations
 
 import gc
+import multiprocessing.process
 import os
 import signal
 import subprocess
@@ -25,8 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
+from tiers import CHECK_PROFILE, TIERS
 
-TIERS = ("server", "browser", "sandbox")
+# `make check` loads this profile (--hypothesis-profile=check); `make test` keeps hypothesis' default.
+settings.register_profile("check", CHECK_PROFILE)
 #: Fixtures that start something: the fleet's real servers; the inbox's agent runs (tests/serve/conftest.py).
 FIXTURE_MARKS = {"redis_server": "server", "postgres_server": "server", "inbox": "sandbox"}
 #: Objects whose presence in a test module means its tests start something: "module.qualname" -> marker.
@@ -42,6 +52,12 @@ STARTS = {
     "fleet_engines.PostgresServer": "server",
     "serve.browser.serving": "server",
     "serve.browser.chromium": "browser",
+    # A local OpenAI-compatible server (a thread on localhost) that LiteLLMModel talks to.
+    "openai_server.serve": "server",
+    # OTLP receivers on localhost; their exporters' retry threads outlive the test that made them.
+    "otlp_receivers.HttpReceiver": "server",
+    "otlp_receivers.GrpcReceiver": "server",
+    "otlp_receivers.BlackHole": "server",
 }
 BY_DIRECTORY = {"fleet": "server", "interpreter": "sandbox", "codemode": "server", "ops": "server"}
 #: `proctor` subcommands that start an agent's sandboxed worker or a server, when a test runs them as a process.
@@ -82,6 +98,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(marker)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Move everything collection built (every test module, what they import) out of the collector's sight.
+
+    `_collect_garbage_per_module` then scans only what tests made since, instead of some 340,000
+    objects after each module (a third of a second each); garbage a test leaves is collected as before.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+def _noting(original: Any, started: list[str], what: str) -> Any:
+    def noted(*args: Any, **kwargs: Any) -> Any:
+        started.append(what)
+        return original(*args, **kwargs)
+
+    return noted
+
+
 def _started_by(argv: Sequence[str]) -> str | None:
     """The tier marker a subprocess with this argv needs (None: it starts nothing of the kind)."""
     if not argv:
@@ -105,7 +139,7 @@ def _started_by(argv: Sequence[str]) -> str | None:
 
 @pytest.fixture(autouse=True)
 def _tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Fail a test that starts a server, browser or sandbox without its marker (see the module docstring)."""
+    """Fail a test that starts a server, browser, sandbox or process without its marker (see the module docstring)."""
     marked = {m.name for m in request.node.iter_markers() if m.name in TIERS}
     if marked == set(TIERS):
         yield
@@ -118,9 +152,17 @@ def _tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
         needed = _started_by([os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else str(a) for a in argv])
         if needed and needed not in marked:
             started.append(f"{needed}: {' '.join(map(str, argv[:4]))}")
+        elif needed is None and not marked:  # any other process: out of `make check` too
+            started.append(f"process: {' '.join(map(str, argv[:4]))}")
         popen_init(self, args, *rest, **kwargs)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", watched_init)
+    if not marked:  # a process started without subprocess: fork, a pty, os.system, multiprocessing
+        for module, name, what in ((os, "fork", "os.fork()"), (os, "forkpty", "a pty (os.forkpty)"),
+                                   (os, "posix_spawn", "os.posix_spawn()"), (os, "posix_spawnp", "os.posix_spawnp()"),
+                                   (os, "system", "os.system()"),
+                                   (multiprocessing.process.BaseProcess, "start", "a multiprocessing worker")):
+            monkeypatch.setattr(module, name, _noting(getattr(module, name), started, f"process: {what}"))
     if "sandbox" not in marked:
         from proctor.interpreter import host
 

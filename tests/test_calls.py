@@ -6,6 +6,8 @@ import os
 import re
 import warnings
 
+import pytest
+
 from proctor.calls import new_id
 
 
@@ -16,6 +18,7 @@ def test_ids_are_prefixed_hex_and_distinct() -> None:
     assert len(set(ids)) == len(ids)
 
 
+@pytest.mark.process
 def test_a_forked_child_does_not_repeat_its_parents_ids() -> None:
     """The child forgets the parent's pooled random bytes: its next id differs from the parent's next."""
     new_id()

@@ -8,6 +8,9 @@ import textwrap
 
 import pytest
 
+# Every test here starts a process (see tests/conftest.py): `make test` runs them, `make check` does not.
+pytestmark = pytest.mark.process
+
 # Run in a fresh interpreter where importing the named top-level packages fails, as when the extra is absent.
 _BLOCK = textwrap.dedent("""\
     import importlib.abc, sys

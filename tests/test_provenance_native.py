@@ -7,6 +7,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiers import examples
 
 from proctor import provenance, unicodenorm
 from proctor.provenance import USER, ProvenanceIndex, ProvenanceLimits, tokens
@@ -56,14 +57,14 @@ def test_siphash_matches_the_reference_vectors() -> None:
         assert native.digest(sipkey, text) in (native.siphash(sipkey, text.encode(), 13), 1)
 
 
-@settings(max_examples=2500, deadline=None)
+@settings(max_examples=examples(2500), deadline=None)
 @given(TEXTS)
 def test_the_c_and_python_tokenisers_agree_on_token_like_text(text: str) -> None:
     """Random mixes of addresses, URLs, numbers, IBAN groups, separators and odd characters: the same tokens."""
     _assert_same(text)
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(ANY_TEXT)
 def test_the_c_and_python_tokenisers_agree_on_any_text(text: str) -> None:
     """Any code points (surrogates, NULs, every category): the same whole form and tokens."""
@@ -103,7 +104,7 @@ def test_the_c_and_python_tokenisers_agree_on_every_bmp_character(step: int) -> 
     _assert_same(" ".join(chars[step - 1 :: step]))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(TEXTS, st.sampled_from(["untrusted", USER]))
 def test_every_token_indexed_in_c_is_found_again(text: str, label: str) -> None:
     """What the C path indexes (digests computed in C) is found by a lookup of each token, and the whole."""
@@ -119,7 +120,7 @@ def test_every_token_indexed_in_c_is_found_again(text: str, label: str) -> None:
         assert label in index.labels_of(f" \t{text}\n\n")  # the whole form digested as its bytes go by
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(TEXTS, min_size=1, max_size=4), st.integers(0, 12), st.integers(1, 40),
        st.sampled_from(["untrusted", USER]))
 def test_the_c_and_python_paths_apply_the_same_caps(
@@ -145,7 +146,7 @@ def test_the_c_and_python_paths_apply_the_same_caps(
         assert figures[0][1] == figures[1][1]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.tuples(st.lists(st.integers(1, 3000) | st.integers(1, 2**64 - 1), max_size=40),
                           st.integers(0, 2**64 - 1), st.integers(-2, 3000)), max_size=12))
 def test_the_c_entries_behave_as_the_dict_they_replace(puts: list[tuple[list[int], int, int]]) -> None:
@@ -179,7 +180,7 @@ VISIBLE = st.lists(st.sampled_from([
 ]) | st.text(max_size=3), max_size=40).map("".join)
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(VISIBLE)
 def test_visible_is_the_translate_it_replaces_and_finds_every_run_stream_safe_would_cut(text: str) -> None:
     """`visible` gives `str.translate(_INVISIBLE)`, and says a run is there exactly when `stream_safe` would look."""
@@ -195,7 +196,7 @@ JOINING = st.lists(st.sampled_from(["1", "12", "1234", " ", "\t", "\n", "-", "."
                                     ","]), max_size=300).map("".join)
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(st.lists(JOINING, min_size=1, max_size=4), st.integers(0, 40))
 def test_the_c_and_python_paths_cut_the_same_joined_forms(texts: list[str], cap: int) -> None:
     """Around a small `max_joined_forms`, shared by a result's strings, both paths index the same entries and say
@@ -212,7 +213,7 @@ def test_the_c_and_python_paths_cut_the_same_joined_forms(texts: list[str], cap:
     assert in_c.numbers_overflowed == in_python.numbers_overflowed
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(JOINING)
 def test_every_joined_form_is_one_an_argument_is_flagged_for(text: str) -> None:
     """What a cut drops (`_grouped`'s forms) is always `_joinable`: the labels of a cut reach every argument it could

@@ -7,6 +7,7 @@ import os
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiers import examples
 
 from proctor import provenance
 from proctor.provenance import PHRASE_WORDS, ProvenanceIndex, ProvenanceLimits, ResultPlan, phrase_runs
@@ -15,7 +16,7 @@ native = provenance._native
 ASCII = st.text(st.sampled_from("ab z_09 .,;\n\t-'\"!?é"), max_size=120)
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(ASCII, st.integers(min_value=0, max_value=40))
 def test_the_c_runs_are_the_python_runs(text: str, limit: int) -> None:
     """phrases() gives the digests of phrase_runs(), in the same order, at most limit + 1; None off ASCII; put

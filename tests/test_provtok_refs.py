@@ -9,6 +9,9 @@ import pytest
 
 from proctor import provenance
 
+# Every test here starts a process (see tests/conftest.py): `make test` runs them, `make check` does not.
+pytestmark = pytest.mark.process
+
 # In a child process: the use after free crashes the interpreter as often as not.
 _CHILD = """
 from proctor import _provtok

@@ -51,6 +51,7 @@ def test_top_level_all_is_complete() -> None:
     assert set(proctor.__all__) <= set(dir(proctor))
 
 
+@pytest.mark.process
 def test_import_proctor_imports_no_heavy_dependency() -> None:
     """`import proctor` loads no CEL, rich, cryptography, pydantic, agent or OpenTelemetry code (PEP 562 exports)."""
     code = "import sys, proctor; print(' '.join(sorted(sys.modules)))"
@@ -84,6 +85,7 @@ def test_every_module_declares_all() -> None:
             assert hasattr(module, name), f"{info.name}.__all__ lists missing {name}"
 
 
+@pytest.mark.process
 def test_cli_help_imports_no_heavy_dependency() -> None:
     """`proctor --help` builds its parser without CEL's native module, its CLI, pydantic, rich or OpenTelemetry."""
     code = "import sys; from proctor.cli import build_parser; build_parser(); print(' '.join(sorted(sys.modules)))"

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+# Every test here starts a process (see tests/conftest.py): `make test` runs them, `make check` does not.
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "system-deps"
 HIDDEN = {"bwrap", "tmux", "redis-server", "chromium", "chromedriver", "apt-get", "apt", "sudo"}

@@ -8,6 +8,7 @@ import sys
 import textwrap
 import unicodedata
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -103,6 +104,7 @@ _FLOOD = textwrap.dedent("""\
 """)
 
 
+@pytest.mark.process
 def test_a_flood_of_marks_in_an_argument_or_a_result_does_not_stall_the_gate() -> None:
     """A ~900 KB flood of out-of-order marks through email_domain() and the provenance index is decided at once."""
     proc = subprocess.run([sys.executable, "-c", _FLOOD], capture_output=True, text=True, timeout=120)

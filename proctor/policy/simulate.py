@@ -8,6 +8,10 @@ same steps in the same order, on the same code:
     (tools given) validate + complete args and history args → policy.decide
         → (not denied) cost → reserve on a ledger preloaded with `usage`
 
+With `layers` (managed agents' own policies, outermost first) the call is decided as one a
+managed agent makes: `admit` narrows facts and decision by each, and the budgets are reserved
+on the run's ledger and each layer's own (fresh) ledger together, as `StackedLedger` does.
+
 Without tools the arguments are taken as written and `Simulation.defaults_applied` is
 False, so the commands can say that schema defaults were not applied.
 """
@@ -21,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from proctor.calls import Call, Decision, HistoryEntry, RunInfo
 from proctor.errors import BudgetExceeded, SimulationError, ToolDenied
 from proctor.ledger.memory import MemoryLedger
+from proctor.narrowing import Layer, StackedLedger
 from proctor.policy.admission import admit, call_for
 
 if TYPE_CHECKING:
@@ -106,9 +111,14 @@ def decide_like_gate(
     call: Call,
     tools: Mapping[str, Tool] | Iterable[Tool] | None = None,
     usage: Mapping[str, Mapping[str, float]] | None = None,
+    layers: Sequence[tuple[str, Policy]] = (),
 ) -> Simulation:
     """Decide `call` with `policy` as a `Gate` holding `tools` does — through the same `admit` — with
     budgets preloaded with `usage`, then reserve its budgets as the gate would.
+
+    `layers` are (agent, policy) pairs: the call is made by the last agent of that chain of
+    managed agents, each narrowing with its own policy and counting on its own budgets (which
+    start empty: `usage` is the run's). `call.run` should then name that agent, as the gate's does.
 
     Raises `SimulationError` for inputs the gate could never have seen (a history entry
     whose arguments its tool refuses, an unknown budget in `usage`).
@@ -121,10 +131,15 @@ def decide_like_gate(
         ledger.preload(usage or {})
     except ValueError as exc:
         raise SimulationError(f"usage: {exc}") from None
+    # Each managed agent's own budgets, reserved together with the run's (proctor.narrowing).
+    own = [Layer(agent, layer, layer.new_ledger(call.run, MemoryLedger())) for agent, layer in layers]
+    stacked: Any = ledger
+    for layer in own:
+        stacked = StackedLedger(stacked, layer.ledger, agent=layer.agent)
     history, seen = complete_history(policy, call.history, by_name)
-    run = RecordedRun(call.run, history, call.seen or seen, ledger.usage(), call.provenance)
-    adm = admit(policy, call.tool, call.args, tools=by_name, run=run, declared_side_effect=call.side_effect,
-                declared_cost=call.cost or 0)
+    run = RecordedRun(call.run, history, call.seen or seen, stacked.usage(), call.provenance)
+    adm = admit(policy, call.tool, call.args, tools=by_name, run=run, layers=own,
+                declared_side_effect=call.side_effect, declared_cost=call.cost or 0)
     applied = by_name is not None
     decided = call_for(adm, run) if adm.facts is not None else call
     if adm.decision is None:  # refused before the policy decided: unknown tool, arguments, class
@@ -138,7 +153,7 @@ def decide_like_gate(
         return Simulation(replace(decision, outcome="deny", reason=str(adm.refusal)), decided, adm.side_effect,
                           defaults_applied=applied)
     try:
-        ledger.reserve(call.tool, adm.side_effect, adm.cost)
+        stacked.reserve(call.tool, adm.side_effect, adm.cost)
     except BudgetExceeded as exc:
         refused = Decision("deny", decision.rules, str(exc), policy.sha256)
         return Simulation(refused, decided, adm.side_effect, budget=exc.budget, cost=adm.cost,

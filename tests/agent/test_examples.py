@@ -11,6 +11,9 @@ import pytest
 
 from proctor.audit import verify
 
+# Every test here starts a process (see tests/conftest.py): `make test` runs them, `make check` does not.
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

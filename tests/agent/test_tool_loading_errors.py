@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# Every test here starts a process (see tests/conftest.py): `make test` runs them, `make check` does not.
+pytestmark = pytest.mark.process
+
 POLICY = "version: 1\ndefault: allow\n"
 
 

@@ -11,6 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pexpect
+import pytest
+
+# Every test here starts a process (see tests/conftest.py): `make test` runs them, `make check` does not.
+pytestmark = pytest.mark.process
 
 SCRIPT = str(Path(__file__).with_name("console_prompt.py"))
 PROMPT = "[g]rant > "

@@ -143,6 +143,7 @@ def test_verify_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtur
     capsys.readouterr()
 
 
+@pytest.mark.process
 def test_verify_workers_option(log: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """--workers takes a count or 'auto' (the default) and prints the same verdict either way; 0 is refused."""
     monkeypatch.setattr(importlib.import_module("proctor.audit.verify"), "_PARALLEL_MIN", 0)
@@ -158,6 +159,7 @@ def test_verify_workers_option(log: Path, monkeypatch: pytest.MonkeyPatch, capsy
         assert "expected a number of processes ≥ 1 or 'auto'" in capsys.readouterr().err
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("workers", ["1", "auto"])
 def test_verify_shows_a_progress_bar_on_a_terminal(tmp_path: Path, workers: str) -> None:
     """A log over 8 MiB gets a progress bar when stderr is a terminal, in both the sequential and parallel paths."""
@@ -236,6 +238,7 @@ def test_follow_sees_new_records_and_holds_back_partial_lines(tmp_path: Path) ->
     assert seen == [b'{"a":1}', b'{"b":2}', b'{"d":4}']
 
 
+@pytest.mark.process
 def test_tail_follow_runs_until_interrupted(log: Path, keys: tuple[Path, Path]) -> None:
     """`proctor audit tail -f` prints appended records and exits 0 on Ctrl-C."""
     proc = subprocess.Popen(
@@ -285,6 +288,7 @@ def test_show_of_garbage_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "proctor audit verify" in capsys.readouterr().err
 
 
+@pytest.mark.process
 def test_tail_follow_waits_for_a_log_that_does_not_exist_yet(tmp_path: Path) -> None:
     """`tail -f` on a missing log waits, then prints records once the log appears."""
     path = tmp_path / "later.jsonl"

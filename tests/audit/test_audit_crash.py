@@ -12,6 +12,9 @@ import pytest
 
 from proctor.audit import AuditLog, verify
 
+# Every test here starts a process (see tests/conftest.py): `make test` runs them, `make check` does not.
+pytestmark = pytest.mark.process
+
 HARNESS = Path(__file__).with_name("crash_writer.py")
 RUNS, LOGS = 120, 4
 

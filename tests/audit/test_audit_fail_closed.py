@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from audit_helpers import signing_key
 from cryptography.hazmat.primitives import serialization
 
@@ -58,6 +59,7 @@ _HOST = textwrap.dedent("""\
 """)
 
 
+@pytest.mark.process
 def test_a_log_that_cannot_grow_refuses_every_later_write_and_loses_no_intent(tmp_path: Path) -> None:
     """Past the size limit calls are refused, each write that ran has its intent, and the log recovers clean."""
     path = tmp_path / "audit.jsonl"

@@ -15,6 +15,7 @@ import pytest
 from audit_helpers import lines_of, signing_key
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiers import examples
 
 from proctor.audit import AuditLog, records, verify
 from proctor.audit.merkle import MerkleFrontier, merkle_root
@@ -86,14 +87,14 @@ def test_orjson_and_json_escape_every_code_point_alike() -> None:
     assert json.loads(encoded) == chars
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.dictionaries(st.text(), st.text(), max_size=8))
 def test_orjson_sorts_keys_by_code_point_like_json(value: dict[str, str]) -> None:
     """orjson's sorted keys are json's sorted keys, astral and private-use characters included."""
     assert orjson.dumps(value, option=orjson.OPT_SORT_KEYS) == canonical_bytes(value)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.floats(allow_nan=False, allow_infinity=False))
 def test_every_float_orjson_writes_is_marked(value: float) -> None:
     """orjson writes each float with a digit before "." or "e+"/"e-", which the float pre-check relies on."""
@@ -219,7 +220,7 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.dictionaries(st.text(max_size=8), json_values, max_size=6), st.data())
 def test_any_record_and_any_byte_edit_get_the_exact_verdict(fields: dict[str, Any], data: st.DataObject) -> None:
     """For sealed records of any content, and any one-byte edit of them, fast and exact paths agree."""
@@ -325,7 +326,7 @@ def _log(path: Path, records: int, every: int) -> bytes:
 def test_feed_lines_equals_feeding_line_by_line(tmp_path: Path, records: int, every: int) -> None:
     """The batched and inlined loops report what per-line feeding reports, for real logs and edits of them."""
     data = _log(tmp_path / "a.jsonl", records, every)
-    for corpus in _corpora(data, records + every, 150):
+    for corpus in _corpora(data, records + every, examples(150)):  # random edits: as many as examples
         parts = corpus.split(b"\n")
         parts.pop()
         assert _scan(parts, batched=True) == _scan(parts, batched=False)
@@ -344,7 +345,7 @@ def _base_lines() -> list[bytes]:
     return _BASE
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.data())
 def test_the_fast_path_accepts_nothing_the_reference_rejects(data: st.DataObject) -> None:
     """Whenever `_accept_batch` accepts a batch (real, edited, reordered), `Scanner.feed` reaches the same state."""
@@ -519,7 +520,7 @@ def test_seal_of_deep_values_writes_the_bytes_json_writes(depth: int) -> None:
     _seal_both({"seq": 0, "ts_ns": 1, "kind": "step", "prev": GENESIS, "deep": value})
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.dictionaries(st.text(max_size=8), json_values | st.binary(max_size=8), max_size=6))
 def test_seal_of_any_fields_writes_the_bytes_json_writes(fields: dict[str, Any]) -> None:
     """For arbitrary JSON-able fields the sealed line and h do not depend on orjson."""
@@ -554,7 +555,7 @@ _BOOK_KINDS = ["call_intent", "call_outcome", "run_started", "run_resumed", "run
                "approval_requested", "approval_resolved", "recovery", "step", "checkpoint"]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(_BOOK_KINDS), st.sampled_from(["a", "b", "c", 5, None]),
                           st.sampled_from(["r", "s", 7])), max_size=40), st.booleans())
 def test_note_many_is_note_record_by_record(items: list[tuple[str, Any, Any]], segment: bool) -> None:

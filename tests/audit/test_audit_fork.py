@@ -8,7 +8,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from proctor.audit import verify
+
+# Every test here starts a process (see tests/conftest.py): `make test` runs them, `make check` does not.
+pytestmark = pytest.mark.process
 
 _PARENT = textwrap.dedent("""\
     import json, os, sys, threading

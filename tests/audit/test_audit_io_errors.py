@@ -100,6 +100,7 @@ def failing_disk(tmp_path: Path) -> Iterator[_FailingDisk]:
         disk.remove()
 
 
+@pytest.mark.process
 def test_failed_writeback_refuses_every_later_call_and_every_effect_has_its_intent_on_disk(
         failing_disk: _FailingDisk) -> None:
     """fsync failing under 4 gate threads: later calls are refused, close() returns, effects' intents are on disk."""

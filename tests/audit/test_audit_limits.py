@@ -47,6 +47,7 @@ def test_second_writer_by_another_name_is_refused_in_process(tmp_path: Path) -> 
     assert verify(log_path).ok
 
 
+@pytest.mark.process
 def test_second_writer_by_another_name_is_refused_across_processes(tmp_path: Path) -> None:
     """Another process opening the log by any alias is refused and names the holder's pid."""
     (tmp_path / "a").mkdir()
@@ -141,6 +142,7 @@ def _max_rss_mib(code: str) -> tuple[int, str]:
     return rss, proc.stdout
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("workers", [1, 4])
 def test_verify_refuses_a_300mb_line_with_bounded_memory(tmp_path: Path, workers: int) -> None:
     """`audit verify` names the over-long line (seq, line, offset) and stays far below its size in memory."""
@@ -199,6 +201,7 @@ def test_the_writer_refuses_a_record_over_the_line_limit(tmp_path: Path) -> None
     assert report.ok and report.records == 2
 
 
+@pytest.mark.process
 def test_show_and_tail_skip_a_huge_line_with_bounded_memory(tmp_path: Path) -> None:
     """`audit show` counts the long line as unreadable (exit 1) and `audit tail` marks it, without holding it."""
     path = tmp_path / "audit.jsonl"

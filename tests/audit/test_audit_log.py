@@ -263,6 +263,7 @@ def test_redaction_is_keyed_per_log_and_correlates_within_a_log(tmp_path: Path) 
         assert again.redact({"card": "4111111111111111"}, ["card"]).args["card"] == one.args["card"]
 
 
+@pytest.mark.process
 def test_second_writer_is_refused_in_process_and_across_processes(tmp_path: Path) -> None:
     """A second writer gets AuditError naming the holder's pid, until the first closes."""
     path = tmp_path / "a.jsonl"
@@ -302,6 +303,7 @@ def test_many_threads_keep_one_valid_chain(tmp_path: Path) -> None:
     assert sum(1 for r in _records(path) if r["kind"] != "checkpoint") == 640
 
 
+@pytest.mark.process
 def test_a_log_left_open_is_sealed_at_exit(tmp_path: Path) -> None:
     """A program that never calls close() still ends its log with a checkpoint."""
     import subprocess

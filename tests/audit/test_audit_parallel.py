@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from audit_helpers import signing_key
+from tiers import examples
 
 from proctor.audit import AuditLog, verify
 from proctor.audit.parallel import _check_segment, _segments, _stitch
@@ -52,12 +53,14 @@ def test_stitched_segments_equal_the_sequential_scan(big: Path, pieces: int) -> 
     assert list(scanner.intents) == list(ref.intents)
 
 
+@pytest.mark.process
 def test_worker_processes_give_the_same_report(big: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """verify(workers=2) reports exactly what verify() does on an intact log."""
     monkeypatch.setattr(verify_module, "_PARALLEL_MIN", 0)
     assert verify(big, workers=2, pubkey=signing_key().public_key()) == verify(big, pubkey=signing_key().public_key())
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("seed", range(6))
 def test_tampered_logs_fall_back_to_the_exact_sequential_report(
     big: Path, tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
@@ -88,6 +91,7 @@ def test_auto_means_one_process_per_usable_cpu(monkeypatch: pytest.MonkeyPatch) 
     assert verify_module.auto_workers() == 8
 
 
+@pytest.mark.process
 def test_auto_gives_the_same_report(big: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """verify(workers="auto") reports exactly what verify() does."""
     monkeypatch.setattr(verify_module, "_PARALLEL_MIN", 0)
@@ -95,6 +99,7 @@ def test_auto_gives_the_same_report(big: Path, monkeypatch: pytest.MonkeyPatch) 
     assert verify(big, workers="auto") == verify(big)
 
 
+@pytest.mark.process
 def test_parallel_progress_climbs_to_the_file_size(big: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """In parallel mode the progress callback sees increasing byte counts ending at the file's size."""
     monkeypatch.setattr(verify_module, "_PARALLEL_MIN", 0)
@@ -107,10 +112,10 @@ def _edits(data: bytes, seed: int) -> list[bytes]:
     """One-byte edits, and records dropped, duplicated, swapped and forged with a correct h (floats too)."""
     rng, out = random.Random(seed), []
     lines = data.splitlines(keepends=True)
-    for _ in range(40):
+    for _ in range(examples(40)):  # random byte edits: as many as a property test's examples
         pos = rng.randrange(len(data))
         out.append(data[:pos] + bytes([rng.randrange(256)]) + data[pos + 1 :])
-    for _ in range(20):
+    for _ in range(examples(20)):  # random forgeries, likewise
         i = rng.randrange(1, len(lines) - 1)
         record = json.loads(lines[i])
         del record["h"]

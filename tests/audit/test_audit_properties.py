@@ -9,6 +9,7 @@ import pytest
 from audit_helpers import built, signing_key
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiers import examples
 
 from proctor.audit import AuditLog, verify
 
@@ -20,7 +21,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes, byt
     return work, data, side
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_any_single_byte_change_is_detected_at_or_before_its_record(
     template: tuple[Path, bytes, bytes], data: st.DataObject
@@ -46,7 +47,7 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.dictionaries(st.text(max_size=10), json_values, max_size=5), min_size=1, max_size=5))
 def test_any_jsonable_fields_round_trip_through_verify(tmp_path: Path, batches: list[dict[str, Any]]) -> None:
     """Whatever the gate stores (unicode, control characters, big ints, floats), writer and verifier agree."""

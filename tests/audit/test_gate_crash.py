@@ -7,7 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from proctor.audit import AuditLog, verify
+
+# Every test here starts a process (see tests/conftest.py): `make test` runs them, `make check` does not.
+pytestmark = pytest.mark.process
 
 HARNESS = Path(__file__).with_name("gate_crash_writer.py")
 RUNS, THREADS = 30, 4

@@ -12,6 +12,7 @@ from durable_helpers import policy_dict
 from durable_tools import TOOLS, count
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiers import examples
 
 from proctor import CodeAgent, InboxApprover, Policy, RunStore, ScriptedModel
 from proctor.store import ApprovalAnswer
@@ -104,7 +105,7 @@ def _source(calls: list[tuple[str, int, int]]) -> str:
     return "```py\n" + "\n".join(lines) + "\n```"
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(calls=program)
 def test_no_side_effect_runs_twice_whatever_the_program_sees_when_it_resumes(
         tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,

@@ -8,6 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# Every test here starts a process (see tests/conftest.py): `make test` runs them, `make check` does not.
+pytestmark = pytest.mark.process
+
 HARNESS = Path(__file__).resolve().parents[2] / "bench" / "smolagents_tests"
 SAMPLE = ("test_evaluate_if or test_evaluate_for or test_final_answer_accepts_kwarg_answer "
           "or test_print_output or test_evaluate_assign_error")

@@ -7,6 +7,7 @@ from typing import Any
 
 import cel
 import pytest
+from tiers import examples
 
 from proctor.calls import Call, CallRecord, HistoryEntry, RunInfo
 from proctor.gate.run import RunContext
@@ -90,7 +91,7 @@ def _run_with(history: list[HistoryEntry], limit: int) -> RunContext:
 def test_folded_conditions_agree_with_cel_over_the_whole_history(errors: bool) -> None:
     """Every condition gives CEL's answer (errors included) from a plain list and from a trimmed run."""
     rng = random.Random(7 + errors)
-    for trial in range(40):
+    for trial in range(examples(40)):  # random trials, as many as a property test's examples
         history = _history(rng, rng.choice([rng.randint(0, 30), 70]), errors=errors)  # long lists are folded
         args = {"to": rng.choice(["a@example.com", "b@evil.com"]), "amount": 5}
         ctx = _run_with(history, limit=3)  # most entries dropped: folds must still see them all

@@ -5,6 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+# Every test here starts a process (see tests/conftest.py): `make test` runs them, `make check` does not.
+pytestmark = pytest.mark.process
+
 
 def test_proctor_leaves_the_cel_package_to_the_application() -> None:
     """After proctor compiled a condition, `import cel` runs the real package, with the very classes proctor uses."""

@@ -80,6 +80,7 @@ def test_fast_and_model_validation_report_the_same_issues() -> None:
     assert len(slow.value.issues) >= 15
 
 
+@pytest.mark.process
 def test_policy_check_imports_only_what_it_needs(tmp_path: Path) -> None:
     """`proctor policy check` runs without pydantic, rich, cryptography, OpenTelemetry, structlog or the agent."""
     policy = tmp_path / "policy.yaml"

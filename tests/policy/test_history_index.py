@@ -15,6 +15,7 @@ import cel
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiers import examples
 
 from proctor import Gate, Policy, tool
 from proctor.calls import Call, CallRecord, HistoryEntry, RunInfo
@@ -127,7 +128,7 @@ def test_the_forms_are_served_as_documented() -> None:
     assert history_windows(KEYED[0]) == ()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(raw=_ENTRIES, args=_args(), limit=st.sampled_from([1, 2, 1000]))
 def test_indexed_evaluation_equals_plain_evaluation(raw: list[tuple[str, dict[str, Any], str]],
                                                      args: dict[str, Any], limit: int) -> None:

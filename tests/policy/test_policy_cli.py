@@ -173,6 +173,7 @@ def test_schema_is_a_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
     assert schema["required"] == ["version"]
 
 
+@pytest.mark.process
 def test_exit_codes_through_a_subprocess(policy_file: Path, tmp_path: Path) -> None:
     """The real command exits 0, 1 and 2 as documented."""
     bad = tmp_path / "bad.yaml"

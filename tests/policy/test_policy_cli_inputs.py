@@ -24,6 +24,7 @@ def _deep(n: int, opener: str = "[", closer: str = "]") -> str:
     return opener * n + closer * n
 
 
+@pytest.mark.process
 def test_explain_with_50000_deep_args_exits_2_with_a_located_error(policy: Path) -> None:
     """The issue's input, run as the command: exit 2, one located line on stderr, no traceback."""
     deep = '{"a": ' + _deep(50_000) + "}"

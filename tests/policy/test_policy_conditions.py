@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiers import examples
 
 from proctor.calls import Call, HistoryEntry, RunInfo
 from proctor.policy.activation import Activation
@@ -128,7 +129,7 @@ def _outcome(source: str, activation: Any) -> object:
         return f"error: {exc}"
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(st.lists(st.sampled_from(POOL), min_size=1, max_size=3, unique=True), calls)
 def test_projection_never_changes_a_result(sources: list[str], call: Call) -> None:
     """Evaluating with the projected variables gives exactly what the whole variables give."""

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiers import examples
 
 from proctor import Gate, Policy, tool
 from proctor.calls import Call
@@ -27,7 +28,7 @@ def _nonempty(path: str) -> bool:
     return path != ""
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(path=_PATHS.filter(_nonempty))
 def test_normalize_is_normpath_with_a_leading_double_slash_as_one(path: str) -> None:
     """As os.path.normpath on POSIX, except that '//x' is '/x' (as Linux reads it)."""
@@ -36,14 +37,14 @@ def test_normalize_is_normpath_with_a_leading_double_slash_as_one(path: str) -> 
     assert path_normalize(expected) == expected  # idempotent
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(path=_PATHS.filter(_nonempty))
 def test_normalize_agrees_with_purepath_on_what_purepath_folds(path: str) -> None:
     """PurePosixPath folds '.', repeated and trailing separators (not '..'): folding first changes nothing."""
     assert path_normalize(str(PurePosixPath(path))) == path_normalize(path)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(path=_PATHS.filter(_nonempty), root=st.sampled_from(["/", "/srv", "/srv/out", "/srv/out/", "//srv/out",
                                                             "/srv/./out", "/srv/x/../out"]))
 def test_within_is_lexical_containment(path: str, root: str) -> None:

@@ -6,6 +6,7 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiers import examples
 
 from proctor.calls import SIDE_EFFECTS, Call
 from proctor.policy import Policy
@@ -14,7 +15,7 @@ TOOLS = ["send", "read", "charge", "sendmail"]
 # Conditions that hold, fail, or error (missing key, wrong type) depending on the call.
 CONDITIONS = [None, "true", "false", "args.n > 1", "args.n == 0", "size(args.s) > 2", "tool.startsWith('s')",
               "side_effect == 'read'", "history.exists(h, h.tool == 'read')"]
-SETTINGS = settings(max_examples=60, deadline=None)
+SETTINGS = settings(max_examples=examples(60), deadline=None)
 
 matches = st.one_of(
     st.none(),

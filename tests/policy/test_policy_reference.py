@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from proctor.policy.schema import policy_json_schema
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "policy.md"
@@ -104,6 +106,7 @@ def test_top_level_table_has_every_top_level_key() -> None:
     assert set(top) == {k for k in schema_keys() if "." not in k and "[" not in k}
 
 
+@pytest.mark.process
 def test_the_walk_reads_what_policy_schema_prints() -> None:
     """The schema walked here is the one `proctor policy schema` gives editors (not a copy of the models)."""
     proc = subprocess.run([sys.executable, "-m", "proctor.cli", "policy", "schema"], capture_output=True, text=True,

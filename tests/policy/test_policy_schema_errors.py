@@ -50,6 +50,7 @@ def _check(schema: Path, document: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.process
 def test_each_mistake_is_named_at_its_path(schema_file: Path, tmp_path: Path) -> None:
     """Every mistake gets one line naming its path and what was expected; no "any of the given schemas"."""
     bad = tmp_path / "bad.yaml"
@@ -62,6 +63,7 @@ def test_each_mistake_is_named_at_its_path(schema_file: Path, tmp_path: Path) ->
     assert "'null'" not in result.stdout
 
 
+@pytest.mark.process
 def test_examples_validate(schema_file: Path) -> None:
     """Every shipped example policy is valid under the schema."""
     examples = Path(__file__).resolve().parents[2] / "examples" / "policies"

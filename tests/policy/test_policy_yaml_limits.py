@@ -48,6 +48,7 @@ def test_alias_bomb_policy_is_refused_located(style: str) -> None:
     assert f"more than {MAX_YAML_NODES} nodes" in issue.message and "alias" in issue.message
 
 
+@pytest.mark.process
 def test_policy_check_on_the_bomb_exits_1_with_bounded_memory(tmp_path: Path) -> None:
     """`proctor policy check` prints FILE:LINE:COL and exits 1, its peak memory far from the 2.9 GB of the issue."""
     path = tmp_path / "bomb.yaml"
@@ -109,6 +110,7 @@ def test_oversized_file_is_refused_without_reading_it_all(tmp_path: Path) -> Non
         Policy.from_string(path.read_text())
 
 
+@pytest.mark.process
 def test_huge_sparse_file_costs_little(tmp_path: Path) -> None:
     """A 2 GB (sparse) policy file is refused after reading the limit, in bounded memory."""
     path = tmp_path / "huge.yaml"

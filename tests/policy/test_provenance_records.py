@@ -13,6 +13,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiers import examples
 
 from proctor.calls import Call
 from proctor.cli import main
@@ -416,7 +417,7 @@ _WORDS = st.lists(st.sampled_from(["lisbon", "dana", "o'neil", "q3", "review", "
                   min_size=1, max_size=14)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(_WORDS, st.integers(0, 13), st.integers(1, 14), st.sampled_from(["", ".", ",", ":", "!"]))
 def test_every_run_of_the_tasks_words_is_the_users_and_nothing_else_is(words: list[str], start: int, length: int,
                                                                         mark: str) -> None:

@@ -258,6 +258,7 @@ class StoreConformance:
         assert got.status == "answered" and got.answer is not None and got.answer.verdict == "approve"
         assert waited < 30
 
+    @pytest.mark.process
     def test_answer_from_another_process(self, store: RunStore, store_url: str) -> None:
         """Another process opening the same URL sees the request and its answer reaches this one."""
         filed = store.file_approval(_approval())

@@ -9,6 +9,11 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+# Every test here starts a process (see tests/conftest.py): `make test` runs them, `make check` does not.
+pytestmark = pytest.mark.process
+
 _IDLE = textwrap.dedent("""\
     import json, os
     from proctor.store import RunRecord

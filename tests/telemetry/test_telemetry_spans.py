@@ -222,6 +222,7 @@ def test_provider_from_model(model: str | None, provider: str) -> None:
     assert provider_from_model(model) == provider
 
 
+@pytest.mark.process
 def test_noop_detection_follows_the_global_provider() -> None:
     """The no-SDK fast path holds exactly until a global provider is installed (checked in a fresh process)."""
     program = (
