@@ -550,9 +550,8 @@ class AgentBase:
                     if saved is not None:  # resumed: the model already answered; act on that answer again
                         response = saved
                         step.model_output, step.usage, step.cost_usd = saved.content, saved.usage, saved.cost_usd
-                        charge = getattr(ctx.ledger, "charge_model", None)
-                        if charge is not None:  # the run's own budgets; shared pools counted it the first time
-                            charge(saved.usage.total_tokens, saved.cost_usd or 0.0, shared=False)
+                        # the run's own budgets; shared pools counted it the first time
+                        ctx.ledger.charge_model(saved.usage.total_tokens, saved.cost_usd or 0.0, shared=False)
                     else:
                         response = self._generate(self.memory, ctx, step, sctx)
                         if durable is not None:
@@ -609,9 +608,7 @@ class AgentBase:
         step.model_output = response.content
         step.usage = response.usage
         step.cost_usd = response.cost_usd
-        charge = getattr(ctx.ledger, "charge_model", None)
-        if charge is not None:
-            charge(response.usage.total_tokens, response.cost_usd or 0.0)
+        ctx.ledger.charge_model(response.usage.total_tokens, response.cost_usd or 0.0)
         return response
 
     def _close_chats(self, ctx: RunContext) -> None:
@@ -645,12 +642,10 @@ class AgentBase:
         (or, for a managed agent, when its time is up)."""
         if ctx.deadline is not None and time.monotonic() >= ctx.deadline:
             raise _Stop("error", f"the time given to managed agent {self.name!r} is up")
-        check = getattr(ctx.ledger, "check_model", None)
-        if check is not None:
-            try:
-                check()
-            except BudgetExceeded as exc:
-                raise _Stop("budget_exhausted", str(exc)) from None
+        try:
+            ctx.ledger.check_model()
+        except BudgetExceeded as exc:
+            raise _Stop("budget_exhausted", str(exc)) from None
         # A model that only thinks makes no calls, so the gate would never see the clock run out.
         remaining = ctx.ledger.remaining()
         for budget in self._run_wide_budgets():

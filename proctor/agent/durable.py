@@ -126,9 +126,8 @@ def restore_context(ctx: RunContext, record: RunRecord) -> None:
         rec: CallRecord = record_from_dict(row["record"])
         ctx.remember(str(row["tool"]), args if isinstance(args, dict) else {}, row["side_effect"],
                      row["decision"], row["status"], rec, labels=tuple(row.get("labels") or ()))
-    restore = getattr(ctx.ledger, "restore", None)
-    if restore is not None and record.budgets:
-        restore(dict(record.budgets))
+    if record.budgets:
+        ctx.ledger.restore(record.budgets)
     for g in record.grants:
         ctx.grants.append(Grant(str(g["tool"]), dict(g.get("args") or {})))
 
@@ -188,10 +187,9 @@ class DurableRun:
         if resuming:
             entries = self.store.journal(self.record.run_id, number)
         else:
-            snapshot = getattr(ctx.ledger, "snapshot", None)
             self._save(step=number, messages=[dict(m) for m in memory], steps=[s.as_dict() for s in steps],
                        history=(history := snapshot_history(ctx)), history_dropped=ctx.calls_made - len(history),
-                       budgets=snapshot() if snapshot is not None else {},
+                       budgets=ctx.ledger.snapshot(),
                        grants=[g.as_dict() for g in ctx.grants], step_state=None, status="running")
         journal = StepJournal(self.store, self.record.run_id, number, entries,
                               idempotent=lambda tool: tool in self.idempotent, seal=self.seal)
