@@ -29,6 +29,7 @@ from proctor.errors import BudgetExceeded
 if TYPE_CHECKING:
     from proctor.approval.base import Approver, Grant
     from proctor.gate.gate import PolicyLike
+    from proctor.policy.engine import ToolFacts
     from proctor.run import Ledger
 
 __all__ = ["Layer", "StackedLedger", "narrow_decision", "narrow_facts"]
@@ -48,32 +49,27 @@ class Layer:
     grants: list[Grant] = field(default_factory=list)
 
 
-def narrow_facts(base: Any, others: Sequence[Any]) -> Any:
+def narrow_facts(base: ToolFacts, others: Sequence[ToolFacts]) -> ToolFacts:
     """`base` (the run policy's facts of a tool) made strictest with each layer's facts of it."""
     if not others:
         return base
     try:
-        names = {f.name for f in fields(base)}
+        fields(base)
     except TypeError:  # not a dataclass: facts the gate cannot rebuild stay as the run policy gave them
         return base
-    side_effect = max((base.side_effect, *(o.side_effect for o in others)), key=side_effect_rank)
-    changes: dict[str, Any] = {"side_effect": side_effect, "cost": max(base.cost, *(o.cost for o in others))}
-    timeouts = [t for t in (base.timeout_s, *(o.timeout_s for o in others)) if t is not None]
-    changes["timeout_s"] = min(timeouts) if timeouts else None
-    changes["redact"] = _union(base.redact, *(o.redact for o in others))
-    if any(getattr(f, "durability", "fsync") != "flush" for f in (base, *others)):
-        changes["durability"] = "fsync"
-    for name in ("labels", "hide_from_approvers"):
-        if name in names:
-            changes[name] = _union(getattr(base, name), *(getattr(o, name, ()) for o in others))
-    if "max_arg_bytes" in names:
-        limits = [m for m in (base.max_arg_bytes, *(getattr(o, "max_arg_bytes", None) for o in others)) if m]
-        changes["max_arg_bytes"] = min(limits) if limits else None
-    if "cost_expression" in names and base.cost_expression is None:
-        # Any layer computing the cost from the arguments sends the gate to `Gate._cost`, which takes the highest.
-        changes["cost_expression"] = next((o.cost_expression for o in others
-                                           if getattr(o, "cost_expression", None) is not None), None)
-    return replace(base, **{k: v for k, v in changes.items() if k in names})
+    every = (base, *others)
+    timeouts = [f.timeout_s for f in every if f.timeout_s is not None]
+    limits = [f.max_arg_bytes for f in every if f.max_arg_bytes]
+    # Any layer computing the cost from the arguments sends the gate to the highest of every policy's cost.
+    cost_expression = base.cost_expression or next((o.cost_expression for o in others
+                                                    if o.cost_expression is not None), None)
+    return replace(base, side_effect=max((f.side_effect for f in every), key=side_effect_rank),
+                   cost=max(f.cost for f in every), timeout_s=min(timeouts) if timeouts else None,
+                   redact=_union(*(f.redact for f in every)),
+                   durability="flush" if all(f.durability == "flush" for f in every) else "fsync",
+                   labels=_union(*(f.labels for f in every)),
+                   hide_from_approvers=_union(*(f.hide_from_approvers for f in every)),
+                   max_arg_bytes=min(limits) if limits else None, cost_expression=cost_expression)
 
 
 def _union(*groups: Sequence[str]) -> tuple[str, ...]:

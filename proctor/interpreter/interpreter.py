@@ -62,6 +62,7 @@ from proctor.interpreter.sandbox import (
     worker_env,
 )
 from proctor.interpreter.specs import STDLIB, limits_for, tool_spec
+from proctor.policy.admission import FactSource, facts_of
 from proctor.telemetry.logging import get_logger
 from proctor.tools import Tool, as_tool
 
@@ -77,7 +78,9 @@ if TYPE_CHECKING:
     from proctor.policy.schema import PolicyModel
 
 
-class _PolicyLike(Protocol):
+class _PolicyLike(FactSource, Protocol):
+    """The tools' facts (their argument limits, read through admission) and the file's settings."""
+
     @property
     def model(self) -> PolicyModel: ...
 
@@ -553,10 +556,10 @@ class Interpreter:
         """The host's bounds for this interpreter's workers; the policy's `tools:` may set a tool's own
         argument limit, and the frame limit grows to fit the largest argument limit."""
         per_tool: dict[str, int] = {}
-        facts = getattr(getattr(self.gate, "policy", None), "facts", None)
+        policy = self.gate.policy
         for t in self.tools:
             try:
-                limit = getattr(facts(t.name, t.side_effect, t.cost), "max_arg_bytes", None) if facts else None
+                limit = facts_of(policy, t.name, t.side_effect, t.cost).max_arg_bytes
             except Exception:  # noqa: BLE001 - no facts: the interpreter's limit applies
                 limit = None
             if type(limit) is int and limit > 0:
