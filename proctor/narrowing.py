@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from proctor.approval.base import Approver, Grant
     from proctor.gate.gate import PolicyLike
     from proctor.policy.engine import ToolFacts
-    from proctor.run import Ledger
+    from proctor.gate.run import Ledger
 
 __all__ = ["Layer", "StackedLedger", "narrow_decision", "narrow_facts"]
 

@@ -1,4 +1,4 @@
-"""The run's budget ledger seam (`proctor.run.Ledger`): every implementation keeps every promise it names.
+"""The run's budget ledger seam (`proctor.gate.run.Ledger`): every implementation keeps every promise it names.
 
 The gate, the journal (replayed calls) and durable runs (snapshot, restore) call these methods
 directly, so a ledger that lacks one fails here rather than being skipped at run time.
@@ -17,7 +17,7 @@ from proctor.errors import BudgetExceeded
 from proctor.ledger.memory import MemoryLedger
 from proctor.narrowing import StackedLedger
 from proctor.policy import Policy
-from proctor.run import Ledger
+from proctor.gate.run import Ledger
 
 POLICY = {
     "version": 1,

@@ -27,7 +27,7 @@ from proctor.agent.models import LiteLLMModel, Message, Model, ModelError, Model
 from proctor.agent.prompts import planning_prompt
 from proctor.agent.result import RunResult, RunStatus, StepRecord
 from proctor.agent.tracing import HeldChat, model_span
-from proctor.approval.base import Approver
+from proctor.approval.base import Approver, StoredApprover
 from proctor.audit.base import AuditSink
 from proctor.backends import AUDIT_KEY_ENV, load_audit
 from proctor.calls import CallRecord, RunInfo
@@ -41,6 +41,7 @@ from proctor.errors import (
     StoreForged,
 )
 from proctor.gate import CallScope, Gate, RunContext, agent_fields
+from proctor.gate.gate import PolicyLike
 from proctor.interrupts import interruption, terminate_as_exception
 from proctor.ledger.base import SharedLedger
 from proctor.narrowing import Layer, StackedLedger
@@ -146,7 +147,7 @@ class AgentBase:
         #: The policies of this agent and of every agent it manages: the run keeps a provenance index when
         #: any of them reads it (a managed agent's own provenance() rule must not go blind), and a resumed
         #: run counts earlier results under all their labels as unseen.
-        self.provenance_policies: tuple[Any, ...] = tuple(dict.fromkeys(
+        self.provenance_policies: tuple[PolicyLike, ...] = tuple(dict.fromkeys(
             p for p in (self.policy, *(q for a in self.managed_agents.values() for q in a.provenance_policies))
             if p is not None))
         # Any: the gate's PolicyLike protocol is structural and Policy satisfies it at run time.
@@ -170,7 +171,7 @@ class AgentBase:
         self._owns_store = isinstance(store, (str, os.PathLike))
         self.store: RunStore | None = RunStore.open(store) if isinstance(store, (str, os.PathLike)) else store
         if self.store is None:
-            self.store = getattr(approver, "store", None)
+            self.store = approver.store if isinstance(approver, StoredApprover) else None
         if self.store is not None and self.audit is None:
             raise ConfigurationError("a durable run (a run store, or an InboxApprover) needs an audit trail "
                                      "(audit=PATH|URL): the trail's key seals what the run writes to the store, so "
@@ -273,7 +274,7 @@ class AgentBase:
                 # The transcript and the worker's variables carry earlier runs' results, which this run's
                 # index never saw: count them as unseen content of every label (as a resumed run does).
                 ctx.provenance.mark_incomplete(label for p in self.provenance_policies
-                                               for label in getattr(p, "result_labels", ()))
+                                               for label in p.result_labels)
         except ProctorError as exc:
             return RunResult(None, "error", steps, Usage(), None, run_id="", audit_path=self.audit_path,
                              error=str(exc), duration_ns=time.perf_counter_ns() - started,
@@ -319,7 +320,7 @@ class AgentBase:
         ctx.sandbox_floor = getattr(self, "sandbox", None)
         if ctx.provenance is not None:  # earlier results of tools the managed agents' policies label: unseen too
             ctx.provenance.mark_incomplete(label for p in self.provenance_policies
-                                           for label in getattr(p, "result_labels", ()))
+                                           for label in p.result_labels)
         restore_context(ctx, record)
         self.images = RunImages()  # images already in the saved messages are not counted again
         self.memory = [dict(m) for m in record.messages]
@@ -376,7 +377,7 @@ class AgentBase:
 
     def _reads_provenance(self) -> bool:
         """Whether a policy of this agent or of an agent it manages calls provenance()/from_user()."""
-        return any(getattr(p, "uses_provenance", False) for p in self.provenance_policies)
+        return any(p.uses_provenance for p in self.provenance_policies)
 
     def _idempotent_tools(self) -> set[str]:
         tools = getattr(self.policy, "model", None)

@@ -30,7 +30,7 @@ from proctor.errors import RunCancelled, StoreConflict, StoreError
 from proctor.gate.journal import StepJournal, record_from_dict
 from proctor.gate.run import RunContext
 from proctor.interpreter.channel import EncodeError, ProtocolError, decode_value, encode_value
-from proctor.store.base import PendingApproval, RunRecord, RunStore
+from proctor.store.base import JournalEntry, PendingApproval, RunRecord, RunStore
 from proctor.store.seal import StoreSeal
 from proctor.telemetry.logging import get_logger
 
@@ -113,7 +113,7 @@ def snapshot_history(ctx: RunContext) -> list[dict[str, Any]]:
     k = min(len(rows), len(records))  # both keep the run's last calls (bounded by history_limit)
     rows, records = rows[len(rows) - k:], records[len(records) - k:]
     return [{"tool": h.tool, "args": _encode(dict(h.args)), "side_effect": h.side_effect, "decision": h.decision,
-             "status": h.status, "labels": list(getattr(h, "labels", ())), "record": r.as_dict()}
+             "status": h.status, "labels": list(h.labels), "record": r.as_dict()}
             for h, r in zip(rows, records, strict=False)]
 
 
@@ -183,7 +183,7 @@ class DurableRun:
     def step_started(self, ctx: RunContext, number: int, memory: Sequence[Mapping[str, Any]],
                      steps: Sequence[StepRecord], *, resuming: bool) -> StepJournal:
         """Save the state at the start of step `number` and give the step its journal."""
-        entries: list[Any] = []
+        entries: list[JournalEntry] = []
         if resuming:
             entries = self.store.journal(self.record.run_id, number)
         else:

@@ -41,6 +41,7 @@ from proctor.calls import CallRecord, Decision
 from proctor.canonical import canonical_sha256
 from proctor.errors import (
     BudgetExceeded,
+    CallRefused,
     ProctorError,
     ReplayDiverged,
     RunSuspended,
@@ -76,13 +77,12 @@ def args_digest(args: Mapping[str, Any]) -> str:
 
 def error_to_dict(error: ProctorError) -> dict[str, Any]:
     out: dict[str, Any] = {"type": type(error).__name__, "message": str(error)}
-    for name in ("budget", "error_type"):
-        value = getattr(error, name, None)
-        if value:
-            out[name] = value
-    rules = getattr(error, "rules", None)
-    if rules:
-        out["rules"] = list(rules)
+    if isinstance(error, BudgetExceeded) and error.budget:
+        out["budget"] = error.budget
+    if isinstance(error, ToolFailed) and error.error_type:
+        out["error_type"] = error.error_type
+    if isinstance(error, CallRefused) and error.rules:
+        out["rules"] = list(error.rules)
     return out
 
 
