@@ -221,7 +221,7 @@ class ApprovalStep:
                                "(give InboxApprover a longer wait= for calls made by managed agents)",
                                tool=p.name, call_id=p.call_id, rules=p.decision.rules if p.decision else ())
 
-    def _judge_answer(self, p: InFlight, request: ApprovalRequest, answer: Any,
+    def _judge_answer(self, p: InFlight, request: ApprovalRequest, answer: object,
                       grants: list[Grant] | None = None) -> CallRefused | None:
         assert p.decision is not None
         name, rules = p.name, p.decision.rules
