@@ -29,8 +29,8 @@ from proctor.errors import BudgetExceeded
 if TYPE_CHECKING:
     from proctor.approval.base import Approver, Grant
     from proctor.gate.gate import PolicyLike
-    from proctor.policy.engine import ToolFacts
     from proctor.gate.run import Ledger
+    from proctor.policy.engine import ToolFacts
 
 __all__ = ["Layer", "StackedLedger", "narrow_decision", "narrow_facts"]
 

@@ -14,10 +14,10 @@ import pytest
 
 from proctor.calls import RunInfo
 from proctor.errors import BudgetExceeded
+from proctor.gate.run import Ledger
 from proctor.ledger.memory import MemoryLedger
 from proctor.narrowing import StackedLedger
 from proctor.policy import Policy
-from proctor.gate.run import Ledger
 
 POLICY = {
     "version": 1,
