@@ -87,9 +87,9 @@ def _tool(runtime: FunctionsRuntime, name: str, env_box: list[Any]) -> Tool:
         return result
 
     run.__name__ = name
-    return Tool._build(name, function.description or name, run, fields, inspect.Signature(params),
-                       {p: f.description or p for p, f in function.parameters.model_fields.items()},
-                       side_effect=None, cost=0)
+    return Tool.from_fields(name, function.description or name, run, fields, inspect.Signature(params),
+                            {p: f.description or p for p, f in function.parameters.model_fields.items()},
+                            side_effect=None, cost=0)
 
 
 class Replay:

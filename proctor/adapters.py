@@ -153,5 +153,5 @@ def from_smolagents(obj: Any, *, side_effect: Any = None, cost: int = 0) -> Tool
     call.__name__ = name
     call.__doc__ = description
     fn: Callable[..., Any] = call
-    return Tool._build(name, description.strip(), fn, fields, signature, docs, side_effect=side_effect, cost=cost,
-                       output_type=output_type if isinstance(output_type, str) else None, source=obj)
+    return Tool.from_fields(name, description.strip(), fn, fields, signature, docs, side_effect=side_effect,
+                            cost=cost, output_type=output_type if isinstance(output_type, str) else None, source=obj)

@@ -21,10 +21,16 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from proctor.calls import Decision, side_effect_rank
+from proctor.calls import Decision, SideEffect, side_effect_rank
 from proctor.errors import BudgetExceeded
+
+if TYPE_CHECKING:
+    from proctor.approval.base import Approver, Grant
+    from proctor.gate.gate import PolicyLike
+    from proctor.gate.run import Ledger
+    from proctor.policy.engine import ToolFacts
 
 __all__ = ["Layer", "StackedLedger", "narrow_decision", "narrow_facts"]
 
@@ -36,39 +42,34 @@ class Layer:
     """A managed agent's own policy, budgets and approver, applied on top of the run's."""
 
     agent: str
-    policy: Any  # a proctor.Policy (the gate's PolicyLike)
-    ledger: Any  # that policy's ledger for this invocation (a proctor.policy.budgets.Ledger)
-    approver: Any = None  # the agent's own approver; None: the gate's answers this layer too
+    policy: PolicyLike  # a proctor.Policy
+    ledger: Ledger  # that policy's ledger for this invocation (a proctor.policy.budgets.Ledger)
+    approver: Approver | None = None  # the agent's own approver; None: the gate's answers this layer too
     #: Grants given by `approver` in this invocation: they answer this layer's approvals only.
-    grants: list[Any] = field(default_factory=list)
+    grants: list[Grant] = field(default_factory=list)
 
 
-def narrow_facts(base: Any, others: Sequence[Any]) -> Any:
+def narrow_facts(base: ToolFacts, others: Sequence[ToolFacts]) -> ToolFacts:
     """`base` (the run policy's facts of a tool) made strictest with each layer's facts of it."""
     if not others:
         return base
     try:
-        names = {f.name for f in fields(base)}
+        fields(base)
     except TypeError:  # not a dataclass: facts the gate cannot rebuild stay as the run policy gave them
         return base
-    side_effect = max((base.side_effect, *(o.side_effect for o in others)), key=side_effect_rank)
-    changes: dict[str, Any] = {"side_effect": side_effect, "cost": max(base.cost, *(o.cost for o in others))}
-    timeouts = [t for t in (base.timeout_s, *(o.timeout_s for o in others)) if t is not None]
-    changes["timeout_s"] = min(timeouts) if timeouts else None
-    changes["redact"] = _union(base.redact, *(o.redact for o in others))
-    if any(getattr(f, "durability", "fsync") != "flush" for f in (base, *others)):
-        changes["durability"] = "fsync"
-    for name in ("labels", "hide_from_approvers"):
-        if name in names:
-            changes[name] = _union(getattr(base, name), *(getattr(o, name, ()) for o in others))
-    if "max_arg_bytes" in names:
-        limits = [m for m in (base.max_arg_bytes, *(getattr(o, "max_arg_bytes", None) for o in others)) if m]
-        changes["max_arg_bytes"] = min(limits) if limits else None
-    if "cost_expression" in names and base.cost_expression is None:
-        # Any layer computing the cost from the arguments sends the gate to `Gate._cost`, which takes the highest.
-        changes["cost_expression"] = next((o.cost_expression for o in others
-                                           if getattr(o, "cost_expression", None) is not None), None)
-    return replace(base, **{k: v for k, v in changes.items() if k in names})
+    every = (base, *others)
+    timeouts = [f.timeout_s for f in every if f.timeout_s is not None]
+    limits = [f.max_arg_bytes for f in every if f.max_arg_bytes]
+    # Any layer computing the cost from the arguments sends the gate to the highest of every policy's cost.
+    cost_expression = base.cost_expression or next((o.cost_expression for o in others
+                                                    if o.cost_expression is not None), None)
+    return replace(base, side_effect=max((f.side_effect for f in every), key=side_effect_rank),
+                   cost=max(f.cost for f in every), timeout_s=min(timeouts) if timeouts else None,
+                   redact=_union(*(f.redact for f in every)),
+                   durability="flush" if all(f.durability == "flush" for f in every) else "fsync",
+                   labels=_union(*(f.labels for f in every)),
+                   hide_from_approvers=_union(*(f.hide_from_approvers for f in every)),
+                   max_arg_bytes=min(limits) if limits else None, cost_expression=cost_expression)
 
 
 def _union(*groups: Sequence[str]) -> tuple[str, ...]:
@@ -94,7 +95,7 @@ class StackedLedger:
     `next_step` starts only the agent's own `per: step` budgets: the parent's step is still going on.
     """
 
-    def __init__(self, base: Any, own: Any = None, *, agent: str = "", deadline: float | None = None,
+    def __init__(self, base: Ledger, own: Ledger | None = None, *, agent: str = "", deadline: float | None = None,
                  timeout_s: float | None = None) -> None:
         self.base, self.own, self.agent, self.deadline, self.timeout_s = base, own, agent, deadline, timeout_s
 
@@ -102,7 +103,7 @@ class StackedLedger:
         """Seconds before the deadline (negative once passed), or None without one."""
         return None if self.deadline is None else self.deadline - time.monotonic()
 
-    def reserve(self, tool: str, side_effect: str, cost: float) -> Any:
+    def reserve(self, tool: str, side_effect: SideEffect, cost: float) -> Any:
         left = self.time_left()
         if left is not None and left <= 0:
             given = f" ({self.timeout_s:g}s)" if self.timeout_s is not None else ""
@@ -123,7 +124,7 @@ class StackedLedger:
         try:
             self.base.settle(first, duration_ns=duration_ns, cost=cost)
         finally:
-            if second is not None:
+            if second is not None and self.own is not None:
                 self.own.settle(second, duration_ns=duration_ns, cost=cost)
 
     def release(self, reservation: Any) -> None:
@@ -131,7 +132,7 @@ class StackedLedger:
         try:
             self.base.release(first)
         finally:
-            if second is not None:
+            if second is not None and self.own is not None:
                 self.own.release(second)
 
     def usage(self) -> dict[str, dict[str, Any]]:
@@ -145,18 +146,35 @@ class StackedLedger:
         if self.own is not None:
             self.own.next_step()
 
+    def replay(self, tool: str, side_effect: SideEffect, cost: float, duration_ns: int) -> None:
+        """A call replayed on resume counts in both ledgers' own budgets, as it did when it ran; never refused,
+        the deadline included (it ran before)."""
+        self.base.replay(tool, side_effect, cost, duration_ns)
+        if self.own is not None:
+            self.own.replay(tool, side_effect, cost, duration_ns)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Both ledgers' snapshots (the run's under ``base``, the agent's own under ``own``)."""
+        return {"base": self.base.snapshot(), "own": self.own.snapshot() if self.own is not None else None}
+
+    def restore(self, snapshot: Mapping[str, Any]) -> None:
+        """Continue from `snapshot()`; a part that is missing leaves its ledger as it is."""
+        base, own = snapshot.get("base"), snapshot.get("own")
+        if isinstance(base, Mapping):
+            self.base.restore(base)
+        if self.own is not None and isinstance(own, Mapping):
+            self.own.restore(own)
+
     def charge_model(self, tokens: int, cost_usd: float, *, shared: bool = True) -> None:
         """Model use of the managed agent counts in the run's model budgets too."""
-        for ledger in (self.base, self.own):
-            charge = getattr(ledger, "charge_model", None)
-            if charge is not None:
-                charge(tokens, cost_usd, shared=shared)
+        self.base.charge_model(tokens, cost_usd, shared=shared)
+        if self.own is not None:
+            self.own.charge_model(tokens, cost_usd, shared=shared)
 
     def check_model(self) -> None:
-        for ledger in (self.base, self.own):
-            check = getattr(ledger, "check_model", None)
-            if check is not None:
-                check()
+        self.base.check_model()
+        if self.own is not None:
+            self.own.check_model()
 
     def own_usage(self) -> Mapping[str, Any]:
         """The agent's own policy's usage (what its conditions see as `usage`)."""

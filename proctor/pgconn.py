@@ -56,6 +56,21 @@ class PgConnection:
         """Whether a connection is made (it may have broken since: `get` finds out)."""
         return self._conn is not None and not self._conn.closed
 
+    @staticmethod
+    def _after_fork_in_child() -> None:
+        """The child shares the parent's sockets: two processes on one session would read each other's
+        replies. Each connection is set aside untouched; the child's next `get` makes its own."""
+        for holder in list(_ALL):
+            PgConnection._set_aside(holder)
+
+    def _set_aside(self) -> None:
+        if self._conn is not None:
+            _INHERITED.append(self._conn)
+            self._conn = None
+
+    # Once per process, when the class is made (at fork, not per call); a staticmethod is callable here.
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
     def drop(self) -> None:
         """Close the connection (quietly: it may be broken already); the next `get` makes a new one."""
         if self._conn is not None:
@@ -71,18 +86,6 @@ _ALL: weakref.WeakSet[PgConnection] = weakref.WeakSet()
 #: Connections a forked child inherited: kept referenced and never closed there — closing one (or letting
 #: it be collected) would send the server a Terminate on the parent's socket and end the parent's session.
 _INHERITED: list[Any] = []
-
-
-def _after_fork_in_child() -> None:
-    """The child shares the parent's sockets: two processes on one session would read each other's
-    replies. Each connection is set aside untouched; the child's next `get` makes its own."""
-    for holder in list(_ALL):
-        if holder._conn is not None:
-            _INHERITED.append(holder._conn)
-            holder._conn = None
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _ended_while_idle(pg: pq.abc.PGconn) -> bool:

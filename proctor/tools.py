@@ -161,16 +161,17 @@ class Tool:
         extra = sorted(set(arg_docs) - set(signature.parameters))
         if extra:
             raise ToolDefinitionError(f"tool {tool_name!r}: 'Args:' describes unknown parameter(s) {', '.join(extra)}")
-        return cls._build(tool_name, description, fn, fields, signature, arg_docs, side_effect=side_effect,
+        return cls.from_fields(tool_name, description, fn, fields, signature, arg_docs, side_effect=side_effect,
                           cost=cost, is_async=inspect.iscoroutinefunction(fn))
 
     @classmethod
-    def _build(cls, name: str, description: str, fn: Callable[..., Any], fields: dict[str, Any],
-               signature: inspect.Signature, arg_docs: Mapping[str, str], *, side_effect: SideEffect | None,
-               cost: int, is_async: bool = False, output_type: str | None = None, source: Any = None,
-               schema: Mapping[str, Any] | None = None,
-               check: Callable[[Mapping[str, Any]], str | None] | None = None) -> Tool:
-        """A tool from its argument fields (pydantic ``(type, Field)`` pairs) and the signature shown to models.
+    def from_fields(cls, name: str, description: str, fn: Callable[..., Any], fields: dict[str, Any],
+                    signature: inspect.Signature, arg_docs: Mapping[str, str], *, side_effect: SideEffect | None,
+                    cost: int, is_async: bool = False, output_type: str | None = None, source: Any = None,
+                    schema: Mapping[str, Any] | None = None,
+                    check: Callable[[Mapping[str, Any]], str | None] | None = None) -> Tool:
+        """A tool from its argument fields (pydantic ``(type, Field)`` pairs) and the signature shown to models:
+        what `@tool` builds from a function, and the adapters (smolagents tools, MCP tools) from a schema.
 
         `schema`, when given, is the JSON Schema shown to models instead of the fields' own, and
         `check` a further check of the validated arguments against it."""
@@ -302,7 +303,7 @@ _PLAIN_TYPES = (str, int, float, bool)
 
 def _plain_fields(model: type[pydantic.BaseModel]) -> tuple[tuple[str, type], ...] | None:
     """``(name, type)`` of the model's fields when each is a plain str/int/float/bool (no constraint or
-    alias: `Tool._build` makes the model of fields alone, no validators), else None. For such a model and
+    alias: `Tool.from_fields` makes the model of fields alone, no validators), else None. For such a model and
     an argument of exactly its type, lax validation returns the argument itself (a lone surrogate, a huge
     int, nan and -0.0 included)."""
     if model.model_config.get("extra") != "forbid":

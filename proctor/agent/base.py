@@ -27,7 +27,7 @@ from proctor.agent.models import LiteLLMModel, Message, Model, ModelError, Model
 from proctor.agent.prompts import planning_prompt
 from proctor.agent.result import RunResult, RunStatus, StepRecord
 from proctor.agent.tracing import HeldChat, model_span
-from proctor.approval.base import Approver
+from proctor.approval.base import Approver, StoredApprover
 from proctor.audit.base import AuditReader, AuditSink
 from proctor.backends import AUDIT_KEY_ENV, load_audit
 from proctor.calls import CallRecord, RunInfo
@@ -42,6 +42,7 @@ from proctor.errors import (
     StoreForged,
 )
 from proctor.gate import CallScope, Gate, RunContext, agent_fields
+from proctor.gate.gate import PolicyLike
 from proctor.interrupts import interruption, terminate_as_exception
 from proctor.ledger.base import SharedLedger
 from proctor.narrowing import Layer, StackedLedger
@@ -101,7 +102,7 @@ class AgentBase:
     #: The agent's name in spans (`invoke_agent {name}`) when none is given.
     default_name = "agent"
 
-    #: Set on the copy a managed invocation runs (`_run_managed`): every policy whose run-wide budgets
+    #: Set on the copy a managed invocation runs (`run_managed`): every policy whose run-wide budgets
     #: stop the loop (the run's and each managed agent's own), and the gate its interpreter talks to.
     _budget_policies: Sequence[Any] = ()
     _scoped_gate: Any = None
@@ -145,11 +146,11 @@ class AgentBase:
         #: The agents this one hands tasks to, by name; each is a tool of this agent (`proctor.agent.managed`).
         self.managed_agents: dict[str, AgentBase] = self._check_managed(tools, managed_agents)
         tools += [agent_tool(agent) for agent in self.managed_agents.values()]
-        # The policies of this agent and of every agent it manages: the run keeps a provenance index when
-        # any of them reads it (a managed agent's own provenance() rule must not go blind), and a resumed
-        # run counts earlier results under all their labels as unseen.
-        self._provenance_policies: tuple[Any, ...] = tuple(dict.fromkeys(
-            p for p in (self.policy, *(q for a in self.managed_agents.values() for q in a._provenance_policies))
+        #: The policies of this agent and of every agent it manages: the run keeps a provenance index when
+        #: any of them reads it (a managed agent's own provenance() rule must not go blind), and a resumed
+        #: run counts earlier results under all their labels as unseen.
+        self.provenance_policies: tuple[PolicyLike, ...] = tuple(dict.fromkeys(
+            p for p in (self.policy, *(q for a in self.managed_agents.values() for q in a.provenance_policies))
             if p is not None))
         # Any: the gate's PolicyLike protocol is structural and Policy satisfies it at run time.
         try:
@@ -172,14 +173,15 @@ class AgentBase:
         self._owns_store = isinstance(store, (str, os.PathLike))
         self.store: RunStore | None = RunStore.open(store) if isinstance(store, (str, os.PathLike)) else store
         if self.store is None:
-            self.store = getattr(approver, "store", None)
+            self.store = approver.store if isinstance(approver, StoredApprover) else None
         if self.store is not None and self.audit is None:
             raise ConfigurationError("a durable run (a run store, or an InboxApprover) needs an audit trail "
                                      "(audit=PATH|URL): the trail's key seals what the run writes to the store, so "
                                      "that a resume can tell a forged entry (docs/durable.md, \"Who can do what\")")
         self._held_chats: list[HeldChat] = []
-        # (step, record) for each call as the gate settles it: `run(task, stream=True)` listens here.
-        self._call_listeners: list[Callable[[int, CallRecord], None]] = []
+        #: Called with (step, record) for each call as the gate settles it: `run(task, stream=True)` and
+        #: `proctor run`'s progress listen here.
+        self.call_listeners: list[Callable[[int, CallRecord], None]] = []
         #: The result of the last run that ended (`replay` prints it); None before the first.
         self.last_run: RunResult | None = None
         #: The images of the run in progress (the task's, and those tools returned): see `proctor.agent.attachments`.
@@ -273,8 +275,8 @@ class AgentBase:
             if not reset and self.memory and ctx.provenance is not None:
                 # The transcript and the worker's variables carry earlier runs' results, which this run's
                 # index never saw: count them as unseen content of every label (as a resumed run does).
-                ctx.provenance.mark_incomplete(label for p in self._provenance_policies
-                                               for label in getattr(p, "result_labels", ()))
+                ctx.provenance.mark_incomplete(label for p in self.provenance_policies
+                                               for label in p.result_labels)
         except ProctorError as exc:
             return RunResult(None, "error", steps, Usage(), None, run_id="", audit_path=self.audit_path,
                              error=str(exc), duration_ns=time.perf_counter_ns() - started,
@@ -320,8 +322,8 @@ class AgentBase:
         ctx.agents = (self.name,)
         ctx.sandbox_floor = getattr(self, "sandbox", None)
         if ctx.provenance is not None:  # earlier results of tools the managed agents' policies label: unseen too
-            ctx.provenance.mark_incomplete(label for p in self._provenance_policies
-                                           for label in getattr(p, "result_labels", ()))
+            ctx.provenance.mark_incomplete(label for p in self.provenance_policies
+                                           for label in p.result_labels)
         restore_context(ctx, record)
         self.images = RunImages()  # images already in the saved messages are not counted again
         self.memory = [dict(m) for m in record.messages]
@@ -396,7 +398,7 @@ class AgentBase:
 
     def _reads_provenance(self) -> bool:
         """Whether a policy of this agent or of an agent it manages calls provenance()/from_user()."""
-        return any(getattr(p, "uses_provenance", False) for p in self._provenance_policies)
+        return any(p.uses_provenance for p in self.provenance_policies)
 
     def _idempotent_tools(self) -> set[str]:
         tools = getattr(self.policy, "model", None)
@@ -411,8 +413,8 @@ class AgentBase:
         pending: list[Any] = []
         resuming = durable is not None
         link = (durable.record.trace_id, durable.record.span_id) if durable is not None else None
-        if self._call_listeners:
-            ctx.on_call = lambda record: _tell(self._call_listeners, ctx.info.step, record)
+        if self.call_listeners:
+            ctx.on_call = lambda record: _tell(self.call_listeners, ctx.info.step, record)
         with terminate_as_exception(), \
                 agent_span(self.tracer, agent_name=self.name, run=ctx.info, model=self.model.model_id,
                            links=[link] if link and link[0] and link[1] else ()) as span:
@@ -460,7 +462,7 @@ class AgentBase:
                                   sandbox=self.sandbox_line(), ledger=self.gate.ledger_scope.summary)
         return self.last_run
 
-    def _run_managed(self, task: str, additional_args: Mapping[str, Any] | None, scope: CallScope) -> Any:
+    def run_managed(self, task: str, additional_args: Mapping[str, Any] | None, scope: CallScope) -> Any:
         """Work on `task` for a parent agent, inside its run: the gate runs this for the parent's call to
         this agent (`proctor.agent.managed.AgentTool`). Returns the final answer; raises
         `ManagedAgentError` (no answer), `TimeoutError` (the call's time is up) or `ConfigurationError`
@@ -486,7 +488,7 @@ class AgentBase:
                               parent_call_id=scope.call_id, deadline=deadline)
         ledger.deadline = ctx.deadline  # the earlier of the parent's and this call's
         ctx.sandbox_floor = strictest_sandbox(parent.sandbox_floor, getattr(self, "sandbox", None))
-        runner = self._managed_copy(gate, ctx)
+        runner: AgentBase = self._managed_copy(gate, ctx)
         runner.memory.append({"role": "user",
                               "content": "New task:\n" + managed_task(self.name, task, additional_args)})
         steps: list[StepRecord] = []
@@ -521,16 +523,16 @@ class AgentBase:
             raise TimeoutError(f"managed agent {self.name!r} ran out of time after {len(steps)} step(s): {said}")
         raise ManagedAgentError(f"managed agent {self.name!r} ended without a final answer ({status}): {said}")
 
-    def _managed_copy(self: _AgentT, gate: Gate, ctx: RunContext) -> _AgentT:
+    def _managed_copy(self, gate: Gate, ctx: RunContext) -> AgentBase:
         """A copy of this agent for one managed invocation: its own memory and executor, the run's gate,
         audit trail and tracer, the policies whose run-wide budgets stop it. The agent itself is not
         changed, so it can be handed tasks by several parents, or twice at once."""
-        runner = copy.copy(self)
+        runner: AgentBase = copy.copy(self)  # this class's own state, set on a copy of itself
         runner.gate = gate
         runner.audit, runner.tracer = gate.audit, gate.tracer
         runner._owns_audit = runner._owns_store = False
         runner.store = None
-        runner.memory, runner._held_chats, runner._call_listeners = [], [], []
+        runner.memory, runner._held_chats, runner.call_listeners = [], [], []
         runner.images = RunImages()
         runner._budget_policies = (gate.policy, *(layer.policy for layer in ctx.layers))
         runner._scoped_gate = ScopedGate(gate)
@@ -571,9 +573,8 @@ class AgentBase:
                     if saved is not None:  # resumed: the model already answered; act on that answer again
                         response = saved
                         step.model_output, step.usage, step.cost_usd = saved.content, saved.usage, saved.cost_usd
-                        charge = getattr(ctx.ledger, "charge_model", None)
-                        if charge is not None:  # the run's own budgets; shared pools counted it the first time
-                            charge(saved.usage.total_tokens, saved.cost_usd or 0.0, shared=False)
+                        # the run's own budgets; shared pools counted it the first time
+                        ctx.ledger.charge_model(saved.usage.total_tokens, saved.cost_usd or 0.0, shared=False)
                     else:
                         response = self._generate(self.memory, ctx, step, sctx)
                         if durable is not None:
@@ -630,9 +631,7 @@ class AgentBase:
         step.model_output = response.content
         step.usage = response.usage
         step.cost_usd = response.cost_usd
-        charge = getattr(ctx.ledger, "charge_model", None)
-        if charge is not None:
-            charge(response.usage.total_tokens, response.cost_usd or 0.0)
+        ctx.ledger.charge_model(response.usage.total_tokens, response.cost_usd or 0.0)
         return response
 
     def _close_chats(self, ctx: RunContext) -> None:
@@ -666,12 +665,10 @@ class AgentBase:
         (or, for a managed agent, when its time is up)."""
         if ctx.deadline is not None and time.monotonic() >= ctx.deadline:
             raise _Stop("error", f"the time given to managed agent {self.name!r} is up")
-        check = getattr(ctx.ledger, "check_model", None)
-        if check is not None:
-            try:
-                check()
-            except BudgetExceeded as exc:
-                raise _Stop("budget_exhausted", str(exc)) from None
+        try:
+            ctx.ledger.check_model()
+        except BudgetExceeded as exc:
+            raise _Stop("budget_exhausted", str(exc)) from None
         # A model that only thinks makes no calls, so the gate would never see the clock run out.
         remaining = ctx.ledger.remaining()
         for budget in self._run_wide_budgets():

@@ -183,7 +183,7 @@ def _run(args: argparse.Namespace, tools: list[Any], policy: Any, approver: Any)
                                  max_steps=args.max_steps, audit_key=args.audit_key,
                                  ledger=args.ledger, shadow=args.shadow, **callbacks)
     if progress.enabled:
-        agent._call_listeners.append(progress.call)
+        agent.call_listeners.append(progress.call)
     with agent:
         try:
             result = agent.run(args.task, principal=args.principal, labels={k: str(v) for k, v in args.label},

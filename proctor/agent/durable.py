@@ -113,7 +113,7 @@ def snapshot_history(ctx: RunContext) -> list[dict[str, Any]]:
     k = min(len(rows), len(records))  # both keep the run's last calls (bounded by history_limit)
     rows, records = rows[len(rows) - k:], records[len(records) - k:]
     return [{"tool": h.tool, "args": _encode(dict(h.args)), "side_effect": h.side_effect, "decision": h.decision,
-             "status": h.status, "labels": list(getattr(h, "labels", ())), "record": r.as_dict()}
+             "status": h.status, "labels": list(h.labels), "record": r.as_dict()}
             for h, r in zip(rows, records, strict=False)]
 
 
@@ -126,9 +126,8 @@ def restore_context(ctx: RunContext, record: RunRecord) -> None:
         rec: CallRecord = record_from_dict(row["record"])
         ctx.remember(str(row["tool"]), args if isinstance(args, dict) else {}, row["side_effect"],
                      row["decision"], row["status"], rec, labels=tuple(row.get("labels") or ()))
-    restore = getattr(ctx.ledger, "restore", None)
-    if restore is not None and record.budgets:
-        restore(dict(record.budgets))
+    if record.budgets:
+        ctx.ledger.restore(record.budgets)
     for g in record.grants:
         ctx.grants.append(Grant(str(g["tool"]), dict(g.get("args") or {})))
 
@@ -197,14 +196,13 @@ class DurableRun:
     def step_started(self, ctx: RunContext, number: int, memory: Sequence[Mapping[str, Any]],
                      steps: Sequence[StepRecord], *, resuming: bool) -> StepJournal:
         """Save the state at the start of step `number` and give the step its journal."""
-        entries: list[Any] = []
+        entries: list[JournalEntry] = []
         if resuming:
             entries = self._journal(number)
         else:
-            snapshot = getattr(ctx.ledger, "snapshot", None)
             self._save(step=number, messages=[dict(m) for m in memory], steps=[s.as_dict() for s in steps],
                        history=(history := snapshot_history(ctx)), history_dropped=ctx.calls_made - len(history),
-                       budgets=snapshot() if snapshot is not None else {},
+                       budgets=ctx.ledger.snapshot(),
                        grants=[g.as_dict() for g in ctx.grants], step_state=None, status="running")
         journal = StepJournal(self.store, self.record.run_id, number, entries,
                               idempotent=lambda tool: tool in self.idempotent, seal=self.seal)

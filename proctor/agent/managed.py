@@ -50,7 +50,7 @@ class AgentTool(Tool):
         raise ConfigurationError(f"managed agent {self.name!r} runs only as a call through its parent's gate")
 
     def run_in_call(self, args: Mapping[str, Any], scope: Any) -> Any:
-        return self.agent._run_managed(str(args["task"]), args.get("additional_args"), scope)
+        return self.agent.run_managed(str(args["task"]), args.get("additional_args"), scope)
 
 
 def agent_tool(agent: Any) -> AgentTool:

@@ -9,16 +9,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-from proctor.calls import SideEffect
+from proctor.policy.admission import FactSource, facts_of
 from proctor.tools import Tool
 
 __all__ = ["PolicyDescriber", "code_agent_prompt", "describe_tools", "planning_prompt", "tool_calling_prompt"]
 
 
-class PolicyDescriber(Protocol):
-    """What the prompts need of a policy (`proctor.Policy` is one)."""
-
-    def facts(self, tool: str, declared_side_effect: SideEffect | None = None, declared_cost: int = 0) -> Any: ...
+class PolicyDescriber(FactSource, Protocol):
+    """What the prompts need of a policy (`proctor.Policy` is one): the tools' facts (read through
+    admission, `facts_of`)."""
 
 
 def _policy_line(policy: PolicyDescriber, tool: Tool, side_effect: str) -> str:
@@ -35,7 +34,7 @@ def describe_tools(tools: Iterable[Tool], policy: PolicyDescriber, *, python: bo
     """One block per tool: signature, docstring, side-effect class and the policy's treatment."""
     blocks: list[str] = []
     for t in tools:
-        side_effect = policy.facts(t.name, t.side_effect, t.cost).side_effect
+        side_effect = facts_of(policy, t.name, t.side_effect, t.cost).side_effect
         args = "\n".join(f"        {name}: {text}" for name, text in t.arg_descriptions.items())
         doc = t.description.replace("\n", "\n    ")
         governance = f"side effect: {side_effect}; policy: {_policy_line(policy, t, side_effect)}"

@@ -70,7 +70,7 @@ def stream_run(agent: AgentBase, run: Callable[[], RunResult]) -> Iterator[Strea
 
     def gen() -> Iterator[StreamEvent]:
         agent.step_callbacks.append(events.put)
-        agent._call_listeners.append(on_call)
+        agent.call_listeners.append(on_call)
         # The caller's context (its current span, for one) is the run's context too.
         thread = threading.Thread(target=contextvars.copy_context().run, args=(work,),
                                   name=f"proctor-stream-{agent.name}", daemon=True)
@@ -84,6 +84,6 @@ def stream_run(agent: AgentBase, run: Callable[[], RunResult]) -> Iterator[Strea
         finally:
             thread.join()
             agent.step_callbacks.remove(events.put)
-            agent._call_listeners.remove(on_call)
+            agent.call_listeners.remove(on_call)
 
     return gen()

@@ -13,17 +13,21 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from proctor.calls import RunInfo, SideEffect
 from proctor.canonical import canonical_sha256
 from proctor.policy.approvers import ApproverRule, OsUser
+
+if TYPE_CHECKING:
+    from proctor.store.base import RunStore
 
 __all__ = [
     "ApprovalDecision",
     "ApprovalRequest",
     "Approver",
     "Grant",
+    "StoredApprover",
     "Verdict",
     "approval_binding",
 ]
@@ -163,3 +167,15 @@ class Approver(Protocol):
     """
 
     def request(self, request: ApprovalRequest) -> ApprovalDecision: ...
+
+
+@runtime_checkable
+class StoredApprover(Approver, Protocol):
+    """An approver whose requests wait in a run store for an answer (`proctor.InboxApprover`): a run it
+    cannot answer at once suspends, and an agent given it keeps its runs durable in that store."""
+
+    @property
+    def store(self) -> RunStore: ...
+    #: How long a request waits for an answer before the run suspends.
+    @property
+    def wait_s(self) -> float: ...

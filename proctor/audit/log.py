@@ -550,6 +550,23 @@ class AuditLog:
         state = "closed" if self.closed else ("failed" if self.error else "open")
         return f"AuditLog({os.fspath(self.path)!r}, records={self._seq}, {state})"
 
+    @staticmethod
+    def _after_fork_in_child() -> None:
+        """A forked child shares its parent's descriptor and lock but not its sequence, chain head or file
+        size: two writers would interleave records with the same seq (the log no longer verifies) and the
+        child's close() would unlock the parent's log. In the child each log is closed for writing without
+        touching the file or the lock: its appends are refused ("is closed"), so the gate runs no tool there."""
+        for log in list(_OPEN):
+            AuditLog._closed_in_child(log)
+
+    def _closed_in_child(self) -> None:
+        self._mutex = threading.Lock()  # another thread of the parent may have held it at the fork
+        self.closed = True
+        atexit.unregister(self._at_exit)
+
+    # Once per process, when the class is made (at fork, not per append); a staticmethod is callable here.
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 def _close_if_alive(ref: weakref.ReferenceType[AuditLog]) -> None:
     log = ref()
@@ -559,17 +576,3 @@ def _close_if_alive(ref: weakref.ReferenceType[AuditLog]) -> None:
 
 #: Every AuditLog of this process, so that a forked child stops writing its parent's logs (at fork, not per append).
 _OPEN: weakref.WeakSet[AuditLog] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    """A forked child shares its parent's descriptor and lock but not its sequence, chain head or file
-    size: two writers would interleave records with the same seq (the log no longer verifies) and the
-    child's close() would unlock the parent's log. In the child each log is closed for writing without
-    touching the file or the lock: its appends are refused ("is closed"), so the gate runs no tool there."""
-    for log in list(_OPEN):
-        log._mutex = threading.Lock()  # another thread of the parent may have held it at the fork
-        log.closed = True
-        atexit.unregister(log._at_exit)
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -57,6 +57,19 @@ class MerkleFrontier:
         self._nodes: list[bytes] = []
         self.size = 0
 
+    @classmethod
+    def restored(cls, nodes: Sequence[bytes], size: int) -> MerkleFrontier:
+        """A frontier saved earlier as its `nodes` and `size` (a PostgreSQL log keeps it in its head row)."""
+        frontier = cls()
+        frontier._nodes = list(nodes)
+        frontier.size = size
+        return frontier
+
+    @property
+    def nodes(self) -> tuple[bytes, ...]:
+        """The complete subtrees' roots, largest first: what `restored` takes back."""
+        return tuple(self._nodes)
+
     def append(self, leaf: bytes) -> None:
         """Add one leaf hash (32 bytes) at the right edge."""
         nodes, n, node = self._nodes, self.size, leaf

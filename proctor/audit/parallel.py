@@ -180,9 +180,9 @@ def _stitch(scanner: Scanner, seg: _Segment, lines_before: int) -> bool:
             pos = scanner.count = seq0 + j
             scanner.head = leaves[32 * j - 32 : 32 * j].hex() if j else scanner.head
             if j in checkpoints:
-                scanner._checkpoint(checkpoints[j], lines_before + j + 1, 0)
+                scanner.check_checkpoint(checkpoints[j], lines_before + j + 1, 0)
             if pos in scanner.anchor_seqs:
-                scanner._anchors(pos, leaves[32 * j : 32 * j + 32].hex(), lines_before + j + 1, 0)
+                scanner.check_anchors(pos, leaves[32 * j : 32 * j + 32].hex(), lines_before + j + 1, 0)
             frontier.append(leaves[32 * j : 32 * j + 32])
             done = j + 1
         frontier.extend([leaves[i : i + 32] for i in range(32 * done, len(leaves), 32)])

@@ -523,6 +523,25 @@ class PostgresAuditLog:
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
+    @staticmethod
+    def _after_fork_in_child() -> None:
+        """A forked child has the parent's sink without its writer thread (appends would wait for ever)
+        and with the parent's writer id: each is closed in the child, so its appends are refused at once
+        and its exit neither waits nor removes the parent's writer row. The child opens its own sink."""
+        for log in list(_OPEN):
+            PostgresAuditLog._closed_in_child(log)
+
+    def _closed_in_child(self) -> None:
+        self._lock = threading.Lock()
+        for lane in self._lanes:
+            lane.cond, lane.busy = threading.Condition(self._lock), False
+        self._queue = []
+        self.closed = True
+        atexit.unregister(self._at_exit)
+
+    # Once per process, when the class is made (at fork, not per append); a staticmethod is callable here.
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
     def __repr__(self) -> str:
         return f"PostgresAuditLog({self.url!r}, log={self.name!r}, {'closed' if self.closed else 'open'})"
 
@@ -664,9 +683,7 @@ class PostgresAuditLog:
             if problem is not None:
                 raise AuditError(f"audit log {self.url}: no checkpoint written: {problem}")
             size, head, fsize, nodes = int(row[0]), str(row[1]), int(row[2]), list(row[3])
-            frontier = MerkleFrontier()
-            frontier._nodes = [bytes.fromhex(n) for n in nodes]
-            frontier.size = fsize
+            frontier = MerkleFrontier.restored([bytes.fromhex(n) for n in nodes], fsize)
             hashes = conn.execute("SELECT h FROM proctor_audit_records WHERE log = %s AND seq >= %s ORDER BY seq",
                                   (self.name, fsize)).fetchall()
             frontier.extend([bytes.fromhex(h) for (h,) in hashes])
@@ -688,7 +705,7 @@ class PostgresAuditLog:
             line = conn.execute("SELECT line FROM proctor_audit_records WHERE log = %s AND seq = %s",
                                 (self.name, seq)).fetchone()
             conn.execute("UPDATE proctor_audit_logs SET frontier_size = %s, frontier = %s, ckpt_line = %s "
-                         "WHERE name = %s", (size, [n.hex() for n in frontier._nodes], line[0] if line else None,
+                         "WHERE name = %s", (size, [n.hex() for n in frontier.nodes], line[0] if line else None,
                                              self.name))
         self._last_ckpt, self._seq = int(seq), int(seq) + 1
         self._last_ckpt_time = time.monotonic()
@@ -734,22 +751,6 @@ def _check(result: pq.abc.PGresult) -> pq.abc.PGresult:
 
 #: Every PostgresAuditLog of this process, so that a forked child stops using its parent's (at fork).
 _OPEN: weakref.WeakSet[PostgresAuditLog] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    """A forked child has the parent's sink without its writer thread (appends would wait for ever)
-    and with the parent's writer id: each is closed in the child, so its appends are refused at once
-    and its exit neither waits nor removes the parent's writer row. The child opens its own sink."""
-    for log in list(_OPEN):
-        log._lock = threading.Lock()
-        for lane in log._lanes:
-            lane.cond, lane.busy = threading.Condition(log._lock), False
-        log._queue = []
-        log.closed = True
-        atexit.unregister(log._at_exit)
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _close_if_alive(ref: weakref.ReferenceType[PostgresAuditLog]) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -143,9 +143,8 @@ class OpenItems:
 
     def note(self, kind: str, rec: dict[str, Any], seq: int) -> None:
         """Account for one accepted record."""
-        book = _BOOK.get(kind)
-        if book is not None:
-            book(self, rec, seq)
+        if kind in _BOOK:
+            self._book(kind, rec, seq)
 
     def note_many(self, kinds: list[str], recs: list[dict[str, Any]], seqs: list[int]) -> None:
         """`note` each record in turn, with intents and outcomes (most records) taken inline.
@@ -166,7 +165,20 @@ class OpenItems:
                     if closed is not None:
                         closed["intents"].add(key)
             elif kind in book:
-                book[kind](self, rec, seq)
+                self._book(kind, rec, seq)
+
+    def _book(self, kind: str, rec: dict[str, Any], seq: int) -> None:
+        """What record `rec` (at `seq`, of a kind in `_BOOK`) opens or closes."""
+        action, which, field = _BOOK[kind]
+        if action == "recovery":
+            self.recoveries.append(seq)
+        elif action == "open":
+            value: Any = seq
+            if which == "intents":
+                value = {"seq": seq, "run_id": rec.get("run_id"), "tool": rec.get("tool")}
+            self._open(which, rec.get(field), value)
+        else:
+            self._close(which, rec.get(field))
 
     def _open(self, which: str, key: Any, value: Any) -> None:
         if isinstance(key, str):
@@ -189,17 +201,18 @@ class OpenItems:
         self.recoveries += later.recoveries
 
 
-_BOOK: dict[str, Any] = {
-    "call_intent": lambda o, r, seq: o._open("intents", r.get("call_id"),
-                                             {"seq": seq, "run_id": r.get("run_id"), "tool": r.get("tool")}),
-    "call_outcome": lambda o, r, seq: o._close("intents", r.get("call_id")),
-    "run_started": lambda o, r, seq: o._open("runs", r.get("run_id"), seq),
-    "run_resumed": lambda o, r, seq: o._open("runs", r.get("run_id"), seq),
-    "run_finished": lambda o, r, seq: o._close("runs", r.get("run_id")),
-    "run_suspended": lambda o, r, seq: o._close("runs", r.get("run_id")),
-    "approval_requested": lambda o, r, seq: o._open("approvals", r.get("call_id"), seq),
-    "approval_resolved": lambda o, r, seq: o._close("approvals", r.get("call_id")),
-    "recovery": lambda o, r, seq: o.recoveries.append(seq),
+#: What each kind of record does to the open items: (action, which items, the field holding the key). An
+#: opened intent keeps its seq, run and tool; an opened run or approval its seq.
+_BOOK: dict[str, tuple[Literal["open", "close", "recovery"], str, str]] = {
+    "call_intent": ("open", "intents", "call_id"),
+    "call_outcome": ("close", "intents", "call_id"),
+    "run_started": ("open", "runs", "run_id"),
+    "run_resumed": ("open", "runs", "run_id"),
+    "run_finished": ("close", "runs", "run_id"),
+    "run_suspended": ("close", "runs", "run_id"),
+    "approval_requested": ("open", "approvals", "call_id"),
+    "approval_resolved": ("close", "approvals", "call_id"),
+    "recovery": ("recovery", "", ""),
 }
 
 
@@ -254,16 +267,19 @@ class Scanner:
         if rec.get("prev") != self.head:
             raise self._fail("PREV_MISMATCH", "prev is not the previous record's h", line, offset)
         if kind == "checkpoint":
-            self._checkpoint(rec, line, offset)
+            self.check_checkpoint(rec, line, offset)
         else:
             self.open.note(kind, rec, pos)
         if pos in self.anchor_seqs:
-            self._anchors(pos, h, line, offset)
+            self.check_anchors(pos, h, line, offset)
         self.head = h
         self.frontier.append(leaf)  # equal to bytes.fromhex(h): checked above
         self.count = pos + 1
 
-    def _anchors(self, pos: int, h: str, line: int, offset: int) -> None:
+    def check_anchors(self, pos: int, h: str, line: int, offset: int) -> None:
+        """Check the outside anchors naming record `pos` (whose hash is `h`) against the chain so far;
+        ScanFailure names the first that does not hold. The parallel verifier calls it when it stitches
+        a segment in (`proctor.audit.parallel`)."""
         # Checked at the record the anchor names, after that record's own checks: evidence
         # inside the log (a checkpoint's CKPT_ROOT/CKPT_SIG) is reported before outside evidence.
         for anchor in self.anchors:
@@ -279,7 +295,9 @@ class Scanner:
     def _at(self, seq: int, code: str, message: str, line: int | None, offset: int | None) -> ScanFailure:
         return ScanFailure(Failure(code, seq, line, offset, message))
 
-    def _checkpoint(self, rec: dict[str, Any], line: int, offset: int) -> None:
+    def check_checkpoint(self, rec: dict[str, Any], line: int, offset: int) -> None:
+        """Check checkpoint `rec` (its signature, size, head and Merkle root) against the chain so far;
+        ScanFailure names the first problem. Also called by the parallel verifier when it stitches."""
         problem = _check_signature(rec, self.pubkey)
         if problem is not None:
             raise self._fail(problem[0], problem[1], line, offset)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
-from proctor.approval.base import ApprovalDecision, ApprovalRequest, Approver, Grant, approval_binding
+from proctor.approval.base import ApprovalDecision, ApprovalRequest, Approver, Grant, StoredApprover, approval_binding
 from proctor.approval.tokens import TokenFile
 from proctor.errors import (
     ApprovalDenied,
@@ -208,20 +208,20 @@ class ApprovalStep:
 
     def _cannot_suspend(self, p: InFlight, approver: Approver, suspended: RunSuspended) -> CallRefused:
         """An inbox had no answer for a managed agent's call within its wait: refused (the run goes on)."""
-        store = getattr(approver, "store", None)
-        if suspended.approval_id and store is not None:
+        inbox = approver if isinstance(approver, StoredApprover) else None  # an inbox raises RunSuspended
+        if suspended.approval_id and inbox is not None:
             try:  # nobody should answer an approval whose call is gone
-                store.void_approval(suspended.approval_id)
+                inbox.store.void_approval(suspended.approval_id)
             except Exception as exc:  # noqa: BLE001 - the refusal stands; the approval stays listed
                 log.error("approval_void_failed", approval_id=suspended.approval_id, error=repr(exc))
-        wait = getattr(approver, "wait_s", None)
+        wait = inbox.wait_s if inbox is not None else None
         waited = f" within its wait ({wait:g}s)" if isinstance(wait, (int, float)) else ""
         return ApprovalTimeout(f"{p.name}: no answer from the inbox{waited}, and managed agent "
                                f"{p.ctx.info.agent!r} cannot suspend its parent's run: refused "
                                "(give InboxApprover a longer wait= for calls made by managed agents)",
                                tool=p.name, call_id=p.call_id, rules=p.decision.rules if p.decision else ())
 
-    def _judge_answer(self, p: InFlight, request: ApprovalRequest, answer: Any,
+    def _judge_answer(self, p: InFlight, request: ApprovalRequest, answer: object,
                       grants: list[Grant] | None = None) -> CallRefused | None:
         assert p.decision is not None
         name, rules = p.name, p.decision.rules

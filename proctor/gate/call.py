@@ -26,7 +26,7 @@ from proctor.tools import Tool
 if TYPE_CHECKING:
     from proctor.gate.gate import Gate, PolicyLike
     from proctor.gate.journal import StepJournal
-    from proctor.gate.run import RunContext
+    from proctor.gate.run import Ledger, RunContext
     from proctor.gate.shadow import Verdict
 
 __all__ = ["UNKNOWN_FACTS", "Approval", "CallOutcome", "CallScope", "InFlight", "agent_fields"]
@@ -128,7 +128,8 @@ class InFlight:
         self.cost = 0.0
         self.redacted: Redacted | None = None
         self.approval: Approval | None = None
-        self.reservation: Any = None
+        #: What the run's ledger gave for the call's budgets (handed back to it to settle or release).
+        self.reservation: object = None
         self.value: Any = None
         self.error: ProctorError | None = None
         self.status: CallStatus = "ok"
@@ -138,7 +139,7 @@ class InFlight:
         self.layer_facts: list[ToolFacts] = []
         self.layer_votes: list[tuple[Layer | None, Decision]] = []
         #: A shadow policy's ledger and its reservation for the call (`proctor.gate.shadow`), when one admitted it.
-        self.shadow: tuple[Any, Any] | None = None
+        self.shadow: tuple[Ledger, object] | None = None
         #: The shadow policy's verdict, kept until the enforced one is known (after budgets).
         self.shadow_verdict: Verdict | None = None
 

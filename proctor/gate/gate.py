@@ -58,7 +58,7 @@ from proctor.interrupts import interruption
 from proctor.ledger.base import SharedLedger
 from proctor.ledger.opening import open_ledger
 from proctor.ledger.scope import ledger_scope
-from proctor.policy.admission import AdmissionPolicy, admit
+from proctor.policy.admission import AdmissionPolicy, admit, facts_of
 from proctor.policy.aggregates import Pipeline
 from proctor.policy.approvers import ApproverRule, OsUser
 from proctor.policy.engine import ToolFacts
@@ -495,7 +495,8 @@ class Gate:
             known = (ctx.tools if ctx.tools is not None else self.tools).get(tool)
             if known is not None:
                 p.tool = known
-                p.facts = self.policy.facts(tool, known.side_effect, known.cost)
+                # the tool's facts before any call (admission's): the arguments were never read
+                p.facts = facts_of(p.policy, tool, known.side_effect, known.cost, ctx.layers)
                 p.side_effect = p.facts.side_effect
             digest = self.recorder.redact({"sha256": args_sha256}, ()).digest if args_sha256 else None
             p.redacted = Redacted({}, digest or "")

@@ -41,6 +41,7 @@ from proctor.calls import CallRecord, Decision
 from proctor.canonical import canonical_sha256
 from proctor.errors import (
     BudgetExceeded,
+    CallRefused,
     ProctorError,
     ReplayDiverged,
     RunSuspended,
@@ -76,13 +77,12 @@ def args_digest(args: Mapping[str, Any]) -> str:
 
 def error_to_dict(error: ProctorError) -> dict[str, Any]:
     out: dict[str, Any] = {"type": type(error).__name__, "message": str(error)}
-    for name in ("budget", "error_type"):
-        value = getattr(error, name, None)
-        if value:
-            out[name] = value
-    rules = getattr(error, "rules", None)
-    if rules:
-        out["rules"] = list(rules)
+    if isinstance(error, BudgetExceeded) and error.budget:
+        out["budget"] = error.budget
+    if isinstance(error, ToolFailed) and error.error_type:
+        out["error_type"] = error.error_type
+    if isinstance(error, CallRefused) and error.rules:
+        out["rules"] = list(error.rules)
     return out
 
 
@@ -248,16 +248,9 @@ class StepJournal:
                        record.status, record, labels=p.facts.labels)
         if entry.grant:
             p.ctx.add_grant(Grant(str(entry.grant["tool"]), dict(entry.grant.get("args") or {})))
-        if record.status in ("ok", "failed", "timeout"):
-            replay = getattr(p.ctx.ledger, "replay", None)
-            if replay is not None:  # run budgets only: shared pools (principal, global…) counted it when it ran
-                replay(p.name, p.side_effect, p.facts.cost, record.duration_ns)
-                return
-            try:
-                reservation = p.ctx.ledger.reserve(p.name, p.side_effect, p.facts.cost)
-            except BudgetExceeded:
-                return  # it ran before; it is not refused now
-            p.ctx.ledger.settle(reservation, duration_ns=record.duration_ns)
+        if record.status in ("ok", "failed", "timeout"):  # it ran: counted again, never refused now
+            # run budgets only: shared pools (principal, global…) counted it when it ran
+            p.ctx.ledger.replay(p.name, p.side_effect, p.facts.cost, record.duration_ns)
 
     def _where(self, p: InFlight) -> dict[str, Any]:
         return {"run_id": self.run_id, "step": self.step, "call_seq": p.seq, "call_id": p.call_id}

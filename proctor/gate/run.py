@@ -24,7 +24,9 @@ __all__ = ["DEFAULT_HISTORY_LIMIT", "AgentContext", "HistoryView", "LazyUsage", 
 
 
 class Ledger(Protocol):
-    """What a run needs of a budget ledger; `proctor.policy.budgets.Ledger` is one."""
+    """What a run needs of a budget ledger, all of it; `proctor.policy.budgets.Ledger` is one, and
+    `proctor.narrowing.StackedLedger` (a managed agent's) another. `tests/test_run_ledger.py` holds
+    both to every promise here."""
 
     def reserve(self, tool: str, side_effect: SideEffect, cost: float) -> Any: ...
     def settle(self, reservation: Any, *, duration_ns: int, cost: float | None = None) -> None: ...
@@ -32,6 +34,16 @@ class Ledger(Protocol):
     def usage(self) -> dict[str, dict[str, Any]]: ...
     def remaining(self) -> dict[str, dict[str, Any]]: ...
     def next_step(self) -> None: ...
+    #: A call that ran before a resume, counted in the run's own budgets again, never refused (shared pools
+    #: counted it when it ran).
+    def replay(self, tool: str, side_effect: SideEffect, cost: float, duration_ns: int) -> None: ...
+    #: What a durable run saves of the budgets at a step's start, and puts back on resume.
+    def snapshot(self) -> dict[str, Any]: ...
+    def restore(self, snapshot: Mapping[str, Any]) -> None: ...
+    #: Model use: counted by the budgets without `match` (`shared=False`: a reply replayed on resume).
+    def charge_model(self, tokens: int, cost_usd: float, *, shared: bool = True) -> None: ...
+    #: Raise `BudgetExceeded` once a model_tokens or model_cost_usd limit is reached.
+    def check_model(self) -> None: ...
 
 
 #: Calls whose raw rows and records a run keeps by default. Conditions do not depend on it: every read
@@ -184,16 +196,10 @@ class RunContext:
         started, its labels to `seen` (the gate's recorder does this for every call; a resumed run for the
         calls it restores)."""
         # A snapshot taken by another thread sees a prefix of the rows (append and len are atomic).
-        # Every call's path: the record is appended here and the records trimmed only when they are
-        # long (`_Records.append`, inline; 1.1k instructions a call less, callgrind).
         with self._rows_lock:
             rows = self._window[0]
             rows.append((tool, args, side_effect, decision, status, labels))
-            records = self.records
-            kept = records._state[0]
-            kept.append(record)
-            if len(kept) >= 2 * self.history_limit:
-                records.trim(self.history_limit)
+            self.records.append(record, self.history_limit)
             counts = self.status_counts
             counts[status] = counts.get(status, 0) + 1
             full = len(rows) >= 2 * self.history_limit
@@ -202,12 +208,13 @@ class RunContext:
                 self._seen.update(labels)
                 self._seen_sorted = tuple(sorted(self._seen))
         if full:
-            self._trim()
+            self.trim_history()
         if self.on_call is not None:
             self.on_call(record)
 
-    def _trim(self) -> None:
-        """Drop the oldest rows, down to `history_limit`, once every fold has taken them in."""
+    def trim_history(self) -> None:
+        """Drop the oldest rows, down to `history_limit`, once every fold has taken them in (`remember`
+        does this once the rows are twice that long)."""
         with self._fold_lock:
             rows, dropped = self._window
             end = dropped + len(rows) - self.history_limit
@@ -313,8 +320,8 @@ class AgentContext(RunContext):
         if self.on_call is not None:
             self.on_call(record)
 
-    def _trim(self) -> None:
-        self._root._trim()
+    def trim_history(self) -> None:
+        self._root.trim_history()
 
     def granted(self, tool: str, args: Mapping[str, Any], grants: Sequence[Grant] | None = None) -> Grant | None:
         return self._root.granted(tool, args, grants)

@@ -452,9 +452,10 @@ class MCPToolset:
 
         unbound.__name__ = name
         unbound.__doc__ = description
-        base = Tool._build(name, description, unbound, fields, inspect.Signature(params, return_annotation=returns),
-                           docs, side_effect=side_effect, cost=0, source=dict(spec), schema=schema, check=check,
-                           output_type=_output_type(output_schema, rendered))
+        base = Tool.from_fields(name, description, unbound, fields,
+                                inspect.Signature(params, return_annotation=returns), docs, side_effect=side_effect,
+                                cost=0, source=dict(spec), schema=schema, check=check,
+                                output_type=_output_type(output_schema, rendered))
         values = {f.name: getattr(base, f.name) for f in dataclasses.fields(Tool)}
         values.update(origin=self.origin)
         return MCPTool(**values, toolset=self, remote_name=remote, rendered=rendered)

@@ -35,7 +35,6 @@ import dataclasses
 import inspect
 import keyword
 import re
-import sys
 import threading
 import time
 import weakref
@@ -319,10 +318,9 @@ class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ship
         its executor is this one. Otherwise it is the agent this executor was attached to (`attach`),
         while this is still that agent's executor: a ``ToolCallingAgent`` `govern` took.
         """
-        try:
-            candidate = sys._getframe(2).f_locals.get("self")
-        except ValueError:
-            return None
+        frame = inspect.currentframe()  # this method's; then `send_tools`; then who called it
+        caller = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
+        candidate = caller.f_locals.get("self") if caller is not None else None
         if isinstance(candidate, SmolCodeAgent) and candidate.python_executor is self:
             return candidate
         return self._attached()
@@ -340,7 +338,7 @@ class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ship
             check_installed(wanted)
             self._imports = wanted
         self._agent = weakref.ref(agent)
-        _hook(agent)
+        self._hook(agent)
 
     def attach(self, agent: Any, *, register: bool = True) -> None:
         """Tie this executor to `agent` now, as `govern` does, and as smolagents' ``CodeAgent`` does
@@ -394,6 +392,28 @@ class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ship
             return ctx, self._managed.parent, call_id
         span = self._res.span
         return ctx, span.context if span is not None else None, call_id
+
+    @staticmethod
+    def _hook(agent: Any) -> None:
+        """Register, once per agent, the callbacks through which smolagents tells its executor a step or the run
+        ended; each goes to the agent's executor of the moment, when that is a `GovernedExecutor`."""
+        with _HOOK_LOCK:
+            if agent in _HOOKED:
+                return
+            _HOOKED.add(agent)
+
+        def on_action(step: ActionStep, agent: Any = None) -> None:
+            executor = getattr(agent, "python_executor", None)
+            if isinstance(executor, GovernedExecutor):
+                GovernedExecutor._step_ended(executor, step)
+
+        def on_final(step: FinalAnswerStep, agent: Any = None) -> None:
+            executor = getattr(agent, "python_executor", None)
+            if isinstance(executor, GovernedExecutor):
+                GovernedExecutor._run_ended(executor, agent)
+
+        agent.step_callbacks.register(ActionStep, on_action)
+        agent.step_callbacks.register(FinalAnswerStep, on_final)
 
     def _sync_step(self, ctx: RunContext | None) -> int:
         """Move the run's step counter to the agent's (`proctor.run.step`, `per: step` budgets)."""
@@ -488,9 +508,10 @@ class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ship
         self._pending = {}
         return out
 
-    def _for_managed_call(self, managed: _Managed, imports: Iterable[str], sandbox: str) -> GovernedExecutor:
-        """A copy of this executor's settings running one managed call's programs in `managed`'s run."""
-        runner = GovernedExecutor.__new__(GovernedExecutor)
+    def for_managed_call(self, managed: _Managed, imports: Iterable[str], sandbox: str) -> GovernedExecutor:
+        """A copy of this executor's settings running one managed call's programs in `managed`'s run (what a
+        smolagents managed agent's executor becomes while its manager's call runs it)."""
+        runner: GovernedExecutor = GovernedExecutor.__new__(GovernedExecutor)  # this class's state, on a copy
         runner.__dict__.update(self.__dict__)
         runner._res = _Resources()
         runner._finalizer = weakref.finalize(runner, runner._res.close, "interrupted")
@@ -511,28 +532,6 @@ _CODE_AGENT_INIT = SmolCodeAgent.__init__.__code__
 #: Agents whose step callbacks tell their executor when a step and the run end (registered once each).
 _HOOKED: weakref.WeakSet[Any] = weakref.WeakSet()
 _HOOK_LOCK = threading.Lock()
-
-
-def _hook(agent: Any) -> None:
-    """Register, once per agent, the callbacks through which smolagents tells its executor a step or the run
-    ended; each goes to the agent's executor of the moment, when that is a `GovernedExecutor`."""
-    with _HOOK_LOCK:
-        if agent in _HOOKED:
-            return
-        _HOOKED.add(agent)
-
-    def on_action(step: ActionStep, agent: Any = None) -> None:
-        executor = getattr(agent, "python_executor", None)
-        if isinstance(executor, GovernedExecutor):
-            executor._step_ended(step)
-
-    def on_final(step: FinalAnswerStep, agent: Any = None) -> None:
-        executor = getattr(agent, "python_executor", None)
-        if isinstance(executor, GovernedExecutor):
-            executor._run_ended(agent)
-
-    agent.step_callbacks.register(ActionStep, on_action)
-    agent.step_callbacks.register(FinalAnswerStep, on_final)
 
 
 # -- managed agents ------------------------------------------------------------------------------------
@@ -666,7 +665,7 @@ def _run_code_agent(agent: Any, executor: Any, managed: _Managed, floor: str, ta
                     kwargs: dict[str, Any]) -> Any:
     base = executor if isinstance(executor, GovernedExecutor) else GovernedExecutor(managed.gate.policy,
                                                                                      sandbox="auto")
-    runner = base._for_managed_call(managed, agent.additional_authorized_imports or (), floor)
+    runner = base.for_managed_call(managed, agent.additional_authorized_imports or (), floor)
     saved = agent.python_executor
     agent.python_executor = runner
     try:
@@ -687,7 +686,7 @@ def _run_tool_calling_agent(agent: Any, gate: Gate, managed: _Managed, floor: st
                             for name in _managed_of(agent)}
     # An agent `govern` gave its own executor: smolagents' run() would open that executor's own run.
     own = _GOVERNED.get(agent)
-    runner = own.executor._for_managed_call(managed, (), floor) if own is not None else None
+    runner = own.executor.for_managed_call(managed, (), floor) if own is not None else None
     if runner is not None:
         agent.python_executor = runner
     try:
@@ -971,7 +970,7 @@ def _mcp_client_listing(client: Any) -> list[Any]:
     except ImportError as exc:  # mcpadapt imports names the mcp SDK 2.x no longer has
         raise ConfigurationError(f"smolagents' MCPClient needs mcpadapt, which does not import here ({exc}): "
                                  "use MCPToolset") from None
-    adapter = client._adapter  # the one private read of smolagents proctor makes: see the docstring
+    adapter = client._adapter  # noqa: SLF001 - the one private read of smolagents proctor makes: see the docstring
     listing = adapter.mcp_tools if isinstance(adapter, MCPAdapt) else None
     if not isinstance(listing, list) or not all(isinstance(part, list) for part in listing):
         raise ConfigurationError("smolagents' MCPClient no longer keeps its server's listing where proctor reads it "

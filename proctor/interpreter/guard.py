@@ -213,9 +213,14 @@ def _from_import_statement() -> bool:
     counts as the program's own import, which is checked.
     """
     try:
+        import inspect
         import opcode  # only on this path, a refused name: worker start-up does not pay for it
 
-        frame = sys._getframe(2)  # 0: this function, 1: guarded_import, 2: who imports
+        here = inspect.currentframe()  # this function's; then guarded_import's; then who imports
+        caller = here.f_back if here is not None else None
+        frame = caller.f_back if caller is not None else None
+        if frame is None:  # no frames to read (not CPython): checked as the program's own
+            return True
         lasti = frame.f_lasti
         return lasti < 0 or frame.f_code.co_code[lasti] == opcode.opmap["IMPORT_NAME"]
     except (ImportError, ValueError, IndexError, AttributeError, KeyError):

@@ -62,6 +62,7 @@ from proctor.interpreter.sandbox import (
     worker_env,
 )
 from proctor.interpreter.specs import STDLIB, limits_for, tool_spec
+from proctor.policy.admission import FactSource, facts_of
 from proctor.telemetry.logging import get_logger
 from proctor.tools import Tool, as_tool
 
@@ -74,10 +75,14 @@ _UNANSWERED: Any = object()  # `Interpreter._answered` while the gate has not ca
 MiB = 1024 * 1024
 
 if TYPE_CHECKING:
+    from proctor.audit.base import AuditResult, AuditSink
+    from proctor.gate.call import CallOutcome
     from proctor.policy.schema import PolicyModel
 
 
-class _PolicyLike(Protocol):
+class _PolicyLike(FactSource, Protocol):
+    """The tools' facts (their argument limits, read through admission) and the file's settings."""
+
     @property
     def model(self) -> PolicyModel: ...
 
@@ -86,7 +91,7 @@ class GateLike(Protocol):
     """What the interpreter needs of a gate; `proctor.Gate` is one."""
 
     @property
-    def audit(self) -> Any: ...
+    def audit(self) -> AuditSink | None: ...
     @property
     def policy(self) -> _PolicyLike: ...  # its `sandbox:` (required: no worker without bubblewrap)
 
@@ -94,6 +99,9 @@ class GateLike(Protocol):
     def start_run(self) -> Any: ...
     def submit(self, tool: Any, args: Any = None, *, context: Any = None, call_id: Any = None,
                parent: Any = None, on_result: Any = None) -> Any: ...
+    #: Record and refuse a call whose arguments the interpreter would not decode (over a size limit).
+    def refuse(self, tool: str, reason: str, *, context: Any = None, call_id: str | None = None, parent: Any = None,
+               args_sha256: str | None = None, args_bytes: int | None = None) -> CallOutcome: ...
 
 
 class Interpreter:
@@ -421,15 +429,13 @@ class Interpreter:
     def _refuse_unread(self, worker: WorkerProcess, rid: int, tool: str, reason: str, ctx: Any, parent: Any,
                        calls: list[CallRecord], sha256: str | None, nbytes: int) -> None:
         call_id = new_id("call_")
-        refuse = getattr(self.gate, "refuse", None)
         record = None
-        if refuse is not None:
-            try:
-                outcome = refuse(tool, reason, context=ctx, call_id=call_id, parent=parent, args_sha256=sha256,
-                                 args_bytes=nbytes)
-                record = outcome.record
-            except Exception as exc:  # noqa: BLE001 - refused either way; the record says the gate failed
-                log.error("gate_refuse_raised", tool=tool, error=repr(exc))
+        try:
+            outcome = self.gate.refuse(tool, reason, context=ctx, call_id=call_id, parent=parent, args_sha256=sha256,
+                                       args_bytes=nbytes)
+            record = outcome.record
+        except Exception as exc:  # noqa: BLE001 - refused either way; the record says the gate failed
+            log.error("gate_refuse_raised", tool=tool, error=repr(exc))
         if record is None:
             record = refused_record(call_id, tool, reason)
         calls.append(record)
@@ -492,15 +498,16 @@ class Interpreter:
         fields = {"run_id": getattr(getattr(ctx, "info", None), "id", None), "reason": reason[:2000],
                   "isolation": self.isolation, "host_pid": worker.proc.pid if worker is not None else None}
         log.error("protocol_violation", **fields)
-        audit = getattr(self.gate, "audit", None)
+        audit = self.gate.audit
         if audit is not None:
+            written: AuditResult | None
             try:
                 written = audit.append("protocol_violation", fields)
             except Exception as exc:  # noqa: BLE001 - the run ends either way; say the record is missing
                 written = None
                 log.error("audit_write_failed", kind="protocol_violation", error=repr(exc))
-            if written is not None and not getattr(written, "ok", True):
-                log.error("audit_write_failed", kind="protocol_violation", error=getattr(written, "error", None))
+            if written is not None and not written.ok:
+                log.error("audit_write_failed", kind="protocol_violation", error=written.error)
         return self._lose(f"protocol violation: the worker broke the channel protocol and was stopped: {reason}",
                           calls)
 
@@ -553,10 +560,10 @@ class Interpreter:
         """The host's bounds for this interpreter's workers; the policy's `tools:` may set a tool's own
         argument limit, and the frame limit grows to fit the largest argument limit."""
         per_tool: dict[str, int] = {}
-        facts = getattr(getattr(self.gate, "policy", None), "facts", None)
+        policy = self.gate.policy
         for t in self.tools:
             try:
-                limit = getattr(facts(t.name, t.side_effect, t.cost), "max_arg_bytes", None) if facts else None
+                limit = facts_of(policy, t.name, t.side_effect, t.cost).max_arg_bytes
             except Exception:  # noqa: BLE001 - no facts: the interpreter's limit applies
                 limit = None
             if type(limit) is int and limit > 0:
@@ -599,11 +606,11 @@ class Interpreter:
                   "start_ms": int(start_ms), "memory_limit": self._limits.get("RLIMIT_AS"),
                   "authorized_imports": list(self.authorized_imports)}
         log.debug("worker_started", **fields)
-        audit = getattr(self.gate, "audit", None)
+        audit = self.gate.audit
         if audit is not None:
             result = audit.append("worker_started", fields, durable=False)
-            if not getattr(result, "ok", True):
-                log.error("audit_write_failed", kind="worker_started", error=getattr(result, "error", None))
+            if not result.ok:
+                log.error("audit_write_failed", kind="worker_started", error=result.error)
 
     def _run_context(self) -> Any:
         if self.context is None:

@@ -227,7 +227,9 @@ class Worker:
     def _mark_stale(self, previous: int) -> None:
         """Remember the threads earlier programs left running: they may not call tools in this one."""
         main = _thread.get_ident()
-        alive = sys._current_frames()
+        # Every live thread, `_thread.start_new_thread`'s included (`threading.enumerate` misses those): the
+        # documented CPython call for it is underscored.
+        alive = sys._current_frames()  # noqa: SLF001 - the only list of every thread, see above
         for ident in [i for i in self.stale if i not in alive]:
             del self.stale[ident]
         for ident in alive:

@@ -216,14 +216,6 @@ def _split_url(url: str) -> tuple[str, dict[str, str]]:
 _LEDGERS: weakref.WeakSet[RedisLedger] = weakref.WeakSet()
 
 
-def _reset_after_fork() -> None:
-    for ledger in list(_LEDGERS):
-        ledger._forked()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
-
-
 class RedisLedger:
     """Budget pools in Redis, shared by every process that names the same URL (see the module docstring)."""
 
@@ -292,6 +284,14 @@ class RedisLedger:
         # After EVALSHA and the sha: numkeys, the keys, id, lease ms, cost, 4 limits a pool.
         fixed = self._fixed[claims] = (4 + 5 * len(claims), names, self._keys_part(names), limits)
         return fixed
+
+    @staticmethod
+    def _reset_after_fork() -> None:
+        for ledger in list(_LEDGERS):
+            RedisLedger._forked(ledger)
+
+    # Once per process, when the class is made (at fork, not per call); a staticmethod is callable here.
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
     def _forked(self) -> None:
         """In a forked child: none of the parent's leases, backlog, keeper or lease ids are this process's."""

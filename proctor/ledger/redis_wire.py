@@ -111,14 +111,6 @@ def _kernel_timeout(sock: socket.socket, timeout_s: float | None) -> bool:
 _WIRES: weakref.WeakSet[Wire] = weakref.WeakSet()
 
 
-def _forget_after_fork() -> None:
-    for wire in list(_WIRES):
-        wire._idle = []  # the parent's sockets: neither used nor shut down here
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
-
-
 class Wire:
     """Connections to one Redis, each carrying its commands and their replies in order.
 
@@ -218,6 +210,17 @@ class Wire:
                 self._fail(link)
                 raise
             self._idle.append(link)
+
+    @staticmethod
+    def _forget_after_fork() -> None:
+        for wire in list(_WIRES):
+            Wire._forget_links(wire)
+
+    def _forget_links(self) -> None:
+        self._idle = []  # the parent's sockets: neither used nor shut down here
+
+    # Once per process, when the class is made (at fork, not per call); a staticmethod is callable here.
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
     def close(self) -> None:
         """Close the idle connections (one in use is closed when its command ends); unread replies count as lost."""

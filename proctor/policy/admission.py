@@ -3,7 +3,11 @@
 `admit` is what decides a call, for everyone: the gate (each call, and an approver's
 edit of one), `policy test` and `policy explain` (`proctor.policy.simulate`), and any
 tool that asks what a policy would do with a recorded call. Nothing else calls the
-engine's `decide`, `facts`, `side_effect_of` or `cost_of` to decide a call. It is
+engine's `decide`, `facts`, `side_effect_of`, `cost_of` or `fixed_decision` (a test walks
+the package to hold this): what else needs them — a tool's declared facts before any call
+(`facts_of`: an unread call refused by size, prompts, lint, budget traces), the class a
+recorded call had (`class_over_args`), the rules' own decision `policy explain` shows
+beside a budget's refusal (`decide_call`) — asks here too. `admit` is
 pure: it reads the run (history, usage, `seen`, provenance) and writes nothing — no
 audit record, span, ledger reservation or journal entry. In order:
 
@@ -29,8 +33,8 @@ if TYPE_CHECKING:
     from proctor.policy.engine import ToolFacts
     from proctor.provenance import ProvenanceIndex
 
-__all__ = ["Admission", "AdmissionPolicy", "AdmittedTool", "LayerView", "LazyUsage", "RunView", "Stage", "admit",
-           "call_for"]
+__all__ = ["Admission", "AdmissionPolicy", "AdmittedTool", "FactSource", "LayerView", "LazyUsage", "RunView", "Stage",
+           "admit", "call_for", "class_over_args", "decide_call", "facts_of", "has_fixed_decision"]
 
 #: Where admission stopped: a refusal's step, or "decided" when the call got a decision and a cost.
 Stage = Literal["tool", "args", "class", "policy", "cost", "decided"]
@@ -48,12 +52,17 @@ class AdmittedTool(Protocol):
     def validate(self, args: Mapping[str, Any]) -> dict[str, Any]: ...
 
 
-class AdmissionPolicy(Protocol):
+class FactSource(Protocol):
+    """What reading a tool's facts needs of a policy (`facts_of`); every `AdmissionPolicy` is one."""
+
+    def facts(self, tool: str, declared_side_effect: SideEffect | None = None, declared_cost: int = 0) -> ToolFacts: ...
+
+
+class AdmissionPolicy(FactSource, Protocol):
     """What admission needs of a policy; `proctor.Policy` is one."""
 
     @property
     def sha256(self) -> str: ...
-    def facts(self, tool: str, declared_side_effect: SideEffect | None = None, declared_cost: int = 0) -> ToolFacts: ...
     def fixed_decision(self, tool: str, side_effect: SideEffect) -> Decision | None: ...
     def decide(self, call: Call) -> Decision: ...
     def side_effect_of(self, tool: str, args: Mapping[str, Any], declared: SideEffect | None = None,
@@ -234,6 +243,38 @@ def _decide(policy: AdmissionPolicy, name: str, args: Mapping[str, Any], side_ef
         return narrow_decision(decision, [(layer, vote) for layer, vote in votes[1:]]), tuple(votes)
     except Exception as exc:  # noqa: BLE001 - a policy that raises denies
         return Decision("deny", (), f"the policy could not decide: {exc!r}", policy.sha256), ()
+
+
+def facts_of(policy: FactSource, name: str, declared_side_effect: SideEffect | None = None,
+             declared_cost: int = 0, layers: Sequence[LayerView] = ()) -> ToolFacts:
+    """The policy's facts of tool `name` before any call of it is seen: its static class (destructive for
+    a class written as an expression over the arguments), cost, limits, labels, redaction — made
+    strictest with each managed agent's layer (`proctor.narrowing.narrow_facts`). What `admit` starts
+    from, and what an unread call (refused by its size, `Gate.refuse`), prompts, lint and budget
+    traces go by."""
+    facts = policy.facts(name, declared_side_effect, declared_cost)
+    if not layers:
+        return facts
+    return narrow_facts(facts, [layer.policy.facts(name, declared_side_effect, declared_cost) for layer in layers])
+
+
+def class_over_args(policy: AdmissionPolicy, name: str, args: Mapping[str, Any], declared: SideEffect | None = None,
+                    run: RunInfo | None = None) -> SideEffect:
+    """The class of a call of `name` with `args` under the policy's `side_effect:` expression for it
+    (ToolDenied when the expression cannot be computed: `admit` refuses such a call at stage "class")."""
+    return policy.side_effect_of(name, args, declared, run)
+
+
+def has_fixed_decision(policy: AdmissionPolicy, name: str, side_effect: SideEffect) -> bool:
+    """Whether every call of `name` in class `side_effect` gets the same decision, whatever its arguments
+    and run (only rules without conditions match it): a caller may keep that admission for them all."""
+    return policy.fixed_decision(name, side_effect) is not None
+
+
+def decide_call(policy: AdmissionPolicy, call: Call) -> Decision:
+    """The rules' decision of `call` (one `call_for` built), before any budget: what `policy explain`
+    shows beside a budget's refusal. Raises what the policy raises (explain reports it)."""
+    return policy.decide(call)
 
 
 def call_for(admission: Admission, run: RunView) -> Call:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from proctor.calls import Call
+from proctor.policy.admission import facts_of
 from proctor.policy.engine import Policy
 from proctor.policy.matching import Matcher
 
@@ -91,7 +92,7 @@ def trace_budgets(policy: Policy, call: Call, *, now_s: float | None = None) -> 
     from proctor.policy.budgets import pool_key
 
     now_s = time.time() if now_s is None else now_s
-    facts = policy.facts(call.tool, call.side_effect, call.cost or 0)
+    facts = facts_of(policy, call.tool, call.side_effect, call.cost or 0)
     out = []
     for spec in policy.budgets:
         counted = Matcher.from_spec(spec.match).matches(call.tool, facts.side_effect)

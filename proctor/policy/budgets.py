@@ -422,7 +422,7 @@ class Ledger:
                 "step": self._step,
             }
 
-    def restore(self, snapshot: dict[str, Any]) -> None:
+    def restore(self, snapshot: Mapping[str, Any]) -> None:
         """Continue from `snapshot()`: budgets this policy no longer has are dropped, new ones start at zero.
         Time spent suspended does not count against wall-time budgets."""
         with self._lock:

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from proctor.calls import OUTCOMES, STATUSES, Call, CallStatus, HistoryEntry, Outcome, RunInfo, SideEffect
 from proctor.errors import PolicyError, PolicyIssue
+from proctor.policy.admission import facts_of
 from proctor.policy.budget_trace import trace_budgets
 from proctor.policy.dataflow import result_sources
 from proctor.policy.engine import Policy
@@ -93,7 +94,7 @@ class ResultItem(_Model):
             return tuple(self.labels)
         if self.tool is None:
             raise SimulationError("results: give each result a tool (its labels come from the policy) or labels")
-        labels = policy.facts(self.tool).labels
+        labels = facts_of(policy, self.tool).labels
         if not labels:
             raise SimulationError(f"results: tool {self.tool!r} has no labels in the policy, so the gate would not "
                                   "index its results (give it labels, or labels: here)")

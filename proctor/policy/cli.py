@@ -187,6 +187,7 @@ class _UsageError(Exception):
 def _explain(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
+    from proctor.policy.admission import facts_of
     from proctor.policy.cases import Case
     from proctor.policy.explain import explain
     from proctor.policy.simulate import SimulationError
@@ -247,7 +248,7 @@ def _explain(args: argparse.Namespace) -> int:
     print(terminal_safe(f"reason:   {decision.reason}"))
     for note in result.windows:
         print(terminal_safe(f"history:  {note}"))
-    labels = policy.facts(args.tool).labels if args.tool in policy.model.tools else ()
+    labels = facts_of(policy, args.tool).labels if args.tool in policy.model.tools else ()
     print(terminal_safe(f"tool:     {args.tool} (side_effect {result.side_effect}"
                         + (f"; labels {', '.join(labels)}" if labels else "") + ")"))
     print(terminal_safe(f"policy:   {args.policy} sha256 {decision.policy_sha256}"))

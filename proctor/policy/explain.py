@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from proctor.calls import Call, Decision
 from proctor.policy.activation import Activation
+from proctor.policy.admission import decide_call
 from proctor.policy.aggregates import window_notes
 from proctor.policy.conditions import ConditionError, EvaluationError, compile_expression
 from proctor.policy.engine import Policy
@@ -138,7 +139,7 @@ def explain(
         traces.append(RuleTrace(rule.name, rule.decision, matched, note))
     rules_decision = None
     if simulation.budget is not None:  # the budget decided, not the rule that allowed the call
-        rules_decision = policy.decide(call)
+        rules_decision = decide_call(policy, call)
         decision = replace(decision, rules=())
     return Explanation(decision, side_effect, tuple(traces), simulation.budget,
                        dict(call.args) if simulation.defaults_applied else None, rules_decision,

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from proctor.errors import PolicyIssue
+from proctor.policy.admission import facts_of
 from proctor.policy.loader import Marks, _cel_position, compose_marked
 from proctor.policy.matching import Matcher, is_glob
 from proctor.policy.yamlsafe import read_yaml_file
@@ -298,7 +299,7 @@ def _parameters(policy: Policy, rule: Any, tools: Mapping[str, Tool]) -> set[str
     params: set[str] = set()
     matched = False
     for tool in tools.values():
-        side_effect = policy.facts(tool.name, tool.side_effect, tool.cost).side_effect
+        side_effect = facts_of(policy, tool.name, tool.side_effect, tool.cost).side_effect
         if matcher.matches(tool.name, side_effect):
             matched = True
             params.update(tool.signature.parameters)

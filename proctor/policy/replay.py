@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 from proctor.calls import HistoryEntry, RunInfo, SideEffect
 from proctor.errors import BudgetExceeded
 from proctor.ledger.memory import MemoryLedger
-from proctor.policy.admission import Admission, LazyUsage, RunView, admit
+from proctor.policy.admission import Admission, LazyUsage, RunView, admit, facts_of, has_fixed_decision
 from proctor.policy.budgets import Ledger
 from proctor.policy.conditions import VARIABLES
 from proctor.policy.functions import PROVENANCE_FUNCTIONS
@@ -321,7 +321,7 @@ class _Replayer:
         budget_refused = self.budget_refused
         refused_by = budget_refused.pop(call_id, _NOT_REFUSED) if budget_refused else _NOT_REFUSED
         counted = self.since_ns is None or self.clock.ns >= self.since_ns
-        facts = policy.facts(tool, declared, 0)
+        facts = facts_of(policy, tool, declared, 0)
         history_class: SideEffect = facts.side_effect
         labels = facts.labels
         if old not in ("allow", "deny", "require_approval"):
@@ -346,7 +346,7 @@ class _Replayer:
             # condition for the (tool, class), it reads nothing of the arguments or the run: its
             # answer for this (tool, declared class) is the same for every call, so it is kept.
             if (adm.stage in ("decided", "policy") and facts.side_effect_expression is None
-                    and facts.cost_expression is None and policy.fixed_decision(tool, adm.side_effect) is not None):
+                    and facts.cost_expression is None and has_fixed_decision(policy, tool, adm.side_effect)):
                 self._fixed[memo_key] = adm
         side_effect = adm.side_effect
         if facts.side_effect_expression is None or adm.stage != "class":
@@ -482,7 +482,7 @@ class _Replayer:
         """The `args` fields the tool's side_effect and cost expressions read (None: all of them)."""
         found = self._expr_reads.get(tool)
         if found is None:
-            facts = self.policy.facts(tool, None, 0)
+            facts = facts_of(self.policy, tool, None, 0)
             found = []
             for expression in (facts.side_effect_expression, facts.cost_expression):
                 if expression is not None:  # compiled from the expanded source (`let:` names inlined)

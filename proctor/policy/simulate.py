@@ -26,7 +26,7 @@ from proctor.calls import Call, Decision, HistoryEntry, RunInfo
 from proctor.errors import BudgetExceeded, SimulationError, ToolDenied
 from proctor.ledger.memory import MemoryLedger
 from proctor.narrowing import Layer, StackedLedger
-from proctor.policy.admission import admit, call_for
+from proctor.policy.admission import admit, call_for, class_over_args, facts_of
 
 if TYPE_CHECKING:
     from proctor.policy.engine import Policy
@@ -79,7 +79,7 @@ def complete_history(
         elif tools is None:  # the policy's `tools:` overrides the class the entry declares, as the gate's facts do
             side_effect = _class_of(policy, entry.tool, args, entry.side_effect, declared_cost)
         labels = entry.labels or (() if tools is not None and tool is None
-                                  else policy.facts(entry.tool, None, declared_cost).labels)
+                                  else facts_of(policy, entry.tool, None, declared_cost).labels)
         out.append(replace(entry, args=args, side_effect=side_effect, labels=labels))
         if entry.status in RAN_STATUSES:
             seen.update(labels)
@@ -165,10 +165,10 @@ def _class_of(policy: Policy, tool: str, args: Mapping[str, Any], declared: Any,
     """The class the gate recorded for an earlier call (its expression over the args; destructive if it failed)."""
     if tool in policy.dynamic_side_effects:
         try:
-            return policy.side_effect_of(tool, args, declared)
+            return class_over_args(policy, tool, args, declared)
         except ToolDenied:
             return "destructive"
-    return policy.facts(tool, declared, declared_cost).side_effect
+    return facts_of(policy, tool, declared, declared_cost).side_effect
 
 
 def _tools(tools: Mapping[str, Tool] | Iterable[Tool] | None) -> dict[str, Tool] | None:

@@ -105,6 +105,23 @@ class _Usage(_Handle):
         if not self._finished or self._status in _OK_STATUSES:
             self.finish("failed", type(exc).__name__, str(exc))
 
+    @contextmanager
+    def current(self) -> Iterator[None]:
+        """Make the span current for the block (what `agent_span` and `step_span` do): an exception that
+        escapes fails it, and it ends with its usage and outcome when the block does."""
+        token = otel_context.attach(self.context)
+        try:
+            yield
+        except BaseException as exc:
+            self._failed(exc)
+            raise
+        finally:
+            try:
+                self._close()
+            finally:
+                otel_context.detach(token)
+                self.span.end()
+
 
 class AgentSpan(_Usage):
     """The `invoke_agent {agent}` span of one run."""
@@ -143,22 +160,6 @@ class StepSpan(_Usage):
         """The program the model wrote for this step; recorded only with content capture on."""
         if capture_content() and self.recording:
             self.span.set_attribute(sc.PROCTOR_STEP_CODE, content_json(program))
-
-
-@contextmanager
-def _current(handle: _Usage) -> Iterator[None]:
-    token = otel_context.attach(handle.context)
-    try:
-        yield
-    except BaseException as exc:
-        handle._failed(exc)
-        raise
-    finally:
-        try:
-            handle._close()
-        finally:
-            otel_context.detach(token)
-            handle.span.end()
 
 
 @contextmanager
@@ -204,7 +205,7 @@ def agent_span(
     span = get_tracer(tracer).start_span(f"{sc.INVOKE_AGENT} {agent_name}", context=parent,
                                          kind=SpanKind.INTERNAL, attributes=attributes, links=span_links)
     handle = AgentSpan(span, agent_name)
-    with _current(handle):
+    with handle.current():
         yield handle
 
 
@@ -233,5 +234,5 @@ def step_span(
                                          attributes=attributes)
     metrics.record_step(agent_name=name or "unknown")
     handle = StepSpan(span, step, agent)
-    with _current(handle):
+    with handle.current():
         yield handle

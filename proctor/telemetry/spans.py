@@ -205,6 +205,18 @@ class ToolSpan(_Handle):
             self.span.set_attributes(cap_attributes(self._attrs, _ATTR_LIMIT))
             self._attrs = {}
 
+    def end(self, exc: BaseException | None = None) -> None:
+        """End the span (what `tool_span` does when its block exits): an exception `exc` that escaped a
+        call not yet finished fails it; a span left unfinished still shows what was learnt."""
+        if exc is not None and not self._finished:
+            if self.recording:
+                record_exception(self.span, exc)
+            self.finish("failed", type(exc).__name__, str(exc))
+        if self.span is INVALID_SPAN:  # no SDK: nothing was gathered, and ending it does nothing
+            return
+        self._flush()
+        self.span.end()
+
 
 class QuietSpan(ToolSpan):
     """A call's span while nothing would receive it (no OpenTelemetry SDK and no meter provider: both
@@ -297,15 +309,7 @@ class tool_span:  # lower case: used as a function; a class because @contextmana
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        handle = self._handle
-        if exc is not None and not handle._finished:
-            if handle.recording:
-                record_exception(handle.span, exc)
-            handle.finish("failed", type(exc).__name__, str(exc))
-        if handle.span is INVALID_SPAN:  # no SDK: nothing was gathered, and ending it does nothing
-            return
-        handle._flush()  # a span left unfinished still shows what was learnt
-        handle.span.end()
+        self._handle.end(exc)
 
 
 # -- approval waits ---------------------------------------------------------------------------------
@@ -321,6 +325,11 @@ class ApprovalSpan(_Handle):
         self._tool = tool
         self._started_ns = time.perf_counter_ns()
         self._resolved = False
+
+    @property
+    def resolved(self) -> bool:
+        """Whether `resolve` was called (a wait that ended without an answer is resolved as an error)."""
+        return self._resolved
 
     def resolve(self, outcome: str, approver: str) -> None:
         """The answer: `approve | grant | edit`, or `denied | timeout` (status ERROR)."""
@@ -345,7 +354,7 @@ def approval_span(tracer: Tracer | None, *, tool: str, call_id: str,
     try:
         yield handle
     except BaseException as exc:
-        if not handle._resolved:
+        if not handle.resolved:
             handle.resolve("denied", "error")
             span.set_attribute(sc.ERROR_TYPE, type(exc).__name__)
         raise

@@ -99,7 +99,7 @@ def test_plain_run_is_unchanged_and_callbacks_are_restored(policy: Policy) -> No
     with CodeAgent(TOOLS, ScriptedModel([STEP_2, STEP_2]), policy, sandbox="auto",
                    step_callbacks=[lambda s: mine.append(s.number)]) as agent:
         streamed = list(agent.run("Price a plum.", stream=True))
-        assert len(agent.step_callbacks) == 1 and not agent._call_listeners
+        assert len(agent.step_callbacks) == 1 and not agent.call_listeners
         plain = agent.run("Price a plum.")
     assert isinstance(plain, RunResult) and plain.answer == 0.5
     assert isinstance(streamed[-1], RunResult) and mine == [1, 1]
