@@ -7,10 +7,11 @@ audit trail and telemetry can pass them around without importing one another.
 from __future__ import annotations
 
 import os
+import re
 from abc import abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 __all__ = [
     "TrimmedHistory",
@@ -18,6 +19,7 @@ __all__ = [
     "SIDE_EFFECTS",
     "STATUSES",
     "Call",
+    "CallPosition",
     "CallRecord",
     "CallStatus",
     "Decision",
@@ -27,6 +29,7 @@ __all__ = [
     "SideEffect",
     "new_id",
     "side_effect_rank",
+    "source_lines",
 ]
 
 SideEffect = Literal["none", "read", "write", "external", "destructive"]
@@ -98,6 +101,66 @@ class Decision:
             "reason": self.reason,
             "policy_sha256": self.policy_sha256,
         }
+
+
+_NEWLINE = re.compile(r"\r\n|\r|\n")
+
+
+def source_lines(code: str) -> list[str]:
+    """A program's lines as Python numbers them: split at ``\n``, ``\r\n`` and ``\r`` only (`str.splitlines`
+    also splits at U+2028, form feeds and others the compiler reads inside a line, which would put
+    every later line off by one)."""
+    return _NEWLINE.split(code)
+
+
+class CallPosition(NamedTuple):
+    """Where a program made a call: the call expression's first line (1-based) and column (0-based, in
+    UTF-8 bytes, as `ast` counts), and its last line and end column (None where the interpreter keeps
+    no columns). Reported by the worker, checked by the host against the program it ran."""
+
+    line: int
+    col: int | None = None
+    end_line: int | None = None
+    end_col: int | None = None
+
+    def as_dict(self) -> dict[str, int | None]:
+        return {"line": self.line, "col": self.col, "end_line": self.end_line, "end_col": self.end_col}
+
+    @classmethod
+    def parse(cls, text: str) -> CallPosition | None:
+        """``LINE:COL:END_LINE:END_COL`` or ``LINE`` as the worker writes it (`channel.call_frame`); None
+        for anything else, or an end before the start."""
+        parts = text.split(":")
+        if len(parts) not in (1, 4) or not all(p.isascii() and p.isdigit() and len(p) <= 9
+                                                and (p == "0" or p[0] != "0") for p in parts):
+            return None  # (no leading zeros: `text()` gives back exactly what was sent)
+        numbers = [int(p) for p in parts]
+        if numbers[0] < 1:
+            return None
+        if len(numbers) == 1:
+            return cls(numbers[0])
+        line, col, end_line, end_col = numbers
+        if (end_line, end_col) < (line, col):
+            return None
+        return cls(line, col, end_line, end_col)
+
+    def text(self) -> str:
+        """The form `parse` reads."""
+        if self.col is None or self.end_line is None or self.end_col is None:
+            return str(self.line)
+        return f"{self.line}:{self.col}:{self.end_line}:{self.end_col}"
+
+    def within(self, lines: Sequence[str]) -> CallPosition | None:
+        """This position if it lies inside the program of `lines` (the one the worker was given), else
+        None: a worker's report is a claim, and one pointing past the program marks nothing."""
+        if self.line > len(lines):
+            return None
+        if self.col is None or self.end_line is None or self.end_col is None:
+            return self
+        if self.end_line > len(lines) or self.col > len(lines[self.line - 1].encode()) \
+                or self.end_col > len(lines[self.end_line - 1].encode()):
+            return None
+        return self
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,6 +142,12 @@ class StackedLedger:
     def remaining(self) -> dict[str, dict[str, Any]]:
         return {**(self.own.remaining() if self.own is not None else {}), **self.base.remaining()}
 
+    def spend(self, reservation: Any) -> dict[str, dict[str, Any]]:
+        """What the call takes from each budget of both ledgers (on a shared name, the run's)."""
+        first, second = reservation
+        own = self.own.spend(second) if self.own is not None and second is not None else {}
+        return {**own, **self.base.spend(first)}
+
     def next_step(self) -> None:
         if self.own is not None:
             self.own.next_step()

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from proctor.calls import RunInfo, SideEffect
+from proctor.calls import CallPosition, RunInfo, SideEffect
 from proctor.canonical import canonical_sha256
 from proctor.policy.approvers import ApproverRule, OsUser
 
@@ -76,9 +76,12 @@ class ApprovalRequest:
     #: The tool's JSON Schema of parameters, so an approver editing the arguments can be told at once
     #: what the tool would refuse (the gate validates the edited call again in any case).
     parameters: Mapping[str, Any] = field(default_factory=dict)
-    #: Where the program made the call (1-based line, 0-based column), when the worker reported it:
-    #: the inbox marks that place in the program, never every line naming the tool.
-    position: tuple[int, int] | None = None
+    #: Where the program made the call (`CallPosition`: 1-based lines, 0-based columns), when the
+    #: interpreter reported it: the inbox marks that place in the program, never every line naming the tool.
+    position: CallPosition | None = None
+    #: What the call takes from each budget it counts against (``{budget: {"calls": 1, "cost": 10}}``);
+    #: `budget` is what each budget has left once it is taken (the call's reservation is already held).
+    spend: Mapping[str, Any] = field(default_factory=dict)
     #: Who may answer (every spec must hold; `proctor.policy.approvers`); empty: the policy names nobody.
     approvers: tuple[ApproverRule, ...] = ()
     #: The policy's `approval.os_users`: whom each OS user may answer as, and its groups.
@@ -95,6 +98,8 @@ class ApprovalRequest:
             "reason": self.reason,
             "policy_sha256": self.policy_sha256,
             "budget": dict(self.budget),
+            "spend": dict(self.spend),
+            "position": self.position.as_dict() if self.position is not None else None,
             "expires_at_ns": self.expires_at_ns,
             "binding": self.binding,
             "run": self.run.as_dict(),

@@ -43,7 +43,7 @@ class InboxApprover:
         # What an approver may see: clear values, but for fields hidden from approvers too. Kept beside
         # the redacted `args` (which lists and the audit log carry) for the inbox and `approvals show`.
         shown = dict(request.args)
-        line, col = request.position if request.position is not None else (None, None)
+        at = request.position
         filed = self.store.file_approval(PendingApproval(
             id="", run_id=request.run.id, call_id=request.call_id, tool=request.tool, binding=request.binding,
             policy_sha256=request.policy_sha256, side_effect=request.side_effect,
@@ -53,7 +53,9 @@ class InboxApprover:
             budget=dict(request.budget), parameters=dict(request.parameters),
             # The deadline is the first request's: a resumed run asking again finds this one, deadline and all.
             expires_at_ns=request.expires_at_ns,
-            shown_args=shown if shown != stored else None, line=line, col=col,
+            shown_args=shown if shown != stored else None, spend=dict(request.spend),
+            line=at.line if at is not None else None, col=at.col if at is not None else None,
+            end_line=at.end_line if at is not None else None, end_col=at.end_col if at is not None else None,
             approvers={"require": [spec.as_dict() for spec in request.approvers],
                        "os_users": {name: u.as_dict() for name, u in request.os_users.items()}},
         ))

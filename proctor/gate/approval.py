@@ -142,7 +142,8 @@ class ApprovalStep:
         request = ApprovalRequest(
             call_id=p.call_id, tool=name, side_effect=p.side_effect, args=self.approver_view(p, p.args),
             rules=p.decision.rules, reason=p.decision.reason, policy_sha256=p.decision.policy_sha256,
-            budget=p.ctx.ledger.remaining(), expires_at_ns=time.time_ns() + int(timeout_s * 1e9),
+            budget=p.ctx.ledger.remaining(), spend=p.ctx.ledger.spend(p.reservation),
+            expires_at_ns=time.time_ns() + int(timeout_s * 1e9), position=p.position,
             binding=approval_binding(name, p.redacted.args, p.call_id, p.decision.policy_sha256), run=p.ctx.info,
             redacted_args=p.redacted.args,
             parameters=p.tool.parameters,
@@ -154,7 +155,9 @@ class ApprovalStep:
                                                       "reason": p.decision.reason,
                                                       "expires_at_ns": request.expires_at_ns,
                                                       "binding": request.binding,
-                                                      "approvers": [a.as_dict() for a in request.approvers]})
+                                                      "approvers": [a.as_dict() for a in request.approvers],
+                                                      "spend": dict(request.spend),
+                                                      "position": p.position.as_dict() if p.position else None})
         safely(p.span.event, sc.APPROVAL_REQUESTED_EVENT, {"proctor.approval.expires_at_ns": request.expires_at_ns})
         asked = time.perf_counter_ns()
         # The policy's approval timeout holds even for an approver that never answers (a

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.context import Context
 
 from proctor.approval.base import Grant
-from proctor.calls import CallRecord, CallStatus, Decision, SideEffect
+from proctor.calls import CallPosition, CallRecord, CallStatus, Decision, SideEffect
 from proctor.errors import ProctorError
 from proctor.narrowing import Layer
 from proctor.policy.engine import ToolFacts
@@ -98,14 +98,17 @@ class InFlight:
     its tool and facts are the unknown worst case until admission looks them up."""
 
     __slots__ = ("approval", "args", "call_id", "cost", "ctx", "decision", "duration_ns", "error", "facts",
-                 "journal", "layer_facts", "layer_votes", "name", "on_result", "policy", "policy_sha256", "redacted",
+                 "journal", "layer_facts", "layer_votes", "name", "on_result", "policy", "policy_sha256", "position",
+                 "redacted",
                  "reservation", "seq", "shadow", "shadow_verdict", "side_effect", "span", "started_ns", "state",
                  "status", "tool", "value")
 
     def __init__(self, name: str, call_id: str, ctx: RunContext, span: ToolSpan, *, started_ns: int,
                  policy: PolicyLike, on_result: Callable[[Any, ProctorError | None], None] | None = None,
-                 journal: StepJournal | None = None, seq: int = -1) -> None:
+                 journal: StepJournal | None = None, seq: int = -1, position: CallPosition | None = None) -> None:
         self.name = name
+        #: Where the program made the call (the interpreter's report, checked against the program).
+        self.position = position
         self.call_id = call_id
         self.ctx = ctx
         self.span = span

@@ -32,6 +32,7 @@ from proctor.approval.base import Approver
 from proctor.audit.base import AuditSink
 from proctor.calls import (
     STATUSES,
+    CallPosition,
     CallRecord,
     Decision,
     RunInfo,
@@ -415,8 +416,12 @@ class Gate:
         call_id: str | None = None,
         parent: Context | None = None,
         on_result: Callable[[Any, ProctorError | None], None] | None = None,
+        position: CallPosition | None = None,
     ) -> CallOutcome:
         """Run one governed call; never raises an `Exception`. See the module docstring for the steps.
+
+        `position`, when given, is where the program made the call (`proctor.Interpreter` reports it):
+        an approver is shown that place, and the `approval_requested` record names it.
 
         `on_result`, when given, is called with the tool's value and error (a `ToolFailed`, or
         None) as soon as the tool returns, before its outcome is recorded: a caller in another
@@ -449,7 +454,7 @@ class Gate:
             span = opened.__enter__()
         policy = self.policy_for(ctx)
         p = InFlight(name, call_id, ctx, span, started_ns=time.perf_counter_ns(), policy=policy,
-                     on_result=on_result, journal=journal, seq=seq)
+                     on_result=on_result, journal=journal, seq=seq, position=position)
         raised: BaseException | None = None
         try:
             return self._walk(p, tool, args)

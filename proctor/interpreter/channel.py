@@ -602,11 +602,14 @@ def frame(message: dict[str, Any]) -> bytes:
 # The two frames of every tool call, spelled out: the encoder's set-up costs more than the
 # message (15k instructions for a reply holding "a", 4k this way). Same bytes as `frame`
 # of the same dict, key order included (tested).
-def call_frame(rid: int, run: int, tool: str, args: dict[str, Any]) -> bytes:
-    """`frame({"t": "call", "id": rid, "run": run, "tool": tool, "args": args})`, sooner (`_json` and
-    `_framed` inline: the worker's every call)."""
+def call_frame(rid: int, run: int, tool: str, args: dict[str, Any], at: str = "") -> bytes:
+    """`frame({"t": "call", "id": rid, "run": run, "tool": tool, "at": at, "args": args})`, sooner (`_json`
+    and `_framed` inline: the worker's every call). `at` is where the program made the call,
+    ``LINE:COL:END_LINE:END_COL`` (or ``LINE``), left out when empty; it comes before the arguments so
+    the host reads it in a frame's head, whatever the arguments' size."""
     try:
-        body = (f'{{"t":"call","id":{int(rid)},"run":{int(run)},"tool":{_ESCAPE(tool)},'
+        where = f'"at":{_ESCAPE(at)},' if at else ""
+        body = (f'{{"t":"call","id":{int(rid)},"run":{int(run)},"tool":{_ESCAPE(tool)},{where}'
                 f'"args":{_dumps(args) if type(args) is dict else _json(args)}}}').encode("ascii")
     except (ValueError, TypeError, RecursionError) as exc:
         raise EncodeError(f"message cannot be encoded: {str(exc)[:200]}") from None

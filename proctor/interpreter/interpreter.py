@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
-from proctor.calls import CallRecord, new_id
+from proctor.calls import CallPosition, CallRecord, new_id, source_lines
 from proctor.canonical import canonical_sha256
 from proctor.errors import (
     ApprovalDenied,
@@ -98,7 +98,7 @@ class GateLike(Protocol):
     def register(self, *tools: Any) -> None: ...
     def start_run(self) -> Any: ...
     def submit(self, tool: Any, args: Any = None, *, context: Any = None, call_id: Any = None,
-               parent: Any = None, on_result: Any = None) -> Any: ...
+               parent: Any = None, on_result: Any = None, position: CallPosition | None = None) -> Any: ...
     #: Record and refuse a call whose arguments the interpreter would not decode (over a size limit).
     def refuse(self, tool: str, reason: str, *, context: Any = None, call_id: str | None = None, parent: Any = None,
                args_sha256: str | None = None, args_bytes: int | None = None) -> CallOutcome: ...
@@ -162,6 +162,7 @@ class Interpreter:
             self._init["final_tool"] = tool_spec(self.final_tool, final=True)
         self._lock = threading.RLock()
         self._code = ""
+        self._lines: list[str] | None = None  # the program's lines, split at its first call with a position
         self._closed = False
         self._seq = 0
         self._lost = False
@@ -247,6 +248,7 @@ class Interpreter:
                 ctx = context or self._run_context()
                 self._seq += 1
                 self._code = str(code)
+                self._lines = None
                 worker.logs.clear()
                 worker.logs_cut = False
                 worker.thaw()  # frozen since its last run: from here on its code runs under this deadline
@@ -347,9 +349,10 @@ class Interpreter:
                 self._arg_run, self._arg_bytes = ctx, 0
             # The frame's size less its envelope with one-digit ids: at most a few bytes over the
             # arguments' size, and cheap; the exact size is worked out only near the limit.
-            used = self._arg_bytes + size - 45 - len(req.tool)
+            at = req.at.text() if req.at is not None else ""
+            used = self._arg_bytes + size - 45 - len(req.tool) - (len(at) + 8 if at else 0)
             if used > self._run_arg_limit:
-                nbytes = call_args_bytes(size, req.id, req.run, req.tool)
+                nbytes = call_args_bytes(size, req.id, req.run, req.tool, at)
                 limit = self.channel_limits.max_run_arg_bytes
                 if self._arg_bytes + nbytes > limit:
                     reason = (f"{req.tool}: refused: this run's calls have sent {size_text(self._arg_bytes)} of "
@@ -371,7 +374,7 @@ class Interpreter:
         self._serving, self._answered = (worker, req, call_id), _UNANSWERED
         try:
             outcome = self.gate.submit(req.tool, req.args, context=ctx, parent=parent, call_id=call_id,
-                                       on_result=self._on_result_cb)
+                                       on_result=self._on_result_cb, position=self._checked(req.at))
         except Exception as exc:  # noqa: BLE001 - submit never raises by contract; if it does, refuse the call
             log.error("gate_submit_raised", tool=req.tool, error=repr(exc))
             record = refused_record(call_id, req.tool, f"the gate failed: {exc!r}")
@@ -393,6 +396,14 @@ class Interpreter:
         elif answered is not None:
             raise cast(BaseException, answered)
         return answered_at - began if waited else 0.0
+
+    def _checked(self, at: CallPosition | None) -> CallPosition | None:
+        """The worker's report of where the call was made, if it lies inside the program it runs."""
+        if at is None:
+            return None
+        if self._lines is None:
+            self._lines = source_lines(self._code)
+        return at.within(self._lines)
 
     def _on_result(self, value: Any, error: ProctorError | None) -> None:
         """The gate's `on_result` for the call `_serve` is answering: the program gets the tool's answer

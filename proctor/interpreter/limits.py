@@ -25,7 +25,7 @@ MiB = 1024 * KiB
 _HEADER = struct.Struct(">I")
 #: The call frame's layout as the worker writes it (`channel.call_frame`), up to its arguments.
 _CALL = re.compile(rb'\{"t":"call","id":([0-9]{1,19}),"run":([0-9]{1,19}),"tool":"([A-Za-z_][A-Za-z0-9_]{0,199})",'
-                   rb'"args":')
+                   rb'("at":"[0-9:]{1,39}",)?"args":')
 #: Enough of a frame's start to match `_CALL`.
 _HEAD = 300
 
@@ -39,9 +39,10 @@ def size_text(n: int) -> str:
     return f"{n:,} bytes"
 
 
-def call_args_bytes(frame_size: int, rid: int, run: int, tool: str) -> int:
-    """Bytes of a call's arguments, from its frame's size (the rest of the frame is its fixed envelope)."""
-    return frame_size - 43 - len(str(rid)) - len(str(run)) - len(tool)
+def call_args_bytes(frame_size: int, rid: int, run: int, tool: str, at: str = "") -> int:
+    """Bytes of a call's arguments, from its frame's size (the rest of the frame is its envelope, with
+    the call's position `at` when the frame has one)."""
+    return frame_size - 43 - len(str(rid)) - len(str(run)) - len(tool) - (len(at) + 8 if at else 0)
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,8 @@ class HostFrameReader:
                 return OversizedCall(int(m.group(1)), int(m.group(2)), tool, size, limit, setting,
                                      hashlib.sha256(memoryview(body)[m.end():-1]).hexdigest())
             containers, values = count_values(body, limits.max_containers + 1, limits.max_values + 5)
-            containers, values = containers - 1, values - 5  # the call's own object and its four fields
+            # the call's own object and its four fields (five with its position)
+            containers, values = containers - 1, values - (6 if m.group(4) else 5)
             over = None
             if containers > limits.max_containers:
                 over = (containers, limits.max_containers, "max_containers", "lists, dicts, tuples and sets")

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from proctor.calls import CallRecord
+from proctor.calls import CallPosition, CallRecord
 from proctor.errors import BudgetExceeded, CallRefused, ProctorError, ToolFailed
 from proctor.interpreter.channel import ProtocolError, decode_value
 
@@ -21,6 +21,7 @@ __all__ = ["CallRequest", "Done", "Final", "Ready", "error_payload", "parse_work
 _FIELDS: dict[str, frozenset[str]] = {
     "ready": frozenset({"t", "pid"}),
     "call": frozenset({"t", "id", "run", "tool", "args"}),
+    "call_at": frozenset({"t", "id", "run", "tool", "at", "args"}),  # a call with where the program made it
     "final": frozenset({"t", "run", "value"}),
     "done": frozenset({"t", "run", "value", "error", "final", "cut", "key"}),
 }
@@ -36,6 +37,8 @@ class CallRequest(NamedTuple):  # a tuple: made once per tool call, and a frozen
     run: int
     tool: str
     args: dict[str, Any]
+    #: Where the program made the call, as the worker says (not yet checked against the program).
+    at: CallPosition | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class Done:
     key: Any = None
 
 
+_KINDS = frozenset({"ready", "call", "final", "done"})
 _MAX_INT = 2**62
 
 
@@ -71,10 +75,11 @@ def parse_worker_message(message: Mapping[str, Any], max_depth: int = 0) -> Read
     Values nested deeper than `max_depth` (default `channel.MAX_DEPTH`) are refused as they are decoded.
     """
     kind = message.get("t")
-    if not isinstance(kind, str) or kind not in _FIELDS:
+    if not isinstance(kind, str) or kind not in _KINDS:
         raise ProtocolError(f"unexpected message type {kind!r} from the worker")
-    if message.keys() != _FIELDS[kind]:
-        extra, missing = set(message) - _FIELDS[kind], _FIELDS[kind] - set(message)
+    fields = _FIELDS["call_at"] if kind == "call" and "at" in message else _FIELDS[kind]
+    if message.keys() != fields:
+        extra, missing = set(message) - fields, fields - set(message)
         raise ProtocolError(f"{kind} message with unexpected fields {sorted(extra)} / missing {sorted(missing)}")
     if kind == "ready":
         return Ready(_int(message, "pid"))
@@ -85,7 +90,15 @@ def parse_worker_message(message: Mapping[str, Any], max_depth: int = 0) -> Read
             raise ProtocolError("call message with a tool name that is not an identifier")
         if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
             raise ProtocolError("call message whose args are not a mapping of names")
-        return CallRequest(_int(message, "id"), run, tool, args)
+        at = None
+        if "at" in message:
+            text = message["at"]
+            if not isinstance(text, str):
+                raise ProtocolError("call message whose position is not text")
+            at = CallPosition.parse(text)
+            if at is None:
+                raise ProtocolError(f"call message with a malformed position {text[:40]!r}")
+        return CallRequest(_int(message, "id"), run, tool, args, at)
     value = decode_value(message["value"], 0, max_depth)
     if kind == "final":
         return Final(run, value)

@@ -53,6 +53,8 @@ class Worker:
         self.stale: dict[int, int] = {}
         self.final: tuple[bool, Any] = (False, None)
         self.final_lock = _thread.allocate_lock()
+        #: Each code object's instruction positions (`where`), by id with the code kept alive; per program.
+        self.positions: dict[int, tuple[Any, list[Any]]] = {}
         self.output = Output(1, int(init["max_output"]))
         sys.stdout = sys.stderr = self.output  # type: ignore[assignment,unused-ignore]
         imports = guard.ImportPolicy(init["imports"])
@@ -82,7 +84,7 @@ class Worker:
                 break
         channel = self.channel
         rid = channel.next_id()
-        if not channel.send_in_run(call_frame(rid, self.run_id, tool, payload)):
+        if not channel.send_in_run(call_frame(rid, self.run_id, tool, payload, self.where())):
             raise proctor_errors.ProctorError(f"{tool}: tools can only be called while a program runs")
         reply = channel.wait(rid)
         if reply.get("ok"):
@@ -111,6 +113,32 @@ class Worker:
             except TypeError:  # an error built from more than a message (ProgramError): its message is what counts
                 raised = proctor_errors.ProctorError(message)
         raise raised
+
+    def where(self) -> str:
+        """Where the program made the call being sent: ``LINE:COL:END_LINE:END_COL`` of the innermost call
+        expression in the program's own text (a helper the program defined, a lambda, a comprehension:
+        the call inside it), or ``LINE`` where the interpreter keeps no columns; "" when no frame of the
+        program is on the stack. The approval inbox marks that place, never every line naming the tool."""
+        frame: Any = sys._getframe(2)  # (1 is the stub)
+        hops = 0
+        while frame is not None and frame.f_code.co_filename != PROGRAM:
+            frame = frame.f_back
+            hops += 1
+            if hops > 64:
+                return ""
+        if frame is None:
+            return ""
+        code = frame.f_code
+        known = self.positions.get(id(code))
+        if known is None or known[0] is not code:
+            listing = getattr(code, "co_positions", None)  # Python 3.11 and later
+            known = self.positions[id(code)] = (code, list(listing()) if listing is not None else [])
+        lasti = frame.f_lasti // 2
+        if lasti < len(known[1]):
+            line, end_line, col, end_col = known[1][lasti]
+            if line is not None and end_line is not None and col is not None and end_col is not None:
+                return f"{line}:{col}:{end_line}:{end_col}"
+        return str(frame.f_lineno) if frame.f_lineno else ""
 
     def make_stub(self, spec: dict[str, Any]) -> Any:
         """Compile ``def name(a, b=DEFAULT, *, c=...): return call(name, {...})`` from the tool's data."""
@@ -187,6 +215,7 @@ class Worker:
     def run(self, code: str, previous: int, variables: Any = None) -> dict[str, Any]:
         self.final = (False, None)
         self.output.reset()
+        self.positions = {}
         value: Any = None
         error = None
         self._mark_stale(previous)

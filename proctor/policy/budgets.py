@@ -474,6 +474,24 @@ class Ledger:
                 )  # fmt: skip
         return {b.name: out[b.name] for b in self._budgets}
 
+    def spend(self, reservation: Reservation) -> dict[str, dict[str, Any]]:
+        """What the reserved call takes from each budget it counts against, for the limits that budget sets
+        on a call's count and cost (``{"one-charge": {"calls": 1}, "outbound": {"calls": 1, "cost": 10}}``);
+        the time it runs is counted once it ran. An approver reads it beside `remaining`."""
+        out: dict[str, dict[str, Any]] = {}
+        for name in reservation.budgets:
+            budget = self._by_name.get(name)
+            if budget is None:
+                continue
+            limit = budget.spec.limit
+            takes: dict[str, Any] = {}
+            if limit.calls is not None:
+                takes["calls"] = 1
+            if limit.cost is not None:
+                takes["cost"] = _num(reservation.cost)
+            out[name] = takes
+        return out
+
     def remaining(self) -> dict[str, dict[str, Any]]:
         """What each budget may still use, for the limits it sets (never below zero; None when unknown)."""
         used_now = self.usage()

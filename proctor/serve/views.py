@@ -6,11 +6,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from proctor.calls import source_lines
 from proctor.errors import StoreError
 from proctor.store.base import PendingApproval, RunRecord, RunStore
 
-__all__ = ["PREVIEW_CHARS", "approval_view", "display_fields", "filter_approvals", "hidden_fields", "next_steps",
-           "preview", "program_lines", "run_calls", "run_view"]
+__all__ = ["PREVIEW_CHARS", "approval_view", "budget_rows", "display_fields", "filter_approvals", "hidden_fields",
+           "next_steps", "preview", "program_lines", "run_calls", "run_view"]
 
 #: How much of an earlier call's result the approval page shows.
 PREVIEW_CHARS = 300
@@ -32,19 +33,72 @@ def filter_approvals(items: Sequence[PendingApproval], *, tool: str = "", princi
     return out
 
 
-def program_lines(code: str, line: int | None = None, col: int | None = None) -> list[dict[str, Any]]:
-    """The program's lines; the one where the pending call was made (its reported `line`) is marked,
-    with the column it starts at. Never found by the tool's name: a tool called on two lines is
-    pending at one of them only. Without a reported position nothing is marked."""
+def program_lines(code: str, line: int | None = None, col: int | None = None, end_line: int | None = None,
+                  end_col: int | None = None) -> list[dict[str, Any]]:
+    """The program's lines (numbered as Python numbers them); the lines of the pending call (from its
+    reported `line` to `end_line`) are marked, and the call expression itself, from `col` to `end_col`,
+    is cut out as `at` (with `before` and `after` it). Never found by the tool's name: a tool called on
+    two lines is pending at one of them only. Without a reported position nothing is marked."""
+    last = end_line if end_line is not None and line is not None and end_line >= line else line
+    lines = source_lines(code)
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline ending the program
     out: list[dict[str, Any]] = []
-    for n, text in enumerate(code.splitlines(), 1):
-        entry: dict[str, Any] = {"number": n, "text": text, "marked": n == line}
+    for n, text in enumerate(lines, 1):
+        marked = line is not None and last is not None and line <= n <= last
+        entry: dict[str, Any] = {"number": n, "text": text, "marked": marked, "first": n == line}
         raw = text.encode()
-        if n == line and col is not None and 0 <= col <= len(raw):
-            head = raw[:col].decode(errors="replace")  # a column counts UTF-8 bytes, as `ast` does
-            entry.update(before=head, at=text[len(head):], col=col)
+        if marked and col is not None:
+            # Columns count UTF-8 bytes, as `ast` does; the call may go on over the next lines.
+            start = col if n == line else len(raw) - len(raw.lstrip())
+            stop = end_col if n == last and end_col is not None else len(raw)
+            if 0 <= start <= stop <= len(raw):
+                entry.update(before=raw[:start].decode(errors="replace"), at=raw[start:stop].decode(errors="replace"),
+                             after=raw[stop:].decode(errors="replace"), col=col if n == line else None)
         out.append(entry)
     return out
+
+
+def budget_rows(left: Mapping[str, Any], spend: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each budget with what the pending call takes from it and what it has left before and after
+    (`left` is held after: the call's reservation is counted while it waits). A budget the call does
+    not count against shows what it has left and takes nothing."""
+    rows: list[dict[str, Any]] = []
+    for name, after in left.items():
+        takes = spend.get(name) if isinstance(spend.get(name), Mapping) else None
+        kinds = []
+        for kind, value in (after.items() if isinstance(after, Mapping) else ()):
+            taken = takes.get(kind) if takes is not None else None
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            before = value + taken if number and isinstance(taken, (int, float)) else value
+            kinds.append({"kind": kind, "takes": taken, "before": before, "after": value})
+        rows.append({"budget": name, "counts": takes is not None, "kinds": kinds,
+                     "text": _budget_text(kinds, counts=takes is not None)})
+    return rows
+
+
+def _budget_text(kinds: Sequence[Mapping[str, Any]], *, counts: bool) -> str:
+    """``calls: takes 1 of 2 left → 1; cost: takes 10 of 20 left → 10`` (or what is left, when it takes nothing)."""
+    parts = []
+    for k in kinds:
+        label = k["kind"].replace("_", " ")
+        if k["takes"] is not None:
+            parts.append(f"{label}: takes {_n(k['takes'])} of {_n(k['before'])} left → {_n(k['after'])}")
+        elif counts and k["kind"] == "wall_time_ms":
+            parts.append(f"{label}: {_n(k['after'])} left, counted while it runs")
+        else:
+            parts.append(f"{label}: {_n(k['after'])} left")
+    if not parts:
+        return "counts this call" if counts else "no limit set"
+    return "; ".join(parts) + ("" if counts else " (this call does not count against it)")
+
+
+def _n(value: Any) -> str:
+    if value is None:
+        return "unknown"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
 
 
 def _program(record: RunRecord | None) -> str:
@@ -156,10 +210,13 @@ def approval_view(store: RunStore, approval: PendingApproval, *, resumes: bool =
         "approval": approval.as_dict(),
         "shown_args": shown,
         "hidden": hidden_fields(shown),
-        "position": {"line": approval.line, "col": approval.col} if approval.line is not None else None,
+        "position": {"line": approval.line, "col": approval.col, "end_line": approval.end_line,
+                     "end_col": approval.end_col} if approval.line is not None else None,
+        "budgets": budget_rows(approval.budget, approval.spend),
         "run": _run_summary(record) if record is not None else None,
         "thought": _thought(record),
-        "program": program_lines(code, approval.line, approval.col) if code else [],
+        "program": program_lines(code, approval.line, approval.col, approval.end_line, approval.end_col)
+        if code else [],
         "calls": [c for c in calls if c.get("call_id") != approval.call_id],
         "next": next_steps(store, approval, record, resumes=resumes),
         "display": display_fields(approval, shown, record),

@@ -224,16 +224,21 @@ class PendingApproval:
     #: The arguments as an approver sees them: clear, but for fields the policy hides from approvers
     #: (``hide_from_approvers``, shown as their ``{"$redacted": …}`` marker). None when they are `args`.
     shown_args: Mapping[str, Any] | None = None
-    #: Where in the step's program the call was made (1-based line, 0-based column), as the worker
-    #: reported it; None when it was not reported.
+    #: Where in the step's program the call was made (1-based lines, 0-based columns in UTF-8 bytes: the
+    #: call expression's start and end), as the interpreter reported it; None when it was not reported.
     line: int | None = None
     col: int | None = None
+    end_line: int | None = None
+    end_col: int | None = None
+    #: What the call takes from each budget it counts against (``{budget: {"calls": 1, "cost": 10}}``);
+    #: `budget` holds what each has left once it is taken.
+    spend: Mapping[str, Any] = field(default_factory=dict)
     #: Who may answer, as the policy said when the call was filed: ``{"require": [spec…], "os_users": {…}}``
     #: (`proctor.policy.approvers`). A convenience for refusing early; the gate checks again with its policy.
     approvers: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _normalise(self, ("rules",), ("args", "labels", "budget", "parameters", "approvers"))
+        _normalise(self, ("rules",), ("args", "labels", "budget", "parameters", "approvers", "spend"))
         if self.shown_args is not None:
             object.__setattr__(self, "shown_args", dict(self.shown_args))
 

@@ -299,10 +299,16 @@ def _approval_lines(a: Any) -> list[str]:
         lines.append(f"  hidden    {', '.join(m(h) for h in hidden)}: the policy hides "
                      f"{'it' if len(hidden) == 1 else 'them'} from approvers (hide_from_approvers)")
     where = f", line {a.line}" + (f" column {a.col + 1}" if a.col is not None else "") if a.line is not None else ""
+    if a.line is not None and a.end_line is not None and a.end_line != a.line:
+        where += f" to line {a.end_line}"
     lines += [f"  run       {m(a.run_id)}  step {a.step}, call {a.seq + 1}{where}  principal: {m(a.principal or '-')}",
               f"  asked by  {m(', '.join(a.rules) or 'the default')}: {m(a.reason)}",
               f"  requested {_when(a.requested_at_ns)}  deadline {_when(a.expires_at_ns)}",
               f"  binding   {a.binding}"]
+    from proctor.serve.views import budget_rows
+
+    for i, row in enumerate(budget_rows(a.budget, a.spend)):
+        lines.append(f"  {'budgets' if i == 0 else '':<9} {m(row['budget'])}: {m(row['text'])}")
     if a.answer is not None:
         lines.append(f"  answer    {m(a.answer.verdict)} by {m(a.answer.approver)}"
                      + (f" from {m(a.answer.address)}" if a.answer.address else "")

@@ -105,7 +105,7 @@ def file_positioned(store: RunStore, *, line: int = 3, col: int = 8, run_id: str
     import time
 
     from proctor.approval.base import ApprovalRequest, approval_binding
-    from proctor.calls import RunInfo
+    from proctor.calls import CallPosition, RunInfo
     from proctor.errors import RunSuspended
     from proctor.store.base import RunRecord
 
@@ -117,7 +117,7 @@ def file_positioned(store: RunStore, *, line: int = 3, col: int = 8, run_id: str
         call_id=call_id, tool="send", side_effect="external", args=args, rules=("outbound",),
         reason="money leaves", policy_sha256="0" * 64, budget={"run-calls": {"calls": 48}},
         expires_at_ns=time.time_ns() + 600 * 10**9, binding=approval_binding("send", args, call_id, "0" * 64),
-        run=RunInfo(id=run_id, step=1, principal="alice"), position=(line, col),
+        run=RunInfo(id=run_id, step=1, principal="alice"), position=CallPosition(line, col),
         parameters=send.parameters)
     try:
         InboxApprover(store).request(request)

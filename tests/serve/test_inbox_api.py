@@ -53,8 +53,11 @@ def test_list_and_show_a_pending_call(inbox: Inbox, client: TestClient) -> None:
     assert item["tool"] == "send" and item["principal"] == "alice" and item["rules"] == ["outbound-mail"]
     one = client.get(f"/api/approvals/{approval_id}", headers=bearer(inbox, "bob")).json()
     assert one["run"]["task"] == "Send carol her invoice"
-    # Nothing is marked by the tool's name: only a position the worker reported marks a line.
-    assert [line for line in one["program"] if line["marked"]] == [] and one["position"] is None
+    # The call is marked where the worker reported it (line 2 of the program, from column 4 to its end).
+    line = "r = send(to='carol@partner.org', body='your invoice')"
+    assert one["position"] == {"line": 2, "col": 4, "end_line": 2, "end_col": len(line)}
+    marked = [entry for entry in one["program"] if entry["marked"]]
+    assert [m["number"] for m in marked] == [2] and marked[0]["at"] == line[4:] and marked[0]["before"] == "r = "
     assert [(c["tool"], c["status"]) for c in one["calls"]] == [("lookup", "ok")]
     assert one["calls"][0]["result"] == "carol <carol@partner.org>"  # a preview of the earlier call's result
     assert one["thought"] == "Thought: find the address, then write."

@@ -115,7 +115,7 @@ def test_the_pending_call_is_marked_at_its_reported_position_only(inbox: Inbox, 
     approval_id = file_positioned(store, line=3, col=8)
     c = TestClient(create_app(store, TokenFile.load(inbox.tokens_path)), base_url="http://inbox.test")
     view = c.get(f"/api/approvals/{approval_id}", headers=bob(inbox)).json()
-    assert view["position"] == {"line": 3, "col": 8}
+    assert view["position"] == {"line": 3, "col": 8, "end_line": None, "end_col": None}
     marked = [line for line in view["program"] if line["marked"]]
     assert [m["number"] for m in marked] == [3] and marked[0]["at"].startswith("send(to='ceo@")
     c.post("/login", data={"token": inbox.tokens["bob"]})
