@@ -126,6 +126,55 @@ def file_positioned(store: RunStore, *, line: int = 3, col: int = 8, run_id: str
     raise AssertionError("the approval was answered at once")
 
 
+#: A policy where mail inside the company goes out and mail outside waits for a human, and `send`
+#: counts against a budget of two calls and 20 cost units (each send costs 5).
+POSITION_POLICY = {
+    "version": 1,
+    "default": "deny",
+    "tools": {"lookup": {"side_effect": "read"}, "send": {"side_effect": "external", "cost": 5}},
+    "budgets": [{"name": "outbound", "match": {"tool": "send"}, "limit": {"calls": 2, "cost": 20}},
+                {"name": "run-calls", "limit": {"calls": 50}}],
+    "rules": [
+        {"name": "reads", "match": {"side_effect": "read"}, "decision": "allow"},
+        {"name": "internal-mail", "match": {"tool": "send"}, "when": "args.to.endsWith('@example.com')",
+         "decision": "allow"},
+        {"name": "outbound-mail", "match": {"tool": "send"}, "when": "!args.to.endsWith('@example.com')",
+         "decision": "require_approval", "reason": "mail leaving the company needs a human"},
+    ],
+    "approval": POLICY["approval"],
+}
+
+#: One tool on two lines: the first call (allowed) runs, the second waits at line 3, column 8.
+TWO_CALLS = ("x = send(to='ops@example.com', body='first')\n"
+             "for n in [1]:\n"
+             "    y = send(to='ceo@partner.org', body='second')\n"
+             "final_answer(y)\n")
+
+#: The same tool called through a helper the program defines: both calls are made at line 2, column 11.
+THROUGH_A_HELPER = ("def notify(who):\n"
+                    "    return send(to=who, body='hello')\n"
+                    "notify('ops@example.com')\n"
+                    "for who in ['ceo@partner.org']:\n"
+                    "    notify(who)\n"
+                    "final_answer('done')\n")
+
+
+def suspend_program(inbox: Inbox, program: str, *, thought: str = "Thought: two.", principal: str = "alice") -> str:
+    """Run `program` as one step of a real durable run (a real worker, the real gate) under
+    `POSITION_POLICY` until it suspends; return the pending approval's id."""
+    store = RunStore.open(inbox.store_url)
+    try:
+        agent = CodeAgent([lookup, send], ScriptedModel([f"{thought}\n```python\n{program}```"]),
+                          Policy.from_dict(POSITION_POLICY), approver=InboxApprover(store),
+                          audit=inbox.tmp / "audit.jsonl", store=store, sandbox="process", timeout=60)
+        with agent:
+            result = agent.run("two sends", principal=principal)
+        assert result.status == "suspended", result.error
+        return str(result.pending[0].id)
+    finally:
+        store.close()
+
+
 def background(fn: Any) -> tuple[threading.Thread, list[Any]]:
     """Run `fn` in a thread; its result (or exception) lands in the returned list."""
     out: list[Any] = []

@@ -18,7 +18,7 @@ from proctor.serve.app import create_app
 from proctor.store.base import RunStore
 
 from .browser import chromium, serving
-from .inbox_helpers import SENT, Inbox, background, file_positioned
+from .inbox_helpers import SENT, THROUGH_A_HELPER, TWO_CALLS, Inbox, background, suspend_program
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -145,37 +145,57 @@ def test_four_eyes_and_keyboard_in_the_browser(inbox: Inbox, server: tuple[str, 
 
 def test_the_page_marks_the_reported_call_and_shows_edits_reasons_and_the_deadline(
         inbox: Inbox, server: tuple[str, RunStore], tmp_path: Path) -> None:
-    """One tool on two lines: only the reported line is marked; the thought, the deadline and the budgets
-    are shown; an edit with a reason is shown beside the original arguments, with what happens next."""
+    """A real run calls one tool on two lines (the first allowed, it ran): only the pending call is marked,
+    at the line and columns the worker reported; the thought, the deadline and what the call takes from each
+    budget are shown; an edit with a reason is shown beside the original arguments, with what happens next."""
     url, store = server
-    approval_id = file_positioned(store, line=3, col=8)
+    approval_id = suspend_program(inbox, TWO_CALLS)
+    run_id = store.get_approval(approval_id).run_id
     shots = os.environ.get("PROCTOR_SCREENSHOTS")
     with chromium(tmp_path / "bob", height=1500) as driver:
         log_in(driver, url, inbox.tokens["bob"])
         driver.get(f"{url}/approvals/{approval_id}")
         marked = driver.find_elements(By.CSS_SELECTOR, ".program .marked")
-        assert len(marked) == 1 and "send(to='ceo@example.com'" in marked[0].text
-        assert driver.find_element(By.ID, "pending-call").text.startswith("send(to='ceo@example.com'")
+        assert len(marked) == 1 and "y = send(to='ceo@partner.org'" in marked[0].text
+        assert driver.find_element(By.ID, "pending-call").text == "send(to='ceo@partner.org', body='second')"
+        assert driver.find_element(By.ID, "pending-line").get_attribute("data-line") == "3"
         assert "line 3, column 9" in driver.find_element(By.ID, "position").text
         assert driver.find_element(By.ID, "thought").text == "Thought: two."
         expires = store.get_approval(approval_id).as_dict()["expires_at"]
         assert expires in driver.find_element(By.ID, "deadline").text
-        assert "run-calls" in driver.find_element(By.CSS_SELECTOR, "table.budgets").text
+        budgets = driver.find_element(By.ID, "budgets").text
+        assert "calls: takes 1 of 1 left → 0; cost: takes 5 of 15 left → 10" in budgets and "run-calls" in budgets
         if shots:
             driver.save_screenshot(str(Path(shots) / "inbox-two-calls.png"))
         driver.find_element(By.CSS_SELECTOR, "#edit-form").find_element(By.XPATH, "..").find_element(
             By.TAG_NAME, "summary").click()
         box = driver.find_element(By.ID, "edit-args")
         box.clear()
-        box.send_keys('{"to": "cfo@example.com", "body": "second"}')
+        box.send_keys('{"to": "cfo@partner.org", "body": "second"}')
         driver.find_element(By.CSS_SELECTOR, "#edit-form input[name=reason]").send_keys("the CFO signs these")
         driver.find_element(By.ID, "edit-confirm").send_keys("send")
         driver.find_element(By.ID, "edit").click()
         wait_for(lambda: driver.find_element(By.ID, "status").text == "answered", "the edit to be stored")
         answer = driver.find_element(By.ID, "answer").text
         assert "edit by bob" in answer and "the CFO signs these" in answer
-        assert "cfo@example.com" in driver.find_element(By.ID, "edited-args").text
-        assert "ceo@example.com" in driver.find_element(By.ID, "args").text  # the original, beside it
-        assert "proctor runs resume run_pos0123456789" in driver.find_element(By.ID, "next").text
+        assert "cfo@partner.org" in driver.find_element(By.ID, "edited-args").text
+        assert "ceo@partner.org" in driver.find_element(By.ID, "args").text  # the original, beside it
+        assert f"proctor runs resume {run_id}" in driver.find_element(By.ID, "next").text
         if shots:
             driver.save_screenshot(str(Path(shots) / "inbox-edit.png"))
+
+
+def test_a_call_made_in_a_helper_from_a_loop_is_marked_in_the_helper(
+        inbox: Inbox, server: tuple[str, RunStore], tmp_path: Path) -> None:
+    """The program calls `send` through a helper it defined, from a loop: the page marks the call in the
+    helper's body (line 2, where the program's text makes it), not the loop's line nor the first call's."""
+    url, store = server
+    approval_id = suspend_program(inbox, THROUGH_A_HELPER)
+    with chromium(tmp_path / "bob", height=1200) as driver:
+        log_in(driver, url, inbox.tokens["bob"])
+        driver.get(f"{url}/approvals/{approval_id}")
+        marked = driver.find_elements(By.CSS_SELECTOR, ".program .marked")
+        assert [m.get_attribute("data-line") for m in marked] == ["2"]
+        assert driver.find_element(By.ID, "pending-call").text == "send(to=who, body='hello')"
+        assert "line 2, column 12" in driver.find_element(By.ID, "position").text
+        assert "ceo@partner.org" in driver.find_element(By.ID, "args").text
