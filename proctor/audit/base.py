@@ -40,6 +40,7 @@ KINDS = (
     "halt_set",
     "halt_lifted",
     "policy_changed",
+    "approval_refused",
 )
 
 

@@ -57,6 +57,7 @@ from proctor.serve.halting import HaltDesk, HaltRefused
 from proctor.serve.views import approval_view, display_fields, filter_approvals, run_view
 from proctor.store.answers import answer, grant_preview
 from proctor.store.base import RunStore
+from proctor.store.refusals import RefusalSink
 from proctor.termsafe import marked_html
 
 __all__ = ["CONFIRMED_CLASSES", "AnswerBody", "HaltBody", "InboxApp", "create_app"]
@@ -113,7 +114,7 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
                sessions: Sessions | None = None, trusted_proxies: int | None = None,
                max_body: int = DEFAULT_MAX_BODY, resumes: bool = False, openapi: bool = False,
                halts: HaltBackend | None = None, audit: AuditSink | None = None,
-               halt_groups: Collection[str] = ()) -> FastAPI:
+               halt_groups: Collection[str] = (), refusals: RefusalSink | None = None) -> FastAPI:
     """The inbox over `store`, accepting the approvers in `tokens` (and a trusted proxy's header, if named).
 
     `trusted_proxies`: how many reverse proxies stand before the server (the client's address is
@@ -122,6 +123,9 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
     (``--resume``), as the pages then say. `openapi`: serve the schema at ``/api/openapi.json``.
     `halts`: where the fleet's halts are (shown on every page); approvers in `halt_groups` may halt
     a run from its page, recorded in `audit` (`proctor.serve.halting`).
+    `refusals`: where an answer refused for who gave it or what it echoes is recorded (``approval_refused``;
+    `proctor serve` gives the runs' audit trail: `audit` when it holds it open, else
+    `proctor.store.refusals.AuditTrail`); without it, only the inbox's log says so.
     """
     hops = trusted_proxies if trusted_proxies is not None else (1 if proxy_header is not None else 0)
     if hops < 0:
@@ -272,7 +276,7 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
         await run_in_threadpool(answer, store, approval_id, approver=identity.name, address=identity.address,
                                 decision=decision, binding=str(form.get("binding", "")),
                                 reason=str(form.get("reason", "")), args=args, grant=grant,
-                                method=identity.via, groups=tokens.groups.get(identity.name))
+                                method=identity.via, groups=tokens.groups.get(identity.name), refusals=refusals)
         return RedirectResponse(f"/approvals/{approval_id}", status_code=303)
 
     def _confirmed(approval_id: str, decision: str, confirm: str) -> None:
@@ -352,7 +356,8 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
     def _answer_api(identity: Identity, approval_id: str, body: AnswerBody) -> dict[str, Any]:
         answered = answer(store, approval_id, approver=identity.name, address=identity.address,
                           decision=body.decision, binding=body.binding, reason=body.reason, args=body.args,
-                          grant=body.grant, method=identity.via, groups=tokens.groups.get(identity.name))
+                          grant=body.grant, method=identity.via, groups=tokens.groups.get(identity.name),
+                          refusals=refusals)
         return answered.as_dict()
 
     @app.get("/api/approvals/{approval_id}/grant-preview")

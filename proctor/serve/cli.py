@@ -45,8 +45,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--policy", metavar="P", help="the policy file, for --resume")
     p.add_argument("--model", metavar="ID", help="a litellm model id, for --resume")
     p.add_argument("--audit", metavar="LOG|URL",
-                   help="the audit log resumed runs and halts set from the inbox append to (default $PROCTOR_AUDIT "
-                        "for halts)")
+                   help="the runs' audit trail: resumed runs and halts set from the inbox append to it, and every "
+                        "answer the inbox refuses is recorded in it (approval_refused); default as `proctor run`: "
+                        "$PROCTOR_AUDIT, else $XDG_STATE_HOME/proctor/audit.jsonl ($PROCTOR_AUDIT for halts)")
     p.add_argument("--halts", metavar="URL", default=None,
                    help="where the fleet's halts are: redis://… (the gates' --ledger) or a run store URL; default: "
                         "the run store, when it is SQLite or PostgreSQL. Active halts are shown on every page")
@@ -115,12 +116,18 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     halts, audit = halting
     resumer = _resumer(args, store) if args.resume else None
+    from proctor.agent.cli import default_audit_path
     from proctor.serve.guard import DEFAULT_MAX_BODY
+    from proctor.store.refusals import AuditTrail, RefusalSink, SinkRefusals
 
+    # Refused answers go to the runs' trail: the sink halts hold open (a file log has one writer), or
+    # the trail opened for each refusal.
+    refusals: RefusalSink = SinkRefusals(audit) if audit is not None else AuditTrail(args.audit or default_audit_path())
     try:
         app = create_app(store, tokens, proxy_header=args.trust_proxy_header, trusted_proxies=args.trusted_proxies,
                          max_body=args.max_body or DEFAULT_MAX_BODY, resumes=resumer is not None,
-                         openapi=args.openapi, halts=halts, audit=audit, halt_groups=halt_groups)
+                         openapi=args.openapi, halts=halts, audit=audit, halt_groups=halt_groups,
+                         refusals=refusals)
     except (ProctorError, ValueError) as exc:
         print(f"proctor serve: {exc}", file=sys.stderr)
         store.close()

@@ -21,65 +21,85 @@ from typing import Any
 from proctor.errors import ApprovalConflict, FourEyes, InvalidAnswer
 from proctor.policy.approvers import Answerer, ApproverRule, OsUser, os_answerer, refusal
 from proctor.store.base import ApprovalAnswer, PendingApproval, RunStore
-from proctor.telemetry.logging import get_logger
+from proctor.store.refusals import RefusalSink, refusal_fields, write_refusal
 
 __all__ = ["VERDICTS", "answer", "check_edit", "check_grant", "grant_preview", "os_identity"]
 
 VERDICTS = ("approve", "deny", "edit", "grant")
 
-log = get_logger("proctor.store")
 
-
-def os_identity(approval: PendingApproval, os_user: str, acting_as: str | None) -> Answerer:
+def os_identity(approval: PendingApproval, os_user: str, acting_as: str | None, *,
+                refusals: RefusalSink | None = None, decision: str = "", address: str = "") -> Answerer:
     """Who an answer from OS account `os_user` (`--as acting_as`) is, by the mapping filed with `approval`
-    (the policy's `approval.os_users`); `FourEyes` naming the fix when the mapping does not allow it."""
+    (the policy's `approval.os_users`); `FourEyes` naming the fix when the mapping does not allow it (and
+    an ``approval_refused`` record in `refusals`)."""
     mapping = approval.approvers.get("os_users")
     users = {str(k): OsUser.from_dict(v) for k, v in mapping.items() if isinstance(v, Mapping)} \
         if isinstance(mapping, Mapping) else {}
     found = os_answerer(os_user, acting_as, users)
     if isinstance(found, str):
-        raise FourEyes(f"approval {approval.id}: {found}")
+        message = f"approval {approval.id}: {found}"
+        missing = write_refusal(refusals, refusal_fields(
+            approval, approval.id, code="identity", reason=message, approver=acting_as or os_user,
+            method="os-user", address=address, os_user=os_user, decision=decision, binding=approval.binding))
+        raise FourEyes(message + missing)
     return found
 
 
 def answer(store: RunStore, approval_id: str, *, approver: str, address: str, decision: str, binding: str,
            reason: str = "", args: Mapping[str, Any] | None = None,
            grant: Mapping[str, Any] | None = None, method: str = "", groups: tuple[str, ...] | None = None,
-           os_user: str = "") -> PendingApproval:
+           os_user: str = "", refusals: RefusalSink | None = None) -> PendingApproval:
     """Check and store one answer; raise `InvalidAnswer`, `FourEyes` or `ApprovalConflict` otherwise.
 
     `method` says how `approver` was proven (`proctor.policy.approvers.METHODS`), `groups` the groups
-    that proof gives it (None: unknown), `os_user` the OS account it answered from (the store CLI)."""
+    that proof gives it (None: unknown), `os_user` the OS account it answered from (the store CLI).
+    Every refusal of an answer to an approval that exists is an ``approval_refused`` record in
+    `refusals` (`proctor.store.refusals`): the run's audit trail."""
+    current: PendingApproval | None = None
+
+    def refused(code: str, error: ApprovalConflict | InvalidAnswer) -> ApprovalConflict | InvalidAnswer:
+        missing = write_refusal(refusals, refusal_fields(
+            current, approval_id, code=code, reason=str(error), approver=approver, method=method or "unknown",
+            address=address, os_user=os_user, decision=decision, binding=binding, words=reason, groups=groups))
+        if missing:
+            error.args = (f"{error}{missing}",)
+        return error
+
     if decision not in VERDICTS:
         raise InvalidAnswer(f"decision must be one of {', '.join(VERDICTS)}, got {decision!r}")
-    reason = reason.strip()
-    if decision == "deny" and not reason:
-        raise InvalidAnswer("a deny needs a reason: the program (and the model) are told why")
-    current = store.get_approval(approval_id)
+    current = store.get_approval(approval_id)  # (an unknown id is refused here: there is no call to name)
+    words = reason.strip()
+    if decision == "deny" and not words:
+        raise refused("invalid", InvalidAnswer("a deny needs a reason: the program (and the model) are told why"))
     if current.principal is not None and current.principal == approver:
-        raise FourEyes(f"{approver} is the principal of run {current.run_id} and cannot answer its calls "
-                       "(four eyes): ask another approver")
+        raise refused("four_eyes", FourEyes(f"{approver} is the principal of run {current.run_id} and cannot answer "
+                                            "its calls (four eyes): ask another approver"))
+    if current.status != "pending":  # (before who may answer: nobody may now, and that is the reason to give)
+        raise refused("not_pending", ApprovalConflict(f"approval {approval_id} is already {current.status}"))
     specs = [ApproverRule.from_dict(s) for s in current.approvers.get("require") or () if isinstance(s, Mapping)]
-    refused = refusal(Answerer(approver, method or "unknown", groups, os_user), specs, current.principal)
-    if refused is not None:
-        log.warning("approval_answer_refused", approval_id=approval_id, approver=approver, method=method,
-                    os_user=os_user, address=address, reason=refused)
-        raise FourEyes(f"approval {approval_id}: {refused}")
-    if current.status != "pending":
-        raise ApprovalConflict(f"approval {approval_id} is already {current.status}")
+    not_admitted = refusal(Answerer(approver, method or "unknown", groups, os_user), specs, current.principal)
+    if not_admitted is not None:
+        raise refused("not_admitted", FourEyes(f"approval {approval_id}: {not_admitted}"))
     if binding != current.binding:
-        raise ApprovalConflict(f"approval {approval_id} changed since the page was loaded (binding mismatch): "
-                               "reload it and decide again")
+        raise refused("binding", ApprovalConflict(f"approval {approval_id} changed since the page was loaded "
+                                                  "(binding mismatch): reload it and decide again"))
     edited: dict[str, Any] | None = None
-    if decision == "edit":
-        if not isinstance(args, Mapping):
-            raise InvalidAnswer("an edit needs args: a JSON object of argument names to values")
-        edited = check_edit(current, args)
     granted: dict[str, Any] | None = None
-    if decision == "grant":
-        granted = check_grant(current, grant)
-    stored = ApprovalAnswer(decision, approver, reason, edited, granted, time.time_ns(), address, method, os_user)
-    return store.answer_approval(approval_id, stored, binding=binding)
+    try:
+        if decision == "edit":
+            if not isinstance(args, Mapping):
+                raise InvalidAnswer("an edit needs args: a JSON object of argument names to values")
+            edited = check_edit(current, args)
+        if decision == "grant":
+            granted = check_grant(current, grant)
+    except InvalidAnswer as exc:
+        raise refused("invalid", exc) from None
+    stored = ApprovalAnswer(decision, approver, words, edited, granted, time.time_ns(), address, method, os_user)
+    try:
+        return store.answer_approval(approval_id, stored, binding=binding)
+    except ApprovalConflict as exc:  # answered, voided or expired since it was read (a race): refused there
+        raise refused("not_pending", exc) from None
 
 
 def check_edit(approval: PendingApproval, args: Mapping[str, Any]) -> dict[str, Any]:

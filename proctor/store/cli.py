@@ -65,6 +65,10 @@ def register(subparsers: Any) -> None:
                        help="answer as NAME (default: your OS user; only names the policy's approval.os_users "
                        "lets your OS user act as; with --server the token names you)")
         p.add_argument("--reason", metavar="TEXT", default="", help="why (shown to the program on deny)")
+        p.add_argument("--audit", metavar="PATH|URL", default=None,
+                       help="the run's audit trail, where a refused answer is recorded (approval_refused; default: "
+                            "as `proctor run`: $PROCTOR_AUDIT, else $XDG_STATE_HOME/proctor/audit.jsonl; with "
+                            "--server the server records it)")
         if verdict == "edit":
             p.add_argument("--args", metavar="JSON", required=True, help="the arguments to run with instead")
         p.set_defaults(func=_answer, verdict=verdict)
@@ -338,6 +342,8 @@ def _answer(args: argparse.Namespace) -> int:
     if client is not None:
         if args.approver:
             raise _Usage("--as does not go with --server: the server knows you by your token")
+        if args.audit:
+            raise _Usage("--audit does not go with --server: the server records refused answers in its own trail")
         args.id = _approval_id(args, client, args.id)
         binding = client.approval(args.id)["approval"]["binding"]
         data = client.answer(args.id, decision=args.verdict, binding=binding, reason=args.reason, args=edited)
@@ -346,9 +352,14 @@ def _answer(args: argparse.Namespace) -> int:
         answered = PendingApproval.from_dict(data)
         approver = answered.answer.approver if answered.answer is not None else "?"
     else:
+        from proctor.agent.cli import default_audit_path
         from proctor.policy.approvers import Answerer, os_account
         from proctor.store.answers import os_identity
+        from proctor.store.refusals import AuditTrail
 
+        # A refused answer is recorded in the run's trail (the one `proctor run` writes by default).
+        trail = AuditTrail(args.audit or default_audit_path())
+        address = f"cli:{_host()}"
         store = _open(args)
         try:
             args.id = _approval_id(args, store, args.id)
@@ -357,12 +368,13 @@ def _answer(args: argparse.Namespace) -> int:
             # is taken only where the policy's approval.os_users lets that account act as the name.
             account = os_account()
             # (one no longer pending is refused by answer() for that, the clearer reason)
-            who = os_identity(current, account, args.approver) if current.status == "pending" else \
+            who = os_identity(current, account, args.approver, refusals=trail, decision=args.verdict,
+                              address=address) if current.status == "pending" else \
                 Answerer(args.approver or account, "os-user", None, account)
             approver = who.name
-            answered = answer(store, args.id, approver=approver, address=f"cli:{_host()}", decision=args.verdict,
+            answered = answer(store, args.id, approver=approver, address=address, decision=args.verdict,
                               binding=current.binding, reason=args.reason, args=edited, method=who.method,
-                              groups=who.groups, os_user=who.os_user)
+                              groups=who.groups, os_user=who.os_user, refusals=trail)
         finally:
             store.close()
     if args.json:

@@ -159,13 +159,14 @@ THROUGH_A_HELPER = ("def notify(who):\n"
                     "final_answer('done')\n")
 
 
-def suspend_program(inbox: Inbox, program: str, *, thought: str = "Thought: two.", principal: str = "alice") -> str:
-    """Run `program` as one step of a real durable run (a real worker, the real gate) under
-    `POSITION_POLICY` until it suspends; return the pending approval's id."""
+def suspend_program(inbox: Inbox, program: str, *, thought: str = "Thought: two.", principal: str = "alice",
+                    policy: dict[str, Any] | None = None) -> str:
+    """Run `program` as one step of a real durable run (a real worker, the real gate) under `policy`
+    (default `POSITION_POLICY`) until it suspends; return the pending approval's id."""
     store = RunStore.open(inbox.store_url)
     try:
         agent = CodeAgent([lookup, send], ScriptedModel([f"{thought}\n```python\n{program}```"]),
-                          Policy.from_dict(POSITION_POLICY), approver=InboxApprover(store),
+                          Policy.from_dict(policy or POSITION_POLICY), approver=InboxApprover(store),
                           audit=inbox.tmp / "audit.jsonl", store=store, sandbox="process", timeout=60)
         with agent:
             result = agent.run("two sends", principal=principal)

@@ -189,7 +189,7 @@ def test_a_call_made_in_a_helper_from_a_loop_is_marked_in_the_helper(
         inbox: Inbox, server: tuple[str, RunStore], tmp_path: Path) -> None:
     """The program calls `send` through a helper it defined, from a loop: the page marks the call in the
     helper's body (line 2, where the program's text makes it), not the loop's line nor the first call's."""
-    url, store = server
+    url, _ = server
     approval_id = suspend_program(inbox, THROUGH_A_HELPER)
     with chromium(tmp_path / "bob", height=1200) as driver:
         log_in(driver, url, inbox.tokens["bob"])
