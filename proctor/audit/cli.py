@@ -267,6 +267,8 @@ def _decision(rec: dict[str, Any]) -> str:
         return str(rec["status"])
     if rec.get("kind") == "approval_resolved" and rec.get("verdict") is not None:
         return str(rec["verdict"])
+    if rec.get("kind") == "approval_refused":
+        return f"refused {rec.get('decision') or ''}".strip()
     decision = rec.get("decision")
     if isinstance(decision, dict):
         return str(decision.get("outcome", ""))
@@ -455,7 +457,7 @@ _MAX_WIDTH = {"run": 9, "agent": 12, "tool": 14, "verdict": 10, "approval": 16}
 _KIND_SHORT = {"call_intent": "intent", "call_outcome": "outcome", "approval_requested": "appr_asked",
                "approval_resolved": "appr_done", "budget_exhausted": "budget_stop", "worker_started": "worker",
                "run_started": "run_start", "run_finished": "run_end", "run_suspended": "run_pause",
-               "run_resumed": "run_resume", "call_replayed": "replayed"}
+               "run_resumed": "run_resume", "call_replayed": "replayed", "approval_refused": "appr_refused"}
 
 
 def _run_of(log: str, text: str) -> str | bool | None:
@@ -515,6 +517,15 @@ def _event(rec: dict[str, Any]) -> tuple[int | None, str, list[str]]:
             details.append(f"grant {text(rec['grant'])}")
         if rec.get("refused"):
             details.append(f"refused: {rec['refused']}")
+    elif kind == "approval_refused":  # an answer the inbox or the CLI refused: who tried what, and why not
+        who = f"{rec.get('approver')} ({rec.get('method') or 'unknown'})"
+        if rec.get("address"):
+            who += f" from {rec['address']}"
+        if rec.get("os_user"):
+            who += f" as OS user {rec['os_user']}"
+        details += [f"{rec.get('decision') or 'an answer'} by {who} refused ({rec.get('code')}): {rec.get('reason')}",
+                    f"approval {rec.get('approval_id')}, then {rec.get('approval_status') or 'unknown'}",
+                    f"their reason: {rec.get('answer_reason') or '-'}"]
     elif kind == "call_outcome":
         details.append(f"status {rec.get('status')}" + (f": {rec.get('error')}" if rec.get("error") else ""))
     else:

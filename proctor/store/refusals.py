@@ -107,7 +107,7 @@ def refusal_fields(approval: PendingApproval | None, approval_id: str, *, code: 
         "run_id": approval.run_id if approval is not None else None,
         "call_id": approval.call_id if approval is not None else None,
         "tool": approval.tool if approval is not None else None,
-        "status": approval.status if approval is not None else None,
+        "approval_status": approval.status if approval is not None else None,
         "binding": approval.binding if approval is not None else None,
         "answered_binding": binding,
         "code": code,

@@ -73,12 +73,15 @@ def test_refusals_through_the_store_cli_are_audited(inbox: Inbox) -> None:
     assert by_code["identity"]["approver"] == "mallory" and by_code["identity"]["os_user"] == ME
     assert by_code["four_eyes"]["approver"] == "carol" and by_code["four_eyes"]["decision"] == "deny"
     assert by_code["four_eyes"]["answer_reason"] == "mine" and by_code["four_eyes"]["method"] == "os-user"
-    assert by_code["not_pending"]["status"] == "expired" and by_code["not_pending"]["tool"] == "send"
+    assert by_code["not_pending"]["approval_status"] == "expired" and by_code["not_pending"]["tool"] == "send"
     assert all(r["address"].startswith("cli:") and r["run_id"] and r["call_id"] for r in found)
     assert all(r["reason"] and r["reason"] in (unmapped.stderr + own.stderr + late.stderr) for r in found)
 
     verified = proctor("audit", "verify", str(log))
     assert verified.returncode == 0, verified.stdout + verified.stderr
+    timeline = proctor("audit", "show", str(log), "--run", by_code["identity"]["run_id"])
+    assert timeline.returncode == 0, timeline.stderr
+    assert "approve by mallory (os-user)" in timeline.stdout and "refused (identity)" in timeline.stdout
 
 
 def test_refusals_by_the_inbox_over_http_are_audited(inbox: Inbox) -> None:
