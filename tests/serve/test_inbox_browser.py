@@ -71,7 +71,10 @@ def test_approve_in_the_browser_and_see_the_run_finish(inbox: Inbox, server: tup
         body = driver.find_element(By.TAG_NAME, "body").text
         assert "send" in body and "external" in body and "outbound-mail" in body
         assert "Send carol her invoice" in body and "carol@partner.org" in body
-        assert driver.find_elements(By.CSS_SELECTOR, ".program .marked") == []  # never marked by name
+        # marked where the worker reported the call: line 2, the call expression itself
+        marked = driver.find_elements(By.CSS_SELECTOR, ".program .marked")
+        assert [m.get_attribute("data-line") for m in marked] == ["2"]
+        assert driver.find_element(By.ID, "pending-call").text == "send(to='carol@partner.org', body='your invoice')"
         assert "lookup" in driver.find_element(By.CSS_SELECTOR, "table.calls").text
         shots = os.environ.get("PROCTOR_SCREENSHOTS")
         if shots:
