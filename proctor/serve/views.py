@@ -134,7 +134,8 @@ def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str, sort_keys=True)
     if len(text) <= limit:
         return text
-    return f"{text[:limit]}… ({len(text) - limit} more characters)"
+    # (three dots, not U+2026: the page marks characters outside ASCII punctuation as look-alikes)
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
 def run_calls(store: RunStore, record: RunRecord) -> list[dict[str, Any]]:
@@ -187,7 +188,8 @@ def next_steps(store: RunStore, approval: PendingApproval, record: RunRecord | N
                     f"({', '.join(others)}).")
         if resumes:
             return f"Run {rid} is resumed by this inbox (it runs with --resume) within a few seconds."
-        return (f"Run {rid} stays suspended until someone resumes it: `proctor runs resume {rid} …`, "
+        return (f"Run {rid} stays suspended until someone resumes it: `proctor runs resume {rid} --tools MOD:ATTR "
+                "--policy P --model ID`, "
                 "`agent.resume(run_id)`, or an inbox started with `proctor serve --resume`.")
     if record.status == "running":
         return f"Run {rid} is running again (resumed by {record.owner or 'a process'})."
