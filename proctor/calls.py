@@ -27,6 +27,7 @@ __all__ = [
     "Outcome",
     "RunInfo",
     "SideEffect",
+    "line_widths",
     "new_id",
     "side_effect_rank",
     "source_lines",
@@ -104,6 +105,8 @@ class Decision:
 
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")
+_NUMBER = r"(0|[1-9][0-9]{0,8})"
+_POSITION = re.compile(f"([1-9][0-9]{{0,8}})(?::{_NUMBER}:{_NUMBER}:{_NUMBER})?", re.ASCII)
 
 
 def source_lines(code: str) -> list[str]:
@@ -111,6 +114,11 @@ def source_lines(code: str) -> list[str]:
     also splits at U+2028, form feeds and others the compiler reads inside a line, which would put
     every later line off by one)."""
     return _NEWLINE.split(code)
+
+
+def line_widths(code: str) -> list[int]:
+    """Each of the program's lines (`source_lines`) in UTF-8 bytes: what `CallPosition.within` checks."""
+    return [len(line.encode()) for line in source_lines(code)]
 
 
 class CallPosition(NamedTuple):
@@ -130,19 +138,14 @@ class CallPosition(NamedTuple):
     def parse(cls, text: str) -> CallPosition | None:
         """``LINE:COL:END_LINE:END_COL`` or ``LINE`` as the worker writes it (`channel.call_frame`); None
         for anything else, or an end before the start."""
-        parts = text.split(":")
-        if len(parts) not in (1, 4) or not all(p.isascii() and p.isdigit() and len(p) <= 9
-                                                and (p == "0" or p[0] != "0") for p in parts):
-            return None  # (no leading zeros: `text()` gives back exactly what was sent)
-        numbers = [int(p) for p in parts]
-        if numbers[0] < 1:
+        found = _POSITION.fullmatch(text)  # (no leading zeros: `text()` gives back exactly what was sent)
+        if found is None:
             return None
-        if len(numbers) == 1:
-            return cls(numbers[0])
-        line, col, end_line, end_col = numbers
-        if (end_line, end_col) < (line, col):
-            return None
-        return cls(line, col, end_line, end_col)
+        line, col, end_line, end_col = found.groups()
+        if col is None:
+            return cls(int(line))
+        at = cls(int(line), int(col), int(end_line), int(end_col))
+        return None if (at[2], at[3]) < (at[0], at[1]) else at
 
     def text(self) -> str:
         """The form `parse` reads."""
@@ -150,15 +153,15 @@ class CallPosition(NamedTuple):
             return str(self.line)
         return f"{self.line}:{self.col}:{self.end_line}:{self.end_col}"
 
-    def within(self, lines: Sequence[str]) -> CallPosition | None:
-        """This position if it lies inside the program of `lines` (the one the worker was given), else
-        None: a worker's report is a claim, and one pointing past the program marks nothing."""
-        if self.line > len(lines):
+    def within(self, widths: Sequence[int]) -> CallPosition | None:
+        """This position if it lies inside the program whose lines are `widths` UTF-8 bytes long (the
+        one the worker was given: `line_widths`), else None: a worker's report is a claim, and one
+        pointing past the program marks nothing."""
+        if self.line > len(widths):
             return None
         if self.col is None or self.end_line is None or self.end_col is None:
             return self
-        if self.end_line > len(lines) or self.col > len(lines[self.line - 1].encode()) \
-                or self.end_col > len(lines[self.end_line - 1].encode()):
+        if self.end_line > len(widths) or self.col > widths[self.line - 1] or self.end_col > widths[self.end_line - 1]:
             return None
         return self
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
-from proctor.calls import CallPosition, CallRecord, new_id, source_lines
+from proctor.calls import CallPosition, CallRecord, line_widths, new_id
 from proctor.canonical import canonical_sha256
 from proctor.errors import (
     ApprovalDenied,
@@ -162,7 +162,7 @@ class Interpreter:
             self._init["final_tool"] = tool_spec(self.final_tool, final=True)
         self._lock = threading.RLock()
         self._code = ""
-        self._lines: list[str] | None = None  # the program's lines, split at its first call with a position
+        self._lines: list[int] | None = None  # the program's line widths, at its first call with a position
         self._closed = False
         self._seq = 0
         self._lost = False
@@ -349,10 +349,9 @@ class Interpreter:
                 self._arg_run, self._arg_bytes = ctx, 0
             # The frame's size less its envelope with one-digit ids: at most a few bytes over the
             # arguments' size, and cheap; the exact size is worked out only near the limit.
-            at = req.at.text() if req.at is not None else ""
-            used = self._arg_bytes + size - 45 - len(req.tool) - (len(at) + 8 if at else 0)
+            used = self._arg_bytes + size - 45 - len(req.tool) - req.at_bytes
             if used > self._run_arg_limit:
-                nbytes = call_args_bytes(size, req.id, req.run, req.tool, at)
+                nbytes = call_args_bytes(size, req.id, req.run, req.tool, req.at_bytes)
                 limit = self.channel_limits.max_run_arg_bytes
                 if self._arg_bytes + nbytes > limit:
                     reason = (f"{req.tool}: refused: this run's calls have sent {size_text(self._arg_bytes)} of "
@@ -402,7 +401,7 @@ class Interpreter:
         if at is None:
             return None
         if self._lines is None:
-            self._lines = source_lines(self._code)
+            self._lines = line_widths(self._code)
         return at.within(self._lines)
 
     def _on_result(self, value: Any, error: ProctorError | None) -> None:

@@ -39,10 +39,10 @@ def size_text(n: int) -> str:
     return f"{n:,} bytes"
 
 
-def call_args_bytes(frame_size: int, rid: int, run: int, tool: str, at: str = "") -> int:
+def call_args_bytes(frame_size: int, rid: int, run: int, tool: str, at_bytes: int = 0) -> int:
     """Bytes of a call's arguments, from its frame's size (the rest of the frame is its envelope, with
-    the call's position `at` when the frame has one)."""
-    return frame_size - 43 - len(str(rid)) - len(str(run)) - len(tool) - (len(at) + 8 if at else 0)
+    the call's position, `at_bytes` long, when the frame has one: `CallRequest.at_bytes`)."""
+    return frame_size - 43 - len(str(rid)) - len(str(run)) - len(tool) - at_bytes
 
 
 @dataclass(frozen=True)

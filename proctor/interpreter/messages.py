@@ -39,6 +39,8 @@ class CallRequest(NamedTuple):  # a tuple: made once per tool call, and a frozen
     args: dict[str, Any]
     #: Where the program made the call, as the worker says (not yet checked against the program).
     at: CallPosition | None = None
+    #: Bytes of the frame's ``"at":"…",`` (0 without): the frame's envelope, beside its arguments.
+    at_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,15 +92,13 @@ def parse_worker_message(message: Mapping[str, Any], max_depth: int = 0) -> Read
             raise ProtocolError("call message with a tool name that is not an identifier")
         if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
             raise ProtocolError("call message whose args are not a mapping of names")
-        at = None
-        if "at" in message:
-            text = message["at"]
-            if not isinstance(text, str):
-                raise ProtocolError("call message whose position is not text")
-            at = CallPosition.parse(text)
-            if at is None:
-                raise ProtocolError(f"call message with a malformed position {text[:40]!r}")
-        return CallRequest(_int(message, "id"), run, tool, args, at)
+        if "at" not in message:
+            return CallRequest(_int(message, "id"), run, tool, args)
+        text = message["at"]
+        at = CallPosition.parse(text) if isinstance(text, str) else None
+        if at is None:
+            raise ProtocolError(f"call message with a malformed position {str(text)[:40]!r}")
+        return CallRequest(_int(message, "id"), run, tool, args, at, len(text) + 8)
     value = decode_value(message["value"], 0, max_depth)
     if kind == "final":
         return Final(run, value)
