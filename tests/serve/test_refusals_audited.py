@@ -84,7 +84,10 @@ def test_refusals_through_the_store_cli_are_audited(inbox: Inbox) -> None:
     assert "approve by mallory (os-user)" in timeline.stdout and "refused (identity)" in timeline.stdout
 
 
-def test_refusals_by_the_inbox_over_http_are_audited(inbox: Inbox) -> None:
+@pytest.mark.parametrize("halting", [False, True], ids=["trail-per-refusal", "trail-held-for-halts"])
+def test_refusals_by_the_inbox_over_http_are_audited(inbox: Inbox, halting: bool) -> None:
+    """Over raw HTTP to `proctor serve --audit LOG`; with `--halt-groups` the inbox holds the log open for
+    its halts (one writer per file log), and its refusals go through that same sink."""
     log = inbox.tmp / "audit.jsonl"
     approval_id = suspend_program(inbox, TWO_CALLS, principal="alice", policy=refusal_policy())
     tokens = inbox.tmp / "groups.txt"
@@ -93,7 +96,8 @@ def test_refusals_by_the_inbox_over_http_are_audited(inbox: Inbox) -> None:
     port = free_port()
     errors = (inbox.tmp / "serve.err").open("w")
     server = subprocess.Popen([sys.executable, "-m", "proctor.cli", "serve", "--store", inbox.store_url, "--tokens",
-                               str(tokens), "--port", str(port), "--audit", str(log)],
+                               str(tokens), "--port", str(port), "--audit", str(log),
+                               *(["--halt-groups", "sre-leads"] if halting else [])],
                               stdout=subprocess.PIPE, stderr=errors, text=True)
     try:
         assert server.stdout is not None
