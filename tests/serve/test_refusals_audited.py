@@ -101,7 +101,18 @@ def test_refusals_by_the_inbox_over_http_are_audited(inbox: Inbox, halting: bool
                               stdout=subprocess.PIPE, stderr=errors, text=True)
     try:
         assert server.stdout is not None
-        assert "proctor inbox on" in server.stdout.readline()
+        assert "proctor inbox on" in server.stdout.readline()  # printed as uvicorn starts: wait for it to listen
+        deadline = time.monotonic() + 60
+        while True:
+            probe = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            try:
+                probe.connect()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, "the inbox did not start listening"
+                time.sleep(0.1)
+            finally:
+                probe.close()
 
         def post(who: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
