@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
+from proctor.approval.tokens import TokenFile
 from proctor.serve.app import create_app
-from proctor.serve.tokens import TokenFile
 from proctor.store.base import RunStore
 
 from .inbox_helpers import SENT, THROUGH_A_HELPER, TWO_CALLS, Inbox, suspend_program

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from proctor.approval.tokens import add_token
 from proctor.policy.approvers import os_account
-from proctor.serve.tokens import add_token
 
 from . import inbox_helpers
 from .browser import free_port
