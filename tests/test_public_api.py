@@ -147,8 +147,8 @@ PUBLIC: dict[str, str] = {
         "scheme_of unregister"
     ),
     "proctor.calls": (
-        "Call CallRecord CallStatus Decision HistoryEntry OUTCOMES Outcome RunInfo SIDE_EFFECTS STATUSES "
-        "SideEffect TrimmedHistory new_id side_effect_rank"
+        "Call CallPosition CallRecord CallStatus Decision HistoryEntry OUTCOMES Outcome RunInfo SIDE_EFFECTS "
+        "STATUSES SideEffect TrimmedHistory line_widths new_id side_effect_rank source_lines"
     ),
     "proctor.errors": (
         "AggregateError AmbiguousId ApprovalConflict ApprovalDenied ApprovalExpired ApprovalNotFound "
