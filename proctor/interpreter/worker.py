@@ -119,7 +119,7 @@ class Worker:
         expression in the program's own text (a helper the program defined, a lambda, a comprehension:
         the call inside it), or ``LINE`` where the interpreter keeps no columns; "" when no frame of the
         program is on the stack. The approval inbox marks that place, never every line naming the tool."""
-        frame: Any = sys._getframe(2)  # (1 is the stub)
+        frame: Any = sys._getframe(2)  # noqa: SLF001 - the caller of the stub (1); CPython documents it
         hops = 0
         while frame is not None and frame.f_code.co_filename != PROGRAM:
             frame = frame.f_back
