@@ -34,6 +34,7 @@ from typing import Any
 import pydantic
 
 from proctor.approval.base import ApprovalDecision, ApprovalRequest, Approver
+from proctor.calls import CallPosition, source_lines
 from proctor.codemode.config import ServerConfig
 from proctor.errors import ConfigurationError, ToolsetError
 from proctor.integrations.mcp import MCP_MAJOR, MCPToolset
@@ -131,7 +132,7 @@ def prompt(request: ApprovalRequest, code: str) -> str:
     args = terminal_safe(json.dumps(dict(request.args), ensure_ascii=False, default=str, sort_keys=True))
     if len(args) > 2000:
         args = args[:2000] + "…"
-    line = program_line(code, request.tool)
+    line = program_line(code, request.position)
     parts = [f"proctor: a program wants to call {terminal_safe(request.tool)} ({request.side_effect})",
              f"arguments: {args}"]
     if line is not None:
@@ -140,13 +141,13 @@ def prompt(request: ApprovalRequest, code: str) -> str:
     return "\n".join(parts)
 
 
-def program_line(code: str, tool: str) -> tuple[int, str] | None:
-    """The first line of `code` that calls `tool` (number, text), or None."""
-    pattern = re.compile(rf"\b{re.escape(tool)}\s*\(")
-    for number, text in enumerate(code.splitlines(), 1):
-        if pattern.search(text):
-            return number, text.strip()
-    return None
+def program_line(code: str, position: CallPosition | None) -> tuple[int, str] | None:
+    """The line of `code` the worker reported the call at (number, text), or None when it reported none.
+    Never found by the tool's name: a program calling one tool on two lines would show the wrong one."""
+    if position is None:
+        return None
+    lines = source_lines(code)
+    return (position.line, lines[position.line - 1].strip()) if 1 <= position.line <= len(lines) else None
 
 
 class CodeMode:

@@ -111,6 +111,23 @@ def test_an_approval_is_asked_through_elicitation_and_approved(tmp_path: Path) -
     assert [(a["verdict"], a["approver"]) for a in approvals] == [("approve", "mcp-elicitation:alice")]
 
 
+def test_the_prompt_names_the_line_of_the_call_asked_about_not_the_first_naming_the_tool(tmp_path: Path) -> None:
+    servers, policy, audit = write_config(tmp_path)
+    elicit = _answering("accept", approve=True)
+
+    async def go() -> str:
+        async with stdio_session(serve_args(servers, policy, audit, "--user", "alice"), elicit) as s:
+            code = ("def rm(p):\n    return t_delete_file(p)\n"
+                    "first = t_delete_file('/tmp/a')\nsecond = [rm(p) for p in ['/tmp/b']]\n(first, second)")
+            return text(await s.call_tool("run_python", {"code": code}))
+
+    out = run(go())
+    assert "'deleted /tmp/a'" in out and "'deleted /tmp/b'" in out
+    first, second = elicit.seen
+    assert "program line 3: first = t_delete_file('/tmp/a')" in first
+    assert "program line 2: return t_delete_file(p)" in second  # the call inside the helper, not line 3
+
+
 def test_an_approval_denied_through_elicitation_raises_in_the_program(tmp_path: Path) -> None:
     out = _delete(tmp_path, _answering("accept", approve=False))
     assert "error: ApprovalDenied" in out and "checked by test" in out
