@@ -73,10 +73,10 @@ clean:
 # proctor.integrations.mcp and `proctor mcp serve` support the mcp SDK 1.x and 2.x: the dev venv takes
 # the newest (2.x), this one the newest 1.x, and the MCP tests run in both (`make test` runs this too).
 # smolagents' own MCPClient is built on mcpadapt, which imports only under mcp 1.x: its tests run here.
-.venv-mcp1/.installed: pyproject.toml
+.venv-mcp1/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv .venv-mcp1
 	.venv-mcp1/bin/pip install -q --upgrade pip
-	.venv-mcp1/bin/pip install -q -e '.[mcp,smolagents]' 'mcp>=1.30,<2' 'mcpadapt>=0.1.13' 'pytest>=8' 'pytest-timeout>=2.3'
+	.venv-mcp1/bin/pip install -q -e '.[mcp,smolagents]' 'mcp>=1.30,<2' 'mcpadapt>=0.1.13' 'pytest>=8' 'pytest-timeout>=2.3' 'hypothesis>=6.100'
 	touch $@
 
 test-mcp1: .venv-mcp1/.installed
