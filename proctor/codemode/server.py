@@ -23,6 +23,7 @@ import io
 import json
 import os
 import re
+import select
 import signal
 import sys
 import threading
@@ -466,9 +467,11 @@ def serve_stdio(code_mode: CodeMode) -> None:
 
 
 class _StdinEnds:
-    """While inside, the SDK reads stdin through a pipe that SIGTERM or SIGHUP closes, so the session
-    ends as if the client had closed it and its run is finished before the process exits. (Raising in
-    the handler instead would wait for the SDK's stdin thread, which only a line or EOF wakes.)
+    """While inside, the SDK reads stdin through a pipe that ends (EOF) on SIGTERM or SIGHUP, so the
+    session ends as if the client had closed it and its run is finished before the process exits.
+    (Raising in the handler instead would wait for the SDK's stdin thread, which only a line or EOF
+    wakes.) Only the pump thread writes to, and closes, the pipe: the handler wakes it through a
+    second pipe, so no byte from the client can reach a descriptor number reused after a close.
     Signals are taken only where they are at their default."""
 
     signalled: int | None = None
@@ -476,43 +479,57 @@ class _StdinEnds:
     def __enter__(self) -> "_StdinEnds":
         self._stdin = sys.stdin
         self._read, self._write = os.pipe()
-        self._closed = threading.Lock()
+        self._wake_read, self._wake_write = os.pipe()
         self._handlers: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGHUP):
                 if signal.getsignal(signum) is signal.SIG_DFL:
                     self._handlers[signum] = signal.signal(signum, self._on_signal)
         source = self._stdin.buffer.fileno()
-        threading.Thread(target=self._pump, args=(source,), name="proctor-mcp-stdin", daemon=True).start()
+        self._pump_thread = threading.Thread(target=self._pump, args=(source,), name="proctor-mcp-stdin",
+                                             daemon=True)
+        self._pump_thread.start()
         sys.stdin = io.TextIOWrapper(os.fdopen(self._read, "rb"), encoding="utf-8")
         return self
 
     def __exit__(self, *exc: object) -> None:
         for signum, previous in self._handlers.items():
             signal.signal(signum, previous)
-        sys.stdin.close()
+        self._wake()
+        sys.stdin.close()  # a write the pump is blocked in fails (EPIPE): it ends
         sys.stdin = self._stdin
-        self._end()
+        self._pump_thread.join(5)
+        if not self._pump_thread.is_alive():
+            os.close(self._wake_read)
+            os.close(self._wake_write)
 
     def _pump(self, source: int) -> None:
         try:
-            while chunk := os.read(source, 65536):
+            while True:
+                ready, _, _ = select.select([source, self._wake_read], [], [])
+                if self._wake_read in ready:
+                    break
+                chunk = os.read(source, 65536)
+                if not chunk:
+                    break
                 view = memoryview(chunk)
                 while view:
                     view = view[os.write(self._write, view):]
-        except OSError:  # the pipe was closed by a signal, or stdin failed: either way the session ends
+        except OSError:  # stdin failed, or the SDK stopped reading: either way the session ends
             pass
         finally:
-            self._end()
+            os.close(self._write)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if self.signalled is None:
             self.signalled = signum
-        self._end()
+        self._wake()
 
-    def _end(self) -> None:
-        if self._closed.acquire(blocking=False):  # once, whichever comes first
-            os.close(self._write)
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_write, b"x")
+        except OSError:  # already woken often enough to fill the pipe
+            pass
 
 
 def serve_http(code_mode: CodeMode, host: str, port: int, tokens: Any) -> None:
