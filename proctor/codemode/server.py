@@ -17,7 +17,6 @@ the call is denied, saying why.
 """
 
 import asyncio
-import contextlib
 import inspect
 import io
 import json
@@ -28,7 +27,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -561,7 +560,15 @@ def serve_http(code_mode: CodeMode, host: str, port: int, tokens: Any) -> None:
     stop = threading.Event()
     reaper = threading.Thread(target=_reap_until, args=(code_mode, stop), name="proctor-mcp-reaper", daemon=True)
     reaper.start()
-    http = _uvicorn_server()(config)
+    http = uvicorn.Server(config)
+    # uvicorn stops gracefully on SIGINT/SIGTERM, then restores the handlers it found and raises the
+    # signal again: with the default handler that would kill the process before the sessions' runs
+    # are finished in the audit trail, so the handler it finds records the signal instead.
+    stopped: list[int] = []
+    previous: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda signum, frame: stopped.append(signum))
     try:
         http.run()
     except BaseException as exc:
@@ -569,36 +576,16 @@ def serve_http(code_mode: CodeMode, host: str, port: int, tokens: Any) -> None:
         reaper.join()
         code_mode.close("interrupted", error=f"interrupted by {interruption(exc)}")
         raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     stop.set()
     reaper.join()
-    if http.signalled is None:
+    if not stopped:
         code_mode.close()
         return
-    code_mode.close("interrupted", error=f"interrupted by {signal.Signals(http.signalled).name}")
-    raise Terminated(http.signalled)
-
-
-def _uvicorn_server() -> type[Any]:
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """uvicorn's server, stopping gracefully on SIGINT/SIGTERM and then returning with the signal in
-        `signalled`: uvicorn re-raises it after its shutdown, which would kill the process before the
-        sessions' runs are finished in the audit trail."""
-
-        signalled: int | None = None
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            with super().capture_signals():
-                try:
-                    yield
-                finally:
-                    if self._captured_signals:
-                        self.signalled = self._captured_signals[0]
-                        self._captured_signals.clear()
-
-    return Server
+    code_mode.close("interrupted", error=f"interrupted by {signal.Signals(stopped[0]).name}")
+    raise Terminated(stopped[0])
 
 
 def _reap_until(code_mode: CodeMode, stop: threading.Event) -> None:
