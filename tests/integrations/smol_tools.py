@@ -1,4 +1,4 @@
-"""smolagents tools used by the integration tests: one @tool function and one Tool subclass."""
+"""smolagents tools used by the integration tests: @tool functions, a Tool subclass and a scripted model."""
 
 from __future__ import annotations
 
@@ -15,6 +15,30 @@ from smolagents.models import (
 from smolagents.monitoring import TokenUsage
 
 CALLS: list[tuple[str, dict[str, Any]]] = []
+#: What `book_table` and `charge` (the managed-agent tests' side effects) really ran.
+RAN: list[tuple[str, dict[str, Any]]] = []
+
+
+@tool  # smolagents warns about any other spelling of its decorator
+def book_table(people: int) -> str:
+    """Book a table.
+
+    Args:
+        people: How many people.
+    """
+    RAN.append(("book_table", {"people": people}))
+    return f"booked for {people}"
+
+
+@tool  # smolagents warns about any other spelling of its decorator
+def charge(amount: int) -> str:
+    """Charge the card.
+
+    Args:
+        amount: Euros.
+    """
+    RAN.append(("charge", {"amount": amount}))
+    return f"charged {amount}"
 
 
 @tool  # smolagents warns about any other spelling of its decorator

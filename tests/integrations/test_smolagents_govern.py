@@ -16,37 +16,12 @@ import smolagents
 from smolagents import tool
 from smolagents.local_python_executor import CodeOutput, LocalPythonExecutor, PythonExecutor
 
-from integrations.smol_tools import ScriptedSmolModel
+from integrations.smol_tools import RAN, ScriptedSmolModel, book_table, charge
 from proctor import Gate, Policy
 from proctor.errors import ConfigurationError
 from proctor.integrations.smolagents import GovernedExecutor, GovernedTool, govern, govern_tools
 from proctor.testing import InMemoryAudit, SpanCapture
 from proctor.tools import as_tool
-
-RAN: list[tuple[str, dict[str, Any]]] = []
-
-
-@tool  # smolagents warns about any other spelling of its decorator
-def book_table(people: int) -> str:
-    """Book a table.
-
-    Args:
-        people: How many people.
-    """
-    RAN.append(("book_table", {"people": people}))
-    return f"booked for {people}"
-
-
-@tool  # smolagents warns about any other spelling of its decorator
-def charge(amount: int) -> str:
-    """Charge the card.
-
-    Args:
-        amount: Euros.
-    """
-    RAN.append(("charge", {"amount": amount}))
-    return f"charged {amount}"
-
 
 POLICY: dict[str, Any] = {
     "version": 1,
