@@ -9,6 +9,8 @@ function registered here, as a `CelFunction` in `FUNCTIONS`:
   ``args.to.endsWith('@competitor.com')`` is passed by ``@Competitor.COM``.
 - `email_domain(s)`: the normalised domain of one e-mail address (``Bob <b@X.com.>``
   gives ``x.com``); ``''`` without an ``@``; an error for several addresses.
+- `links(s)`: the links a reader could follow in a text, one by one (`proctor.links`), so a rule can ask
+  where each came from (``links(args.body).all(u, from_user(u))``);
 - the cel-go strings extension: `lowerAscii`, `upperAscii`, `split`, `join`,
   `replace`, `indexOf`, `lastIndexOf`, `substring`, `trim`, `charAt`;
 - paths: `path_normalize(p)` — `p` with ``.``, ``..``, repeated and trailing separators resolved
@@ -41,6 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from proctor.links import links_in
 from proctor.policy._cel import cel
 from proctor.unicodenorm import nfkc
 
@@ -229,6 +232,19 @@ def email_domain(value: Any) -> str:
     if _SEPARATORS.search(domain) or (not quoted and (_SEPARATORS.search(local) or "@" in local)):
         raise ValueError("email_domain() takes one address, got several (or spaces inside it)")
     return domain
+
+
+# Full stops IDNA reads as a host's dots and NFKC leaves alone.
+_IDNA_DOTS = str.maketrans({"\u3002": ".", "\uff61": "."})
+
+
+def links(value: Any) -> list[str]:
+    """The links of a text (`proctor.links`), read after NFKC with invisible characters removed, so that a
+    link spelled in full-width letters or split by a zero-width space is still one."""
+    text = _string("links", value)
+    if not text.isascii():
+        text = nfkc(_visible(text)).translate(_IDNA_DOTS)
+    return links_in(text)
 
 
 # -- paths -------------------------------------------------------------------------------------
@@ -424,6 +440,7 @@ def _char_at(s: Any, index: Any) -> str:
 _BUILTIN: Mapping[str, tuple[Callable[..., Any], str]] = {
     "normalize": (normalize, "NFKC, case-folded, invisible characters removed, whitespace collapsed and trimmed"),
     "email_domain": (email_domain, "the normalised domain of one e-mail address ('' without '@')"),
+    "links": (links, "the links of a text (URLs, www. hosts, bare host names), in order, each once"),
     "sum": (cel_sum, "sum(list[, start]) of numbers (start, 0, when empty; a double if any is one)"),
     "min": (_extreme("min", min), "smallest number of a list"),
     "last": (_last, "last(list, n): the last n items (all when fewer); history.last(n) is a window of the run"),
