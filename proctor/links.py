@@ -7,7 +7,7 @@ makes clickable, so that what the reader can follow is what the policy checks:
 
 - a URL with a scheme (``https://…``, ``ftp://…``, any ``scheme://``);
 - a host starting ``www.``, with or without a path;
-- a bare host name (``secure-systems-252.com``) followed by a path, a port or a query, or whose
+- a bare host name (``login-check-42.com``) followed by a path, a port or a query, or whose
   last label is a common top-level domain (`COMMON_TLDS`) — ``report.pdf`` and ``setup.py``
   are file names, not links, and a bare name with a rare top-level domain is only a link with
   a path after it.

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("tokeniser")
     ("host example.com.au.", ["example.com.au"]),
     ("see https://x.org/a_(b)). ok", ["https://x.org/a_(b)"]),
     ("(see http://a.com/x)", ["http://a.com/x"]),
-    ("visit secure-systems-252.com, then", ["secure-systems-252.com"]),
+    ("visit login-check-42.com, then", ["login-check-42.com"]),
     ("open evil.xyz/path?q=1!", ["evil.xyz/path?q=1"]),
     ("rare.zz alone; rare.zz/path here", ["rare.zz/path"]),
     ("https://www.informations.com/?x=1.", ["https://www.informations.com/?x=1"]),
