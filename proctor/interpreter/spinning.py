@@ -9,9 +9,12 @@ that has work. So an end polls only when its run is alone:
 - in this process, only while a single `Interpreter.run` is in progress (`enter`/`leave`): a
   second host thread spinning would hold the GIL the first needs;
 - on this machine, only while its runnable threads (the 4th field of `/proc/loadavg`, read at most
-  once per `CHECK_NS`) do not outnumber the cores this process may use: when other runs (of other
-  host processes, or any other work) are waiting for a core, nobody spins. A spinning end is itself
-  runnable, so two lone runs of two processes on two cores see each other and both block;
+  once per `CHECK_NS`) have not outnumbered the cores this process may use at any look for the
+  last `QUIET_NS`: when other runs (of other host processes, or any other work) are waiting for a
+  core, nobody spins. A spinning end is itself runnable, so two lone runs of two processes on two
+  cores see each other and both block. One look is not enough: another run whose two ends are both
+  between hand-offs at that instant is not runnable, and is missed; over `QUIET_NS` of looks (one a
+  millisecond while the run waits) a run that exists is seen;
 - never on a single core, where the other end can only run once this one stops.
 
 The worker follows its host: each reply (and each run message) says whether the worker may spin
@@ -25,12 +28,14 @@ import os
 import threading
 import time
 
-__all__ = ["CHECK_NS", "DISABLED", "SPIN_NS", "enter", "leave", "may_spin", "runs"]
+__all__ = ["CHECK_NS", "DISABLED", "QUIET_NS", "SPIN_NS", "enter", "leave", "may_spin", "runs"]
 
 #: How long a reader polls before it blocks, when it may spin.
 SPIN_NS = 200_000
 #: How often the machine's runnable threads are read again.
 CHECK_NS = 1_000_000
+#: How long the machine must have been seen with no more runnable threads than cores before an end spins.
+QUIET_NS = 50_000_000
 #: Set to True to never spin (tests, and instruction counts that must not include polling).
 DISABLED = False
 
@@ -40,6 +45,7 @@ runs = 0
 _cpus = 0
 _verdict = True  # the last decision about the machine, reused for CHECK_NS
 _checked = -(1 << 62)
+_quiet_from = -(1 << 62)  # monotonic ns from which, unless a look sees the machine busy again, it is quiet
 _loadavg = -1  # fd of /proc/loadavg; -1 not opened yet, -2 unavailable
 
 
@@ -59,7 +65,7 @@ def leave() -> None:
 
 def may_spin() -> bool:
     """Whether a channel end of this process may poll before it blocks, now."""
-    global _verdict, _checked
+    global _verdict, _checked, _quiet_from
     if DISABLED or runs > 1:
         return False
     now = time.monotonic_ns()
@@ -67,7 +73,11 @@ def may_spin() -> bool:
         _checked = now
         cpus = _usable()
         running = _running()
-        _verdict = cpus >= 2 and (running is None or running <= cpus)
+        if cpus < 2 or (running is not None and running > cpus):
+            _quiet_from = now + QUIET_NS
+            _verdict = False
+        else:
+            _verdict = now >= _quiet_from
     return _verdict
 
 

@@ -17,6 +17,7 @@ def idle(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(spinning, "_running", lambda: 1)
     monkeypatch.setattr(spinning, "runs", 0)
     monkeypatch.setattr(spinning, "_checked", -(1 << 62))
+    monkeypatch.setattr(spinning, "_quiet_from", -(1 << 62))
 
 
 def _fresh() -> bool:
@@ -45,9 +46,33 @@ def test_a_busy_machine_or_one_core_stops_spinning(idle: None, monkeypatch: pyte
         monkeypatch.setattr(spinning, "_running", lambda: 3)
         assert _fresh() is False
         monkeypatch.setattr(spinning, "_running", lambda: 2)
+        monkeypatch.setattr(spinning, "_quiet_from", -(1 << 62))  # QUIET_NS since that busy look
         assert _fresh() is True
         monkeypatch.setattr(spinning, "_cpus", 1)
         assert _fresh() is False
+    finally:
+        spinning.leave()
+
+
+def test_one_quiet_look_after_a_busy_one_does_not_restart_spinning(idle: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another run whose ends are both between hand-offs is not runnable at that instant: a lone run spins again
+    only once every look for `QUIET_NS` has seen no more runnable threads than cores."""
+    now = [10**12]
+    monkeypatch.setattr(spinning.time, "monotonic_ns", lambda: now[0])
+    running = [3]
+    monkeypatch.setattr(spinning, "_running", lambda: running[0])
+    spinning.enter()
+    try:
+        assert _fresh() is False
+        running[0] = 2
+        for _ in range(3):  # quiet looks within QUIET_NS of the busy one
+            now[0] += spinning.QUIET_NS // 4
+            assert _fresh() is False
+        now[0] += spinning.QUIET_NS // 4
+        assert _fresh() is True
+        running[0] = 3  # busy again: at once
+        now[0] += spinning.CHECK_NS
+        assert spinning.may_spin() is False
     finally:
         spinning.leave()
 
