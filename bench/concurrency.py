@@ -85,12 +85,14 @@ class Costs:
     seconds: float = 0.0
     host_cpu: float = 0.0
     worker_cpu: float = 0.0
+    switches: int = 0
 
     def add(self, other: Costs) -> None:
         self.calls += other.calls
         self.seconds = max(self.seconds, other.seconds)  # runs side by side: the slowest sets the time
         self.host_cpu += other.host_cpu
         self.worker_cpu += other.worker_cpu
+        self.switches += other.switches
 
     @property
     def rate(self) -> float:
@@ -118,12 +120,20 @@ class Series:
     def host(self) -> float:
         return statistics.median(c.host_cpu / max(c.calls, 1) * 1e6 for c in self.rounds)
 
+    def workers(self) -> float:
+        return statistics.median(c.worker_cpu / max(c.calls, 1) * 1e6 for c in self.rounds)
 
-def _worker_cpu() -> float:
-    """CPU seconds of this process's descendants now alive: its workers (under bubblewrap, bubblewrap's
-    processes and the worker under them)."""
+    def switches(self) -> float:
+        return statistics.median(c.switches / max(c.calls, 1) for c in self.rounds)
+
+
+def _workers() -> tuple[float, int]:
+    """CPU seconds and context switches of this process's descendants now alive: its workers (under
+    bubblewrap, bubblewrap's processes and the worker under them). CPU from `/proc/<pid>/schedstat`
+    (nanoseconds: `/proc/<pid>/stat` counts whole clock ticks, 10 ms, as much as a short run's worker
+    spends), `stat` where there is no schedstat."""
     tick = os.sysconf("SC_CLK_TCK")
-    cpu = 0.0
+    cpu, switches = 0.0, 0
     me = os.getpid()
     todo: list[int] = []
     for task in os.listdir(f"/proc/{me}/task"):
@@ -139,17 +149,24 @@ def _worker_cpu() -> float:
         seen.add(pid)
         try:
             stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            try:
+                spent = int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+            except (OSError, ValueError, IndexError):
+                spent = (int(stat[11]) + int(stat[12])) / tick
+            status = Path(f"/proc/{pid}/status").read_text()
             for task in os.listdir(f"/proc/{pid}/task"):
                 todo += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
         except (OSError, ValueError):
             continue
-        cpu += (int(stat[11]) + int(stat[12])) / tick
-    return cpu
+        cpu += spent
+        switches += sum(int(line.split()[1]) for line in status.splitlines() if "ctxt_switches:" in line)
+    return cpu, switches
 
 
-def _host_cpu() -> float:
+def _host() -> tuple[float, int]:
+    """CPU seconds and context switches of this process, all its threads."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    return usage.ru_utime + usage.ru_stime, usage.ru_nvcsw + usage.ru_nivcsw
 
 
 def _measured(pys: list[Interpreter], calls: int, name: str) -> Costs:
@@ -166,13 +183,15 @@ def _measured(pys: list[Interpreter], calls: int, name: str) -> Costs:
     threads = [threading.Thread(target=work, args=(py,)) for py in pys]
     for t in threads:
         t.start()
-    host, workers = _host_cpu(), _worker_cpu()
+    (host, host_sw), (workers, workers_sw) = _host(), _workers()
     barrier.wait()
     began = time.perf_counter()
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - began
-    spent = Costs(len(pys) * calls, elapsed, _host_cpu() - host, _worker_cpu() - workers)
+    (host_end, host_sw_end), (workers_end, workers_sw_end) = _host(), _workers()
+    spent = Costs(len(pys) * calls, elapsed, host_end - host, workers_end - workers,
+                  host_sw_end - host_sw + workers_sw_end - workers_sw)
     if errors:
         raise RuntimeError(errors[0])
     return spent
@@ -287,7 +306,8 @@ def main() -> None:
     rows: list[tuple[str, str, str, str]] = []
     one = threads[1]
     for n, series in threads.items():
-        detail = (f"{series.cpu():6.1f} µs CPU a call (host {series.host():5.1f}), {series.rate():8.0f} calls/s")
+        detail = (f"{series.cpu():6.1f} µs CPU a call (host {series.host():5.1f}, workers {series.workers():5.1f}; "
+                  f"{series.switches():4.2f} switches), {series.rate():8.0f} calls/s")
         if n == 1:
             rows.append(("runs in threads: 1", detail, "", ""))
         else:
@@ -296,7 +316,8 @@ def main() -> None:
             rows.append((f"runs in threads: {n}", f"{detail}; CPU {ratio:4.2f}x one run's", target,
                          _verdict(ratio, 1.3, at_least=False) if target else ""))
     ref_rate, ref_cpu = reference.rate(), reference.cpu()
-    rows.append(("1 process on one core (reference)", f"{ref_cpu:6.1f} µs CPU a call, {ref_rate:8.0f} calls/s", "", ""))
+    ref_detail = f"{ref_cpu:6.1f} µs CPU a call ({reference.switches():4.2f} switches), {ref_rate:8.0f} calls/s"
+    rows.append(("1 process on one core (reference)", ref_detail, "", ""))
     for n, series in procs.items():
         physical = min(n, cores)
         share = series.rate() / (physical * ref_rate)
@@ -312,12 +333,14 @@ def main() -> None:
             verdicts.append(_verdict(cpu, 1.3, at_least=False))
         rows.append((f"{n} process{'es' if n > 1 else ''}",
                      f"{series.rate():8.0f} calls/s = {share:4.2f} x {physical} x reference; "
-                     f"CPU a call {cpu:4.2f}x the reference's", "; ".join(targets), ", ".join(verdicts)))
+                     f"CPU a call {cpu:4.2f}x the reference's ({series.switches():4.2f} switches)", "; ".join(targets),
+                     ", ".join(verdicts)))
     if not opts.no_audit:
         ratio = grouped.rate() / serial.rate()
         rows.append(("writes, 8 runs, file AuditLog",
                      f"group commit {grouped.rate():7.0f} calls/s, one fsync per record {serial.rate():7.0f}: "
-                     f"{ratio:4.2f}x", ">= 3x", _verdict(ratio, 3.0, at_least=True)))
+                     f"{ratio:4.2f}x; CPU a call {grouped.cpu():5.0f} / {serial.cpu():5.0f} µs", ">= 3x",
+                     _verdict(ratio, 3.0, at_least=True)))
     width = max(len(r[0]) for r in rows)
     detail_width = max(len(r[1]) for r in rows)
     for name, detail, target, verdict in rows:

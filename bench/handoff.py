@@ -18,12 +18,19 @@ core), against one pair alone; and, as `reactor-split` / `reactor-one`, one host
 prints the host process's and the workers' CPU per round trip: what the hand-offs cost beyond
 `--host-us` + `--worker-us` in each layout.
 
+`--fixed` makes each end's work a fixed amount of Python (small dicts encoded and decoded as JSON, the
+count that takes `--host-us` / `--worker-us` on this machine alone, measured at start) instead of
+a fixed amount of CPU time: a layout that makes the same work dearer (caches gone cold after a
+switch, a GIL hand-off) then shows in the CPU a trip, as it does for a real Interpreter.
+
 Run: .venv/bin/python bench/handoff.py [--trips 4000] [--rounds 3] [--host-us 50] [--worker-us 30] [--threads N]
+     [--fixed]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import resource
@@ -34,11 +41,38 @@ import threading
 import time
 from typing import Any
 
+#: With --fixed: rounds of `_work` standing for each amount of µs (measured before any pair starts;
+#: forked processes inherit it).
+_FIXED: dict[int, int] = {}
+
 
 def _burn(us: int) -> None:
+    if us in _FIXED:
+        _work(_FIXED[us])
+        return
     end = time.thread_time_ns() + us * 1000
     while time.thread_time_ns() < end:
         pass
+
+
+def _work(rounds: int) -> int:
+    """A fixed amount of Python of the kind a call's life runs: small dicts built, encoded, decoded."""
+    out = []
+    for i in range(rounds):
+        out.append(json.dumps({"t": "call", "id": i, "tool": "lookup", "args": {"order": "A-1"}}))
+    return len(json.loads("[" + ",".join(out) + "]"))
+
+
+def _calibrate(us: int) -> int:
+    """Rounds of `_work` that take `us` µs of CPU here, alone (the best of several tries)."""
+    if us <= 0:
+        return 0
+    best = float("inf")
+    for _ in range(20):
+        began = time.thread_time_ns()
+        _work(100)
+        best = min(best, (time.thread_time_ns() - began) / 100)
+    return max(1, round(us * 1000 / best))
 
 
 def _pair(trips: int, host_us: int, worker_us: int, core: int | None, start: Any, out: Any) -> None:
@@ -91,13 +125,13 @@ def _echo(sock: socket.socket, worker_us: int, core: int | None) -> None:
 
 
 def _cpu(pids: list[int]) -> tuple[float, float]:
-    """CPU seconds of this process, and of the processes `pids`."""
+    """CPU seconds of this process, and of the processes `pids` (`/proc/<pid>/schedstat`, ns: `stat`
+    counts whole 10 ms ticks)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     workers = 0.0
     for pid in pids:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        workers += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        with open(f"/proc/{pid}/schedstat") as fh:
+            workers += int(fh.read().split()[0]) / 1e9
     return usage.ru_utime + usage.ru_stime, workers
 
 
@@ -202,10 +236,14 @@ def main() -> None:
     parser.add_argument("--host-us", type=int, default=50)
     parser.add_argument("--worker-us", type=int, default=30)
     parser.add_argument("--threads", type=int, default=0, help="model N Interpreters in threads of one process")
+    parser.add_argument("--fixed", action="store_true", help="fixed Python work per trip instead of fixed CPU time")
     opts = parser.parse_args()
+    if opts.fixed:
+        for us in (opts.host_us, opts.worker_us):
+            _FIXED[us] = _calibrate(us)
     cores = len(os.sched_getaffinity(0))
     print(f"{cores} usable cores; load average {os.getloadavg()[0]:.2f}; median of {opts.rounds} rounds; "
-          f"round trips/s of all pairs together")
+          f"round trips/s of all pairs together; work {'fixed Python' if opts.fixed else 'fixed CPU time'}")
     if opts.threads:
         threads_main(opts)
         print(f"load average {os.getloadavg()[0]:.2f}")
