@@ -29,6 +29,7 @@ import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 from proctor import CodeAgent, InboxApprover, Policy, RunStore, ScriptedModel, tool
 from proctor.approval import ApprovalDecision, CallbackApprover
@@ -37,7 +38,7 @@ from proctor.audit.base import AuditReader, AuditSink
 from proctor.gate import Gate
 from proctor.gate.journal import StepJournal
 from proctor.interpreter import Interpreter
-from proctor.store import ApprovalAnswer
+from proctor.store import AnswerSeal, ApprovalAnswer
 from proctor.store.seal import PURPOSE, StoreSeal
 from proctor.store.trail import behind_trail, trails
 
@@ -103,15 +104,18 @@ def durable_round(policy: Policy, code: str, tmp: str, n: int) -> dict[str, floa
         first = agent.run("bench")
         live_journaled = (time.perf_counter() - t) * 1000
     assert first.status == "suspended", first.error
+    answers = AnswerSeal.of_trail(audit)  # as the inbox or the CLI seal an answer to the run
     [pending] = store.list_approvals()
-    store.answer_approval(pending.id, ApprovalAnswer("approve", "bench"), binding=pending.binding)
+    store.answer_approval(pending.id, answers.sealed(pending, ApprovalAnswer("approve", "bench")),
+                          binding=pending.binding)
 
     # The replayed step alone, as `resume` runs it: journal read, fresh worker's run answered from it.
     t = time.perf_counter()
     entries = store.journal(first.run_id, 1)
     load = (time.perf_counter() - t) * 1000
     assert len(entries) == n + 1  # (the suspended call is journaled too)
-    bench_audit = AuditLog(f"{tmp}/replay-audit.jsonl")
+    # (The run's trail's secret: its gate believes the answer sealed for the run.)
+    bench_audit = AuditLog(f"{tmp}/replay-audit.jsonl", redaction_key=Path(f"{audit}.redact-key").read_bytes())
     gate = Gate(policy, approver=InboxApprover(store), audit=bench_audit, tools=[look, send])
     with Interpreter([look, send], gate, sandbox="process", timeout=120, hash_seed=0) as py:
         ctx = gate.start_run(run_id=first.run_id)
@@ -128,7 +132,8 @@ def durable_round(policy: Policy, code: str, tmp: str, n: int) -> dict[str, floa
                    store=store, sandbox="process", timeout=120) as agent:
         second = agent.run("bench")
     [pending] = store.list_approvals()
-    store.answer_approval(pending.id, ApprovalAnswer("approve", "bench"), binding=pending.binding)
+    store.answer_approval(pending.id, answers.sealed(pending, ApprovalAnswer("approve", "bench")),
+                          binding=pending.binding)
     with CodeAgent([look, send], ScriptedModel([]), policy, approver=InboxApprover(store), audit=audit,
                    store=store, sandbox="process", timeout=120) as agent:
         agent.interpreter  # noqa: B018 - start the worker first: a resume's worker start is the same either way

@@ -182,8 +182,8 @@ PUBLIC: dict[str, str] = {
     "proctor.policy.reload": "DEFAULT_CHECK_EVERY_MS PolicyChange PolicyRefused PolicySource",
     "proctor.policy.simulate": "RAN_STATUSES RecordedRun Simulation SimulationError complete_history decide_like_gate",
     "proctor.store": (
-        "APPROVAL_STATES ApprovalAnswer ApprovalState JournalEntry PendingApproval RUN_STATES RunRecord RunState "
-        "RunStore register_scheme"
+        "APPROVAL_STATES AnswerSeal ApprovalAnswer ApprovalState JournalEntry PendingApproval RUN_STATES RunRecord "
+        "RunState RunStore register_scheme"
     ),
     "proctor.telemetry": (
         "AgentSpan ApprovalSpan StepSpan ToolSpan agent_span approval_span bind_call bind_run capture_content "

@@ -20,6 +20,7 @@ from proctor.canonical import canonical_sha256
 from proctor.policy.approvers import ApproverRule, OsUser
 
 if TYPE_CHECKING:
+    from proctor.store.answerseal import AnswerCheck
     from proctor.store.base import RunStore
 
 __all__ = [
@@ -184,3 +185,8 @@ class StoredApprover(Approver, Protocol):
     #: How long a request waits for an answer before the run suspends.
     @property
     def wait_s(self) -> float: ...
+
+    def request_checked(self, request: ApprovalRequest, answers: AnswerCheck) -> ApprovalDecision:
+        """`request`, believing only answers `answers` proves (their seal holds under the run's answer key:
+        `proctor.store.answerseal`); the gate asks a stored approver this way."""
+        ...

@@ -21,9 +21,17 @@ import time
 from proctor.approval.base import ApprovalDecision, ApprovalRequest, Grant
 from proctor.durations import parse_duration
 from proctor.errors import RunSuspended
+from proctor.store.answerseal import AnswerCheck
 from proctor.store.base import PendingApproval, RunStore
+from proctor.telemetry.logging import get_logger
 
 __all__ = ["InboxApprover"]
+
+log = get_logger("proctor.approval")
+
+#: How many answers that are not believed one request takes back before it stops waiting (a store that
+#: keeps writing them: the run suspends, and the approval is answerable by a real approver).
+_MAX_REFUSED = 16
 
 
 class InboxApprover:
@@ -39,6 +47,10 @@ class InboxApprover:
         return f"InboxApprover({self.store!r}, wait={self.wait_s:g})"
 
     def request(self, request: ApprovalRequest) -> ApprovalDecision:
+        """`request` outside a gate: filed, but no answer is believed (there is no run key to check it with)."""
+        return self.request_checked(request, AnswerCheck(None, None))
+
+    def request_checked(self, request: ApprovalRequest, answers: AnswerCheck) -> ApprovalDecision:
         stored = dict(request.redacted_args if request.redacted_args is not None else request.args)
         # What an approver may see: clear values, but for fields hidden from approvers too. Kept beside
         # the redacted `args` (which lists and the audit log carry) for the inbox and `approvals show`.
@@ -59,22 +71,45 @@ class InboxApprover:
             approvers={"require": [spec.as_dict() for spec in request.approvers],
                        "os_users": {name: u.as_dict() for name, u in request.os_users.items()}},
         ))
-        if filed.status == "pending" and self.wait_s > 0:
-            wait_s = self.wait_s
-            if filed.expires_at_ns is not None:
-                wait_s = max(0.0, min(wait_s, (filed.expires_at_ns - time.time_ns()) / 1e9))
-            filed = self.store.wait_for_answer(filed.id, wait_s)
+        wait_s = self.wait_s
+        if filed.expires_at_ns is not None:
+            wait_s = max(0.0, min(wait_s, (filed.expires_at_ns - time.time_ns()) / 1e9))
+        until = time.monotonic() + wait_s
+        refused = 0
+        while True:
+            if filed.status == "answered" and filed.answer is not None:
+                problem = answers.problem(filed)
+                if problem is None:
+                    break
+                if answers.seal is None:  # nothing can be believed here: refused, and left for a gate that can
+                    return ApprovalDecision.deny(request, "inbox", problem)
+                # Not an answer: recorded, taken back (the approval waits for a real approver, until its
+                # deadline), and the wait goes on. A store that keeps writing them only uses up the wait.
+                missing = answers.refuse(filed, problem)
+                log.warning("approval_answer_not_believed", approval_id=filed.id, reason=problem + missing)
+                refused += 1
+                self.store.reopen_approval(filed.id, filed.answer)
+                filed = self.store.get_approval(filed.id)
+                if refused < _MAX_REFUSED:
+                    continue
+            left = until - time.monotonic()
+            if filed.status != "pending" or left <= 0 or refused >= _MAX_REFUSED:
+                break
+            filed = self.store.wait_for_answer(filed.id, left)
+            if filed.status == "pending":
+                break
         if filed.status == "void":
             return ApprovalDecision.deny(request, "inbox", f"approval {filed.id} was voided (the run was cancelled)")
         answer = filed.answer
-        late = (filed.expires_at_ns is not None and answer is not None
+        believed = filed.status == "answered" and answer is not None and answers.problem(filed) is None
+        late = (believed and filed.expires_at_ns is not None and answer is not None
                 and answer.answered_at_ns > filed.expires_at_ns)
         if filed.status == "expired" or late:
             if filed.status == "expired":
                 self.store.expire_approval(filed.id)
             return ApprovalDecision.deny(request, "timeout", f"approval {filed.id} expired before it was answered "
                                          "(the policy's approval timeout)", timed_out=True)
-        if filed.status != "answered" or answer is None:
+        if not believed or answer is None:
             raise RunSuspended(f"{request.tool}: waiting for approval {filed.id} (answer it with `proctor approvals "
                                f"approve {filed.id}`, then resume run {request.run.id})", tool=request.tool,
                                call_id=request.call_id, approval_id=filed.id)

@@ -190,6 +190,7 @@ def _check_store(log: str, url: str, database: bool) -> dict[str, Any] | None:
     from proctor.audit.base import derive_key
     from proctor.audit.lines import read_records
     from proctor.errors import AuditError, StoreError
+    from proctor.store.answerseal import AnswerSeal
     from proctor.store.base import RunStore
     from proctor.store.seal import PURPOSE, StoreSeal
     from proctor.store.trail import check_store
@@ -225,7 +226,8 @@ def _check_store(log: str, url: str, database: bool) -> dict[str, Any] | None:
         _err(f"--store {shown_url(url)}: {exc}")
         return None
     try:
-        found, counted = check_store(store, StoreSeal(derive_key(secret, PURPOSE)), records)
+        found, counted = check_store(store, StoreSeal(derive_key(secret, PURPOSE)), records,
+                                     answers=AnswerSeal.of_secret(secret))
     except StoreError as exc:
         _err(f"--store {shown_url(url)}: {exc}")
         return None

@@ -11,11 +11,13 @@ Every request and answer is recorded by the gate's recorder.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from proctor.approval.base import ApprovalDecision, ApprovalRequest, Approver, Grant, StoredApprover, approval_binding
 from proctor.approval.tokens import TokenFile
+from proctor.audit.base import AuditSink
 from proctor.errors import (
     ApprovalDenied,
     ApprovalTimeout,
@@ -30,6 +32,8 @@ from proctor.policy.admission import admit
 from proctor.policy.approvers import Answerer, os_answerer, refusal
 from proctor.policy.engine import ToolFacts
 from proctor.redaction import secret_values
+from proctor.store.answerseal import PURPOSE as ANSWER_PURPOSE
+from proctor.store.answerseal import AnswerCheck, AnswerSeal
 from proctor.telemetry import semconv as sc
 from proctor.telemetry.logging import get_logger
 from proctor.tools import run_with_timeout
@@ -79,11 +83,36 @@ def _put(node: Mapping[str, Any], path: list[str], value: Any) -> dict[str, Any]
     return out
 
 
+class _Refusals:
+    """Where the gate records an answer it does not believe (``approval_refused``): its own audit trail,
+    through its one writer, about the call that asked."""
+
+    def __init__(self, step: ApprovalStep, p: InFlight) -> None:
+        self.step, self.p = step, p
+
+    def record(self, fields: Mapping[str, Any]) -> str | None:
+        result = self.step.recorder.about(self.p, "approval_refused", fields)
+        if result is None:
+            return "the gate keeps no audit trail"
+        return None if result.ok else str(result.error)
+
+
 class ApprovalStep:
     """The approval step of one gate's calls (it reads the gate's current policy, approver and recorder)."""
 
     def __init__(self, gate: Gate) -> None:
         self.gate = gate
+        self._seal: tuple[AuditSink, AnswerSeal] | None = None
+
+    def answer_seal(self) -> AnswerSeal | None:
+        """What proves an answer read from a run store: the gate's audit trail's key for answers
+        (`proctor.store.answerseal`); None without a trail (then no stored answer is believed)."""
+        audit = self.gate.audit
+        if audit is None:
+            return None
+        if self._seal is None or self._seal[0] is not audit:
+            self._seal = (audit, AnswerSeal(audit.key_for(ANSWER_PURPOSE)))
+        return self._seal[1]
 
     @property
     def recorder(self) -> Recorder:
@@ -163,8 +192,13 @@ class ApprovalStep:
         # The policy's approval timeout holds even for an approver that never answers (a
         # callback stuck on a socket): past expiry and a short grace, the call is refused.
         wait_s = max(0.0, (request.expires_at_ns - time.time_ns()) / 1e9) + APPROVAL_GRACE_S
+        ask: Callable[[], ApprovalDecision]
+        if isinstance(approver, StoredApprover):  # answers read from a store: believed only when sealed
+            ask = partial(approver.request_checked, request, AnswerCheck(self.answer_seal(), _Refusals(self, p)))
+        else:
+            ask = partial(approver.request, request)
         try:
-            answer = run_with_timeout(lambda: approver.request(request), wait_s)
+            answer = run_with_timeout(ask, wait_s)
         except RunSuspended as suspended:  # an inbox with no answer yet: the run stops here and resumes later
             suspended.tool, suspended.call_id = name, p.call_id
             wait_ns = time.perf_counter_ns() - asked

@@ -56,6 +56,7 @@ from proctor.serve.guard import DEFAULT_MAX_BODY, ASGIApp, RequestGuard
 from proctor.serve.halting import HaltDesk, HaltRefused
 from proctor.serve.views import approval_view, display_fields, filter_approvals, run_view
 from proctor.store.answers import answer, grant_preview
+from proctor.store.answerseal import AnswerSeal
 from proctor.store.base import RunStore
 from proctor.store.refusals import RefusalSink
 from proctor.termsafe import marked_html
@@ -114,8 +115,12 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
                sessions: Sessions | None = None, trusted_proxies: int | None = None,
                max_body: int = DEFAULT_MAX_BODY, resumes: bool = False, openapi: bool = False,
                halts: HaltBackend | None = None, audit: AuditSink | None = None,
-               halt_groups: Collection[str] = (), refusals: RefusalSink | None = None) -> FastAPI:
+               halt_groups: Collection[str] = (), refusals: RefusalSink | None = None,
+               answers: AnswerSeal) -> FastAPI:
     """The inbox over `store`, accepting the approvers in `tokens` (and a trusted proxy's header, if named).
+
+    `answers` seals every answer the inbox stores (`proctor.store.answerseal`): the key of the runs' audit
+    trail for answers, which the runs' gates check; an answer under any other key is not believed.
 
     `trusted_proxies`: how many reverse proxies stand before the server (the client's address is
     the entry of ``X-Forwarded-For`` the outermost one wrote); default 1 with `proxy_header`, else 0.
@@ -276,7 +281,8 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
         await run_in_threadpool(answer, store, approval_id, approver=identity.name, address=identity.address,
                                 decision=decision, binding=str(form.get("binding", "")),
                                 reason=str(form.get("reason", "")), args=args, grant=grant,
-                                method=identity.via, groups=tokens.groups.get(identity.name), refusals=refusals)
+                                method=identity.via, groups=tokens.groups.get(identity.name), refusals=refusals,
+                                seal=answers)
         return RedirectResponse(f"/approvals/{approval_id}", status_code=303)
 
     def _confirmed(approval_id: str, decision: str, confirm: str) -> None:
@@ -357,7 +363,7 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
         answered = answer(store, approval_id, approver=identity.name, address=identity.address,
                           decision=body.decision, binding=body.binding, reason=body.reason, args=body.args,
                           grant=body.grant, method=identity.via, groups=tokens.groups.get(identity.name),
-                          refusals=refusals)
+                          refusals=refusals, seal=answers)
         return answered.as_dict()
 
     @app.get("/api/approvals/{approval_id}/grant-preview")

@@ -48,6 +48,10 @@ def register(subparsers: Any) -> None:
                    help="the runs' audit trail: resumed runs and halts set from the inbox append to it, and every "
                         "answer the inbox refuses is recorded in it (approval_refused); default as `proctor run`: "
                         "$PROCTOR_AUDIT, else $XDG_STATE_HOME/proctor/audit.jsonl ($PROCTOR_AUDIT for halts)")
+    p.add_argument("--answer-key", metavar="FILE", default=None,
+                   help="the runs' answer key, which seals every answer the inbox stores (default: "
+                        "$PROCTOR_ANSWER_KEY, else derived from --audit's trail; write one with `proctor approvals "
+                        "answer-key`)")
     p.add_argument("--halts", metavar="URL", default=None,
                    help="where the fleet's halts are: redis://… (the gates' --ledger) or a run store URL; default: "
                         "the run store, when it is SQLite or PostgreSQL. Active halts are shown on every page")
@@ -118,16 +122,21 @@ def _serve(args: argparse.Namespace) -> int:
     resumer = _resumer(args, store) if args.resume else None
     from proctor.agent.cli import default_audit_path
     from proctor.serve.guard import DEFAULT_MAX_BODY
+    from proctor.store.answerseal import AnswerSeal
     from proctor.store.refusals import AuditTrail, RefusalSink, SinkRefusals
 
     # Refused answers go to the runs' trail: the sink halts hold open (a file log has one writer), or
     # the trail opened for each refusal.
-    refusals: RefusalSink = SinkRefusals(audit) if audit is not None else AuditTrail(args.audit or default_audit_path())
+    trail = args.audit or default_audit_path()
+    refusals: RefusalSink = SinkRefusals(audit) if audit is not None else AuditTrail(trail)
     try:
+        # Every answer is sealed with the runs' answer key, or the inbox does not start.
+        # (A file trail no run has written yet gets its secret now, as the first run would: the same key.)
+        seal = AnswerSeal.for_answerer(args.answer_key, trail, create=True)
         app = create_app(store, tokens, proxy_header=args.trust_proxy_header, trusted_proxies=args.trusted_proxies,
                          max_body=args.max_body or DEFAULT_MAX_BODY, resumes=resumer is not None,
                          openapi=args.openapi, halts=halts, audit=audit, halt_groups=halt_groups,
-                         refusals=refusals)
+                         refusals=refusals, answers=seal)
     except (ProctorError, ValueError) as exc:
         print(f"proctor serve: {exc}", file=sys.stderr)
         store.close()

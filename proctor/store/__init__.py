@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import proctor._lazy as _lazy
 
 if TYPE_CHECKING:
+    from proctor.store.answerseal import AnswerSeal
     from proctor.store.base import (
         APPROVAL_STATES,
         RUN_STATES,
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "APPROVAL_STATES",
     "RUN_STATES",
+    "AnswerSeal",
     "ApprovalAnswer",
     "ApprovalState",
     "JournalEntry",
@@ -40,6 +42,7 @@ __all__ = [
 _lazy.install(__name__, {
     "APPROVAL_STATES": "proctor.store.base",
     "RUN_STATES": "proctor.store.base",
+    "AnswerSeal": "proctor.store.answerseal",
     "ApprovalAnswer": "proctor.store.base",
     "ApprovalState": "proctor.store.base",
     "JournalEntry": "proctor.store.base",

@@ -20,6 +20,7 @@ from typing import Any
 
 from proctor.errors import ApprovalConflict, FourEyes, InvalidAnswer
 from proctor.policy.approvers import Answerer, ApproverRule, OsUser, os_answerer, refusal
+from proctor.store.answerseal import AnswerCheck, AnswerSeal
 from proctor.store.base import ApprovalAnswer, PendingApproval, RunStore
 from proctor.store.refusals import RefusalSink, refusal_fields, write_refusal
 
@@ -49,13 +50,16 @@ def os_identity(approval: PendingApproval, os_user: str, acting_as: str | None, 
 def answer(store: RunStore, approval_id: str, *, approver: str, address: str, decision: str, binding: str,
            reason: str = "", args: Mapping[str, Any] | None = None,
            grant: Mapping[str, Any] | None = None, method: str = "", groups: tuple[str, ...] | None = None,
-           os_user: str = "", refusals: RefusalSink | None = None) -> PendingApproval:
-    """Check and store one answer; raise `InvalidAnswer`, `FourEyes` or `ApprovalConflict` otherwise.
+           os_user: str = "", refusals: RefusalSink | None = None, seal: AnswerSeal) -> PendingApproval:
+    """Check, seal and store one answer; raise `InvalidAnswer`, `FourEyes` or `ApprovalConflict` otherwise.
 
     `method` says how `approver` was proven (`proctor.policy.approvers.METHODS`), `groups` the groups
     that proof gives it (None: unknown), `os_user` the OS account it answered from (the store CLI).
     Every refusal of an answer to an approval that exists is an ``approval_refused`` record in
-    `refusals` (`proctor.store.refusals`): the run's audit trail."""
+    `refusals` (`proctor.store.refusals`): the run's audit trail. The stored answer carries its seal
+    under `seal` (`proctor.store.answerseal`): the run's gate believes no other. An answer already in
+    the store whose seal does not hold (written there by hand) is refused the same way and taken back,
+    so that this one, from a real approver, is taken."""
     current: PendingApproval | None = None
 
     def refused(code: str, error: ApprovalConflict | InvalidAnswer) -> ApprovalConflict | InvalidAnswer:
@@ -69,6 +73,11 @@ def answer(store: RunStore, approval_id: str, *, approver: str, address: str, de
     if decision not in VERDICTS:
         raise InvalidAnswer(f"decision must be one of {', '.join(VERDICTS)}, got {decision!r}")
     current = store.get_approval(approval_id)  # (an unknown id is refused here: there is no call to name)
+    forged = seal.problem(current) if current.status == "answered" else None
+    if forged is not None and current.answer is not None:  # not an answer: the approval still waits for one
+        AnswerCheck(seal, refusals).refuse(current, forged)
+        if store.reopen_approval(current.id, current.answer):
+            current = store.get_approval(approval_id)
     words = reason.strip()
     if decision == "deny" and not words:
         raise refused("invalid", InvalidAnswer("a deny needs a reason: the program (and the model) are told why"))
@@ -95,7 +104,8 @@ def answer(store: RunStore, approval_id: str, *, approver: str, address: str, de
             granted = check_grant(current, grant)
     except InvalidAnswer as exc:
         raise refused("invalid", exc) from None
-    stored = ApprovalAnswer(decision, approver, words, edited, granted, time.time_ns(), address, method, os_user)
+    stored = seal.sealed(current, ApprovalAnswer(decision, approver, words, edited, granted, time.time_ns(), address,
+                                                  method, os_user, groups=list(groups) if groups is not None else None))
     try:
         return store.answer_approval(approval_id, stored, binding=binding)
     except ApprovalConflict as exc:  # answered, voided or expired since it was read (a race): refused there

@@ -186,9 +186,25 @@ class ApprovalAnswer:
     method: str = ""
     #: The OS user the answer was given from, when it came through the store (`proctor approvals --store`).
     os_user: str = ""
+    #: The groups the answerer's proof gave `approver` (the inbox: the token file; the CLI: the policy's
+    #: ``approval.os_users``); None when that proof gives none. Sealed with the answer, for the record: the
+    #: gate learns the groups again from its own policy.
+    groups: Sequence[str] | None = None
+    #: The answerer's seal over the answer and the approval it answers (`proctor.store.answerseal`): the
+    #: gate believes no answer without one that holds under the run's answer key.
+    seal: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.groups, (list, tuple)):  # (anything else a store holds just fails its seal)
+            object.__setattr__(self, "groups", list(self.groups))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ApprovalAnswer:
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 @dataclass(frozen=True)
@@ -256,7 +272,7 @@ class PendingApproval:
         values = {k: v for k, v in data.items() if k in known}
         answer = values.get("answer")
         if isinstance(answer, Mapping):
-            values["answer"] = ApprovalAnswer(**answer)
+            values["answer"] = ApprovalAnswer.from_dict(answer)
         expires = values.get("expires_at_ns")
         if values.get("status") == "pending" and isinstance(expires, int) and time.time_ns() > expires:
             values["status"] = "expired"  # the deadline holds whoever reads it first, before anyone writes
@@ -376,6 +392,13 @@ class RunStore(Protocol):
         arguments or policy) or it is no longer pending; `ApprovalNotFound` when absent.
         Waiters (`wait_for_answer`, in any process) wake up.
         """
+        ...
+
+    def reopen_approval(self, approval_id: str, answer: ApprovalAnswer) -> bool:
+        """Take back `answer`, which the gate refused (its seal does not hold: written into the store by hand,
+        copied from another approval): the approval is pending again, answerable by a real approver until its
+        deadline. Only while the approval still holds exactly `answer` (True); False otherwise (it changed
+        meanwhile, and the caller reads it again)."""
         ...
 
     def expire_approval(self, approval_id: str) -> None:

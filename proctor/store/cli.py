@@ -69,9 +69,23 @@ def register(subparsers: Any) -> None:
                        help="the run's audit trail, where a refused answer is recorded (approval_refused; default: "
                             "as `proctor run`: $PROCTOR_AUDIT, else $XDG_STATE_HOME/proctor/audit.jsonl; with "
                             "--server the server records it)")
+        p.add_argument("--answer-key", metavar="FILE", default=None,
+                       help="the run's answer key, which seals the answer (default: $PROCTOR_ANSWER_KEY, else "
+                            "derived from --audit's trail)")
         if verdict == "edit":
             p.add_argument("--args", metavar="JSON", required=True, help="the arguments to run with instead")
         p.set_defaults(func=_answer, verdict=verdict)
+    p = asub.add_parser("answer-key", help="write the answer key of an audit trail's runs to a file (mode 0600)",
+                        description="Write the key that seals answers to the runs of an audit trail, for an inbox "
+                                    "or an approver's host that should not hold the trail's own secret "
+                                    "(`proctor serve --answer-key FILE`, `proctor approvals approve --answer-key "
+                                    "FILE`). It is derived one way from the trail's secret: it cannot seal the run "
+                                    "store's entries nor write the trail.")
+    p.add_argument("--audit", metavar="PATH|URL", default=None,
+                   help="the runs' audit trail (default: as `proctor run`: $PROCTOR_AUDIT, else "
+                        "$XDG_STATE_HOME/proctor/audit.jsonl)")
+    p.add_argument("--out", metavar="FILE", required=True, help="where to write it (refused if it exists)")
+    p.set_defaults(func=_answer_key)
 
     rp = subparsers.add_parser("runs", help="list, inspect, resume and cancel durable runs",
                                description="Durable runs kept in a run store (CodeAgent(..., store=…)).")
@@ -344,6 +358,8 @@ def _answer(args: argparse.Namespace) -> int:
             raise _Usage("--as does not go with --server: the server knows you by your token")
         if args.audit:
             raise _Usage("--audit does not go with --server: the server records refused answers in its own trail")
+        if args.answer_key:
+            raise _Usage("--answer-key does not go with --server: the server seals the answers it takes")
         args.id = _approval_id(args, client, args.id)
         binding = client.approval(args.id)["approval"]["binding"]
         data = client.answer(args.id, decision=args.verdict, binding=binding, reason=args.reason, args=edited)
@@ -355,15 +371,19 @@ def _answer(args: argparse.Namespace) -> int:
         from proctor.agent.cli import default_audit_path
         from proctor.policy.approvers import Answerer, os_account
         from proctor.store.answers import os_identity
+        from proctor.store.answerseal import AnswerSeal
         from proctor.store.refusals import AuditTrail
 
-        # A refused answer is recorded in the run's trail (the one `proctor run` writes by default).
+        # A refused answer is recorded in the run's trail (the one `proctor run` writes by default), and
+        # the answer is sealed with the trail's key for answers (or the --answer-key given): the run's gate
+        # believes no other.
         trail = AuditTrail(args.audit or default_audit_path())
         address = f"cli:{_host()}"
         store = _open(args)
         try:
             args.id = _approval_id(args, store, args.id)
             current = store.get_approval(args.id)
+            seal = AnswerSeal.for_answerer(args.answer_key, trail.url)
             # The store proves only which OS account runs this command: the answer names it, and --as
             # is taken only where the policy's approval.os_users lets that account act as the name.
             account = os_account()
@@ -374,7 +394,7 @@ def _answer(args: argparse.Namespace) -> int:
             approver = who.name
             answered = answer(store, args.id, approver=approver, address=address, decision=args.verdict,
                               binding=current.binding, reason=args.reason, args=edited, method=who.method,
-                              groups=who.groups, os_user=who.os_user, refusals=trail)
+                              groups=who.groups, os_user=who.os_user, refusals=trail, seal=seal)
         finally:
             store.close()
     if args.json:
@@ -382,6 +402,18 @@ def _answer(args: argparse.Namespace) -> int:
     else:
         _out(f"{answered.id}: {args.verdict} by {approver} ({answered.tool} of run {answered.run_id}); "
               f"resume it with `proctor runs resume {answered.run_id} …`")
+    return 0
+
+
+@_guard
+def _answer_key(args: argparse.Namespace) -> int:
+    from proctor.agent.cli import default_audit_path
+    from proctor.store.answerseal import AnswerSeal
+
+    seal = AnswerSeal.of_trail(args.audit or default_audit_path())
+    seal.write(args.out)
+    _out(f"{args.out}: the answer key {seal.key_id} of the runs of {args.audit or default_audit_path()}; give it "
+         "to answerers as --answer-key or $PROCTOR_ANSWER_KEY")
     return 0
 
 

@@ -39,6 +39,7 @@ REFUSAL_CODES = (
     "not_pending",  # the approval expired, was answered or was voided
     "binding",  # the answer echoes another binding than the approval's (a stale page, a forged answer)
     "invalid",  # the answer cannot be taken as given (no reason for a deny, edited arguments refused…)
+    "seal",  # an answer in the store whose seal does not hold: not given by the inbox or the CLI (a store writer's)
 )
 
 #: The most characters of an answerer's own words kept in the record.

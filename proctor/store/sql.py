@@ -309,6 +309,20 @@ class SQLRunStore(RunStore):
         raise ApprovalExpired(f"approval {approval_id} expired at {_when(current.expires_at_ns)} (the policy's "
                               "approval timeout): no answer is taken after it; the call ends as on_timeout says")
 
+    def reopen_approval(self, approval_id: str, answer: ApprovalAnswer) -> bool:
+        with self._tx() as db:
+            row = db.execute(self._sql("SELECT data FROM {approvals} WHERE id = ? AND status = 'answered'{lock}"),
+                             (approval_id,)).fetchone()
+            if row is None:
+                return False
+            data = self._decode(row[0])
+            held = data.get("answer")
+            if not isinstance(held, dict) or _plain(ApprovalAnswer.from_dict(held).as_dict()) != _plain(
+                    answer.as_dict()):
+                return False
+            self._set_approval(db, approval_id, {**data, "answer": None}, "pending", None)
+            return True
+
     def expire_approval(self, approval_id: str) -> None:
         """Record that a pending approval's deadline passed (no-op for any other)."""
         with self._tx() as db:
@@ -347,6 +361,15 @@ class SQLRunStore(RunStore):
         """Every halt not lifted, oldest first (rows as stored: the caller checks them)."""
         rows = self._query("SELECT data FROM {halts} WHERE lifted_at_ns IS NULL ORDER BY set_at_ns, id")
         return [self._decode(row[0]) for row in rows]
+
+
+def _plain(value: Any) -> Any:
+    """`value` as JSON holds it (tuples as lists), so an answer compares equal to itself read back."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _when(ns: int | None) -> str:

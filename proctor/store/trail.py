@@ -12,9 +12,9 @@ written after its journal intent and before its tool runs. So:
 - `behind_trail` is what a resume checks (`AgentBase._check_sealed`), before anything runs: no call the
   trail records as started may be journaled as waiting for its approval, or be missing, or belong to
   a step later than the saved run's; no run the trail records as finished may be resumable;
-- `check_store` is what ``proctor audit verify LOG --store URL`` reports: the same, every seal,
-  and every other disagreement between the store and the log (grants and answers no
-  ``approval_resolved`` gave, calls journaled as done that the log never saw end, and the reverse
+- `check_store` is what ``proctor audit verify LOG --store URL`` reports: the same, every seal (answers'
+  included: `proctor.store.answerseal`), and every other disagreement between the store and the log
+  (grants and answers no ``approval_resolved`` gave, calls journaled as done that the log never saw end, and the reverse
   for finished runs, statuses that are not the log's ``run_finished``).
 
 Both read the records of the log as dicts (`AuditReader.run_records`, or every record of a file).
@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proctor.store.answerseal import AnswerSeal
 from proctor.store.base import JournalEntry, PendingApproval, RunRecord, RunStore
 from proctor.store.seal import StoreSeal
 
@@ -152,11 +153,14 @@ def behind_trail(record: RunRecord, journals: Mapping[int, Sequence[JournalEntry
 
 
 def check_store(store: RunStore, seal: StoreSeal, records: Iterable[Mapping[str, Any]],
-                *, runs: Sequence[RunRecord] | None = None) -> tuple[list[Disagreement], dict[str, int]]:
+                *, runs: Sequence[RunRecord] | None = None, answers: AnswerSeal | None = None
+                ) -> tuple[list[Disagreement], dict[str, int]]:
     """Every disagreement between `store` and the log whose records are `records`, and what was checked.
 
-    `seal` is the log's store seal (its sink's `key_for("run-store")`). Runs are the store's (all of
-    them, unless `runs` names some); the log may hold other stores' runs too, which are not looked at."""
+    `seal` is the log's store seal (its sink's `key_for("run-store")`), `answers` its answer seal
+    (`key_for("approval-answers")`: every answer the store holds must carry one that holds). Runs are the
+    store's (all of them, unless `runs` names some); the log may hold other stores' runs too, which are
+    not looked at."""
     by_run = trails(records)
     counted = {"runs": 0, "entries": 0, "approvals": 0}
     out: list[Disagreement] = []
@@ -169,7 +173,21 @@ def check_store(store: RunStore, seal: StoreSeal, records: Iterable[Mapping[str,
         approvals = store.list_approvals(status=None, run_id=record.run_id)
         counted["approvals"] += len(approvals)
         out.extend(_run_disagreements(record, journals, trail, approvals, seal))
+        if answers is not None:
+            out.extend(_answer_seal_disagreements(record.run_id, approvals, answers))
     return out, counted
+
+
+def _answer_seal_disagreements(run_id: str, approvals: Sequence[PendingApproval],
+                               answers: AnswerSeal) -> list[Disagreement]:
+    """Answers whose seal does not hold: no answerer gave them (the gate refuses them when it reads them)."""
+    out = []
+    for a in approvals:
+        problem = answers.problem(a) if a.answer is not None else None
+        if problem is not None:
+            why = problem.removeprefix(f"approval {a.id} ({a.tool} of run {run_id}): ")
+            out.append(Disagreement(run_id, f"approval {a.id} ({a.tool})", why.partition("; refused")[0]))
+    return out
 
 
 def _all_runs(store: RunStore) -> list[RunRecord]:

@@ -286,7 +286,7 @@ def send(to: str) -> str:
 def test_a_resumed_run_shows_a_journaled_tool_image_again(tmp_path: Path) -> None:
     """A tool image from before a suspension is kept in the journal and reaches the model after the resume."""
     from proctor import InboxApprover, RunStore
-    from proctor.store import ApprovalAnswer
+    from proctor.store import AnswerSeal, ApprovalAnswer
 
     policy = Policy.from_dict({"version": 1, "default": "deny", "rules": [
         {"name": "reads", "match": {"tool": "screenshot"}, "decision": "allow"},
@@ -299,7 +299,8 @@ def test_a_resumed_run_shows_a_journaled_tool_image_again(tmp_path: Path) -> Non
             first = agent.run("Send bob the home page")
         assert first.status == "suspended"
         [pending] = store.list_approvals()
-        store.answer_approval(pending.id, ApprovalAnswer("approve", "carol"), binding=pending.binding)
+        store.answer_approval(pending.id, AnswerSeal.of_trail(str(tmp_path / "audit.jsonl")).sealed(
+            pending, ApprovalAnswer("approve", "carol")), binding=pending.binding)
         model = ScriptedModel(['```python\nfinal_answer("sent")\n```'])
         with CodeAgent([screenshot, send], model, policy, approver=InboxApprover(store, wait="0s"), store=store,
                        sandbox="auto", audit=str(tmp_path / "audit.jsonl")) as agent:

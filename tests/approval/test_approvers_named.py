@@ -26,6 +26,8 @@ from proctor.gate.run import RunContext
 from proctor.policy import Policy
 from proctor.policy.approvers import Answerer, ApproverRule, OsUser, os_account, os_answerer, refusal
 from proctor.serve.app import create_app
+from proctor.store.answerseal import PURPOSE as ANSWER_PURPOSE
+from proctor.store.answerseal import AnswerSeal
 from proctor.store.base import ApprovalAnswer, PendingApproval, RunStore
 from proctor.testing import InMemoryAudit
 from proctor.tools import tool
@@ -59,6 +61,15 @@ class World:
                        "mallory": add_token(self.tokens_path, "mallory"),
                        "alice": add_token(self.tokens_path, "alice", ("sre-leads",))}
         self.audit = InMemoryAudit()
+        #: What the inbox and the CLI seal answers with: the key of the gates' trail for answers.
+        self.seal = AnswerSeal(self.audit.key_for(ANSWER_PURPOSE))
+        #: The same key as a file, for the store CLI (`--answer-key`).
+        self.key_file = tmp / "answer.key"
+        self.seal.write(self.key_file)
+
+    def answer(self, pending: PendingApproval, answer: ApprovalAnswer) -> None:
+        """Store `answer`, sealed under the answer key (as an answerer holding it would)."""
+        self.store.answer_approval(pending.id, self.seal.sealed(pending, answer), binding=pending.binding)
 
     def policy(self, os_users: dict[str, Any] | None = None,
                approvers: dict[str, Any] | None = None, tokens: bool = True) -> Policy:
@@ -145,10 +156,11 @@ def test_cli_as_is_refused_unless_mapped_and_the_principal_never_answers(
     it is the principal."""
     _, _, pending = world.suspend(world.policy(), principal=ME)
     capsys.readouterr()
-    assert main(["approvals", "approve", pending.id, "--store", world.url, "--as", "carol"]) == 1
+    assert main(["approvals", "approve", pending.id, "--store", world.url, "--answer-key", str(world.key_file),
+                 "--as", "carol"]) == 1
     err = capsys.readouterr().err
     assert f"OS user {ME!r} may not answer as 'carol'" in err and len(err.strip().splitlines()) == 1
-    assert main(["approvals", "approve", pending.id, "--store", world.url]) == 1
+    assert main(["approvals", "approve", pending.id, "--store", world.url, "--answer-key", str(world.key_file)]) == 1
     assert "principal" in capsys.readouterr().err
     assert world.store.get_approval(pending.id).status == "pending"
 
@@ -157,12 +169,14 @@ def test_cli_groups_come_from_the_os_mapping(world: World, capsys: pytest.Captur
     """Mapped to act as carol but in no group: refused; mapped into sre-leads: taken, and the trail names
     carol, the OS account, the method, the answer's own time and its reason."""
     _, _, pending = world.suspend(world.policy(os_users={ME: {"as": ["carol"]}}))
-    assert main(["approvals", "approve", pending.id, "--store", world.url, "--as", "carol"]) == 1
+    assert main(["approvals", "approve", pending.id, "--store", world.url, "--answer-key", str(world.key_file),
+                 "--as", "carol"]) == 1
     assert "asks for a member of sre-leads" in capsys.readouterr().err
     world.store.void_approval(pending.id)
 
     gate, ctx, pending = world.suspend(world.policy(os_users={ME: {"as": ["carol"], "groups": ["sre-leads"]}}))
-    assert main(["approvals", "approve", pending.id, "--store", world.url, "--as", "carol",
+    assert main(["approvals", "approve", pending.id, "--store", world.url, "--answer-key", str(world.key_file),
+                 "--as", "carol",
                  "--reason", "checked the rollout"]) == 0
     stored = world.store.get_approval(pending.id).answer
     assert stored is not None and (stored.approver, stored.os_user, stored.method) == ("carol", ME, "os-user")
@@ -180,7 +194,8 @@ def test_inbox_api_enforces_groups_from_the_token_file(world: World) -> None:
     gate, ctx, pending = world.suspend(world.policy())
     body = {"decision": "edit", "binding": pending.binding, "reason": "two replicas, not none",
             "args": {"verb": "scale", "replicas": 2, "token": "n3w"}}
-    with TestClient(create_app(world.store, TokenFile.load(world.tokens_path)), base_url="http://inbox.test") as c:
+    with TestClient(create_app(world.store, TokenFile.load(world.tokens_path), answers=world.seal),
+                    base_url="http://inbox.test") as c:
         refused = c.post(f"/api/approvals/{pending.id}", json=body,
                          headers={"Authorization": f"Bearer {world.tokens['mallory']}"})
         assert refused.status_code == 403
@@ -226,10 +241,11 @@ def test_token_file_groups_and_the_serve_token_command(tmp_path: Path, capsys: p
 ])
 def test_a_forged_store_answer_is_refused_at_the_gate_and_audited(world: World, forged: ApprovalAnswer,
                                                                    why: str) -> None:
-    """A row written straight into the store (no inbox, no CLI) naming an approver outside the group
-    does not pass the gate: it re-checks that approver's groups with the token file and mapping it reads."""
+    """An answer sealed under the answer key (an answerer that holds it, skipping its own checks) naming an
+    approver outside the group does not pass the gate: it re-checks that approver's groups with the token
+    file and mapping it reads. (A row without a good seal is not even read: tests/serve/test_answer_seals.py.)"""
     gate, ctx, pending = world.suspend(world.policy())
-    world.store.answer_approval(pending.id, forged, binding=pending.binding)
+    world.answer(pending, forged)
     with pytest.raises(ApprovalDenied, match=why):
         world.resume(gate, ctx)
     assert RAN == []
@@ -260,8 +276,7 @@ def test_the_resume_is_its_own_fact(world: World) -> None:
     import socket
 
     gate, ctx, pending = world.suspend(world.policy())
-    world.store.answer_approval(pending.id, ApprovalAnswer("approve", "bob", method="token", answered_at_ns=1),
-                                binding=pending.binding)
+    world.answer(pending, ApprovalAnswer("approve", "bob", method="token", answered_at_ns=1))
     again = gate.resume_run(ctx.info)
     assert world.resume(gate, again) == "scale 0"
     [resumed] = [r for r in world.audit.records if r["kind"] == "run_resumed"]
@@ -272,6 +287,6 @@ def test_the_resume_is_its_own_fact(world: World) -> None:
 def test_a_token_answer_the_gate_cannot_check_is_refused(world: World) -> None:
     """Groups asked for and no `approval.tokens` in the policy: the gate cannot know, so it refuses."""
     gate, ctx, pending = world.suspend(world.policy(tokens=False))
-    world.store.answer_approval(pending.id, ApprovalAnswer("approve", "bob", method="token"), binding=pending.binding)
+    world.answer(pending, ApprovalAnswer("approve", "bob", method="token"))
     with pytest.raises(ApprovalDenied, match=r"name the inbox's token file in the policy's approval\.tokens"):
         world.resume(gate, ctx)

@@ -62,7 +62,9 @@ class Durable:
         return path
 
     def env(self, **extra: str) -> dict[str, str]:
-        env = {**os.environ, "DURABLE_COUNTER": str(self.counter), **extra}
+        # PROCTOR_AUDIT: the runs' trail, so that `proctor approvals` seals its answers with its key (as a
+        # user of `proctor run` has it set).
+        env = {**os.environ, "DURABLE_COUNTER": str(self.counter), "PROCTOR_AUDIT": str(self.audit), **extra}
         env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         return env
 

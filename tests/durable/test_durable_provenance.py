@@ -8,7 +8,7 @@ import pytest
 from durable_tools import TOOLS
 
 from proctor import CodeAgent, InboxApprover, Policy, RunStore, ScriptedModel
-from proctor.store import ApprovalAnswer
+from proctor.store import AnswerSeal, ApprovalAnswer
 
 POLICY = {
     "version": 1, "default": "deny",
@@ -35,7 +35,8 @@ def test_a_resumed_run_does_not_take_an_earlier_runs_task_as_the_users(tmp_path:
             suspended = agent.run("mail the count", reset=False)
         assert suspended.status == "suspended"
         [pending] = store.list_approvals()
-        store.answer_approval(pending.id, ApprovalAnswer("approve", "bob"), binding=pending.binding)
+        store.answer_approval(pending.id, AnswerSeal.of_trail(str(tmp_path / "audit.jsonl")).sealed(
+            pending, ApprovalAnswer("approve", "bob")), binding=pending.binding)
         with CodeAgent(TOOLS, ScriptedModel([later]), policy, approver=InboxApprover(store, wait="0s"),
                        store=store, sandbox="process", audit=str(tmp_path / "audit.jsonl")) as agent:
             resumed = agent.resume(suspended.run_id)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tiers import examples
 
 from proctor import CodeAgent, InboxApprover, Policy, RunStore, ScriptedModel
-from proctor.store import ApprovalAnswer
+from proctor.store import AnswerSeal, ApprovalAnswer
 
 # The attack of issue 28: a side effect, then a branch on the time, which has moved on when the run resumes.
 ATTACK = """```py
@@ -44,9 +44,11 @@ def _agent(store: RunStore, tmp: Path, responses: list[str]) -> CodeAgent:
                      sandbox="process", authorized_imports=["time"])
 
 
-def _approve_all(store: RunStore) -> None:
+def _approve_all(store: RunStore, tmp: Path) -> None:
+    seal = AnswerSeal.of_trail(str(tmp / "audit.jsonl"))  # as the inbox or the CLI seal an answer
     for pending in store.list_approvals(status="pending"):
-        store.answer_approval(pending.id, ApprovalAnswer("approve", "bob"), binding=pending.binding)
+        store.answer_approval(pending.id, seal.sealed(pending, ApprovalAnswer("approve", "bob")),
+                              binding=pending.binding)
 
 
 def _kinds(tmp: Path) -> list[str]:
@@ -63,7 +65,7 @@ def test_a_program_that_changes_path_at_the_suspended_call_stops_and_runs_nothin
     [entry] = [e for e in store.journal(first.run_id, 1) if e.state == "suspended"]
     assert (entry.tool, entry.seq) == ("send", 1)
     time.sleep(max(0.0, deadline - time.time()) + 0.1)  # the world moved on while the run waited
-    _approve_all(store)
+    _approve_all(store, tmp)
     with _agent(store, tmp, [GAVE_UP]) as agent:
         resumed = agent.resume(first.run_id)
     sends = [c for c in count(str(tmp / "effects.jsonl")) if c[0] == "send"]
@@ -77,7 +79,7 @@ def test_the_same_call_at_the_suspended_place_goes_on_to_its_answer(env: tuple[R
     store, tmp = env
     with _agent(store, tmp, [ATTACK.format(deadline=time.time() + 3600)]) as agent:
         first = agent.run("mail it", principal="alice")
-    _approve_all(store)
+    _approve_all(store, tmp)
     with _agent(store, tmp, []) as agent:
         resumed = agent.resume(first.run_id)
     assert resumed.status == "done" and resumed.answer == "done"
@@ -122,7 +124,7 @@ def test_no_side_effect_runs_twice_whatever_the_program_sees_when_it_resumes(
                 break
             [waiting] = store.list_approvals(status="pending")
             before = len(count(effects))
-            _approve_all(store)
+            _approve_all(store, tmp)
             with _agent(store, tmp, [GAVE_UP]) as agent:
                 result = agent.resume(result.run_id)
             new = [e[1]["body"] for e in count(effects)[before:] if e[0] == "send"]

@@ -11,6 +11,7 @@ from typing import Any
 from proctor import CodeAgent, InboxApprover, Policy, RunStore, ScriptedModel, tool
 from proctor.approval.tokens import add_token
 from proctor.policy.approvers import os_account
+from proctor.store import AnswerSeal
 
 SENT: list[tuple[str, str]] = []  # every real send, on the host
 
@@ -68,6 +69,11 @@ class Inbox:
         self.tokens_path = self.tmp / "tokens.txt"
         for name in ("alice", "bob"):
             self.tokens[name] = add_token(self.tokens_path, name)
+
+    @property
+    def answers(self) -> AnswerSeal:
+        """What the inbox seals answers with: the key of the runs' trail (``audit.jsonl`` here) for answers."""
+        return AnswerSeal.of_trail(str(self.tmp / "audit.jsonl"), create=True)
 
     def agent(self, store: RunStore, *, wait: str = "0s", responses: Any = None) -> CodeAgent:
         return CodeAgent([lookup, send], ScriptedModel(responses or [PROGRAM]), Policy.from_dict(POLICY),

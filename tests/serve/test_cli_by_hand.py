@@ -52,7 +52,8 @@ def test_ids_are_printed_whole_and_taken_by_unique_prefix(inbox: Inbox) -> None:
     assert short.returncode == 1 and "at least 6 characters" in short.stderr
     none = proctor("approvals", "show", "apr_zzzzzzzz", "--store", inbox.store_url)
     assert none.returncode == 1 and "no approval 'apr_zzzzzzzz'" in none.stderr
-    approved = proctor("approvals", "approve", approval_id[:10], "--as", "bob", "--store", inbox.store_url)
+    approved = proctor("approvals", "approve", approval_id[:10], "--as", "bob", "--store",
+                       inbox.store_url), "--audit", str(inbox.tmp / "audit.jsonl")
     assert approved.returncode == 0 and approval_id in approved.stdout, approved.stderr
     audit = proctor("audit", "show", str(inbox.tmp / "audit.jsonl"), "--run", run_id[:8])
     assert audit.returncode == 0 and run_id in audit.stdout, audit.stderr
@@ -102,11 +103,12 @@ def _answered_run(inbox: Inbox) -> tuple[str, str, Path]:
     """Two suspended runs: one approved with a reason by a long-named approver and resumed, one edited."""
     first = inbox.suspend(task="Send carol her invoice")
     ok = proctor("approvals", "approve", first, "--as", APPROVER, "--reason", "checked the purchase order",
-                 "--store", inbox.store_url)
+                 "--store", inbox.store_url, "--audit", str(inbox.tmp / "audit.jsonl"))
     assert ok.returncode == 0, ok.stderr
     second = inbox.suspend(task="Send carol a long note")
     edit = proctor("approvals", "edit", second, "--as", APPROVER, "--reason", "the long version",
-                   "--args", f'{{"to": "carol@partner.org", "body": "{WORDS}"}}', "--store", inbox.store_url)
+                   "--args", f'{{"to": "carol@partner.org", "body": "{WORDS}"}}', "--store", inbox.store_url,
+                   "--audit", str(inbox.tmp / "audit.jsonl"))
     assert edit.returncode == 0, edit.stderr
     store = RunStore.open(inbox.store_url)
     runs = [store.get_approval(a).run_id for a in (first, second)]

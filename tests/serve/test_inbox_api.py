@@ -19,7 +19,8 @@ from .inbox_helpers import SENT, Inbox, background
 @pytest.fixture
 def client(inbox: Inbox) -> Iterator[TestClient]:
     store = RunStore.open(inbox.store_url)
-    with TestClient(create_app(store, TokenFile.load(inbox.tokens_path)), base_url="http://inbox.test") as c:
+    with TestClient(create_app(store, TokenFile.load(inbox.tokens_path), answers=inbox.answers),
+                    base_url="http://inbox.test") as c:
         yield c
     store.close()
 
@@ -182,9 +183,10 @@ def test_proxy_header_only_when_enabled(inbox: Inbox) -> None:
     """A user header counts only when the server was told to trust a proxy."""
     store = RunStore.open(inbox.store_url)
     try:
-        plain = TestClient(create_app(store, TokenFile.load(inbox.tokens_path)))
+        plain = TestClient(create_app(store, TokenFile.load(inbox.tokens_path), answers=inbox.answers))
         assert plain.get("/api/approvals", headers={"X-Forwarded-User": "bob"}).status_code == 401
-        proxied = TestClient(create_app(store, TokenFile.load(inbox.tokens_path), proxy_header="X-Forwarded-User"))
+        proxied = TestClient(create_app(store, TokenFile.load(inbox.tokens_path), answers=inbox.answers,
+                                        proxy_header="X-Forwarded-User"))
         assert proxied.get("/api/approvals", headers={"X-Forwarded-User": "bob"}).status_code == 200
     finally:
         store.close()

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture
 def server(inbox: Inbox) -> Iterator[tuple[str, RunStore]]:
     store = RunStore.open(inbox.store_url)
-    with serving(create_app(store, TokenFile.load(inbox.tokens_path))) as url:
+    with serving(create_app(store, TokenFile.load(inbox.tokens_path), answers=inbox.answers)) as url:
         yield url, store
     store.close()
 

@@ -45,7 +45,7 @@ def test_approvals_through_the_server(inbox: Inbox) -> None:
     approval_id = inbox.suspend(principal="alice")
     store = RunStore.open(inbox.store_url)
     try:
-        with serving(create_app(store, TokenFile.load(inbox.tokens_path))) as url:
+        with serving(create_app(store, TokenFile.load(inbox.tokens_path), answers=inbox.answers)) as url:
             env = {"PROCTOR_TOKEN": inbox.tokens["bob"]}
             listed = proctor("approvals", "list", "--server", url, "--json", env=env)
             assert listed.returncode == 0, listed.stderr
@@ -79,7 +79,8 @@ def test_resumer_takes_up_answered_runs(inbox: Inbox) -> None:
             current = store.get_approval(approval_id)
             from proctor.store.answers import answer
 
-            answer(store, approval_id, approver="bob", address="test", decision="approve", binding=current.binding)
+            answer(store, approval_id, approver="bob", address="test", decision="approve", binding=current.binding,
+                   seal=inbox.answers)
             deadline = time.monotonic() + 120
             while not resumer.resumed and time.monotonic() < deadline:
                 time.sleep(0.1)

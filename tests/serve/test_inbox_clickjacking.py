@@ -112,7 +112,7 @@ def test_a_hostile_page_cannot_frame_an_approval(inbox: Inbox, tmp_path: Path) -
     approval_id = inbox.suspend()
     store = RunStore.open(inbox.store_url)
     try:
-        with serving(create_app(store, TokenFile.load(inbox.tokens_path))) as url, \
+        with serving(create_app(store, TokenFile.load(inbox.tokens_path), answers=inbox.answers)) as url, \
                 attacker(lambda: hostile_page(url, approval_id)) as evil, chromium(tmp_path / "bob") as driver:
             log_in(driver, url, inbox.tokens["bob"])  # bob's SameSite=Strict cookie goes to the same site
             driver.get(evil + "/")
@@ -139,7 +139,7 @@ def test_even_a_frame_that_loads_is_not_approved_by_a_keypress(inbox: Inbox, tmp
     approval_id = inbox.suspend()
     store = RunStore.open(inbox.store_url)
     try:
-        app = strip_framing_headers(create_app(store, TokenFile.load(inbox.tokens_path)))
+        app = strip_framing_headers(create_app(store, TokenFile.load(inbox.tokens_path), answers=inbox.answers))
         with serving(app) as url, attacker(lambda: hostile_page(url, approval_id)) as evil, \
                 chromium(tmp_path / "bob") as driver:
             log_in(driver, url, inbox.tokens["bob"])

@@ -64,7 +64,7 @@ def test_redacted_values_are_clear_to_approvers_unless_hidden_from_them(inbox: I
     approval_id = suspend(inbox, store, program)
     stored = store.get_approval(approval_id)
     assert set(stored.args["to"]) == {"$redacted"}  # the redacted form stays what lists and logs carry
-    c = TestClient(create_app(store, TokenFile.load(inbox.tokens_path)), base_url="http://inbox.test")
+    c = TestClient(create_app(store, TokenFile.load(inbox.tokens_path), answers=inbox.answers), base_url="http://inbox.test")
     view = c.get(f"/api/approvals/{approval_id}", headers=bob(inbox)).json()
     assert view["shown_args"]["to"] == "DE89 3704 0044 0532 0130 00"
     assert set(view["shown_args"]["body"]) == {"$redacted"} and view["hidden"] == ["body"]
@@ -92,7 +92,7 @@ def test_look_alikes_and_bidi_are_marked_on_the_page_in_the_api_and_in_approvals
     program = (f"Thought: clean {SPOOF}.\n```python\nsend(to={SPOOF!r}, body={RLO!r})\nfinal_answer('ok')\n```")
     policy = {**WIRE_POLICY, "tools": {"lookup": {"side_effect": "read"}, "send": {"side_effect": "external"}}}
     approval_id = suspend(inbox, store, program, policy)
-    c = TestClient(create_app(store, TokenFile.load(inbox.tokens_path)), base_url="http://inbox.test")
+    c = TestClient(create_app(store, TokenFile.load(inbox.tokens_path), answers=inbox.answers), base_url="http://inbox.test")
     view = c.get(f"/api/approvals/{approval_id}", headers=bob(inbox)).json()
     assert view["display"]["args"]["to"] == '"web-7f9\u0441\u27e8U+0441\u27e9"'
     assert "\\u202e" in view["display"]["args"]["body"] and "\u202e" not in view["display"]["args"]["body"]
@@ -113,7 +113,7 @@ def test_look_alikes_and_bidi_are_marked_on_the_page_in_the_api_and_in_approvals
 def test_the_pending_call_is_marked_at_its_reported_position_only(inbox: Inbox, store: RunStore) -> None:
     """One tool on two lines: only the line and column the worker reported are marked (never by name)."""
     approval_id = file_positioned(store, line=3, col=8)
-    c = TestClient(create_app(store, TokenFile.load(inbox.tokens_path)), base_url="http://inbox.test")
+    c = TestClient(create_app(store, TokenFile.load(inbox.tokens_path), answers=inbox.answers), base_url="http://inbox.test")
     view = c.get(f"/api/approvals/{approval_id}", headers=bob(inbox)).json()
     assert view["position"] == {"line": 3, "col": 8, "end_line": None, "end_col": None}
     marked = [line for line in view["program"] if line["marked"]]
@@ -126,7 +126,7 @@ def test_the_pending_call_is_marked_at_its_reported_position_only(inbox: Inbox, 
 
 def test_after_an_answer_the_page_says_what_happens_next(inbox: Inbox, store: RunStore) -> None:
     approval_id = inbox.suspend()
-    c = TestClient(create_app(store, TokenFile.load(inbox.tokens_path)), base_url="http://inbox.test")
+    c = TestClient(create_app(store, TokenFile.load(inbox.tokens_path), answers=inbox.answers), base_url="http://inbox.test")
     binding = store.get_approval(approval_id).binding
     assert c.post(f"/api/approvals/{approval_id}", headers=bob(inbox),
                   json={"decision": "approve", "binding": binding, "reason": "checked the PO"}).status_code == 200
@@ -134,14 +134,14 @@ def test_after_an_answer_the_page_says_what_happens_next(inbox: Inbox, store: Ru
     run_id = view["approval"]["run_id"]
     assert f"proctor runs resume {run_id}" in view["next"] and "serve --resume" in view["next"]
     assert view["approval"]["answer"]["reason"] == "checked the PO"
-    resuming = TestClient(create_app(store, TokenFile.load(inbox.tokens_path), resumes=True),
+    resuming = TestClient(create_app(store, TokenFile.load(inbox.tokens_path), answers=inbox.answers, resumes=True),
                           base_url="http://inbox.test")
     again = resuming.get(f"/api/approvals/{approval_id}", headers=bob(inbox)).json()
     assert "resumed by this inbox" in again["next"]
     inbox.resume(run_id)
     done = c.get(f"/api/approvals/{approval_id}", headers=bob(inbox)).json()
     assert done["next"] == f"Run {run_id} has ended: done."
-    page_client = TestClient(create_app(store, TokenFile.load(inbox.tokens_path)), base_url="http://inbox.test")
+    page_client = TestClient(create_app(store, TokenFile.load(inbox.tokens_path), answers=inbox.answers), base_url="http://inbox.test")
     page_client.post("/login", data={"token": inbox.tokens["bob"]})
     timeline = page_client.get(f"/runs/{run_id}").text
     assert 'id="approvals"' in timeline and "approve by bob" in timeline and "checked the PO" in timeline

@@ -53,7 +53,8 @@ def served(inbox: Inbox) -> Iterator[Served]:
     halts = StoreHaltBackend(inbox.store_url)
     audit_path = inbox.tmp / "inbox-audit.jsonl"
     audit = AuditLog(audit_path)
-    app = create_app(store, TokenFile.load(inbox.tokens_path), halts=halts, audit=audit, halt_groups=("sre-leads",))
+    app = create_app(store, TokenFile.load(inbox.tokens_path), answers=inbox.answers, halts=halts, audit=audit,
+                     halt_groups=("sre-leads",))
     with serving(app) as url:
         yield Served(url, store, halts, audit_path, approval_id, store.get_approval(approval_id).run_id, carol)
     audit.close()
@@ -143,7 +144,8 @@ def test_halts_set_elsewhere_are_shown_and_no_audit_log_means_no_halting(inbox: 
     halts = StoreHaltBackend(inbox.store_url)
     try:
         elsewhere = halts.set(new_halt("tool", "send", "mail provider incident", "ops-dan"))
-        app = create_app(store, TokenFile.load(inbox.tokens_path), halts=halts, halt_groups=("sre-leads",))
+        app = create_app(store, TokenFile.load(inbox.tokens_path), answers=inbox.answers, halts=halts,
+                         halt_groups=("sre-leads",))
         run_id = store.list_runs()[0].run_id
         with serving(app) as url:
             client, csrf = session(url, carol)
@@ -232,7 +234,7 @@ def test_a_halt_the_log_cannot_record_is_said_to_be_in_force_and_such_a_lift_doe
     run_id = store.list_runs()[0].run_id
     try:
         for failing in ("halt_set", "halt_lifted"):
-            app = create_app(store, TokenFile.load(inbox.tokens_path), halts=halts,
+            app = create_app(store, TokenFile.load(inbox.tokens_path), answers=inbox.answers, halts=halts,
                              audit=InMemoryAudit(fail_on=(failing,)), halt_groups=("sre-leads",))
             with TestClient(app, base_url="http://inbox.test") as c:
                 auth = {"Authorization": f"Bearer {carol}"}

@@ -36,7 +36,7 @@ def store(inbox: Inbox) -> Iterator[RunStore]:
 
 
 def client_for(inbox: Inbox, store: RunStore, **kwargs: object) -> TestClient:
-    return TestClient(create_app(store, TokenFile.load(inbox.tokens_path), **kwargs),  # type: ignore[arg-type]
+    return TestClient(create_app(store, TokenFile.load(inbox.tokens_path), answers=inbox.answers, **kwargs),  # type: ignore[arg-type]
                       base_url="http://inbox.test")
 
 

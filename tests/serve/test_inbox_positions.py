@@ -26,7 +26,7 @@ def store(inbox: Inbox) -> Iterator[RunStore]:
 
 
 def client(inbox: Inbox, store: RunStore) -> TestClient:
-    c = TestClient(create_app(store, TokenFile.load(inbox.tokens_path)), base_url="http://inbox.test")
+    c = TestClient(create_app(store, TokenFile.load(inbox.tokens_path), answers=inbox.answers), base_url="http://inbox.test")
     c.headers["Authorization"] = f"Bearer {inbox.tokens['bob']}"
     return c
 

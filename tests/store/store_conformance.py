@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 from store_forgery import TWICE, Suspended, other, suspended
@@ -206,6 +207,22 @@ class StoreConformance:
         assert store.answer_approval(filed.id, given, binding=filed.binding).answer == given
         assert store.get_approval(filed.id).answer == given
 
+    def test_an_answer_taken_back_leaves_the_approval_answerable(self, store: RunStore) -> None:
+        """`reopen_approval` takes back exactly the answer held (a gate refused it): pending again, answerable;
+        an answer that is no longer the one held is not taken back."""
+        filed = store.file_approval(_approval())
+        held = store.answer_approval(filed.id, ApprovalAnswer("approve", "bob", groups=["sre"]),
+                                     binding=filed.binding).answer
+        assert held is not None and held.groups == ["sre"]
+        assert not store.reopen_approval(filed.id, ApprovalAnswer("approve", "mallory"))
+        assert store.get_approval(filed.id).status == "answered"
+        assert store.reopen_approval(filed.id, held)
+        again = store.get_approval(filed.id)
+        assert again.status == "pending" and again.answer is None
+        assert not store.reopen_approval(filed.id, held)  # nothing answered to take back
+        answered = store.answer_approval(filed.id, ApprovalAnswer("deny", "carol", "no"), binding=filed.binding)
+        assert answered.answer is not None and answered.answer.approver == "carol"
+
     def test_void_approval_cannot_be_answered(self, store: RunStore) -> None:
         """A voided approval refuses answers."""
         filed = store.file_approval(_approval())
@@ -390,6 +407,70 @@ class StoreForgeryConformance:
         message = run.refused()
         assert "finished (done" in message, message
         assert run.sent() == ["x@evil.test"]
+
+    # -- answers: believed only under the seal of an answerer (proctor.store.answerseal) ----------
+
+    HAND_WRITTEN: ClassVar[dict[str, Any]] = {
+        "verdict": "approve", "approver": "bob", "reason": "looks fine", "args": None, "grant": None,
+        "answered_at_ns": 1, "address": "10.0.0.7", "method": "token", "os_user": "", "groups": [], "seal": ""}
+
+    def test_an_answer_written_by_hand_in_a_valid_approvers_name_is_refused(self, run: Suspended) -> None:
+        """"approve by bob" written into the approvals table: not believed on resume; nothing runs, the run
+        suspends again, `approval_refused` names the approval and why, verify --store reports it; a real
+        answer then goes through."""
+        [pending] = run.store.list_approvals(run_id=run.run_id)
+        run.answer_by_hand(pending.id, dict(self.HAND_WRITTEN))
+        out = run.verify(expect=1).stdout
+        assert f"approval {pending.id} (send): the answer approve by bob carries no seal" in out, out
+        assert run.resumed() == "suspended"
+        assert run.sent() == []
+        [refused] = run.approval_refusals()
+        assert (refused["code"], refused["approval_id"], refused["run_id"]) == ("seal", pending.id, run.run_id)
+        assert refused["approver"] == "bob" and refused["decision"] == "approve"
+        assert "carries no seal" in refused["reason"] and len(refused["reason"].splitlines()) == 1
+        again = run.store.get_approval(pending.id)
+        assert again.status == "pending" and again.answer is None  # answerable by a real approver
+        run.approve()
+        assert run.resumed() == "done"
+        assert run.sent() == ["x@evil.test"]
+
+    def test_an_answer_copied_from_another_approval_is_refused(self, run: Suspended) -> None:
+        """A real, sealed answer of one run's approval copied into another's: its seal names the first."""
+        first = run.approve()
+        assert first.answer is not None
+        run.start()
+        [pending] = run.store.list_approvals(run_id=run.run_id)
+        run.answer_by_hand(pending.id, first.answer.as_dict())
+        assert run.resumed() == "suspended" and run.sent() == []
+        [refused] = run.approval_refusals()
+        assert refused["approval_id"] == pending.id and "its seal does not hold" in refused["reason"]
+        assert run.store.get_approval(pending.id).status == "pending"
+
+    def test_every_field_of_a_sealed_answer_changed_breaks_its_seal(self, run: Suspended) -> None:
+        """Each field of a real answer (walked from `ApprovalAnswer`), changed in the store, is not believed;
+        a real deny made an approve is refused on resume and the mail is not sent."""
+        answered = run.approve("deny", "not to that address")
+        assert answered.answer is not None and run.answers.problem(run.store.get_approval(answered.id)) is None
+        genuine = answered.answer.as_dict()
+        for name in (f.name for f in fields(ApprovalAnswer) if f.name != "seal"):
+            run.answer_by_hand(answered.id, {**genuine, name: other(genuine[name])})
+            assert run.answers.problem(run.store.get_approval(answered.id)) is not None, name
+        run.answer_by_hand(answered.id, {**genuine, "verdict": "approve"})
+        assert run.resumed() == "suspended" and run.sent() == []
+        assert [r["code"] for r in run.approval_refusals()] == ["seal"]
+
+    def test_an_answer_sealed_under_another_trails_key_is_refused(self, run: Suspended, tmp_path: Path) -> None:
+        """An inbox or CLI given another trail (another key) cannot answer this run: the refusal names both keys."""
+        from proctor.store import AnswerSeal
+
+        elsewhere = AnswerSeal.of_trail(str(tmp_path / "elsewhere.jsonl"), create=True)
+        [pending] = run.store.list_approvals(run_id=run.run_id)
+        run.store.answer_approval(pending.id, elsewhere.sealed(pending, ApprovalAnswer("approve", "bob",
+                                                                                       method="token")),
+                                  binding=pending.binding)
+        assert run.resumed() == "suspended" and run.sent() == []
+        [refused] = run.approval_refusals()
+        assert f"sealed with answer key {elsewhere.key_id}, not this run's ({run.answers.key_id})" in refused["reason"]
 
     # -- proctor audit verify LOG --store URL -------------------------------------------------------
 

@@ -23,7 +23,8 @@ from psycopg.types.json import Jsonb
 
 from proctor import CodeAgent, InboxApprover, Policy, RunStore, ScriptedModel, tool
 from proctor.errors import StoreForged
-from proctor.store import ApprovalAnswer
+from proctor.store import AnswerSeal, PendingApproval
+from proctor.store.answers import answer
 
 POLICY = {"version": 1, "default": "deny",
           "rules": [{"name": "reads", "match": {"side_effect": "read"}, "decision": "allow"},
@@ -94,6 +95,9 @@ class Rows:
         value: Any = json.dumps(data) if self._sqlite else Jsonb(data)
         self._run(f"UPDATE {self._table(table)} SET data = ? WHERE {KEYS[table]} = ?", (value, key))
 
+    def set_status(self, table: str, key: str, status: str) -> None:
+        self._run(f"UPDATE {self._table(table)} SET status = ? WHERE {KEYS[table]} = ?", (status, key))
+
     def delete(self, run_id: str, seq: int) -> None:
         self._run(f"DELETE FROM {self._table('journal')} WHERE run_id = ? AND seq = ?", (run_id, seq))
 
@@ -149,9 +153,31 @@ class Suspended:
         with self.agent([]) as agent:
             return agent.resume(self.run_id).status
 
-    def approve(self) -> None:
+    @property
+    def answers(self) -> AnswerSeal:
+        """What the inbox and the CLI seal answers to this run with: its trail's key for answers."""
+        return AnswerSeal.of_trail(self.log)
+
+    def approve(self, verdict: str = "approve", reason: str = "") -> PendingApproval:
+        """Answer the run's pending approval as the inbox does (checked, sealed, stored) for bob."""
         [pending] = self.store.list_approvals(run_id=self.run_id)
-        self.store.answer_approval(pending.id, ApprovalAnswer("approve", "bob"), binding=pending.binding)
+        return answer(self.store, pending.id, approver="bob", address="10.0.0.7", decision=verdict,
+                      binding=pending.binding, reason=reason, method="token", groups=(), seal=self.answers)
+
+    def answer_by_hand(self, approval_id: str, answer: dict[str, Any]) -> None:
+        """What an insider with write access to the approvals table does: the row set answered, with `answer`."""
+        [(_, data)] = [(k, d) for k, d in self.rows.all("approvals") if k == approval_id]
+        self.rows.set("approvals", approval_id, {**data, "status": "answered", "answer": answer})
+        self.rows.set_status("approvals", approval_id, "answered")
+
+    def approval_refusals(self) -> list[dict[str, Any]]:
+        """The trail's `approval_refused` records (a file log beside the store, or the PostgreSQL one)."""
+        if self.audit:
+            with psycopg.connect(self.audit.split("?")[0], autocommit=True) as conn:
+                lines = [row[0] for row in conn.execute("SELECT line FROM proctor_audit_records ORDER BY seq")]
+        else:
+            lines = (self.tmp / "audit.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, lines) if r["kind"] == "approval_refused"]
 
     def refusals(self) -> list[dict[str, Any]]:
         records = [json.loads(line) for line in (self.tmp / "audit.jsonl").read_text().splitlines()]
