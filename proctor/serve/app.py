@@ -55,7 +55,7 @@ from proctor.serve.auth import COOKIE, Identity, Sessions, cross_origin, csrf_ok
 from proctor.serve.guard import DEFAULT_MAX_BODY, ASGIApp, RequestGuard
 from proctor.serve.halting import HaltDesk, HaltRefused
 from proctor.serve.views import approval_view, display_fields, filter_approvals, run_view
-from proctor.store.answers import answer, grant_preview
+from proctor.store.answers import answer, believed, grant_preview, take_back_forged
 from proctor.store.answerseal import AnswerSeal
 from proctor.store.base import RunStore
 from proctor.store.refusals import RefusalSink
@@ -249,6 +249,7 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
     @app.get("/", response_class=HTMLResponse)
     def pending(request: Request, tool: str = "", principal: str = "", label: str = "") -> HTMLResponse:
         identity = need(request)
+        take_back_forged(store, answers, refusals)  # a hand-written answer hides no call from the list
         items = filter_approvals(store.list_approvals(status="pending"), tool=tool, principal=principal, label=label)
         return page(request, "approvals.html", identity, approvals=[a.as_dict() for a in items],
                     filters={"tool": tool, "principal": principal, "label": label})
@@ -256,7 +257,8 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
     @app.get("/approvals/{approval_id}", response_class=HTMLResponse)
     def approval_page(request: Request, approval_id: str) -> HTMLResponse:
         identity = need(request)
-        view = approval_view(store, store.get_approval(approval_id), resumes=resumes)
+        view = approval_view(store, believed(store, store.get_approval(approval_id), answers, refusals),
+                             resumes=resumes)
         own = view["approval"]["principal"] is not None and view["approval"]["principal"] == identity.name
         confirm = view["approval"]["side_effect"] in CONFIRMED_CLASSES
         a = view["approval"]
@@ -334,6 +336,7 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
     def api_approvals(request: Request, tool: str = "", principal: str = "", label: str = "",
                       status: str = "pending") -> list[dict[str, Any]]:
         need(request)
+        take_back_forged(store, answers, refusals)
         items = store.list_approvals(status=None if status == "all" else status)  # type: ignore[arg-type]
         return [{**a.as_dict(), "display": display_fields(a, a.shown_args if a.shown_args is not None else a.args,
                                                           None)}
@@ -342,7 +345,8 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
     @app.get("/api/approvals/{approval_id}")
     def api_approval(request: Request, approval_id: str) -> dict[str, Any]:
         need(request)
-        return approval_view(store, store.get_approval(approval_id), resumes=resumes)
+        return approval_view(store, believed(store, store.get_approval(approval_id), answers, refusals),
+                             resumes=resumes)
 
     # The body is parsed here, bounded in size (RequestGuard) and depth, not by FastAPI (deep JSON
     # would be a 500), and only once the request's credentials hold.

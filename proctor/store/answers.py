@@ -6,7 +6,8 @@ the policy's `approvers:` admit (its groups as the caller proved them: the inbox
 token file, the CLI from the policy's `approval.os_users`); it echoes the approval's
 `binding` (a page loaded before the arguments or the policy changed cannot approve what it
 did not show); edited arguments are an object the tool's schema accepts; a grant's patterns
-are safe on free text. The store then takes it once, with how the approver was proven.
+are safe on free text. The store then takes it once, with how the approver was proven, sealed with the
+run's answer key (`proctor.store.answerseal`): the only kind of answer the run's gate believes.
 
 The approvers' specs read here are the copy filed with the approval: a convenience that refuses
 early and says why. The gate checks the answer again with its own policy (`proctor.gate.approval`).
@@ -24,7 +25,8 @@ from proctor.store.answerseal import AnswerCheck, AnswerSeal
 from proctor.store.base import ApprovalAnswer, PendingApproval, RunStore
 from proctor.store.refusals import RefusalSink, refusal_fields, write_refusal
 
-__all__ = ["VERDICTS", "answer", "check_edit", "check_grant", "grant_preview", "os_identity"]
+__all__ = ["VERDICTS", "answer", "believed", "check_edit", "check_grant", "grant_preview", "os_identity",
+           "take_back_forged"]
 
 VERDICTS = ("approve", "deny", "edit", "grant")
 
@@ -73,11 +75,7 @@ def answer(store: RunStore, approval_id: str, *, approver: str, address: str, de
     if decision not in VERDICTS:
         raise InvalidAnswer(f"decision must be one of {', '.join(VERDICTS)}, got {decision!r}")
     current = store.get_approval(approval_id)  # (an unknown id is refused here: there is no call to name)
-    forged = seal.problem(current) if current.status == "answered" else None
-    if forged is not None and current.answer is not None:  # not an answer: the approval still waits for one
-        AnswerCheck(seal, refusals).refuse(current, forged)
-        if store.reopen_approval(current.id, current.answer):
-            current = store.get_approval(approval_id)
+    current = believed(store, current, seal, refusals)  # a hand-written answer: the approval still waits for one
     words = reason.strip()
     if decision == "deny" and not words:
         raise refused("invalid", InvalidAnswer("a deny needs a reason: the program (and the model) are told why"))
@@ -110,6 +108,30 @@ def answer(store: RunStore, approval_id: str, *, approver: str, address: str, de
         return store.answer_approval(approval_id, stored, binding=binding)
     except ApprovalConflict as exc:  # answered, voided or expired since it was read (a race): refused there
         raise refused("not_pending", exc) from None
+
+
+def believed(store: RunStore, approval: PendingApproval, seal: AnswerSeal,
+             refusals: RefusalSink | None = None) -> PendingApproval:
+    """`approval` as an answerer shows it: an answer whose seal does not hold under `seal` (written into
+    the store by hand) is not an answer — refused (``approval_refused``, code ``seal``) and taken back, so
+    the approval is shown pending and answerable, as the run's gate will take it when it reads it."""
+    if approval.status != "answered" or approval.answer is None:
+        return approval
+    problem = seal.problem(approval)
+    if problem is None:
+        return approval
+    AnswerCheck(seal, refusals).refuse(approval, problem)
+    store.reopen_approval(approval.id, approval.answer)
+    return store.get_approval(approval.id)
+
+
+def take_back_forged(store: RunStore, seal: AnswerSeal, refusals: RefusalSink | None = None) -> None:
+    """`believed` for every answered approval a suspended run waits for (what a list of pending ones must show)."""
+    for record in store.list_runs(status="suspended"):
+        waiting = set(record.pending)
+        for approval in store.list_approvals(status="answered", run_id=record.run_id):
+            if approval.id in waiting:
+                believed(store, approval, seal, refusals)
 
 
 def check_edit(approval: PendingApproval, args: Mapping[str, Any]) -> dict[str, Any]:

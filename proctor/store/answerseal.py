@@ -90,7 +90,21 @@ class AnswerSeal:
                 raise ConfigurationError(f"the audit trail {url.split('?')[0]} needs {exc.name or 'psycopg'}: "
                                          "pip install 'proctor[postgres]'") from None
             try:
-                return cls.of_secret(redaction_secret(url))
+                try:
+                    return cls.of_secret(redaction_secret(url))
+                except ProctorError:
+                    if not create:
+                        raise
+                # No run has written the log yet: opened as a writer opens it (its row made), then let go.
+                from proctor.backends import load_audit
+
+                sink, _, _ = load_audit(url)
+                if sink is None:
+                    raise ConfigurationError(f"cannot open the audit trail {url.split('?')[0]}") from None
+                try:
+                    return cls(sink.key_for(PURPOSE))
+                finally:
+                    sink.close()
             except ProctorError as exc:
                 raise ConfigurationError(f"cannot read the answer key of the audit trail: {exc}") from None
         key_file = Path(os.fspath(url) + ".redact-key")

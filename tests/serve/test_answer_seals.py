@@ -143,3 +143,34 @@ def test_the_inbox_over_http_answers_and_the_waiting_gate_runs_the_call(inbox: I
         assert (resolved["approver"], resolved["method"], resolved["reason"]) == ("bob", "token", "checked")
     finally:
         store.close()
+
+
+def test_the_inbox_shows_a_hand_written_answer_as_pending_and_takes_the_real_one(inbox: Inbox) -> None:
+    """A suspended run's approval answered by hand in the store: the inbox does not show it answered (it refuses
+    it, recorded in the runs' trail, and takes it back); bob answers over HTTP and the resumed run sends once."""
+    from proctor.store.refusals import AuditTrail
+
+    approval_id = inbox.suspend()
+    _by_hand(inbox.tmp / "runs.db", approval_id, dict(HAND_WRITTEN))
+    store = RunStore.open(inbox.store_url)
+    trail = inbox.tmp / "audit.jsonl"
+    try:
+        app = create_app(store, TokenFile.load(inbox.tokens_path), answers=inbox.answers,
+                         refusals=AuditTrail(str(trail)))
+        with serving(app) as url:
+            auth = {"Authorization": f"Bearer {inbox.tokens['bob']}"}
+            with urllib.request.urlopen(urllib.request.Request(f"{url}/api/approvals", headers=auth),
+                                        timeout=30) as response:
+                listed = json.loads(response.read())
+            assert [(a["id"], a["status"], a["answer"]) for a in listed] == [(approval_id, "pending", None)]
+            refused = [r for r in map(json.loads, trail.read_text().splitlines()) if r["kind"] == "approval_refused"]
+            assert [(r["code"], r["approval_id"], r["approver"]) for r in refused] == [("seal", approval_id, "bob")]
+            body = json.dumps({"decision": "approve", "binding": listed[0]["binding"], "confirm": "send"}).encode()
+            request = urllib.request.Request(f"{url}/api/approvals/{approval_id}", data=body, method="POST",
+                                             headers={**auth, "Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=30) as response:
+                assert response.status == 200
+    finally:
+        store.close()
+    assert inbox.resume(listed[0]["run_id"]).status == "done"
+    assert SENT == [("carol@partner.org", "your invoice")]

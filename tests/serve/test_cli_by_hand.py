@@ -52,8 +52,8 @@ def test_ids_are_printed_whole_and_taken_by_unique_prefix(inbox: Inbox) -> None:
     assert short.returncode == 1 and "at least 6 characters" in short.stderr
     none = proctor("approvals", "show", "apr_zzzzzzzz", "--store", inbox.store_url)
     assert none.returncode == 1 and "no approval 'apr_zzzzzzzz'" in none.stderr
-    approved = proctor("approvals", "approve", approval_id[:10], "--as", "bob", "--store",
-                       inbox.store_url), "--audit", str(inbox.tmp / "audit.jsonl")
+    approved = proctor("approvals", "approve", approval_id[:10], "--as", "bob", "--store", inbox.store_url,
+                       "--audit", str(inbox.tmp / "audit.jsonl"))
     assert approved.returncode == 0 and approval_id in approved.stdout, approved.stderr
     audit = proctor("audit", "show", str(inbox.tmp / "audit.jsonl"), "--run", run_id[:8])
     assert audit.returncode == 0 and run_id in audit.stdout, audit.stderr

@@ -173,8 +173,14 @@ class Suspended:
     def approval_refusals(self) -> list[dict[str, Any]]:
         """The trail's `approval_refused` records (a file log beside the store, or the PostgreSQL one)."""
         if self.audit:
-            with psycopg.connect(self.audit.split("?")[0], autocommit=True) as conn:
-                lines = [row[0] for row in conn.execute("SELECT line FROM proctor_audit_records ORDER BY seq")]
+            from urllib.parse import parse_qsl, urlencode, urlsplit
+
+            parts = urlsplit(self.audit)
+            query = dict(parse_qsl(parts.query))
+            log = query.pop("log")
+            with psycopg.connect(parts._replace(query=urlencode(query)).geturl(), autocommit=True) as conn:
+                lines = [row[0] for row in conn.execute(
+                    "SELECT line FROM proctor_audit_records WHERE log = %s ORDER BY seq", (log,))]
         else:
             lines = (self.tmp / "audit.jsonl").read_text().splitlines()
         return [r for r in map(json.loads, lines) if r["kind"] == "approval_refused"]

@@ -109,3 +109,26 @@ def test_unreachable_server_is_a_store_error(tmp_path: Path) -> None:
     """A server that is not there fails to open with StoreError naming the store."""
     with pytest.raises(StoreError, match="cannot open run store"):
         PostgresRunStore(f"postgresql://postgres@/postgres?host={tmp_path}", connect_timeout_s=2)
+
+
+@pytest.mark.sandbox
+def test_answers_are_sealed_with_a_postgresql_trails_key(pg: PostgresServer, tmp_path: Path) -> None:
+    """Store and audit trail both in PostgreSQL: "approve by bob" written into the approvals table is refused on
+    resume (recorded in the log's table), and the real CLI, given the trail's URL, answers so that the run goes on."""
+    import subprocess
+
+    for run in suspended(_fresh(pg), tmp_path, audit=f"{pg.url}&log={uuid.uuid4().hex[:12]}"):
+        run.start()
+        [pending] = run.store.list_approvals(run_id=run.run_id)
+        run.answer_by_hand(pending.id, {**StoreForgeryConformance.HAND_WRITTEN})
+        assert run.resumed() == "suspended" and run.sent() == []
+        [refused] = run.approval_refusals()
+        assert refused["code"] == "seal" and refused["approval_id"] == pending.id
+        done = subprocess.run([sys.executable, "-m", "proctor.cli", "approvals", "approve", pending.id, "--store",
+                               run.rows.url, "--audit", run.log, "--reason", "checked"],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        answer = run.store.get_approval(pending.id).answer
+        assert answer is not None and answer.method == "os-user" and run.answers.problem(
+            run.store.get_approval(pending.id)) is None
+        assert run.resumed() == "done" and run.sent() == ["x@evil.test"]
