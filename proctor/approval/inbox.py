@@ -8,6 +8,12 @@ run suspends (with an agent that has a store: `agent.run` returns ``status ==
 call that was already answered (the same call id, arguments and policy — the same
 binding) is answered at once from the store: that is how a resumed run gets its answer.
 
+An answer is believed only under its answerer's seal (`proctor.store.answerseal`): the gate asks
+through `request_checked` with the run's answer key (its audit trail's, derived for answers). An answer
+whose seal does not hold — written into the store by hand, changed, copied from another approval — is
+refused (``approval_refused`` through the gate's recorder), taken back so that a real approver can
+still answer, and the wait goes on (or the run suspends); nothing runs on it.
+
 `wait` is bounded by the policy's ``approval.timeout``, which the gate enforces. The approval is
 filed with its deadline (``expires_at_ns``: the policy's timeout from the first time it was
 asked): past it the store reads it as ``expired`` and takes no answer, and a resumed run gets

@@ -1,9 +1,10 @@
 """``proctor approvals`` and ``proctor runs``: answer pending calls and manage durable runs from a terminal.
 
     proctor approvals list --store sqlite:///runs.db [--json]
-    proctor approvals approve apr_… --as bob [--reason "checked"]
+    proctor approvals approve apr_… --as bob [--reason "checked"] [--audit LOG | --answer-key FILE]
     proctor approvals deny apr_… --as bob --reason "not this customer"
     proctor approvals edit apr_… --as bob --args '{"to": "ops@example.com"}'
+    proctor approvals answer-key --audit LOG --out FILE   # the runs' answer key alone (mode 0600)
     proctor runs list | show RUN | cancel RUN
     proctor runs resume RUN --tools MOD:ATTR --policy P --model ID [--audit PATH]
 

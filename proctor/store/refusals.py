@@ -4,7 +4,9 @@ An answer the inbox (`proctor serve`) or `proctor approvals … --store` refuses
 the gate's `approval_resolved` cannot tell of it: someone answering a call of their own run, someone
 the policy's `approvers:` do not admit, an `--as` the policy's `approval.os_users` does not allow, an
 answer to an approval no longer pending (expired, answered, voided) or bound to something else than
-the approval is (a stale page, a forged binding), an answer that cannot be taken as given. Each is one
+the approval is (a stale page, a forged binding), an answer that cannot be taken as given, and an
+answer found in the store whose seal does not hold (code ``seal``: written there by hand; recorded by the
+gate that read it, or by the inbox or CLI that found it in a real answer's way). Each is one
 ``approval_refused`` record in the trail the run writes to (`AuditTrail`): who tried (the name as
 proven, how, from which address and OS account), what they tried (the verdict, and the binding they
 echoed), the approval and its call, and why it was refused, in the words the refused answerer read.

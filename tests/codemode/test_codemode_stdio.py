@@ -168,8 +168,10 @@ def test_a_client_without_elicitation_falls_back_to_the_inbox(tmp_path: Path) ->
                 pending = s.list_approvals()
                 if pending:
                     # (as the OS user running the test: `--as` needs the policy's approval.os_users mapping)
+                    # (--audit: the server's trail, whose key for answers seals the answer)
                     out = subprocess.run([sys.executable, "-m", "proctor.cli", "approvals", "approve", pending[0].id,
-                                          "--store", store], capture_output=True, text=True, timeout=120)
+                                          "--store", store, "--audit", str(audit)], capture_output=True, text=True,
+                                         timeout=120)
                     answered.append(out.stdout + out.stderr)
                     return
                 threading.Event().wait(0.1)

@@ -21,7 +21,7 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
 
 def test_every_command_in_the_doc_exists_with_its_options() -> None:
     """Each `proctor approvals|runs ACTION --option` line of the doc names a real action and real options."""
-    lines = re.findall(r"^\$ proctor (approvals|runs) +(\w+)(.*)$", DOC, re.M)
+    lines = re.findall(r"^\$ proctor (approvals|runs) +([\w-]+)(.*)$", DOC, re.M)
     assert len(lines) >= 9
     parser = build_parser()
     for group, action, rest in lines:

@@ -174,3 +174,30 @@ def test_the_inbox_shows_a_hand_written_answer_as_pending_and_takes_the_real_one
         store.close()
     assert inbox.resume(listed[0]["run_id"]).status == "done"
     assert SENT == [("carol@partner.org", "your invoice")]
+
+
+def test_an_answer_key_file_alone_seals_the_clis_answers(inbox: Inbox, capsys: pytest.CaptureFixture[str]) -> None:
+    """`proctor approvals answer-key` writes the runs' answer key (0600, never over a file); an approver's host
+    given only that file (`--answer-key`) answers so that the run goes on."""
+    import os
+    import stat
+
+    from proctor.cli import main
+
+    approval_id = inbox.suspend()
+    key = inbox.tmp / "answer.key"
+    trail = str(inbox.tmp / "audit.jsonl")
+    assert main(["approvals", "answer-key", "--audit", trail, "--out", str(key)]) == 0
+    assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
+    assert AnswerSeal.from_file(key).key_id == inbox.answers.key_id and inbox.answers.key_id in capsys.readouterr().out
+    assert main(["approvals", "answer-key", "--audit", trail, "--out", str(key)]) == 1
+    assert "exists already" in capsys.readouterr().err
+    assert main(["approvals", "approve", approval_id, "--store", inbox.store_url, "--as", "bob",
+                 "--answer-key", str(key)]) == 0
+    store = RunStore.open(inbox.store_url)
+    try:
+        run_id = store.get_approval(approval_id).run_id
+    finally:
+        store.close()
+    assert inbox.resume(run_id).status == "done"
+    assert SENT == [("carol@partner.org", "your invoice")]
