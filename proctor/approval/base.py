@@ -27,6 +27,7 @@ __all__ = [
     "ApprovalDecision",
     "ApprovalRequest",
     "Approver",
+    "CheckingApprover",
     "Grant",
     "StoredApprover",
     "Verdict",
@@ -176,7 +177,18 @@ class Approver(Protocol):
 
 
 @runtime_checkable
-class StoredApprover(Approver, Protocol):
+class CheckingApprover(Approver, Protocol):
+    """An approver that reads answers from a run store, or hands requests to one that does: the gate asks
+    it through `request_checked`, with what proves a stored answer."""
+
+    def request_checked(self, request: ApprovalRequest, answers: AnswerCheck) -> ApprovalDecision:
+        """`request`, believing only answers `answers` proves (their seal holds under the run's answer key:
+        `proctor.store.answerseal`)."""
+        ...
+
+
+@runtime_checkable
+class StoredApprover(CheckingApprover, Protocol):
     """An approver whose requests wait in a run store for an answer (`proctor.InboxApprover`): a run it
     cannot answer at once suspends, and an agent given it keeps its runs durable in that store."""
 
@@ -185,8 +197,3 @@ class StoredApprover(Approver, Protocol):
     #: How long a request waits for an answer before the run suspends.
     @property
     def wait_s(self) -> float: ...
-
-    def request_checked(self, request: ApprovalRequest, answers: AnswerCheck) -> ApprovalDecision:
-        """`request`, believing only answers `answers` proves (their seal holds under the run's answer key:
-        `proctor.store.answerseal`); the gate asks a stored approver this way."""
-        ...

@@ -33,12 +33,13 @@ from typing import Any
 
 import pydantic
 
-from proctor.approval.base import ApprovalDecision, ApprovalRequest, Approver
+from proctor.approval.base import ApprovalDecision, ApprovalRequest, Approver, CheckingApprover
 from proctor.calls import CallPosition, source_lines
 from proctor.codemode.config import ServerConfig
 from proctor.errors import ConfigurationError, ToolsetError
 from proctor.integrations.mcp import MCP_MAJOR, MCPToolset
 from proctor.interrupts import Terminated, interruption
+from proctor.store.answerseal import AnswerCheck
 from proctor.termsafe import terminal_safe
 from proctor.tools import Tool
 
@@ -97,9 +98,15 @@ class ElicitingApprover:
         self.code_mode, self.fallback, self.timeout_s = code_mode, fallback, timeout_s
 
     def request(self, request: ApprovalRequest) -> ApprovalDecision:
+        return self.request_checked(request, AnswerCheck(None, None))
+
+    def request_checked(self, request: ApprovalRequest, answers: AnswerCheck) -> ApprovalDecision:
+        """As `request`; a fallback that reads answers from a run store (an inbox) is handed the gate's check."""
         session = self.code_mode.session_of(request.run.id)
         current = session.current if session is not None else None
         if session is None or current is None or not session.can_elicit:
+            if isinstance(self.fallback, CheckingApprover):
+                return self.fallback.request_checked(request, answers)
             if self.fallback is not None:
                 return self.fallback.request(request)
             return ApprovalDecision.deny(request, "mcp-elicitation", "approval needed, but the MCP client does not "

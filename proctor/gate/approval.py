@@ -15,7 +15,15 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
-from proctor.approval.base import ApprovalDecision, ApprovalRequest, Approver, Grant, StoredApprover, approval_binding
+from proctor.approval.base import (
+    ApprovalDecision,
+    ApprovalRequest,
+    Approver,
+    CheckingApprover,
+    Grant,
+    StoredApprover,
+    approval_binding,
+)
 from proctor.approval.tokens import TokenFile
 from proctor.audit.base import AuditSink
 from proctor.errors import (
@@ -193,7 +201,7 @@ class ApprovalStep:
         # callback stuck on a socket): past expiry and a short grace, the call is refused.
         wait_s = max(0.0, (request.expires_at_ns - time.time_ns()) / 1e9) + APPROVAL_GRACE_S
         ask: Callable[[], ApprovalDecision]
-        if isinstance(approver, StoredApprover):  # answers read from a store: believed only when sealed
+        if isinstance(approver, CheckingApprover):  # answers read from a store: believed only when sealed
             ask = partial(approver.request_checked, request, AnswerCheck(self.answer_seal(), _Refusals(self, p)))
         else:
             ask = partial(approver.request, request)

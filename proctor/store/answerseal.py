@@ -202,17 +202,17 @@ class AnswerSeal:
                     "into the store by hand?); refused, the approval waits for a real answer")
         version, _, rest = seal.partition(":")
         key_id, _, mac = rest.partition(":")
-        if version != _VERSION or not key_id or not mac:
+        if version != _VERSION or not key_id or not mac or not seal.isascii():
             return f"{what} carries a malformed seal; refused, the approval waits for a real answer"
-        if not hmac.compare_digest(key_id, self.key_id):
+        if not hmac.compare_digest(key_id.encode(), self.key_id.encode()):
             return (f"{what} was sealed with answer key {key_id:.16}, not this run's ({self.key_id}): answer "
                     "through an inbox or CLI given the run's audit trail (--audit) or its answer key; refused, "
                     "the approval waits for a real answer")
         try:
             expected = self._mac(approval, answer)
-        except (TypeError, ValueError):  # a value no answerer writes (not JSON data)
+        except (TypeError, ValueError, RecursionError):  # a value no answerer writes (not JSON data)
             expected = ""
-        if not hmac.compare_digest(mac, expected):
+        if not hmac.compare_digest(mac.encode(), expected.encode()):
             return (f"{what}: its seal does not hold (the answer was written or changed outside the inbox and "
                     "`proctor approvals`, or copied from another approval); refused, the approval waits for a "
                     "real answer")

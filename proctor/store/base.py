@@ -203,8 +203,9 @@ class ApprovalAnswer:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ApprovalAnswer:
+        """An answer as a store holds it; fields it lacks are empty (such an answer's seal does not hold)."""
         known = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**{"verdict": "", "approver": "", **{k: v for k, v in data.items() if k in known}})
 
 
 @dataclass(frozen=True)
@@ -273,6 +274,8 @@ class PendingApproval:
         answer = values.get("answer")
         if isinstance(answer, Mapping):
             values["answer"] = ApprovalAnswer.from_dict(answer)
+        elif answer is not None:  # not an answer at all: read as an empty one, whose seal does not hold
+            values["answer"] = ApprovalAnswer("", "")
         expires = values.get("expires_at_ns")
         if values.get("status") == "pending" and isinstance(expires, int) and time.time_ns() > expires:
             values["status"] = "expired"  # the deadline holds whoever reads it first, before anyone writes

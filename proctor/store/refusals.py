@@ -70,7 +70,7 @@ class AuditTrail:
         return f"AuditTrail({shown_url(self.url, query=False)!r})"
 
     def record(self, fields: Mapping[str, Any]) -> str | None:
-        from proctor.agent.base import load_audit
+        from proctor.backends import load_audit
 
         deadline = time.monotonic() + self.lock_wait_s
         while True:

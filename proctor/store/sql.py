@@ -316,9 +316,8 @@ class SQLRunStore(RunStore):
             if row is None:
                 return False
             data = self._decode(row[0])
-            held = data.get("answer")
-            if not isinstance(held, dict) or _plain(ApprovalAnswer.from_dict(held).as_dict()) != _plain(
-                    answer.as_dict()):
+            held = PendingApproval.from_dict(data).answer  # (read as every reader reads it)
+            if held is None or _plain(held.as_dict()) != _plain(answer.as_dict()):
                 return False
             self._set_approval(db, approval_id, {**data, "answer": None}, "pending", None)
             return True

@@ -459,6 +459,18 @@ class StoreForgeryConformance:
         assert run.resumed() == "suspended" and run.sent() == []
         assert [r["code"] for r in run.approval_refusals()] == ["seal"]
 
+    def test_an_answer_that_is_not_one_is_refused_not_a_deny(self, run: Suspended) -> None:
+        """Rows no answerer writes (not an object; an object with none of the fields; a seal of other characters)
+        neither approve nor deny: each is refused and taken back, and the run waits for a real answer."""
+        [pending] = run.store.list_approvals(run_id=run.run_id)
+        for forged in ("approve", {}, {**self.HAND_WRITTEN, "seal": "v1:ключ:00"}):
+            run.answer_by_hand(pending.id, forged)
+            assert run.resumed() == "suspended" and run.sent() == []
+            assert run.store.get_approval(pending.id).status == "pending"
+        assert [r["code"] for r in run.approval_refusals()] == ["seal", "seal", "seal"]
+        run.approve()
+        assert run.resumed() == "done" and run.sent() == ["x@evil.test"]
+
     def test_an_answer_sealed_under_another_trails_key_is_refused(self, run: Suspended, tmp_path: Path) -> None:
         """An inbox or CLI given another trail (another key) cannot answer this run: the refusal names both keys."""
         from proctor.store import AnswerSeal

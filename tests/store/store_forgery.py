@@ -164,7 +164,7 @@ class Suspended:
         return answer(self.store, pending.id, approver="bob", address="10.0.0.7", decision=verdict,
                       binding=pending.binding, reason=reason, method="token", groups=(), seal=self.answers)
 
-    def answer_by_hand(self, approval_id: str, answer: dict[str, Any]) -> None:
+    def answer_by_hand(self, approval_id: str, answer: Any) -> None:
         """What an insider with write access to the approvals table does: the row set answered, with `answer`."""
         [(_, data)] = [(k, d) for k, d in self.rows.all("approvals") if k == approval_id]
         self.rows.set("approvals", approval_id, {**data, "status": "answered", "answer": answer})
