@@ -67,3 +67,27 @@ def test_a_store_ahead_of_the_trail_is_not_behind() -> None:
     journals = {1: [_entry(0, "done"), _entry(1, "intent")]}
     assert behind_trail(RunRecord(RUN, "t", status="running", step=1), journals, trail) == []
     assert behind_trail(RunRecord(RUN, "t", status="running", step=1), journals, None) == []
+
+
+def _outcome(step: int, seq: int, status: str = "ok", **extra: Any) -> dict[str, Any]:
+    return {"kind": "call_outcome", "run_id": RUN, "call_id": f"call_abc_{step}_{seq}", "tool": "send",
+            "status": status, "seq": 20 + seq, **extra}
+
+
+def test_a_done_entry_put_back_to_its_intent_after_the_log_said_journaled_is_behind() -> None:
+    """The log's outcome says the store had the call done (`journaled`); the store has its intent: put back."""
+    trail = trails([_intent(1, 0), _outcome(1, 0, journaled=True), _intent(1, 1), _outcome(1, 1, journaled=True)])[RUN]
+    journals = {1: [_entry(0, "intent"), _entry(1, "done")]}
+    [found] = behind_trail(RunRecord(RUN, "t", status="running", step=1), journals, trail)
+    assert found.entry == "step 1, journal entry 0 (send)"
+    assert "journaled as intent" in found.message and "ended ok after the store had it done (seq 20)" in found.message
+
+
+def test_an_outcome_that_does_not_say_journaled_is_a_crash_not_a_rollback() -> None:
+    """Intent in the store, an outcome in the log written without the journal's done behind it (a read, a failed
+    store write, a call cut off, the log's reopening): the resume goes on (the call's outcome is unknown)."""
+    records = [_intent(1, 0), _outcome(1, 0), _intent(1, 1), _outcome(1, 1, "unknown", intent_seq=11),
+               _intent(1, 2), _outcome(1, 2, journaled="yes")]
+    trail = trails(records)[RUN]
+    journals = {1: [_entry(0, "intent"), _entry(1, "intent"), _entry(2, "intent")]}
+    assert behind_trail(RunRecord(RUN, "t", status="running", step=1), journals, trail) == []
