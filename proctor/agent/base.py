@@ -380,7 +380,8 @@ class AgentBase:
                                   "read back to check the store against it (a durable run needs an AuditLog, a "
                                   "PostgreSQL audit log or another AuditReader)")
             try:
-                trail = trails(self.audit.run_records(record.run_id), record.run_id).get(record.run_id)
+                records = self.audit.run_records(record.run_id, start=record.audit_start)
+                trail = trails(records, record.run_id).get(record.run_id)
             except AuditError as exc:
                 raise StoreForged(f"run {record.run_id}: cannot read its audit trail to check the store against "
                                   f"it: {exc}") from None

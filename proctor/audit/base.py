@@ -80,8 +80,12 @@ class AuditReader(Protocol):
     """A sink whose records can be read back by run: a durable run's resume checks its store against them
     (`proctor.store.trail`). `AuditLog`, `PostgresAuditLog` and `InMemoryAudit` are readers."""
 
-    def run_records(self, run_id: str) -> list[dict[str, Any]]:
-        """Every record of run `run_id` the trail holds, in order; `AuditError` when it cannot be read."""
+    def run_records(self, run_id: str, *, start: int | None = None) -> list[dict[str, Any]]:
+        """Every record of run `run_id` the trail holds, in order; `AuditError` when it cannot be read.
+
+        `start` is a hint: the seq of the run's `run_started`, as the run's saved record says. A reader may
+        begin there (no record of a run comes before its start), only after checking that the record there is
+        that run's `run_started`; a hint that is wrong, or that it cannot use, is read as no hint."""
         ...
 
 
