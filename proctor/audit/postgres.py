@@ -6,7 +6,7 @@ hash chain (``h = sha256(0x00 ‖ record without h)``) and signed checkpoints, s
 reaches the same verdicts on the same evidence.
 
 Many writers, in many processes and on many hosts, append to one chain. The chain
-is serialised in the database: ``proctor_audit_append_batch`` locks the log's row, gives
+is serialised in the database: ``proctor_audit_append_runs`` locks the log's row, gives
 each record the next ``seq`` and the current head as ``prev``, hashes it with
 PostgreSQL's own ``sha256`` and inserts the batch — one statement, one round trip. The
 client sends a batch as one text: each record's canonical JSON cut at the places where
@@ -25,7 +25,9 @@ Durable on commit, with group commit at two levels:
 A lost connection fails the appends in flight (the gate refuses those calls: fail
 closed); the next append reconnects. Schema: ``proctor_audit_logs`` (one row per log:
 head, seq, last checkpoint, Merkle frontier at it, redaction key) and
-``proctor_audit_records`` (log, seq, kind, line, h). URL:
+``proctor_audit_records`` (log, seq, kind, line, h, run_id: the record's run, indexed, so that a
+durable run's resume reads only its own records; `ensure_schema` adds it to an earlier version's
+table while writers append). URL:
 ``postgresql://user@host/db?log=NAME`` (``log`` defaults to ``default``).
 """
 

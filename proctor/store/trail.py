@@ -6,12 +6,14 @@ sealed version of a journal entry or of the whole run: a call journaled ``suspen
 ran, so that a resume runs it a second time, or a run set back to a step it had finished. The audit
 trail is the clock the store cannot turn back: it is append-only, hash-chained, and the store's writers
 cannot write it. Every version a run writes of an entry comes after the entry's previous version in
-the trail's order, and the trail records the moment that matters — a call's live ``call_intent``,
-written after its journal intent and before its tool runs. So:
+the trail's order, and the trail records the moments that matter — a call's live ``call_intent``,
+written after its journal intent and before its tool runs, and its ``call_outcome``, written after its
+journal ``done`` (and saying ``journaled`` when that was on stable storage first). So:
 
 - `behind_trail` is what a resume checks (`AgentBase._check_sealed`), before anything runs: no call the
   trail records as started may be journaled as waiting for its approval, or be missing, or belong to
-  a step later than the saved run's; no run the trail records as finished may be resumable;
+  a step later than the saved run's; no call whose outcome the trail records as journaled may be
+  journaled as anything but done; no run the trail records as finished may be resumable;
 - `check_store` is what ``proctor audit verify LOG --store URL`` reports: the same, every seal,
   and every other disagreement between the store and the log (grants and answers no
   ``approval_resolved`` gave, calls journaled as done that the log never saw end, and the reverse

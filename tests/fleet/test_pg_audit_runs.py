@@ -10,7 +10,7 @@ import uuid
 import psycopg
 from fleet_engines import PostgresServer
 
-from proctor.audit.postgres import INDEXES, PostgresAuditLog, _Holes, _template, verify_postgres
+from proctor.audit.postgres import INDEXES, PostgresAuditLog, verify_postgres
 
 
 def _url(server: PostgresServer) -> tuple[str, str]:
@@ -24,6 +24,13 @@ def _calls(log: PostgresAuditLog, run_id: str, n: int) -> None:
                                           "args": {"note": '"run_id":"run_a"'}}).ok
         assert log.append("call_outcome", {"call_id": f"{run_id}-{i}", "run_id": run_id, "tool": "t",
                                            "status": "ok"}, durable=False).ok
+
+
+def _old_parts(i: int) -> str:
+    """A call_intent as a writer of the earlier version sends it: kind, then its canonical line cut where h, prev and
+    seq go (A "h":"<h>", B <prev> C <seq> D), five parts joined by U+001F, and no run of its own."""
+    return "\x1f".join(("call_intent", f'{{"call_id":"old-{i}",', '"kind":"call_intent","prev":"',
+                        '","run_id":"run_old","seq":', ',"tool":"t","ts_ns":1}'))
 
 
 def _plan(conn: psycopg.Connection[object], name: str, run_id: str) -> str:
@@ -67,14 +74,12 @@ def test_an_earlier_tables_records_are_indexed_while_old_and_new_writers_append(
             conn.execute(f"DROP INDEX {index}")
         conn.execute("UPDATE proctor_audit_records SET run_id = NULL WHERE log = %s", (name,))
     stop, failures = threading.Event(), []
-    holes = _Holes()
 
     def old_writer() -> None:  # the five parts of an earlier version's template, through its function
         with psycopg.connect(postgres_server.url, autocommit=True) as conn:
             i = 0
             while not stop.is_set() or i < 5:
-                parts = _template("call_intent", {"call_id": f"old-{i}", "run_id": "run_old", "tool": "t"}, 1, holes)
-                conn.execute("SELECT proctor_audit_append_batch(%s, %s)", (name, parts.rsplit("\x1f", 1)[0]))
+                conn.execute("SELECT proctor_audit_append_batch(%s, %s)", (name, _old_parts(i)))
                 i += 1
 
     def new_writer(log: PostgresAuditLog) -> None:
