@@ -388,8 +388,8 @@ class StoreForgeryConformance:
             run.start(TWICE)
             key = f"{run.run_id}:1:1"
             kept: dict[str, Any] = {}
-            rows = run.rows
-            DURING.append(lambda: kept.update(rows.all("journal")))  # noqa: B023 - as the mail runs: its intent
+            # as the mail runs: its entry is the intent
+            DURING.append(lambda kept=kept, rows=run.rows: kept.update(rows.all("journal")))
             run.approve()
             with run.agent([]) as agent:
                 assert agent.resume(run.run_id).status == "suspended"
