@@ -34,7 +34,7 @@ from collections.abc import Callable
 from proctor import CodeAgent, InboxApprover, Policy, RunStore, ScriptedModel, tool
 from proctor.approval import ApprovalDecision, CallbackApprover
 from proctor.audit import AuditLog
-from proctor.audit.base import AuditReader, AuditSink
+from proctor.audit.base import AuditReader, AuditSink, AuditStartReader
 from proctor.gate import Gate
 from proctor.gate.journal import StepJournal
 from proctor.interpreter import Interpreter
@@ -154,7 +154,8 @@ def resume_checks(store: RunStore, audit: AuditSink, run_id: str) -> tuple[float
     journals = {step: store.journal(run_id, step) for step in range(1, record.step + 1)}
     read = (time.perf_counter() - t) * 1000
     StoreSeal(key).check_run(record, journals)
-    records = audit.run_records(run_id, start=record.audit_start)
+    records = (audit.run_records_from(run_id, record.audit_start)
+               if record.audit_start is not None and isinstance(audit, AuditStartReader) else audit.run_records(run_id))
     problems = behind_trail(record, journals, trails(records, run_id).get(run_id))
     elapsed = (time.perf_counter() - t) * 1000
     assert not problems, problems
@@ -192,9 +193,11 @@ def shared_log(policy: Policy, code: str, tmp: str, n: int, before: int, after: 
         other_runs(log, after, n)
         hinted = min(resume_checks(store, log, run.run_id)[0] for _ in range(3))
         record = store.get_run(run.run_id)
-        assert log.run_records(run.run_id) == log.run_records(run.run_id, start=record.audit_start)
+        assert record.audit_start is not None
+        start = record.audit_start
+        assert log.run_records(run.run_id) == log.run_records_from(run.run_id, start)
         whole = min(_timed(lambda: log.run_records(run.run_id)) for _ in range(3))
-        read = min(_timed(lambda: log.run_records(run.run_id, start=record.audit_start)) for _ in range(3))
+        read = min(_timed(lambda: log.run_records_from(run.run_id, start)) for _ in range(3))
     store.close()
     return hinted, read, whole
 

@@ -58,8 +58,8 @@ class InMemoryAudit:
         """This sink's secret derived for `purpose` (`AuditSink.key_for`)."""
         return derive_key(self._key, purpose)
 
-    def run_records(self, run_id: str, *, start: int | None = None) -> list[dict[str, Any]]:
-        """The records of run `run_id`, in order (`AuditReader`; `start` is not needed in memory)."""
+    def run_records(self, run_id: str) -> list[dict[str, Any]]:
+        """The records of run `run_id`, in order (`AuditReader`)."""
         with self._lock:
             return [dict(r) for r in self.records if r.get("run_id") == run_id]
 

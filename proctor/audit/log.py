@@ -469,18 +469,24 @@ class AuditLog:
         """This sink's secret derived for `purpose` (`AuditSink.key_for`)."""
         return derive_key(self._redaction_key, purpose)
 
-    def run_records(self, run_id: str, *, start: int | None = None) -> list[dict[str, Any]]:
-        """Every record of run `run_id` in the file, in order (`AuditReader`): only its lines are decoded.
+    def run_records(self, run_id: str) -> list[dict[str, Any]]:
+        """Every record of run `run_id` in the file, in order (`AuditReader`): only its lines are decoded."""
+        return self._read_run(run_id, None)
 
-        With `start` (the seq of the run's `run_started`, as the run's saved record says) the file is read from
-        that record on: what the run's records cost, not the records of the runs before it. The hint comes from
-        a store nobody trusts, so it is not believed: the line at that seq is found by seq (a binary search over
-        the file, whose lines are in seq order) and used only if it is `run_started` of this very run. Beginning
-        there drops no record of the run, because the gate writes a run's `run_started` before anything else of
-        it (`Gate.start_run`, required) and a run starts once in a log. So a hint that is wrong — another run's
-        start, another record, a seq the file does not have, one the search cannot read — means reading the
-        whole file, never fewer records; and a right one yields exactly what the whole file would.
+    def run_records_from(self, run_id: str, start: int) -> list[dict[str, Any]]:
+        """`run_records(run_id)` read from the run's `run_started`, record `start` (`AuditStartReader`): what the
+        run's records cost, not the records of the runs before it.
+
+        `start` comes from a store nobody trusts, so it is not believed: the line of that seq is found (a binary
+        search over the file, whose lines are in seq order) and used only if it is `run_started` of this very
+        run. Beginning there drops no record of the run, because the gate writes a run's `run_started` before
+        anything else of it (`Gate.start_run`, required) and a run starts once in a log. So a start that is
+        wrong — another run's start, another record, a seq the file does not have, a line the search cannot
+        read — is a read of the whole file, never fewer records; a right one yields what the whole file would.
         """
+        return self._read_run(run_id, start)
+
+    def _read_run(self, run_id: str, start: int | None) -> list[dict[str, Any]]:
         try:
             with open(self.path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size

@@ -586,12 +586,12 @@ class PostgresAuditLog:
         """This sink's secret derived for `purpose` (`AuditSink.key_for`)."""
         return derive_key(self._redaction_key, purpose)
 
-    def run_records(self, run_id: str, *, start: int | None = None) -> list[dict[str, Any]]:
+    def run_records(self, run_id: str) -> list[dict[str, Any]]:
         """Every record of run `run_id` in this log, in order (`AuditReader`), on a connection of its own.
 
         Read through the index on the records' run_id (what the run's records cost, however many other runs the
         log holds), plus the rows whose run_id is not known (written before the column existed and not filled in
-        yet), searched by text. `start` (the seq of the run's run_started) is not needed here."""
+        yet), searched by text."""
         needle = '"run_id":' + canonical_bytes(run_id).decode("utf-8")
         try:
             with psycopg.connect(self._conninfo, connect_timeout=5, autocommit=True) as conn:

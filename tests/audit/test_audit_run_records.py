@@ -39,7 +39,7 @@ def test_a_right_start_reads_from_the_runs_start_and_finds_every_record(tmp_path
         _run(log, "run_after", 5)
         assert log.append("run_finished", {"run_id": "run_me", "status": "done"}).ok
         whole = log.run_records("run_me")
-        hinted = log.run_records("run_me", start=start)
+        hinted = log.run_records_from("run_me", start)
     assert whole == _every(path, "run_me") and len(whole) == 1 + 1 + 10 + 1
     assert hinted == whole[1:]
 
@@ -55,12 +55,12 @@ def test_a_wrong_start_is_a_whole_file_read(tmp_path: Path) -> None:
         _run(log, "run_after", 40)
         whole = log.run_records("run_me")
         for wrong in (other, start + 1, start + 2, log.seq + 10, -1, 0):
-            assert log.run_records("run_me", start=wrong) == whole, wrong
+            assert log.run_records_from("run_me", wrong) == whole, wrong
     assert whole == _every(path, "run_me") and whole[0]["kind"] == "policy_changed"
 
 
 def test_an_empty_log_or_a_run_it_never_saw_has_no_records(tmp_path: Path) -> None:
     with AuditLog(tmp_path / "audit.jsonl") as log:
-        assert log.run_records("run_x", start=0) == []
+        assert log.run_records_from("run_x", 0) == []
         _run(log, "run_a", 2)
-        assert log.run_records("run_x") == [] and log.run_records("run_x", start=0) == []
+        assert log.run_records("run_x") == [] and log.run_records_from("run_x", 0) == []
