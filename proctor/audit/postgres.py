@@ -355,17 +355,18 @@ def ensure_schema(conn: psycopg.Connection[Any]) -> None:
             conn.execute("SET LOCAL lock_timeout = '5s'")
             conn.execute(SCHEMA)
     _index(conn)
-    _backfill(conn)
 
 
 def _index(conn: psycopg.Connection[Any]) -> None:
     """Build the run index (and the one of rows whose run is not known) where missing or left invalid by a build that
-    was cut off: CONCURRENTLY, so appends go on meanwhile. One opener builds; another finding it busy goes on (a
-    run's records are read correctly without the indexes, only more slowly)."""
+    was cut off: CONCURRENTLY, so appends go on meanwhile; then fill in the rows whose run is not known (`_backfill`,
+    which walks them by the second index: never before it exists). One opener builds and fills in; another finding
+    it busy goes on (a run's records are read correctly meanwhile, only more slowly)."""
     rows = conn.execute("SELECT c.relname, i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid "
                         "WHERE c.relname = ANY(%s)", ([name for name, _ in INDEXES],)).fetchall()
     valid = {str(name): bool(ok) for name, ok in rows}
     if all(valid.get(name) for name, _ in INDEXES):
+        _backfill(conn)  # (rows a writer of the earlier version appended while the schema changed, if any)
         return
     got = conn.execute("SELECT pg_try_advisory_lock(hashtext('proctor_audit_index'))").fetchone()
     if not (got and got[0]):
@@ -376,6 +377,7 @@ def _index(conn: psycopg.Connection[Any]) -> None:
                 conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
             if not valid.get(name):
                 conn.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON proctor_audit_records {columns}")
+        _backfill(conn)
     finally:
         conn.execute("SELECT pg_advisory_unlock(hashtext('proctor_audit_index'))")
 
