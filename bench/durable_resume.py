@@ -29,12 +29,13 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from proctor import CodeAgent, InboxApprover, Policy, RunStore, ScriptedModel, tool
 from proctor.approval import ApprovalDecision, CallbackApprover
 from proctor.audit import AuditLog
-from proctor.audit.base import AuditReader, AuditSink
+from proctor.audit.base import AuditReader, AuditSink, AuditStartReader
 from proctor.gate import Gate
 from proctor.gate.journal import StepJournal
 from proctor.interpreter import Interpreter
@@ -158,10 +159,58 @@ def resume_checks(store: RunStore, audit: AuditSink, run_id: str) -> tuple[float
     journals = {step: store.journal(run_id, step) for step in range(1, record.step + 1)}
     read = (time.perf_counter() - t) * 1000
     StoreSeal(key).check_run(record, journals)
-    problems = behind_trail(record, journals, trails(audit.run_records(run_id), run_id).get(run_id))
+    records = (audit.run_records_from(run_id, record.audit_start)
+               if record.audit_start is not None and isinstance(audit, AuditStartReader) else audit.run_records(run_id))
+    problems = behind_trail(record, journals, trails(records, run_id).get(run_id))
     elapsed = (time.perf_counter() - t) * 1000
     assert not problems, problems
     return elapsed, read
+
+
+def other_runs(log: AuditLog, runs: int, n: int) -> None:
+    """`runs` runs of `n` calls each, as the gate records them (a run_started, an intent and an outcome a call)."""
+    for r in range(runs):
+        run_id = f"run_other{r:04d}{os.urandom(8).hex()}"
+        log.append("run_started", {"run_id": run_id, "principal": "bench", "labels": {}}, durable=False)
+        for i in range(n):
+            call = {"run_id": run_id, "call_id": f"call_{run_id[4:]}_1_{i}", "tool": "look", "side_effect": "read",
+                    "args": {"x": i}, "decision": "allow", "rules": ["reads"], "step": 1}
+            log.append("call_intent", call, durable=False)
+            log.append("call_outcome", {"run_id": run_id, "call_id": call["call_id"], "tool": "look", "status": "ok",
+                                        "duration_ns": 1000}, durable=False)
+        log.append("run_finished", {"run_id": run_id, "status": "done"}, durable=False)
+
+
+def shared_log(policy: Policy, code: str, tmp: str, n: int, before: int, after: int) -> tuple[float, float, float]:
+    """The checks of a run suspended in a log shared with `before` runs of n calls written before it started and
+    `after` written while it waited: ms of the checks as a resume makes them, of the run's records read from its
+    start (as they do), and read from the whole file (what they would cost without the run's start)."""
+    path = f"{tmp}/shared-{before}-{after}.jsonl"
+    with AuditLog(path) as log:
+        other_runs(log, before, n)
+    store = RunStore.open(f"sqlite:///{tmp}/shared-{before}-{after}.db")
+    reply = f"```py\n{code}```"
+    with CodeAgent([look, send], ScriptedModel([reply]), policy, approver=InboxApprover(store), audit=path,
+                   store=store, sandbox="process", timeout=120) as agent:
+        run = agent.run("bench")
+    assert run.status == "suspended", run.error
+    with AuditLog(path) as log:
+        other_runs(log, after, n)
+        hinted = min(resume_checks(store, log, run.run_id)[0] for _ in range(3))
+        record = store.get_run(run.run_id)
+        assert record.audit_start is not None
+        start = record.audit_start
+        assert log.run_records(run.run_id) == log.run_records_from(run.run_id, start)
+        whole = min(_timed(lambda: log.run_records(run.run_id)) for _ in range(3))
+        read = min(_timed(lambda: log.run_records_from(run.run_id, start)) for _ in range(3))
+    store.close()
+    return hinted, read, whole
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1000
 
 
 def in_process(policy: Policy, n: int, tmp: str) -> dict[str, float]:
@@ -199,6 +248,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--shared", type=int, default=50,
+                        help="also: the checks in a log shared with 1 and with this many other runs (0: skip)")
     args = parser.parse_args()
     policy = Policy.from_dict(POLICY)
     code = program(args.calls)
@@ -233,6 +284,14 @@ def main() -> None:
           f"{bare + added:.1f} ms with them: {(bare + added) / bare:.2f}x   target ≤ 2x")
     print(f"live run with audit + store:     {med('live_journaled'):8.1f} ms   (agent.run until suspended: "
           f"{(med('live_journaled') - med('audited')) / args.calls * 1000:.0f} µs a call more than the audit alone)")
+    if args.shared:
+        with tempfile.TemporaryDirectory() as tmp:
+            figures = {(b, a): shared_log(policy, code, tmp, args.calls, b, a)
+                       for b, a in ((1, 0), (args.shared, 0), (0, 1), (0, args.shared))}
+        for (b, a), (hinted, read, whole) in figures.items():
+            where = f"{b:3d} other run(s) before it" if b else f"{a:3d} other run(s) after its start"
+            print(f"log shared with {where} ({args.calls} calls each): store checks {hinted:6.1f} ms, of which "
+                  f"the run's records read from its start {read:5.1f} ms (from the whole file: {whole:6.1f} ms)")
 
 
 if __name__ == "__main__":

@@ -141,7 +141,7 @@ PUBLIC: dict[str, str] = {
         "AuditLog AuditResult AuditSink CODES EMPTY_ROOT Failure GENESIS KINDS MerkleFrontier VerifyReport "
         "generate_keypair key_id load_private_key load_public_key merkle_root verify"
     ),
-    "proctor.audit.base": "AuditReader AuditResult AuditSink KINDS derive_key",
+    "proctor.audit.base": "AuditReader AuditResult AuditSink AuditStartReader KINDS derive_key",
     "proctor.backends": (
         "AUDIT_KEY_ENV AuditFactory Backend KINDS Kind load_audit open_audit open_store register resolve "
         "scheme_of unregister"

@@ -28,7 +28,7 @@ from proctor.agent.prompts import planning_prompt
 from proctor.agent.result import RunResult, RunStatus, StepRecord
 from proctor.agent.tracing import HeldChat, model_span
 from proctor.approval.base import Approver, StoredApprover
-from proctor.audit.base import AuditReader, AuditSink
+from proctor.audit.base import AuditReader, AuditSink, AuditStartReader
 from proctor.backends import AUDIT_KEY_ENV, load_audit
 from proctor.calls import CallRecord, RunInfo
 from proctor.errors import (
@@ -380,7 +380,11 @@ class AgentBase:
                                   "read back to check the store against it (a durable run needs an AuditLog, a "
                                   "PostgreSQL audit log or another AuditReader)")
             try:
-                trail = trails(self.audit.run_records(record.run_id), record.run_id).get(record.run_id)
+                # From the run's start where the reader can begin there (a file log: the hint is checked there).
+                records = (self.audit.run_records_from(record.run_id, record.audit_start)
+                           if record.audit_start is not None and isinstance(self.audit, AuditStartReader)
+                           else self.audit.run_records(record.run_id))
+                trail = trails(records, record.run_id).get(record.run_id)
             except AuditError as exc:
                 raise StoreForged(f"run {record.run_id}: cannot read its audit trail to check the store against "
                                   f"it: {exc}") from None

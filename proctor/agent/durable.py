@@ -157,7 +157,7 @@ class DurableRun:
         record = RunRecord(
             run_id=ctx.info.id, task=task, principal=ctx.info.principal, labels=dict(ctx.info.labels),
             policy_sha256=policy_sha256, agent=agent, seed=seed, trace_id=trace[0], span_id=trace[1], owner=owner,
-            created_at_ns=time.time_ns())
+            created_at_ns=time.time_ns(), audit_start=ctx.audit_start)
         record = store.create_run(record.evolve(seal=seal.seal_record(record)) if seal is not None else record)
         store.claim_run(record.run_id, owner, LEASE_S)
         return cls(store, record, owner, idempotent, seal)

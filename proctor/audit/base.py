@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from proctor.redaction import Redacted
 
-__all__ = ["KINDS", "AuditReader", "AuditResult", "AuditSink", "derive_key"]
+__all__ = ["KINDS", "AuditReader", "AuditResult", "AuditSink", "AuditStartReader", "derive_key"]
 
 #: Record kinds, as written in the `kind` field.
 KINDS = (
@@ -82,6 +82,19 @@ class AuditReader(Protocol):
 
     def run_records(self, run_id: str) -> list[dict[str, Any]]:
         """Every record of run `run_id` the trail holds, in order; `AuditError` when it cannot be read."""
+        ...
+
+
+@runtime_checkable
+class AuditStartReader(AuditReader, Protocol):
+    """A reader that can begin a run's records at the run's start, so that reading them costs what they cost in a
+    trail many runs share (`AuditLog`; the PostgreSQL log needs no start: it reads by an index on the run)."""
+
+    def run_records_from(self, run_id: str, start: int) -> list[dict[str, Any]]:
+        """`run_records(run_id)`, beginning at record `start`: the seq of the run's `run_started`, as the run's saved
+        record says. A hint, not believed: the reader begins there (no record of a run comes before its start)
+        only after checking that the record there is that run's `run_started`, and reads as `run_records` does
+        when it is not."""
         ...
 
 

@@ -24,6 +24,8 @@ import atexit
 import base64
 import contextlib
 import hashlib
+import json
+import mmap
 import os
 import secrets
 import threading
@@ -35,6 +37,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import orjson
+
 from proctor.audit.base import AuditResult, derive_key
 from proctor.audit.keys import KeySource, key_id, load_private_key, public_raw
 from proctor.audit.lines import MAX_LINE_BYTES
@@ -43,6 +47,7 @@ from proctor.audit.records import append_problem, checkpoint_statement, seal_own
 from proctor.audit.scan import Anchor, ScanFailure, Scanner, load_anchor
 from proctor.audit.storage import atomic_write, read_or_create_secret, sync_dir, sync_fd, write_all
 from proctor.audit.verify import scan_file, side_file_path
+from proctor.canonical import canonical_bytes
 from proctor.errors import AuditCorrupted, AuditError, ConfigurationError
 from proctor.redaction import Redacted, redact_args
 
@@ -466,37 +471,32 @@ class AuditLog:
 
     def run_records(self, run_id: str) -> list[dict[str, Any]]:
         """Every record of run `run_id` in the file, in order (`AuditReader`): only its lines are decoded."""
-        import json
+        return self._read_run(run_id, None)
 
-        from proctor.audit.lines import iter_lines
+    def run_records_from(self, run_id: str, start: int) -> list[dict[str, Any]]:
+        """`run_records(run_id)` read from the run's `run_started`, record `start` (`AuditStartReader`): what the
+        run's records cost, not the records of the runs before it.
 
-        try:
-            import orjson
+        `start` comes from a store nobody trusts, so it is not believed: the line of that seq is found (a binary
+        search over the file, whose lines are in seq order) and used only if it is `run_started` of this very
+        run. Beginning there drops no record of the run, because the gate writes a run's `run_started` before
+        anything else of it (`Gate.start_run`, required) and a run starts once in a log. So a start that is
+        wrong — another run's start, another record, a seq the file does not have, a line the search cannot
+        read — is a read of the whole file, never fewer records; a right one yields what the whole file would.
+        """
+        return self._read_run(run_id, start)
 
-            loads: Any = orjson.loads
-        except ImportError:  # pragma: no cover - a dependency
-            loads = json.loads
-        # Appends write whole lines (a line being written meanwhile is skipped as unreadable, and is newer
-        # than anything the caller asks about). Lines without the id's bytes are not decoded.
-        needle = json.dumps(run_id).encode() if run_id.isascii() else b""
-        out: list[dict[str, Any]] = []
+    def _read_run(self, run_id: str, start: int | None) -> list[dict[str, Any]]:
         try:
             with open(self.path, "rb") as f:
-                for raw in iter_lines(f):
-                    if not isinstance(raw, bytes) or needle not in raw:
-                        continue
-                    try:
-                        rec = loads(raw)
-                    except ValueError:  # orjson refuses some valid JSON (ints past 64 bits): json decides
-                        try:
-                            rec = json.loads(raw)
-                        except (ValueError, RecursionError):
-                            continue
-                    if isinstance(rec, dict) and rec.get("run_id") == run_id:
-                        out.append(rec)
+                size = os.fstat(f.fileno()).st_size
+                if size == 0:
+                    return []
+                with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as view:
+                    begin = _run_start(view, size, run_id, start) if start is not None else None
+                    return _records_of(view, size, run_id, begin or 0)
         except OSError as exc:
             raise AuditError(f"cannot read the audit log {self.path}: {exc.strerror or exc}") from exc
-        return out
 
     def redact(self, args: Mapping[str, Any], fields: Sequence[str]) -> Redacted:
         """Replace `fields` of `args` by HMAC digests keyed with this log's redaction key."""
@@ -576,3 +576,79 @@ def _close_if_alive(ref: weakref.ReferenceType[AuditLog]) -> None:
 
 #: Every AuditLog of this process, so that a forked child stops writing its parent's logs (at fork, not per append).
 _OPEN: weakref.WeakSet[AuditLog] = weakref.WeakSet()
+
+
+def _loads(raw: bytes) -> Any:
+    """A line's JSON (orjson, or json where orjson refuses valid JSON such as ints past 64 bits); None if neither."""
+    try:
+        return orjson.loads(raw)
+    except ValueError:
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError):
+            return None
+
+
+def _line_from(view: mmap.mmap, size: int, pos: int) -> tuple[int, int] | None:
+    """(start, end) of the first whole line that starts at or after `pos` (end: past its newline), or None."""
+    start = 0 if pos == 0 else view.find(b"\n", pos - 1, size) + 1
+    if start == 0 and pos != 0:
+        return None
+    end = view.find(b"\n", start, size)
+    return (start, end + 1) if end != -1 else None
+
+
+def _run_start(view: mmap.mmap, size: int, run_id: str, seq: int) -> int | None:
+    """The byte offset of record `seq` if it is run `run_id`'s `run_started`, else None (see `run_records`)."""
+    lo, hi = 0, size  # a line starting at lo has seq <= the one looked for (lo = 0: the first line)
+    while hi - lo > 1 << 16:
+        mid = (lo + hi) // 2
+        line = _line_from(view, size, mid)
+        if line is None or line[0] >= hi:
+            hi = mid
+            continue
+        rec = _loads(view[line[0]:line[1]])
+        at = rec.get("seq") if isinstance(rec, dict) else None
+        if not isinstance(at, int):
+            return None
+        if at == seq:
+            lo = line[0]
+            break
+        if at < seq:
+            lo = line[0]
+        else:
+            hi = mid
+    pos = lo
+    while pos < size:  # the last stretch, line by line
+        line = _line_from(view, size, pos)
+        if line is None:
+            return None
+        rec = _loads(view[line[0]:line[1]])
+        if not isinstance(rec, dict) or not isinstance(rec.get("seq"), int) or rec["seq"] > seq:
+            return None
+        if rec["seq"] == seq:
+            ok = rec.get("kind") == "run_started" and rec.get("run_id") == run_id
+            return line[0] if ok else None
+        pos = line[1]
+    return None
+
+
+def _records_of(view: mmap.mmap, size: int, run_id: str, begin: int) -> list[dict[str, Any]]:
+    """The records of run `run_id` in the lines from byte `begin` on. Lines without the id as the log writes it
+    (canonical JSON) are skipped unread, by a byte search; a line being written meanwhile (no newline yet) is
+    newer than anything the caller asks about."""
+    needle = canonical_bytes(run_id)
+    out: list[dict[str, Any]] = []
+    pos = begin
+    while True:
+        hit = view.find(needle, pos, size)
+        if hit == -1:
+            return out
+        start = view.rfind(b"\n", begin, hit) + 1 or begin
+        end = view.find(b"\n", hit, size)
+        if end == -1:
+            return out
+        rec = _loads(view[start:end])
+        if isinstance(rec, dict) and rec.get("run_id") == run_id:
+            out.append(rec)
+        pos = end + 1

@@ -6,7 +6,7 @@ hash chain (``h = sha256(0x00 ‖ record without h)``) and signed checkpoints, s
 reaches the same verdicts on the same evidence.
 
 Many writers, in many processes and on many hosts, append to one chain. The chain
-is serialised in the database: ``proctor_audit_append_batch`` locks the log's row, gives
+is serialised in the database: ``proctor_audit_append_runs`` locks the log's row, gives
 each record the next ``seq`` and the current head as ``prev``, hashes it with
 PostgreSQL's own ``sha256`` and inserts the batch — one statement, one round trip. The
 client sends a batch as one text: each record's canonical JSON cut at the places where
@@ -25,7 +25,9 @@ Durable on commit, with group commit at two levels:
 A lost connection fails the appends in flight (the gate refuses those calls: fail
 closed); the next append reconnects. Schema: ``proctor_audit_logs`` (one row per log:
 head, seq, last checkpoint, Merkle frontier at it, redaction key) and
-``proctor_audit_records`` (log, seq, kind, line, h). URL:
+``proctor_audit_records`` (log, seq, kind, line, h, run_id: the record's run, indexed, so that a
+durable run's resume reads only its own records; `ensure_schema` adds it to an earlier version's
+table while writers append). URL:
 ``postgresql://user@host/db?log=NAME`` (``log`` defaults to ``default``).
 """
 
@@ -85,8 +87,24 @@ CREATE TABLE IF NOT EXISTS proctor_audit_records (
     kind text NOT NULL,
     line text NOT NULL,
     h text NOT NULL,
+    run_id text,
     PRIMARY KEY (log, seq)
 );
+-- run_id: the record's top-level run_id ('' when it has none; NULL when not known: a row written before the
+-- column existed and not filled in yet, or one whose run_id the database cannot read). A run's records are
+-- found through the index on it, and the NULL rows by their text (proctor_audit_records_unknown).
+ALTER TABLE proctor_audit_records ADD COLUMN IF NOT EXISTS run_id text;
+CREATE OR REPLACE FUNCTION proctor_audit_run_of(p_line text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE j json;
+BEGIN
+    j := p_line::json -> 'run_id';
+    IF j IS NULL OR json_typeof(j) <> 'string' THEN RETURN ''; END IF;
+    RETURN j #>> '{}';
+EXCEPTION WHEN OTHERS THEN
+    RETURN NULL;  -- unreadable here (a \u0000 escape, say): left to the text search
+END
+$$;
 -- proctor_audit_append and proctor_audit_append_durable: the batch functions of earlier versions,
 -- kept so that writers not yet upgraded append to the same chain (same row lock).
 CREATE OR REPLACE FUNCTION proctor_audit_append(
@@ -104,8 +122,9 @@ BEGIN
     FOR i IN 1 .. coalesce(array_length(p_kind, 1), 0) LOOP
         body := p_n0[i] || hd || p_n1[i] || s::text || p_n2[i];
         hh := encode(sha256('\x00'::bytea || convert_to(body, 'UTF8')), 'hex');
-        INSERT INTO proctor_audit_records (log, seq, kind, line, h)
-            VALUES (p_log, s, p_kind[i], p_f0[i] || hh || p_f1[i] || hd || p_f2[i] || s::text || p_f3[i], hh);
+        INSERT INTO proctor_audit_records (log, seq, kind, line, h, run_id)
+            VALUES (p_log, s, p_kind[i], p_f0[i] || hh || p_f1[i] || hd || p_f2[i] || s::text || p_f3[i], hh,
+                    proctor_audit_run_of(p_f0[i] || hh || p_f1[i] || hd || p_f2[i] || s::text || p_f3[i]));
         IF p_kind[i] = 'checkpoint' THEN ck := s; END IF;
         out_seq := s; out_h := hh; out_last_ckpt := ck;
         RETURN NEXT;
@@ -144,10 +163,12 @@ $$;
 # "first-seq count last-checkpoint" in r. p_recs: five parts a record, all separated by U+001F (never raw
 # in canonical JSON): the kind, then the record's canonical line cut where its h, prev and seq go
 # (see _template). A batch of one (every batch of a single-writer process) skips the arrays.
-_BATCH_DECLARE = r"""
+# proctor_audit_append_batch and _durable: the five-part functions of earlier writers, kept (and the run_id of
+# what they insert read from the line in the database) so that writers not yet upgraded append to the same chain.
+_LEGACY_DECLARE = r"""
     s bigint; first bigint; hd text; ck bigint; parts text[]; n int; hh text; rest text; r text;
     kinds text[] := '{}'; lines text[] := '{}'; hs text[] := '{}';"""
-_BATCH_BODY = r"""
+_LEGACY_BODY = r"""
     parts := string_to_array(p_recs, E'\x1f');
     n := coalesce(array_length(parts, 1), 0) / 5;
     SELECT l.seq, l.head, l.last_ckpt INTO s, hd, ck FROM proctor_audit_logs l WHERE l.name = p_log FOR UPDATE;
@@ -158,8 +179,9 @@ _BATCH_BODY = r"""
     IF n = 1 THEN
         rest := parts[3] || hd || parts[4] || s::text || parts[5];
         hh := encode(sha256('\x00'::bytea || convert_to(parts[2] || rest, 'UTF8')), 'hex');
-        INSERT INTO proctor_audit_records (log, seq, kind, line, h)
-            VALUES (p_log, s, parts[1], parts[2] || '"h":"' || hh || '",' || rest, hh);
+        INSERT INTO proctor_audit_records (log, seq, kind, line, h, run_id)
+            VALUES (p_log, s, parts[1], parts[2] || '"h":"' || hh || '",' || rest, hh,
+                    proctor_audit_run_of(parts[2] || '"h":"' || hh || '",' || rest));
         IF parts[1] = 'checkpoint' THEN ck := s; END IF;
         hd := hh;
         s := s + 1;
@@ -174,8 +196,8 @@ _BATCH_BODY = r"""
             hd := hh;
             s := s + 1;
         END LOOP;
-        INSERT INTO proctor_audit_records (log, seq, kind, line, h)
-            SELECT p_log, first + u.o - 1, u.k, u.l, u.h
+        INSERT INTO proctor_audit_records (log, seq, kind, line, h, run_id)
+            SELECT p_log, first + u.o - 1, u.k, u.l, u.h, proctor_audit_run_of(u.l)
               FROM unnest(kinds, lines, hs) WITH ORDINALITY AS u(k, l, h, o);
     END IF;
     UPDATE proctor_audit_logs SET seq = s, head = hd, last_ckpt = ck WHERE name = p_log;
@@ -184,12 +206,78 @@ SCHEMA += f"""
 CREATE OR REPLACE FUNCTION proctor_audit_append_batch(p_log text, p_recs text)
 RETURNS text
 LANGUAGE plpgsql AS $$
+DECLARE{_LEGACY_DECLARE}
+BEGIN{_LEGACY_BODY}
+    RETURN r;
+END
+$$;
+CREATE OR REPLACE PROCEDURE proctor_audit_append_batch_durable(p_log text, p_recs text, INOUT out_r text DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+DECLARE{_LEGACY_DECLARE}
+BEGIN
+    -- The records, in a transaction committed without waiting for the disk (the sink's sessions run
+    -- with synchronous_commit off): the chain's row lock is held for the microseconds of the inserts,
+    -- not for a flush.{_LEGACY_BODY}
+    out_r := r;
+    COMMIT;
+    -- The barrier: a transaction that writes WAL (a transactional logical message, which no table
+    -- keeps) and commits synchronously; its flush covers every commit before it in the WAL, the
+    -- records' included, and PostgreSQL flushes concurrent writers' barriers together.
+    PERFORM set_config('synchronous_commit', 'on', true), pg_logical_emit_message(true, 'proctor_audit', '');
+END
+$$;
+"""
+# The writers of this version: six parts a record, the sixth the record's run id as the writer has it ("" for
+# none, "r" + the id, "?" for one it cannot carry: then NULL, and found by its text), so the database parses nothing.
+_BATCH_DECLARE = r"""
+    s bigint; first bigint; hd text; ck bigint; parts text[]; n int; hh text; rest text; r text;
+    kinds text[] := '{}'; lines text[] := '{}'; hs text[] := '{}'; runs text[] := '{}';"""
+_BATCH_BODY = r"""
+    parts := string_to_array(p_recs, E'\x1f');
+    n := coalesce(array_length(parts, 1), 0) / 6;
+    SELECT l.seq, l.head, l.last_ckpt INTO s, hd, ck FROM proctor_audit_logs l WHERE l.name = p_log FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no proctor audit log named %', p_log;
+    END IF;
+    first := s;
+    IF n = 1 THEN
+        rest := parts[3] || hd || parts[4] || s::text || parts[5];
+        hh := encode(sha256('\x00'::bytea || convert_to(parts[2] || rest, 'UTF8')), 'hex');
+        INSERT INTO proctor_audit_records (log, seq, kind, line, h, run_id)
+            VALUES (p_log, s, parts[1], parts[2] || '"h":"' || hh || '",' || rest, hh,
+                    CASE WHEN parts[6] = '' THEN '' WHEN left(parts[6], 1) = 'r' THEN substr(parts[6], 2) END);
+        IF parts[1] = 'checkpoint' THEN ck := s; END IF;
+        hd := hh;
+        s := s + 1;
+    ELSIF n > 1 THEN
+        FOR i IN 0 .. n - 1 LOOP
+            rest := parts[6*i+3] || hd || parts[6*i+4] || s::text || parts[6*i+5];
+            hh := encode(sha256('\x00'::bytea || convert_to(parts[6*i+2] || rest, 'UTF8')), 'hex');
+            kinds[i+1] := parts[6*i+1];
+            hs[i+1] := hh;
+            lines[i+1] := parts[6*i+2] || '"h":"' || hh || '",' || rest;
+            runs[i+1] := CASE WHEN parts[6*i+6] = '' THEN '' WHEN left(parts[6*i+6], 1) = 'r'
+                              THEN substr(parts[6*i+6], 2) END;
+            IF parts[6*i+1] = 'checkpoint' THEN ck := s; END IF;
+            hd := hh;
+            s := s + 1;
+        END LOOP;
+        INSERT INTO proctor_audit_records (log, seq, kind, line, h, run_id)
+            SELECT p_log, first + u.o - 1, u.k, u.l, u.h, u.r
+              FROM unnest(kinds, lines, hs, runs) WITH ORDINALITY AS u(k, l, h, r, o);
+    END IF;
+    UPDATE proctor_audit_logs SET seq = s, head = hd, last_ckpt = ck WHERE name = p_log;
+    r := first::text || ' ' || n::text || ' ' || coalesce(ck::text, '');"""
+SCHEMA += f"""
+CREATE OR REPLACE FUNCTION proctor_audit_append_runs(p_log text, p_recs text)
+RETURNS text
+LANGUAGE plpgsql AS $$
 DECLARE{_BATCH_DECLARE}
 BEGIN{_BATCH_BODY}
     RETURN r;
 END
 $$;
-CREATE OR REPLACE PROCEDURE proctor_audit_append_batch_durable(p_log text, p_recs text, INOUT out_r text DEFAULT NULL)
+CREATE OR REPLACE PROCEDURE proctor_audit_append_runs_durable(p_log text, p_recs text, INOUT out_r text DEFAULT NULL)
 LANGUAGE plpgsql AS $$
 DECLARE{_BATCH_DECLARE}
 BEGIN
@@ -205,6 +293,11 @@ BEGIN
 END
 $$;
 """
+#: The indexes a run's records are read through (`run_records`), built without blocking writers (`_index`).
+INDEXES = (("proctor_audit_records_run", "(log, run_id, seq)"),
+           ("proctor_audit_records_unknown", "(log, seq) WHERE run_id IS NULL"))
+#: Rows of a table written before the run_id column existed, filled in per transaction (`_backfill`).
+_BACKFILL_ROWS = 5000
 
 #: How long the writer thread waits for more appends before a flush (PostgreSQL's commit_delay, in-process).
 _LINGER_S = 0.002
@@ -221,15 +314,15 @@ _SOLO_S = 0.05
 _ANSWER_S = 15.0
 _APPEND_WAIT_S = 30.0
 
-# A batch goes as ONE text parameter (five parts a record, separated by U+001F) to a statement
+# A batch goes as ONE text parameter (six parts a record, separated by U+001F) to a statement
 # prepared once a connection, sent through libpq directly: psycopg's per-execute work in Python
 # (adapting parameters, arrays above all, and reading results) was most of the writer's CPU. A
 # durable batch is the append and the durability barrier, two transactions in one CALL (the
 # procedure commits between them): one round trip. The result: "first-seq count last-checkpoint".
 _SEP = "\x1f"
-_APPEND = b"SELECT proctor_audit_append_batch($1, $2)"
-_APPEND_DURABLE = b"CALL proctor_audit_append_batch_durable($1, $2, NULL)"
-_STATEMENTS = ((b"proctor_audit_append", _APPEND), (b"proctor_audit_append_durable", _APPEND_DURABLE))
+_APPEND = b"SELECT proctor_audit_append_runs($1, $2)"
+_APPEND_DURABLE = b"CALL proctor_audit_append_runs_durable($1, $2, NULL)"
+_STATEMENTS = ((b"proctor_audit_append_runs", _APPEND), (b"proctor_audit_append_runs_durable", _APPEND_DURABLE))
 
 
 def is_postgres_url(target: object) -> bool:
@@ -247,15 +340,62 @@ def _split(url: str) -> tuple[str, str]:
 
 
 def ensure_schema(conn: psycopg.Connection[Any]) -> None:
-    """Create the tables and the append function once (concurrent first writers take turns)."""
+    """Create the tables and the append functions once (concurrent first writers take turns), and bring a table
+    of an earlier version up to this one while its writers go on appending (`_index`, `_backfill`)."""
     with conn.transaction():
         conn.execute("SET LOCAL synchronous_commit = on")
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('proctor_audit_schema'))")
-        exists = conn.execute("SELECT to_regprocedure('proctor_audit_append_batch(text, text)') IS NOT NULL "
-                              "AND to_regprocedure('proctor_audit_append_batch_durable(text, text, text)') IS NOT NULL"
+        exists = conn.execute("SELECT to_regprocedure('proctor_audit_append_runs(text, text)') IS NOT NULL "
+                              "AND to_regprocedure('proctor_audit_append_runs_durable(text, text, text)') IS NOT NULL"
                               ).fetchone()
         if not (exists and exists[0]):
+            # Adding the (nullable, default-less) column only changes the catalog, but it waits for the table's
+            # lock behind appends in flight, and new appends queue behind it: bounded, so a long reader (an export)
+            # fails this opening instead of stalling every writer.
+            conn.execute("SET LOCAL lock_timeout = '5s'")
             conn.execute(SCHEMA)
+    _index(conn)
+
+
+def _index(conn: psycopg.Connection[Any]) -> None:
+    """Build the run index (and the one of rows whose run is not known) where missing or left invalid by a build that
+    was cut off: CONCURRENTLY, so appends go on meanwhile; then fill in the rows whose run is not known (`_backfill`,
+    which walks them by the second index: never before it exists). One opener builds and fills in; another finding
+    it busy goes on (a run's records are read correctly meanwhile, only more slowly)."""
+    rows = conn.execute("SELECT c.relname, i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid "
+                        "WHERE c.relname = ANY(%s)", ([name for name, _ in INDEXES],)).fetchall()
+    valid = {str(name): bool(ok) for name, ok in rows}
+    if all(valid.get(name) for name, _ in INDEXES):
+        _backfill(conn)  # (rows a writer of the earlier version appended while the schema changed, if any)
+        return
+    got = conn.execute("SELECT pg_try_advisory_lock(hashtext('proctor_audit_index'))").fetchone()
+    if not (got and got[0]):
+        return
+    try:
+        for name, columns in INDEXES:
+            if valid.get(name) is False:  # a build cut off leaves an invalid index behind: built again
+                conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+            if not valid.get(name):
+                conn.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON proctor_audit_records {columns}")
+        _backfill(conn)
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(hashtext('proctor_audit_index'))")
+
+
+def _backfill(conn: psycopg.Connection[Any]) -> None:
+    """Fill in the run_id of rows written before the column existed (or by a writer of an earlier version while
+    the schema changed), a few thousand a transaction, so appends go on meanwhile. A row whose run_id the database
+    cannot read stays NULL and is found by its text (`run_records`); rows are walked in key order, each once."""
+    last: tuple[str, int] | None = ("", -1)
+    while last is not None:
+        row = conn.execute(
+            "WITH batch AS (SELECT log, seq FROM proctor_audit_records WHERE run_id IS NULL AND (log, seq) > (%s, %s) "
+            "ORDER BY log, seq LIMIT %s), "
+            "done AS (UPDATE proctor_audit_records r SET run_id = proctor_audit_run_of(r.line) FROM batch b "
+            "WHERE r.log = b.log AND r.seq = b.seq AND r.run_id IS NULL RETURNING 1) "
+            "SELECT (SELECT count(*) FROM done), b.log, b.seq FROM batch b ORDER BY b.log DESC, b.seq DESC LIMIT 1",
+            (last[0], last[1], _BACKFILL_ROWS)).fetchone()
+        last = (str(row[1]), int(row[2])) if row is not None else None
 
 
 class _Holes:
@@ -272,10 +412,12 @@ class _Holes:
 def _template(kind: str, fields: Mapping[str, Any], ts_ns: int, holes: _Holes) -> str:
     """The record as the database completes it: its kind and its canonical line cut where h, prev and seq go.
 
-    Five parts joined by U+001F: kind, A, B, C, D, where the line is A "h":"<h>", B <prev> C <seq> D
+    Six parts joined by U+001F: kind, A, B, C, D, R, where the line is A "h":"<h>", B <prev> C <seq> D
     and the hashed body (the line without h) is A B <prev> C <seq> D. The keys are sorted, so h comes
     before kind, prev and seq and is always followed by a comma. A record whose text held a placeholder
-    or a U+001F (canonical JSON escapes every control character) fails to split: it is refused.
+    or a U+001F (canonical JSON escapes every control character) fails to split: it is refused. R is the
+    record's run id for the run index: "" when it has none (or not a string), "r" + the id, or "?" for an id
+    holding U+001F (stored NULL: found by its text).
     """
     record = dict(fields)
     record.update(h=holes.h[5:-2], seq=int(holes.s[6:]), ts_ns=ts_ns, kind=kind, prev=holes.p[8:-1])
@@ -285,7 +427,9 @@ def _template(kind: str, fields: Mapping[str, Any], ts_ns: int, holes: _Holes) -
     a, rest = line.split(holes.h)
     b, rest = rest.split(holes.p)
     c, d = rest.split(holes.s)
-    return _SEP.join((kind, a, b + '"prev":"', '"' + c + '"seq":', d))
+    run_id = fields.get("run_id")
+    run = ("r" + run_id if _SEP not in run_id else "?") if isinstance(run_id, str) else ""
+    return _SEP.join((kind, a, b + '"prev":"', '"' + c + '"seq":', d, run))
 
 
 class _Pending:
@@ -445,16 +589,22 @@ class PostgresAuditLog:
         return derive_key(self._redaction_key, purpose)
 
     def run_records(self, run_id: str) -> list[dict[str, Any]]:
-        """Every record of run `run_id` in this log, in order (`AuditReader`), on a connection of its own."""
-        needle = f'"run_id":{json.dumps(run_id)}'
+        """Every record of run `run_id` in this log, in order (`AuditReader`), on a connection of its own.
+
+        Read through the index on the records' run_id (what the run's records cost, however many other runs the
+        log holds), plus the rows whose run_id is not known (written before the column existed and not filled in
+        yet), searched by text."""
+        needle = '"run_id":' + canonical_bytes(run_id).decode("utf-8")
         try:
             with psycopg.connect(self._conninfo, connect_timeout=5, autocommit=True) as conn:
-                rows = conn.execute("SELECT line FROM proctor_audit_records WHERE log = %s AND strpos(line, %s) > 0 "
-                                    "ORDER BY seq", (self.name, needle)).fetchall()
+                rows = conn.execute("SELECT seq, line FROM proctor_audit_records WHERE log = %s AND run_id = %s "
+                                    "UNION ALL SELECT seq, line FROM proctor_audit_records WHERE log = %s AND "
+                                    "run_id IS NULL AND strpos(line, %s) > 0 ORDER BY 1",
+                                    (self.name, run_id, self.name, needle)).fetchall()
         except psycopg.Error as exc:
             raise AuditError(f"cannot read the audit log {self.url}: {why(exc)}") from None
         out: list[dict[str, Any]] = []
-        for (line,) in rows:
+        for _, line in rows:
             rec = json.loads(line)
             if isinstance(rec, dict) and rec.get("run_id") == run_id:
                 out.append(rec)
@@ -698,7 +848,7 @@ class PostgresAuditLog:
                 statement = checkpoint_statement(self.log_id, size, head, root, ts_ns)
                 fields.update(key_id=key_id(self._key), pub=public_raw(self._key.public_key()).hex(),
                               sig=self._key.sign(statement).hex())
-            row = conn.execute("SELECT proctor_audit_append_batch(%s, %s)",
+            row = conn.execute("SELECT proctor_audit_append_runs(%s, %s)",
                                (self.name, _template("checkpoint", fields, ts_ns, self._holes))).fetchone()
             assert row is not None
             seq = int(row[0].split(" ")[0])

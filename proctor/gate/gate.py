@@ -303,7 +303,8 @@ class Gate:
                                   "policy_sha256": self.policy.sha256, **self.ledger_scope.audit_fields}
         if agent is not None:
             fields["agent"] = agent
-        self.recorder.append("run_started", fields, required=True)
+        started = self.recorder.append("run_started", fields, required=True)
+        ctx.audit_start = started.seq if started is not None else None
         return ctx
 
     def resume_run(self, info: RunInfo, *, task: str | None = None, provenance: bool = False,

@@ -16,7 +16,10 @@ time the step runs (`call_id`), and at three points hands the call to this modul
 - before the tool runs (after the audit intent), `write_intent` makes the intent
   durable in the store; if it cannot, the call is refused;
 - after it ran or was refused, `write_outcome` completes the entry (a call the run
-  suspends at is written as `suspended`, durably, before the run stops).
+  suspends at is written as `suspended`, durably, before the run stops). A call that ran is
+  journaled `done` before its audit outcome is written, durably for tools with effects, and
+  that outcome then says so (``journaled: true``): a store found holding less afterwards was
+  put back, not cut short by a crash (`proctor.store.trail`).
 
 Every entry is sealed (`proctor.store.seal`) with the run's audit-trail key: a resume
 believes no entry it did not write.
@@ -225,14 +228,16 @@ class StepJournal:
         done = JournalEntry(self.run_id, self.step, p.seq, p.call_id, name, entry.args_digest, "done", "failed",
                             None, error_to_dict(error), entry.args, record.as_dict(),
                             {"tool": name, "side_effect": p.side_effect, "decision": "allow", "status": "failed"})
+        journaled = effectful(p.side_effect)  # durably, before the log's outcome, as a live call's (write_outcome)
         try:
-            self._write(done, durable=False)
+            self._write(done, durable=journaled)
         except StoreError as exc:
             log.error("journal_write_failed", call_id=p.call_id, error=str(exc))
+            journaled = False
         self.flush()
         self._apply(p, done, record)
         # Close the intent the dead process left in the audit trail, then say what happened.
-        outcome = self._recorder_of().lost(p, record, error)
+        outcome = self._recorder_of().lost(p, record, error, journaled=journaled)
         self._batch.append({"call_seq": p.seq, "call_id": p.call_id, "tool": name, "status": "failed",
                             "args_digest": entry.args_digest, "error": str(error)})
         self.flush()
@@ -290,24 +295,29 @@ class StepJournal:
         try:
             self._write(JournalEntry(self.run_id, self.step, p.seq, p.call_id, p.name,
                                                   args_digest(p.args), "intent", args=_encode(p.args)),
-                                     durable=p.side_effect not in ("none", "read"))
+                                     durable=effectful(p.side_effect))
         except StoreError as exc:
             return str(exc)
         return None
 
     def write_outcome(self, p: InFlight, status: str, value: Any, error: ProctorError | None,
-                      record: CallRecord) -> None:
+                      record: CallRecord) -> bool:
         """Complete the call's entry (refused calls too). A call the run suspends at is journaled as
         `suspended` (tool, argument digest, its place in the step), durably, before the run stops: a
         resumed program must reach the same call there, or it diverges. Another interruption (a
         divergence, a cancelled step) leaves no entry.
 
-        An entry the step found complete is never overwritten (a call that ran stays recorded)."""
+        An entry the step found complete is never overwritten (a call that ran stays recorded).
+
+        True when the call's `done` entry is on stable storage: then the audit outcome the recorder writes
+        next says so (``journaled``), and a store that has the call as anything but done after that record
+        was put back (`proctor.store.trail`). Written durably for tools with effects only, as the intent is:
+        a read's `done` may be lost by a power cut after the log's outcome is on disk, honestly."""
         if p.seq < 0 or (isinstance(error, StepInterrupted) and not isinstance(error, RunSuspended)):
-            return
+            return False
         known = self._entries.get(p.seq)
         if known is not None and known.state == "done":
-            return
+            return False
         if isinstance(error, RunSuspended):
             try:
                 self._write(JournalEntry(self.run_id, self.step, p.seq, p.call_id, p.name,
@@ -315,7 +325,7 @@ class StepJournal:
                                                       ts_ns=time.time_ns()), durable=True)
             except StoreError as exc:  # resume then finds no entry where the run stopped, and refuses
                 log.error("journal_write_failed", call_id=p.call_id, error=str(exc))
-            return
+            return False
         encoded: Any = None
         err = error_to_dict(error) if error is not None else None
         if err is None:
@@ -335,10 +345,18 @@ class StepJournal:
                              {"tool": p.name, "side_effect": p.side_effect,
                               "decision": p.decision.outcome if p.decision else "deny", "status": status},
                              grant, time.time_ns())
+        durable = effectful(p.side_effect)
         try:
-            self._write(entry, durable=False)
-        except StoreError as exc:
+            self._write(entry, durable=durable)
+        except StoreError as exc:  # the log's outcome then says nothing of the journal: a resume finds the intent
             log.error("journal_write_failed", call_id=p.call_id, error=str(exc))
+            return False
+        return durable
+
+
+def effectful(side_effect: str) -> bool:
+    """Whether a call's journal entries are written durably (fsynced): a tool with effects'."""
+    return side_effect not in ("none", "read")
 
 
 def _encode(args: Mapping[str, Any]) -> dict[str, Any]:

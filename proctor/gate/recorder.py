@@ -5,9 +5,10 @@ Every way a call ends goes through one method here — `refused` (it never ran),
 cancelled: it had not), `replayed` (a resumed step answered it from the journal), `lost`
 (the journal holds only its intent: a crash lost the outcome) and `diverged` (a resumed
 program went another way). Each releases or settles the call's budget reservation, writes
-what the audit trail must hold, ends the span and remembers the call in its run, in that
-order, and each part is guarded on its own: nothing that fails here changes how the call
-ended. The gate (`proctor.gate.gate`) and the journal (`proctor.gate.journal`) decide
+what the audit trail must hold, ends the span and remembers the call in its run, and each
+part is guarded on its own: nothing that fails here changes how the call ended. A call that
+ran is written to a durable run's journal before its audit outcome (`finished`, `lost`), so
+the log can say the store had it. The gate (`proctor.gate.gate`) and the journal (`proctor.gate.journal`) decide
 *which* ending; only this module writes one.
 """
 
@@ -187,11 +188,18 @@ class Recorder:
                 p.ctx.ledger.settle(p.reservation, duration_ns=p.duration_ns)
             except Exception as exc:  # noqa: BLE001 - the budget may now under-count; say so
                 log.error("budget_settle_failed", tool=name, error=repr(exc), **log_fields(p.span))
+        record = self.remember(p, p.status, error)
+        # A durable run's journal first, then the log: a call whose `done` entry is on stable storage gets an
+        # outcome saying so (`journaled`), so a store that has it as anything else after that record was put
+        # back, never lost in a crash (`proctor.store.trail`). (The intent still precedes the tool in both.)
+        fields = self.outcome_fields(p, p.status, error, p.duration_ns)
+        if p.journal is not None and p.journal.write_outcome(p, p.status, p.value, error, record):
+            fields["journaled"] = True
         # Outcomes are written, not fsynced (docs/audit.md §3): the next durable record — the next
         # intent of a call with effects, a checkpoint, close — makes them durable before another tool
         # with effects runs; a power cut before that leaves the intent, which reopening closes `unknown`.
         # One fsync a call instead of two, shared between threads by group commit.
-        outcome = self.append("call_outcome", self.outcome_fields(p, p.status, error, p.duration_ns), durable=False)
+        outcome = self.append("call_outcome", fields, durable=False)
         if outcome is not None and not outcome.ok:
             # The tool already ran: its result stands, and the failed sink refuses every later intent.
             log.error("audit_outcome_lost", tool=name, error=outcome.error, **log_fields(p.span))
@@ -203,9 +211,6 @@ class Recorder:
         else:
             safely(span.finish, p.status, error.error_type if isinstance(error, ToolFailed) else None, str(error))
         p.state = "done"
-        record = self.remember(p, p.status, error)
-        if p.journal is not None:
-            p.journal.write_outcome(p, p.status, p.value, error, record)
         return CallOutcome(record, p.value, error)
 
     def interrupted(self, p: InFlight, status: CallStatus, error: ProctorError) -> CallOutcome:
@@ -240,12 +245,15 @@ class Recorder:
         p.state = "done"
         return CallOutcome(record, value, error)
 
-    def lost(self, p: InFlight, record: CallRecord, error: ProctorError) -> CallOutcome:
-        """End a call whose process died while its tool ran: close the intent it left in the trail."""
-        self.append("call_outcome", {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": p.name,
-                                     "status": "failed", "duration_ns": 0, "error": str(error),
-                                     "policy_sha256": p.policy_sha256, "trace_id": p.span.trace_id,
-                                     "span_id": p.span.span_id})
+    def lost(self, p: InFlight, record: CallRecord, error: ProctorError, *, journaled: bool) -> CallOutcome:
+        """End a call whose process died while its tool ran: close the intent it left in the trail
+        (`journaled`: the journal's `done` for it is on stable storage already, as `finished` says)."""
+        fields: dict[str, Any] = {"run_id": p.ctx.info.id, "call_id": p.call_id, "tool": p.name, "status": "failed",
+                                  "duration_ns": 0, "error": str(error), "policy_sha256": p.policy_sha256,
+                                  "trace_id": p.span.trace_id, "span_id": p.span.span_id}
+        if journaled:
+            fields["journaled"] = True
+        self.append("call_outcome", fields)
         safely(p.span.finish, "failed", "ToolFailed", str(error))
         p.state = "done"
         return CallOutcome(record, None, error)

@@ -101,6 +101,9 @@ class RunContext:
         self._fold_lock = threading.Lock()
         #: The journal of the step being run, for a durable run (`proctor.gate.journal.StepJournal`), else None.
         self.journal: StepJournal | None = None
+        #: The audit seq of the run's `run_started` (None when no sink gave one): a durable run keeps it, sealed,
+        #: so a resume reads the run's records from there (`AuditReader.run_records`).
+        self.audit_start: int | None = None
         #: Clear values of redacted arguments met in this run: scrubbed from every free text
         #: written about it (programs, errors, chat content) — see `scrub`.
         self.secrets: set[str] = set()

@@ -109,6 +109,9 @@ class RunRecord:
     version: int = 0
     #: Per step (as a string), the journal the run had written when it saved this record: ``{"count", "head"}``.
     journal_heads: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: The seq of the run's `run_started` in its audit trail (None: not known), where a resume starts reading the
+    #: run's records from the trail; sealed, and checked against the trail before it is used.
+    audit_start: int | None = None
     #: The run's seal over every field a resume reads (`proctor.store.seal`); "" when never sealed.
     seal: str = ""
 

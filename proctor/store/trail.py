@@ -6,12 +6,14 @@ sealed version of a journal entry or of the whole run: a call journaled ``suspen
 ran, so that a resume runs it a second time, or a run set back to a step it had finished. The audit
 trail is the clock the store cannot turn back: it is append-only, hash-chained, and the store's writers
 cannot write it. Every version a run writes of an entry comes after the entry's previous version in
-the trail's order, and the trail records the moment that matters — a call's live ``call_intent``,
-written after its journal intent and before its tool runs. So:
+the trail's order, and the trail records the moments that matter — a call's live ``call_intent``,
+written after its journal intent and before its tool runs, and its ``call_outcome``, written after its
+journal ``done`` (and saying ``journaled`` when that was on stable storage first). So:
 
 - `behind_trail` is what a resume checks (`AgentBase._check_sealed`), before anything runs: no call the
   trail records as started may be journaled as waiting for its approval, or be missing, or belong to
-  a step later than the saved run's; no run the trail records as finished may be resumable;
+  a step later than the saved run's; no call whose outcome the trail records as journaled may be
+  journaled as anything but done; no run the trail records as finished may be resumable;
 - `check_store` is what ``proctor audit verify LOG --store URL`` reports: the same, every seal (answers'
   included: `proctor.store.answerseal`), and every other disagreement between the store and the log
   (grants and answers no ``approval_resolved`` gave, calls journaled as done that the log never saw end, and the reverse
@@ -62,6 +64,11 @@ class RunTrail:
     started: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     #: call id → the statuses of its `call_outcome` records, in order.
     outcomes: dict[str, list[str]] = field(default_factory=dict)
+    #: call id → its `call_outcome` written after the journal's `done` for it was on stable storage
+    #: (``journaled: true``, `Recorder.finished`): the store cannot honestly hold less for that call.
+    journaled: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: Call ids whose intent the log's reopening closed `unknown` (its writer stopped first: a crash).
+    recovered: set[str] = field(default_factory=set)
     #: The run's `approval_resolved` records that carry an answer (not the suspensions).
     resolved: list[Mapping[str, Any]] = field(default_factory=list)
     #: The run's last `run_finished`, if any.
@@ -77,6 +84,10 @@ class RunTrail:
             self.started[call_id] = rec
         elif kind == "call_outcome":
             self.outcomes.setdefault(call_id, []).append(str(rec.get("status")))
+            if rec.get("journaled") is True:
+                self.journaled[call_id] = rec
+            elif "intent_seq" in rec and rec.get("status") == "unknown":
+                self.recovered.add(call_id)
         elif kind == "approval_resolved" and rec.get("verdict") not in (None, "suspended"):
             self.resolved.append(rec)
 
@@ -149,6 +160,21 @@ def behind_trail(record: RunRecord, journals: Mapping[int, Sequence[JournalEntry
                 f"journaled as {entry.state}, but the audit trail records the call as started after that (seq "
                 f"{at}): an earlier version of the entry was put back into the store; resuming it would run the "
                 "call again")))
+    # The journal's `done` of a call that ran is on stable storage before its outcome is written to the log,
+    # which then says so: the store holding less for it is an earlier version put back (or a store that lost
+    # a write it had acknowledged), never a crash between the two writes.
+    for call_id, outcome in trail.journaled.items():
+        place = journal_place(run_id, call_id)
+        if place is None or place[0] > record.step:
+            continue  # (a later step than the run's: reported above, from the call's intent)
+        step, seq = place
+        entries = journals.get(step)
+        entry = entries[seq] if entries is not None and seq < len(entries) and entries[seq].seq == seq else None
+        if entry is not None and entry.state != "done":
+            out.append(Disagreement(run_id, _where(step, seq, entry.tool), (
+                f"journaled as {entry.state}, but the audit trail records the call as ended "
+                f"{outcome.get('status')} after the store had it done (seq {outcome.get('seq')}): an earlier "
+                "version of the entry was put back into the store, or the store lost a write it had acknowledged")))
     return out
 
 
@@ -218,10 +244,12 @@ def _run_disagreements(record: RunRecord, journals: Mapping[int, Sequence[Journa
     run_id = record.run_id
     out = _seal_disagreements(record, journals, seal)
     out.extend(behind_trail(record, journals, trail))
-    # Calls journaled as done must have ended in the log with the same status.
+    # Calls journaled as done must have ended in the log with the same status, unless the log has no outcome of
+    # theirs but its reopening's `unknown`: the journal's done is written first, and its writer stopped then.
     entries = {e.call_id: e for step in journals.values() for e in step}
     for entry in entries.values():
-        if entry.state == "done" and entry.status not in trail.outcomes.get(entry.call_id, []):
+        seen = trail.outcomes.get(entry.call_id, [])
+        if entry.state == "done" and entry.status not in seen and not _cut_short(trail, entry.call_id, seen):
             out.append(Disagreement(run_id, _where(entry.step, entry.seq, entry.tool), (
                 f"journaled as done ({entry.status}), but the audit trail has no outcome {entry.status} for call "
                 f"{entry.call_id}")))
@@ -232,6 +260,8 @@ def _run_disagreements(record: RunRecord, journals: Mapping[int, Sequence[Journa
             kept = entries.get(call_id)
             if place is None or (kept is not None and kept.state == "done" and kept.status == statuses[-1]):
                 continue
+            if kept is not None and kept.state == "done" and _cut_short(trail, call_id, statuses):
+                continue  # journaled done, then the writer stopped before the log's outcome (closed on reopening)
             if kept is not None and kept.state == "suspended" and statuses[-1] == "denied":
                 continue  # the suspension's own outcome, in a run that ended without coming back to the call
             step, seq = place
@@ -247,6 +277,11 @@ def _run_disagreements(record: RunRecord, journals: Mapping[int, Sequence[Journa
             f"the store has the run {record.status}, but the audit trail's run_finished says {finished}")))
     out.extend(_answer_disagreements(record, journals, trail, approvals))
     return out
+
+
+def _cut_short(trail: RunTrail, call_id: str, seen: Sequence[str]) -> bool:
+    """Whether the log has no outcome of the call but the `unknown` its reopening closed the intent with."""
+    return all(s == "unknown" for s in seen) and (not seen or call_id in trail.recovered)
 
 
 def _grant_of(value: Any) -> tuple[str, str] | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from store_forgery import TWICE, Suspended, other, suspended
+from store_forgery import DURING, TWICE, Suspended, other, suspended
 
 from proctor.approval import approval_binding
 from proctor.errors import ApprovalConflict, ApprovalNotFound, RunNotFound, StoreConflict, StoreError, StoreForged
@@ -393,6 +393,36 @@ class StoreForgeryConformance:
                 else:
                     run.rows.insert(run.run_id, int(key.rsplit(":", 1)[1]), data)
             run.rows.set("runs", run_key, later_run)
+            assert run.resumed() == "done"
+            assert run.sent() == ["a@evil.test", "b@evil.test"]
+
+    def test_a_done_entry_put_back_to_its_intent_is_refused(self, store_url: str, tmp_path: Path) -> None:
+        """A step suspends twice; the first mail goes out, and its entry is put back to the sealed intent written
+        just before it ran (the store restored from a backup taken then). Every seal holds; the log's outcome says
+        the store had the call done: refused, naming the entry, nothing runs. Put forward again, the run ends."""
+        for run in suspended(store_url, tmp_path):
+            run.start(TWICE)
+            key = f"{run.run_id}:1:1"
+            kept: dict[str, Any] = {}
+            # as the mail runs: its entry is the intent
+            DURING.append(lambda kept=kept, rows=run.rows: kept.update(rows.all("journal")))
+            run.approve()
+            with run.agent([]) as agent:
+                assert agent.resume(run.run_id).status == "suspended"
+            DURING.clear()
+            assert run.sent() == ["a@evil.test"] and kept[key]["state"] == "intent"
+            done = dict(run.rows.all("journal"))[key]
+            assert done["state"] == "done"
+            run.rows.set("journal", key, kept[key])
+            run.approve()  # the second mail's approval
+            message = run.refused()
+            assert message.count("\n") == 0 and run.run_id in message, message
+            assert "step 1, journal entry 1 (send): journaled as intent" in message and "audit trail" in message
+            assert run.sent() == ["a@evil.test"]
+            assert any("journal entry 1" in r["reason"] for r in run.refusals())
+            assert "journaled as intent, but the audit trail records the call as ended ok" in run.verify(
+                expect=1).stdout
+            run.rows.set("journal", key, done)  # put forward again: believed, the second mail goes out
             assert run.resumed() == "done"
             assert run.sent() == ["a@evil.test", "b@evil.test"]
 

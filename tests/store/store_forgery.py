@@ -13,7 +13,7 @@ import json
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,8 @@ TWICE = "```py\nn = look(1)\nsend('a@evil.test', str(n))\nfinal_answer(send('b@e
 
 #: Every real call of the tools below, in order: (tool, args). Tools run in the host (the gate's side).
 EFFECTS: list[tuple[str, dict[str, Any]]] = []
+#: Called by `send` while it runs (between its journal intent and its outcome): a test keeps the rows then.
+DURING: list[Callable[[], None]] = []
 
 
 @tool(side_effect="read")
@@ -58,6 +60,8 @@ def send(to: str, body: str) -> str:
         body: Text.
     """
     EFFECTS.append(("send", {"to": to, "body": body}))
+    for hook in DURING:
+        hook()
     return f"sent {body} to {to}"
 
 
@@ -129,6 +133,7 @@ class Suspended:
 
     def start(self, program: str = PROGRAM) -> Suspended:
         EFFECTS.clear()
+        DURING.clear()
         with self.agent([program]) as agent:
             result = agent.run("mail it", principal="alice")
         assert result.status == "suspended", result.error

@@ -8,11 +8,12 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 from store_conformance import StoreConformance, StoreForgeryConformance, _approval
-from store_forgery import suspended
+from store_forgery import DURING, TWICE, suspended
 
 from proctor.errors import StoreError
 from proctor.store import ApprovalAnswer, RunStore
@@ -74,6 +75,30 @@ def test_a_rollback_is_caught_against_a_postgresql_audit_log(pg: PostgresServer,
         assert "the audit trail records it finished (done" in out, out
         assert "the audit trail records it finished (done" in run.refused()
         assert run.sent() == ["x@evil.test"]
+
+
+@pytest.mark.sandbox
+def test_a_done_entry_put_back_to_its_intent_is_caught_against_a_postgresql_audit_log(
+        pg: PostgresServer, tmp_path: Path) -> None:
+    """Store and trail in PostgreSQL, the trail shared with another run: the mail's entry put back to the intent
+    sealed while it ran is refused (the log's outcome, read through the run index, says the store had it done)."""
+    audit = f"{pg.url}&log={uuid.uuid4().hex[:12]}"
+    for run in suspended(_fresh(pg), tmp_path, audit=audit):
+        run.start()  # another run in the same log
+        run.start(TWICE)
+        key, kept = f"{run.run_id}:1:1", dict[str, Any]()
+        DURING.append(lambda kept=kept, rows=run.rows: kept.update(rows.all("journal")))
+        run.approve()
+        assert run.resumed() == "suspended" and run.sent() == ["a@evil.test"]
+        DURING.clear()
+        done = dict(run.rows.all("journal"))[key]
+        run.rows.set("journal", key, kept[key])
+        run.approve()
+        message = run.refused()
+        assert "step 1, journal entry 1 (send): journaled as intent" in message, message
+        assert run.sent() == ["a@evil.test"]
+        run.rows.set("journal", key, done)
+        assert run.resumed() == "done" and run.sent() == ["a@evil.test", "b@evil.test"]
 
 
 def test_open_by_url_gives_the_postgres_store(pg: PostgresServer) -> None:

@@ -3,10 +3,13 @@ writes them. The end-to-end cases (real runs, real stores, rows edited) are in t
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from proctor.store import JournalEntry, RunRecord
-from proctor.store.trail import behind_trail, journal_place, trails
+from proctor.store import JournalEntry, RunRecord, RunStore
+from proctor.store.seal import StoreSeal
+from proctor.store.trail import behind_trail, check_store, journal_place, trails
 
 RUN = "run_abc"
 
@@ -67,3 +70,49 @@ def test_a_store_ahead_of_the_trail_is_not_behind() -> None:
     journals = {1: [_entry(0, "done"), _entry(1, "intent")]}
     assert behind_trail(RunRecord(RUN, "t", status="running", step=1), journals, trail) == []
     assert behind_trail(RunRecord(RUN, "t", status="running", step=1), journals, None) == []
+
+
+def _outcome(step: int, seq: int, status: str = "ok", **extra: Any) -> dict[str, Any]:
+    return {"kind": "call_outcome", "run_id": RUN, "call_id": f"call_abc_{step}_{seq}", "tool": "send",
+            "status": status, "seq": 20 + seq, **extra}
+
+
+def test_a_done_entry_put_back_to_its_intent_after_the_log_said_journaled_is_behind() -> None:
+    """The log's outcome says the store had the call done (`journaled`); the store has its intent: put back."""
+    trail = trails([_intent(1, 0), _outcome(1, 0, journaled=True), _intent(1, 1), _outcome(1, 1, journaled=True)])[RUN]
+    journals = {1: [_entry(0, "intent"), _entry(1, "done")]}
+    [found] = behind_trail(RunRecord(RUN, "t", status="running", step=1), journals, trail)
+    assert found.entry == "step 1, journal entry 0 (send)"
+    assert "journaled as intent" in found.message and "ended ok after the store had it done (seq 20)" in found.message
+
+
+def test_an_outcome_that_does_not_say_journaled_is_a_crash_not_a_rollback() -> None:
+    """Intent in the store, an outcome in the log written without the journal's done behind it (a read, a failed
+    store write, a call cut off, the log's reopening): the resume goes on (the call's outcome is unknown)."""
+    records = [_intent(1, 0), _outcome(1, 0), _intent(1, 1), _outcome(1, 1, "unknown", intent_seq=11),
+               _intent(1, 2), _outcome(1, 2, journaled="yes")]
+    trail = trails(records)[RUN]
+    journals = {1: [_entry(0, "intent"), _entry(1, "intent"), _entry(2, "intent")]}
+    assert behind_trail(RunRecord(RUN, "t", status="running", step=1), journals, trail) == []
+
+
+def test_verify_counts_a_crash_between_the_journals_done_and_the_logs_outcome_as_no_disagreement(
+        tmp_path: Path) -> None:
+    """The journal's done is written first: a writer that stopped before the log's outcome leaves a done the log
+    never saw end (or saw closed `unknown` by its reopening). Not a disagreement; another status in the log is."""
+    seal = StoreSeal(b"k" * 32)
+    store = RunStore.open(f"sqlite:///{tmp_path}/runs.db")
+    try:
+        stored = store.create_run(RunRecord(RUN, "t", status="done", step=1))
+        store.save_run(stored.evolve(seal=seal.seal_record(stored)))
+        for seq in range(3):
+            entry = JournalEntry(RUN, 1, seq, f"call_abc_1_{seq}", "send", "d", "done", "ok", ts_ns=1)
+            store.journal_write(replace(entry, seal=seal.seal_entry(entry)))
+        finished = {"kind": "run_finished", "run_id": RUN, "status": "done", "seq": 99}
+        records = [_intent(1, 0), _intent(1, 1), _outcome(1, 1, "unknown", intent_seq=11), _intent(1, 2),
+                   _outcome(1, 2, "failed"), finished]
+        found, _ = check_store(store, seal, records)
+    finally:
+        store.close()
+    assert [d.entry for d in found] == ["step 1, journal entry 2 (send)"] * 2, found
+    assert "journaled as done (ok), but the audit trail has no outcome ok" in found[0].message
