@@ -53,7 +53,7 @@ from proctor.gate.approval import ApprovalStep
 from proctor.gate.call import CallOutcome, CallScope, InFlight
 from proctor.gate.recorder import Recorder, log_fields, safely
 from proctor.gate.run import DEFAULT_HISTORY_LIMIT, Ledger, RunContext
-from proctor.gate.shadow import Shadow, Verdict, verdict_of
+from proctor.gate.shadow import Shadow
 from proctor.halt import Halt, HaltChannel, HaltEvent, Scope, gate_halts, halt_refusal, new_halt
 from proctor.interrupts import interruption
 from proctor.ledger.base import SharedLedger
@@ -543,7 +543,7 @@ class Gate:
         if shadow is not None:  # what this admission saw, for the candidate's (`proctor.gate.shadow`)
             shadow.admitted(p, raw_args, table, expected)
             if adm.stage != "decided":
-                shadow.decided(p, verdict_of(adm))
+                shadow.decided(p, adm)
         if adm.stage == "tool":
             return self.recorder.refused(p, self._placed(p, adm.refusal))
         p.tool = cast(Tool, adm.tool)
@@ -593,7 +593,7 @@ class Gate:
         halt = self.halts.check(name, ctx.info.agent, ctx.info.principal, ctx.info.id)
         if halt is not None:  # an operator stopped it (`proctor halt`): refused, naming the halt
             if shadow is not None:  # (the policies are compared; the call did not go on)
-                shadow.decided(p, verdict_of(adm))
+                shadow.decided(p, adm)
             return self.recorder.refused(p, halt_refusal(name, halt, p.call_id), extra={"halt_id": halt.id})
         try:
             p.reservation = p.ctx.ledger.reserve(name, p.side_effect, cost)
@@ -604,11 +604,11 @@ class Gate:
             safely(p.span.event, sc.BUDGET_EXHAUSTED_EVENT, {sc.PROCTOR_BUDGET_NAME: exc.budget or "",
                                                               sc.PROCTOR_REASON: str(exc)})
             if shadow is not None:
-                shadow.decided(p, Verdict("deny", p.decision.rules, str(exc), exc.budget))
+                shadow.decided(p, adm, exc)
             return self.recorder.refused(p, exc)
         p.state = "reserved"
         if shadow is not None:
-            shadow.decided(p, verdict_of(adm))
+            shadow.decided(p, adm)
         if recording or metrics.enabled():  # remaining() costs a few µs; skip it when nobody reads it
             safely(span.budget, p.ctx.ledger.remaining())
 

@@ -67,12 +67,24 @@ class Verdict:
         return {"decision": self.outcome, "rules": list(self.rules), "reason": self.reason, "budget": self.budget}
 
 
-def verdict_of(adm: Admission) -> Verdict:
-    """The verdict of an admission, before budgets."""
+def verdict_of(adm: Admission, refused: BudgetExceeded | None = None) -> Verdict:
+    """The verdict of an admission, and of its budgets when one `refused` the call."""
+    if refused is not None:
+        return Verdict("deny", adm.decision.rules if adm.decision is not None else (), str(refused), refused.budget)
     if adm.decision is not None and adm.stage in ("policy", "decided"):
         return Verdict(adm.decision.outcome, adm.decision.rules, adm.decision.reason)
     rules = adm.decision.rules if adm.decision is not None else ()
     return Verdict("deny", rules, str(adm.refusal))
+
+
+def _outcome(adm: Admission, refused: BudgetExceeded | None) -> tuple[str, str | None]:
+    """`verdict_of(adm, refused)`'s outcome and budget, all a comparison reads (a `Verdict` is made only
+    for a disagreement's record)."""
+    if refused is not None:
+        return "deny", refused.budget
+    if adm.decision is not None and adm.stage in ("policy", "decided"):
+        return adm.decision.outcome, None
+    return "deny", None
 
 
 class ShadowView:
@@ -114,12 +126,14 @@ class PendingDecision:
     """A call the candidate is to decide (`InFlight.shadow`): its inputs as the enforced admission had them,
     the enforced verdict once known, and the candidate's reservation on the shadow's budgets once made."""
 
-    __slots__ = ("args", "enforced", "expected", "p", "reservation", "run", "tools", "view")
+    __slots__ = ("args", "enforced", "expected", "p", "refused", "reservation", "run", "tools", "view")
 
     def __init__(self, p: InFlight, args: Mapping[str, Any] | None, tools: Mapping[str, Tool],
                  expected: Tool | None, view: ShadowView, run: _Run) -> None:
         self.p, self.args, self.tools, self.expected, self.view, self.run = p, args, tools, expected, view, run
-        self.enforced: Verdict | None = None
+        #: The enforced admission once its budgets answered, and the budget's refusal if one refused it.
+        self.enforced: Admission | None = None
+        self.refused: BudgetExceeded | None = None
         self.reservation: object = None
 
 
@@ -145,13 +159,14 @@ class Shadow:
         except Exception as exc:  # noqa: BLE001 - the shadow never changes a call
             log.error("shadow_policy_failed", tool=p.name, error=repr(exc))
 
-    def decided(self, p: InFlight, enforced: Verdict) -> None:
-        """The enforced verdict on `p` is known: queue the candidate's decision (made at once when its
-        inputs would not keep until the reply: a candidate reading provenance, a managed agent's call)."""
+    def decided(self, p: InFlight, enforced: Admission, refused: BudgetExceeded | None = None) -> None:
+        """The enforced verdict on `p` is known (its admission, and the budget that `refused` it if one did):
+        queue the candidate's decision (made at once when its inputs would not keep until the reply: a
+        candidate reading provenance, a managed agent's call)."""
         pending = p.shadow
         if pending is None or pending.enforced is not None:
             return
-        pending.enforced = enforced
+        pending.enforced, pending.refused = enforced, refused
         pending.run.queue.append(pending)
         if self.policy.uses_provenance or p.ctx.layers:
             self._drain(pending.run)
@@ -212,19 +227,19 @@ class Shadow:
         try:
             adm = admit(self.policy, p.name, pending.args, tools=pending.tools, run=pending.view,
                         layers=p.ctx.layers, expected=pending.expected)
-            shadow = verdict_of(adm)
+            refused: BudgetExceeded | None = None
             if adm.stage == "decided":
                 try:
                     pending.reservation = pending.run.ledger.reserve(p.name, adm.side_effect, adm.cost)
                 except BudgetExceeded as exc:
-                    shadow = Verdict("deny", shadow.rules, str(exc), exc.budget)
+                    refused = exc
         except Exception as exc:  # noqa: BLE001 - the shadow never changes a call
             log.error("shadow_policy_failed", tool=p.name, error=repr(exc))
             return
-        enforced = pending.enforced
-        assert enforced is not None
-        if (shadow.outcome, shadow.budget) == (enforced.outcome, enforced.budget):
+        assert pending.enforced is not None
+        if _outcome(adm, refused) == _outcome(pending.enforced, pending.refused):
             return
+        enforced, shadow = verdict_of(pending.enforced, pending.refused), verdict_of(adm, refused)
         self.recorder.about(p, "shadow_decision", {
             "run_id": p.ctx.info.id, "call_id": p.call_id, "tool": p.name, "enforced": enforced.as_dict(),
             "shadow": shadow.as_dict(), "policy_sha256": p.policy_sha256, "shadow_sha256": self.policy.sha256})
