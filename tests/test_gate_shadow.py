@@ -298,3 +298,28 @@ def test_a_candidate_reading_provenance_decides_before_the_tool_runs() -> None:
     assert seen_at_run == [1]
     (record,) = audit.of_kind("shadow_decision")
     assert record["shadow"]["rules"] == ["mail-to-whom-the-user-named"]
+
+
+def test_a_call_whose_arguments_a_tool_could_change_is_decided_before_the_tool_runs() -> None:
+    audit = InMemoryAudit()
+    candidate = {"version": 1, "rules": [
+        {"name": "no-eve", "match": {"tool": "mail_all"}, "when": "'eve@evil.example' in args.message.to",
+         "decision": "deny"},
+        {"name": "mail", "match": {"tool": "mail_all"}, "decision": "allow"}]}
+
+    @tool(side_effect="external")
+    def mail_all(message: dict[str, Any]) -> int:
+        """Mail everyone.
+
+        Args:
+            message: Recipients (`to`) and text.
+        """
+        sent = len(message["to"])
+        message["to"].clear()  # a tool may change its arguments in place (a value inside a map is its very own)
+        return sent
+
+    gate = Gate(Policy.from_dict({"version": 1, "default": "allow", "rules": []}), audit=audit,
+                shadow=Policy.from_dict(candidate), tools=[mail_all])
+    assert gate.call("mail_all", {"message": {"to": ["bob@example.com", "eve@evil.example"]}}) == 2
+    (record,) = audit.of_kind("shadow_decision")  # decided on the list as the enforced policy saw it
+    assert record["shadow"]["rules"] == ["no-eve"]

@@ -16,9 +16,10 @@ history as of then, `seen`, the run's facts), and is made when the call's reply 
 after `on_result` for a call that ran, which is how a program's call is answered, so the
 program runs on meanwhile — or before the gate asks a human. Decisions of one run are made
 one at a time in the order their calls were admitted, so each sees the shadow's budgets as
-the calls before it left them. A candidate that reads provenance, and a managed agent's
-call (whose layers' budgets move while it runs), are decided at once instead: the index and
-those budgets are live and would have moved on by the reply.
+the calls before it left them. A candidate that reads provenance, a managed agent's call
+(whose layers' budgets move while it runs) and a call whose arguments hold a list or a map
+(the tool gets the very objects, and may change them) are decided at once instead, before
+the tool runs: the index, those budgets and those values are live.
 
 The shadow's budgets wider than a run (`per: principal`, `global`) count this process's
 calls only: a shadow observes, and a shared pool must not be charged by a policy that
@@ -85,6 +86,15 @@ def _outcome(adm: Admission, refused: BudgetExceeded | None) -> tuple[str, str |
     if adm.decision is not None and adm.stage in ("policy", "decided"):
         return adm.decision.outcome, None
     return "deny", None
+
+
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+
+
+def _immutable(args: Mapping[str, Any] | None) -> bool:
+    """Whether the call's arguments stay as admitted while its tool runs: a list or map inside them is
+    the tool's to change in place, so such a call is decided before the tool runs."""
+    return args is None or all(type(value) in _SCALARS for value in args.values())
 
 
 class ShadowView:
@@ -168,7 +178,7 @@ class Shadow:
             return
         pending.enforced, pending.refused = enforced, refused
         pending.run.queue.append(pending)
-        if self.policy.uses_provenance or p.ctx.layers:
+        if self.policy.uses_provenance or p.ctx.layers or not _immutable(pending.args):
             self._drain(pending.run)
 
     def asking(self, p: InFlight) -> None:
