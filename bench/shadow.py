@@ -13,12 +13,21 @@ a program's call sees (wall time per call of a program's loop of calls: the shad
 the program's own as long as the host has a core to do it on), and the CPU the shadow costs
 (`gate.call`'s CPU time per call, where nothing overlaps). Target (issue 32): the agreeing shadow
 adds <= 10 % to the latency of a program's governed call.
+
+`--instructions` counts the CPU figure instead under callgrind (instructions per `gate.call`, each
+subject in its own process: deterministic on a loaded machine; needs valgrind, its headers and a C
+compiler).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -83,11 +92,78 @@ def program_per_call_us(gate: Gate, calls: int) -> tuple[float, float]:
     return elapsed / calls / 1000, float("nan")
 
 
+HELPER = r"""
+#include <valgrind/callgrind.h>
+void cg_start(void) { CALLGRIND_START_INSTRUMENTATION; CALLGRIND_ZERO_STATS; }
+void cg_stop(void) { CALLGRIND_DUMP_STATS; CALLGRIND_STOP_INSTRUMENTATION; }
+"""
+SHADOWS = {"no shadow": None, "shadow that agrees": AGREEING, "shadow that disagrees": DISAGREEING}
+
+
+def counted_calls(name: str, calls: int) -> None:
+    """The subject `name` under callgrind: 300 calls to warm up, then `calls` counted (`--instructions`)."""
+    import ctypes
+    import gc
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    helper = ctypes.CDLL(os.environ["CG_HELPER"])
+    candidate = SHADOWS[name]
+    gate = Gate(Policy.from_dict(ENFORCED), audit=InMemoryAudit(), tools=[get_weather],
+                shadow=Policy.from_dict(candidate) if candidate is not None else None)
+    ctx = gate.start_run()
+    for _ in range(300):
+        gate.call("get_weather", {"city": "Paris"}, context=ctx)
+    gc.collect()
+    gc.freeze()
+    helper.cg_start()
+    for _ in range(calls):
+        gate.call("get_weather", {"city": "Paris"}, context=ctx)
+    helper.cg_stop()
+
+
+def instructions(calls: int) -> int:
+    """Instructions per gate.call of each subject, counted by callgrind in a process of its own."""
+    if shutil.which("valgrind") is None or shutil.which("cc") is None:
+        print("--instructions needs valgrind, its headers (valgrind/callgrind.h) and a C compiler", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="proctor-shadow-") as tmp:
+        helper, source = os.path.join(tmp, "cgctl.so"), os.path.join(tmp, "cgctl.c")
+        Path(source).write_text(HELPER)
+        subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", helper, source], check=True)
+        counts: dict[str, float] = {}
+        for i, name in enumerate(SHADOWS):
+            out = os.path.join(tmp, f"cg{i}")
+            subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p",
+                            sys.executable, os.path.abspath(__file__), "--counted", name, "--calls", str(calls)],
+                           env={**os.environ, "CG_HELPER": helper, "PYTHONHASHSEED": "0"}, check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=3600)
+            dumps = [f for f in os.listdir(tmp) if f.startswith(f"cg{i}.") and f.endswith(".1")]
+            text = Path(tmp, dumps[0]).read_text()
+            found = re.search(r"^summary: (\d+)$", text, re.M)
+            assert found is not None, "callgrind wrote no summary"
+            counts[name] = int(found.group(1)) / calls
+    base = counts["no shadow"]
+    print(f"{'gate.call, in-memory audit':32} {'instructions/call':>18} {'x no shadow':>12}")
+    for name, count in counts.items():
+        print(f"  {name:30} {count / 1000:17.1f}k {count / base:12.3f}")
+    return 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=5_000)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--instructions", action="store_true", help="count gate.call's instructions (callgrind)")
+    parser.add_argument("--counted", choices=SHADOWS, help=argparse.SUPPRESS)  # one subject, under callgrind
     args = parser.parse_args()
+    if args.counted:
+        counted_calls(args.counted, args.calls)
+        return
+    if args.instructions:
+        sys.exit(instructions(min(args.calls, 2_000)))
     enforced = Policy.from_dict(ENFORCED)
     shadows = {"no shadow": None, "shadow that agrees": Policy.from_dict(AGREEING),
                "shadow that disagrees": Policy.from_dict(DISAGREEING)}
