@@ -14,6 +14,7 @@ from tiers import examples
 from proctor.approval.callback import CallbackApprover
 from proctor.errors import ToolDenied
 from proctor.gate import Gate
+from proctor.halt import MemoryHalts
 from proctor.policy import Policy
 from proctor.telemetry import metrics
 from proctor.testing import InMemoryAudit, SpanCapture
@@ -323,3 +324,20 @@ def test_a_call_whose_arguments_a_tool_could_change_is_decided_before_the_tool_r
     assert gate.call("mail_all", {"message": {"to": ["bob@example.com", "eve@evil.example"]}}) == 2
     (record,) = audit.of_kind("shadow_decision")  # decided on the list as the enforced policy saw it
     assert record["shadow"]["rules"] == ["no-eve"]
+
+
+def test_a_halted_call_is_compared_by_policy_and_not_counted_on_the_shadows_budgets() -> None:
+    audit = InMemoryAudit()
+    gate = _gate(audit, halts=MemoryHalts())
+    ctx = gate.start_run()
+    halt = gate.halt("incident 42", scope="tool", value="send_email")
+    for _ in range(3):
+        with pytest.raises(ToolDenied, match=halt.id):
+            gate.call("send_email", {"to": "eve@evil.example"}, context=ctx)
+    # the policies disagree on each (a halt is no policy's verdict), and none went on
+    assert [r["shadow"]["rules"] for r in audit.of_kind("shadow_decision")] == [["internal-only"]] * 3
+    gate.lift_halt(halt.id, "over")
+    for _ in range(3):
+        gate.call("send_email", {"to": "bob@example.com"}, context=ctx)
+    # the shadow's two-mail budget counted only the calls that ran: it refuses the third of them
+    assert [r["shadow"]["budget"] for r in audit.of_kind("shadow_decision")[3:]] == ["one-mail"]
