@@ -5,11 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from tiers import examples
 
+from proctor.approval.callback import CallbackApprover
 from proctor.errors import ToolDenied
 from proctor.gate import Gate
+from proctor.halt import MemoryHalts
 from proctor.policy import Policy
 from proctor.telemetry import metrics
 from proctor.testing import InMemoryAudit, SpanCapture
@@ -149,3 +154,190 @@ def test_a_disagreement_is_a_span_event_and_a_metric() -> None:
                 for p in points] == [("allow", "deny", 1)]
     finally:
         metrics.use_meter_provider(None)
+
+
+# -- the shadow decides as a gate enforcing the candidate would ------------------------------------------
+
+@tool(side_effect="read")
+def read_secret(name: str) -> str:
+    """Read a secret.
+
+    Args:
+        name: Secret name.
+    """
+    return "s3cr3t"
+
+
+PERMISSIVE = {"version": 1, "default": "allow", "rules": []}
+#: Budgets, `usage` of its own budget, history read over the whole run, arguments: what a shadow must see as
+#: a gate enforcing it would. (History is read by tool name only: a call the candidate would refuse ran under
+#: the permissive policy, so the two runs' histories differ in their decisions and statuses, not their tools.)
+STRICT = {
+    "version": 1, "default": "allow",
+    "budgets": [{"name": "mails", "match": {"tool": "send_email"}, "limit": {"calls": 3}}],
+    "rules": [
+        {"name": "no-exfiltration", "match": {"tool": "send_email"}, "decision": "deny",
+         "when": "history.exists(c, c.tool == 'read_secret') && !args.to.endsWith('@example.com')"},
+        {"name": "no-bulk-mail", "match": {"tool": "send_email"}, "decision": "deny",
+         "when": "usage['mails'].calls >= 2 && args.body == 'spam'"},
+        {"name": "long-orders-need-a-human", "match": {"tool": "lookup"}, "decision": "require_approval",
+         "when": "size(args.order) > 3"},
+    ],
+}
+CALLS = st.lists(st.one_of(
+    st.tuples(st.just("send_email"), st.fixed_dictionaries({
+        "to": st.sampled_from(["bob@example.com", "eve@evil.example"]), "body": st.sampled_from(["hi", "spam"])})),
+    st.tuples(st.just("lookup"), st.fixed_dictionaries({"order": st.sampled_from(["1", "12345"])})),
+    st.tuples(st.just("read_secret"), st.fixed_dictionaries({"name": st.just("k")})),
+), max_size=14)
+
+
+def _verdicts_of_a_gate_enforcing(policy: dict[str, Any], calls: list[tuple[str, dict[str, Any]]],
+                                  history_limit: int) -> list[tuple[str, tuple[str, ...], str | None]]:
+    audit = InMemoryAudit()
+    gate = Gate(Policy.from_dict(policy), audit=audit, tools=[send_email, lookup, read_secret],
+                approver=CallbackApprover(lambda request: True), history_limit=history_limit)
+    ctx = gate.start_run()
+    ids = [gate.submit(name, args, context=ctx).record.call_id for name, args in calls]
+    intents = {r["call_id"]: r for r in audit.of_kind("call_intent")}
+    budgets = {r["call_id"]: r["budget"] for r in audit.of_kind("budget_exhausted")}
+    return [("deny", tuple(intents[i]["rules"]), budgets[i]) if i in budgets
+            else (intents[i]["decision"], tuple(intents[i]["rules"]), None) for i in ids]
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(calls=CALLS, history_limit=st.sampled_from([1, 3, 1000]))
+def test_the_shadows_verdicts_are_those_of_a_gate_enforcing_the_candidate(
+        calls: list[tuple[str, dict[str, Any]]], history_limit: int) -> None:
+    expected = _verdicts_of_a_gate_enforcing(STRICT, calls, history_limit)
+    audit = InMemoryAudit()
+    gate = Gate(Policy.from_dict(PERMISSIVE), audit=audit, shadow=Policy.from_dict(STRICT),
+                tools=[send_email, lookup, read_secret], history_limit=history_limit)
+    ctx = gate.start_run()
+    ids = [gate.submit(name, args, context=ctx).record.call_id for name, args in calls]
+    gate.finish_run(ctx)
+    shadowed = {r["call_id"]: r for r in audit.of_kind("shadow_decision")}
+    assert len(audit.of_kind("call_outcome")) == len(calls)  # every call ran: the shadow never acts
+    for call_id, (outcome, rules, budget) in zip(ids, expected, strict=True):
+        if (outcome, budget) == ("allow", None):  # agrees with the permissive policy: nothing recorded
+            assert call_id not in shadowed
+        else:
+            shadow = shadowed[call_id]["shadow"]
+            assert (shadow["decision"], tuple(shadow["rules"]), shadow["budget"]) == (outcome, rules, budget)
+            assert "condition failed" not in shadow["reason"]
+
+
+def test_the_shadow_reads_the_whole_run_history_past_the_kept_window() -> None:
+    audit = InMemoryAudit()
+    gate = Gate(Policy.from_dict(PERMISSIVE), audit=audit, shadow=Policy.from_dict(STRICT),
+                tools=[send_email, lookup, read_secret], history_limit=2)
+    ctx = gate.start_run()
+    gate.call("read_secret", {"name": "k"}, context=ctx)
+    for i in range(10):  # the secret's row is dropped long before the first mail
+        gate.call("lookup", {"order": str(i)}, context=ctx)
+    gate.call("send_email", {"to": "eve@evil.example"}, context=ctx)
+    (record,) = audit.of_kind("shadow_decision")
+    assert record["shadow"]["rules"] == ["no-exfiltration"] and "failed" not in record["shadow"]["reason"]
+
+
+def test_the_shadows_conditions_see_its_own_budgets_as_usage() -> None:
+    audit = InMemoryAudit()
+    gate = Gate(Policy.from_dict(PERMISSIVE), audit=audit, shadow=Policy.from_dict(STRICT),
+                tools=[send_email, lookup, read_secret])
+    ctx = gate.start_run()
+    for _ in range(3):
+        gate.call("send_email", {"to": "bob@example.com", "body": "spam"}, context=ctx)
+    (record,) = audit.of_kind("shadow_decision")  # the third: two mails counted on the shadow's budget
+    assert record["shadow"]["rules"] == ["no-bulk-mail"]
+    assert record["call_id"] == audit.of_kind("call_intent")[2]["call_id"]
+
+
+# -- off the call's critical path ------------------------------------------------------------------------
+
+def test_the_shadow_decides_after_the_reply_in_call_order() -> None:
+    audit = InMemoryAudit()
+    gate = _gate(audit)
+    ctx = gate.start_run()
+    at_reply: list[int] = []
+    for to in ("eve@evil.example", "mallory@evil.example"):
+        outcome = gate.submit("send_email", {"to": to}, context=ctx,
+                              on_result=lambda value, error: at_reply.append(len(audit.of_kind("shadow_decision"))))
+        assert outcome.value == "sent"
+    assert at_reply == [0, 1]  # each call was answered before the shadow decided it
+    records = audit.of_kind("shadow_decision")
+    assert [r["call_id"] for r in records] == [r["call_id"] for r in audit.of_kind("call_intent")]
+    # the record comes after the call's outcome, and before the next call's intent
+    kinds = [(r["kind"], r.get("call_id")) for r in audit.records if r["kind"] != "run_started"]
+    first = records[0]["call_id"]
+    assert kinds.index(("shadow_decision", first)) > kinds.index(("call_outcome", first))
+    assert kinds.index(("shadow_decision", first)) < kinds.index(("call_intent", records[1]["call_id"]))
+
+
+def test_a_candidate_reading_provenance_decides_before_the_tool_runs() -> None:
+    audit = InMemoryAudit()
+    candidate = {"version": 1, "rules": [
+        {"name": "mail-to-whom-the-user-named", "match": {"tool": "send_email"}, "decision": "deny",
+         "when": "!from_user(args.to)"},
+        {"name": "mail", "match": {"tool": "send_email"}, "decision": "allow"}]}
+    seen_at_run: list[int] = []
+
+    @tool(side_effect="external", name="send_email")
+    def send(to: str, body: str = "") -> str:
+        """Send a mail.
+
+        Args:
+            to: Recipient.
+            body: Text.
+        """
+        seen_at_run.append(len(audit.of_kind("shadow_decision")))
+        return f"sent to {to}"
+
+    gate = Gate(Policy.from_dict(ENFORCED), audit=audit, shadow=Policy.from_dict(candidate), tools=[send])
+    ctx = gate.start_run(task="mail bob@example.com")
+    gate.call("send_email", {"to": "eve@evil.example"}, context=ctx)
+    # its result (which names eve) is indexed before the reply: the shadow decided on the index as it was
+    assert seen_at_run == [1]
+    (record,) = audit.of_kind("shadow_decision")
+    assert record["shadow"]["rules"] == ["mail-to-whom-the-user-named"]
+
+
+def test_a_call_whose_arguments_a_tool_could_change_is_decided_before_the_tool_runs() -> None:
+    audit = InMemoryAudit()
+    candidate = {"version": 1, "rules": [
+        {"name": "no-eve", "match": {"tool": "mail_all"}, "when": "'eve@evil.example' in args.message.to",
+         "decision": "deny"},
+        {"name": "mail", "match": {"tool": "mail_all"}, "decision": "allow"}]}
+
+    @tool(side_effect="external")
+    def mail_all(message: dict[str, Any]) -> int:
+        """Mail everyone.
+
+        Args:
+            message: Recipients (`to`) and text.
+        """
+        sent = len(message["to"])
+        message["to"].clear()  # a tool may change its arguments in place (a value inside a map is its very own)
+        return sent
+
+    gate = Gate(Policy.from_dict({"version": 1, "default": "allow", "rules": []}), audit=audit,
+                shadow=Policy.from_dict(candidate), tools=[mail_all])
+    assert gate.call("mail_all", {"message": {"to": ["bob@example.com", "eve@evil.example"]}}) == 2
+    (record,) = audit.of_kind("shadow_decision")  # decided on the list as the enforced policy saw it
+    assert record["shadow"]["rules"] == ["no-eve"]
+
+
+def test_a_halted_call_is_compared_by_policy_and_not_counted_on_the_shadows_budgets() -> None:
+    audit = InMemoryAudit()
+    gate = _gate(audit, halts=MemoryHalts())
+    ctx = gate.start_run()
+    halt = gate.halt("incident 42", scope="tool", value="send_email")
+    for _ in range(3):
+        with pytest.raises(ToolDenied, match=halt.id):
+            gate.call("send_email", {"to": "eve@evil.example"}, context=ctx)
+    # the policies disagree on each (a halt is no policy's verdict), and none went on
+    assert [r["shadow"]["rules"] for r in audit.of_kind("shadow_decision")] == [["internal-only"]] * 3
+    gate.lift_halt(halt.id, "over")
+    for _ in range(3):
+        gate.call("send_email", {"to": "bob@example.com"}, context=ctx)
+    # the shadow's two-mail budget counted only the calls that ran: it refuses the third of them
+    assert [r["shadow"]["budget"] for r in audit.of_kind("shadow_decision")[3:]] == ["one-mail"]

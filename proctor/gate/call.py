@@ -26,8 +26,8 @@ from proctor.tools import Tool
 if TYPE_CHECKING:
     from proctor.gate.gate import Gate, PolicyLike
     from proctor.gate.journal import StepJournal
-    from proctor.gate.run import Ledger, RunContext
-    from proctor.gate.shadow import Verdict
+    from proctor.gate.run import RunContext
+    from proctor.gate.shadow import PendingDecision
 
 __all__ = ["UNKNOWN_FACTS", "Approval", "CallOutcome", "CallScope", "InFlight", "agent_fields"]
 
@@ -100,7 +100,7 @@ class InFlight:
     __slots__ = ("approval", "args", "call_id", "cost", "ctx", "decision", "duration_ns", "error", "facts",
                  "journal", "layer_facts", "layer_votes", "name", "on_result", "policy", "policy_sha256", "position",
                  "redacted",
-                 "reservation", "seq", "shadow", "shadow_verdict", "side_effect", "span", "started_ns", "state",
+                 "reservation", "seq", "shadow", "side_effect", "span", "started_ns", "state",
                  "status", "tool", "value")
 
     def __init__(self, name: str, call_id: str, ctx: RunContext, span: ToolSpan, *, started_ns: int,
@@ -141,10 +141,8 @@ class InFlight:
         # (layer, decision) pairs (the run policy's first, layer None).
         self.layer_facts: list[ToolFacts] = []
         self.layer_votes: list[tuple[Layer | None, Decision]] = []
-        #: A shadow policy's ledger and its reservation for the call (`proctor.gate.shadow`), when one admitted it.
-        self.shadow: tuple[Ledger, object] | None = None
-        #: The shadow policy's verdict, kept until the enforced one is known (after budgets).
-        self.shadow_verdict: Verdict | None = None
+        #: The shadow policy's decision of the call, still to make or made (`proctor.gate.shadow`).
+        self.shadow: PendingDecision | None = None
 
 
 def agent_fields(ctx: RunContext) -> dict[str, Any]:

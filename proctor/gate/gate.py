@@ -53,7 +53,7 @@ from proctor.gate.approval import ApprovalStep
 from proctor.gate.call import CallOutcome, CallScope, InFlight
 from proctor.gate.recorder import Recorder, log_fields, safely
 from proctor.gate.run import DEFAULT_HISTORY_LIMIT, Ledger, RunContext
-from proctor.gate.shadow import Shadow, Verdict, verdict_of
+from proctor.gate.shadow import Shadow
 from proctor.halt import Halt, HaltChannel, HaltEvent, Scope, gate_halts, halt_refusal, new_halt
 from proctor.interrupts import interruption
 from proctor.ledger.base import SharedLedger
@@ -298,6 +298,8 @@ class Gate:
             ctx.agents = (agent,)
         # The policy's history aggregates fold from the first call, so they outlive dropped entries.
         ctx.track(self.policy.pipelines)
+        if self.shadow is not None:  # the candidate's too: it decides every call on the whole run's history
+            ctx.track(self.shadow.policy.pipelines)
         ctx.provenance = self._provenance_index(task, provenance)
         fields: dict[str, Any] = {"run_id": info.id, "principal": info.principal, "labels": dict(info.labels),
                                   "policy_sha256": self.policy.sha256, **self.ledger_scope.audit_fields}
@@ -458,14 +460,19 @@ class Gate:
                      on_result=on_result, journal=journal, seq=seq, position=position)
         raised: BaseException | None = None
         try:
-            return self._walk(p, tool, args)
-        except Exception as exc:  # noqa: BLE001 - the gate must never crash its caller: end by state
-            log.error("gate_internal_error", tool=name, state=p.state, error=repr(exc), **log_fields(p.span))
-            return self._end_by_state(p, exc)
-        except BaseException as exc:  # Ctrl-C, SIGTERM: record how the call ended, then let it through
-            raised = exc
-            self._end_interrupted(p, exc)
-            raise
+            try:
+                outcome = self._walk(p, tool, args)
+            except Exception as exc:  # noqa: BLE001 - the gate must never crash its caller: end by state
+                log.error("gate_internal_error", tool=name, state=p.state, error=repr(exc), **log_fields(p.span))
+                outcome = self._end_by_state(p, exc)
+            except BaseException as exc:  # Ctrl-C, SIGTERM: record how the call ended, then let it through
+                raised = exc
+                self._end_interrupted(p, exc)
+                raise
+            if p.shadow is not None and self.shadow is not None:
+                # The call is answered (a program's got its reply in on_result): now the candidate decides it.
+                self.shadow.ended(p, ran=outcome.record.status not in ("denied", "cancelled"))
+            return outcome
         finally:
             if opened is not None:
                 try:
@@ -533,12 +540,11 @@ class Gate:
         table = self.tools if ctx.tools is None else ctx.tools
         expected = tool if isinstance(tool, Tool) else None
         adm = admit(p.policy, name, raw_args, tools=table, run=ctx, layers=ctx.layers, expected=expected)
-        if self.shadow is not None and ctx.journal is None:  # (a replayed call was decided when it first ran)
-            shadowed = self.shadow.admit(p, raw_args, table, expected)
+        shadow = self.shadow if ctx.journal is None else None  # (a replayed call was decided when it first ran)
+        if shadow is not None:  # what this admission saw, for the candidate's (`proctor.gate.shadow`)
+            shadow.admitted(p, raw_args, table, expected)
             if adm.stage != "decided":
-                self.shadow.compare(p, verdict_of(adm), shadowed, went_on=False)
-            else:  # compared once its budgets answered
-                p.shadow_verdict = shadowed
+                shadow.decided(p, adm)
         if adm.stage == "tool":
             return self.recorder.refused(p, self._placed(p, adm.refusal))
         p.tool = cast(Tool, adm.tool)
@@ -587,6 +593,8 @@ class Gate:
         cost = p.cost = adm.cost
         halt = self.halts.check(name, ctx.info.agent, ctx.info.principal, ctx.info.id)
         if halt is not None:  # an operator stopped it (`proctor halt`): refused, naming the halt
+            if shadow is not None:  # (the policies are compared; the call did not go on)
+                shadow.decided(p, adm)
             return self.recorder.refused(p, halt_refusal(name, halt, p.call_id), extra={"halt_id": halt.id})
         try:
             p.reservation = p.ctx.ledger.reserve(name, p.side_effect, cost)
@@ -596,18 +604,19 @@ class Gate:
                                                         "budget": exc.budget, "reason": str(exc)})
             safely(p.span.event, sc.BUDGET_EXHAUSTED_EVENT, {sc.PROCTOR_BUDGET_NAME: exc.budget or "",
                                                               sc.PROCTOR_REASON: str(exc)})
-            if self.shadow is not None:
-                self.shadow.compare(p, Verdict("deny", p.decision.rules, str(exc), exc.budget), p.shadow_verdict,
-                                    went_on=False)
+            if shadow is not None:
+                shadow.decided(p, adm, exc)
             return self.recorder.refused(p, exc)
         p.state = "reserved"
-        if self.shadow is not None:
-            self.shadow.compare(p, verdict_of(adm), p.shadow_verdict, went_on=True)
+        if shadow is not None:
+            shadow.decided(p, adm)
         if recording or metrics.enabled():  # remaining() costs a few µs; skip it when nobody reads it
             safely(span.budget, p.ctx.ledger.remaining())
 
         if p.decision.outcome == "require_approval":
             p.state = "approving"
+            if shadow is not None:  # its decision is not kept waiting for the human's
+                shadow.asking(p)
             refusal = self.approvals.run(p)
             if refusal is not None:
                 return self.recorder.refused(p, refusal)

@@ -2,12 +2,24 @@
 
 `Gate(policy, shadow=candidate)` (or `--shadow P` on the command line) admits each call a
 second time, with the candidate, through the same `proctor.policy.admission.admit` and
-on the same inputs (tool, arguments, run history, `seen`, provenance); its budgets are
-counted on a ledger of its own per run, fed with the calls that really went on. Where the
-two verdicts differ — outcome, or the budget that refused — the gate's recorder writes a
-`shadow_decision` record with both decisions and their rules, the call's span gets a
-`proctor.shadow_decision` event, and the `proctor.shadow.disagreements` counter goes up.
-Nothing the shadow does changes a call: a candidate that raises is logged and skipped.
+on the inputs the enforced admission had (tool, arguments, run history, `seen`, provenance,
+run facts); its budgets are counted on a ledger of its own per run (what its conditions see
+as `usage`), fed with the calls that really went on. Where the two verdicts differ — outcome,
+or the budget that refused — the gate's recorder writes a `shadow_decision` record with both
+decisions and their rules, the call's span gets a `proctor.shadow_decision` event, and the
+`proctor.shadow.disagreements` counter goes up. Nothing the shadow does changes a call: a
+candidate that raises is logged and skipped.
+
+Off the call's critical path: the enforced decision is acted on first. The candidate's
+decision waits in its run's queue, with a snapshot of what the enforced admission saw (the
+history as of then, `seen`, the run's facts), and is made when the call's reply has gone —
+after `on_result` for a call that ran, which is how a program's call is answered, so the
+program runs on meanwhile — or before the gate asks a human. Decisions of one run are made
+one at a time in the order their calls were admitted, so each sees the shadow's budgets as
+the calls before it left them. A candidate that reads provenance, a managed agent's call
+(whose layers' budgets move while it runs) and a call whose arguments hold a list or a map
+(the tool gets the very objects, and may change them) are decided at once instead, before
+the tool runs: the index, those budgets and those values are live.
 
 The shadow's budgets wider than a run (`per: principal`, `global`) count this process's
 calls only: a shadow observes, and a shared pool must not be charged by a policy that
@@ -17,25 +29,28 @@ is not enforced.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from proctor.calls import HistoryEntry, RunInfo
 from proctor.errors import BudgetExceeded
 from proctor.gate.call import InFlight
 from proctor.gate.recorder import Recorder, safely
 from proctor.ledger.memory import MemoryLedger
-from proctor.policy.admission import Admission, admit
+from proctor.policy.admission import Admission, LazyUsage, admit
 from proctor.telemetry import metrics
 from proctor.telemetry import semconv as sc
 from proctor.telemetry.logging import get_logger
 
 if TYPE_CHECKING:
     from proctor.gate.gate import PolicyLike
-    from proctor.gate.run import Ledger
+    from proctor.gate.run import Ledger, RunContext
+    from proctor.provenance import ProvenanceIndex
     from proctor.tools import Tool
 
-__all__ = ["Shadow", "Verdict"]
+__all__ = ["PendingDecision", "Shadow", "ShadowView", "Verdict"]
 
 log = get_logger("proctor.gate")
 
@@ -53,55 +68,188 @@ class Verdict:
         return {"decision": self.outcome, "rules": list(self.rules), "reason": self.reason, "budget": self.budget}
 
 
-def verdict_of(adm: Admission) -> Verdict:
-    """The verdict of an admission, before budgets."""
+def verdict_of(adm: Admission, refused: BudgetExceeded | None = None) -> Verdict:
+    """The verdict of an admission, and of its budgets when one `refused` the call."""
+    if refused is not None:
+        return Verdict("deny", adm.decision.rules if adm.decision is not None else (), str(refused), refused.budget)
     if adm.decision is not None and adm.stage in ("policy", "decided"):
         return Verdict(adm.decision.outcome, adm.decision.rules, adm.decision.reason)
     rules = adm.decision.rules if adm.decision is not None else ()
     return Verdict("deny", rules, str(adm.refusal))
 
 
+def _outcome(adm: Admission, refused: BudgetExceeded | None) -> tuple[str, str | None]:
+    """`verdict_of(adm, refused)`'s outcome and budget, all a comparison reads (a `Verdict` is made only
+    for a disagreement's record)."""
+    if refused is not None:
+        return "deny", refused.budget
+    if adm.decision is not None and adm.stage in ("policy", "decided"):
+        return adm.decision.outcome, None
+    return "deny", None
+
+
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+
+
+def _immutable(args: Mapping[str, Any] | None) -> bool:
+    """Whether the call's arguments stay as admitted while its tool runs: a list or map inside them is
+    the tool's to change in place, so such a call is decided before the tool runs."""
+    return args is None or all(type(value) in _SCALARS for value in args.values())
+
+
+class ShadowView:
+    """The run as the enforced admission of one call saw it (`proctor.policy.admission.RunView`), for
+    the candidate's decision made later: the history as of then (an O(1) snapshot of the run's rows),
+    `seen` and the run's facts as of then, and the shadow's own budgets as `usage`."""
+
+    __slots__ = ("_history", "_seen", "_usage", "info", "provenance")
+
+    def __init__(self, ctx: RunContext, usage: Mapping[str, Any]) -> None:
+        self.info: RunInfo = ctx.info
+        self.provenance: ProvenanceIndex | None = ctx.provenance
+        self._history = ctx.history_view()
+        self._seen = ctx.seen_labels()
+        self._usage = usage
+
+    def history_view(self) -> Sequence[HistoryEntry]:
+        return self._history
+
+    def seen_labels(self) -> Sequence[str]:
+        return self._seen
+
+    def usage_view(self) -> Mapping[str, Any]:
+        return self._usage
+
+
+class _Run:
+    """One run's shadow: its budgets and the candidate's decisions waiting to be made, in call order."""
+
+    __slots__ = ("ledger", "lock", "queue")
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.queue: deque[PendingDecision] = deque()
+        self.lock = threading.Lock()  # held while decisions are made: one at a time, in order
+
+
+class PendingDecision:
+    """A call the candidate is to decide (`InFlight.shadow`): its inputs as the enforced admission had them,
+    the enforced verdict once known, and the candidate's reservation on the shadow's budgets once made."""
+
+    __slots__ = ("args", "enforced", "expected", "p", "refused", "reservation", "run", "tools", "view")
+
+    def __init__(self, p: InFlight, args: Mapping[str, Any] | None, tools: Mapping[str, Tool],
+                 expected: Tool | None, view: ShadowView, run: _Run) -> None:
+        self.p, self.args, self.tools, self.expected, self.view, self.run = p, args, tools, expected, view, run
+        #: The enforced admission once its budgets answered, and the budget's refusal if one refused it.
+        self.enforced: Admission | None = None
+        self.refused: BudgetExceeded | None = None
+        self.reservation: object = None
+
+
 class Shadow:
-    """One gate's shadow policy and the per-run ledgers of its budgets."""
+    """One gate's shadow policy, the per-run ledgers of its budgets and its decisions still to make.
+
+    The gate tells it about each call in turn: `admitted` (what the enforced admission saw),
+    `decided` (the enforced verdict, once its budgets answered), `asking` (before a human is asked)
+    and `ended` (the call is over and answered, whether its tool ran)."""
 
     def __init__(self, policy: PolicyLike, recorder: Recorder) -> None:
         self.policy = policy
         self.recorder = recorder
-        self._ledgers: dict[str, Ledger] = {}
+        self._runs: dict[str, _Run] = {}
         self._lock = threading.Lock()
 
-    def admit(self, p: InFlight, args: Mapping[str, Any] | None, tools: Mapping[str, Tool],
-              expected: Tool | None) -> Verdict | None:
-        """The candidate's verdict on call `p`, its budgets reserved (None if the candidate failed)."""
+    def admitted(self, p: InFlight, args: Mapping[str, Any] | None, tools: Mapping[str, Tool],
+                 expected: Tool | None) -> None:
+        """Keep what the enforced admission of call `p` saw, for the candidate's decision."""
         try:
-            adm = admit(self.policy, p.name, args, tools=tools, run=p.ctx, layers=p.ctx.layers, expected=expected)
-            verdict = verdict_of(adm)
-            if adm.stage == "decided":
-                ledger = self._ledger(p)
-                try:
-                    p.shadow = (ledger, ledger.reserve(p.name, adm.side_effect, adm.cost))
-                except BudgetExceeded as exc:
-                    return Verdict("deny", verdict.rules, str(exc), exc.budget)
-            return verdict
+            run = self._run(p.ctx)
+            p.shadow = PendingDecision(p, args, tools, expected, ShadowView(p.ctx, LazyUsage(run.ledger)), run)
         except Exception as exc:  # noqa: BLE001 - the shadow never changes a call
             log.error("shadow_policy_failed", tool=p.name, error=repr(exc))
-            return None
 
-    def compare(self, p: InFlight, enforced: Verdict, shadow: Verdict | None, *, went_on: bool) -> None:
-        """Record a disagreement between the enforced verdict and the shadow's, and count the call on the
-        shadow's budgets if it `went_on` past the enforced ones (else give its reservation back)."""
-        if p.shadow is not None:
-            ledger, reservation = p.shadow
-            p.shadow = None
-            try:
-                if went_on:
-                    ledger.settle(reservation, duration_ns=0)
-                else:
-                    ledger.release(reservation)
-            except Exception as exc:  # noqa: BLE001 - the shadow never changes a call
-                log.error("shadow_policy_failed", tool=p.name, error=repr(exc))
-        if shadow is None or (shadow.outcome, shadow.budget) == (enforced.outcome, enforced.budget):
+    def decided(self, p: InFlight, enforced: Admission, refused: BudgetExceeded | None = None) -> None:
+        """The enforced verdict on `p` is known (its admission, and the budget that `refused` it if one did):
+        queue the candidate's decision (made at once when its inputs would not keep until the reply: a
+        candidate reading provenance, a managed agent's call)."""
+        pending = p.shadow
+        if pending is None or pending.enforced is not None:
             return
+        pending.enforced, pending.refused = enforced, refused
+        pending.run.queue.append(pending)
+        if self.policy.uses_provenance or p.ctx.layers or not _immutable(pending.args):
+            self._drain(pending.run)
+
+    def asking(self, p: InFlight) -> None:
+        """Call `p` waits for a human: make the candidate's decisions now rather than after the answer."""
+        pending = p.shadow
+        if pending is not None:
+            self._drain(pending.run)
+
+    def ended(self, p: InFlight, *, ran: bool) -> None:
+        """Call `p` is over (and answered): the candidate decides it if it has not, and its reservation on
+        the shadow's budgets is counted if the tool `ran`, else given back."""
+        pending = p.shadow
+        if pending is None:
+            return
+        p.shadow = None
+        if pending.enforced is None:  # the gate failed before the enforced verdict: nothing to compare
+            return
+        self._drain(pending.run)
+        if pending.reservation is None:
+            return
+        try:
+            if ran:
+                pending.run.ledger.settle(pending.reservation, duration_ns=0)
+            else:
+                pending.run.ledger.release(pending.reservation)
+        except Exception as exc:  # noqa: BLE001 - the shadow never changes a call
+            log.error("shadow_policy_failed", tool=p.name, error=repr(exc))
+
+    def finished(self, run_id: str) -> None:
+        """Make the decisions left of a run that ended, then forget its ledger."""
+        with self._lock:
+            run = self._runs.pop(run_id, None)
+        if run is not None:
+            self._drain(run)
+
+    def _run(self, ctx: RunContext) -> _Run:
+        run_id = ctx.info.id
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None:
+                run = self._runs[run_id] = _Run(self.policy.new_ledger(ctx.info, MemoryLedger()))
+            return run
+
+    def _drain(self, run: _Run) -> None:
+        """Make the run's queued decisions, in call order, one at a time."""
+        with run.lock:
+            while run.queue:
+                pending = run.queue.popleft()
+                try:
+                    self._decide(pending)
+                except Exception as exc:  # noqa: BLE001 - the shadow never changes a call
+                    log.error("shadow_policy_failed", tool=pending.p.name, error=repr(exc))
+
+    def _decide(self, pending: PendingDecision) -> None:
+        p = pending.p
+        try:
+            adm = admit(self.policy, p.name, pending.args, tools=pending.tools, run=pending.view,
+                        layers=p.ctx.layers, expected=pending.expected)
+            refused: BudgetExceeded | None = None
+            if adm.stage == "decided":
+                try:
+                    pending.reservation = pending.run.ledger.reserve(p.name, adm.side_effect, adm.cost)
+                except BudgetExceeded as exc:
+                    refused = exc
+        except Exception as exc:  # noqa: BLE001 - the shadow never changes a call
+            log.error("shadow_policy_failed", tool=p.name, error=repr(exc))
+            return
+        assert pending.enforced is not None
+        if _outcome(adm, refused) == _outcome(pending.enforced, pending.refused):
+            return
+        enforced, shadow = verdict_of(pending.enforced, pending.refused), verdict_of(adm, refused)
         self.recorder.about(p, "shadow_decision", {
             "run_id": p.ctx.info.id, "call_id": p.call_id, "tool": p.name, "enforced": enforced.as_dict(),
             "shadow": shadow.as_dict(), "policy_sha256": p.policy_sha256, "shadow_sha256": self.policy.sha256})
@@ -109,16 +257,3 @@ class Shadow:
             sc.PROCTOR_DECISION: enforced.outcome, "proctor.shadow.decision": shadow.outcome,
             "proctor.shadow.rules": ",".join(shadow.rules), "proctor.shadow.policy_sha256": self.policy.sha256})
         metrics.record_shadow(tool=p.name, enforced=enforced.outcome, shadow=shadow.outcome)
-
-    def finished(self, run_id: str) -> None:
-        """Forget the ledger of a run that ended."""
-        with self._lock:
-            self._ledgers.pop(run_id, None)
-
-    def _ledger(self, p: InFlight) -> Ledger:
-        run_id = p.ctx.info.id
-        with self._lock:
-            ledger = self._ledgers.get(run_id)
-            if ledger is None:
-                ledger = self._ledgers[run_id] = self.policy.new_ledger(p.ctx.info, MemoryLedger())
-            return ledger

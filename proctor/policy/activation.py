@@ -23,6 +23,7 @@ from proctor.policy.values import check_value
 __all__ = ["Activation"]
 
 _PLAIN_FOLD_MIN = 32
+_UNSET: Any = object()
 _ENTRY_FIELDS = frozenset(("tool", "args", "side_effect", "decision", "status", "labels"))  # HistoryEntry.as_dict()
 
 
@@ -92,13 +93,11 @@ class Activation(Mapping[str, Any]):
         return self._context
 
     def __getitem__(self, name: str) -> Any:
-        try:
-            return self._cache[name]
-        except KeyError:
-            pass
+        value: Any = self._cache.get(name, _UNSET)  # (not try/except: a miss, the usual case, raised)
+        if value is not _UNSET:
+            return value
         call = self._call
         fields = self._needs.get(name)
-        value: Any
         if name == "tool":
             value = call.tool
         elif name == "side_effect":

@@ -40,6 +40,7 @@ from proctor.errors import BudgetExceeded, LedgerUnavailable
 from proctor.ledger.base import Claim, Lease, PoolUsage, SharedLedger
 from proctor.ledger.opening import default_ledger
 from proctor.policy.matching import Matcher
+from proctor.slots import maker
 
 if TYPE_CHECKING:
     from proctor.policy.schema import BudgetSpec
@@ -66,6 +67,11 @@ class Reservation:
     lease: Lease | None = None
 
 
+#: Reservation(id, tool, side_effect, cost, budgets, step, windows, lease), one made for each counted call
+#: (proctor.slots: without the dataclass __init__'s cost).
+_new_reservation = maker(Reservation)
+
+
 #: The reservation of a call no budget counts: it holds nothing, so one serves them all.
 UNCOUNTED = Reservation(0, "", "", 0, (), 0)
 
@@ -87,6 +93,26 @@ class _Budget:
     @property
     def name(self) -> str:
         return self.spec.name
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """How a call of one (tool, class) is counted: the budgets it matches, and whether counting it needs
+    the clocks or the shared ledger (most calls' do not: then `reserve` reads neither)."""
+
+    matching: tuple[_Budget, ...]
+    names: tuple[str, ...]
+    #: (budget, its name, its limit's calls, its limit's cost) of each budget held here (not shared).
+    local: tuple[tuple[_Budget, str, int | None, float | None], ...]
+    #: Whether a local budget is windowed or limits wall time (the clocks are read), or one is shared.
+    timed: bool
+    shared: bool
+
+    @classmethod
+    def of(cls, matching: tuple[_Budget, ...]) -> _Plan:
+        local = tuple((b, b.name, b.spec.limit.calls, b.spec.limit.cost) for b in matching if not b.spec.shared)
+        timed = any(b.spec.window is not None or b.spec.limit.wall_time is not None for b, *_ in local)
+        return cls(matching, tuple(b.name for b in matching), local, timed, len(local) != len(matching))
 
 
 def _num(value: float) -> float | int:
@@ -152,6 +178,7 @@ class Ledger:
         self._step = 0
         self._started_ns = self._step_started_ns = clock()
         self._matching: dict[tuple[str, str], tuple[_Budget, ...]] = {}
+        self._plans: dict[tuple[str, str], _Plan] = {}
 
     @property
     def shared(self) -> SharedLedger:
@@ -195,17 +222,27 @@ class Ledger:
             scope=_describe(spec, self._run),
         )
 
+    def _plan_for(self, tool: str, side_effect: str) -> _Plan:
+        key = (tool, side_effect)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= _MATCH_CACHE:
+                self._plans.clear()
+            plan = self._plans[key] = _Plan.of(self._budgets_for(tool, side_effect))
+        return plan
+
     def reserve(self, tool: str, side_effect: str, cost: float) -> Reservation:
         """Count one call of `tool` against every budget it matches, or raise BudgetExceeded."""
         cost = cost or 0  # a tool may declare no cost
-        if self._matching.get((tool, side_effect)) == ():
+        plan = self._plans.get((tool, side_effect)) or self._plan_for(tool, side_effect)
+        if not plan.matching:
             # Counted by no budget (a policy without budgets, a read no budget matches): there is
             # nothing to check, hold or give back, so no lock and no open reservation.
             return UNCOUNTED
+        if not plan.timed and not plan.shared:
+            return self._reserve_counted(plan, tool, side_effect, cost)
         with self._lock:
-            matching = self._budgets_for(tool, side_effect)
-            if not matching:
-                return UNCOUNTED
+            matching = plan.matching
             now = self._clock()
             now_s = self._wall()
             local = [b for b in matching if not b.spec.shared]
@@ -256,13 +293,38 @@ class Ledger:
             self._open[reservation.id] = reservation
         return reservation
 
+    def _reserve_counted(self, plan: _Plan, tool: str, side_effect: str, cost: float) -> Reservation:
+        """`reserve` for budgets of this run limiting only calls and cost (no window, wall time or shared
+        pool): the same checks, in the same order, without reading the clocks."""
+        with self._lock:
+            used_by = self._used
+            for budget, name, calls, limit_cost in plan.local:
+                used = used_by[name]
+                problem = None
+                if calls is not None and used.calls + 1 > calls:
+                    problem = f"{used.calls} of {calls} calls used"
+                elif limit_cost is not None and used.cost + cost > limit_cost:
+                    problem = f"cost {_num(used.cost)} used + {_num(cost)} would pass the limit of {_num(limit_cost)}"
+                if problem:
+                    per = " this step" if budget.spec.per == "step" else ""
+                    raise BudgetExceeded(f"{tool}: budget '{name}' exhausted{per}: {problem}", tool=tool,
+                                         budget=name)
+            for _, name, _, _ in plan.local:
+                used = used_by[name]
+                used.calls += 1
+                used.cost += cost
+            reservation = _new_reservation(next(self._ids), tool, side_effect, cost, plan.names, self._step, (), None)
+            self._open[reservation.id] = reservation
+            return reservation
+
     def _live(self, reservation: Reservation) -> list[_Used]:
         """The local usage records a reservation still affects (step and window budgets only in their own)."""
-        windows = dict(reservation.windows)
+        windows = dict(reservation.windows) if reservation.windows else {}
+        by_name, step = self._by_name, self._step
         out = []
         for name in reservation.budgets:
-            spec = self._by_name[name].spec
-            if spec.shared or (spec.per == "step" and reservation.step != self._step):
+            spec = by_name[name].spec
+            if spec.shared or (spec.per == "step" and reservation.step != step):
                 continue
             if spec.window is not None and windows.get(name) != self._window.get(name):
                 continue
