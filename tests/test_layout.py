@@ -11,7 +11,7 @@ from proctor_modules import cycles, import_graph, module_names, reaches
 #: own name); the command-line modules (`cli`, `ops_cli`, wherever they sit) belong to the top layer.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in (
     # foundations: the error tree, plain data, text and encoding helpers nothing else of proctor's is under
-    "errors _lazy _provtok backends calls slots canonical durations termsafe textcaps unicodenorm urls links jsoninput "
+    "errors _lazy _provtok backends calls canonical durations termsafe textcaps unicodenorm urls links jsoninput "
     "importpath interrupts pgconn redaction narrowing images signatures provenance",
     "telemetry tools adapters",       # spans and logs; what a tool is
     "ledger",                         # budget pools (memory, Redis)

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from proctor.calls import Call, Decision, HistoryEntry, RunInfo, SideEffect, side_effect_rank
 from proctor.errors import ToolDenied
 from proctor.narrowing import narrow_decision, narrow_facts
-from proctor.slots import maker
 
 if TYPE_CHECKING:
     from proctor.policy.engine import ToolFacts
@@ -155,12 +154,6 @@ class Admission:
         return self.stage != "decided"
 
 
-# Every call admitted makes one of each (proctor.slots: without the dataclass __init__'s cost).
-_admission = maker(Admission)  # (stage, name, tool, facts, layer_facts, args, side_effect, decision, votes, cost,
-#                                 refusal)
-_new_call = maker(Call)
-
-
 def admit(
     policy: AdmissionPolicy,
     name: str,
@@ -226,7 +219,8 @@ def admit(
         exc.rules = decision.rules
         return Admission(stage="cost", name=name, tool=tool, facts=facts, layer_facts=layer_facts, args=raw,
                          side_effect=side_effect, decision=decision, votes=votes, refusal=exc)
-    return _admission("decided", name, tool, facts, layer_facts, raw, side_effect, decision, votes, cost, None)
+    return Admission(stage="decided", name=name, tool=tool, facts=facts, layer_facts=layer_facts, args=raw,
+                     side_effect=side_effect, decision=decision, votes=votes, cost=cost)
 
 
 def _decide(policy: AdmissionPolicy, name: str, args: Mapping[str, Any], side_effect: SideEffect,
@@ -292,9 +286,8 @@ def call_for(admission: Admission, run: RunView) -> Call:
 
 def _call(name: str, args: Mapping[str, Any], side_effect: SideEffect, facts: ToolFacts, run: RunView,
           usage: Mapping[str, Any]) -> Call:
-    # Call(tool, args, side_effect, cost, history, run, usage, seen, provenance)
-    return _new_call(name, args, side_effect, facts.cost, run.history_view(), run.info, usage, run.seen_labels(),
-                     run.provenance)
+    return Call(tool=name, args=args, side_effect=side_effect, cost=facts.cost, history=run.history_view(),
+                run=run.info, usage=usage, seen=run.seen_labels(), provenance=run.provenance)
 
 
 def _cost(policy: AdmissionPolicy, name: str, args: Mapping[str, Any], declared_cost: int, facts: ToolFacts,

@@ -40,7 +40,6 @@ from proctor.errors import BudgetExceeded, LedgerUnavailable
 from proctor.ledger.base import Claim, Lease, PoolUsage, SharedLedger
 from proctor.ledger.opening import default_ledger
 from proctor.policy.matching import Matcher
-from proctor.slots import maker
 
 if TYPE_CHECKING:
     from proctor.policy.schema import BudgetSpec
@@ -67,9 +66,6 @@ class Reservation:
     lease: Lease | None = None
 
 
-#: Reservation(id, tool, side_effect, cost, budgets, step, windows, lease), one made for each counted call
-#: (proctor.slots: without the dataclass __init__'s cost).
-_new_reservation = maker(Reservation)
 
 
 #: The reservation of a call no budget counts: it holds nothing, so one serves them all.
@@ -313,7 +309,7 @@ class Ledger:
                 used = used_by[name]
                 used.calls += 1
                 used.cost += cost
-            reservation = _new_reservation(next(self._ids), tool, side_effect, cost, plan.names, self._step, (), None)
+            reservation = Reservation(next(self._ids), tool, side_effect, cost, plan.names, self._step)
             self._open[reservation.id] = reservation
             return reservation
 

@@ -32,7 +32,6 @@ from proctor.policy.matching import Matcher
 from proctor.policy.projection import Needs, merge_needs
 from proctor.policy.validators import COST_VARIABLES, SIDE_EFFECT_VARIABLES, side_effect_is_expression
 from proctor.policy.yamlsafe import read_yaml_file
-from proctor.slots import maker
 
 if TYPE_CHECKING:
     from proctor.ledger.base import SharedLedger
@@ -44,9 +43,6 @@ if TYPE_CHECKING:
 __all__ = ["ApprovalSettings", "CompiledRule", "Policy", "ToolFacts"]
 
 _CANDIDATE_CACHE = 4096
-#: Decision(outcome, rules, reason, policy_sha256) of a decision CEL made (proctor.slots: without the
-#: dataclass __init__'s cost; a fixed decision is made once).
-_new_decision = maker(Decision)
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,7 +449,7 @@ class Policy:
 
     def _decision(self, outcome: Outcome, held: list[tuple[CompiledRule, str]]) -> Decision:
         if len(held) == 1:
-            return _new_decision(outcome, (held[0][0].name,), held[0][1], self.sha256)
+            return Decision(outcome, (held[0][0].name,), held[0][1], self.sha256)
         held.sort(key=lambda pair: pair[0].index)
         reasons = list(dict.fromkeys(reason for _, reason in held))
         return Decision(outcome, tuple(r.name for r, _ in held), "; ".join(reasons), self.sha256)
