@@ -388,7 +388,8 @@ class AgentBase:
             except AuditError as exc:
                 raise StoreForged(f"run {record.run_id}: cannot read its audit trail to check the store against "
                                   f"it: {exc}") from None
-            for problem in behind_trail(record, journals, trail):
+            approvals = store.list_approvals(status=None, run_id=record.run_id)
+            for problem in behind_trail(record, journals, trail, approvals):
                 raise StoreForged(problem.line())
         except StoreForged as exc:
             self.gate.recorder.append("resume_refused", {"run_id": record.run_id, "reason": str(exc)})

@@ -24,6 +24,7 @@ Both read the records of the log as dicts (`AuditReader.run_records`, or every r
 
 from __future__ import annotations
 
+import datetime as _dt
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,9 @@ class RunTrail:
     resolved: list[Mapping[str, Any]] = field(default_factory=list)
     #: The run's last `run_finished`, if any.
     finished: Mapping[str, Any] | None = None
+    #: call id → the deadline (`expires_at_ns`) of its first `approval_requested`: the one its approval was filed
+    #: with (a resumed run asking again finds that approval, deadline and all).
+    deadlines: dict[str, int] = field(default_factory=dict)
 
     def note(self, rec: Mapping[str, Any]) -> None:
         kind, call_id = rec.get("kind"), rec.get("call_id")
@@ -90,6 +94,10 @@ class RunTrail:
                 self.recovered.add(call_id)
         elif kind == "approval_resolved" and rec.get("verdict") not in (None, "suspended"):
             self.resolved.append(rec)
+        elif kind == "approval_requested" and call_id not in self.deadlines:
+            expires = rec.get("expires_at_ns")
+            if isinstance(expires, int) and not isinstance(expires, bool):
+                self.deadlines[call_id] = expires
 
 
 def trails(records: Iterable[Mapping[str, Any]], run_id: str | None = None) -> dict[str, RunTrail]:
@@ -117,19 +125,32 @@ def journal_place(run_id: str, call_id: str) -> tuple[int, int] | None:
     return int(step), int(seq)
 
 
+def _when(ns: int) -> str:
+    return _dt.datetime.fromtimestamp(ns / 1e9, tz=_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
 def _where(step: int, seq: int, tool: object) -> str:
     return f"step {step}, journal entry {seq} ({tool})"
 
 
 def behind_trail(record: RunRecord, journals: Mapping[int, Sequence[JournalEntry]],
-                 trail: RunTrail | None) -> list[Disagreement]:
-    """Where the store is behind what the trail recorded of the run: an earlier version put back.
+                 trail: RunTrail | None, approvals: Sequence[PendingApproval] = ()) -> list[Disagreement]:
+    """Where the store is behind what the trail recorded of the run: an earlier version put back, or an
+    approval's deadline moved later than the one the trail recorded when the call was asked about.
 
-    `journals` are the step journals read from the store (step → entries). Each problem names the run
-    and the entry; resuming past any of them could run a call a second time."""
+    `journals` are the step journals read from the store (step → entries), `approvals` the run's approvals
+    there. Each problem names the run and the entry; resuming past any of them could run a call a second
+    time, or on an answer the policy's timeout refused."""
     if trail is None:
         return []
     run_id, out = record.run_id, []
+    for a in approvals:
+        asked = trail.deadlines.get(a.call_id)
+        if asked is not None and (a.expires_at_ns is None or a.expires_at_ns > asked):
+            moved = "no deadline" if a.expires_at_ns is None else f"the deadline {_when(a.expires_at_ns)}"
+            out.append(Disagreement(run_id, f"approval {a.id} ({a.tool})", (
+                f"the store gives it {moved}, but the audit trail recorded {_when(asked)} when the call was asked "
+                "about: the deadline was moved in the store; an answer after the policy's timeout would be taken")))
     if trail.finished is not None and trail.finished.get("status") in FINAL and record.status in ("suspended",
                                                                                                   "running"):
         out.append(Disagreement(run_id, "run record", (
@@ -243,7 +264,7 @@ def _run_disagreements(record: RunRecord, journals: Mapping[int, Sequence[Journa
                        approvals: Sequence[PendingApproval], seal: StoreSeal) -> list[Disagreement]:
     run_id = record.run_id
     out = _seal_disagreements(record, journals, seal)
-    out.extend(behind_trail(record, journals, trail))
+    out.extend(behind_trail(record, journals, trail, approvals))
     # Calls journaled as done must have ended in the log with the same status, unless the log has no outcome of
     # theirs but its reopening's `unknown`: the journal's done is written first, and its writer stopped then.
     entries = {e.call_id: e for step in journals.values() for e in step}

@@ -476,6 +476,21 @@ class StoreForgeryConformance:
         assert refused["approval_id"] == pending.id and "its seal does not hold" in refused["reason"]
         assert run.store.get_approval(pending.id).status == "pending"
 
+    def test_an_approvals_deadline_moved_later_in_the_store_is_refused(self, run: Suspended) -> None:
+        """The deadline moved an hour later in the approvals table, then a real answer (sealed with the deadline
+        the answerer was shown): the trail recorded the first deadline when the call was asked about, so the
+        resume refuses, naming the approval, runs nothing, and verify --store reports it."""
+        [pending] = run.store.list_approvals(run_id=run.run_id)
+        assert pending.expires_at_ns is not None
+        [data] = [d for k, d in run.rows.all("approvals") if k == pending.id]
+        run.rows.set("approvals", pending.id, {**data, "expires_at_ns": pending.expires_at_ns + 3600 * 10**9})
+        run.approve()
+        message = run.refused()
+        assert message.count("\n") == 0 and f"approval {pending.id} (send)" in message, message
+        assert "the deadline was moved in the store" in message
+        assert run.sent() == []
+        assert "the deadline was moved in the store" in run.verify(expect=1).stdout
+
     def test_every_field_of_a_sealed_answer_changed_breaks_its_seal(self, run: Suspended) -> None:
         """Each field of a real answer (walked from `ApprovalAnswer`), changed in the store, is not believed;
         a real deny made an approve is refused on resume and the mail is not sent."""
