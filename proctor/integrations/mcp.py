@@ -36,8 +36,10 @@ not fit is refused before anything runs); models see the Python signature `proct
 renders from it and from the ``outputSchema`` (nested ``TypedDict``s, nullability, defaults,
 return type). A name that is not a Python identifier (``get-time``) is called as ``get_time``.
 
-The SDK is asynchronous; the toolset runs its session on an event loop of its own thread, so tools
-are called from synchronous code (the gate, the interpreter) and from async code alike.
+The SDK is asynchronous; the toolset's session lives on an event loop of its own, which the thread
+making a call runs itself for the length of the call (no hand-off to another thread and back) and
+the toolset's own thread runs the rest of the time. Tools are called from synchronous code (the
+gate, the interpreter) and from async code alike.
 """
 
 from __future__ import annotations
@@ -50,14 +52,16 @@ import inspect
 import json
 import keyword
 import re
+import sys
 import threading
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Awaitable, Coroutine, Iterable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _dist_version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import jsonschema
 import pydantic
@@ -98,6 +102,7 @@ else:  # 1.x spells it McpError
 
 __all__ = ["MCPTool", "MCPToolFailed", "MCPToolset", "SUPPORTED_MCP", "side_effect_of"]
 
+_T = TypeVar("_T")
 #: JSON-RPC's "connection closed" (the SDK's code when the server went away mid-request).
 _CONNECTION_CLOSED = -32000
 _TEXT_CAP = 2000
@@ -172,6 +177,7 @@ class MCPToolset:
         self.origin = f"mcp:{self.name}"
         self.tools: list[Tool] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._driven: _DrivenLoop | None = None
         self._main_task: asyncio.Task[None] | None = None
         self._session: ClientSession | None = None
         self._stop: asyncio.Event | None = None
@@ -191,7 +197,9 @@ class MCPToolset:
         """Start (or connect to) the server and list its tools; raise `ToolsetError` if that fails."""
         if self._thread is not None:
             return self.tools
-        self._thread = threading.Thread(target=self._run, name="proctor-mcp", daemon=True)
+        driven = self._driven = _DrivenLoop()
+        self._loop = driven.loop
+        self._thread = threading.Thread(target=self._run, args=(driven,), name="proctor-mcp", daemon=True)
         self._thread.start()
         try:
             # The listing stops itself at `timeout` (inside the loop); the margin only covers a loop
@@ -208,6 +216,7 @@ class MCPToolset:
         except ToolsetError:
             self.close()
             raise
+        driven.hold = False  # listed: from now on a call runs the loop in its own thread
         return self.tools
 
     def close(self) -> None:
@@ -219,6 +228,9 @@ class MCPToolset:
                     loop.call_soon_threadsafe(stop.set)
             except RuntimeError:  # the loop already stopped
                 pass
+        if self._driven is not None:  # the toolset's thread runs the loop through the teardown
+            self._driven.hold = True
+            self._driven.wake()
         if thread is not None:
             thread.join(self.timeout)
             if thread.is_alive() and loop is not None and task is not None and not loop.is_closed():
@@ -244,9 +256,9 @@ class MCPToolset:
 
     # -- the session, on its own event loop ------------------------------------------------------
 
-    def _run(self) -> None:
+    def _run(self, driven: _DrivenLoop) -> None:
         try:
-            asyncio.run(self._main())
+            driven.serve(self._main())
         except BaseException as exc:  # noqa: BLE001 - reported to open(), which raises it
             inner = _innermost(exc)
             if not self._ready.done():
@@ -258,7 +270,6 @@ class MCPToolset:
                 self._ready.set_exception(ToolsetError(f"the MCP server {self.name} ended before listing its tools"))
 
     async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
         self._main_task = asyncio.current_task()
         self._stop = asyncio.Event()
         try:
@@ -322,11 +333,13 @@ class MCPToolset:
                                "use the tools inside `with`")
         limit = self.call_timeout if timeout_s is None else min(self.call_timeout, timeout_s)
         sent = _sent_args(tool, args)
-        future = asyncio.run_coroutine_threadsafe(self._call(session, tool, sent, limit), loop)
-        try:
-            return future.result(limit + 10)  # the coroutine ends itself at `limit`; this is a backstop
+        assert self._driven is not None  # set with the loop
+        try:  # the coroutine ends itself at `limit`; `limit + 10` is a backstop
+            return self._driven.call(self._call(session, tool, sent, limit), limit + 10)
+        except ToolsetError:
+            raise ToolsetError(f"{where}: the MCP session is closed ({self._ended or 'the session ended'}): "
+                               "use the tools inside `with`") from None
         except FutureTimeout:
-            future.cancel()
             raise ToolOutcomeUnknown(f"{where}: no answer within {limit:g}s and the session did not end the call; "
                                      "it may have taken effect", tool=tool.name,
                                      error_type="ToolOutcomeUnknown") from None
@@ -336,7 +349,7 @@ class MCPToolset:
         ids: list[Any] = []
         _SENT.set(ids)
         try:
-            result = await asyncio.wait_for(session.call_tool(tool.remote_name, args), limit)
+            result = await _within(session.call_tool(tool.remote_name, args), limit)
         except asyncio.TimeoutError:
             await self._cancel(session, ids, f"timed out after {limit:g}s")
             raise ToolOutcomeUnknown(f"{where}: timed out after {limit:g}s; a cancellation was sent to the server, "
@@ -461,6 +474,217 @@ class MCPToolset:
         return MCPTool(**values, toolset=self, remote_name=remote, rendered=rendered)
 
 
+#: How long the loop may go unrun after a caller ran it before the toolset's thread runs it again
+#: (seconds): a program's next call comes well within it and runs the loop itself, hand-off free.
+_IDLE_S = 0.02
+_OWN = -1  # `_DrivenLoop._driver` while the toolset's own thread runs the loop
+
+
+class _DrivenLoop:
+    """The toolset's event loop, run by the thread that needs it: a thread making a call runs the loop
+    itself for the length of the call, and the toolset's own thread runs it the rest of the time.
+
+    Why: a call handed to a loop that another thread runs costs two wake-ups of a sleeping thread (the
+    loop's, to start the call; the caller's, to take its result), each a scheduler hand-off and a turn
+    of the GIL. Driven by the caller, the loop wakes the caller itself when the server answers, as an
+    MCP client on its own loop is woken.
+
+    At most one thread runs the loop at a time (`_driver`). A caller takes it when nobody runs it, or
+    asks the toolset's thread to end its turn and waits for it; while another caller runs it, the call
+    is handed to that caller's running loop instead, so two calls at once to one server stay concurrent.
+    The toolset's thread runs the loop whenever a handed call is in flight, while `hold` is set
+    (starting, listing, closing), and once no caller has run it for `_IDLE_S` (so between programs the
+    session answers the server's pings and notifications, and notices a server that went away).
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.hold = True
+        self.finished = False
+        self._cv = threading.Condition()
+        self._driver: int | None = None
+        self._waiting = 0  # callers waiting to run the loop
+        self._handed = 0  # calls handed to the loop while another thread runs it, not yet ended
+        self._released = time.monotonic()  # when a caller last stopped running the loop
+        self._turn: asyncio.Future[None] | None = None  # resolved to end the toolset thread's turn
+        self._asked = False  # whether the current turn's end was asked for
+        self._main: asyncio.Task[None] | None = None
+
+    # -- the toolset's thread ----------------------------------------------------------------------
+
+    def serve(self, main: Coroutine[Any, Any, None]) -> None:
+        """Run `main` (the session) to its end, running the loop whenever no caller does; then close the
+        loop. Raises what `main` raised."""
+        loop = self.loop
+        task = self._main = loop.create_task(main)
+        task.add_done_callback(self._end_turn)
+        try:
+            while self._take_turn(task):
+                turn = self._turn
+                assert turn is not None
+                try:
+                    loop.run_until_complete(turn)
+                finally:
+                    with self._cv:
+                        self._driver = self._turn = None
+                        self._cv.notify_all()
+        finally:
+            try:
+                _cancel_all(loop)
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                with self._cv:
+                    self.finished = True
+                    self._cv.notify_all()
+                loop.close()
+        if task.cancelled():
+            raise asyncio.CancelledError
+        error = task.exception()
+        if error is not None:
+            raise error
+
+    def _take_turn(self, task: asyncio.Task[None]) -> bool:
+        """Wait until the toolset's thread should run the loop and make it the driver; False once the
+        session has ended and no caller runs the loop (it is then the driver for good: the teardown)."""
+        with self._cv:
+            while True:
+                if task.done() and self._driver is None:
+                    self._driver = _OWN
+                    return False
+                wait = self._wait_s(task)
+                if wait == 0:
+                    self._driver, self._asked = _OWN, False
+                    self._turn = self.loop.create_future()
+                    return True
+                self._cv.wait(wait)
+
+    def _wait_s(self, task: asyncio.Task[None]) -> float | None:
+        """0 when the toolset's thread should run the loop now, else how long to wait (None: until told)."""
+        if self._waiting:
+            return None  # a caller runs it next
+        if self._driver is not None:
+            return _IDLE_S  # a caller runs it; look again then (its release tells only when it must)
+        if self.hold or self._handed or task.done():
+            return 0
+        idle = time.monotonic() - self._released
+        return 0 if idle >= _IDLE_S else _IDLE_S - idle
+
+    def _end_turn(self, _: object = None) -> None:
+        turn = self._turn
+        if turn is not None and not turn.done():
+            turn.set_result(None)
+
+    def wake(self) -> None:
+        """Have the toolset's thread look again (after `hold` changed)."""
+        with self._cv:
+            self._cv.notify_all()
+
+    # -- callers -----------------------------------------------------------------------------------
+
+    def call(self, coro: Coroutine[Any, Any, Any], backstop_s: float) -> Any:
+        """Run `coro` on the loop and return its result; `FutureTimeout` when it has not ended within
+        `backstop_s` (it is then cancelled), `ToolsetError` when the loop has stopped."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:  # this thread runs a loop of its own, and cannot run a second one: hand the call over
+            return self._hand(coro, backstop_s)
+        me = threading.get_ident()
+        with self._cv:
+            self._waiting += 1
+            try:
+                while self._driver is not None and not self.finished:
+                    if self._driver != _OWN:
+                        break  # another caller runs the loop: it runs this call too
+                    if self._turn is not None and not self._asked:
+                        self._asked = True
+                        self.loop.call_soon_threadsafe(self._end_turn)
+                    self._cv.wait()
+                if self.finished:
+                    coro.close()
+                    raise ToolsetError("the event loop has stopped")
+                drive = self._driver is None
+                if drive:
+                    self._driver = me
+            finally:
+                self._waiting -= 1
+        return self._drive(coro, backstop_s) if drive else self._hand(coro, backstop_s)
+
+    def _drive(self, coro: Coroutine[Any, Any, Any], backstop_s: float) -> Any:
+        """Run the loop in this thread (its driver) until `coro` ends, or `backstop_s` passes."""
+        loop = self.loop
+        task: asyncio.Task[Any] | None = None
+        backstop = False
+        try:
+            task = loop.create_task(coro)
+            ended = loop.create_future()
+
+            def end(_: object = None) -> None:
+                if not ended.done():
+                    ended.set_result(None)
+
+            def give_up() -> None:
+                nonlocal backstop
+                backstop = True
+                end()
+
+            task.add_done_callback(end)
+            timer = loop.call_later(backstop_s, give_up)
+            try:
+                loop.run_until_complete(ended)
+            finally:
+                timer.cancel()
+        finally:
+            with self._cv:
+                self._driver, self._released = None, time.monotonic()
+                if task is not None and not task.done():  # cut off (the backstop, Ctrl-C): it runs on elsewhere
+                    self._handed += 1
+                    task.add_done_callback(self._unhand)
+                    if backstop:
+                        loop.call_soon_threadsafe(task.cancel)
+                if self._handed or self._waiting or self.hold:
+                    self._cv.notify_all()
+        if backstop:
+            raise FutureTimeout
+        return task.result()
+
+    def _hand(self, coro: Coroutine[Any, Any, Any], backstop_s: float) -> Any:
+        """Hand `coro` to the loop another thread runs (the toolset's thread runs it if nobody does)."""
+        with self._cv:
+            if self.finished or self._main is None or self._main.done():
+                coro.close()
+                raise ToolsetError("the event loop has stopped")
+            self._handed += 1
+            self._cv.notify_all()
+        try:
+            try:
+                future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+            except RuntimeError:  # the loop is closed
+                coro.close()
+                raise ToolsetError("the event loop has stopped") from None
+            try:
+                return future.result(backstop_s)
+            except FutureTimeout:
+                future.cancel()
+                raise
+        finally:
+            self._unhand()
+
+    def _unhand(self, _: object = None) -> None:
+        with self._cv:
+            self._handed -= 1
+
+
+def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel the tasks left on `loop` and let them end (as `asyncio.run` does at its end)."""
+    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+
+
 #: The ids of the requests the current call sent (1.x; set in the task that makes the call).
 _SENT: contextvars.ContextVar[list[Any]] = contextvars.ContextVar("proctor_mcp_sent")
 
@@ -491,6 +715,18 @@ class _NoteRequestIds:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+if sys.version_info >= (3, 11):
+    async def _within(step: Awaitable[_T], limit: float) -> _T:
+        """`step`, or `TimeoutError` after `limit` seconds (`step` is then cancelled). In the call's own
+        task: `asyncio.wait_for` runs it in a task of its own, one more hop through the loop a call."""
+        async with asyncio.timeout(limit):
+            return await step
+else:  # 3.10: no asyncio.timeout
+    async def _within(step: Awaitable[_T], limit: float) -> _T:
+        """`step`, or `TimeoutError` after `limit` seconds (`step` is then cancelled)."""
+        return await asyncio.wait_for(step, limit)
 
 
 def _wire(model: Any) -> dict[str, Any]:

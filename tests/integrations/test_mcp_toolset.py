@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mcp import StdioServerParameters
@@ -110,6 +113,84 @@ def test_a_code_agent_runs_with_mcp_tools(tmp_path: Path) -> None:
     with MCPToolset(stdio(tmp_path / "log")) as tools, \
             CodeAgent(tools, model, POLICY, sandbox="process") as agent:
         assert agent.run("add").answer == 42
+
+
+# -- the session's event loop: run by the thread making a call, shared by concurrent ones ------------------
+
+ALLOW_ALL = Policy.from_dict({"version": 1, "default": "allow"})
+
+
+def test_calls_from_two_threads_at_once_run_side_by_side(tmp_path: Path) -> None:
+    """While one thread's call waits on the server, another thread's call to it is answered."""
+    log, target = tmp_path / "log", tmp_path / "written"
+    ended: dict[str, Any] = {}
+    with MCPToolset(stdio(log)) as tools:
+        gate = Gate(ALLOW_ALL, tools=tools)
+
+        def slow() -> None:
+            ended["slow"] = gate.call("slow_write", {"path": str(target), "seconds": 4})
+
+        thread = threading.Thread(target=slow)
+        thread.start()
+        time.sleep(0.5)  # the slow call is on its way (or about to be): either way the two overlap
+        assert gate.call("add", {"a": 1, "b": 2}) == 3
+        assert "slow" not in ended and not target.exists()  # answered while the slow call was in flight
+        assert gate.call("get_weather", {"city": "Oslo"}) == "sunny in Oslo (metric)"
+        thread.join(30)
+        assert ended["slow"] == "written"
+        assert gate.call("add", {"a": 2, "b": 2}) == 4  # and after it, from this thread again
+    assert ran(log) == ["add", "get_weather", "slow_write", "add"]
+
+
+def test_calls_from_inside_a_running_event_loop_and_after_a_pause(tmp_path: Path) -> None:
+    """Synchronous code running on an event loop of its own can call a tool; so can code that paused."""
+    with MCPToolset(stdio(tmp_path / "log")) as tools:
+        gate = Gate(ALLOW_ALL, tools=tools)
+
+        async def inside() -> Any:
+            return gate.call("add", {"a": 20, "b": 22})
+
+        assert asyncio.run(inside()) == 42
+        assert gate.call("add", {"a": 1, "b": 1}) == 2
+        time.sleep(0.3)  # long enough for the toolset's own thread to run the session again
+        assert gate.call("add", {"a": 3, "b": 4}) == 7
+        answers: list[Any] = []
+
+        def add_one(a: int) -> None:
+            answers.append(gate.call("add", {"a": a, "b": 1}))
+
+        workers = [threading.Thread(target=add_one, args=(i,)) for i in range(4)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(30)
+        assert sorted(answers) == [1, 2, 3, 4]
+
+
+def test_closing_the_toolset_during_another_threads_call_ends_it_as_unknown(tmp_path: Path) -> None:
+    """The call in flight when the session ends says it may have taken effect; nothing hangs."""
+    log, target = tmp_path / "log", tmp_path / "written"
+    audit = InMemoryAudit()
+    failed: list[BaseException] = []
+    toolset = MCPToolset(stdio(log), name="files")
+    gate = Gate(ALLOW_ALL, audit=audit, tools=toolset.open())
+
+    def slow() -> None:
+        try:
+            gate.call("slow_write", {"path": str(target), "seconds": 5})
+        except ToolFailed as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    time.sleep(1)
+    toolset.close()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert len(failed) == 1 and "may have taken effect" in str(failed[0])
+    assert [o["status"] for o in audit.of_kind("call_outcome")] == ["unknown"]
+    with pytest.raises(ToolFailed, match="the MCP session is closed"):
+        gate.call("add", {"a": 1, "b": 2})
 
 
 def _free_port() -> int:
