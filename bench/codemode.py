@@ -10,9 +10,13 @@
     directly by an MCP client session over stdio, versus the same N calls made by one `run_python`
     program through proctor (each call decided, audited and traced), per call, batches of each
     alternating with both sessions open. Target <= 1.10x.
+(c) ``--layers``: where (b)'s time goes, layer by layer, in this process (same server, alternating
+    batches): a direct MCP client session on its own loop; `MCPToolset.call` (the session, run by the
+    calling thread); `gate.call` (decision, budgets, audit intent and outcome, span); a program's calls
+    through the sandboxed `Interpreter` (the worker channel). (b) adds the `proctor mcp serve` process.
 
 Needs npx (`@modelcontextprotocol/server-filesystem` is fetched on first use). Run:
-`.venv/bin/python bench/codemode.py [--calls N]`.
+`.venv/bin/python bench/codemode.py [--calls N] [--rounds R] [--layers]`.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -152,10 +158,97 @@ async def timed(data: Path, root: Path, calls: int, rounds: int) -> tuple[float,
     return statistics.median(direct_s), statistics.median(governed_s)
 
 
+def layers(data: Path, root: Path, calls: int, rounds: int) -> list[tuple[str, float]]:
+    """Seconds per get_file_info call at each layer a governed call crosses, all in this process, one
+    batch of `calls` per layer in turn, `rounds` times; medians."""
+    import threading
+
+    from proctor.backends import load_audit
+    from proctor.codemode.config import ServerConfig
+    from proctor.codemode.server import CodeMode
+    from proctor.integrations.mcp import MCPTool
+    from proctor.policy import Policy
+
+    info = f"{data}/service00.log"
+    args = {"path": info}
+    (root / "policy.yaml").write_text(POLICY)
+    audit, _, _ = load_audit(str(root / "layers-audit.jsonl"))
+    mode = CodeMode([ServerConfig("files", command="npx", args=("-y", FS, str(data)), prefix="files_")],
+                    Policy.from_yaml(root / "policy.yaml"), audit=audit, user="bench")
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="direct-client", daemon=True)
+    thread.start()
+    batches: asyncio.Queue[Future[float] | None] = asyncio.Queue()
+
+    async def direct_client() -> None:  # the bench's own client, on a loop only it uses; batches timed inside it
+        params = StdioServerParameters(command="npx", args=["-y", FS, str(data)])
+        async with stdio_client(params) as streams, ClientSession(streams[0], streams[1]) as client:
+            await client.initialize()
+            await client.call_tool("get_file_info", args)
+            while (reply := await batches.get()) is not None:
+                started = time.perf_counter()
+                for _ in range(calls):
+                    await client.call_tool("get_file_info", args)
+                reply.set_result((time.perf_counter() - started) / calls)
+
+    def per_call(fn: Callable[[], object]) -> float:
+        started = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - started) / calls
+
+    try:
+        mode.open()
+        run = mode.session("layers", "bench")
+        toolset, tool = mode.toolsets[0], next(t for t in mode.tools if t.name == "files_get_file_info")
+        assert isinstance(tool, MCPTool)
+        client = asyncio.run_coroutine_threadsafe(direct_client(), loop)
+        one = f"files_get_file_info(path={info!r})\nNone"
+        program = f"for _ in range({calls}):\n    files_get_file_info(path={info!r})\nNone"
+        mode.run_python(run, one)  # warm: the sandbox is up
+
+        def interpreter() -> float:
+            started = time.perf_counter()
+            mode.run_python(run, one)
+            single = time.perf_counter() - started
+            started = time.perf_counter()
+            mode.run_python(run, program)
+            return (time.perf_counter() - started - single) / (calls - 1)
+
+        def direct() -> float:
+            reply: Future[float] = Future()
+            loop.call_soon_threadsafe(batches.put_nowait, reply)
+            return reply.result()
+
+        def toolset_call() -> float:
+            return per_call(lambda: toolset.call(tool, args))
+
+        def gate_call() -> float:
+            return per_call(lambda: mode.gate.call(tool, args, context=run.run))
+
+        figures: dict[str, list[float]] = {}
+        measures: list[tuple[str, Callable[[], float]]] = [
+            ("direct MCP client session", direct), ("MCPToolset.call", toolset_call), ("gate.call", gate_call),
+            ("Interpreter program", interpreter)]
+        for _ in range(rounds):
+            for name, measure in measures:
+                figures.setdefault(name, []).append(measure())
+        loop.call_soon_threadsafe(batches.put_nowait, None)
+        client.result(60)
+    finally:
+        mode.close()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        if audit is not None:
+            audit.close()
+    return [(name, statistics.median(values)) for name, values in figures.items()]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=200, help="calls per batch for (b) (default 200)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating batches for (b) (default 5)")
+    parser.add_argument("--layers", action="store_true", help="also (c): (b)'s time layer by layer")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -164,6 +257,7 @@ def main() -> int:
         (data / "summary.txt").unlink()
         mode_bytes, answer = asyncio.run(code_mode(data, root))
         direct_call, mode_call = asyncio.run(timed(data, root, args.calls, args.rounds))
+        steps = layers(data, root, args.calls, args.rounds) if args.layers else []
     if "service00.log" not in answer:
         print(f"code mode did not do the task:\n{answer}", file=sys.stderr)
         return 1
@@ -174,6 +268,13 @@ def main() -> int:
           f"of {args.calls})")
     print(f"    direct MCP session   {direct_call * 1e6:>9,.0f} us")
     print(f"    governed, run_python {mode_call * 1e6:>9,.0f} us   {mode_call / direct_call:.2f}x (target <= 1.10x)")
+    if steps:
+        print(f"(c) the same call layer by layer, in this process (median of {args.rounds} alternating batches "
+              f"of {args.calls}); each layer includes the ones above it")
+        base = steps[0][1]
+        for name, seconds in steps:
+            added = (seconds - base) * 1e6
+            print(f"    {name:<26} {seconds * 1e6:>9,.0f} us   {seconds / base:.2f}x   {added:+,.0f} us")
     return 0
 
 

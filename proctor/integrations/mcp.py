@@ -216,7 +216,7 @@ class MCPToolset:
         except ToolsetError:
             self.close()
             raise
-        driven.hold = False  # listed: from now on a call runs the loop in its own thread
+        driven.set_hold(False)  # listed: from now on a call runs the loop in its own thread
         return self.tools
 
     def close(self) -> None:
@@ -229,8 +229,7 @@ class MCPToolset:
             except RuntimeError:  # the loop already stopped
                 pass
         if self._driven is not None:  # the toolset's thread runs the loop through the teardown
-            self._driven.hold = True
-            self._driven.wake()
+            self._driven.set_hold(True)
         if thread is not None:
             thread.join(self.timeout)
             if thread.is_alive() and loop is not None and task is not None and not loop.is_closed():
@@ -492,15 +491,15 @@ class _DrivenLoop:
     At most one thread runs the loop at a time (`_driver`). A caller takes it when nobody runs it, or
     asks the toolset's thread to end its turn and waits for it; while another caller runs it, the call
     is handed to that caller's running loop instead, so two calls at once to one server stay concurrent.
-    The toolset's thread runs the loop whenever a handed call is in flight, while `hold` is set
-    (starting, listing, closing), and once no caller has run it for `_IDLE_S` (so between programs the
+    The toolset's thread runs the loop whenever a handed call is in flight, while held (`set_hold`:
+    starting, listing, closing), and once no caller has run it for `_IDLE_S` (so between programs the
     session answers the server's pings and notifications, and notices a server that went away).
     """
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.hold = True
         self.finished = False
+        self._hold = True
         self._cv = threading.Condition()
         self._driver: int | None = None
         self._waiting = 0  # callers waiting to run the loop
@@ -558,13 +557,11 @@ class _DrivenLoop:
                     return True
                 self._cv.wait(wait)
 
-    def _wait_s(self, task: asyncio.Task[None]) -> float | None:
-        """0 when the toolset's thread should run the loop now, else how long to wait (None: until told)."""
-        if self._waiting:
-            return None  # a caller runs it next
-        if self._driver is not None:
-            return _IDLE_S  # a caller runs it; look again then (its release tells only when it must)
-        if self.hold or self._handed or task.done():
+    def _wait_s(self, task: asyncio.Task[None]) -> float:
+        """0 when the toolset's thread should run the loop now, else how long to wait before looking again."""
+        if self._waiting or self._driver is not None:
+            return _IDLE_S  # a caller runs it (or is about to); look again then: its release tells only when it must
+        if self._hold or self._handed or task.done():
             return 0
         idle = time.monotonic() - self._released
         return 0 if idle >= _IDLE_S else _IDLE_S - idle
@@ -574,9 +571,10 @@ class _DrivenLoop:
         if turn is not None and not turn.done():
             turn.set_result(None)
 
-    def wake(self) -> None:
-        """Have the toolset's thread look again (after `hold` changed)."""
+    def set_hold(self, hold: bool) -> None:
+        """Whether the toolset's thread runs the loop whenever no caller does (starting, listing, closing)."""
         with self._cv:
+            self._hold = hold
             self._cv.notify_all()
 
     # -- callers -----------------------------------------------------------------------------------
@@ -636,6 +634,8 @@ class _DrivenLoop:
             finally:
                 timer.cancel()
         finally:
+            if task is None:
+                coro.close()
             with self._cv:
                 self._driver, self._released = None, time.monotonic()
                 if task is not None and not task.done():  # cut off (the backstop, Ctrl-C): it runs on elsewhere
@@ -643,9 +643,9 @@ class _DrivenLoop:
                     task.add_done_callback(self._unhand)
                     if backstop:
                         loop.call_soon_threadsafe(task.cancel)
-                if self._handed or self._waiting or self.hold:
+                if self._handed or self._waiting or self._hold:
                     self._cv.notify_all()
-        if backstop:
+        if not task.done():  # the backstop: cancelled, and left to the toolset's thread
             raise FutureTimeout
         return task.result()
 
