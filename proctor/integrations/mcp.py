@@ -531,6 +531,7 @@ class _DrivenLoop:
             try:
                 _cancel_all(loop)
                 loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
             finally:
                 with self._cv:
                     self.finished = True
@@ -612,28 +613,30 @@ class _DrivenLoop:
     def _drive(self, coro: Coroutine[Any, Any, Any], backstop_s: float) -> Any:
         """Run the loop in this thread (its driver) until `coro` ends, or `backstop_s` passes."""
         loop = self.loop
+        here = [True]  # whether this thread still runs the loop for the call
+        backstop = [False]
+
+        async def driven() -> Any:
+            try:
+                return await coro
+            finally:
+                if here[0]:  # stop in the step that ends the call (run_until_complete takes two more turns)
+                    loop.stop()
+
+        def give_up() -> None:
+            backstop[0] = True
+            loop.stop()
+
         task: asyncio.Task[Any] | None = None
-        backstop = False
         try:
-            task = loop.create_task(coro)
-            ended = loop.create_future()
-
-            def end(_: object = None) -> None:
-                if not ended.done():
-                    ended.set_result(None)
-
-            def give_up() -> None:
-                nonlocal backstop
-                backstop = True
-                end()
-
-            task.add_done_callback(end)
+            task = loop.create_task(driven())
             timer = loop.call_later(backstop_s, give_up)
             try:
-                loop.run_until_complete(ended)
+                loop.run_forever()
             finally:
                 timer.cancel()
         finally:
+            here[0] = False
             if task is None:
                 coro.close()
             with self._cv:
@@ -641,7 +644,7 @@ class _DrivenLoop:
                 if task is not None and not task.done():  # cut off (the backstop, Ctrl-C): it runs on elsewhere
                     self._handed += 1
                     task.add_done_callback(self._unhand)
-                    if backstop:
+                    if backstop[0]:
                         loop.call_soon_threadsafe(task.cancel)
                 if self._handed or self._waiting or self._hold:
                     self._cv.notify_all()
