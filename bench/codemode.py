@@ -9,7 +9,7 @@
 (b) **Cost added to one upstream call**: N calls of the filesystem server's `get_file_info` made
     directly by an MCP client session over stdio, versus the same N calls made by one `run_python`
     program through proctor (each call decided, audited and traced), per call, batches of each
-    alternating with both sessions open. Target <= 1.10x.
+    alternating with both sessions open; and the median single call of each batch. Target <= 1.10x.
 (c) ``--layers``: where (b)'s time goes, layer by layer, in this process (same server, alternating
     batches): a direct MCP client session on its own loop; `MCPToolset.call` (the session, run by the
     calling thread); `gate.call` (decision, budgets, audit intent and outcome, span); a program's calls
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -129,33 +130,48 @@ async def code_mode(data: Path, root: Path) -> tuple[int, str]:
     return total, answer
 
 
-async def timed(data: Path, root: Path, calls: int, rounds: int) -> tuple[float, float]:
-    """Seconds per get_file_info call, (direct, governed): both sessions open at once, batches of `calls`
-    alternating `rounds` times (a shared machine's load then weighs on both alike), medians."""
+async def timed(data: Path, root: Path, calls: int, rounds: int) -> tuple[float, float, float, float]:
+    """Seconds per get_file_info call, (direct, governed) as batch means and as medians of single calls:
+    both sessions open at once, batches of `calls` alternating `rounds` times (a shared machine's load
+    then weighs on both alike), medians over the batches. The governed calls are timed one by one in
+    the program (`time.perf_counter_ns()` around each), the direct ones around each `call_tool`."""
     info = f"{data}/service00.log"
     direct_params = StdioServerParameters(command="npx", args=["-y", FS, str(data)])
     async with stdio_client(direct_params) as d_streams, ClientSession(d_streams[0], d_streams[1]) as d, \
             stdio_client(proctor_server(data, root)) as p_streams, ClientSession(p_streams[0], p_streams[1]) as p:
         await d.initialize()
         await p.initialize()
-        one = {"code": f"files_get_file_info(path={info!r})\nNone"}
-        loop = {"code": f"for _ in range({calls}):\n    files_get_file_info(path={info!r})\nNone"}
+        one = {"code": f"import time\nfiles_get_file_info(path={info!r})\nNone"}
+        loop = {"code": f"import time\nts = []\nfor _ in range({calls}):\n    t = time.perf_counter_ns()\n"
+                        f"    files_get_file_info(path={info!r})\n    ts.append(time.perf_counter_ns() - t)\n"
+                        "sorted(ts)[len(ts) // 2]"}
         await p.call_tool("run_python", one)  # warm: the sandbox is up
         await d.call_tool("get_file_info", {"path": info})
         direct_s: list[float] = []
         governed_s: list[float] = []
+        direct_one: list[float] = []
+        governed_one: list[float] = []
         for _ in range(rounds):
+            each = []
             started = time.perf_counter()
             for _ in range(calls):
+                t = time.perf_counter()
                 await d.call_tool("get_file_info", {"path": info})
+                each.append(time.perf_counter() - t)
             direct_s.append((time.perf_counter() - started) / calls)
+            direct_one.append(statistics.median(each))
             started = time.perf_counter()
             await p.call_tool("run_python", one)
             single = time.perf_counter() - started
             started = time.perf_counter()
-            await p.call_tool("run_python", loop)
+            answer = texts(await p.call_tool("run_python", loop))
             governed_s.append((time.perf_counter() - started - single) / (calls - 1))  # a program's fixed cost out
-    return statistics.median(direct_s), statistics.median(governed_s)
+            value = re.search(r"^value: (\d+)$", answer, re.M)
+            if value is None:
+                raise RuntimeError(f"the timed program did not answer:\n{answer}")
+            governed_one.append(int(value.group(1)) / 1e9)
+    return (statistics.median(direct_s), statistics.median(governed_s), statistics.median(direct_one),
+            statistics.median(governed_one))
 
 
 def layers(data: Path, root: Path, calls: int, rounds: int) -> list[tuple[str, float]]:
@@ -256,7 +272,7 @@ def main() -> int:
         direct_bytes = asyncio.run(direct(data))
         (data / "summary.txt").unlink()
         mode_bytes, answer = asyncio.run(code_mode(data, root))
-        direct_call, mode_call = asyncio.run(timed(data, root, args.calls, args.rounds))
+        direct_call, mode_call, direct_one, mode_one = asyncio.run(timed(data, root, args.calls, args.rounds))
         steps = layers(data, root, args.calls, args.rounds) if args.layers else []
     if "service00.log" not in answer:
         print(f"code mode did not do the task:\n{answer}", file=sys.stderr)
@@ -268,6 +284,9 @@ def main() -> int:
           f"of {args.calls})")
     print(f"    direct MCP session   {direct_call * 1e6:>9,.0f} us")
     print(f"    governed, run_python {mode_call * 1e6:>9,.0f} us   {mode_call / direct_call:.2f}x (target <= 1.10x)")
+    print("    the median single call of each batch, medians:")
+    print(f"    direct MCP session   {direct_one * 1e6:>9,.0f} us")
+    print(f"    governed, run_python {mode_one * 1e6:>9,.0f} us   {mode_one / direct_one:.2f}x")
     if steps:
         print(f"(c) the same call layer by layer, in this process (median of {args.rounds} alternating batches "
               f"of {args.calls}); each layer includes the ones above it")
