@@ -74,9 +74,10 @@ class RunTrail:
     resolved: list[Mapping[str, Any]] = field(default_factory=list)
     #: The run's last `run_finished`, if any.
     finished: Mapping[str, Any] | None = None
-    #: call id → the deadline (`expires_at_ns`) of its first `approval_requested`: the one its approval was filed
-    #: with (a resumed run asking again finds that approval, deadline and all).
-    deadlines: dict[str, int] = field(default_factory=dict)
+    #: (call id, binding) → the deadline (`expires_at_ns`) of the first `approval_requested` for them: the one its
+    #: approval was filed with (a resumed run asking again finds that approval, deadline and all; a changed policy
+    #: voids it and files another, under another binding).
+    deadlines: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def note(self, rec: Mapping[str, Any]) -> None:
         kind, call_id = rec.get("kind"), rec.get("call_id")
@@ -94,10 +95,10 @@ class RunTrail:
                 self.recovered.add(call_id)
         elif kind == "approval_resolved" and rec.get("verdict") not in (None, "suspended"):
             self.resolved.append(rec)
-        elif kind == "approval_requested" and call_id not in self.deadlines:
-            expires = rec.get("expires_at_ns")
-            if isinstance(expires, int) and not isinstance(expires, bool):
-                self.deadlines[call_id] = expires
+        elif kind == "approval_requested":
+            expires, binding = rec.get("expires_at_ns"), rec.get("binding")
+            if isinstance(expires, int) and not isinstance(expires, bool) and isinstance(binding, str):
+                self.deadlines.setdefault((call_id, binding), expires)
 
 
 def trails(records: Iterable[Mapping[str, Any]], run_id: str | None = None) -> dict[str, RunTrail]:
@@ -145,7 +146,7 @@ def behind_trail(record: RunRecord, journals: Mapping[int, Sequence[JournalEntry
         return []
     run_id, out = record.run_id, []
     for a in approvals:
-        asked = trail.deadlines.get(a.call_id)
+        asked = trail.deadlines.get((a.call_id, a.binding))
         if asked is not None and (a.expires_at_ns is None or a.expires_at_ns > asked):
             moved = "no deadline" if a.expires_at_ns is None else f"the deadline {_when(a.expires_at_ns)}"
             out.append(Disagreement(run_id, f"approval {a.id} ({a.tool})", (
