@@ -60,6 +60,7 @@ from typing import Any
 from proctor.errors import AggregateError, ValueTooDeep
 from proctor.policy._cel import cel
 from proctor.policy.functions import FUNCTIONS as CEL_FUNCTIONS
+from proctor.policy.functions import known_functions
 from proctor.policy.values import check_value
 
 __all__ = [
@@ -664,8 +665,6 @@ def _reads(toks: list[_Tok], lo: int, hi: int, name: str) -> bool:
 
 def _call_side(toks: list[_Tok], lo: int, hi: int, var: str) -> bool:
     """Whether tokens lo..hi read only the call being decided (`FREE_VARIABLES`), literals and known functions."""
-    from proctor.policy.conditions import known_functions
-
     names = set(FREE_VARIABLES)
     for j in range(lo, hi - 3):
         if toks[j].text == "." and toks[j + 1].text in _MACROS and toks[j + 2].text == "(" and toks[j + 3].kind == "id":

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proctor.errors import ConditionError, EvaluationError, ValueTooDeep
-from proctor.policy import dataflow as _dataflow  # noqa: F401 - registers field_provenance() & co. in the catalogue
 from proctor.policy._cel import cel
 from proctor.policy.aggregates import (
     AggregateError,
@@ -32,7 +31,7 @@ from proctor.policy.aggregates import (
     tokenize,
     unbox_source,
 )
-from proctor.policy.functions import BOX_PREFIX
+from proctor.policy.functions import BOX_PREFIX, known_functions
 from proctor.policy.functions import FUNCTIONS as CEL_FUNCTIONS
 from proctor.policy.probes import PROBE_FUNCTIONS, Unresolved, rewrite_probes
 from proctor.policy.projection import Needs, needs_of
@@ -42,7 +41,6 @@ __all__ = [
     "FUNCTIONS",
     "MAX_CONTAINERS",
     "MAX_DEPTH",
-    "NATIVE_FUNCTIONS",
     "VARIABLES",
     "Condition",
     "ConditionError",
@@ -51,30 +49,12 @@ __all__ = [
     "check_value",
     "compile_condition",
     "compile_expression",
-    "known_functions",
     "namespaced",
     "regex_problem",
 ]
 
 #: The variables a condition may use, in the order the docs list them.
 VARIABLES: tuple[str, ...] = ("tool", "args", "side_effect", "history", "run", "usage", "seen")
-
-#: Functions of the native CEL library (operators are named `_x_`, `!_`, `@in`… and always allowed).
-NATIVE_FUNCTIONS: frozenset[str] = frozenset(
-    {
-        "size", "contains", "startsWith", "endsWith", "matches",
-        "int", "uint", "double", "string", "bytes", "timestamp", "duration", "dyn", "type",
-        "getFullYear", "getMonth", "getDate", "getDayOfMonth", "getDayOfWeek", "getDayOfYear",
-        "getHours", "getMinutes", "getSeconds", "getMilliseconds",
-        "of", "none", "hasValue", "value", "orValue", "or",
-    }
-)  # fmt: skip
-
-
-def known_functions() -> frozenset[str]:
-    """Every function a condition may call: CEL's native ones and proctor's registry (`functions.FUNCTIONS`)."""
-    return NATIVE_FUNCTIONS | frozenset(CEL_FUNCTIONS)
-
 
 #: Kept for callers of the earlier name: the functions known when this module was imported.
 FUNCTIONS: frozenset[str] = known_functions()

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from proctor.audit.base import AuditSink
+from proctor.backends import load_audit
 from proctor.errors import AuditError, ProctorError
 from proctor.store.base import PendingApproval
 from proctor.telemetry.logging import get_logger
@@ -70,8 +71,6 @@ class AuditTrail:
         return f"AuditTrail({shown_url(self.url, query=False)!r})"
 
     def record(self, fields: Mapping[str, Any]) -> str | None:
-        from proctor.backends import load_audit
-
         deadline = time.monotonic() + self.lock_wait_s
         while True:
             try:
