@@ -6,7 +6,9 @@ under `if TYPE_CHECKING:` never run and are not counted."""
 
 from __future__ import annotations
 
-from proctor_modules import cycles, import_graph, module_names
+import ast
+
+from proctor_modules import cycles, import_graph, module_names, parsed
 
 #: Bottom to top. A module belongs to the layer of its package (proctor.X.* to "X", a top-level module to its
 #: own name); the command-line modules (`cli`, `ops_cli`, wherever they sit) belong to the top layer.
@@ -66,3 +68,48 @@ def test_the_checks_see_deferred_imports() -> None:
     _, deferred, _ = import_graph()
     assert "proctor.integrations.smolagents" in deferred.get("proctor.integrations.mcp", frozenset())
     assert cycles({"a": frozenset({"b"}), "b": frozenset({"a"})}) == [["a", "b"]]
+
+
+#: The sandboxed worker's own code runs untrusted programs and reads whatever they hand it: it probes, and is
+#: held to that apart (tests/interpreter).
+_WORKER = frozenset({"proctor.interpreter.worker", "proctor.interpreter.worker_io"})
+
+
+def _names_any(annotation: ast.expr) -> bool:
+    return any((isinstance(n, ast.Name) and n.id == "Any") or (isinstance(n, ast.Attribute) and n.attr == "Any")
+               for n in ast.walk(annotation))
+
+
+def _is_protocol(cls: ast.ClassDef) -> bool:
+    return any(isinstance(n, (ast.Name, ast.Attribute)) and (n.id if isinstance(n, ast.Name) else n.attr) == "Protocol"
+               for base in cls.bases for n in ast.walk(base))
+
+
+def _any_in_protocols(tree: ast.Module, module: str) -> list[str]:
+    found = []
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and _is_protocol(n)):
+        for member in cls.body:
+            if isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = member.args
+                annotated = [(a.arg, a.annotation) for a in (*args.posonlyargs, *args.args, *args.kwonlyargs,
+                                                               *filter(None, (args.vararg, args.kwarg)))]
+                annotated.append(("return", member.returns))
+                found += [f"{module}: {cls.name}.{member.name} ({name})" for name, ann in annotated
+                          if ann is not None and _names_any(ann)]
+            elif isinstance(member, ast.AnnAssign) and _names_any(member.annotation):
+                found.append(f"{module}: {cls.name}.{ast.unparse(member.target)}")
+    return found
+
+
+def test_no_protocol_takes_or_gives_any() -> None:
+    """A seam says what crosses it: no Protocol of proctor's has a parameter, return or attribute typed `Any`
+    (mypy strict would check nothing there). A value that is arbitrary by nature is `proctor.calls.JSONValue`."""
+    found = [hit for module in module_names() if module not in _WORKER
+             for tree in [parsed(module)] if tree is not None for hit in _any_in_protocols(tree, module)]
+    assert found == []
+
+
+def test_the_protocol_check_sees_any() -> None:
+    source = ("class P(Protocol):\n    x: dict[str, Any]\n    def f(self, a: int, *, b: typing.Any) -> None: ...\n"
+              "    def g(self) -> Callable[..., Any]: ...\n    def h(self, v: JSONValue) -> int: ...\n")
+    assert _any_in_protocols(ast.parse(source), "m") == ["m: P.x", "m: P.f (b)", "m: P.g (return)"]

@@ -147,7 +147,8 @@ PUBLIC: dict[str, str] = {
         "scheme_of unregister"
     ),
     "proctor.calls": (
-        "Call CallPosition CallRecord CallStatus Decision HistoryEntry OUTCOMES Outcome RunInfo SIDE_EFFECTS "
+        "BudgetFigures BudgetHold Call CallPosition CallRecord CallStatus Decision HistoryEntry JSONValue OUTCOMES "
+        "Outcome RunInfo SIDE_EFFECTS "
         "STATUSES SideEffect TrimmedHistory line_widths new_id side_effect_rank source_lines"
     ),
     "proctor.errors": (

@@ -21,6 +21,7 @@ from typing import Any
 
 from proctor.errors import ConditionError, EvaluationError, ValueTooDeep
 from proctor.policy._cel import cel
+from proctor.policy.activation import Activation
 from proctor.policy.aggregates import (
     AggregateError,
     Rewrite,
@@ -125,13 +126,13 @@ class Condition:
     def compute(self, activation: Mapping[str, Any]) -> Any:
         """The expression's value for `activation` (any CEL value); raises EvaluationError."""
         try:
-            cel_context = getattr(activation, "cel_context", None)
-            if cel_context is not None and self.fast is not None and getattr(activation, "folds_history", True):
+            if isinstance(activation, Activation) and self.fast is not None and activation.folds_history:
                 try:
-                    result = self.fast.execute(cel_context(self.fast_variables, self.functions))
+                    result = self.fast.execute(activation.cel_context(self.fast_variables, self.functions))
                 except AggregateError:  # an aggregate is an error: let CEL see it as one, where || may absorb it
                     result = self.fast_calls.execute(_calls_context(self, activation))
-            elif cel_context is not None:
+            elif isinstance(activation, Activation):
+                cel_context = activation.cel_context
                 context = None
                 if self.probed is not None:
                     try:
@@ -175,7 +176,7 @@ def _calls_context(condition: Condition, activation: Mapping[str, Any]) -> Any:
     names = condition.fast_variables
     variables = {n: activation[n] for n in names if not is_hidden(n)}
     functions = {n: _raiser(activation, n) for n in names if is_hidden(n)}
-    call = getattr(activation, "call", None)
+    call = activation.call if isinstance(activation, Activation) else None
     for fn in condition.functions:
         functions[fn] = CEL_FUNCTIONS[fn].callable_for(call)
     return cel.Context(variables, functions)

@@ -120,13 +120,6 @@ class _RecordLabels:
         return otherwise
 
 
-@dataclass(frozen=True, slots=True)
-class _Bound:
-    """What the provenance functions read while a `calls[].when` is evaluated: the run's index so far."""
-
-    provenance: ProvenanceIndex
-
-
 class ResultSources:
     """One tool's `sources`, compiled: gives each call's result its `ResultPlan` (a `ResultLabeller`)."""
 
@@ -169,11 +162,10 @@ class _Failed(Exception):
 
 
 def _evaluate(condition: Condition, variables: Mapping[str, Any], call: Call) -> bool:
-    bound = _Bound(call.provenance)
     try:  # (a record CEL cannot take, a set or an object in it, fails the condition too)
         context = cel.Context({name: variables[name] for name in condition.variables})
         for fn in condition.functions:
-            context.add_function(fn, FUNCTIONS[fn].callable_for(bound))
+            context.add_function(fn, FUNCTIONS[fn].callable_for(call))
         value = condition.program.execute(context)
     except Exception as exc:  # noqa: BLE001 - any failure of the condition is a failure: fail safe
         raise _Failed(str(exc)) from None

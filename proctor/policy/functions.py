@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from proctor.calls import Call
 from proctor.links import links_in
 from proctor.policy._cel import cel
 from proctor.provenance import ProvenanceIndex
@@ -86,14 +87,14 @@ class CelFunction:
 
     name: str
     fn: Callable[..., Any] | None = None
-    bind: Callable[[Any], Callable[..., Any]] | None = None
+    bind: Callable[[Call | None], Callable[..., Any]] | None = None
     doc: str = ""
     #: For a function returning a list of strings: a ``bind`` whose callable returns the same value as
     #: a `cel.OptionalValue` (built once per distinct value). Conditions then call the hidden companion
     #: ``__box_<name>(…).value()`` instead (`proctor.policy.conditions`): the `cel` package converts a
     #: returned Python list item by item (~3 µs per string: it tries nine other types first), while an
     #: OptionalValue it already holds costs nothing to pass back.
-    box: Callable[[Any], Callable[..., Any]] | None = None
+    box: Callable[[Call | None], Callable[..., Any]] | None = None
     #: How many arguments it takes (fewest, most; None: no most), a method's receiver counted; checked
     #: when a condition is compiled. None: read from `fn`'s signature (a `bind` function gives it here).
     takes: tuple[int, int | None] | None = None
@@ -106,7 +107,7 @@ class CelFunction:
             return None
         return _signature_arity(self.fn)
 
-    def callable_for(self, call: Any) -> Callable[..., Any]:
+    def callable_for(self, call: Call | None) -> Callable[..., Any]:
         """The Python callable CEL runs for this function while deciding `call`."""
         if self.fn is not None:
             return self.fn
@@ -506,34 +507,34 @@ def _not_from_user(value: Any) -> bool:
     return False
 
 
-def _bind_provenance(call: Any) -> Callable[..., Any]:
-    index = getattr(call, "provenance", None)
+def _bind_provenance(call: Call | None) -> Callable[..., Any]:
+    index = call.provenance if call is not None else None
     return _no_sources if index is None else index.labels_of
 
 
-def _box_provenance(call: Any) -> Callable[..., Any]:
-    index = getattr(call, "provenance", None)
+def _box_provenance(call: Call | None) -> Callable[..., Any]:
+    index = call.provenance if call is not None else None
     if index is None:
         return _no_sources_boxed
     sources = index.sources_of
     return lambda value: boxed(sources(value))
 
 
-def _bind_text_provenance(call: Any) -> Callable[..., Any]:
-    index = getattr(call, "provenance", None)
+def _bind_text_provenance(call: Call | None) -> Callable[..., Any]:
+    index = call.provenance if call is not None else None
     return _no_sources if index is None else index.text_labels
 
 
-def _box_text_provenance(call: Any) -> Callable[..., Any]:
-    index = getattr(call, "provenance", None)
+def _box_text_provenance(call: Call | None) -> Callable[..., Any]:
+    index = call.provenance if call is not None else None
     if index is None:
         return _no_sources_boxed
     sources = index.text_sources_of
     return lambda value: boxed(sources(value))
 
 
-def _bind_from_user(call: Any) -> Callable[..., Any]:
-    index = getattr(call, "provenance", None)
+def _bind_from_user(call: Call | None) -> Callable[..., Any]:
+    index = call.provenance if call is not None else None
     return _not_from_user if index is None else index.from_user
 
 
@@ -548,8 +549,8 @@ register(CelFunction("from_user", bind=_bind_from_user, takes=(1, 1),
 # -- data flow at the level of fields (proctor.policy.dataflow) ---------------------------------------------
 
 
-def _provenance_index(call: Any) -> ProvenanceIndex | None:
-    index = getattr(call, "provenance", None)
+def _provenance_index(call: Call | None) -> ProvenanceIndex | None:
+    index = call.provenance if call is not None else None
     return index if isinstance(index, ProvenanceIndex) else None
 
 
@@ -572,7 +573,7 @@ def _labels_argument(labels: Any) -> tuple[str, ...]:
 
 def _bind(method: Callable[[ProvenanceIndex], Callable[..., Any]], empty: Callable[..., Any]) -> Callable[
         [Any], Callable[..., Any]]:
-    def bind(call: Any) -> Callable[..., Any]:
+    def bind(call: Call | None) -> Callable[..., Any]:
         index = _provenance_index(call)
         return empty if index is None else method(index)
 

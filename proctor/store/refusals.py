@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from proctor.audit.base import AuditSink
 from proctor.backends import load_audit
+from proctor.calls import JSONValue
 from proctor.errors import AuditError, ProctorError
 from proctor.store.base import PendingApproval
 from proctor.telemetry.logging import get_logger
@@ -52,7 +53,7 @@ _WORDS = 2000
 class RefusalSink(Protocol):
     """Where refused answers are recorded; `record` returns None once the record is durable, else why not."""
 
-    def record(self, fields: Mapping[str, Any]) -> str | None: ...
+    def record(self, fields: Mapping[str, JSONValue]) -> str | None: ...
 
 
 class AuditTrail:
