@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import IO, TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast, overload
+from typing import IO, TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
@@ -57,6 +57,7 @@ from proctor.tools import Tool
 
 if TYPE_CHECKING:
     from proctor.agent.streaming import StreamEvent
+    from proctor.audit.keys import KeySource
     from proctor.policy.schema import BudgetSpec
 
 __all__ = ["AUDIT_KEY_ENV", "AgentBase", "FinalAnswerCheck", "StepCallback", "load_audit", "load_policy"]
@@ -108,7 +109,7 @@ class AgentBase:
     _budget_policies: Sequence[PolicyLike] = ()
     #: How this agent's programs are isolated (a `CodeAgent`'s `sandbox=`); None for an agent that runs none.
     sandbox: str | None = None
-    _scoped_gate: Any = None
+    _scoped_gate: ScopedGate | None = None
 
     def __init__(
         self,
@@ -127,7 +128,7 @@ class AgentBase:
         step_callbacks: Sequence[StepCallback] = (),
         program_callbacks: Sequence[StepCallback] = (),
         store: RunStore | str | os.PathLike[str] | None = None,
-        audit_key: Any = None,
+        audit_key: KeySource | None = None,
         ledger: SharedLedger | str | None = None,
         description: str | None = None,
         managed_agents: Sequence[AgentBase] = (),
@@ -157,7 +158,7 @@ class AgentBase:
             if p is not None))
         # Any: the gate's PolicyLike protocol is structural and Policy satisfies it at run time.
         try:
-            self.gate = Gate(cast(Any, self.policy if self.policy is not None else _no_policy()), approver=approver,
+            self.gate = Gate(self.policy if self.policy is not None else _no_policy(), approver=approver,
                              audit=self.audit, tracer=self.tracer, tools=tools, ledger=ledger,
                              shadow=load_policy(shadow) if shadow is not None else None)
         except BaseException:  # refused (a cross-run budget on a local ledger…): the log it opened is closed
