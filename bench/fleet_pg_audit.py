@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "fleet"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import psycopg
 from fleet_engines import PG_BIN, PostgresServer
 

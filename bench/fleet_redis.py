@@ -36,7 +36,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "fleet"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import redis
 from fleet_engines import RedisServer
 

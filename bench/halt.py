@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "fleet"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from fleet_engines import PostgresServer, RedisServer
 
 from proctor.cli import main as proctor

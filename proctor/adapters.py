@@ -1,26 +1,30 @@
-"""Tools made elsewhere, taken as they are: smolagents' ``@tool`` objects and ``Tool`` instances.
+"""Tools made elsewhere, taken as they are: smolagents' ``@tool`` objects and ``Tool`` instances, and what an
+MCP server's annotations claim about a tool.
 
 A smolagents tool declares its arguments as ``inputs`` — ``{"name": {"type": "string",
 "description": "…", "nullable": True}}`` — and its result as ``output_type``. Those become
 the validated schema and the signature shown to models; the call runs the tool object
 itself (``tool(**args)``, which runs its ``setup()`` once). Nothing here imports smolagents:
 a smolagents tool can only exist once smolagents is imported, so it is looked up in
-``sys.modules``.
+``sys.modules``. Nothing here builds a proctor `Tool` either: `ToolParts` is what one is built
+from (`proctor.tools.as_tool` builds it), so this module sits below the tools it feeds.
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import pydantic
 
+from proctor.calls import SideEffect
 from proctor.errors import ToolDefinitionError
-from proctor.tools import Tool
 
-__all__ = ["SMOLAGENTS_TYPES", "from_smolagents", "is_smolagents_tool", "is_smolagents_tool_class"]
+__all__ = ["SMOLAGENTS_TYPES", "ToolParts", "is_smolagents_tool", "is_smolagents_tool_class", "side_effect_of",
+           "smolagents_parts"]
 
 #: smolagents' input and output types, as Python types for validation and signatures.
 SMOLAGENTS_TYPES: dict[str, Any] = {
@@ -79,8 +83,43 @@ def _dotted(text: str, namespace: dict[str, Any]) -> Any:
     return value
 
 
-def from_smolagents(obj: Any, *, side_effect: Any = None, cost: int = 0) -> Tool:
-    """A proctor `Tool` calling the smolagents tool `obj`, its ``inputs`` as the validated schema."""
+@dataclass(frozen=True, slots=True)
+class ToolParts:
+    """What a proctor `Tool` is built from (`Tool.from_fields`), read off a tool made elsewhere."""
+
+    name: str
+    description: str
+    fn: Callable[..., Any]
+    #: The arguments as pydantic ``(type, Field)`` pairs: the validated schema.
+    fields: dict[str, Any]
+    #: The signature shown to models.
+    signature: inspect.Signature
+    arg_docs: dict[str, str]
+    output_type: str | None
+    #: The object the tool was made from (what `Tool.source` keeps).
+    source: object
+
+
+def side_effect_of(annotations: Mapping[str, Any] | pydantic.BaseModel | None) -> SideEffect:
+    """The side-effect class an MCP server's tool annotations claim, read with MCP's defaults (destructive,
+    open-world). Only a toolset built with ``trust_annotations=True`` uses it."""
+    if isinstance(annotations, pydantic.BaseModel):
+        dumped = annotations.model_dump(by_alias=True, mode="json", exclude_none=True)
+        hints: dict[str, Any] = dumped if isinstance(dumped, dict) else {}
+    else:
+        hints = dict(annotations or {})
+    if hints.get("readOnlyHint") is True:
+        return "read"
+    if hints.get("destructiveHint", True) is not False:
+        return "destructive"
+    if hints.get("openWorldHint", True) is not False:
+        return "external"
+    return "write"
+
+
+def smolagents_parts(obj: Any) -> ToolParts:
+    """What a proctor `Tool` calling the smolagents tool `obj` is built from, its ``inputs`` as the validated
+    schema (`proctor.tools.as_tool` builds it)."""
     name = getattr(obj, "name", None)
     label = f"smolagents tool {name!r}" if isinstance(name, str) else f"a {type(obj).__name__}"
     if not isinstance(name, str) or not name.isidentifier():
@@ -152,6 +191,5 @@ def from_smolagents(obj: Any, *, side_effect: Any = None, cost: int = 0) -> Tool
 
     call.__name__ = name
     call.__doc__ = description
-    fn: Callable[..., Any] = call
-    return Tool.from_fields(name, description.strip(), fn, fields, signature, docs, side_effect=side_effect,
-                            cost=cost, output_type=output_type if isinstance(output_type, str) else None, source=obj)
+    return ToolParts(name, description.strip(), call, fields, signature, docs,
+                     output_type if isinstance(output_type, str) else None, obj)

@@ -11,19 +11,26 @@ import re
 from abc import abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias
+
+if TYPE_CHECKING:
+    from proctor.policy.aggregates import Fold, Pipeline
+    from proctor.provenance import ProvenanceIndex
 
 __all__ = [
     "TrimmedHistory",
     "OUTCOMES",
     "SIDE_EFFECTS",
     "STATUSES",
+    "BudgetFigures",
+    "BudgetHold",
     "Call",
     "CallPosition",
     "CallRecord",
     "CallStatus",
     "Decision",
     "HistoryEntry",
+    "JSONValue",
     "Outcome",
     "RunInfo",
     "SideEffect",
@@ -32,6 +39,25 @@ __all__ = [
     "side_effect_rank",
     "source_lines",
 ]
+
+#: A value proctor carries without a fixed type: what JSON carries (an audit record's fields, a tool's schema, a
+#: store's row, what `json.loads` returns) and what a program hands a tool as an argument (checked by the tool's
+#: schema at run time, not by the type checker). Arbitrary by nature; where it crosses a seam it is named so, and
+#: `Any` there means nothing else (tests/test_layout.py refuses a bare `Any` in a Protocol).
+JSONValue: TypeAlias = Any
+
+#: What one budget has used or has left, by measure (calls, cost, wall_time_ms, model_tokens, model_cost_usd):
+#: None where it cannot be read (a shared pool out of reach).
+BudgetFigures: TypeAlias = dict[str, float | None]
+
+
+class BudgetHold:
+    """A call's hold on the budgets, as a ledger's `reserve` hands it out and its `settle`, `release` and `spend`
+    take it back: the gate keeps it without looking inside. Each ledger's own kind derives from it
+    (`proctor.policy.Reservation`, a managed agent's stacked pair) and refuses one it did not make."""
+
+    __slots__ = ()
+
 
 SideEffect = Literal["none", "read", "write", "external", "destructive"]
 #: Side-effect classes, least to most dangerous.
@@ -219,6 +245,11 @@ class TrimmedHistory(Sequence[HistoryEntry]):
     def dropped(self) -> int:
         """How many calls of the run came before the first row here."""
 
+    @abstractmethod
+    def aggregate(self, pipeline: Pipeline) -> Fold:
+        """The fold of a history pipeline over every call of the run up to this snapshot, kept by the run as
+        calls end (`proctor.policy.aggregates`): conditions read it instead of walking the rows."""
+
 
 @dataclass(frozen=True, slots=True)
 class Call:
@@ -239,7 +270,7 @@ class Call:
     seen: Sequence[str] = ()
     #: Where values came from (`proctor.provenance.ProvenanceIndex`): what `provenance()` and
     #: `from_user()` read. None outside a run that indexes (they then find no source).
-    provenance: Any = None
+    provenance: ProvenanceIndex | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from proctor.calls import Decision, SideEffect, side_effect_rank
+from proctor.calls import BudgetHold, Decision, SideEffect, side_effect_rank
 from proctor.errors import BudgetExceeded
 
 if TYPE_CHECKING:
@@ -87,6 +87,21 @@ def narrow_decision(base: Decision, parts: Sequence[tuple[Layer, Decision]]) -> 
     return Decision(outcome, tuple(rules), reason, base.policy_sha256)
 
 
+@dataclass(frozen=True, slots=True)
+class StackedHold(BudgetHold):
+    """A managed agent's call held on both ledgers: the parent's (`first`) and its own policy's (`second`)."""
+
+    first: BudgetHold
+    second: BudgetHold | None
+
+
+def _stacked(hold: BudgetHold) -> StackedHold:
+    if not isinstance(hold, StackedHold):
+        raise TypeError(f"a {type(hold).__name__} was given back to a StackedLedger, which made none: a reservation "
+                        "goes back to the ledger whose reserve() made it")
+    return hold
+
+
 class StackedLedger:
     """The budgets a managed agent's call is counted against: its parent's (the run's, so a run-wide
     limit holds for the whole tree) and its own policy's, reserved together or not at all; and
@@ -103,7 +118,7 @@ class StackedLedger:
         """Seconds before the deadline (negative once passed), or None without one."""
         return None if self.deadline is None else self.deadline - time.monotonic()
 
-    def reserve(self, tool: str, side_effect: SideEffect, cost: float) -> Any:
+    def reserve(self, tool: str, side_effect: SideEffect, cost: float) -> StackedHold:
         left = self.time_left()
         if left is not None and left <= 0:
             given = f" ({self.timeout_s:g}s)" if self.timeout_s is not None else ""
@@ -111,24 +126,26 @@ class StackedLedger:
                                  tool=tool)
         first = self.base.reserve(tool, side_effect, cost)
         if self.own is None:
-            return (first, None)
+            return StackedHold(first, None)
         try:
             second = self.own.reserve(tool, side_effect, cost)
         except BaseException:
             self.base.release(first)
             raise
-        return (first, second)
+        return StackedHold(first, second)
 
-    def settle(self, reservation: Any, *, duration_ns: int, cost: float | None = None) -> None:
-        first, second = reservation
+    def settle(self, hold: BudgetHold, *, duration_ns: int, cost: float | None = None) -> None:
+        held = _stacked(hold)
+        first, second = held.first, held.second
         try:
             self.base.settle(first, duration_ns=duration_ns, cost=cost)
         finally:
             if second is not None and self.own is not None:
                 self.own.settle(second, duration_ns=duration_ns, cost=cost)
 
-    def release(self, reservation: Any) -> None:
-        first, second = reservation
+    def release(self, hold: BudgetHold) -> None:
+        held = _stacked(hold)
+        first, second = held.first, held.second
         try:
             self.base.release(first)
         finally:
@@ -142,9 +159,10 @@ class StackedLedger:
     def remaining(self) -> dict[str, dict[str, Any]]:
         return {**(self.own.remaining() if self.own is not None else {}), **self.base.remaining()}
 
-    def spend(self, reservation: Any) -> dict[str, dict[str, Any]]:
+    def spend(self, hold: BudgetHold) -> dict[str, dict[str, Any]]:
         """What the call takes from each budget of both ledgers (on a shared name, the run's)."""
-        first, second = reservation
+        held = _stacked(hold)
+        first, second = held.first, held.second
         own = self.own.spend(second) if self.own is not None and second is not None else {}
         return {**own, **self.base.spend(first)}
 

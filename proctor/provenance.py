@@ -72,6 +72,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from proctor.calls import JSONValue
 from proctor.unicodenorm import nfkc, non_starters
 
 try:  # the tokeniser and digests in C (setup.py); without a compiler the same tokens come from Python below
@@ -518,7 +519,7 @@ class FieldLabels(Protocol):
     """Labels of the values at one field path chosen by the record holding them (`sources.fields` with `when`:
     ``content`` is ``trusted`` when the file's ``owner`` is the user): `proctor.policy.dataflow` gives one."""
 
-    def labels_for(self, record: Mapping[str, Any] | None, otherwise: tuple[str, ...]) -> tuple[str, ...]:
+    def labels_for(self, record: Mapping[str, JSONValue] | None, otherwise: tuple[str, ...]) -> tuple[str, ...]:
         """The labels of the value at the path in `record` (the row holding it: the innermost map that is an item of
         a list, else the result when it is a map; None: none), or
         `otherwise` (what it has without this path) when no choice holds or one cannot be evaluated."""
@@ -541,7 +542,7 @@ class ResultPlan:
 class ResultLabeller(Protocol):
     """What gives a tool's results their labels for one call (`proctor.policy.dataflow.ResultSources`)."""
 
-    def plan(self, tool: str, args: Mapping[str, Any], index: ProvenanceIndex) -> ResultPlan:
+    def plan(self, tool: str, args: Mapping[str, JSONValue], index: ProvenanceIndex) -> ResultPlan:
         """The plan for this call's result, decided on the arguments and on what `index` holds before it."""
         ...
 

@@ -21,6 +21,7 @@ from typing import Any, cast, overload
 import pydantic
 import pydantic_core
 
+from proctor import adapters
 from proctor.calls import SIDE_EFFECTS, SideEffect
 from proctor.errors import ToolDefinitionError, ToolDenied
 
@@ -163,6 +164,13 @@ class Tool:
             raise ToolDefinitionError(f"tool {tool_name!r}: 'Args:' describes unknown parameter(s) {', '.join(extra)}")
         return cls.from_fields(tool_name, description, fn, fields, signature, arg_docs, side_effect=side_effect,
                           cost=cost, is_async=inspect.iscoroutinefunction(fn))
+
+    @classmethod
+    def from_parts(cls, parts: adapters.ToolParts, *, side_effect: SideEffect | None = None, cost: int = 0) -> Tool:
+        """A tool from what `proctor.adapters` reads off a tool made elsewhere (a smolagents tool)."""
+        return cls.from_fields(parts.name, parts.description, parts.fn, parts.fields, parts.signature,
+                               parts.arg_docs, side_effect=side_effect, cost=cost, output_type=parts.output_type,
+                               source=parts.source)
 
     @classmethod
     def from_fields(cls, name: str, description: str, fn: Callable[..., Any], fields: dict[str, Any],
@@ -352,10 +360,8 @@ def as_tool(obj: Any) -> Tool:
     function with a docstring. Anything else is a `ToolDefinitionError` saying what it got."""
     if isinstance(obj, Tool):
         return obj
-    from proctor import adapters
-
     if adapters.is_smolagents_tool(obj):
-        return adapters.from_smolagents(obj)
+        return Tool.from_parts(adapters.smolagents_parts(obj))
     if isinstance(obj, type):
         hint = f"; pass an instance ({obj.__name__}())" if adapters.is_smolagents_tool_class(obj) else ""
         raise ToolDefinitionError(f"got the class {obj.__name__!r}, not a tool{hint}")

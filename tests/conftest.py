@@ -27,11 +27,13 @@ import multiprocessing.process
 import os
 import signal
 import subprocess
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fleet_engines import PostgresServer, RedisServer
 from hypothesis import settings
 from tiers import CHECK_PROFILE, TIERS
 
@@ -228,3 +230,30 @@ def _stable_width(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rendered tables take their width from $COLUMNS off a terminal: every test starts at 120 (a test of
     another width sets its own), so output does not depend on the worker or shell the suite runs in."""
     monkeypatch.setenv("COLUMNS", "120")
+
+
+# -- the real servers (tests/fleet_engines.py): the one place the suite starts Redis and PostgreSQL ------------
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A fresh redis-server on a Unix socket, stopped after the test."""
+    with tempfile.TemporaryDirectory(prefix="proctor-redis-") as root:
+        server = RedisServer(Path(root))
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL cluster (run as nobody when the suite runs as root: PostgreSQL refuses root) for every test
+    of the session: tests name their own audit logs and schemas, and lift the halts they set."""
+    server = PostgresServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.cleanup()

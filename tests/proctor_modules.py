@@ -166,16 +166,3 @@ def cycles(graph: dict[str, frozenset[str]]) -> list[list[str]]:
                 if len(component) > 1:
                     found.append(sorted(component))
     return found
-
-
-def reaches(graph: dict[str, frozenset[str]], start: str, goal: str) -> bool:
-    """Whether `goal` is imported, directly or through others, when `start` is."""
-    seen, todo = {start}, [start]
-    while todo:
-        for nxt in graph.get(todo.pop(), ()):
-            if nxt == goal:
-                return True
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    return False

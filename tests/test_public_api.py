@@ -147,7 +147,8 @@ PUBLIC: dict[str, str] = {
         "scheme_of unregister"
     ),
     "proctor.calls": (
-        "Call CallPosition CallRecord CallStatus Decision HistoryEntry OUTCOMES Outcome RunInfo SIDE_EFFECTS "
+        "BudgetFigures BudgetHold Call CallPosition CallRecord CallStatus Decision HistoryEntry JSONValue OUTCOMES "
+        "Outcome RunInfo SIDE_EFFECTS "
         "STATUSES SideEffect TrimmedHistory line_widths new_id side_effect_rank source_lines"
     ),
     "proctor.errors": (
@@ -176,8 +177,8 @@ PUBLIC: dict[str, str] = {
     ),
     "proctor.policy": "ApprovalSettings Ledger Policy Reservation ToolFacts",
     "proctor.policy.functions": (
-        "BOX_PREFIX CelFunction FUNCTIONS PROVENANCE_FUNCTIONS RECORD_FUNCTIONS boxed cel_sum email_domain "
-        "normalize path_normalize path_within register"
+        "BOX_PREFIX CelFunction FUNCTIONS NATIVE_FUNCTIONS PROVENANCE_FUNCTIONS RECORD_FUNCTIONS boxed cel_sum "
+        "email_domain known_functions normalize path_normalize path_within register"
     ),
     "proctor.policy.reload": "DEFAULT_CHECK_EVERY_MS PolicyChange PolicyRefused PolicySource",
     "proctor.policy.simulate": "RAN_STATUSES RecordedRun Simulation SimulationError complete_history decide_like_gate",

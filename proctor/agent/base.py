@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import IO, TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast, overload
+from typing import IO, TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
@@ -30,7 +30,7 @@ from proctor.agent.tracing import HeldChat, model_span
 from proctor.approval.base import Approver, StoredApprover
 from proctor.audit.base import AuditReader, AuditSink, AuditStartReader
 from proctor.backends import AUDIT_KEY_ENV, load_audit
-from proctor.calls import CallRecord, RunInfo
+from proctor.calls import CallRecord, JSONValue, RunInfo
 from proctor.errors import (
     AuditError,
     BudgetExceeded,
@@ -57,6 +57,8 @@ from proctor.tools import Tool
 
 if TYPE_CHECKING:
     from proctor.agent.streaming import StreamEvent
+    from proctor.audit.keys import KeySource
+    from proctor.policy.schema import BudgetSpec
 
 __all__ = ["AUDIT_KEY_ENV", "AgentBase", "FinalAnswerCheck", "StepCallback", "load_audit", "load_policy"]
 
@@ -66,7 +68,7 @@ log = get_logger("proctor.agent")
 class FinalAnswerCheck(Protocol):
     """A check on the final answer: ``check(answer, memory) -> bool``; False (or a raise) rejects it."""
 
-    def __call__(self, answer: Any, memory: Sequence[Message], /) -> bool: ...
+    def __call__(self, answer: JSONValue, memory: Sequence[Message], /) -> bool: ...
 
 
 StepCallback = Callable[[StepRecord], None]
@@ -104,8 +106,10 @@ class AgentBase:
 
     #: Set on the copy a managed invocation runs (`run_managed`): every policy whose run-wide budgets
     #: stop the loop (the run's and each managed agent's own), and the gate its interpreter talks to.
-    _budget_policies: Sequence[Any] = ()
-    _scoped_gate: Any = None
+    _budget_policies: Sequence[PolicyLike] = ()
+    #: How this agent's programs are isolated (a `CodeAgent`'s `sandbox=`); None for an agent that runs none.
+    sandbox: str | None = None
+    _scoped_gate: ScopedGate | None = None
 
     def __init__(
         self,
@@ -124,7 +128,7 @@ class AgentBase:
         step_callbacks: Sequence[StepCallback] = (),
         program_callbacks: Sequence[StepCallback] = (),
         store: RunStore | str | os.PathLike[str] | None = None,
-        audit_key: Any = None,
+        audit_key: KeySource | None = None,
         ledger: SharedLedger | str | None = None,
         description: str | None = None,
         managed_agents: Sequence[AgentBase] = (),
@@ -139,7 +143,7 @@ class AgentBase:
         #: What the agent does, as a parent's model sees it when this agent is one of its `managed_agents`.
         self.description = description
         # Without a policy of its own, an agent only runs as a managed agent, under its parent's policy.
-        self.policy: Any = load_policy(policy) if policy is not None else None
+        self.policy: PolicyLike | None = load_policy(policy) if policy is not None else None
         self.audit, self.audit_path, self._owns_audit = load_audit(audit, audit_key)
         self.tracer = get_tracer(tracer)
         tools = list(tools)
@@ -154,7 +158,7 @@ class AgentBase:
             if p is not None))
         # Any: the gate's PolicyLike protocol is structural and Policy satisfies it at run time.
         try:
-            self.gate = Gate(cast(Any, self.policy if self.policy is not None else _no_policy()), approver=approver,
+            self.gate = Gate(self.policy if self.policy is not None else _no_policy(), approver=approver,
                              audit=self.audit, tracer=self.tracer, tools=tools, ledger=ledger,
                              shadow=load_policy(shadow) if shadow is not None else None)
         except BaseException:  # refused (a cross-run budget on a local ledger…): the log it opened is closed
@@ -271,7 +275,7 @@ class AgentBase:
         try:
             ctx = self.gate.start_run(principal=principal, labels=labels, task=task, agent=self.name,
                                       provenance=self._reads_provenance())
-            ctx.sandbox_floor = getattr(self, "sandbox", None)  # managed agents' programs run no looser
+            ctx.sandbox_floor = self.sandbox  # managed agents' programs run no looser
             if not reset and self.memory and ctx.provenance is not None:
                 # The transcript and the worker's variables carry earlier runs' results, which this run's
                 # index never saw: count them as unseen content of every label (as a resumed run does).
@@ -320,7 +324,7 @@ class AgentBase:
             durable.end("suspended", answer=None, error=record.error, steps=(), pending=())
             raise
         ctx.agents = (self.name,)
-        ctx.sandbox_floor = getattr(self, "sandbox", None)
+        ctx.sandbox_floor = self.sandbox
         if ctx.provenance is not None:  # earlier results of tools the managed agents' policies label: unseen too
             ctx.provenance.mark_incomplete(label for p in self.provenance_policies
                                            for label in p.result_labels)
@@ -401,14 +405,17 @@ class AgentBase:
         """How this agent's programs are isolated, as its run summary says after ``sandbox:``."""
         return "not used (a tool-calling agent runs no model-written code)"
 
+    def prompt_policy(self) -> PolicyLike:
+        """The policy the system prompt describes the tools with: the agent's own, else the run's (its gate's)."""
+        return self.policy if self.policy is not None else self.gate.policy
+
     def _reads_provenance(self) -> bool:
         """Whether a policy of this agent or of an agent it manages calls provenance()/from_user()."""
         return any(p.uses_provenance for p in self.provenance_policies)
 
     def _idempotent_tools(self) -> set[str]:
-        tools = getattr(self.policy, "model", None)
-        declared = getattr(tools, "tools", None) or {}
-        return {name for name, spec in declared.items() if getattr(spec, "idempotent", False)}
+        declared = self.policy.model.tools if self.policy is not None else {}
+        return {name for name, spec in declared.items() if spec.idempotent}
 
     def _drive(self, ctx: RunContext, task: str, steps: list[StepRecord], started: int,
                durable: DurableRun | None) -> RunResult:
@@ -427,7 +434,7 @@ class AgentBase:
             try:
                 if durable is None and self.store is not None:
                     durable = DurableRun.start(self.store, ctx, task=task, agent=self.name,
-                                               policy_sha256=self.policy.sha256, trace=(trace_id, span.span_id),
+                                               policy_sha256=self.gate.policy.sha256, trace=(trace_id, span.span_id),
                                                idempotent=self._idempotent_tools(), seal=self._store_seal())
                 answer = self._loop(ctx, span, steps, durable, resuming)
                 status: RunStatus = "done"
@@ -492,7 +499,7 @@ class AgentBase:
         ctx = parent.delegate(self.name, ledger=ledger, tools=self.gate.tools, layer=own,
                               parent_call_id=scope.call_id, deadline=deadline)
         ledger.deadline = ctx.deadline  # the earlier of the parent's and this call's
-        ctx.sandbox_floor = strictest_sandbox(parent.sandbox_floor, getattr(self, "sandbox", None))
+        ctx.sandbox_floor = strictest_sandbox(parent.sandbox_floor, self.sandbox)
         runner: AgentBase = self._managed_copy(gate, ctx)
         runner.memory.append({"role": "user",
                               "content": "New task:\n" + managed_task(self.name, task, additional_args)})
@@ -541,7 +548,7 @@ class AgentBase:
         runner.images = RunImages()
         runner._budget_policies = (gate.policy, *(layer.policy for layer in ctx.layers))
         runner._scoped_gate = ScopedGate(gate)
-        if ctx.sandbox_floor is not None and hasattr(runner, "sandbox"):
+        if ctx.sandbox_floor is not None and runner.sandbox is not None:
             runner.sandbox = ctx.sandbox_floor  # never looser than an agent above it (strictest_sandbox)
         runner._fresh_executor()
         if runner.policy is None:  # prompts describe the tools with the run's policy
@@ -682,9 +689,9 @@ class AgentBase:
                 raise _Stop("budget_exhausted", f"budget '{budget.name}' exhausted: wall time "
                                                 f"{budget.limit.wall_time:g}s used")
 
-    def _run_wide_budgets(self) -> list[Any]:
-        policies = self._budget_policies or (self.policy,)
-        return [b for policy in policies for b in getattr(policy, "budgets", ()) if b.match is None and b.per == "run"]
+    def _run_wide_budgets(self) -> list[BudgetSpec]:
+        policies = self._budget_policies or ((self.policy,) if self.policy is not None else ())
+        return [b for policy in policies for b in policy.model.budgets if b.match is None and b.per == "run"]
 
     def _budget_stop(self, calls: Sequence[CallRecord], ctx: RunContext) -> str | None:
         """The reason to stop when a call was refused by a budget that covers the whole run."""

@@ -36,7 +36,7 @@ from proctor.telemetry.logging import get_logger
 from proctor.tools import Tool
 
 if TYPE_CHECKING:
-    from proctor.interpreter.interpreter import SandboxMode
+    from proctor.interpreter.interpreter import Interpreter, SandboxMode
 
 __all__ = ["CodeAgent"]
 
@@ -54,6 +54,8 @@ class CodeAgent(AgentBase):
     program) go to the interpreter; `authorized_imports` are the modules programs
     may import.
     """
+
+    sandbox: SandboxMode
 
     def __init__(
         self,
@@ -89,7 +91,7 @@ class CodeAgent(AgentBase):
         self.authorized_imports = tuple(authorized_imports)
         self.sandbox = sandbox
         self.timeout = timeout
-        self._interpreter: Any = None
+        self._interpreter: Interpreter | None = None
         if self.policy is not None and self.policy.model.sandbox == "required":
             from proctor.interpreter.sandbox import require_bwrap
 
@@ -100,7 +102,7 @@ class CodeAgent(AgentBase):
                 raise
 
     @property
-    def interpreter(self) -> Any:
+    def interpreter(self) -> Interpreter:
         """The interpreter, started on first use."""
         if self._interpreter is None:
             from proctor.interpreter import Interpreter
@@ -115,7 +117,7 @@ class CodeAgent(AgentBase):
     def sandbox_line(self) -> str:
         """"bubblewrap" or "process only (why)": the interpreter's, or what one started now would get."""
         if self._interpreter is not None:
-            return str(self._interpreter.sandbox_line)
+            return self._interpreter.sandbox_line
         from proctor.interpreter.sandbox import describe_sandbox
 
         return describe_sandbox(self.sandbox)
@@ -134,9 +136,7 @@ class CodeAgent(AgentBase):
 
     def close(self) -> None:
         if self._interpreter is not None:
-            close = getattr(self._interpreter, "close", None)
-            if close is not None:
-                close()
+            self._interpreter.close()
             self._interpreter = None
         super().close()
 
@@ -152,13 +152,13 @@ class CodeAgent(AgentBase):
             finally:
                 journal, ctx.journal = ctx.journal, None
                 journal.flush()
-            if journal.diverged is not None or getattr(result, "state_lost", False):
+            if journal.diverged is not None or result.state_lost:
                 log.warning("namespace_rebuild_incomplete", run_id=ctx.info.id, step=step.number,
                             error=str(journal.diverged or result.error))
                 self._reset_executor()
 
     def _system_prompt(self) -> str:
-        return code_agent_prompt(self.tools, self.policy, self.authorized_imports, self.instructions)
+        return code_agent_prompt(self.tools, self.prompt_policy(), self.authorized_imports, self.instructions)
 
     def _ask(self, messages: Sequence[Message]) -> ModelResponse:
         return self.model.generate(messages, stop=_STOP)
@@ -194,7 +194,7 @@ class CodeAgent(AgentBase):
         step.final_answer = bool(result.is_final_answer) and not error
         step.observation = observation(logs=result.logs or "", value=result.value,
                                        has_value=not result.is_final_answer, calls=step.tool_calls, error=error)
-        if getattr(result, "state_lost", False):
+        if result.state_lost:
             # The worker was replaced (timeout or crash): say so, or the model will use names that are gone.
             step.observation += ("\n\nNote: the interpreter was restarted; variables and functions from earlier "
                                  "programs are gone.")

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from proctor.calls import JSONValue
 from proctor.errors import ConfigurationError, ModelError
 from proctor.jsoninput import loads_bounded
 
@@ -100,7 +101,7 @@ class Model(Protocol):
     model_id: str
 
     def generate(
-        self, messages: Sequence[Message], *, tools: Sequence[Mapping[str, Any]] | None = None,
+        self, messages: Sequence[Message], *, tools: Sequence[Mapping[str, JSONValue]] | None = None,
         stop: Sequence[str] | None = None,
     ) -> ModelResponse: ...
 
@@ -149,7 +150,7 @@ class ScriptedModel:
         self.calls: list[list[Message]] = []  # every transcript the model was shown, for assertions
 
     def generate(
-        self, messages: Sequence[Message], *, tools: Sequence[Mapping[str, Any]] | None = None,
+        self, messages: Sequence[Message], *, tools: Sequence[Mapping[str, JSONValue]] | None = None,
         stop: Sequence[str] | None = None,
     ) -> ModelResponse:
         n = len(self.calls)
@@ -258,7 +259,7 @@ class LiteLLMModel:
         _import_litellm()
 
     def generate(
-        self, messages: Sequence[Message], *, tools: Sequence[Mapping[str, Any]] | None = None,
+        self, messages: Sequence[Message], *, tools: Sequence[Mapping[str, JSONValue]] | None = None,
         stop: Sequence[str] | None = None,
     ) -> ModelResponse:
         litellm = _import_litellm()

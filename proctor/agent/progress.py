@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from typing import IO, Any
 
 from proctor.agent.result import StepRecord
+from proctor.approval.base import ApprovalDecision, ApprovalRequest, Approver
 from proctor.calls import CallRecord
 from proctor.termsafe import terminal_safe
 
@@ -165,21 +166,21 @@ class PausingApprover:
     ConsoleApprover …").
     """
 
-    def __init__(self, approver: Any, progress: ProgressLine, *, terminal: bool = True) -> None:
+    def __init__(self, approver: Approver, progress: ProgressLine, *, terminal: bool = True) -> None:
         self.approver = approver
         self.progress = progress
         self.terminal = terminal
 
     @classmethod
-    def around(cls, approver: Any, progress: ProgressLine, *, terminal: bool = True) -> PausingApprover:
+    def around(cls, approver: Approver, progress: ProgressLine, *, terminal: bool = True) -> PausingApprover:
         named: type[PausingApprover] = type(type(approver).__name__, (cls,), {"__module__": cls.__module__})
         return named(approver, progress, terminal=terminal)
 
-    def request(self, request: Any) -> Any:
+    def request(self, request: ApprovalRequest) -> ApprovalDecision:
         if self.terminal:
             with self.progress.paused():
                 return self.approver.request(request)
-        with self.progress.waiting(f"waiting for approval of {getattr(request, 'tool', 'a call')}"):
+        with self.progress.waiting(f"waiting for approval of {request.tool}"):
             return self.approver.request(request)
 
     def __getattr__(self, name: str) -> Any:  # store, timeout…: whatever the gate or agent reads of it

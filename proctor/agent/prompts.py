@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
+from proctor.calls import SideEffect
 from proctor.policy.admission import FactSource, facts_of
 from proctor.tools import Tool
 
@@ -17,15 +18,14 @@ __all__ = ["PolicyDescriber", "code_agent_prompt", "describe_tools", "planning_p
 
 class PolicyDescriber(FactSource, Protocol):
     """What the prompts need of a policy (`proctor.Policy` is one): the tools' facts (read through
-    admission, `facts_of`)."""
+    admission, `facts_of`) and a line saying what it does with each."""
+
+    def describe_tool(self, tool: str, side_effect: SideEffect | None = None) -> str: ...
 
 
-def _policy_line(policy: PolicyDescriber, tool: Tool, side_effect: str) -> str:
-    describe = getattr(policy, "describe_tool", None)
-    if describe is None:
-        return "decided by the policy at each call"
+def _policy_line(policy: PolicyDescriber, tool: Tool, side_effect: SideEffect) -> str:
     try:
-        return str(describe(tool.name, side_effect))
+        return policy.describe_tool(tool.name, side_effect)
     except Exception as exc:  # noqa: BLE001 - a prompt must still be built; the gate decides anyway
         return f"decided by the policy at each call ({type(exc).__name__})"
 

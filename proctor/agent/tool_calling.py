@@ -42,7 +42,7 @@ class ToolCallingAgent(AgentBase):
     default_name = "tool_calling_agent"
 
     def _system_prompt(self) -> str:
-        return tool_calling_prompt(self.tools, self.policy, self.instructions)
+        return tool_calling_prompt(self.tools, self.prompt_policy(), self.instructions)
 
     def _ask(self, messages: Sequence[Message]) -> ModelResponse:
         schemas = [t.json_schema() for t in self.tools] + [FINAL_ANSWER_SCHEMA]

@@ -11,8 +11,9 @@ import hashlib
 import hmac
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
+from proctor.calls import JSONValue
 from proctor.redaction import Redacted
 
 __all__ = ["KINDS", "AuditReader", "AuditResult", "AuditSink", "AuditStartReader", "derive_key"]
@@ -57,11 +58,11 @@ class AuditResult:
 class AuditSink(Protocol):
     """Where the gate records what happens. `AuditLog` and `proctor.testing.InMemoryAudit` are sinks."""
 
-    def append(self, kind: str, fields: Mapping[str, Any], *, durable: bool = True) -> AuditResult:
+    def append(self, kind: str, fields: Mapping[str, JSONValue], *, durable: bool = True) -> AuditResult:
         """Append one record; when `durable`, return only once it is on stable storage."""
         ...
 
-    def redact(self, args: Mapping[str, Any], fields: Sequence[str]) -> Redacted:
+    def redact(self, args: Mapping[str, JSONValue], fields: Sequence[str]) -> Redacted:
         """Redact `fields` of `args` with this sink's key (see `proctor.redaction`)."""
         ...
 
@@ -80,7 +81,7 @@ class AuditReader(Protocol):
     """A sink whose records can be read back by run: a durable run's resume checks its store against them
     (`proctor.store.trail`). `AuditLog`, `PostgresAuditLog` and `InMemoryAudit` are readers."""
 
-    def run_records(self, run_id: str) -> list[dict[str, Any]]:
+    def run_records(self, run_id: str) -> list[dict[str, JSONValue]]:
         """Every record of run `run_id` the trail holds, in order; `AuditError` when it cannot be read."""
         ...
 
@@ -90,7 +91,7 @@ class AuditStartReader(AuditReader, Protocol):
     """A reader that can begin a run's records at the run's start, so that reading them costs what they cost in a
     trail many runs share (`AuditLog`; the PostgreSQL log needs no start: it reads by an index on the run)."""
 
-    def run_records_from(self, run_id: str, start: int) -> list[dict[str, Any]]:
+    def run_records_from(self, run_id: str, start: int) -> list[dict[str, JSONValue]]:
         """`run_records(run_id)`, beginning at record `start`: the seq of the run's `run_started`, as the run's saved
         record says. A hint, not believed: the reader begins there (no record of a run comes before its start)
         only after checking that the record there is that run's `run_started`, and reads as `run_records` does

@@ -29,11 +29,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pydantic
 
 from proctor.approval.base import ApprovalDecision, ApprovalRequest, Approver, CheckingApprover
+from proctor.audit.base import AuditSink
 from proctor.calls import CallPosition, source_lines
 from proctor.codemode.config import ServerConfig
 from proctor.errors import ConfigurationError, ToolsetError
@@ -42,6 +43,9 @@ from proctor.interrupts import Terminated, interruption
 from proctor.store.answerseal import AnswerCheck
 from proctor.termsafe import terminal_safe
 from proctor.tools import Tool
+
+if TYPE_CHECKING:
+    from proctor.gate.gate import PolicyLike
 
 if MCP_MAJOR >= 2:
     from mcp.server.mcpserver import Context
@@ -160,8 +164,8 @@ def program_line(code: str, position: CallPosition | None) -> tuple[int, str] | 
 class CodeMode:
     """The state behind ``proctor mcp serve``: one gate, the upstream toolsets, the sessions."""
 
-    def __init__(self, servers: Sequence[ServerConfig], policy: Any, *, local_tools: Iterable[Tool] = (),
-                 audit: Any = None, approver: Approver | None = None, user: str | None = None,
+    def __init__(self, servers: Sequence[ServerConfig], policy: "PolicyLike", *, local_tools: Iterable[Tool] = (),
+                 audit: AuditSink | None = None, approver: Approver | None = None, user: str | None = None,
                  sandbox: str = "auto", timeout: float = 30.0, authorized_imports: Iterable[str] = (),
                  session_idle: float | None = DEFAULT_SESSION_IDLE) -> None:
         from proctor.gate import Gate
@@ -183,7 +187,7 @@ class CodeMode:
         # second run under the same key. Bounded: the oldest are forgotten first.
         self._reaped: dict[str, str] = {}
         self._lock = threading.Lock()
-        approval_timeout = float(getattr(getattr(policy, "approval", None), "timeout_s", 300.0))
+        approval_timeout = float(policy.approval.timeout_s)
         self.approver = ElicitingApprover(self, approver, approval_timeout)
         self.gate = Gate(policy, approver=self.approver, audit=audit)
 

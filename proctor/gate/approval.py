@@ -179,7 +179,8 @@ class ApprovalStep:
         request = ApprovalRequest(
             call_id=p.call_id, tool=name, side_effect=p.side_effect, args=self.approver_view(p, p.args),
             rules=p.decision.rules, reason=p.decision.reason, policy_sha256=p.decision.policy_sha256,
-            budget=p.ctx.ledger.remaining(), spend=p.ctx.ledger.spend(p.reservation),
+            budget=p.ctx.ledger.remaining(),
+            spend=p.ctx.ledger.spend(p.reservation) if p.reservation is not None else {},
             expires_at_ns=time.time_ns() + int(timeout_s * 1e9), position=p.position,
             binding=approval_binding(name, p.redacted.args, p.call_id, p.decision.policy_sha256), run=p.ctx.info,
             redacted_args=p.redacted.args,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.context import Context
 
 from proctor.approval.base import Grant
-from proctor.calls import CallPosition, CallRecord, CallStatus, Decision, SideEffect
+from proctor.calls import BudgetHold, CallPosition, CallRecord, CallStatus, Decision, SideEffect
 from proctor.errors import ProctorError
 from proctor.narrowing import Layer
 from proctor.policy.engine import ToolFacts
@@ -132,7 +132,7 @@ class InFlight:
         self.redacted: Redacted | None = None
         self.approval: Approval | None = None
         #: What the run's ledger gave for the call's budgets (handed back to it to settle or release).
-        self.reservation: object = None
+        self.reservation: BudgetHold | None = None
         self.value: Any = None
         self.error: ProctorError | None = None
         self.status: CallStatus = "ok"

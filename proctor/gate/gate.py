@@ -36,6 +36,7 @@ from proctor.calls import (
     CallRecord,
     Decision,
     RunInfo,
+    SideEffect,
     new_id,
     side_effect_rank,
 )
@@ -99,6 +100,8 @@ class PolicyLike(AdmissionPolicy, Protocol):
 
     @property
     def approval(self) -> _ApprovalSettings: ...
+    #: One line for a model's system prompt saying what the policy does with `tool` (an agent's prompts).
+    def describe_tool(self, tool: str, side_effect: SideEffect | None = None) -> str: ...
     #: The history pipelines its conditions read, folded per run as calls happen (`RunContext.track`).
     @property
     def pipelines(self) -> tuple[Pipeline, ...]: ...

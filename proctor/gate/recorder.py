@@ -183,7 +183,8 @@ class Recorder:
     def finished(self, p: InFlight) -> CallOutcome:
         """End a call whose tool returned (`p.status`, `p.value`, `p.error`, already cleaned)."""
         name, error = p.name, p.error
-        if p.reservation is not UNCOUNTED:  # nothing to settle (and a call with keywords less)
+        # (UNCOUNTED: nothing to settle, and a call with keywords less)
+        if p.reservation is not None and p.reservation is not UNCOUNTED:
             try:
                 p.ctx.ledger.settle(p.reservation, duration_ns=p.duration_ns)
             except Exception as exc:  # noqa: BLE001 - the budget may now under-count; say so

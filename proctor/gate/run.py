@@ -13,12 +13,24 @@ from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from proctor.approval.base import Grant
 from proctor.approval.grants import grant_admits
-from proctor.calls import CallRecord, CallStatus, HistoryEntry, Outcome, RunInfo, SideEffect, TrimmedHistory
+from proctor.calls import (
+    BudgetFigures,
+    BudgetHold,
+    CallRecord,
+    CallStatus,
+    HistoryEntry,
+    JSONValue,
+    Outcome,
+    RunInfo,
+    SideEffect,
+    TrimmedHistory,
+)
 from proctor.policy.admission import LazyUsage
 from proctor.redaction import scrub
 
 if TYPE_CHECKING:
     from proctor.gate.journal import StepJournal
+    from proctor.policy.aggregates import Fold, Pipeline
 
 __all__ = ["DEFAULT_HISTORY_LIMIT", "AgentContext", "HistoryView", "LazyUsage", "Ledger", "RunContext"]
 
@@ -28,19 +40,19 @@ class Ledger(Protocol):
     `proctor.narrowing.StackedLedger` (a managed agent's) another. `tests/test_run_ledger.py` holds
     both to every promise here."""
 
-    def reserve(self, tool: str, side_effect: SideEffect, cost: float) -> Any: ...
-    def settle(self, reservation: Any, *, duration_ns: int, cost: float | None = None) -> None: ...
-    def release(self, reservation: Any) -> None: ...
-    def usage(self) -> dict[str, dict[str, Any]]: ...
-    def remaining(self) -> dict[str, dict[str, Any]]: ...
-    def spend(self, reservation: Any) -> dict[str, dict[str, Any]]: ...  # what a reserved call takes, per budget
+    def reserve(self, tool: str, side_effect: SideEffect, cost: float) -> BudgetHold: ...
+    def settle(self, hold: BudgetHold, *, duration_ns: int, cost: float | None = None) -> None: ...
+    def release(self, hold: BudgetHold) -> None: ...
+    def usage(self) -> dict[str, BudgetFigures]: ...
+    def remaining(self) -> dict[str, BudgetFigures]: ...
+    def spend(self, hold: BudgetHold) -> dict[str, BudgetFigures]: ...  # what a reserved call takes, per budget
     def next_step(self) -> None: ...
     #: A call that ran before a resume, counted in the run's own budgets again, never refused (shared pools
     #: counted it when it ran).
     def replay(self, tool: str, side_effect: SideEffect, cost: float, duration_ns: int) -> None: ...
     #: What a durable run saves of the budgets at a step's start, and puts back on resume.
-    def snapshot(self) -> dict[str, Any]: ...
-    def restore(self, snapshot: Mapping[str, Any]) -> None: ...
+    def snapshot(self) -> dict[str, JSONValue]: ...
+    def restore(self, snapshot: Mapping[str, JSONValue]) -> None: ...
     #: Model use: counted by the budgets without `match` (`shared=False`: a reply replayed on resume).
     def charge_model(self, tokens: int, cost_usd: float, *, shared: bool = True) -> None: ...
     #: Raise `BudgetExceeded` once a model_tokens or model_cost_usd limit is reached.
@@ -165,7 +177,7 @@ class RunContext:
                 if pipeline.key not in self._folds:
                     self._folds[pipeline.key] = pipeline.new_fold(self._window[1])
 
-    def aggregate(self, pipeline: Any, upto: int) -> Any:
+    def aggregate(self, pipeline: Pipeline, upto: int) -> Fold:
         """The fold of `pipeline` over at least the first `upto` calls of the run (only new entries are fed)."""
         with self._fold_lock:
             fold = self._folds.get(pipeline.key)
@@ -309,7 +321,7 @@ class AgentContext(RunContext):
     def track(self, pipelines: Iterable[Any]) -> None:
         self._root.track(pipelines)
 
-    def aggregate(self, pipeline: Any, upto: int) -> Any:
+    def aggregate(self, pipeline: Pipeline, upto: int) -> Fold:
         return self._root.aggregate(pipeline, upto)
 
     def seen_labels(self) -> tuple[str, ...]:
@@ -399,7 +411,7 @@ class HistoryView(TrimmedHistory):
     def __init__(self, items: list[_Row], n: int, run: RunContext | None = None, base: int = 0) -> None:
         self._items, self._n, self._run, self._base = items, n, run, base
 
-    def aggregate(self, pipeline: Any) -> Any:
+    def aggregate(self, pipeline: Pipeline) -> Fold:
         """The fold of `pipeline` over every call of the run up to (at least) this snapshot (see RunContext)."""
         if self._run is None:
             raise LookupError("no run to fold over")

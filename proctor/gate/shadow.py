@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from proctor.calls import HistoryEntry, RunInfo
+from proctor.calls import BudgetHold, HistoryEntry, RunInfo
 from proctor.errors import BudgetExceeded
 from proctor.gate.call import InFlight
 from proctor.gate.recorder import Recorder, safely
@@ -144,7 +144,7 @@ class PendingDecision:
         #: The enforced admission once its budgets answered, and the budget's refusal if one refused it.
         self.enforced: Admission | None = None
         self.refused: BudgetExceeded | None = None
-        self.reservation: object = None
+        self.reservation: BudgetHold | None = None
 
 
 class Shadow:

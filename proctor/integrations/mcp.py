@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import jsonschema
 import pydantic
 
+from proctor.adapters import side_effect_of
 from proctor.calls import SideEffect
 from proctor.errors import ConfigurationError, MCPToolFailed, ToolOutcomeUnknown, ToolsetError
 from proctor.signatures import Signature, TypeText, render_signature
@@ -107,19 +108,6 @@ _T = TypeVar("_T")
 _CONNECTION_CLOSED = -32000
 _TEXT_CAP = 2000
 _RESERVED = frozenset(dir(builtins)) | {"final_answer"}
-
-
-def side_effect_of(annotations: Mapping[str, Any] | pydantic.BaseModel | None) -> SideEffect:
-    """The side-effect class a server's annotations claim, read with MCP's defaults (destructive,
-    open-world). Only a toolset built with ``trust_annotations=True`` uses it."""
-    hints = _wire(annotations) if isinstance(annotations, pydantic.BaseModel) else dict(annotations or {})
-    if hints.get("readOnlyHint") is True:
-        return "read"
-    if hints.get("destructiveHint", True) is not False:
-        return "destructive"
-    if hints.get("openWorldHint", True) is not False:
-        return "external"
-    return "write"
 
 
 @dataclass(frozen=True, eq=False)

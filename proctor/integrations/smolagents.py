@@ -54,6 +54,7 @@ from smolagents.memory import ActionStep, FinalAnswerStep
 from smolagents.utils import AgentMaxStepsError
 
 from proctor import adapters
+from proctor.adapters import side_effect_of
 from proctor.agent.managed import MAX_AGENT_DEPTH, ScopedGate, strictest_sandbox
 from proctor.calls import new_id
 from proctor.errors import ConfigurationError
@@ -913,8 +914,6 @@ def mcp_client_tools(client: Any, *, name: str = "mcp", trust_annotations: bool 
 
     from smolagents.mcp_client import MCPClient
 
-    from proctor.integrations.mcp import side_effect_of
-
     if not isinstance(client, MCPClient):
         raise ConfigurationError(f"mcp_client_tools() takes a smolagents MCPClient, not a {type(client).__name__}")
     made = client.get_tools()
@@ -933,7 +932,7 @@ def mcp_client_tools(client: Any, *, name: str = "mcp", trust_annotations: bool 
         side_effect = side_effect_of(annotations) if trust_annotations else "destructive"
         schema = spec.inputSchema if isinstance(spec.inputSchema, dict) else {}
         required = {str(k) for k in schema.get("required") or ()}
-        base = adapters.from_smolagents(_MCPClientCall(obj, required), side_effect=side_effect)
+        base = Tool.from_parts(adapters.smolagents_parts(_MCPClientCall(obj, required)), side_effect=side_effect)
         values = {f.name: getattr(base, f.name) for f in dataclasses.fields(Tool)}
         values.update(origin=f"mcp:{name}")
         tools.append(MCPClientTool(**values, annotations=annotations, remote_name=spec.name))

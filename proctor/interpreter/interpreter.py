@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
-from proctor.calls import CallPosition, CallRecord, line_widths, new_id
+from proctor.calls import CallPosition, CallRecord, JSONValue, line_widths, new_id
 from proctor.canonical import canonical_sha256
 from proctor.errors import (
     ApprovalDenied,
@@ -74,9 +74,12 @@ FINAL_GRACE = 1.0  # seconds a program may run on after final_answer() before it
 _UNANSWERED: Any = object()  # `Interpreter._answered` while the gate has not called `on_result`
 MiB = 1024 * 1024
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # types only: the gate is built on this module, and hands the interpreter its run contexts
+    from opentelemetry.context import Context
+
     from proctor.audit.base import AuditResult, AuditSink
     from proctor.gate.call import CallOutcome
+    from proctor.gate.run import RunContext
     from proctor.policy.schema import PolicyModel
 
 
@@ -95,12 +98,15 @@ class GateLike(Protocol):
     @property
     def policy(self) -> _PolicyLike: ...  # its `sandbox:` (required: no worker without bubblewrap)
 
-    def register(self, *tools: Any) -> None: ...
-    def start_run(self) -> Any: ...
-    def submit(self, tool: Any, args: Any = None, *, context: Any = None, call_id: Any = None,
-               parent: Any = None, on_result: Any = None, position: CallPosition | None = None) -> Any: ...
+    def register(self, *tools: Tool) -> None: ...
+    def start_run(self) -> RunContext: ...
+    def submit(self, tool: str, args: Mapping[str, JSONValue] | None = None, *, context: RunContext | None = None,
+               call_id: str | None = None, parent: Context | None = None,
+               on_result: Callable[[object, ProctorError | None], None] | None = None,
+               position: CallPosition | None = None) -> CallOutcome: ...
     #: Record and refuse a call whose arguments the interpreter would not decode (over a size limit).
-    def refuse(self, tool: str, reason: str, *, context: Any = None, call_id: str | None = None, parent: Any = None,
+    def refuse(self, tool: str, reason: str, *, context: RunContext | None = None, call_id: str | None = None,
+               parent: Context | None = None,
                args_sha256: str | None = None, args_bytes: int | None = None) -> CallOutcome: ...
 
 
@@ -109,7 +115,7 @@ class Interpreter:
 
     def __init__(self, tools: Iterable[Tool | Callable[..., Any]], gate: GateLike, *, timeout: float = 30,
                  authorized_imports: Iterable[str] = (), sandbox: SandboxMode = "auto",
-                 memory_limit: int | None = 512 * MiB, max_output: int = 50_000, context: Any = None,
+                 memory_limit: int | None = 512 * MiB, max_output: int = 50_000, context: RunContext | None = None,
                  cpu_limit: int = 3600, max_processes: int = 64, start_timeout: float = 30.0,
                  final_answer: Tool | Callable[..., Any] | None = None, hash_seed: int | None = None,
                  max_arg_bytes: int = 1 * MiB, max_run_arg_bytes: int = 64 * MiB, max_frame_bytes: int = 4 * MiB,
@@ -208,8 +214,8 @@ class Interpreter:
                 self._worker.kill()
             self._worker = self._start()
 
-    def run(self, code: str, *, context: Any = None, parent: Any = None, seed: int | None = None,
-            variables: Mapping[str, Any] | None = None) -> ExecutionResult:
+    def run(self, code: str, *, context: RunContext | None = None, parent: Context | None = None,
+            seed: int | None = None, variables: Mapping[str, Any] | None = None) -> ExecutionResult:
         """Run one program in the persistent namespace; never raises for anything the program does.
 
         `variables` are set in the namespace before the program starts, as the channel carries them
@@ -276,7 +282,7 @@ class Interpreter:
 
     # -- the step loop ---------------------------------------------------------------------------
 
-    def _drive(self, worker: WorkerProcess, ctx: Any, parent: Any, calls: list[CallRecord],
+    def _drive(self, worker: WorkerProcess, ctx: RunContext, parent: Context | None, calls: list[CallRecord],
                started: float) -> ExecutionResult:
         deadline = time.monotonic() + self.timeout
         final: list[Any] = []
@@ -328,7 +334,7 @@ class Interpreter:
                 else:
                     raise ProtocolError("unexpected ready message during a run")
 
-    def _serve(self, worker: WorkerProcess, req: CallRequest, ctx: Any, parent: Any,
+    def _serve(self, worker: WorkerProcess, req: CallRequest, ctx: RunContext, parent: Context | None,
                calls: list[CallRecord], after_final: bool, began: float, size: int) -> float:
         """Answer one request; return the seconds the program spent waiting for a tool or an
         approval (from `began` until the answer left), which do not count against its timeout."""
@@ -422,7 +428,7 @@ class Interpreter:
         else:
             self._answered = None
 
-    def _refuse_oversized(self, worker: WorkerProcess, call: OversizedCall, ctx: Any, parent: Any,
+    def _refuse_oversized(self, worker: WorkerProcess, call: OversizedCall, ctx: RunContext, parent: Context | None,
                           calls: list[CallRecord]) -> None:
         """A call refused by its size, before its arguments were decoded: audited with their digest."""
         if not worker.seen_ids.take(call.id):
@@ -436,7 +442,8 @@ class Interpreter:
                       f"{call.limit:,} ({call.setting})")
         self._refuse_unread(worker, call.id, call.tool, reason, ctx, parent, calls, call.sha256, call.size)
 
-    def _refuse_unread(self, worker: WorkerProcess, rid: int, tool: str, reason: str, ctx: Any, parent: Any,
+    def _refuse_unread(self, worker: WorkerProcess, rid: int, tool: str, reason: str, ctx: RunContext,
+                       parent: Context | None,
                        calls: list[CallRecord], sha256: str | None, nbytes: int) -> None:
         call_id = new_id("call_")
         record = None
@@ -502,10 +509,10 @@ class Interpreter:
             result = _replace(result, value=final[0], is_final_answer=True, error=None)
         return result
 
-    def _violation(self, reason: str, calls: list[CallRecord], ctx: Any) -> ExecutionResult:
+    def _violation(self, reason: str, calls: list[CallRecord], ctx: RunContext | None) -> ExecutionResult:
         """The worker broke the protocol: record it in the audit trail, kill it, end the run."""
         worker = self._worker
-        fields = {"run_id": getattr(getattr(ctx, "info", None), "id", None), "reason": reason[:2000],
+        fields = {"run_id": ctx.info.id if ctx is not None else None, "reason": reason[:2000],
                   "isolation": self.isolation, "host_pid": worker.proc.pid if worker is not None else None}
         log.error("protocol_violation", **fields)
         audit = self.gate.audit
@@ -622,7 +629,7 @@ class Interpreter:
             if not result.ok:
                 log.error("audit_write_failed", kind="worker_started", error=result.error)
 
-    def _run_context(self) -> Any:
+    def _run_context(self) -> RunContext:
         if self.context is None:
             self.context = self.gate.start_run()
         return self.context

@@ -43,7 +43,7 @@ class Activation(Mapping[str, Any]):
         #: Whether conditions read history through folds (hidden variables). A run's history keeps them
         #: incrementally; a short plain list (Policy.decide, policy tests) is cheaper given to CEL whole,
         #: as before folds existed: folding it costs one CEL execution per entry and stage.
-        self.folds_history = hasattr(history, "aggregate") or len(history) > _PLAIN_FOLD_MIN
+        self.folds_history = isinstance(history, TrimmedHistory) or len(history) > _PLAIN_FOLD_MIN
         # Without folds, the fold needs do not apply: the plain ones, or none (whole values).
         self._needs = (needs if self.folds_history else plain_needs) or {}
         self._functions = functions
@@ -153,8 +153,8 @@ class Activation(Mapping[str, Any]):
         if fold is None:
             pipeline = pipeline_named(name)
             history = self._call.history
-            aggregate = getattr(history, "aggregate", None)
-            fold = aggregate(pipeline) if aggregate is not None else fold_list(pipeline, (h.as_dict() for h in history))
+            fold = (history.aggregate(pipeline) if isinstance(history, TrimmedHistory)
+                    else fold_list(pipeline, (h.as_dict() for h in history)))
             self._folds[name] = fold
         return fold
 

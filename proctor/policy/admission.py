@@ -25,7 +25,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from proctor.calls import Call, Decision, HistoryEntry, RunInfo, SideEffect, side_effect_rank
+from proctor.calls import (
+    BudgetFigures,
+    Call,
+    Decision,
+    HistoryEntry,
+    JSONValue,
+    RunInfo,
+    SideEffect,
+    side_effect_rank,
+)
 from proctor.errors import ToolDenied
 from proctor.narrowing import narrow_decision, narrow_facts
 
@@ -49,7 +58,7 @@ class AdmittedTool(Protocol):
     def side_effect(self) -> SideEffect | None: ...
     @property
     def cost(self) -> int: ...
-    def validate(self, args: Mapping[str, Any]) -> dict[str, Any]: ...
+    def validate(self, args: Mapping[str, JSONValue]) -> dict[str, JSONValue]: ...
 
 
 class FactSource(Protocol):
@@ -65,14 +74,14 @@ class AdmissionPolicy(FactSource, Protocol):
     def sha256(self) -> str: ...
     def fixed_decision(self, tool: str, side_effect: SideEffect) -> Decision | None: ...
     def decide(self, call: Call) -> Decision: ...
-    def side_effect_of(self, tool: str, args: Mapping[str, Any], declared: SideEffect | None = None,
+    def side_effect_of(self, tool: str, args: Mapping[str, JSONValue], declared: SideEffect | None = None,
                        run: RunInfo | None = None) -> SideEffect: ...
-    def cost_of(self, tool: str, args: Mapping[str, Any], declared_cost: int = 0,
+    def cost_of(self, tool: str, args: Mapping[str, JSONValue], declared_cost: int = 0,
                 run: RunInfo | None = None) -> float: ...
 
 
 class UsageSource(Protocol):
-    def usage(self) -> dict[str, dict[str, Any]]: ...
+    def usage(self) -> dict[str, BudgetFigures]: ...
 
 
 class LayerView(Protocol):
@@ -93,7 +102,7 @@ class RunView(Protocol):
     def provenance(self) -> ProvenanceIndex | None: ...
     def history_view(self) -> Sequence[HistoryEntry]: ...
     def seen_labels(self) -> Sequence[str]: ...
-    def usage_view(self) -> Mapping[str, Any]: ...
+    def usage_view(self) -> Mapping[str, BudgetFigures]: ...
 
 
 class LazyUsage(Mapping[str, Any]):

@@ -55,18 +55,32 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from itertools import combinations
-from typing import Any
+from typing import Any, Protocol
 
+from proctor.calls import Call, JSONValue
 from proctor.errors import AggregateError, ValueTooDeep
 from proctor.policy._cel import cel
 from proctor.policy.functions import FUNCTIONS as CEL_FUNCTIONS
+from proctor.policy.functions import known_functions
 from proctor.policy.values import check_value
 
 __all__ = [
-    "FREE_VARIABLES", "PURE_FUNCTIONS", "AggregateError", "Fold", "KeyedFold", "Pipeline", "Rewrite", "WindowFold",
-    "Token", "closing", "fold_list", "history_windows", "is_hidden", "pipeline_named", "rewrite", "split_args",
-    "tokenize", "unbox_source", "window_notes",
+    "FREE_VARIABLES", "PURE_FUNCTIONS", "AggregateError", "CallVariables", "Fold", "KeyedFold", "Pipeline",
+    "Rewrite", "WindowFold", "Token", "closing", "fold_list", "history_windows", "is_hidden", "pipeline_named",
+    "rewrite", "split_args", "tokenize", "unbox_source", "window_notes",
 ]
+
+
+class CallVariables(Protocol):
+    """What a keyed pipeline's value reads of the call being decided (`proctor.policy.activation.Activation` is
+    one): its condition variables by name, and the call itself (for the functions its residual predicate calls)."""
+
+    def __getitem__(self, name: str) -> JSONValue: ...
+    @property
+    def call(self) -> Call: ...
+    #: The CEL context holding `names` and `functions` for this call, built once per decision.
+    def cel_context(self, names: tuple[str, ...], functions: tuple[str, ...] = ()) -> cel.Context: ...
+
 
 #: The variables of the call being decided that the call side (``F``) of a keyed equality may read.
 FREE_VARIABLES = frozenset({"args", "tool", "side_effect", "run", "usage", "seen"})
@@ -664,8 +678,6 @@ def _reads(toks: list[_Tok], lo: int, hi: int, name: str) -> bool:
 
 def _call_side(toks: list[_Tok], lo: int, hi: int, var: str) -> bool:
     """Whether tokens lo..hi read only the call being decided (`FREE_VARIABLES`), literals and known functions."""
-    from proctor.policy.conditions import known_functions
-
     names = set(FREE_VARIABLES)
     for j in range(lo, hi - 3):
         if toks[j].text == "." and toks[j + 1].text in _MACROS and toks[j + 2].text == "(" and toks[j + 3].kind == "id":
@@ -810,7 +822,7 @@ class Fold:
             if held == (t == "exists"):
                 self.decided = (True, held)
 
-    def value_in(self, activation: Any) -> Any:
+    def value_in(self, activation: CallVariables) -> Any:
         """The value for the call `activation` decides (`proctor.policy.activation.Activation`): an
         entry-local pipeline's value is the same for every call (`value`); a keyed one reads the call."""
         return self.value()
@@ -959,7 +971,7 @@ class KeyedFold(Fold):
     def value(self) -> Any:
         raise AggregateError("a keyed history pipeline has a value only for a call")
 
-    def value_in(self, activation: Any) -> Any:
+    def value_in(self, activation: CallVariables) -> Any:
         if self.fatal is not None:
             raise AggregateError(self.fatal)
         if self.start:
@@ -1003,7 +1015,7 @@ class KeyedFold(Fold):
         total = count + extra
         return total == 1 if mode == "exists_one" else total
 
-    def _residual(self, activation: Any, entries: list[Any]) -> Any:
+    def _residual(self, activation: CallVariables, entries: list[Any]) -> Any:
         keyed = self.pipeline.keyed
         assert keyed is not None
         variables = {name: activation[name] for name in keyed.residual_variables}
@@ -1012,8 +1024,7 @@ class KeyedFold(Fold):
         except ValueTooDeep as exc:
             raise AggregateError(str(exc)) from None
         variables["__r"] = entries
-        call = getattr(activation, "call", None)
-        functions = {fn: CEL_FUNCTIONS[fn].callable_for(call) for fn in keyed.residual_functions}
+        functions = {fn: CEL_FUNCTIONS[fn].callable_for(activation.call) for fn in keyed.residual_functions}
         try:
             return keyed.residual.execute(cel.Context(variables, functions))
         except Exception as exc:  # noqa: BLE001 - the predicate's error as CEL gives it

@@ -4,7 +4,7 @@ A policy names approvers per rule (`approvers: {groups: [sre-leads], not: princi
 approval (`approval: {approvers: …}`). An answer comes with an `Answerer`: the name it is recorded
 under, how that name was proven (`method`), and the groups the gate or the inbox could learn for it
 (from the token file, or from the policy's `approval.os_users` mapping). `refusal()` is the one
-check, used where answers are taken (`proctor.store.answers`) and again where the gate judges them
+check, used where answers are taken (`proctor.approval.answers`) and again where the gate judges them
 (`proctor.gate.approval`): it returns the one-line reason an answer is refused, or None.
 
 Data and pure functions (but `os_account`, which reads the password database), so admission stays

@@ -35,9 +35,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from proctor.calls import RunInfo
+from proctor.calls import BudgetHold, RunInfo
 from proctor.errors import BudgetExceeded, LedgerUnavailable
 from proctor.ledger.base import Claim, Lease, PoolUsage, SharedLedger
+from proctor.ledger.memory import MemoryLedger
 from proctor.ledger.opening import default_ledger
 from proctor.policy.matching import Matcher
 
@@ -52,7 +53,7 @@ _WINDOW_MARGIN_S = 3600
 
 
 @dataclass(frozen=True, slots=True)
-class Reservation:
+class Reservation(BudgetHold):
     """A call counted against the budgets it matches, awaiting `settle` or `release`."""
 
     id: int
@@ -66,6 +67,12 @@ class Reservation:
     lease: Lease | None = None
 
 
+def _own(hold: BudgetHold) -> Reservation:
+    """`hold` as this kind of ledger made it; another kind (a managed agent's stacked pair) is a caller's bug."""
+    if not isinstance(hold, Reservation):
+        raise TypeError(f"a {type(hold).__name__} was given back to a budget Ledger, which made none: a reservation "
+                        "goes back to the ledger whose reserve() made it")
+    return hold
 
 
 #: The reservation of a call no budget counts: it holds nothing, so one serves them all.
@@ -327,8 +334,9 @@ class Ledger:
             out.append(self._used[name])
         return out
 
-    def settle(self, reservation: Reservation, *, duration_ns: int, cost: float | None = None) -> None:
+    def settle(self, hold: BudgetHold, *, duration_ns: int, cost: float | None = None) -> None:
         """The call ran for `duration_ns`; `cost`, when given, replaces the reserved cost."""
+        reservation = _own(hold)
         if not reservation.budgets:
             return
         with self._lock:
@@ -341,8 +349,9 @@ class Ledger:
         if reservation.lease is not None:
             self.shared.settle(reservation.lease, duration_ns=duration_ns, cost=cost)
 
-    def release(self, reservation: Reservation) -> None:
+    def release(self, hold: BudgetHold) -> None:
         """The call did not run: give back its call and its cost."""
+        reservation = _own(hold)
         if not reservation.budgets:
             return
         with self._lock:
@@ -449,8 +458,7 @@ class Ledger:
                         setattr(record, key, value)
 
     def _preload_shared(self, budget: _Budget, used: Mapping[str, float], fields: tuple[str, ...]) -> None:
-        preload = getattr(self.shared, "preload", None)
-        if preload is None:
+        if not isinstance(self.shared, MemoryLedger):
             raise ValueError(f"budget {budget.name!r} is shared ({budget.spec.per}); only an in-memory ledger "
                              "can start from recorded usage")
         unknown = [k for k in used if k not in fields]
@@ -458,7 +466,7 @@ class Ledger:
             raise ValueError(f"budget {budget.name!r}: unknown usage {unknown[0]!r} (expected {', '.join(fields)})")
         pool = PoolUsage(int(used.get("calls", 0)), used.get("cost", 0), int(used.get("wall_time_ms", 0) * 1_000_000),
                          int(used.get("model_tokens", 0)), float(used.get("model_cost_usd", 0.0)))
-        preload(pool_key(budget.spec, self._run, self._wall()), pool)
+        self.shared.preload(pool_key(budget.spec, self._run, self._wall()), pool)
 
     def next_step(self) -> None:
         """Start a new step: `per: step` budgets start from zero."""
@@ -532,11 +540,12 @@ class Ledger:
                 )  # fmt: skip
         return {b.name: out[b.name] for b in self._budgets}
 
-    def spend(self, reservation: Reservation) -> dict[str, dict[str, Any]]:
+    def spend(self, hold: BudgetHold) -> dict[str, dict[str, Any]]:
         """What the reserved call takes from each budget it counts against, for the limits that budget sets
         on a call's count and cost (``{"one-charge": {"calls": 1}, "outbound": {"calls": 1, "cost": 10}}``);
         the time it runs is counted once it ran. An approver reads it beside `remaining`."""
         out: dict[str, dict[str, Any]] = {}
+        reservation = _own(hold)
         for name in reservation.budgets:
             budget = self._by_name.get(name)
             if budget is None:

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proctor.errors import ConditionError, EvaluationError, ValueTooDeep
-from proctor.policy import dataflow as _dataflow  # noqa: F401 - registers field_provenance() & co. in the catalogue
 from proctor.policy._cel import cel
+from proctor.policy.activation import Activation
 from proctor.policy.aggregates import (
     AggregateError,
     Rewrite,
@@ -32,7 +32,7 @@ from proctor.policy.aggregates import (
     tokenize,
     unbox_source,
 )
-from proctor.policy.functions import BOX_PREFIX
+from proctor.policy.functions import BOX_PREFIX, known_functions
 from proctor.policy.functions import FUNCTIONS as CEL_FUNCTIONS
 from proctor.policy.probes import PROBE_FUNCTIONS, Unresolved, rewrite_probes
 from proctor.policy.projection import Needs, needs_of
@@ -42,7 +42,6 @@ __all__ = [
     "FUNCTIONS",
     "MAX_CONTAINERS",
     "MAX_DEPTH",
-    "NATIVE_FUNCTIONS",
     "VARIABLES",
     "Condition",
     "ConditionError",
@@ -51,30 +50,12 @@ __all__ = [
     "check_value",
     "compile_condition",
     "compile_expression",
-    "known_functions",
     "namespaced",
     "regex_problem",
 ]
 
 #: The variables a condition may use, in the order the docs list them.
 VARIABLES: tuple[str, ...] = ("tool", "args", "side_effect", "history", "run", "usage", "seen")
-
-#: Functions of the native CEL library (operators are named `_x_`, `!_`, `@in`… and always allowed).
-NATIVE_FUNCTIONS: frozenset[str] = frozenset(
-    {
-        "size", "contains", "startsWith", "endsWith", "matches",
-        "int", "uint", "double", "string", "bytes", "timestamp", "duration", "dyn", "type",
-        "getFullYear", "getMonth", "getDate", "getDayOfMonth", "getDayOfWeek", "getDayOfYear",
-        "getHours", "getMinutes", "getSeconds", "getMilliseconds",
-        "of", "none", "hasValue", "value", "orValue", "or",
-    }
-)  # fmt: skip
-
-
-def known_functions() -> frozenset[str]:
-    """Every function a condition may call: CEL's native ones and proctor's registry (`functions.FUNCTIONS`)."""
-    return NATIVE_FUNCTIONS | frozenset(CEL_FUNCTIONS)
-
 
 #: Kept for callers of the earlier name: the functions known when this module was imported.
 FUNCTIONS: frozenset[str] = known_functions()
@@ -145,13 +126,13 @@ class Condition:
     def compute(self, activation: Mapping[str, Any]) -> Any:
         """The expression's value for `activation` (any CEL value); raises EvaluationError."""
         try:
-            cel_context = getattr(activation, "cel_context", None)
-            if cel_context is not None and self.fast is not None and getattr(activation, "folds_history", True):
+            if isinstance(activation, Activation) and self.fast is not None and activation.folds_history:
                 try:
-                    result = self.fast.execute(cel_context(self.fast_variables, self.functions))
+                    result = self.fast.execute(activation.cel_context(self.fast_variables, self.functions))
                 except AggregateError:  # an aggregate is an error: let CEL see it as one, where || may absorb it
                     result = self.fast_calls.execute(_calls_context(self, activation))
-            elif cel_context is not None:
+            elif isinstance(activation, Activation):
+                cel_context = activation.cel_context
                 context = None
                 if self.probed is not None:
                     try:
@@ -195,7 +176,7 @@ def _calls_context(condition: Condition, activation: Mapping[str, Any]) -> Any:
     names = condition.fast_variables
     variables = {n: activation[n] for n in names if not is_hidden(n)}
     functions = {n: _raiser(activation, n) for n in names if is_hidden(n)}
-    call = getattr(activation, "call", None)
+    call = activation.call if isinstance(activation, Activation) else None
     for fn in condition.functions:
         functions[fn] = CEL_FUNCTIONS[fn].callable_for(call)
     return cel.Context(variables, functions)

@@ -28,7 +28,8 @@ tools:
 call's arguments, to `ProvenanceIndex.add_result`, which asks it for the call's `ResultPlan`. A
 `calls[].when` that cannot be evaluated gives the result every label the tool may carry (fail safe).
 
-The functions conditions gain here (registered in `proctor.policy.functions.FUNCTIONS`):
+The functions conditions gain for it (registered with the rest of the catalogue, `proctor.policy.functions`, so
+that every condition compiled knows them whether or not this module was imported):
 
 - `field_provenance(value)`: the labels under which `value` appeared as a *whole* value of a result
   (a field, an item), never as a token inside longer text: a URL built on a host a page named is no
@@ -44,24 +45,22 @@ The functions conditions gain here (registered in `proctor.policy.functions.FUNC
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from proctor.calls import Call
 from proctor.policy._cel import cel
-from proctor.policy.functions import FUNCTIONS, CelFunction, register
+from proctor.policy.conditions import Condition, compile_expression
+from proctor.policy.functions import FUNCTIONS
 from proctor.policy.functions import RECORD_FUNCTIONS as _RECORD_FUNCTIONS
+from proctor.policy.lets import expand
 from proctor.policy.validators import FIELD_WHEN_VARIABLES, LABEL_WHEN_VARIABLES
 from proctor.provenance import ProvenanceIndex, ResultPlan
 
 if TYPE_CHECKING:
-    from proctor.policy.conditions import Condition
     from proctor.policy.engine import Policy
     from proctor.tools import Tool
-
-# (proctor.policy.conditions and .lets are imported where used: conditions.py imports this module, to register
-# its functions in the catalogue, before it has finished importing)
 
 __all__ = ["DATAFLOW_FUNCTIONS", "RECORD_FUNCTIONS", "ResultSources", "field_path_steps", "result_sources",
            "source_findings"]
@@ -121,13 +120,6 @@ class _RecordLabels:
         return otherwise
 
 
-@dataclass(frozen=True, slots=True)
-class _Bound:
-    """What the provenance functions read while a `calls[].when` is evaluated: the run's index so far."""
-
-    provenance: ProvenanceIndex
-
-
 class ResultSources:
     """One tool's `sources`, compiled: gives each call's result its `ResultPlan` (a `ResultLabeller`)."""
 
@@ -170,11 +162,10 @@ class _Failed(Exception):
 
 
 def _evaluate(condition: Condition, variables: Mapping[str, Any], call: Call) -> bool:
-    bound = _Bound(call.provenance)
     try:  # (a record CEL cannot take, a set or an object in it, fails the condition too)
         context = cel.Context({name: variables[name] for name in condition.variables})
         for fn in condition.functions:
-            context.add_function(fn, FUNCTIONS[fn].callable_for(bound))
+            context.add_function(fn, FUNCTIONS[fn].callable_for(call))
         value = condition.program.execute(context)
     except Exception as exc:  # noqa: BLE001 - any failure of the condition is a failure: fail safe
         raise _Failed(str(exc)) from None
@@ -197,9 +188,6 @@ def result_sources(policy: Policy, tool: str) -> ResultSources | None:
         if sources is None:
             per_tool[tool] = None
         else:
-            from proctor.policy.conditions import compile_expression
-            from proctor.policy.lets import expand
-
             calls = tuple(
                 _CallChoice(compile_expression(expand(c.when, policy.lets), LABEL_WHEN_VARIABLES, "when"),
                             tuple(c.labels))
@@ -317,87 +305,3 @@ def _walk(root: Mapping[str, Any], node: Mapping[str, Any], steps: tuple[str, ..
         else:
             problems.append(f"no field '{step}' in the result there (fields: {', '.join(sorted(props)) or 'none'})")
     return problems[0] if problems else None
-
-
-# -- the CEL functions -----------------------------------------------------------------------------------------
-
-
-def _index_of(call: Any) -> ProvenanceIndex | None:
-    index = getattr(call, "provenance", None)
-    return index if isinstance(index, ProvenanceIndex) else None
-
-
-def _no_labels(value: Any) -> list[str]:
-    return []
-
-
-def _carries_nothing(value: Any, labels: Any) -> bool:
-    _labels_argument(labels)
-    return False
-
-
-def _labels_argument(labels: Any) -> tuple[str, ...]:
-    if isinstance(labels, str):
-        return (labels,)
-    if isinstance(labels, (list, tuple)) and all(isinstance(label, str) for label in labels):
-        return tuple(labels)
-    raise TypeError("carries() takes a value and a label or a list of labels")
-
-
-def _bind(method: Callable[[ProvenanceIndex], Callable[..., Any]], empty: Callable[..., Any]) -> Callable[
-        [Any], Callable[..., Any]]:
-    def bind(call: Any) -> Callable[..., Any]:
-        index = _index_of(call)
-        return empty if index is None else method(index)
-
-    return bind
-
-
-def _bound_carries(index: ProvenanceIndex) -> Callable[..., Any]:
-    return lambda value, labels: index.carries(value, _labels_argument(labels))
-
-
-def _tools_argument(tools: Any) -> tuple[str, ...]:
-    if isinstance(tools, str):
-        return (tools,)
-    if isinstance(tools, (list, tuple)) and all(isinstance(name, str) for name in tools):
-        return tuple(tools)
-    raise TypeError("same_record() and same_call() take two values and, third, a tool's name or a list of names")
-
-
-def _bound_same(method: Callable[[ProvenanceIndex], Callable[..., bool]]) -> Callable[[ProvenanceIndex],
-                                                                                     Callable[..., Any]]:
-    def bound(index: ProvenanceIndex) -> Callable[..., Any]:
-        same = method(index)
-
-        def call(a: Any, b: Any, tools: Any = None) -> bool:
-            return same(a, b, None if tools is None else _tools_argument(tools))
-
-        return call
-
-    return bound
-
-
-def _same_nothing(a: Any, b: Any, tools: Any = None) -> bool:
-    if tools is not None:
-        _tools_argument(tools)
-    return False
-
-
-register(CelFunction("same_record", bind=_bind(_bound_same(lambda i: i.same_record), _same_nothing), takes=(2, 3),
-                     doc="same_record(a, b[, tools]): one record (the innermost map holding them) of a result of a "
-                         "tool with sources held both as whole values"))
-register(CelFunction("same_call", bind=_bind(_bound_same(lambda i: i.same_call), _same_nothing), takes=(2, 3),
-                     doc="same_call(a, b[, tools]): one call's result (of a tool with sources) held both as whole "
-                         "values"))
-register(CelFunction("same_source", bind=_bind(lambda i: i.same_source, lambda a, b: False), takes=(2, 2),
-                     doc="same_source(a, b): both appeared as whole values at one TOOL:PATH (the same field of the "
-                         "same tool)"))
-register(CelFunction("field_provenance", bind=_bind(lambda i: i.field_labels, _no_labels), takes=(1, 1),
-                     doc="labels under which a value appeared as a whole value of a result (a field, an item), "
-                         "never inside longer text; for a list, those every item has"))
-register(CelFunction("field_paths", bind=_bind(lambda i: i.field_paths, _no_labels), takes=(1, 1),
-                     doc="where a value appeared as a whole value of a result: 'TOOL:PATH' strings, sorted"))
-register(CelFunction("carries", bind=_bind(_bound_carries, _carries_nothing), takes=(2, 2),
-                     doc="carries(value, label or list): the value holds something from a source with that label, "
-                         "matched as provenance() matches"))

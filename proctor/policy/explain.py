@@ -15,12 +15,12 @@ from proctor.policy.activation import Activation
 from proctor.policy.admission import decide_call
 from proctor.policy.aggregates import window_notes
 from proctor.policy.conditions import ConditionError, EvaluationError, compile_expression
-from proctor.policy.engine import Policy
 from proctor.policy.lets import uses
 from proctor.policy.simulate import decide_like_gate
 from proctor.provenance import ProvenanceIndex
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # `Policy.explain` calls this module: the policy is read here, never built
+    from proctor.policy.engine import Policy
     from proctor.tools import Tool
 
 __all__ = ["Explanation", "RuleTrace", "argument_sources", "explain", "history_notes"]

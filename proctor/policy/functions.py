@@ -43,19 +43,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from proctor.calls import Call
 from proctor.links import links_in
 from proctor.policy._cel import cel
+from proctor.provenance import ProvenanceIndex
 from proctor.unicodenorm import nfkc
 
 __all__ = [
     "BOX_PREFIX",
     "FUNCTIONS",
+    "NATIVE_FUNCTIONS",
     "CelFunction",
     "PROVENANCE_FUNCTIONS",
     "RECORD_FUNCTIONS",
     "boxed",
     "cel_sum",
     "email_domain",
+    "known_functions",
     "normalize",
     "path_normalize",
     "path_within",
@@ -83,14 +87,14 @@ class CelFunction:
 
     name: str
     fn: Callable[..., Any] | None = None
-    bind: Callable[[Any], Callable[..., Any]] | None = None
+    bind: Callable[[Call | None], Callable[..., Any]] | None = None
     doc: str = ""
     #: For a function returning a list of strings: a ``bind`` whose callable returns the same value as
     #: a `cel.OptionalValue` (built once per distinct value). Conditions then call the hidden companion
     #: ``__box_<name>(…).value()`` instead (`proctor.policy.conditions`): the `cel` package converts a
     #: returned Python list item by item (~3 µs per string: it tries nine other types first), while an
     #: OptionalValue it already holds costs nothing to pass back.
-    box: Callable[[Any], Callable[..., Any]] | None = None
+    box: Callable[[Call | None], Callable[..., Any]] | None = None
     #: How many arguments it takes (fewest, most; None: no most), a method's receiver counted; checked
     #: when a condition is compiled. None: read from `fn`'s signature (a `bind` function gives it here).
     takes: tuple[int, int | None] | None = None
@@ -103,7 +107,7 @@ class CelFunction:
             return None
         return _signature_arity(self.fn)
 
-    def callable_for(self, call: Any) -> Callable[..., Any]:
+    def callable_for(self, call: Call | None) -> Callable[..., Any]:
         """The Python callable CEL runs for this function while deciding `call`."""
         if self.fn is not None:
             return self.fn
@@ -142,6 +146,23 @@ def register(function: CelFunction) -> CelFunction:
         FUNCTIONS[BOX_PREFIX + function.name] = CelFunction(BOX_PREFIX + function.name, bind=function.box,
                                                            doc=f"{function.name}() as a cel.OptionalValue")
     return function
+
+
+#: Functions of the native CEL library (operators are named `_x_`, `!_`, `@in`… and always allowed).
+NATIVE_FUNCTIONS: frozenset[str] = frozenset(
+    {
+        "size", "contains", "startsWith", "endsWith", "matches",
+        "int", "uint", "double", "string", "bytes", "timestamp", "duration", "dyn", "type",
+        "getFullYear", "getMonth", "getDate", "getDayOfMonth", "getDayOfWeek", "getDayOfYear",
+        "getHours", "getMinutes", "getSeconds", "getMilliseconds",
+        "of", "none", "hasValue", "value", "orValue", "or",
+    }
+)  # fmt: skip
+
+
+def known_functions() -> frozenset[str]:
+    """Every function a condition may call: CEL's native ones and proctor's registry (`FUNCTIONS`)."""
+    return NATIVE_FUNCTIONS | frozenset(FUNCTIONS)
 
 
 #: Prefix of the hidden companion of a function registered with `box` (see `CelFunction.box`).
@@ -486,34 +507,34 @@ def _not_from_user(value: Any) -> bool:
     return False
 
 
-def _bind_provenance(call: Any) -> Callable[..., Any]:
-    index = getattr(call, "provenance", None)
+def _bind_provenance(call: Call | None) -> Callable[..., Any]:
+    index = call.provenance if call is not None else None
     return _no_sources if index is None else index.labels_of
 
 
-def _box_provenance(call: Any) -> Callable[..., Any]:
-    index = getattr(call, "provenance", None)
+def _box_provenance(call: Call | None) -> Callable[..., Any]:
+    index = call.provenance if call is not None else None
     if index is None:
         return _no_sources_boxed
     sources = index.sources_of
     return lambda value: boxed(sources(value))
 
 
-def _bind_text_provenance(call: Any) -> Callable[..., Any]:
-    index = getattr(call, "provenance", None)
+def _bind_text_provenance(call: Call | None) -> Callable[..., Any]:
+    index = call.provenance if call is not None else None
     return _no_sources if index is None else index.text_labels
 
 
-def _box_text_provenance(call: Any) -> Callable[..., Any]:
-    index = getattr(call, "provenance", None)
+def _box_text_provenance(call: Call | None) -> Callable[..., Any]:
+    index = call.provenance if call is not None else None
     if index is None:
         return _no_sources_boxed
     sources = index.text_sources_of
     return lambda value: boxed(sources(value))
 
 
-def _bind_from_user(call: Any) -> Callable[..., Any]:
-    index = getattr(call, "provenance", None)
+def _bind_from_user(call: Call | None) -> Callable[..., Any]:
+    index = call.provenance if call is not None else None
     return _not_from_user if index is None else index.from_user
 
 
@@ -523,3 +544,87 @@ register(CelFunction("text_provenance", bind=_bind_text_provenance, box=_box_tex
                      doc="labels of the sources in which a value appeared only inside longer text, never whole"))
 register(CelFunction("from_user", bind=_bind_from_user, takes=(1, 1),
                      doc="true when the value as a whole (every item of a list or map) came from the task"))
+
+
+# -- data flow at the level of fields (proctor.policy.dataflow) ---------------------------------------------
+
+
+def _provenance_index(call: Call | None) -> ProvenanceIndex | None:
+    index = call.provenance if call is not None else None
+    return index if isinstance(index, ProvenanceIndex) else None
+
+
+def _no_labels(value: Any) -> list[str]:
+    return []
+
+
+def _carries_nothing(value: Any, labels: Any) -> bool:
+    _labels_argument(labels)
+    return False
+
+
+def _labels_argument(labels: Any) -> tuple[str, ...]:
+    if isinstance(labels, str):
+        return (labels,)
+    if isinstance(labels, (list, tuple)) and all(isinstance(label, str) for label in labels):
+        return tuple(labels)
+    raise TypeError("carries() takes a value and a label or a list of labels")
+
+
+def _bind(method: Callable[[ProvenanceIndex], Callable[..., Any]], empty: Callable[..., Any]) -> Callable[
+        [Any], Callable[..., Any]]:
+    def bind(call: Call | None) -> Callable[..., Any]:
+        index = _provenance_index(call)
+        return empty if index is None else method(index)
+
+    return bind
+
+
+def _bound_carries(index: ProvenanceIndex) -> Callable[..., Any]:
+    return lambda value, labels: index.carries(value, _labels_argument(labels))
+
+
+def _tools_argument(tools: Any) -> tuple[str, ...]:
+    if isinstance(tools, str):
+        return (tools,)
+    if isinstance(tools, (list, tuple)) and all(isinstance(name, str) for name in tools):
+        return tuple(tools)
+    raise TypeError("same_record() and same_call() take two values and, third, a tool's name or a list of names")
+
+
+def _bound_same(method: Callable[[ProvenanceIndex], Callable[..., bool]]) -> Callable[[ProvenanceIndex],
+                                                                                     Callable[..., Any]]:
+    def bound(index: ProvenanceIndex) -> Callable[..., Any]:
+        same = method(index)
+
+        def call(a: Any, b: Any, tools: Any = None) -> bool:
+            return same(a, b, None if tools is None else _tools_argument(tools))
+
+        return call
+
+    return bound
+
+
+def _same_nothing(a: Any, b: Any, tools: Any = None) -> bool:
+    if tools is not None:
+        _tools_argument(tools)
+    return False
+
+
+register(CelFunction("same_record", bind=_bind(_bound_same(lambda i: i.same_record), _same_nothing), takes=(2, 3),
+                     doc="same_record(a, b[, tools]): one record (the innermost map holding them) of a result of a "
+                         "tool with sources held both as whole values"))
+register(CelFunction("same_call", bind=_bind(_bound_same(lambda i: i.same_call), _same_nothing), takes=(2, 3),
+                     doc="same_call(a, b[, tools]): one call's result (of a tool with sources) held both as whole "
+                         "values"))
+register(CelFunction("same_source", bind=_bind(lambda i: i.same_source, lambda a, b: False), takes=(2, 2),
+                     doc="same_source(a, b): both appeared as whole values at one TOOL:PATH (the same field of the "
+                         "same tool)"))
+register(CelFunction("field_provenance", bind=_bind(lambda i: i.field_labels, _no_labels), takes=(1, 1),
+                     doc="labels under which a value appeared as a whole value of a result (a field, an item), "
+                         "never inside longer text; for a list, those every item has"))
+register(CelFunction("field_paths", bind=_bind(lambda i: i.field_paths, _no_labels), takes=(1, 1),
+                     doc="where a value appeared as a whole value of a result: 'TOOL:PATH' strings, sorted"))
+register(CelFunction("carries", bind=_bind(_bound_carries, _carries_nothing), takes=(2, 2),
+                     doc="carries(value, label or list): the value holds something from a source with that label, "
+                         "matched as provenance() matches"))

@@ -36,7 +36,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from proctor.policy._cel import cel
-from proctor.policy.conditions import VARIABLES, ConditionError, compile_expression, known_functions
+from proctor.policy.conditions import VARIABLES, ConditionError, compile_expression
+from proctor.policy.functions import known_functions
 
 __all__ = [
     "LET_NAME",

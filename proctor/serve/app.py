@@ -38,6 +38,7 @@ from markupsafe import Markup
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from proctor.approval.answers import answer, believed, grant_preview, take_back_forged
 from proctor.approval.tokens import TokenFile
 from proctor.audit.base import AuditSink
 from proctor.errors import (
@@ -55,7 +56,6 @@ from proctor.serve.auth import COOKIE, Identity, Sessions, cross_origin, csrf_ok
 from proctor.serve.guard import DEFAULT_MAX_BODY, ASGIApp, RequestGuard
 from proctor.serve.halting import HaltDesk, HaltRefused
 from proctor.serve.views import approval_view, display_fields, filter_approvals, run_view
-from proctor.store.answers import answer, believed, grant_preview, take_back_forged
 from proctor.store.answerseal import AnswerSeal
 from proctor.store.base import RunStore
 from proctor.store.refusals import RefusalSink

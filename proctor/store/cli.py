@@ -339,7 +339,7 @@ def _approval_lines(a: Any) -> list[str]:
 
 @_guard
 def _answer(args: argparse.Namespace) -> int:
-    from proctor.store.answers import answer
+    from proctor.approval.answers import answer
 
     edited: dict[str, Any] | None = None
     if args.verdict == "edit":
@@ -370,8 +370,8 @@ def _answer(args: argparse.Namespace) -> int:
         approver = answered.answer.approver if answered.answer is not None else "?"
     else:
         from proctor.agent.cli import default_audit_path
+        from proctor.approval.answers import os_identity
         from proctor.policy.approvers import Answerer, os_account
-        from proctor.store.answers import os_identity
         from proctor.store.answerseal import AnswerSeal
         from proctor.store.refusals import AuditTrail
 

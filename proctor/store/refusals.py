@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from proctor.audit.base import AuditSink
+from proctor.backends import load_audit
+from proctor.calls import JSONValue
 from proctor.errors import AuditError, ProctorError
 from proctor.store.base import PendingApproval
 from proctor.telemetry.logging import get_logger
@@ -51,7 +53,7 @@ _WORDS = 2000
 class RefusalSink(Protocol):
     """Where refused answers are recorded; `record` returns None once the record is durable, else why not."""
 
-    def record(self, fields: Mapping[str, Any]) -> str | None: ...
+    def record(self, fields: Mapping[str, JSONValue]) -> str | None: ...
 
 
 class AuditTrail:
@@ -70,8 +72,6 @@ class AuditTrail:
         return f"AuditTrail({shown_url(self.url, query=False)!r})"
 
     def record(self, fields: Mapping[str, Any]) -> str | None:
-        from proctor.backends import load_audit
-
         deadline = time.monotonic() + self.lock_wait_s
         while True:
             try:

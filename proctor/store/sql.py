@@ -11,12 +11,12 @@ small set of hooks below, so a rule fixed here is fixed for both.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any, Protocol
 
-from proctor.calls import new_id
+from proctor.calls import JSONValue, new_id
 from proctor.errors import ApprovalConflict, ApprovalExpired, ApprovalNotFound, RunNotFound, StoreConflict, StoreError
 from proctor.store.base import (
     ApprovalAnswer,
@@ -37,15 +37,15 @@ class Cursor(Protocol):
     @property
     def rowcount(self) -> int: ...
 
-    def fetchone(self) -> Any: ...
+    def fetchone(self) -> Sequence[JSONValue] | None: ...
 
-    def fetchall(self) -> list[Any]: ...
+    def fetchall(self) -> list[Sequence[JSONValue]]: ...
 
 
 class Db(Protocol):
     """A connection inside one transaction: `execute` with ``?`` placeholders already translated."""
 
-    def execute(self, sql: str, params: Any = ..., /) -> Cursor: ...
+    def execute(self, sql: str, params: Sequence[JSONValue] = ..., /) -> Cursor: ...
 
 
 def schema(prefix: str, *, text: str, bigint: str, json: str, without_rowid: str = "") -> str:

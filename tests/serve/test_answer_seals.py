@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from proctor import Gate, InboxApprover, Policy, RunStore
+from proctor.approval.answers import answer
 from proctor.approval.tokens import TokenFile
 from proctor.errors import ApprovalDenied
 from proctor.serve.app import create_app
 from proctor.store import AnswerSeal, ApprovalAnswer, PendingApproval
-from proctor.store.answers import answer
 from proctor.store.answerseal import PURPOSE
 from proctor.testing import InMemoryAudit
 

@@ -77,7 +77,7 @@ def test_resumer_takes_up_answered_runs(inbox: Inbox) -> None:
             time.sleep(0.5)
             assert ready_runs(store) == [] and resumer.resumed == []  # nothing answered yet: nothing resumed
             current = store.get_approval(approval_id)
-            from proctor.store.answers import answer
+            from proctor.approval.answers import answer
 
             answer(store, approval_id, approver="bob", address="test", decision="approve", binding=current.binding,
                    seal=inbox.answers)

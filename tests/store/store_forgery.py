@@ -22,9 +22,9 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from proctor import CodeAgent, InboxApprover, Policy, RunStore, ScriptedModel, tool
+from proctor.approval.answers import answer
 from proctor.errors import StoreForged
 from proctor.store import AnswerSeal, PendingApproval
-from proctor.store.answers import answer
 
 POLICY = {"version": 1, "default": "deny",
           "rules": [{"name": "reads", "match": {"side_effect": "read"}, "decision": "allow"},

@@ -6,12 +6,12 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from fleet_engines import PostgresServer
 from store_conformance import StoreConformance, StoreForgeryConformance, _approval
 from store_forgery import DURING, TWICE, suspended
 
@@ -19,19 +19,11 @@ from proctor.errors import StoreError
 from proctor.store import ApprovalAnswer, RunStore
 from proctor.store.postgres import PostgresRunStore
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fleet"))
-from fleet_engines import PostgresServer
 
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[PostgresServer]:
-    """A PostgreSQL cluster for this module (run as nobody)."""
-    server = PostgresServer()
-    try:
-        server.start()
-        yield server
-    finally:
-        server.cleanup()
+@pytest.fixture
+def pg(postgres_server: PostgresServer) -> PostgresServer:
+    """The suite's PostgreSQL (tests/conftest.py): each test works in a fresh schema of its own (`_fresh`)."""
+    return postgres_server
 
 
 def _fresh(server: PostgresServer) -> str:

@@ -1,4 +1,5 @@
-"""Real Redis and PostgreSQL servers for the fleet tests, started in temporary directories.
+"""Real Redis and PostgreSQL servers, started in temporary directories: the one way the suite starts either
+(the `redis_server` and `postgres_server` fixtures of tests/conftest.py; the fleet's and benchmarks' own).
 
 Both listen on Unix sockets only (no port to collide with other test runs). PostgreSQL
 refuses to run as root, so it runs as `nobody` through `setpriv`; its directory is made

@@ -19,6 +19,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from proctor.approval.base import Grant
+from proctor.approval.grants import GrantPattern, describe_grant
 from proctor.errors import ApprovalConflict, FourEyes, InvalidAnswer
 from proctor.policy.approvers import Answerer, ApproverRule, OsUser, os_answerer, refusal
 from proctor.store.answerseal import AnswerCheck, AnswerSeal
@@ -165,8 +167,6 @@ def check_edit(approval: PendingApproval, args: Mapping[str, Any]) -> dict[str, 
 
 def check_grant(approval: PendingApproval, grant: Mapping[str, Any] | None) -> dict[str, Any]:
     """A grant ``{"args": {name: pattern}}`` whose patterns are safe on free text (`GrantPattern`)."""
-    from proctor.approval.grants import GrantPattern
-
     patterns = grant.get("args", {}) if isinstance(grant, Mapping) else None
     if not isinstance(patterns, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
                                                     for k, v in patterns.items()):
@@ -185,9 +185,6 @@ def check_grant(approval: PendingApproval, grant: Mapping[str, Any] | None) -> d
 
 def grant_preview(approval: PendingApproval, patterns: Mapping[str, str]) -> list[str]:
     """What a grant would admit, in words (and whether this call is covered), shown before it is given."""
-    from proctor.approval.base import Grant
-    from proctor.approval.grants import describe_grant
-
     try:
         return describe_grant(Grant(approval.tool, dict(patterns)), approval.args)
     except ValueError as exc:
