@@ -26,7 +26,7 @@ try:
 except ImportError:  # pragma: no cover - orjson is a dependency; without it json does all the work
     orjson = None  # type: ignore[assignment]
 
-__all__ = ["ORJSON_AGREES", "canonical_bytes", "canonical_sha256", "is_plain_json", "jsonable"]
+__all__ = ["ORJSON_AGREES", "canonical_bytes", "canonical_sha256", "is_plain_json", "json_shaped", "jsonable"]
 
 _PLAIN_LEAVES = frozenset({str, int, bool, type(None)})
 
@@ -62,6 +62,16 @@ def is_plain_json(value: Any) -> bool:
                 elif t not in leaves:
                     return False
     return True
+
+
+def json_shaped(value: Any) -> Any:
+    """`value` as JSON holds it after a round trip: mappings as dicts with string keys, tuples and lists as
+    lists, leaves untouched. A record sealed or compared before it is stored then equals itself read back."""
+    if isinstance(value, Mapping):
+        return {str(k): json_shaped(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_shaped(v) for v in value]
+    return value
 
 
 def jsonable(value: Any) -> Any:

@@ -40,9 +40,8 @@ import hashlib
 import hmac
 import os
 from pathlib import Path
-from typing import Any
 
-from proctor.canonical import canonical_bytes
+from proctor.canonical import canonical_bytes, json_shaped
 from proctor.errors import ConfigurationError, ProctorError
 from proctor.store.base import ApprovalAnswer, PendingApproval
 from proctor.store.refusals import RefusalSink, refusal_fields, write_refusal
@@ -169,8 +168,8 @@ class AnswerSeal:
             "approval": {"id": approval.id, "run_id": approval.run_id, "call_id": approval.call_id,
                          "binding": approval.binding, "expires_at_ns": approval.expires_at_ns},
             "answer": {"verdict": answer.verdict, "approver": answer.approver, "method": answer.method,
-                       "groups": _plain(answer.groups), "os_user": answer.os_user, "address": answer.address,
-                       "args": _plain(answer.args), "grant": _plain(answer.grant), "reason": answer.reason,
+                       "groups": json_shaped(answer.groups), "os_user": answer.os_user, "address": answer.address,
+                       "args": json_shaped(answer.args), "grant": json_shaped(answer.grant), "reason": answer.reason,
                        "answered_at_ns": answer.answered_at_ns},
         })
         return hmac.new(self._key, body, hashlib.sha256).hexdigest()
@@ -248,10 +247,3 @@ class AnswerCheck:
             decision=str(answer.verdict), binding=approval.binding, words=str(answer.reason), groups=groups))
 
 
-def _plain(value: Any) -> Any:
-    """JSON data as canonical JSON writes it (tuples as lists), so an answer seals the same read back."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from proctor import backends
+from proctor.canonical import json_shaped
 
 __all__ = [
     "APPROVAL_STATES",
@@ -119,7 +120,7 @@ class RunRecord:
         _normalise(self, ("messages", "steps", "history", "grants", "pending"), ("labels", "budgets", "journal_heads"))
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = _plain(asdict(self))
+        out: dict[str, Any] = json_shaped(asdict(self))
         return out
 
     @classmethod
@@ -264,7 +265,7 @@ class PendingApproval:
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form (`proctor approvals list --json`, the inbox API)."""
-        out: dict[str, Any] = _plain(asdict(self))
+        out: dict[str, Any] = json_shaped(asdict(self))
         out["requested_at"] = _iso(self.requested_at_ns)
         out["expires_at"] = _iso(self.expires_at_ns) if self.expires_at_ns else None
         out["answer"] = self.answer.as_dict() if self.answer else None
@@ -293,13 +294,6 @@ def _normalise(obj: object, sequences: tuple[str, ...], mappings: tuple[str, ...
         object.__setattr__(obj, name, dict(getattr(obj, name)))
 
 
-def _plain(value: Any) -> Any:
-    """JSON-shaped copy: tuples become lists, mappings dicts."""
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 class RunStore(Protocol):

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
-from proctor.canonical import canonical_bytes
+from proctor.canonical import canonical_bytes, json_shaped
 from proctor.errors import StoreForged
 from proctor.store.base import JournalEntry, RunRecord
 
@@ -48,13 +48,13 @@ class StoreSeal:
         body = canonical_bytes({"kind": kind, **payload})
         return hmac.new(self._key, body, hashlib.sha256).hexdigest()
 
-    def _mac_plain(self, kind: str, name: str, data: dict[str, Any]) -> str:
-        """`_mac(kind, {name: asdict_plain(data)})`, without the copy when `data` is JSON data already (what a
+    def _macjson_shaped(self, kind: str, name: str, data: dict[str, Any]) -> str:
+        """`_mac(kind, {name: asdictjson_shaped(data)})`, without the copy when `data` is JSON data already (what a
         store reads back): canonical JSON writes mappings and sequences the same way `asdict_plain` makes them."""
         try:
             body = canonical_bytes({"kind": kind, name: data})
         except TypeError:  # a key that is not a string: asdict_plain writes it as one
-            return self._mac(kind, {name: asdict_plain(data)})
+            return self._mac(kind, {name: asdictjson_shaped(data)})
         return hmac.new(self._key, body, hashlib.sha256).hexdigest()
 
     # -- journal --------------------------------------------------------------------------------
@@ -63,7 +63,7 @@ class StoreSeal:
         """The seal of `entry` (its run, step and position are in what it covers)."""
         # Field by field, not `dataclasses.asdict` (a deep copy, most of a resume's checking time): the
         # values are JSON data, which `asdict_plain` copies into the same plain form either way.
-        return self._mac_plain("journal", "entry", {name: getattr(entry, name) for name in _ENTRY_SEALED})
+        return self._macjson_shaped("journal", "entry", {name: getattr(entry, name) for name in _ENTRY_SEALED})
 
     def check_journal(self, run_id: str, step: int, entries: Sequence[JournalEntry]) -> None:
         """Check a step's entries: each in its place (seq 0, 1, …, of this run and step), each seal holding."""
@@ -83,7 +83,7 @@ class StoreSeal:
 
     def seal_record(self, record: RunRecord) -> str:
         data = {f.name: getattr(record, f.name) for f in fields(record) if f.name not in RECORD_UNSEALED}
-        return self._mac_plain("run", "record", data)
+        return self._macjson_shaped("run", "record", data)
 
     def check_record(self, record: RunRecord) -> None:
         problem = self.record_problem(record)
@@ -117,17 +117,11 @@ class StoreSeal:
                        "entries are missing (dropped from the store)")
 
 
-def asdict_plain(data: Mapping[str, Any]) -> dict[str, Any]:
+def asdictjson_shaped(data: Mapping[str, Any]) -> dict[str, Any]:
     """Mappings and sequences as JSON holds them, so a record seals the same before and after a round trip."""
     out: dict[str, Any] = {}
     for key, value in data.items():
-        out[key] = _plain(value)
+        out[key] = json_shaped(value)
     return out
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value

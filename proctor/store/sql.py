@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from proctor.calls import JSONValue, new_id
+from proctor.canonical import json_shaped
 from proctor.errors import ApprovalConflict, ApprovalExpired, ApprovalNotFound, RunNotFound, StoreConflict, StoreError
 from proctor.store.base import (
     ApprovalAnswer,
@@ -317,7 +318,7 @@ class SQLRunStore(RunStore):
                 return False
             data = self._decode(row[0])
             held = PendingApproval.from_dict(data).answer  # (read as every reader reads it)
-            if held is None or _plain(held.as_dict()) != _plain(answer.as_dict()):
+            if held is None or json_shaped(held.as_dict()) != json_shaped(answer.as_dict()):
                 return False
             self._set_approval(db, approval_id, {**data, "answer": None}, "pending", None)
             return True
@@ -362,13 +363,6 @@ class SQLRunStore(RunStore):
         return [self._decode(row[0]) for row in rows]
 
 
-def _plain(value: Any) -> Any:
-    """`value` as JSON holds it (tuples as lists), so an answer compares equal to itself read back."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 def _when(ns: int | None) -> str:
