@@ -30,16 +30,17 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from proctor.calls import BudgetHold, HistoryEntry, RunInfo
+from proctor.calls import BudgetHold
 from proctor.errors import BudgetExceeded
 from proctor.gate.call import InFlight
 from proctor.gate.recorder import Recorder, safely
 from proctor.ledger.memory import MemoryLedger
 from proctor.policy.admission import Admission, LazyUsage, admit
+from proctor.policy.simulate import RecordedRun
 from proctor.telemetry import metrics
 from proctor.telemetry import semconv as sc
 from proctor.telemetry.logging import get_logger
@@ -47,10 +48,9 @@ from proctor.telemetry.logging import get_logger
 if TYPE_CHECKING:
     from proctor.gate.gate import PolicyLike
     from proctor.gate.run import Ledger, RunContext
-    from proctor.provenance import ProvenanceIndex
     from proctor.tools import Tool
 
-__all__ = ["PendingDecision", "Shadow", "ShadowView", "Verdict"]
+__all__ = ["PendingDecision", "Shadow", "Verdict", "shadow_view"]
 
 log = get_logger("proctor.gate")
 
@@ -97,28 +97,11 @@ def _immutable(args: Mapping[str, Any] | None) -> bool:
     return args is None or all(type(value) in _SCALARS for value in args.values())
 
 
-class ShadowView:
-    """The run as the enforced admission of one call saw it (`proctor.policy.admission.RunView`), for
-    the candidate's decision made later: the history as of then (an O(1) snapshot of the run's rows),
-    `seen` and the run's facts as of then, and the shadow's own budgets as `usage`."""
-
-    __slots__ = ("_history", "_seen", "_usage", "info", "provenance")
-
-    def __init__(self, ctx: RunContext, usage: Mapping[str, Any]) -> None:
-        self.info: RunInfo = ctx.info
-        self.provenance: ProvenanceIndex | None = ctx.provenance
-        self._history = ctx.history_view()
-        self._seen = ctx.seen_labels()
-        self._usage = usage
-
-    def history_view(self) -> Sequence[HistoryEntry]:
-        return self._history
-
-    def seen_labels(self) -> Sequence[str]:
-        return self._seen
-
-    def usage_view(self) -> Mapping[str, Any]:
-        return self._usage
+def shadow_view(ctx: RunContext, usage: Mapping[str, Any]) -> RecordedRun:
+    """The run as the enforced admission of one call saw it (`proctor.policy.admission.RunView`), for the
+    candidate's decision made later: the history as of then (an O(1) snapshot of the run's rows), `seen` and
+    the run's facts as of then, and the shadow's own budgets as `usage`."""
+    return RecordedRun(ctx.info, ctx.history_view(), ctx.seen_labels(), usage, ctx.provenance)
 
 
 class _Run:
@@ -139,7 +122,7 @@ class PendingDecision:
     __slots__ = ("args", "enforced", "expected", "p", "refused", "reservation", "run", "tools", "view")
 
     def __init__(self, p: InFlight, args: Mapping[str, Any] | None, tools: Mapping[str, Tool],
-                 expected: Tool | None, view: ShadowView, run: _Run) -> None:
+                 expected: Tool | None, view: RecordedRun, run: _Run) -> None:
         self.p, self.args, self.tools, self.expected, self.view, self.run = p, args, tools, expected, view, run
         #: The enforced admission once its budgets answered, and the budget's refusal if one refused it.
         self.enforced: Admission | None = None
@@ -165,7 +148,7 @@ class Shadow:
         """Keep what the enforced admission of call `p` saw, for the candidate's decision."""
         try:
             run = self._run(p.ctx)
-            p.shadow = PendingDecision(p, args, tools, expected, ShadowView(p.ctx, LazyUsage(run.ledger)), run)
+            p.shadow = PendingDecision(p, args, tools, expected, shadow_view(p.ctx, LazyUsage(run.ledger)), run)
         except Exception as exc:  # noqa: BLE001 - the shadow never changes a call
             log.error("shadow_policy_failed", tool=p.name, error=repr(exc))
 
