@@ -21,7 +21,7 @@ import datetime as dt
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["register"]
@@ -50,11 +50,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--all", action="store_true", help="answered and void ones too")
     p.add_argument("--run", metavar="RUN_ID", help="only this run's")
     _server_arg(p)
+    _seal_args(p)
     p.set_defaults(func=_approvals_list)
     p = asub.add_parser("show", help="one approval in full")
     p.add_argument("id", metavar="ID")
     _store_arg(p)
     _server_arg(p)
+    _seal_args(p)
     p.set_defaults(func=_approvals_show)
     for verdict, helptext in (("approve", "let the call run"), ("deny", "refuse the call (the program sees why)"),
                               ("edit", "let it run with other arguments (--args)")):
@@ -125,6 +127,30 @@ def register(subparsers: Any) -> None:
 
 
 # -- helpers -----------------------------------------------------------------------------------------
+
+
+def _seal_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--audit", metavar="PATH|URL", default=None,
+                   help="the runs' audit trail, whose key checks each stored answer's seal (default: as `proctor "
+                        "run`: $PROCTOR_AUDIT, else $XDG_STATE_HOME/proctor/audit.jsonl)")
+    p.add_argument("--answer-key", metavar="FILE", default=None,
+                   help="the runs' answer key, instead of the trail's (default: $PROCTOR_ANSWER_KEY)")
+
+
+def _answer_checker(args: argparse.Namespace) -> Callable[[Any], str]:
+    """How a stored answer is shown beside its approval: '' when its seal holds (or there is no answer), else
+    why the gate will not believe it; '(seal not checked: …)' when no key is at hand. The inbox (--server)
+    checks seals itself and shows an answer it does not believe as pending."""
+    from proctor.agent.cli import default_audit_path
+    from proctor.errors import ConfigurationError
+    from proctor.store.answerseal import AnswerSeal
+
+    try:
+        seal = AnswerSeal.for_answerer(args.answer_key, args.audit or default_audit_path())
+    except ConfigurationError as exc:
+        unchecked = f"seal not checked: {exc}"
+        return lambda a: unchecked if a.answer is not None else ""
+    return lambda a: seal.problem(a) or ""
 
 
 def _open(args: argparse.Namespace) -> Any:
@@ -262,6 +288,7 @@ def _approvals_list(args: argparse.Namespace) -> int:
 
             wanted = unique_prefix(args.run, [a.run_id for a in items], "run")
             items = [a for a in items if a.run_id == wanted]
+        check: Callable[[Any], str] = _unchecked  # (the server shows an answer it does not believe as pending)
     else:
         store = _open(args)
         try:
@@ -269,6 +296,7 @@ def _approvals_list(args: argparse.Namespace) -> int:
             items = store.list_approvals(status=None if args.all else "pending", run_id=run)
         finally:
             store.close()
+        check = _answer_checker(args)
     if args.json:
         print(json.dumps([a.as_dict() for a in items], default=str, indent=2))
         return 0
@@ -277,8 +305,20 @@ def _approvals_list(args: argparse.Namespace) -> int:
         return 0
     _print_table(("id", "tool", "args", "run", "principal", "rule", "requested", "deadline", "status"),
                  [(a.id, a.tool, _short(a.args), a.run_id, a.principal or "-", ", ".join(a.rules) or "-",
-                   _when(a.requested_at_ns), _when(a.expires_at_ns), a.status) for a in items], ids=(0, 3))
+                   _when(a.requested_at_ns), _when(a.expires_at_ns), _status(a, check(a))) for a in items],
+                 ids=(0, 3))
     return 0
+
+
+def _unchecked(a: Any) -> str:
+    return ""
+
+
+def _status(a: Any, problem: str) -> str:
+    """An approval's status as a person should read it: an answer whose seal does not hold is no answer."""
+    if not problem:
+        return str(a.status)
+    return f"{a.status} (seal not checked)" if problem.startswith("seal not checked") else f"{a.status}, NOT BELIEVED"
 
 
 @_guard
@@ -288,17 +328,23 @@ def _approvals_show(args: argparse.Namespace) -> int:
         from proctor.store.base import PendingApproval
 
         a = PendingApproval.from_dict(client.approval(_approval_id(args, client, args.id))["approval"])
+        problem = ""
     else:
         store = _open(args)
         try:
             a = store.get_approval(_approval_id(args, store, args.id))
         finally:
             store.close()
+        problem = _answer_checker(args)(a)
     if args.json:
         print(json.dumps(a.as_dict(), default=str, indent=2))
         return 0
     for line in _approval_lines(a):
         print(line)
+    if problem:
+        from proctor.termsafe import marked_plain
+
+        print(f"  {'seal' if problem.startswith('seal not checked') else 'NOT BELIEVED'}  {marked_plain(problem)}")
     return 0
 
 

@@ -201,3 +201,34 @@ def test_an_answer_key_file_alone_seals_the_clis_answers(inbox: Inbox, capsys: p
         store.close()
     assert inbox.resume(run_id).status == "done"
     assert SENT == [("carol@partner.org", "your invoice")]
+
+
+def test_approvals_list_and_show_mark_an_answer_whose_seal_does_not_hold(
+        inbox: Inbox, capsys: pytest.CaptureFixture[str]) -> None:
+    """`proctor approvals list --all` and `show` with the runs' trail: a hand-written answer is shown as not
+    believed (the gate will refuse it), a real one as answered; without a key, as not checked."""
+    from proctor.cli import main
+
+    approval_id = inbox.suspend()
+    trail = str(inbox.tmp / "audit.jsonl")
+    _by_hand(inbox.tmp / "runs.db", approval_id, dict(HAND_WRITTEN))
+    assert main(["approvals", "show", approval_id, "--store", inbox.store_url, "--audit", trail]) == 0
+    shown = capsys.readouterr().out
+    assert "NOT BELIEVED" in shown and "carries no seal" in shown, shown
+    assert main(["approvals", "list", "--all", "--store", inbox.store_url, "--audit", trail]) == 0
+    assert "answered, NOT BELIEVED" in capsys.readouterr().out
+    assert main(["approvals", "show", approval_id, "--store", inbox.store_url,
+                 "--audit", str(inbox.tmp / "no-such-trail.jsonl")]) == 0
+    assert "seal not checked: no audit trail at" in capsys.readouterr().out
+    store = RunStore.open(inbox.store_url)
+    try:
+        store.reopen_approval(approval_id, store.get_approval(approval_id).answer)
+        pending = store.get_approval(approval_id)
+        answer(store, approval_id, approver="bob", address="127.0.0.1", decision="approve",
+               binding=pending.binding, method="token", groups=(), seal=inbox.answers)
+    finally:
+        store.close()
+    assert main(["approvals", "show", approval_id, "--store", inbox.store_url, "--audit", trail]) == 0
+    shown = capsys.readouterr().out
+    assert "answer    approve by bob" in shown and "NOT BELIEVED" not in shown and "seal" not in shown.split(
+        "binding")[1], shown
