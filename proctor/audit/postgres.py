@@ -202,22 +202,25 @@ _LEGACY_BODY = r"""
     END IF;
     UPDATE proctor_audit_logs SET seq = s, head = hd, last_ckpt = ck WHERE name = p_log;
     r := first::text || ' ' || n::text || ' ' || coalesce(ck::text, '');"""
-SCHEMA += f"""
-CREATE OR REPLACE FUNCTION proctor_audit_append_batch(p_log text, p_recs text)
+def _append_routines(name: str, declare: str, body: str) -> str:
+    """The two ways a writer appends a batch: `name` (committed as the session commits) and `name`_durable (then
+    a synchronous barrier), the same declarations and body in each."""
+    return f"""
+CREATE OR REPLACE FUNCTION {name}(p_log text, p_recs text)
 RETURNS text
 LANGUAGE plpgsql AS $$
-DECLARE{_LEGACY_DECLARE}
-BEGIN{_LEGACY_BODY}
+DECLARE{declare}
+BEGIN{body}
     RETURN r;
 END
 $$;
-CREATE OR REPLACE PROCEDURE proctor_audit_append_batch_durable(p_log text, p_recs text, INOUT out_r text DEFAULT NULL)
+CREATE OR REPLACE PROCEDURE {name}_durable(p_log text, p_recs text, INOUT out_r text DEFAULT NULL)
 LANGUAGE plpgsql AS $$
-DECLARE{_LEGACY_DECLARE}
+DECLARE{declare}
 BEGIN
     -- The records, in a transaction committed without waiting for the disk (the sink's sessions run
     -- with synchronous_commit off): the chain's row lock is held for the microseconds of the inserts,
-    -- not for a flush.{_LEGACY_BODY}
+    -- not for a flush.{body}
     out_r := r;
     COMMIT;
     -- The barrier: a transaction that writes WAL (a transactional logical message, which no table
@@ -227,6 +230,9 @@ BEGIN
 END
 $$;
 """
+
+
+SCHEMA += _append_routines("proctor_audit_append_batch", _LEGACY_DECLARE, _LEGACY_BODY)
 # The writers of this version: six parts a record, the sixth the record's run id as the writer has it ("" for
 # none, "r" + the id, "?" for one it cannot carry: then NULL, and found by its text), so the database parses nothing.
 _BATCH_DECLARE = r"""
@@ -268,31 +274,7 @@ _BATCH_BODY = r"""
     END IF;
     UPDATE proctor_audit_logs SET seq = s, head = hd, last_ckpt = ck WHERE name = p_log;
     r := first::text || ' ' || n::text || ' ' || coalesce(ck::text, '');"""
-SCHEMA += f"""
-CREATE OR REPLACE FUNCTION proctor_audit_append_runs(p_log text, p_recs text)
-RETURNS text
-LANGUAGE plpgsql AS $$
-DECLARE{_BATCH_DECLARE}
-BEGIN{_BATCH_BODY}
-    RETURN r;
-END
-$$;
-CREATE OR REPLACE PROCEDURE proctor_audit_append_runs_durable(p_log text, p_recs text, INOUT out_r text DEFAULT NULL)
-LANGUAGE plpgsql AS $$
-DECLARE{_BATCH_DECLARE}
-BEGIN
-    -- The records, in a transaction committed without waiting for the disk (the sink's sessions run
-    -- with synchronous_commit off): the chain's row lock is held for the microseconds of the inserts,
-    -- not for a flush.{_BATCH_BODY}
-    out_r := r;
-    COMMIT;
-    -- The barrier: a transaction that writes WAL (a transactional logical message, which no table
-    -- keeps) and commits synchronously; its flush covers every commit before it in the WAL, the
-    -- records' included, and PostgreSQL flushes concurrent writers' barriers together.
-    PERFORM set_config('synchronous_commit', 'on', true), pg_logical_emit_message(true, 'proctor_audit', '');
-END
-$$;
-"""
+SCHEMA += _append_routines("proctor_audit_append_runs", _BATCH_DECLARE, _BATCH_BODY)
 #: The indexes a run's records are read through (`run_records`), built without blocking writers (`_index`).
 INDEXES = (("proctor_audit_records_run", "(log, run_id, seq)"),
            ("proctor_audit_records_unknown", "(log, seq) WHERE run_id IS NULL"))
