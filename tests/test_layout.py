@@ -11,7 +11,8 @@ import ast
 from proctor_modules import cycles, import_graph, module_names, parsed
 
 #: Bottom to top. A module belongs to the layer of its package (proctor.X.* to "X", a top-level module to its
-#: own name); the command-line modules (`cli`, `ops_cli`, wherever they sit) belong to the top layer.
+#: own name). Every command-line module is in `proctor.cli`, the top layer alone: it may import any part,
+#: and nothing below it imports it.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in (
     # foundations: the error tree, plain data, text and encoding helpers nothing else of proctor's is under
     "errors _lazy _provtok backends calls canonical durations termsafe textcaps unicodenorm urls links jsoninput "
@@ -25,13 +26,12 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in
     "interpreter",                    # the sandboxed worker and its channel
     "gate",                           # the call's whole life (proctor.gate.run: the run context)
     "agent",                          # the model loop
-    "integrations codemode serve demo testing cli proctor",  # what users start: adapters, servers, commands
+    "integrations codemode serve testing proctor",  # what users start or import: adapters, servers
+    "cli",                            # the `proctor` command: parses, calls the parts below, prints
 ))
 
 def layer_of(module: str) -> int:
     parts = module.split(".")
-    if parts[-1] in ("cli", "ops_cli"):
-        return len(LAYERS) - 1
     key = parts[1] if len(parts) > 1 else "proctor"
     for i, layer in enumerate(LAYERS):
         if key in layer:
@@ -61,6 +61,21 @@ def test_no_layer_imports_one_above_it() -> None:
     upward = sorted(f"{a} (layer {layer_of(a)}) imports {b} (layer {layer_of(b)})"
                     for a, targets in _runs().items() for b in targets if layer_of(b) > layer_of(a))
     assert upward == []
+
+
+def test_command_line_modules_live_in_the_cli_package_alone() -> None:
+    """The command line is one package on top: no part keeps a `cli` module of its own, and no module outside
+    `proctor.cli` imports one inside it (a function a part or the inbox needs lives in that part)."""
+    assert [m for m in module_names() if m.rsplit(".", 1)[-1].endswith("cli") and m != "proctor.cli"] == []
+    assert layer_of("proctor.cli") == layer_of("proctor.cli.policy") == len(LAYERS) - 1
+    assert LAYERS[-1] == frozenset({"cli"})
+    reaching = sorted(f"{a} imports {b}" for a, targets in _runs().items() if not _in_cli(a)
+                      for b in targets if _in_cli(b))
+    assert reaching == []
+
+
+def _in_cli(module: str) -> bool:
+    return module == "proctor.cli" or module.startswith("proctor.cli.")
 
 
 def test_the_checks_see_deferred_imports() -> None:

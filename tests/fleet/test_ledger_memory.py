@@ -28,7 +28,7 @@ def test_agents_and_the_cli_take_a_ledger() -> None:
     import argparse
 
     from proctor import CodeAgent, Policy, ScriptedModel
-    from proctor.agent.cli import register
+    from proctor.cli.run import register
 
     shared = MemoryLedger()
     policy = Policy.from_dict({"version": 1, "default": "allow"})

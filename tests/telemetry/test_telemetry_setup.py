@@ -13,9 +13,9 @@ from opentelemetry import trace as otel_trace
 from otlp_receivers import HttpReceiver
 
 from proctor.calls import RunInfo
+from proctor.cli.telemetry import add_telemetry_arguments, cli_telemetry
 from proctor.telemetry import metrics as proctor_metrics
 from proctor.telemetry import setup, tool_span
-from proctor.telemetry.cli import add_telemetry_arguments, cli_telemetry
 
 _VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL",
          "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_SERVICE_NAME",

@@ -1,7 +1,10 @@
-"""The `proctor` command: a thin dispatcher over each part's own subcommands.
+"""The `proctor` command: a thin dispatcher over one module per command group.
 
-Each part registers its commands (`proctor.policy.cli`, `proctor.audit.cli`,
-`proctor.agent.cli`) so this file stays small and parts stay independent.
+Every command-line module lives in this package (`proctor.cli.policy`, `proctor.cli.audit`,
+`proctor.cli.run`, …), each registering its commands, so this file stays small. The package is
+the top layer: it may import any part of proctor, and no part imports it (tests/test_layout.py).
+A command module parses, calls the part's public functions, and prints; what other code needs
+lives in the part itself.
 Exit codes: 0 success, 1 the thing checked is bad or the run failed, 2 usage.
 """
 
@@ -17,15 +20,15 @@ __all__ = ["COMMANDS", "PIPE_CLOSED", "build_parser", "main"]
 # Each command, and the module that defines `register(subparsers) -> None` for it: the module adds
 # its commands and sets `func` on their parsers. Imported at start-up, so they must import lightly.
 COMMANDS = {
-    "demo": "proctor.demo",
-    "policy": "proctor.policy.cli",
-    "audit": "proctor.audit.cli",
-    "run": "proctor.agent.cli",
-    "approvals": "proctor.store.cli",
-    "runs": "proctor.store.cli",
-    "serve": "proctor.serve.cli",
-    "halt": "proctor.halt.cli",
-    "mcp": "proctor.codemode.cli",
+    "demo": "proctor.cli.demo",
+    "policy": "proctor.cli.policy",
+    "audit": "proctor.cli.audit",
+    "run": "proctor.cli.run",
+    "approvals": "proctor.cli.store",
+    "runs": "proctor.cli.store",
+    "serve": "proctor.cli.serve",
+    "halt": "proctor.cli.halt",
+    "mcp": "proctor.cli.mcp",
 }
 _COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 
@@ -122,6 +125,3 @@ def _main(argv: Sequence[str] | None) -> int:
         print("terminated; what happened so far is in the audit log", file=sys.stderr)
         return 128 + int(exc.signum)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Command-line wiring for telemetry, for `proctor run` and `proctor demo`.
 
-    from proctor.telemetry.cli import add_telemetry_arguments, cli_telemetry
+    from proctor.cli.telemetry import add_telemetry_arguments, cli_telemetry
 
     add_telemetry_arguments(run_parser)          # --otlp, --otlp-protocol, --trace-console, …
     def _run(ns):

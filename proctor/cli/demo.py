@@ -30,7 +30,7 @@ def register(subparsers: Any) -> None:
                         help="deny every approval request automatically")
     parser.add_argument("--audit", metavar="PATH",
                         help="where to write the audit log (default: a fresh temporary directory)")
-    from proctor.telemetry.cli import add_telemetry_arguments
+    from proctor.cli.telemetry import add_telemetry_arguments
 
     add_telemetry_arguments(parser)  # --otlp URL, --trace-console, …
     parser.set_defaults(func=main, answer=None)

@@ -47,7 +47,7 @@ def default_audit_path() -> str:
 
 def register(subparsers: Any) -> None:
     """Add ``proctor run`` to the command line."""
-    from proctor.telemetry.cli import add_telemetry_arguments
+    from proctor.cli.telemetry import add_telemetry_arguments
 
     p = subparsers.add_parser(
         "run", help="run an agent on a task, every tool call governed by a policy",
@@ -104,8 +104,8 @@ def main(args: argparse.Namespace) -> int:
     """Run the agent; print the steps and a summary (or JSON)."""
     from proctor.agent.loading import ToolLoadError, load_tools
     from proctor.backends import AUDIT_KEY_ENV
+    from proctor.cli.telemetry import cli_telemetry
     from proctor.errors import AuditError, ConfigurationError, ImageError, PolicyError, SandboxError
-    from proctor.telemetry.cli import cli_telemetry
 
     if args.max_steps < 1:
         print("proctor run: --max-steps must be at least 1", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""`proctor policy check | explain | test | schema` (and `replay | coverage`, from `proctor.policy.ops_cli`).
+"""`proctor policy check | explain | test | schema` (and `replay | coverage`, from `proctor.cli.policy_ops`).
 
 Exit codes: 0 valid / all cases pass; 1 invalid policy, failing case, or malformed
 cases file; 2 usage (bad JSON on the command line, unknown option). Heavy imports
@@ -60,7 +60,7 @@ def register(subparsers: Any) -> None:
     schema = sub.add_parser("schema", help="print the JSON Schema of policy files (for yaml-language-server)")
     schema.set_defaults(func=_schema)
 
-    from proctor.policy.ops_cli import register as register_ops  # replay, coverage: a policy against a log
+    from proctor.cli.policy_ops import register as register_ops  # replay, coverage: a policy against a log
 
     register_ops(sub)
 

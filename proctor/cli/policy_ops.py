@@ -1,4 +1,4 @@
-"""`proctor policy replay | coverage`: a policy judged against an audit log (registered by `proctor.policy.cli`).
+"""`proctor policy replay | coverage`: a policy judged against an audit log (registered by `proctor.cli.policy`).
 
 Exit codes: replay 0 (1 with ``--fail-on-change`` when any decision changed), coverage 0;
 1 when the policy or the log cannot be read; 2 usage. Heavy imports happen in the commands.
