@@ -33,12 +33,24 @@ if TYPE_CHECKING:
     from proctor.store.base import RunStore
 
 __all__ = [
-    "AUDIT_KEY_ENV", "KINDS", "AuditFactory", "Backend", "Kind", "load_audit", "open_audit", "open_store", "register",
-    "resolve", "scheme_of", "unregister",
+    "AUDIT_KEY_ENV", "KINDS", "AuditFactory", "Backend", "Kind", "default_audit_path", "load_audit", "open_audit",
+    "open_store", "register", "resolve", "scheme_of", "unregister",
 ]
 
 #: The signing key of audit logs opened from a path or URL, when none is given (`proctor run` reads it too).
 AUDIT_KEY_ENV = "PROCTOR_AUDIT_KEY"
+
+
+def default_audit_path() -> str:
+    """The runs' audit trail when none is named: ``$PROCTOR_AUDIT``, else ``$XDG_STATE_HOME/proctor/audit.jsonl``
+    (``~/.local/state/proctor/audit.jsonl``). Where `proctor run` writes, and where the commands that check
+    or answer those runs (`audit show`, `approvals`, `runs resume`, `serve`, `mcp serve`) look: never
+    silently nowhere."""
+    explicit = os.environ.get("PROCTOR_AUDIT")
+    if explicit:
+        return explicit
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "proctor", "audit.jsonl")
 
 Kind = Literal["ledger", "store", "audit"]
 KINDS: tuple[Kind, ...] = ("ledger", "store", "audit")

@@ -106,3 +106,17 @@ def test_a_registered_scheme_is_resolved(tmp_path: Path) -> None:
         assert opened == ["other://somewhere"]
     finally:
         backends.unregister("store", "other")
+
+
+def test_the_default_audit_trail_is_named_by_the_environment(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """`$PROCTOR_AUDIT` first, else the state directory: the one trail every command defaults to."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("PROCTOR_AUDIT", raising=False)
+    assert backends.default_audit_path() == str(tmp_path / "state" / "proctor" / "audit.jsonl")
+    monkeypatch.setenv("PROCTOR_AUDIT", "postgresql://u@127.0.0.1/db?log=fleet")
+    assert backends.default_audit_path() == "postgresql://u@127.0.0.1/db?log=fleet"
+    monkeypatch.delenv("PROCTOR_AUDIT")
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert backends.default_audit_path() == str(tmp_path / "home" / ".local" / "state" / "proctor" / "audit.jsonl")

@@ -299,7 +299,7 @@ def _show(args: argparse.Namespace) -> int:
     import os
 
     if args.log is None:  # the log `proctor run` wrote to when given no --audit
-        from proctor.cli.run import default_audit_path
+        from proctor.backends import default_audit_path
 
         args.log = default_audit_path()
         if not os.path.isfile(args.log):

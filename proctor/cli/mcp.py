@@ -65,8 +65,7 @@ def _fail(message: str, code: int) -> int:
 
 def serve(args: argparse.Namespace) -> int:
     from proctor.agent.loading import ToolLoadError, load_tools
-    from proctor.backends import load_audit
-    from proctor.cli.run import default_audit_path
+    from proctor.backends import default_audit_path, load_audit
     from proctor.errors import AuditError, ConfigurationError, PolicyError, ToolsetError
 
     if args.http and not args.tokens:

@@ -18,7 +18,7 @@ from typing import Any
 from proctor.termsafe import terminal_safe
 from proctor.urls import shown_url
 
-__all__ = ["default_audit_path", "main", "register"]
+__all__ = ["main", "register"]
 
 
 def _key_value(text: str) -> tuple[str, Any]:
@@ -34,15 +34,6 @@ def _key_value(text: str) -> tuple[str, Any]:
         return key, json.loads(value)
     except ValueError:
         return key, value  # not JSON: the text itself
-
-
-def default_audit_path() -> str:
-    """Where `proctor run` writes its audit trail when no --audit is given: never silently nowhere."""
-    explicit = os.environ.get("PROCTOR_AUDIT")
-    if explicit:
-        return explicit
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(state, "proctor", "audit.jsonl")
 
 
 def register(subparsers: Any) -> None:
@@ -103,7 +94,7 @@ def register(subparsers: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     """Run the agent; print the steps and a summary (or JSON)."""
     from proctor.agent.loading import ToolLoadError, load_tools
-    from proctor.backends import AUDIT_KEY_ENV
+    from proctor.backends import AUDIT_KEY_ENV, default_audit_path
     from proctor.cli.telemetry import cli_telemetry
     from proctor.errors import AuditError, ConfigurationError, ImageError, PolicyError, SandboxError
 

@@ -120,7 +120,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     halts, audit = halting
     resumer = _resumer(args, store) if args.resume else None
-    from proctor.cli.run import default_audit_path
+    from proctor.backends import default_audit_path
     from proctor.serve.guard import DEFAULT_MAX_BODY
     from proctor.store.answerseal import AnswerSeal
     from proctor.store.refusals import AuditTrail, RefusalSink, SinkRefusals
@@ -215,7 +215,7 @@ def _resumer(args: argparse.Namespace, store: Any) -> Any:
     tools = load_tools(args.tools)
     policy = Policy.from_yaml(args.policy)
 
-    from proctor.cli.run import default_audit_path
+    from proctor.backends import default_audit_path
 
     audit = args.audit or default_audit_path()  # the runs' trail: its key checks what the store holds
 

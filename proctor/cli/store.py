@@ -141,7 +141,7 @@ def _answer_checker(args: argparse.Namespace) -> Callable[[Any], str]:
     """How a stored answer is shown beside its approval: '' when its seal holds (or there is no answer), else
     why the gate will not believe it; '(seal not checked: …)' when no key is at hand. The inbox (--server)
     checks seals itself and shows an answer it does not believe as pending."""
-    from proctor.cli.run import default_audit_path
+    from proctor.backends import default_audit_path
     from proctor.errors import ConfigurationError
     from proctor.store.answerseal import AnswerSeal
 
@@ -416,7 +416,7 @@ def _answer(args: argparse.Namespace) -> int:
         approver = answered.answer.approver if answered.answer is not None else "?"
     else:
         from proctor.approval.answers import os_identity
-        from proctor.cli.run import default_audit_path
+        from proctor.backends import default_audit_path
         from proctor.policy.approvers import Answerer, os_account
         from proctor.store.answerseal import AnswerSeal
         from proctor.store.refusals import AuditTrail
@@ -454,7 +454,7 @@ def _answer(args: argparse.Namespace) -> int:
 
 @_guard
 def _answer_key(args: argparse.Namespace) -> int:
-    from proctor.cli.run import default_audit_path
+    from proctor.backends import default_audit_path
     from proctor.store.answerseal import AnswerSeal
 
     seal = AnswerSeal.of_trail(args.audit or default_audit_path())
@@ -633,7 +633,7 @@ def _runs_resume(args: argparse.Namespace) -> int:
         raise
     model = LiteLLMModel(args.model)
     approver = InboxApprover(store, wait=args.wait)
-    from proctor.cli.run import default_audit_path
+    from proctor.backends import default_audit_path
 
     args.audit = args.audit or default_audit_path()
     agent: AgentBase
