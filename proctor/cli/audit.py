@@ -144,7 +144,7 @@ def _verify(args: argparse.Namespace) -> int:
     code = 0 if report.ok and not strict_failed else 1
     store: dict[str, Any] | None = None
     if args.store is not None:
-        store = _check_store(args.log, args.store, database)
+        store = _check_store(args.log, args.store)
         if store is None:
             return 2
         if store["disagreements"]:
@@ -181,39 +181,16 @@ def _verify(args: argparse.Namespace) -> int:
     return code
 
 
-def _check_store(log: str, url: str, database: bool) -> dict[str, Any] | None:
-    """The store named by `url` checked against `log` (`proctor.store.trail.check_store`), as the report's
-    ``store`` object; None (the reason said) when the store or the log's key cannot be read."""
-    import tempfile
-    from pathlib import Path
-
-    from proctor.audit.base import derive_key
-    from proctor.audit.lines import read_records
+def _check_store(log: str, url: str) -> dict[str, Any] | None:
+    """The store named by `url` checked against `log` (`proctor.store.trail.check_store_against_trail`), as the
+    report's ``store`` object; None (the reason said) when the store or the log's key cannot be read."""
     from proctor.errors import AuditError, StoreError
-    from proctor.store.answerseal import AnswerSeal
     from proctor.store.base import RunStore
-    from proctor.store.seal import PURPOSE, StoreSeal
-    from proctor.store.trail import check_store
+    from proctor.store.trail import check_store_against_trail, read_trail
     from proctor.urls import shown_url
 
     try:
-        if database:
-            from proctor.audit.postgres import export_jsonl, redaction_secret
-
-            secret = redaction_secret(log)
-            with tempfile.TemporaryDirectory(prefix="proctor-verify-") as tmp:
-                path = Path(tmp) / "audit.jsonl"
-                with path.open("wb") as out:
-                    export_jsonl(log, out)
-                records, _ = read_records(path)
-        else:
-            key_file = Path(log + ".redact-key")
-            if not key_file.is_file():
-                _err(f"{key_file}: no such file: the store's seals are keyed by the log's secret, kept there (copy "
-                     "it beside the log to check a store)")
-                return None
-            secret = key_file.read_bytes()
-            records, _ = read_records(log)
+        records, secret = read_trail(log)
     except AuditError as exc:
         _err(str(exc))
         return None
@@ -226,8 +203,7 @@ def _check_store(log: str, url: str, database: bool) -> dict[str, Any] | None:
         _err(f"--store {shown_url(url)}: {exc}")
         return None
     try:
-        found, counted = check_store(store, StoreSeal(derive_key(secret, PURPOSE)), records,
-                                     answers=AnswerSeal.of_secret(secret))
+        found, counted = check_store_against_trail(store, records, secret)
     except StoreError as exc:
         _err(f"--store {shown_url(url)}: {exc}")
         return None

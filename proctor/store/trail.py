@@ -19,7 +19,9 @@ journal ``done`` (and saying ``journaled`` when that was on stable storage first
   (grants and answers no ``approval_resolved`` gave, calls journaled as done that the log never saw end, and the reverse
   for finished runs, statuses that are not the log's ``run_finished``).
 
-Both read the records of the log as dicts (`AuditReader.run_records`, or every record of a file).
+Both read the records of the log as dicts (`AuditReader.run_records`, or every record of a file);
+`read_trail` reads a whole log, file or PostgreSQL, with the secret its seals are keyed by, and
+`check_store_against_trail` checks a store with the seals derived from that secret.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from proctor.store.answerseal import AnswerSeal
 from proctor.store.base import JournalEntry, PendingApproval, RunRecord, RunStore
 from proctor.store.seal import StoreSeal
 
-__all__ = ["Disagreement", "RunTrail", "behind_trail", "check_store", "journal_place", "trails"]
+__all__ = ["Disagreement", "RunTrail", "behind_trail", "check_store", "check_store_against_trail", "journal_place",
+           "read_trail", "trails"]
 
 #: Statuses of `run_finished` after which a run is never resumed (an interrupted run is taken up again).
 FINAL = frozenset({"done", "max_steps", "budget_exhausted", "error", "cancelled"})
@@ -224,6 +227,47 @@ def check_store(store: RunStore, seal: StoreSeal, records: Iterable[Mapping[str,
         if answers is not None:
             out.extend(_answer_seal_disagreements(record.run_id, approvals, answers))
     return out, counted
+
+
+def read_trail(log: str) -> tuple[list[dict[str, Any]], bytes]:
+    """Every record of the audit trail `log`, a file or a ``postgresql://`` log (exported as the file
+    verifier reads it), and the trail's secret, which the store's seals and answers are keyed by.
+
+    Raises AuditError when the trail cannot be read as one, or when a file log's secret, kept beside it
+    in ``LOG.redact-key``, is not there; OSError when the file cannot be read at all."""
+    import tempfile
+    from pathlib import Path
+
+    from proctor.audit.lines import read_records
+    from proctor.errors import AuditError
+
+    if log.startswith(("postgresql://", "postgres://")):
+        from proctor.audit.postgres import export_jsonl, redaction_secret
+
+        secret = redaction_secret(log)
+        with tempfile.TemporaryDirectory(prefix="proctor-verify-") as tmp:
+            path = Path(tmp) / "audit.jsonl"
+            with path.open("wb") as out:
+                export_jsonl(log, out)
+            records, _ = read_records(path)
+        return records, secret
+    key_file = Path(log + ".redact-key")
+    if not key_file.is_file():
+        raise AuditError(f"{key_file}: no such file: the store's seals are keyed by the log's secret, kept there "
+                         "(copy it beside the log to check a store)")
+    secret = key_file.read_bytes()
+    records, _ = read_records(log)
+    return records, secret
+
+
+def check_store_against_trail(store: RunStore, records: Iterable[Mapping[str, Any]], secret: bytes
+                              ) -> tuple[list[Disagreement], dict[str, int]]:
+    """`check_store` of `store` against a trail's `records`, its store seal and answer seal derived from the
+    trail's `secret` (both as `read_trail` gives them): what ``proctor audit verify LOG --store URL`` reports."""
+    from proctor.audit.base import derive_key
+    from proctor.store.seal import PURPOSE
+
+    return check_store(store, StoreSeal(derive_key(secret, PURPOSE)), records, answers=AnswerSeal.of_secret(secret))
 
 
 def _answer_seal_disagreements(run_id: str, approvals: Sequence[PendingApproval],

@@ -116,3 +116,26 @@ def test_verify_counts_a_crash_between_the_journals_done_and_the_logs_outcome_as
         store.close()
     assert [d.entry for d in found] == ["step 1, journal entry 2 (send)"] * 2, found
     assert "journaled as done (ok), but the audit trail has no outcome ok" in found[0].message
+
+
+def test_read_trail_gives_a_file_logs_records_and_the_secret_its_seals_are_keyed_by(tmp_path: Path) -> None:
+    """The secret beside the log is the one its sink derives the store's seal from; without it, the reader
+    names the file to copy there."""
+    import pytest
+
+    from proctor.audit import AuditLog
+    from proctor.audit.base import derive_key
+    from proctor.errors import AuditError
+    from proctor.store.seal import PURPOSE
+    from proctor.store.trail import read_trail
+
+    log = tmp_path / "audit.jsonl"
+    with AuditLog(log) as audit:
+        audit.append("run_started", {"run_id": RUN})
+        key = audit.key_for(PURPOSE)
+    records, secret = read_trail(str(log))
+    assert records[0]["kind"] == "run_started" and records[0]["run_id"] == RUN  # then the checkpoint of close
+    assert derive_key(secret, PURPOSE) == key
+    (tmp_path / "audit.jsonl.redact-key").unlink()
+    with pytest.raises(AuditError, match=r"audit\.jsonl\.redact-key: no such file: the store's seals are keyed"):
+        read_trail(str(log))
