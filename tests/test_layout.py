@@ -15,8 +15,8 @@ from proctor_modules import cycles, import_graph, module_names, parsed
 #: and nothing below it imports it.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in (
     # foundations: the error tree, plain data, text and encoding helpers nothing else of proctor's is under
-    "errors _lazy _provtok backends calls canonical durations termsafe textcaps unicodenorm urls links jsoninput "
-    "importpath interrupts pgconn redaction narrowing images signatures provenance",
+    "errors _lazy _provtok _pipeio backends calls canonical durations termsafe textcaps unicodenorm urls links "
+    "jsoninput importpath interrupts pgconn redaction narrowing images signatures provenance",
     "telemetry tools adapters",       # spans and logs; what a tool is
     "ledger",                         # budget pools (memory, Redis)
     "audit",                          # the audit trail: records written down and read back, knowing no policy

@@ -24,6 +24,12 @@ from proctor.interpreter.channel import ProtocolError, frame
 from proctor.interpreter.limits import ChannelLimits, HostFrameReader
 from proctor.interpreter.sandbox import SandboxSpec, spawn
 
+try:  # the channel's reads and writes holding the GIL (setup.py); without a compiler, os.read / os.write
+    from proctor._pipeio import read as _read_now
+    from proctor._pipeio import write as _write_now
+except ImportError:  # pragma: no cover - an install that could not build the extension
+    _read_now, _write_now = os.read, os.write
+
 #: Bytes asked of the channel per read. Not more: CPython allocates the whole size before
 #: reading, and past glibc's mmap threshold (128 KiB) that is an mmap/munmap pair per call
 #: (measured: 13.8 µs per recv at 256 KiB against 2.4 µs at 64 KiB).
@@ -149,7 +155,9 @@ class WorkerProcess:
         end: float | None = None  # the clock is read only if the worker is slow to take it
         while data:
             try:
-                sent = os.write(self._out_fd, data)
+                # Holding the GIL: the fd is non-blocking, so the write cannot wait, and letting go of the
+                # GIL would hand it to another host thread and make this one wait for it (`proctor._pipeio`).
+                sent = _write_now(self._out_fd, data)
             except BlockingIOError:
                 if end is None:
                     limit = self.write_left
@@ -198,7 +206,7 @@ class WorkerProcess:
         if channel:
             for _ in range(256):  # bounded: a flooding worker cannot keep the host here forever
                 try:
-                    chunk = os.read(self._in_fd, _RECV)
+                    chunk = _read_now(self._in_fd, _RECV)  # holding the GIL, as `send_bytes` writes
                 except BlockingIOError:
                     break
                 except OSError as exc:

@@ -1,0 +1,6 @@
+from _typeshed import ReadableBuffer
+
+__all__ = ["read", "write"]
+
+def read(fd: int, size: int, /) -> bytes: ...
+def write(fd: int, data: ReadableBuffer, /) -> int: ...
