@@ -106,7 +106,7 @@ class WorkerProcess:
         self.logs_cut = False
         self.diag = bytearray()
         self._reader = HostFrameReader(limits or ChannelLimits())
-        #: Whether this end polled before blocking at its last wait; replies tell the worker the same.
+        #: Whether this end might poll before blocking at its last wait; replies tell the worker the same.
         self.spin = True
         #: While a run serves a call: the run's time left when the call came (seconds). A reply the worker
         #: does not take within that much of being written is not waited for longer (the tool's or a
@@ -181,17 +181,19 @@ class WorkerProcess:
         if self._dead:
             raise WorkerDied("the worker is gone")
         try:
-            # A look first (the message is often there already), except in a process of several runs
-            # (each poll is also a turn of the GIL): then one poll that blocks.
-            events = self._poll.poll(0) if spinning.runs < 2 else None
+            # One poll that blocks (it returns at once when a message is there already), after polling for a
+            # while only when this run is alone (see `spinning`): otherwise every look would be a system call
+            # for nothing, and in a process of several runs a turn of the GIL.
+            events = None
+            self.spin = spin = spinning.may_spin()
+            if spin:
+                spin_until = time.perf_counter_ns() + spinning.SPIN_NS
+                while True:
+                    events = self._poll.poll(0)
+                    if events or time.perf_counter_ns() >= spin_until:
+                        break
             if not events:
-                self.spin = spin = spinning.may_spin()
-                if spin:  # only while this run is alone (see `spinning`)
-                    spin_until = time.perf_counter_ns() + spinning.SPIN_NS
-                    while not events and time.perf_counter_ns() < spin_until:
-                        events = self._poll.poll(0)
-                if not events:
-                    events = self._poll.poll(max(0, math.ceil(timeout * 1000)))
+                events = self._poll.poll(max(0, math.ceil(timeout * 1000)))
         except InterruptedError:
             return []
         messages: list[tuple[int, Any]] = []
