@@ -151,6 +151,8 @@ class WorkerProcess:
 
     def send_bytes(self, raw: bytes, timeout: float = 10.0) -> None:
         """Write an already-built frame."""
+        if self._dead:  # its fds are closed, and their numbers may belong to other files by now
+            raise WorkerDied("the worker is gone")
         data: bytes | memoryview = raw
         end: float | None = None  # the clock is read only if the worker is slow to take it
         while data:
