@@ -40,6 +40,7 @@ from proctor.codemode.config import ServerConfig
 from proctor.errors import ConfigurationError, ToolsetError
 from proctor.integrations.mcp import MCP_MAJOR, MCPToolset
 from proctor.interrupts import Terminated, interruption
+from proctor.policy.approvers import Answerer, refusal
 from proctor.store.answerseal import AnswerCheck
 from proctor.termsafe import terminal_safe
 from proctor.tools import Tool
@@ -108,13 +109,19 @@ class ElicitingApprover:
         """As `request`; a fallback that reads answers from a run store (an inbox) is handed the gate's check."""
         session = self.code_mode.session_of(request.run.id)
         current = session.current if session is not None else None
-        if session is None or current is None or not session.can_elicit:
+        # The client's user is the session's principal, proven by nothing but the session: where the policy's
+        # `approvers:` would refuse them (four eyes, groups, users) they are not asked; the fallback is.
+        barred = refusal(Answerer(session.principal, "mcp-elicitation", None), request.approvers,
+                         request.run.principal) if session is not None else None
+        if session is None or current is None or not session.can_elicit or barred is not None:
             if isinstance(self.fallback, CheckingApprover):
                 return self.fallback.request_checked(request, answers)
             if self.fallback is not None:
                 return self.fallback.request(request)
-            return ApprovalDecision.deny(request, "mcp-elicitation", "approval needed, but the MCP client does not "
-                                         "support elicitation and proctor mcp serve has no --approver")
+            why = f"the MCP client's user cannot answer it ({barred})" if barred is not None else \
+                "the MCP client does not support elicitation"
+            return ApprovalDecision.deny(request, "mcp-elicitation", f"approval needed, but {why} and proctor mcp "
+                                         "serve has no --approver")
         loop, ctx = current
         expires_in = max(0.0, (request.expires_at_ns - time.time_ns()) / 1e9)
         limit = min(self.timeout_s, expires_in)
@@ -132,10 +139,11 @@ class ElicitingApprover:
         data = getattr(result, "data", None)
         reason = str(getattr(data, "reason", "") or "")[:500]
         if action == "accept" and isinstance(data, _Answer) and data.approve:
-            return ApprovalDecision.approve(request, who, reason)
+            return ApprovalDecision.approve(request, who, reason, method="mcp-elicitation")
         if action == "accept" and isinstance(data, _Answer):
-            return ApprovalDecision.deny(request, who, reason or "denied by the user")
-        return ApprovalDecision.deny(request, who, reason or f"the user did not answer ({action or 'no action'})")
+            return ApprovalDecision.deny(request, who, reason or "denied by the user", method="mcp-elicitation")
+        return ApprovalDecision.deny(request, who, reason or f"the user did not answer ({action or 'no action'})",
+                                     method="mcp-elicitation")
 
 
 def prompt(request: ApprovalRequest, code: str) -> str:

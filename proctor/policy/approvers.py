@@ -24,8 +24,8 @@ __all__ = ["METHODS", "PRINCIPAL", "Answerer", "ApproverRule", "OsUser", "os_acc
 #: How an answerer's name was proven: an inbox token, an inbox session (a token's login), a trusted
 #: proxy's header (`proctor serve --trust-proxy-header`), the OS user
 #: the CLI ran as (through the store), the terminal's OS user, a signed webhook answer, the program's
-#: own callback.
-METHODS = ("token", "session", "proxy", "os-user", "console", "webhook-signature", "callback")
+#: own callback, the MCP client's user asked through elicitation (`proctor mcp serve`: the session's principal).
+METHODS = ("token", "session", "proxy", "os-user", "console", "webhook-signature", "callback", "mcp-elicitation")
 #: The word in `not:` that stands for the run's principal.
 PRINCIPAL = "principal"
 

@@ -149,6 +149,27 @@ def test_without_elicitation_or_an_approver_the_call_is_denied_saying_why(tmp_pa
     assert "does not support elicitation and proctor mcp serve has no --approver" in out
 
 
+def test_the_principal_cannot_answer_their_own_call_through_elicitation_under_four_eyes(tmp_path: Path) -> None:
+    """The client's user is the session's principal: `not: principal` (or groups) refuses them, so they are
+    never asked, and without an --approver the call is denied saying why (it must not run on their word)."""
+    four_eyes = POLICY.replace("    reason: deleting a file needs a human\n",
+                               "    reason: deleting a file needs a human\n    approvers: {not: principal}\n")
+    servers, policy, audit = write_config(tmp_path, policy=four_eyes)
+    elicit = _answering("accept", approve=True)
+
+    async def go() -> str:
+        async with stdio_session(serve_args(servers, policy, audit, "--user", "alice"), elicit) as s:
+            return text(await s.call_tool("run_python", {"code": "t_delete_file('/tmp/x')"}))
+
+    out = run(go())
+    assert elicit.seen == [] and "deleted" not in out
+    assert "error: ApprovalDenied" in out and "alice is the run's principal and may not answer" in out
+    log = tmp_path / "upstream.log"  # what the upstream server ran
+    assert "delete_file" not in (log.read_text().split() if log.exists() else [])
+    approvals = [r for r in audit_records(audit) if r["kind"] == "approval_resolved"]
+    assert [a["verdict"] for a in approvals] == ["denied"]
+
+
 def test_a_client_without_elicitation_falls_back_to_the_inbox(tmp_path: Path) -> None:
     """--approver inbox --store URL: the approval waits in the store, where `proctor approvals` answers it."""
     import subprocess
