@@ -194,6 +194,9 @@ class CodeMode:
         # Keys of sessions ended for idleness: a late request on one is told so instead of opening a
         # second run under the same key. Bounded: the oldest are forgotten first.
         self._reaped: dict[str, str] = {}
+        # HTTP sessions by the principal that opened them (initialize), before any program makes them a run:
+        # key -> (principal, monotonic time of its last request). Another token gets 403 on them from the start.
+        self._claims: dict[str, tuple[str, float]] = {}
         self._lock = threading.Lock()
         approval_timeout = float(policy.approval.timeout_s)
         self.approver = ElicitingApprover(self, approver, approval_timeout)
@@ -256,6 +259,9 @@ class CodeMode:
                 return session
             if key in self._reaped:
                 return self._reaped[key]
+            claim = self._claims.get(key)
+            if claim is not None and claim[0] != principal:
+                raise ConfigurationError("this MCP session belongs to another principal")
             run = self.gate.start_run(principal=principal, labels={"via": "mcp-code-mode"}, agent="mcp-code-mode")
             session = CodeModeSession(key, principal, run)
             self._sessions[key] = session
@@ -263,10 +269,21 @@ class CodeMode:
             return session
 
     def owner(self, key: str) -> str | None:
-        """The principal of session `key`, or None when there is no such session."""
+        """The principal of session `key` (the one that opened it), or None when there is no such session."""
         with self._lock:
             session = self._sessions.get(key)
-            return session.principal if session is not None else None
+            if session is not None:
+                return session.principal
+            claim = self._claims.get(key)
+            if claim is None:
+                return None
+            self._claims[key] = (claim[0], time.monotonic())
+            return claim[0]
+
+    def claim(self, key: str, principal: str) -> None:
+        """Session `key` was opened by `principal` (HTTP: its initialize), before it runs any program."""
+        with self._lock:
+            self._claims[key] = (principal, time.monotonic())
 
     def session_of(self, run_id: str) -> CodeModeSession | None:
         with self._lock:
@@ -276,6 +293,7 @@ class CodeMode:
         """The session's end: its run is finished and its interpreter stopped."""
         with self._lock:
             session = self._sessions.pop(key, None)
+            self._claims.pop(key, None)
             if session is not None:
                 self._by_run.pop(session.run.info.id, None)
         if session is None:
@@ -293,7 +311,9 @@ class CodeMode:
         if self.session_idle is None:
             return []
         now = time.monotonic() if now is None else now
-        with self._lock:
+        with self._lock:  # a session opened but never used is forgotten when the SDK forgets its transport
+            for key in [k for k, (_, seen) in self._claims.items() if now - seen >= self.session_idle]:
+                del self._claims[key]
             idle = [s for s in self._sessions.values()
                     if now - s.last_active >= self.session_idle and s.current is None and not s.lock.locked()]
         reason = f"no request for {self.session_idle:g}s: the client went away without ending its session"
@@ -622,6 +642,18 @@ def _bearer(headers: Mapping[str, str]) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
+def _claiming(send: Any, code_mode: CodeMode, principal: str) -> Any:
+    """`send`, recording the session id the response opens as `principal`'s before the client can learn it."""
+    async def claiming(message: dict[str, Any]) -> None:
+        if message.get("type") == "http.response.start":
+            for name, value in message.get("headers", []):
+                if name.decode("latin-1").lower() == "mcp-session-id":
+                    code_mode.claim(f"http:{value.decode('latin-1')}", principal)
+        await send(message)
+
+    return claiming
+
+
 class BearerAuth:
     """ASGI middleware: 401 for a request to the MCP endpoint without a valid bearer token of the
     token file; a ``DELETE`` of a session ends its run once the SDK has closed it."""
@@ -643,6 +675,8 @@ class BearerAuth:
             return
         sid = headers.get("mcp-session-id")
         owner = self.code_mode.owner(f"http:{sid}") if sid else None
+        if not sid:  # an initialize: the session it opens is this principal's from its first byte
+            send = _claiming(send, self.code_mode, str(self.tokens.who(token)))
         if owner is not None and owner != self.tokens.who(token):  # another principal's session
             await send({"type": "http.response.start", "status": 403,
                         "headers": [(b"content-type", b"application/json")]})

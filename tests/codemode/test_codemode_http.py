@@ -79,6 +79,28 @@ def test_two_sessions_are_two_runs(served: Any) -> None:
     assert sorted(r["principal"] for r in started) == ["alice", "bob"] and len({r["run_id"] for r in started}) == 2
 
 
+def test_a_session_is_its_openers_from_its_initialize_not_from_its_first_program(served: Any) -> None:
+    """Another token with the session's id gets 403 before any program ran there too: it can neither take
+    the session over (its run would be the other principal's, and the opener locked out) nor end it."""
+    url, tokens, audit = served
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "alice's", "version": "1"}}}
+    opened = _post(url, tokens["alice"], init)
+    sid = opened.headers["mcp-session-id"]
+    ready = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    assert _post(url, tokens["alice"], ready, sid).status_code == 202
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "run_python", "arguments": {"code": "t_add(1, 2)"}}}
+    assert _post(url, tokens["bob"], call, sid).status_code == 403
+    ending = httpx.delete(url, headers={"Authorization": f"Bearer {tokens['bob']}", "mcp-session-id": sid,
+                                        "MCP-Protocol-Version": "2025-06-18"}, timeout=60)
+    assert ending.status_code == 403
+    mine = _post(url, tokens["alice"], {**call, "id": 3}, sid)
+    assert mine.status_code == 200 and "value: 3" in mine.text
+    started = [r for r in audit_records(audit) if r["kind"] == "run_started"]
+    assert [r["principal"] for r in started] == ["alice"]
+
+
 def _post(url: str, token: str, body: dict[str, Any], sid: str | None = None) -> httpx.Response:
     headers = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
                "MCP-Protocol-Version": "2025-06-18"}
