@@ -70,6 +70,28 @@ def test_a_denied_call_is_denied_by_the_policy_not_the_halt() -> None:
         gate.call("page", {"who": "oncall"})
 
 
+def test_a_halt_set_while_a_call_waits_for_its_approval_refuses_it_when_the_answer_comes() -> None:
+    """The human's answer may come minutes after the halt: the call has not started, so the halt stops it."""
+    from proctor.approval.callback import CallbackApprover
+
+    halts = MemoryHalts()
+    audit = InMemoryAudit()
+    set_while_asking = []
+
+    def approve_after_a_halt(request: object) -> bool:
+        set_while_asking.append(halts.set(scope="tool", value="page", reason="incident 43"))
+        return True
+
+    asks = {"version": 1, "rules": [{"name": "pages-need-a-human", "match": {"tool": "page"},
+                                     "decision": "require_approval"}]}
+    gate = Gate(Policy.from_dict(asks), audit=audit, tools=[page], halts=halts,
+                approver=CallbackApprover(approve_after_a_halt))
+    with pytest.raises(ToolDenied, match=r"page: halted by halt_\w+: incident 43"):
+        gate.call("page", {"who": "oncall"})
+    assert RAN == [] and len(set_while_asking) == 1
+    assert audit.of_kind("call_intent")[-1]["halt_id"] == set_while_asking[0].id
+
+
 def _write(path: Path, data: dict[str, object]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(yaml.safe_dump(data))

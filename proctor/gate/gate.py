@@ -623,6 +623,10 @@ class Gate:
             refusal = self.approvals.run(p)
             if refusal is not None:
                 return self.recorder.refused(p, refusal)
+            # The answer can come minutes after the check above: a halt set meanwhile still stops the call.
+            halt = self.halts.check(name, ctx.info.agent, ctx.info.principal, ctx.info.id)
+            if halt is not None:
+                return self.recorder.refused(p, halt_refusal(name, halt, p.call_id), extra={"halt_id": halt.id})
         p.state = "authorized"
         if p.journal is not None:
             problem = p.journal.write_intent(p)
