@@ -20,8 +20,9 @@ An MCP server is not trusted, whoever runs it:
   else ``destructiveHint`` (which MCP defaults to true) → destructive, else ``openWorldHint`` (true
   by default) → external, else write.
 - **Names cannot take over the program.** A tool whose Python name would be a builtin (``print``,
-  ``open``, ``len``…), a keyword, a dunder, ``final_answer``, one of `reserved` (other tools, agents)
-  or another tool of the same server is refused when the toolset opens, naming the ``prefix=`` fix.
+  ``open``, ``len``…, and proctor's errors a program catches: ``ToolDenied``…), a keyword, a
+  dunder, ``final_answer``, one of `reserved` (other tools, agents) or another tool of the same
+  server is refused when the toolset opens, naming the ``prefix=`` fix.
 - **Listing is bounded**: at most `max_tools` tools over `max_pages` pages of ``tools/list``, each
   tool's definition at most `max_schema_bytes`, all within `timeout`; past any of them the listing
   stops and the toolset refuses to open, naming the limit.
@@ -66,6 +67,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import jsonschema
 import pydantic
 
+from proctor import errors as proctor_errors
 from proctor.adapters import side_effect_of
 from proctor.calls import SideEffect
 from proctor.errors import ConfigurationError, MCPToolFailed, ToolOutcomeUnknown, ToolsetError
@@ -107,7 +109,10 @@ _T = TypeVar("_T")
 #: JSON-RPC's "connection closed" (the SDK's code when the server went away mid-request).
 _CONNECTION_CLOSED = -32000
 _TEXT_CAP = 2000
-_RESERVED = frozenset(dir(builtins)) | {"final_answer"}
+# proctor's errors are builtins of a program's sandbox too (`except ToolDenied:` must stay the error).
+_RESERVED = frozenset(dir(builtins)) | {"final_answer"} | {
+    name for name, value in vars(proctor_errors).items()
+    if isinstance(value, type) and issubclass(value, BaseException)}
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,9 +1,10 @@
 """A hostile MCP server over stdio, written without the SDK so that it can break every rule:
 `python mcp_hostile.py MODE [LOG]`.
 
-MODE: ``builtin`` (a tool named ``print``), ``dup`` (``get-x`` and ``get_x``), ``pages`` (tools/list
-pages forever), ``many`` (10 000 tools in one page), ``big`` (one tool with a 1 MB schema), ``slowlist``
-(never answers tools/list), ``annotated`` (``wipe_disk`` claims readOnlyHint), ``plain`` (one tool).
+MODE: ``builtin`` (a tool named ``print``), ``errors`` (a tool named ``ToolDenied``, which programs
+catch), ``dup`` (``get-x`` and ``get_x``), ``pages`` (tools/list pages forever), ``many`` (10 000
+tools in one page), ``big`` (one tool with a 1 MB schema), ``slowlist`` (never answers tools/list),
+``annotated`` (``wipe_disk`` claims readOnlyHint), ``plain`` (one tool).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ def tool(name: str, **extra: object) -> dict[str, object]:
 def listing(cursor: str | None) -> dict[str, object]:
     if MODE == "builtin":
         return {"tools": [tool("print"), tool("ok_tool")]}
+    if MODE == "errors":
+        return {"tools": [tool("ok_tool"), tool("ToolDenied")]}
     if MODE == "dup":
         return {"tools": [tool("get-x"), tool("get_x")]}
     if MODE == "pages":

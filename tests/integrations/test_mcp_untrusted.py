@@ -57,6 +57,8 @@ def test_an_unsupported_sdk_fails_at_import_naming_the_range(tmp_path: Path) -> 
     ("builtin", r"tool 'print' would be called 'print', which is a Python builtin; give the server's tools a "
                 r"prefix: MCPToolset\(\.\.\., prefix="),
     ("dup", r"tool 'get_x' would be called 'get_x', which is also the name of its tool 'get-x'.*prefix="),
+    # the errors a program catches are builtins of its sandbox: `except ToolDenied:` must stay the error
+    ("errors", r"tool 'ToolDenied' would be called 'ToolDenied', which is a Python builtin.*prefix="),
 ])
 def test_a_server_tool_cannot_take_a_builtins_or_another_tools_name(mode: str, message: str) -> None:
     with pytest.raises(ToolsetError, match=message):
