@@ -141,6 +141,21 @@ def test_reload_new_runs_pins_a_run_to_the_policy_it_started_with(tmp_path: Path
         gate.call("page", {"who": "c"}, context=gate.start_run())  # a new run gets the new policy
 
 
+def test_reload_new_runs_pins_a_run_that_started_before_it_but_had_made_no_call_yet(tmp_path: Path) -> None:
+    """The run started under the old policy (its run_started says so): that is the one it keeps."""
+    path = tmp_path / "policy.yaml"
+    _write(path, ALLOW)
+    audit = InMemoryAudit()
+    gate = Gate(PolicySource(path, check_every_ms=0), audit=audit, tools=[page])
+    ctx = gate.start_run()
+    _write(path, {**DENY, "reload": "new_runs"})
+    time.sleep(0.01)
+    assert gate.call("page", {"who": "a"}, context=ctx) == "paged"
+    (started,) = audit.of_kind("run_started")
+    assert audit.of_kind("call_intent")[-1]["policy_sha256"] == started["policy_sha256"] \
+        == Policy.from_dict(ALLOW).sha256
+
+
 def test_a_reload_that_adds_a_global_budget_on_a_local_ledger_starts_no_run(tmp_path: Path) -> None:
     """Issue 34: a budget's scope is never silently narrower than written, after a reload too."""
     from proctor.errors import ConfigurationError

@@ -295,17 +295,20 @@ class Gate:
         when this gate's policy reads none (a managed agent's own policy does).
         """
         info = RunInfo(id=run_id or new_id("run_"), principal=principal, labels=dict(labels or {}), agent=agent)
+        # The policy the run starts with, pinned now: a `reload: new_runs` policy loaded before its first call
+        # keeps it on this one, the one its run_started record names.
+        policy = self._source.for_run(info.id) if self._source is not None else self.policy
         self._check_scope()
-        ctx = RunContext(info, self.policy.new_ledger(info, self.ledger), history_limit=self.history_limit)
+        ctx = RunContext(info, policy.new_ledger(info, self.ledger), history_limit=self.history_limit)
         if agent is not None:
             ctx.agents = (agent,)
         # The policy's history aggregates fold from the first call, so they outlive dropped entries.
-        ctx.track(self.policy.pipelines)
+        ctx.track(policy.pipelines)
         if self.shadow is not None:  # the candidate's too: it decides every call on the whole run's history
             ctx.track(self.shadow.policy.pipelines)
         ctx.provenance = self._provenance_index(task, provenance)
         fields: dict[str, Any] = {"run_id": info.id, "principal": info.principal, "labels": dict(info.labels),
-                                  "policy_sha256": self.policy.sha256, **self.ledger_scope.audit_fields}
+                                  "policy_sha256": policy.sha256, **self.ledger_scope.audit_fields}
         if agent is not None:
             fields["agent"] = agent
         started = self.recorder.append("run_started", fields, required=True)
