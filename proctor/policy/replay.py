@@ -25,6 +25,9 @@ Calls the log cannot decide again are counted as undecidable, never guessed:
   reads where values came from (`provenance()`, `from_user()`: the log holds no results);
 - a cost budget counts the call and the new policy declares no cost for its tool (a tool's
   own declared cost is not recorded).
+- the log does not hold the call's run from its start (``run_started``: a log that begins
+  mid-run) and the decision could read the run — a condition or expression naming ``run``,
+  ``history``, ``seen`` or ``usage``, or a budget counting the call.
 
 How "could read" is known: each candidate rule's condition is analysed for what it reads of
 each variable (`proctor.policy.projection.needs_of`, the analysis the engine projects
@@ -44,6 +47,7 @@ counted as ``not_decided``), and calls answered from a durable run's journal
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -207,14 +211,17 @@ class _Clock:
 class _Run:
     """A recorded run as the replay rebuilds it; also the `RunView` its calls are decided over."""
 
-    __slots__ = ("history", "history_redacted", "info", "last_step", "ledger", "pending", "seen", "seen_sorted")
+    __slots__ = ("history", "history_redacted", "info", "last_step", "ledger", "pending", "seen", "seen_sorted",
+                 "started")
 
     #: The log holds no tool results: no provenance index (a condition reading one is undecidable).
     provenance: ProvenanceIndex | None = None
 
-    def __init__(self, info: RunInfo, ledger: Ledger) -> None:
+    def __init__(self, info: RunInfo, ledger: Ledger, started: bool = True) -> None:
         self.info = info
         self.ledger = ledger
+        #: Whether the log holds the run's start (its principal, labels; its calls from the first).
+        self.started = started
         self.history: list[HistoryEntry] = []
         self.history_redacted = False
         self.seen: set[str] = set()
@@ -252,6 +259,7 @@ class _Replayer:
         self._reads: dict[tuple[str, str], _Reads] = {}
         self._expr_reads: dict[str, list[frozenset[str] | None]] = {}
         self._cost_unknown: dict[tuple[str, str], bool] = {}
+        self._run_reads: dict[tuple[str, str], bool] = {}
         self._fixed: dict[tuple[str, str | None], Admission] = {}
         #: Whether any condition can read `history` (else no entry is kept: nothing would read it).
         self.keeps_history = any(r.condition is not None and "history" in r.condition.source
@@ -270,7 +278,7 @@ class _Replayer:
                            agent=agent if isinstance(agent, str) else None)
             ledger = Ledger(self.policy.budgets, run=info, shared=self.shared, clock=self.clock.mono,
                             wall_clock=self.clock.wall)
-            run = self.runs[run_id] = _Run(info, ledger)
+            run = self.runs[run_id] = _Run(info, ledger, started=rec is not None)
         return run
 
     def feed(self, rec: Mapping[str, Any]) -> None:
@@ -353,6 +361,8 @@ class _Replayer:
             history_class = side_effect
         reads = self._reads_of(tool, side_effect)
         why = None if reads.plain else self._undecidable(tool, side_effect, args, run, redacted=_has_mark(args))
+        if why is None and not run.started and self._reads_the_run(tool, side_effect):
+            why = _UNSTARTED
         reservation = None
         new: str = "deny"
         new_rules: tuple[str, ...] = ()
@@ -478,6 +488,20 @@ class _Replayer:
             found = self._reads[key] = _Reads(args, history_args, provenance, not conditions, cost_unknown, plain)
         return found
 
+    def _reads_the_run(self, tool: str, side_effect: str) -> bool:
+        """Whether a call's decision can depend on its run (principal, labels, agent, earlier calls, budgets):
+        a condition or expression naming one of them, or a budget counting the call."""
+        key = (tool, side_effect)
+        found = self._run_reads.get(key)
+        if found is None:
+            facts = facts_of(self.policy, tool, None, 0)
+            sources = [r.condition.source for r in self.policy.candidates(tool, side_effect).all
+                       if r.condition is not None]
+            sources += [e.source for e in (facts.side_effect_expression, facts.cost_expression) if e is not None]
+            found = self._run_reads[key] = any(_RUN_NAMES.search(source) for source in sources) or any(
+                _matches(b.match, tool, side_effect) for b in self.policy.budgets)
+        return found
+
     def _expressions(self, tool: str) -> list[frozenset[str] | None]:
         """The `args` fields the tool's side_effect and cost expressions read (None: all of them)."""
         found = self._expr_reads.get(tool)
@@ -505,6 +529,11 @@ class _Replayer:
 
 
 _NOT_REFUSED: Any = object()
+#: Why a call of a run whose start the log does not hold is undecidable (its decision reads the run).
+_UNSTARTED = ("the log does not hold the run's start (run_started): its principal, labels, earlier calls and "
+              "budgets are not known")
+#: The variables of a condition that read the run rather than the call (by name: over-counting is safe).
+_RUN_NAMES = re.compile(r"\b(?:run|history|seen|usage)\b")
 
 
 def _matches(match: Any, tool: str, side_effect: str) -> bool:

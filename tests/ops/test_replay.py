@@ -148,6 +148,32 @@ budgets:
     assert "no-mail-after-charge" not in out["by_rule"]
 
 
+def test_a_log_without_a_runs_start_cannot_say_its_principal_earlier_calls_or_budgets(tmp_path: Path) -> None:
+    """A log that begins mid-run (rotated, cut): the run's principal, labels, history and budgets are not in it,
+    so a call whose decision reads them is undecidable, never decided as if the run had no principal."""
+    whole = _record(tmp_path)
+    cut = tmp_path / "cut.jsonl"
+    lines = whole.read_text().splitlines()
+    cut.write_text("".join(line + "\n" for line in lines if json.loads(line)["kind"] != "run_started"))
+    bobs = Policy.from_string(OLD + """
+  - name: bob-reads
+    match: {tool: lookup}
+    when: "run.principal == 'bob'"
+    decision: deny
+""")
+    assert replay_log(bobs, str(whole)).changed == 2  # with the starts: bob's two reads change
+    report = replay_log(bobs, str(cut))
+    assert report.changed == 0 and report.undecidable == 4  # the four reads, whoever's run they were
+    assert list(report.undecidable_why) == ["the log does not hold the run's start (run_started): its principal, "
+                                            "labels, earlier calls and budgets are not known"]
+    one_read = Policy.from_string(OLD + "budgets:\n  - {name: one-lookup, match: {tool: lookup}, limit: {calls: 1}}\n")
+    assert replay_log(one_read, str(cut)).undecidable == 4  # how many reads came before is not known either
+    # What depends on the call alone is still decided.
+    plain = Policy.from_string(OLD.replace("endsWith('@example.com')", "endsWith('.org')"))
+    report = replay_log(plain, str(cut))
+    assert report.undecidable == 0 and report.changed == 4
+
+
 def test_provenance_is_undecidable(tmp_path: Path) -> None:
     log = _record(tmp_path)
     new = Policy.from_string(OLD + """
