@@ -665,7 +665,16 @@ class BearerAuth:
         if scope.get("type") != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        raw = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
+        names = [k for k, _ in raw]
+        if names.count("mcp-session-id") > 1 or names.count("authorization") > 1:
+            # This check would read one copy and the SDK another: another principal's session could be driven.
+            await send({"type": "http.response.start", "status": 400,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body",
+                        "body": b'{"error": "one Authorization and at most one Mcp-Session-Id header, please"}'})
+            return
+        headers = dict(raw)
         token = _bearer(headers)
         if token is None or self.tokens.who(token) is None:
             body = b'{"error": "a valid bearer token is required (proctor serve token NAME --tokens FILE)"}'

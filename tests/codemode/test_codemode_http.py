@@ -95,6 +95,12 @@ def test_a_session_is_its_openers_from_its_initialize_not_from_its_first_program
     ending = httpx.delete(url, headers={"Authorization": f"Bearer {tokens['bob']}", "mcp-session-id": sid,
                                         "MCP-Protocol-Version": "2025-06-18"}, timeout=60)
     assert ending.status_code == 403
+    # Nor with its id twice over, its own session's id second: the ownership check and the SDK would read
+    # different copies (the SDK routes by the first).
+    bobs = _post(url, tokens["bob"], init).headers["mcp-session-id"]
+    twice = [("Authorization", f"Bearer {tokens['bob']}"), ("MCP-Protocol-Version", "2025-06-18"),
+             ("mcp-session-id", sid), ("mcp-session-id", bobs)]
+    assert httpx.delete(url, headers=twice, timeout=60).status_code == 400
     mine = _post(url, tokens["alice"], {**call, "id": 3}, sid)
     assert mine.status_code == 200 and "value: 3" in mine.text
     started = [r for r in audit_records(audit) if r["kind"] == "run_started"]
