@@ -42,7 +42,7 @@ from proctor.integrations.mcp import MCP_MAJOR, MCPToolset
 from proctor.interrupts import Terminated, interruption
 from proctor.policy.approvers import Answerer, refusal
 from proctor.store.answerseal import AnswerCheck
-from proctor.termsafe import terminal_safe
+from proctor.termsafe import marked_plain, terminal_safe
 from proctor.tools import Tool
 
 if TYPE_CHECKING:
@@ -66,6 +66,8 @@ _LOG_CAP = 20_000
 DEFAULT_SESSION_IDLE = 1800.0
 _REAPED_KEPT = 10_000
 _SEARCH_HITS = 10
+#: The longest arguments (as shown) an elicitation prompt carries; longer ones go to --approver (or are denied).
+_PROMPT_ARGS_CAP = 20_000
 
 
 class _Answer(pydantic.BaseModel):
@@ -113,6 +115,8 @@ class ElicitingApprover:
         # `approvers:` would refuse them (four eyes, groups, users) they are not asked; the fallback is.
         barred = refusal(Answerer(session.principal, "mcp-elicitation", None), request.approvers,
                          request.run.principal) if session is not None else None
+        if barred is None and len(shown_args(request)) > _PROMPT_ARGS_CAP:  # nobody approves what they cannot see
+            barred = f"its arguments are too long to show whole in the client (over {_PROMPT_ARGS_CAP} characters)"
         if session is None or current is None or not session.can_elicit or barred is not None:
             if isinstance(self.fallback, CheckingApprover):
                 return self.fallback.request_checked(request, answers)
@@ -146,16 +150,19 @@ class ElicitingApprover:
                                      method="mcp-elicitation")
 
 
+def shown_args(request: ApprovalRequest) -> str:
+    """The arguments as the client's user reads them: whole, escaped and with look-alikes spelled out as
+    `proctor approvals show` writes them (`proctor.termsafe.marked_plain`)."""
+    return marked_plain(json.dumps(dict(request.args), ensure_ascii=False, default=str, sort_keys=True))
+
+
 def prompt(request: ApprovalRequest, code: str) -> str:
-    """The question shown to the client's user: tool, arguments (escaped), program line, reason."""
-    args = terminal_safe(json.dumps(dict(request.args), ensure_ascii=False, default=str, sort_keys=True))
-    if len(args) > 2000:
-        args = args[:2000] + "…"
+    """The question shown to the client's user: tool, arguments (escaped, whole), program line, reason."""
     line = program_line(code, request.position)
-    parts = [f"proctor: a program wants to call {terminal_safe(request.tool)} ({request.side_effect})",
-             f"arguments: {args}"]
+    parts = [f"proctor: a program wants to call {marked_plain(request.tool)} ({request.side_effect})",
+             f"arguments: {shown_args(request)}"]
     if line is not None:
-        parts.append(f"program line {line[0]}: {terminal_safe(line[1][:300])}")
+        parts.append(f"program line {line[0]}: {marked_plain(line[1][:300])}")
     parts.append(f"why approval is needed: {terminal_safe(request.reason or ', '.join(request.rules))}")
     return "\n".join(parts)
 

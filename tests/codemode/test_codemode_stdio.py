@@ -128,6 +128,28 @@ def test_the_prompt_names_the_line_of_the_call_asked_about_not_the_first_naming_
     assert "program line 2: return t_delete_file(p)" in second  # the call inside the helper, not line 3
 
 
+def test_the_prompt_shows_the_arguments_whole_with_look_alikes_marked_or_the_user_is_not_asked(tmp_path: Path) -> None:
+    """A long padding must not push the part that matters out of the question (the user would approve what
+    they never saw), and a Cyrillic letter is spelled out as `proctor approvals show` does."""
+    servers, policy, audit = write_config(tmp_path)
+    elicit = _answering("accept", approve=True)
+
+    async def go() -> tuple[str, str]:
+        async with stdio_session(serve_args(servers, policy, audit, "--user", "alice"), elicit) as s:
+            spoof = text(await s.call_tool("run_python", {"code": "t_delete_file('/srv/\u0435tc')"}))
+            long = text(await s.call_tool("run_python", {
+                "code": "t_delete_file('/tmp/' + 'a' * 25_000 + '/../../etc/passwd')"}))
+            return spoof, long
+
+    spoof, long = run(go())
+    assert "value: 'deleted /srv/\u0435tc'" in spoof
+    (asked,) = elicit.seen  # only the first call was asked about
+    assert "/srv/\u0435\u27e8U+0435\u27e9tc" in asked
+    assert "error: ApprovalDenied" in long and "too long to show whole in the client" in long
+    log = tmp_path / "upstream.log"
+    assert (log.read_text().split() if log.exists() else []).count("delete_file") == 1
+
+
 def test_an_approval_denied_through_elicitation_raises_in_the_program(tmp_path: Path) -> None:
     out = _delete(tmp_path, _answering("accept", approve=False))
     assert "error: ApprovalDenied" in out and "checked by test" in out
