@@ -36,6 +36,9 @@ def register(subparsers: Any) -> None:
                    "(default: $PROCTOR_AUDIT, else ~/.local/state/proctor/audit.jsonl)")
     s.add_argument("--store", metavar="URL", help="a run store: with --approver inbox, approvals the client "
                    "cannot be asked go to its inbox (proctor serve, proctor approvals)")
+    s.add_argument("--halts", metavar="URL", default=None,
+                   help="where the fleet's halts are (what `proctor halt --ledger/--store` sets): redis://… or a "
+                        "SQLite/PostgreSQL run store URL; default: --store when given, else this process's own")
     s.add_argument("--approver", metavar="SPEC", default=None,
                    help="who answers approvals when the client does not support elicitation: webhook:URL "
                         "or inbox (with --store); default: such calls are denied")
@@ -66,7 +69,7 @@ def _fail(message: str, code: int) -> int:
 def serve(args: argparse.Namespace) -> int:
     from proctor.agent.loading import ToolLoadError, load_tools
     from proctor.backends import default_audit_path, load_audit
-    from proctor.errors import AuditError, ConfigurationError, PolicyError, ToolsetError
+    from proctor.errors import AuditError, ConfigurationError, HaltError, PolicyError, ToolsetError
 
     if args.http and not args.tokens:
         return _fail("--http needs --tokens FILE (make one with `proctor serve token NAME --tokens FILE`)", 2)
@@ -86,6 +89,7 @@ def serve(args: argparse.Namespace) -> int:
         tools = load_tools(args.tools) if args.tools else []
         approver = _approver(args)
         session_idle = _session_idle(args.session_idle)
+        halts = _halts(args)
         tokens = None
         if args.tokens:
             from proctor.approval.tokens import TokenFile
@@ -93,6 +97,8 @@ def serve(args: argparse.Namespace) -> int:
             tokens = TokenFile.load(args.tokens)
     except (ToolLoadError, ConfigurationError, ValueError) as exc:
         return _fail(str(exc), 2)
+    except HaltError as exc:
+        return _fail(f"--halts: {exc}", 1)
     except ImportError as exc:
         return _fail(f"{exc} (pip install 'proctor[mcp]')", 2)
     try:
@@ -106,7 +112,7 @@ def serve(args: argparse.Namespace) -> int:
         audit, _, _ = load_audit(args.audit or default_audit_path())
         code_mode = CodeMode(servers, policy, local_tools=tools, audit=audit, approver=approver, user=args.user,
                              sandbox=args.sandbox, timeout=args.timeout, authorized_imports=args.imports,
-                             session_idle=session_idle)
+                             session_idle=session_idle, halts=halts)
         code_mode.open()
     except (ToolsetError, AuditError, ConfigurationError) as exc:
         return _fail(str(exc), 1)
@@ -119,7 +125,31 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         if audit is not None:
             audit.close()
+        if halts is not None:
+            halts.close()
     return 0
+
+
+def _halts(args: argparse.Namespace) -> Any:
+    """The halt channel the gate honours: --halts, else the --store's halts table (a gate sharing a store
+    honours its halts), else None (this process's own). `HaltError` when --halts cannot be used."""
+    from proctor.halt import HaltError
+
+    url = args.halts or args.store
+    if url is None:
+        return None
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        from proctor.halt.redis import RedisHalts
+
+        return RedisHalts(url)
+    from proctor.halt.sql import StoreHalts
+
+    try:
+        return StoreHalts(url)
+    except HaltError:
+        if args.halts is not None:
+            raise
+        return None  # a run store that keeps no halts (not SQL): nothing to honour there
 
 
 def _session_idle(text: str) -> float | None:

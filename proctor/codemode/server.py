@@ -47,6 +47,7 @@ from proctor.tools import Tool
 
 if TYPE_CHECKING:
     from proctor.gate.gate import PolicyLike
+    from proctor.halt import HaltChannel
 
 if MCP_MAJOR >= 2:
     from mcp.server.mcpserver import Context
@@ -182,7 +183,7 @@ class CodeMode:
     def __init__(self, servers: Sequence[ServerConfig], policy: "PolicyLike", *, local_tools: Iterable[Tool] = (),
                  audit: AuditSink | None = None, approver: Approver | None = None, user: str | None = None,
                  sandbox: str = "auto", timeout: float = 30.0, authorized_imports: Iterable[str] = (),
-                 session_idle: float | None = DEFAULT_SESSION_IDLE) -> None:
+                 session_idle: float | None = DEFAULT_SESSION_IDLE, halts: "HaltChannel | None" = None) -> None:
         from proctor.gate import Gate
 
         if session_idle is not None and not session_idle > 0:
@@ -207,7 +208,8 @@ class CodeMode:
         self._lock = threading.Lock()
         approval_timeout = float(policy.approval.timeout_s)
         self.approver = ElicitingApprover(self, approver, approval_timeout)
-        self.gate = Gate(policy, approver=self.approver, audit=audit)
+        # `halts`: the fleet's halt channel (`proctor halt --ledger/--store`); None: this process's own.
+        self.gate = Gate(policy, approver=self.approver, audit=audit, halts=halts)
 
     # -- lifecycle -------------------------------------------------------------------------------
 

@@ -237,6 +237,36 @@ def test_a_client_without_elicitation_falls_back_to_the_inbox(tmp_path: Path) ->
     assert [a["verdict"] for a in approvals] == ["approve"] and approvals[0]["method"] == "os-user"
 
 
+def test_proctor_halt_on_the_servers_store_stops_its_sessions_calls_until_lifted(tmp_path: Path) -> None:
+    """A gate sharing a run store honours its halts: `proctor halt --principal alice --store URL` reaches the
+    code-mode server's calls (the program sees the halt's id and reason), and lifting it lets them run."""
+    servers, policy, audit = write_config(tmp_path)
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+
+    def halt(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "proctor.cli", "halt", *args, "--store", store,
+                               "--audit", str(tmp_path / "ops.jsonl")], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()[-1]
+
+    async def go() -> tuple[str, str, str]:
+        async with stdio_session(serve_args(servers, policy, audit, "--user", "alice", "--store", store)) as s:
+            before = text(await s.call_tool("run_python", {"code": "t_add(1, 2)"}))
+            halt_id = halt("--principal", "alice", "--reason", "incident 7")
+            await asyncio.sleep(1)  # the channel re-reads the store every 100 ms
+            halted = text(await s.call_tool("run_python", {"code": "t_add(1, 2)"}))
+            halt("--lift", halt_id, "--reason", "over")
+            await asyncio.sleep(1)
+            after = text(await s.call_tool("run_python", {"code": "t_add(1, 2)"}))
+            return before, halted.replace(halt_id, "HALT"), after
+
+    before, halted, after = run(go())
+    assert "value: 3" in before and "value: 3" in after
+    assert "error: ToolDenied: t_add: halted by HALT: incident 7" in halted
+    kinds = [r["kind"] for r in audit_records(audit) if r["kind"].startswith("halt_")]
+    assert kinds == ["halt_set", "halt_lifted"]  # the server's trail says when it began and stopped honouring it
+
+
 def test_a_stdio_server_stopped_by_sigterm_ends_its_run_as_interrupted(tmp_path: Path) -> None:
     servers, policy, audit = write_config(tmp_path)
     proc = subprocess.Popen([sys.executable, *serve_args(servers, policy, audit)], stdin=subprocess.PIPE,
