@@ -1,6 +1,7 @@
 """`proctor policy replay | coverage`: a policy judged against an audit log (registered by `proctor.cli.policy`).
 
-Exit codes: replay 0 (1 with ``--fail-on-change`` when any decision changed), coverage 0;
+Exit codes: replay 0 (1 with ``--fail-on-change`` when any decision changed, or lines of the log
+were not records), coverage 0;
 1 when the policy or the log cannot be read; 2 usage. Heavy imports happen in the commands.
 """
 
@@ -34,7 +35,8 @@ def register(sub: Any) -> None:
                              "or an age such as 24h, 7d")
     replay.add_argument("--json", action="store_true", help="print the report as one JSON object")
     replay.add_argument("--fail-on-change", dest="fail_on_change", action="store_true",
-                        help="exit 1 when any decision would change (gate a policy change in CI)")
+                        help="exit 1 when any decision would change, or lines of the log are not records "
+                             "(gate a policy change in CI)")
     replay.set_defaults(func=_replay)
 
     coverage = sub.add_parser("coverage", help="which rules an audit log's calls matched, which budgets they "
@@ -112,7 +114,8 @@ def _replay(args: argparse.Namespace) -> int:
         print(json.dumps(out, ensure_ascii=False, sort_keys=True))
     else:
         _print_replay(out, args.policy)
-    return 1 if args.fail_on_change and report.changed else 0
+    # Lines that are not records hold calls nobody decided again: "nothing changed" cannot be said of them.
+    return 1 if args.fail_on_change and (report.changed or report.bad_lines) else 0
 
 
 def _print_replay(out: dict[str, Any], path: str) -> None:

@@ -205,6 +205,16 @@ def test_cli_fail_on_change_and_json(tmp_path: Path, capsys: pytest.CaptureFixtu
     # --since in the future: nothing counted
     assert main(["policy", "replay", str(stricter), "--audit", str(log), "--since", "2999-01-01",
                  "--fail-on-change"]) == 0
+    # A log with lines that are not records (cut, corrupted, edited) cannot say nothing changed: the calls in
+    # those lines were not decided again. Without --fail-on-change it is reported, as before.
+    torn = tmp_path / "torn.jsonl"
+    lines = log.read_text().splitlines()
+    charge_intents = [i for i, line in enumerate(lines) if '"tool":"charge"' in line.replace(" ", "")]
+    torn.write_text("".join(line[:20] + "\n" if i in charge_intents else line + "\n" for i, line in enumerate(lines)))
+    capsys.readouterr()
+    assert main(["policy", "replay", str(stricter), "--audit", str(torn), "--fail-on-change"]) == 1
+    assert "were not records and were skipped" in capsys.readouterr().out
+    assert main(["policy", "replay", str(stricter), "--audit", str(torn)]) == 0
 
 
 def test_coverage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
