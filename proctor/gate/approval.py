@@ -377,6 +377,8 @@ class ApprovalStep:
             found = os_answerer(account, acting, settings.os_users)
             return found if isinstance(found, str) else Answerer(found.name, answer.method, found.groups,
                                                                   found.os_user)
+        if answer.method == "mcp-elicitation":  # the MCP client's user: the session's principal, proving no groups
+            return Answerer(answer.approver.removeprefix("mcp-elicitation:"), answer.method, None)
         return Answerer(answer.approver, answer.method or "unknown", None)
 
     def approver_view(self, p: InFlight, args: Mapping[str, Any]) -> dict[str, Any]:

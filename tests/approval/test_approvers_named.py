@@ -270,6 +270,29 @@ def test_console_never_asks_the_principal() -> None:
     assert decision.verdict == "deny" and "may not answer as 'carol'" in decision.reason
 
 
+def test_an_answer_by_mcp_elicitation_is_judged_as_the_sessions_principal_at_the_gate() -> None:
+    """`proctor mcp serve` names an elicited answer ``mcp-elicitation:<principal>``: the gate's own check
+    takes it for that principal, so `not: principal` refuses it even from an approver that asked anyway."""
+    from proctor.approval.base import ApprovalDecision, ApprovalRequest
+
+    class Elicited:  # answers as `proctor mcp serve`'s approver names an elicited answer
+        def request(self, request: ApprovalRequest) -> ApprovalDecision:
+            return ApprovalDecision.approve(request, f"mcp-elicitation:{request.run.principal}", "mine",
+                                            method="mcp-elicitation")
+
+    policy = Policy.from_dict({"version": 1, "rules": [{"name": "scale", "match": {"tool": "kubectl"},
+                                                        "decision": "require_approval",
+                                                        "approvers": {"not": "principal"}}]})
+    gate = Gate(policy, tools=[kubectl], approver=Elicited())
+    with pytest.raises(ApprovalDenied, match="alice is the run's principal and may not answer"):
+        gate.call("kubectl", {"verb": "scale", "replicas": 0}, context=gate.start_run(principal="alice"))
+    plain = Gate(Policy.from_dict({"version": 1, "rules": [{"name": "scale", "match": {"tool": "kubectl"},
+                                                         "decision": "require_approval"}]}),
+                 tools=[kubectl], approver=Elicited())
+    assert plain.call("kubectl", {"verb": "scale", "replicas": 1}, context=plain.start_run(principal="alice")) \
+        == "scale 1"  # where the policy names nobody, the principal's own answer stands
+
+
 def test_the_resume_is_its_own_fact(world: World) -> None:
     """`run_resumed` is written by the resuming process, with its host and pid, apart from the answer."""
     import os
