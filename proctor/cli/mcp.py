@@ -102,9 +102,9 @@ def serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         return _fail(f"{exc} (pip install 'proctor[mcp]')", 2)
     try:
-        from proctor.policy import Policy
+        from proctor.policy.reload import PolicySource
 
-        policy = Policy.from_yaml(args.policy)
+        policy = PolicySource(args.policy)  # reloaded when the file changes (a bad new file is refused, logged)
     except PolicyError as exc:
         print(terminal_safe(str(exc), keep_newlines=True), file=sys.stderr)
         return 1

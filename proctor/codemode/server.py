@@ -48,6 +48,7 @@ from proctor.tools import Tool
 if TYPE_CHECKING:
     from proctor.gate.gate import PolicyLike
     from proctor.halt import HaltChannel
+    from proctor.policy.reload import PolicySource
 
 if MCP_MAJOR >= 2:
     from mcp.server.mcpserver import Context
@@ -100,9 +101,9 @@ class CodeModeSession:
 class ElicitingApprover:
     """The gate's approver: asks the session's user through MCP elicitation when its client declared
     it, else `fallback`; with neither, denies saying why. `timeout_s` caps the wait (the request's
-    own expiry caps it too)."""
+    own expiry caps it too; None: the expiry alone)."""
 
-    def __init__(self, code_mode: "CodeMode", fallback: Approver | None, timeout_s: float) -> None:
+    def __init__(self, code_mode: "CodeMode", fallback: Approver | None, timeout_s: float | None) -> None:
         self.code_mode, self.fallback, self.timeout_s = code_mode, fallback, timeout_s
 
     def request(self, request: ApprovalRequest) -> ApprovalDecision:
@@ -129,7 +130,7 @@ class ElicitingApprover:
                                          "serve has no --approver")
         loop, ctx = current
         expires_in = max(0.0, (request.expires_at_ns - time.time_ns()) / 1e9)
-        limit = min(self.timeout_s, expires_in)
+        limit = expires_in if self.timeout_s is None else min(self.timeout_s, expires_in)
         who = f"mcp-elicitation:{session.principal}"
         future = asyncio.run_coroutine_threadsafe(ctx.elicit(prompt(request, session.code), _Answer), loop)
         try:
@@ -180,7 +181,8 @@ def program_line(code: str, position: CallPosition | None) -> tuple[int, str] | 
 class CodeMode:
     """The state behind ``proctor mcp serve``: one gate, the upstream toolsets, the sessions."""
 
-    def __init__(self, servers: Sequence[ServerConfig], policy: "PolicyLike", *, local_tools: Iterable[Tool] = (),
+    def __init__(self, servers: Sequence[ServerConfig], policy: "PolicyLike | PolicySource", *,
+                 local_tools: Iterable[Tool] = (),
                  audit: AuditSink | None = None, approver: Approver | None = None, user: str | None = None,
                  sandbox: str = "auto", timeout: float = 30.0, authorized_imports: Iterable[str] = (),
                  session_idle: float | None = DEFAULT_SESSION_IDLE, halts: "HaltChannel | None" = None) -> None:
@@ -189,7 +191,7 @@ class CodeMode:
         if session_idle is not None and not session_idle > 0:
             raise ConfigurationError(f"session_idle must be a positive number of seconds, not {session_idle!r}")
 
-        self.servers, self.policy = list(servers), policy
+        self.servers = list(servers)
         self.local_tools = list(local_tools)
         self.user = user or os.environ.get("USER") or "stdio"
         self.sandbox, self.timeout = sandbox, float(timeout)
@@ -206,8 +208,9 @@ class CodeMode:
         # key -> (principal, monotonic time of its last request). Another token gets 403 on them from the start.
         self._claims: dict[str, tuple[str, float]] = {}
         self._lock = threading.Lock()
-        approval_timeout = float(policy.approval.timeout_s)
-        self.approver = ElicitingApprover(self, approver, approval_timeout)
+        # A `PolicySource` (a policy file) is reloaded when it changes (`proctor.policy.reload`); the approver's
+        # wait is each request's own expiry, which the policy deciding the call set.
+        self.approver = ElicitingApprover(self, approver, None)
         # `halts`: the fleet's halt channel (`proctor halt --ledger/--store`); None: this process's own.
         self.gate = Gate(policy, approver=self.approver, audit=audit, halts=halts)
 
@@ -384,6 +387,11 @@ class CodeMode:
             return f"no tool named {name!r}{hint}"
         origin = f"\n# from {tool.origin}" if tool.origin else ""
         return describe_tools([tool], self.policy) + origin
+
+    @property
+    def policy(self) -> "PolicyLike":
+        """The policy in force now (a reloaded file's current one)."""
+        return self.gate.policy
 
     # -- the MCP server ----------------------------------------------------------------------------
 

@@ -267,6 +267,38 @@ def test_proctor_halt_on_the_servers_store_stops_its_sessions_calls_until_lifted
     assert kinds == ["halt_set", "halt_lifted"]  # the server's trail says when it began and stopped honouring it
 
 
+def test_the_servers_policy_file_is_reloaded_when_it_changes_and_a_bad_one_is_refused(tmp_path: Path) -> None:
+    """A long-lived code-mode server is rolled a new policy without a restart: the next call after the file is
+    replaced is decided by it (`policy_changed` says so); a broken file is refused and the last good one stays."""
+    import os
+
+    servers, policy, audit = write_config(tmp_path)
+
+    def replace_policy(text: str) -> None:
+        fresh = tmp_path / "policy.new"
+        fresh.write_text(text)
+        os.replace(fresh, policy)  # atomically, as docs/operations.md says to
+
+    async def go() -> tuple[str, str, str]:
+        async with stdio_session(serve_args(servers, policy, audit, "--user", "alice")) as s:
+            before = text(await s.call_tool("run_python", {"code": "t_add(1, 2)"}))
+            replace_policy(POLICY.replace("t_add: {side_effect: read}", "t_add: {side_effect: write}"))
+            await asyncio.sleep(1.2)  # the file is looked at every 500 ms
+            after = text(await s.call_tool("run_python", {"code": "t_add(1, 2)"}))
+            replace_policy("version: 1\nrules: [{name: x, decision: alow}]\n")
+            await asyncio.sleep(1.2)
+            broken = text(await s.call_tool("run_python", {"code": "t_add(1, 2)"}))
+            return before, after, broken
+
+    before, after, broken = run(go())
+    assert "value: 3" in before
+    assert "error: ToolDenied: t_add: denied: no rule matched" in after and "ToolDenied" in broken
+    records = audit_records(audit)
+    (changed,) = [r for r in records if r["kind"] == "policy_changed"]
+    intents = [r["policy_sha256"] for r in records if r["kind"] == "call_intent"]
+    assert intents == [changed["old_sha256"], changed["new_sha256"], changed["new_sha256"]]
+
+
 def test_a_stdio_server_stopped_by_sigterm_ends_its_run_as_interrupted(tmp_path: Path) -> None:
     servers, policy, audit = write_config(tmp_path)
     proc = subprocess.Popen([sys.executable, *serve_args(servers, policy, audit)], stdin=subprocess.PIPE,
