@@ -321,9 +321,10 @@ class _Replayer:
         declared: SideEffect | None = recorded_class if isinstance(recorded_class, str) else None  # type: ignore[assignment]
         step = get("step")
         if isinstance(step, int) and step != run.last_step:
-            while run.last_step < step:  # per-step budgets start afresh, as the gate's `next_step` does
+            # Per-step budgets start afresh, as the gate's `next_step` does: once, however many steps passed
+            # without a call (a loop over the gap would let one record with a huge step stop the replay).
+            if step > run.last_step:
                 run.ledger.next_step()
-                run.last_step += 1
             run.last_step = step
         old = get("decision")
         budget_refused = self.budget_refused

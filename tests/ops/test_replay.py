@@ -174,6 +174,22 @@ def test_a_log_without_a_runs_start_cannot_say_its_principal_earlier_calls_or_bu
     assert report.undecidable == 0 and report.changed == 4
 
 
+def test_a_record_with_a_huge_step_is_replayed_at_once(tmp_path: Path) -> None:
+    """The log is not trusted: a step of 10**12 (an edited record) starts a new step, it does not make the replay
+    count to it; a per-step budget still starts afresh there."""
+    log = tmp_path / "audit.jsonl"
+    records = [{"kind": "run_started", "run_id": "r", "principal": "alice"}] + [
+        {"kind": kind, "run_id": "r", "call_id": f"c{i}", "tool": "lookup", "args": {"order": str(i)},
+         "decision": "allow", "side_effect": "read", "step": step, "status": "ok"}
+        for i, step in enumerate((1, 1, 10**12)) for kind in ("call_intent", "call_outcome")]
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    one_per_step = Policy.from_string(OLD + "budgets:\n  - {name: one, per: step, match: {tool: lookup}, "
+                                            "limit: {calls: 1}}\n")
+    report = replay_log(one_per_step, str(log))
+    assert report.decided == 3 and report.changed == 1  # the second call of step 1; step 10**12 starts afresh
+    assert report.by_rule["budget:one"].count == 1
+
+
 def test_provenance_is_undecidable(tmp_path: Path) -> None:
     log = _record(tmp_path)
     new = Policy.from_string(OLD + """
