@@ -164,8 +164,8 @@ PUBLIC: dict[str, str] = {
     "proctor.gate": "CallOutcome CallScope Gate PolicyLike RunContext agent_fields",
     "proctor.halt": (
         "DEFAULT_GRACE_S DEFAULT_REFRESH_S HALT_SIGNAL Halt HaltBackend HaltChannel HaltError HaltEvent "
-        "HaltListener MAX_REFRESH_S MemoryHalts OUTAGE_ID PolledHalts SCOPES Scope gate_halts halt_refusal "
-        "install_signal_halt new_halt operator"
+        "HaltListener HaltsAt JointHalts MAX_REFRESH_S MemoryHalts OUTAGE_ID PolledHalts SCOPES Scope SharesHalts "
+        "gate_halts halt_refusal install_signal_halt new_halt operator"
     ),
     "proctor.integrations.mcp": "MCPTool MCPToolFailed MCPToolset SUPPORTED_MCP side_effect_of",
     "proctor.integrations.smolagents": (

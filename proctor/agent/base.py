@@ -43,6 +43,7 @@ from proctor.errors import (
 )
 from proctor.gate import CallScope, Gate, RunContext, agent_fields
 from proctor.gate.gate import PolicyLike
+from proctor.halt import SharesHalts
 from proctor.interrupts import interruption, terminate_as_exception
 from proctor.ledger.base import SharedLedger
 from proctor.narrowing import Layer, StackedLedger
@@ -178,6 +179,8 @@ class AgentBase:
         self.store: RunStore | None = RunStore.open(store) if isinstance(store, (str, os.PathLike)) else store
         if self.store is None:
             self.store = approver.store if isinstance(approver, StoredApprover) else None
+        if isinstance(self.store, SharesHalts):  # `proctor halt --store URL` stops this agent's calls too
+            self.gate.honour_halts_of(self.store)
         if self.store is not None and self.audit is None:
             raise ConfigurationError("a durable run (a run store, or an InboxApprover) needs an audit trail "
                                      "(audit=PATH|URL): the trail's key seals what the run writes to the store, so "

@@ -55,7 +55,18 @@ from proctor.gate.call import CallOutcome, CallScope, InFlight
 from proctor.gate.recorder import Recorder, log_fields, safely
 from proctor.gate.run import DEFAULT_HISTORY_LIMIT, Ledger, RunContext
 from proctor.gate.shadow import Shadow
-from proctor.halt import Halt, HaltChannel, HaltEvent, Scope, gate_halts, halt_refusal, new_halt
+from proctor.halt import (
+    Halt,
+    HaltChannel,
+    HaltEvent,
+    HaltsAt,
+    JointHalts,
+    Scope,
+    SharesHalts,
+    halt_refusal,
+    new_halt,
+)
+from proctor.halt.shared import default_halts, shared_halts
 from proctor.interrupts import interruption
 from proctor.ledger.base import SharedLedger
 from proctor.ledger.opening import open_ledger
@@ -146,20 +157,29 @@ class Gate:
             self._chain_reload_callbacks(policy)
         else:
             self._static = policy
-        #: Halts this gate honours: a shared channel (Redis, a run store) or this process's (`gate_halts`).
-        self.halts: HaltChannel = halts if halts is not None else gate_halts
+        # Budgets shared between runs (per principal, label, global): this process's, or Redis's.
+        self.ledger = open_ledger(ledger)
         # Every halt that starts or ends on the channel is recorded here (`halt_set`, `halt_lifted`), however
         # it came (this gate's API, another's, a signal, another process on the shared backend); the ones
         # `halt`/`lift_halt` record themselves are noted so that the channel's telling is not a second record.
         self._halts_recorded: set[tuple[str, str]] = set()
         self._halts_lock = threading.Lock()
-        self.halts.watch(self._on_halt)  # held weakly by the channel: it does not keep this gate alive
+        #: Halts this gate honours: the channel given, else this process's (`gate_halts`) joined with those of
+        #: the backends it shares (its Redis ledger's; `honour_halts_of` adds a run store's): `proctor.halt.shared`.
+        self.halts: HaltChannel
+        self._halts_given = halts is not None
+        self._halts_from: set[HaltsAt] = set()  # the shared backends whose halts joined the default channel
+        if halts is not None:
+            self.halts = halts
+            halts.watch(self._on_halt)  # held weakly by the channel: it does not keep this gate alive
+        else:
+            self.halts = default_halts(self.ledger, listener=self._on_halt)
+            if isinstance(self.ledger, SharesHalts):
+                self._halts_from.add(self.ledger.halts_at)
         #: Caps of each run's provenance index (kept only when the policy calls provenance()/from_user()).
         self.provenance_limits = provenance_limits or ProvenanceLimits()
         #: Calls of a run whose raw history entries and records are kept (see `RunContext`).
         self.history_limit = history_limit
-        # Budgets shared between runs (per principal, label, global): this process's, or Redis's.
-        self.ledger = open_ledger(ledger)
         self.ledger_scope = ledger_scope(self.policy.model, self.ledger, ledger)  # cross-run budgets: shared, or local
         # (checked again for each run started under a reloaded policy: `_check_scope`)
         self._ledger_asked, self._scope_of = ledger, self.policy.sha256
@@ -220,6 +240,20 @@ class Gate:
         source.on_change = changed
 
     # -- halts ----------------------------------------------------------------------------------
+
+    def honour_halts_of(self, backend: SharesHalts) -> None:
+        """Also honour the halts kept by `backend`, one this gate's runs share (a SQL run store: an agent's
+        `store=` calls it), so that `proctor halt --store URL` stops them. Not for a gate given `halts=`: it
+        honours exactly the channel it was given."""
+        if self._halts_given:
+            return
+        at = backend.halts_at
+        with self._halts_lock:
+            if at in self._halts_from:
+                return
+            self._halts_from.add(at)
+            current = self.halts.channels if isinstance(self.halts, JointHalts) else (self.halts,)
+            self.halts = JointHalts(*current, shared_halts(at, self._on_halt))
 
     def halt(self, reason: str, *, scope: Scope = "all", value: str | None = None, by: str | None = None) -> Halt:
         """Halt matching calls on every gate sharing this gate's halt channel (`proctor.halt`), now.

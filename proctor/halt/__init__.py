@@ -38,14 +38,15 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Literal, Protocol, cast
+from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 from proctor.calls import new_id
 from proctor.errors import HaltError, ToolDenied
 
 __all__ = ["DEFAULT_GRACE_S", "DEFAULT_REFRESH_S", "HALT_SIGNAL", "MAX_REFRESH_S", "OUTAGE_ID", "SCOPES", "Halt",
-           "HaltBackend", "HaltChannel", "HaltError", "HaltEvent", "HaltListener", "MemoryHalts", "PolledHalts",
-           "Scope", "gate_halts", "halt_refusal", "install_signal_halt", "new_halt", "operator"]
+           "HaltBackend", "HaltChannel", "HaltError", "HaltEvent", "HaltListener", "HaltsAt", "JointHalts",
+           "MemoryHalts", "PolledHalts", "Scope", "SharesHalts", "gate_halts", "halt_refusal", "install_signal_halt",
+           "new_halt", "operator"]
 
 Scope = Literal["all", "agent", "tool", "principal", "run"]
 SCOPES: tuple[Scope, ...] = ("all", "agent", "tool", "principal", "run")
@@ -392,22 +393,30 @@ class PolledHalts:
         self._error = "not read yet"
         self._stop = threading.Event()
         self._ready = threading.Event()
+        self._refresh_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name=f"proctor-halts {name}", daemon=True)
         self._thread.start()
         self._ready.wait(wait_s)  # the first snapshot, when the backend answers promptly
 
-    def _refresh(self) -> None:
-        try:
-            halts = tuple(self._read())
-        except Exception as exc:  # noqa: BLE001 - any failure to read is an outage, counted against the grace
-            self._error = str(exc) or type(exc).__name__
+    def _refresh(self, wait_s: float = -1) -> None:
+        # The thread, `refresh` and a never-read `check` (which waits at most `wait_s`: a lock a fork copied
+        # held is never released): one read at a time.
+        if not self._refresh_lock.acquire(timeout=wait_s):
             return
-        before, known = self._halts, self._ok_at != 0
-        self._halts = halts
-        self._error = ""
-        self._ok_at = time.monotonic()
-        if known:  # halts started or ended since the last good read (the first read is where watching starts)
-            self._tell(before, halts)
+        try:
+            try:
+                halts = tuple(self._read())
+            except Exception as exc:  # noqa: BLE001 - any failure to read is an outage, counted against the grace
+                self._error = str(exc) or type(exc).__name__
+                return
+            before, known = self._halts, self._ok_at != 0
+            self._halts = halts
+            self._error = ""
+            self._ok_at = time.monotonic()
+            if known:  # halts started or ended since the last good read (the first read is where watching starts)
+                self._tell(before, halts)
+        finally:
+            self._refresh_lock.release()
 
     def _tell(self, before: tuple[Halt, ...], after: tuple[Halt, ...]) -> None:
         old, new = {h.id for h in before}, {h.id for h in after}
@@ -435,10 +444,17 @@ class PolledHalts:
         """How many watchers it tells (a gate that was collected is no longer one)."""
         return len(self._listeners)
 
+    #: Called by the refreshing thread once nobody watches the channel any more (every gate on it collected);
+    #: returns whether the channel is done (then the thread stops). `proctor.halt.shared` sets it.
+    on_unwatched: Callable[[PolledHalts], bool] | None = None
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._refresh()
             self._ready.set()
+            if self.on_unwatched is not None and not len(self._listeners) and self.on_unwatched(self):
+                self._stop.set()
+                return
             self._stop.wait(self.refresh_s)
 
     def refresh(self) -> None:
@@ -455,7 +471,11 @@ class PolledHalts:
                     f"past the {self.grace_s:g}s grace period until it answers", "proctor", time.time_ns())
 
     def check(self, tool: str, agent: str | None, principal: str | None, run_id: str) -> Halt | None:
-        # Before the first good read nothing is known: refused (fail closed); after it, the grace applies.
+        # Before the first good read nothing is known: refused (fail closed), after one more try to read, so
+        # that a gate made while its backend was down serves calls as soon as the backend is back, not a
+        # refresh later; after it, the grace applies and a call never waits for the backend.
+        if not self._ok_at:
+            self._refresh(wait_s=self.grace_s)
         if time.monotonic() - self._ok_at > self.grace_s:
             return self._outage()
         halts = self._halts
@@ -468,3 +488,55 @@ class PolledHalts:
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=2)
+
+
+#: Where a shared backend keeps its halts: ``("redis", URL)`` (a Redis ledger's server) or ``("store", URL)``
+#: (a SQL run store's ``halts`` table).
+HaltsAt = tuple[Literal["redis", "store"], str]
+
+
+@runtime_checkable
+class SharesHalts(Protocol):
+    """A backend a fleet shares whose halts every gate sharing it honours: a Redis ledger, a SQL run store
+    (what `proctor halt --ledger URL` or `--store URL` writes to). It only says where they are; the gate
+    opens the channel (`proctor.halt.shared.default_halts`)."""
+
+    @property
+    def halts_at(self) -> HaltsAt: ...
+
+
+class JointHalts:
+    """Several halt channels as one (a `HaltChannel`): a call is stopped by the first halt any of them holds;
+    halts are set and lifted on the first, `primary`. What a gate honours by default
+    (`proctor.halt.shared.default_halts`)."""
+
+    def __init__(self, primary: HaltChannel, *others: HaltChannel) -> None:
+        self.primary = primary
+        self.channels: tuple[HaltChannel, ...] = (primary, *others)
+
+    def check(self, tool: str, agent: str | None, principal: str | None, run_id: str) -> Halt | None:
+        for channel in self.channels:
+            halt = channel.check(tool, agent, principal, run_id)
+            if halt is not None:
+                return halt
+        return None
+
+    def active(self) -> tuple[Halt, ...]:
+        return tuple(halt for channel in self.channels for halt in channel.active())
+
+    @property
+    def backend(self) -> HaltBackend:
+        return self.primary.backend
+
+    def watch(self, listener: HaltListener) -> Callable[[], None]:
+        removers = [channel.watch(listener) for channel in self.channels]
+
+        def remove() -> None:
+            for stop in removers:
+                stop()
+
+        return remove
+
+    def close(self) -> None:
+        """Nothing: the channels joined are the process's and its shared backends' (`proctor.halt.shared`),
+        which other gates read too."""

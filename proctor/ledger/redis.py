@@ -38,6 +38,7 @@ import os
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
+from typing import Literal
 from urllib.parse import parse_qsl, urlencode
 
 import redis
@@ -229,6 +230,7 @@ class RedisLedger:
     ) -> None:
         target, options = _split_url(url)
         self.url = shown_url(url, query=False)
+        self._halts_url = target  # without the ledger's own options (lease, timeout, prefix)
         self.lease_s = lease_s if lease_s is not None else (
             parse_duration(options["lease"]) if "lease" in options else DEFAULT_LEASE_S)
         self.timeout_s = timeout_s if timeout_s is not None else (
@@ -257,6 +259,12 @@ class RedisLedger:
 
     def __repr__(self) -> str:
         return f"RedisLedger({self.url!r}, lease_s={self.lease_s:g})"
+
+    @property
+    def halts_at(self) -> tuple[Literal["redis"], str]:
+        """Where `proctor halt --ledger URL` keeps the halts of the fleet sharing this ledger: a gate on this ledger
+        honours them (`proctor.halt.SharesHalts`)."""
+        return ("redis", self._halts_url)
 
     def _key(self, pool: str) -> str:
         return self.prefix + "b:" + pool

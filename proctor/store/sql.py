@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from proctor.calls import JSONValue, new_id
 from proctor.canonical import json_shaped
@@ -107,6 +107,14 @@ class SQLRunStore(RunStore):
     for_update: str = ""
     #: Where this store is, for messages (a path, or a URL with the password masked).
     where: str
+    #: How to open this store again (a path, or its URL with the password): where its halts are read.
+    url: str
+
+    @property
+    def halts_at(self) -> tuple[Literal["store"], str]:
+        """Where `proctor halt --store URL` keeps the halts of the fleet sharing this store: its ``halts`` table.
+        A gate whose runs use this store honours them (`proctor.halt.SharesHalts`)."""
+        return ("store", self.url)
 
     # -- the engine's hooks -------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -105,6 +105,12 @@ class SQLiteRunStore(SQLRunStore):
 
     def __repr__(self) -> str:
         return f"SQLiteRunStore({self.url!r})"
+
+    @property
+    def halts_at(self) -> tuple[Literal["store"], str]:
+        # The file's absolute path: every gate of the process on this file shares one channel, whatever
+        # directory each was opened from.
+        return ("store", os.path.abspath(self.path))
 
     @contextmanager
     def _tx(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:

@@ -17,6 +17,7 @@ from ledger_conformance import LeaseConformance, LedgerConformance, MakeLedger
 
 from proctor import Gate, Policy, tool
 from proctor.errors import BudgetExceeded, LedgerUnavailable
+from proctor.halt import gate_halts
 from proctor.ledger import SharedLedger, open_ledger
 from proctor.ledger.redis import RedisLedger
 
@@ -106,7 +107,9 @@ def test_unreachable_redis_refuses_the_call_and_the_next_call_retries(tmp_path: 
         runs.append(1)
         return len(runs)
 
-    gate = Gate(_policy(), tools=[effect], ledger=server.url + "&timeout=500ms")
+    # The ledger's own refusal: this gate honours only its process's halts (a gate on this Redis reads its
+    # halts too by default, and refuses while they cannot be read: tests/ops/test_halt.py).
+    gate = Gate(_policy(), tools=[effect], ledger=server.url + "&timeout=500ms", halts=gate_halts)
     try:
         with pytest.raises(LedgerUnavailable, match="is unreachable or too slow"):
             gate.call("effect")

@@ -249,3 +249,146 @@ def test_a_gate_on_a_shared_channel_audits_halts_set_elsewhere_and_its_own(redis
     finally:
         channel.close()
         other.close()
+
+
+def _effect_gate(audit: Any = None, **kwargs: Any) -> tuple[Any, list[int]]:
+    from proctor import Gate, Policy, tool
+
+    runs: list[int] = []
+
+    @tool(side_effect="write")
+    def effect() -> int:
+        """Do something."""
+        runs.append(1)
+        return len(runs)
+
+    policy = Policy.from_dict({"version": 1, "default": "allow", "rules": []})
+    return Gate(policy, tools=[effect], audit=audit, **kwargs), runs
+
+
+def _halt_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    audit = tmp_path / f"audit-{uuid.uuid4().hex[:6]}.jsonl"
+    assert main(["halt", *args, "--audit", str(audit)]) == 0
+    return capsys.readouterr().out.split()[-1]
+
+
+def test_a_gate_sharing_a_redis_ledger_honours_proctor_halt_on_that_ledger_without_being_told(
+        tmp_path: Path, redis_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
+    """`proctor halt --ledger URL` stops every gate that shares that ledger: one given the URL, one given a
+    RedisLedger, one on $PROCTOR_LEDGER, with no `halts=`; one process channel serves them all."""
+    from proctor.ledger.redis import RedisLedger
+
+    from proctor.testing import InMemoryAudit
+
+    url = redis_server.url
+    audit = InMemoryAudit()
+    by_url, runs = _effect_gate(audit, ledger=url)
+    by_object, _ = _effect_gate(ledger=RedisLedger(url + "&timeout=2s"))
+    assert by_url.halts.channels[1] is by_object.halts.channels[1]  # one channel (and thread) per backend per process
+    assert by_url.call("effect") == 1
+    halt_id = _halt_cli(tmp_path, capsys, "--tool", "effect", "--reason", "incident 42", "--ledger", url)
+    for gate in (by_url, by_object):
+        _wait_for(lambda gate=gate: gate.halts.check("effect", None, None, "r") is not None)
+        with pytest.raises(ToolDenied, match=f"effect: halted by {halt_id}: incident 42"):
+            gate.call("effect")
+    assert runs == [1]
+    assert [r["halt_id"] for r in audit.of_kind("halt_set")] == [halt_id]  # audited where it honours
+    _halt_cli(tmp_path, capsys, "--lift", halt_id, "--reason", "over", "--ledger", url)
+    _wait_for(lambda: by_url.halts.check("effect", None, None, "r") is None)
+    assert by_url.call("effect") == 2
+    # The process's own halts (the API, a signal) still stop it, and a halt the gate sets stays this process's.
+    mine = by_url.halt("local freeze")
+    with pytest.raises(ToolDenied, match=mine.id):
+        by_url.call("effect")
+    assert by_object.halts.check("effect", None, None, "r") == mine  # the same process: gate_halts
+    by_url.lift_halt(mine.id, "thaw")
+    assert by_url.call("effect") == 3
+
+
+def test_a_gate_made_while_its_redis_is_down_refuses_then_serves_once_it_is_up(tmp_path: Path) -> None:
+    """Its halts never read, every call is refused (fail closed, saying why); the first call after Redis is
+    back reads them and runs, without waiting for the channel's next refresh."""
+    server = RedisServer(tmp_path)
+    gate, runs = _effect_gate(ledger=server.url + "&timeout=500ms")
+    try:
+        with pytest.raises(ToolDenied, match=r"halted by halt_channel_unreachable: the halt channel .* cannot be "
+                                             r"read \(never read"):
+            gate.call("effect")
+        assert runs == []
+        server.start()
+        assert gate.call("effect") == 1
+    finally:
+        gate.ledger.close()
+        server.stop()
+
+
+@pytest.mark.sandbox
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+def test_an_agent_whose_runs_share_a_store_honours_proctor_halt_on_that_store(
+        engine: str, tmp_path: Path, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]) -> None:
+    """`proctor halt --store URL` stops the calls of an agent given that store (`store=`), mid-run."""
+    from proctor import CodeAgent, Policy, ScriptedModel, tool
+
+    url = (f"sqlite:///{tmp_path / 'runs.db'}" if engine == "sqlite"
+           else request.getfixturevalue("postgres_server").url)
+    ran: list[str] = []
+
+    @tool(side_effect="write")
+    def send(to: str) -> str:
+        """Send a message.
+
+        Args:
+            to: who gets it
+        """
+        ran.append(to)
+        return "sent"
+
+    policy = Policy.from_dict({"version": 1, "default": "allow", "rules": []})
+    program = "try:\n    send(to='a')\nexcept ToolDenied as e:\n    print('refused:', e)\n"
+    agent = CodeAgent([send], ScriptedModel([f"```python\n{program}\n```", "```python\nfinal_answer('ok')\n```"]),
+                      policy, audit=str(tmp_path / "audit.jsonl"), store=url, sandbox="process")
+    try:
+        halt_id = _halt_cli(tmp_path, capsys, "--tool", "send", "--reason", "mail outage", "--store", url)
+        _wait_for(lambda: agent.gate.halts.check("send", None, None, "r") is not None)
+        result = agent.run("send it")
+        assert ran == []
+        assert f"halted by {halt_id}: mail outage" in result.steps[0].observation
+    finally:
+        agent.close()
+
+
+def test_a_shared_channel_stops_reading_once_no_gate_watches_it(tmp_path: Path) -> None:
+    """A process that makes gates on many stores over its life keeps no reader for those it dropped."""
+    import gc
+    import threading
+
+    from proctor.store.sqlite import SQLiteRunStore
+
+    store = SQLiteRunStore(str(tmp_path / "runs.db"))
+    first, _ = _effect_gate()
+    second, _ = _effect_gate()
+    for gate in (first, second):
+        gate.honour_halts_of(store)
+        gate.honour_halts_of(store)  # once is enough: no second watcher, no second record per halt
+    del gate
+
+    def readers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("proctor-halts") and str(tmp_path) in t.name]
+
+    assert len(readers()) == 1
+    assert first.halts.channels[1] is second.halts.channels[1]
+    assert first.halts.channels[1].watchers == 2
+    del first
+    gc.collect()
+    time.sleep(0.3)
+    assert len(readers()) == 1  # the second gate still reads through it
+    del second
+    gc.collect()
+    _wait_for(lambda: not readers())
+    again, _ = _effect_gate()
+    again.honour_halts_of(store)  # a new gate opens a new one
+    assert len(readers()) == 1
+    del again
+    gc.collect()
+    _wait_for(lambda: not readers())
+    store.close()

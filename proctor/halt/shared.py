@@ -1,0 +1,62 @@
+"""The halts a gate honours when it is given none: its process's, and those of the backends it shares.
+
+`proctor halt --ledger URL` / `--store URL` must stop every gate that shares that Redis ledger or run
+store, not only those someone remembered to give a channel. A gate built without `halts=` therefore
+honours its process's own halts (`proctor.halt.gate_halts`: the API, a signal) joined with the halts
+of each backend it shares that keeps them (`proctor.halt.SharesHalts`). One channel per backend per
+process (`shared_halts`): a process making many gates runs one refreshing thread per backend.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from functools import partial
+
+from proctor.halt import HaltChannel, HaltListener, HaltsAt, JointHalts, PolledHalts, SharesHalts, gate_halts
+
+__all__ = ["default_halts", "shared_halts"]
+
+_shared: dict[tuple[int, HaltsAt], PolledHalts] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_halts(at: HaltsAt, listener: HaltListener) -> HaltChannel:
+    """This process's one channel on the halts kept `at` a backend, `listener` watching it (its first read
+    made here; until a read succeeds it refuses every call, as every shared channel does). Once nobody
+    watches it (every gate on it collected), it stops reading and is forgotten. A forked child opens its own."""
+    key = (os.getpid(), at)
+    with _shared_lock:  # found (or made) and watched as one: never handed out as it stops for want of watchers
+        channel = _shared.get(key)
+        if channel is None:
+            kind, url = at
+            if kind == "redis":
+                from proctor.halt.redis import RedisHalts
+
+                channel = RedisHalts(url)
+            else:
+                from proctor.halt.sql import StoreHalts
+
+                channel = StoreHalts(url)
+            channel.on_unwatched = partial(_forget, key)
+            _shared[key] = channel
+        channel.watch(listener)
+        return channel
+
+
+def _forget(key: tuple[int, HaltsAt], channel: PolledHalts) -> bool:
+    with _shared_lock:
+        if channel.watchers or _shared.get(key) is not channel:
+            return False
+        del _shared[key]
+    channel.close()  # from its own thread: stops it, closes its connection
+    return True
+
+
+def default_halts(*backends: object, listener: HaltListener) -> HaltChannel:
+    """What a gate given no `halts=` honours, `listener` watching it: `gate_halts`, joined with the halts of
+    each of `backends` that keeps some (`SharesHalts`). Halts the gate itself sets (`Gate.halt`) stay this
+    process's."""
+    gate_halts.watch(listener)
+    shared = list(dict.fromkeys(shared_halts(b.halts_at, listener) for b in backends if isinstance(b, SharesHalts)))
+    return JointHalts(gate_halts, *shared) if shared else gate_halts
