@@ -10,10 +10,13 @@
     directly by an MCP client session over stdio, versus the same N calls made by one `run_python`
     program through proctor (each call decided, audited and traced), per call, batches of each
     alternating with both sessions open; and the median single call of each batch. Target <= 1.10x.
-(c) ``--layers``: where (b)'s time goes, layer by layer, in this process (same server, alternating
-    batches): a direct MCP client session on its own loop; `MCPToolset.call` (the session, run by the
-    calling thread); `gate.call` (decision, budgets, audit intent and outcome, span); a program's calls
-    through the sandboxed `Interpreter` (the worker channel). (b) adds the `proctor mcp serve` process.
+(c) ``--layers``: where (b)'s time goes, layer by layer (same server, alternating batches): a direct MCP
+    client session on its own loop; in this process, `MCPToolset.call` (the session, run by the calling
+    thread), `gate.call` (decision, budgets, audit intent and outcome, span) and a program's calls through
+    the sandboxed `Interpreter` (the worker channel); then (b)'s governed call through the `proctor mcp
+    serve` process, in the same alternation. Beside each wall time, the CPU time per call of every process
+    involved (from /proc, on Linux): on a shared machine wall time is mostly waiting for a core, and the
+    chain of a call is serial, so CPU time says what each layer costs where load does not.
 
 Needs npx (`@modelcontextprotocol/server-filesystem` is fetched on first use). Run:
 `.venv/bin/python bench/codemode.py [--calls N] [--rounds R] [--layers]`.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import statistics
 import sys
@@ -130,11 +134,12 @@ async def code_mode(data: Path, root: Path) -> tuple[int, str]:
     return total, answer
 
 
-async def timed(data: Path, root: Path, calls: int, rounds: int) -> tuple[float, float, float, float]:
-    """Seconds per get_file_info call, (direct, governed) as batch means and as medians of single calls:
-    both sessions open at once, batches of `calls` alternating `rounds` times (a shared machine's load
-    then weighs on both alike), medians over the batches. The governed calls are timed one by one in
-    the program (`time.perf_counter_ns()` around each), the direct ones around each `call_tool`."""
+async def timed(data: Path, root: Path, calls: int, rounds: int) -> tuple[float, ...]:
+    """Seconds per get_file_info call, (direct, governed) as batch means, as medians of single calls and
+    as CPU time of every process involved (`tree_cpu_ns`; 0 where /proc is missing): both sessions open
+    at once, batches of `calls` alternating `rounds` times (a shared machine's load then weighs on both
+    alike), medians over the batches. The governed calls are timed one by one in the program
+    (`time.perf_counter_ns()` around each), the direct ones around each `call_tool`."""
     info = f"{data}/service00.log"
     direct_params = StdioServerParameters(command="npx", args=["-y", FS, str(data)])
     async with stdio_client(direct_params) as d_streams, ClientSession(d_streams[0], d_streams[1]) as d, \
@@ -151,32 +156,68 @@ async def timed(data: Path, root: Path, calls: int, rounds: int) -> tuple[float,
         governed_s: list[float] = []
         direct_one: list[float] = []
         governed_one: list[float] = []
+        direct_cpu: list[float] = []
+        governed_cpu: list[float] = []
         for _ in range(rounds):
             each = []
+            cpu0 = tree_cpu_ns()
             started = time.perf_counter()
             for _ in range(calls):
                 t = time.perf_counter()
                 await d.call_tool("get_file_info", {"path": info})
                 each.append(time.perf_counter() - t)
             direct_s.append((time.perf_counter() - started) / calls)
+            direct_cpu.append(_per_call(cpu0, tree_cpu_ns(), calls) or 0.0)
             direct_one.append(statistics.median(each))
+            cpu0 = tree_cpu_ns()
             started = time.perf_counter()
             await p.call_tool("run_python", one)
-            single = time.perf_counter() - started
+            single, cpu1 = time.perf_counter() - started, tree_cpu_ns()
             started = time.perf_counter()
             answer = texts(await p.call_tool("run_python", loop))
-            governed_s.append((time.perf_counter() - started - single) / (calls - 1))  # a program's fixed cost out
+            whole, cpu2 = time.perf_counter() - started, tree_cpu_ns()
+            wall, cpu = _program_figure(single, whole, (cpu0, cpu1, cpu2), calls)  # a program's fixed cost out
+            governed_s.append(wall)
+            governed_cpu.append(cpu or 0.0)
             value = re.search(r"^value: (\d+)$", answer, re.M)
             if value is None:
                 raise RuntimeError(f"the timed program did not answer:\n{answer}")
             governed_one.append(int(value.group(1)) / 1e9)
     return (statistics.median(direct_s), statistics.median(governed_s), statistics.median(direct_one),
-            statistics.median(governed_one))
+            statistics.median(governed_one), statistics.median(direct_cpu), statistics.median(governed_cpu))
 
 
-def layers(data: Path, root: Path, calls: int, rounds: int) -> list[tuple[str, float]]:
-    """Seconds per get_file_info call at each layer a governed call crosses, all in this process, one
-    batch of `calls` per layer in turn, `rounds` times; medians."""
+def tree_cpu_ns() -> int | None:
+    """CPU time (ns) used so far by this process and every process under it (the MCP servers, `proctor mcp
+    serve`, the sandboxed workers), summed over their threads from /proc (None where there is none). Time on
+    a CPU, not waiting for one: a loaded machine moves it far less than it moves wall time."""
+    total, todo = 0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            if pid == os.getpid():
+                return None
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                    total += int(fh.read().split()[0])
+                with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                    todo += [int(c) for c in fh.read().split()]
+            except (OSError, ValueError, IndexError):
+                continue  # a thread that ended meanwhile
+    return total
+
+
+Figure = tuple[float, float | None]  # seconds per call: wall, and CPU of every process involved
+
+
+def layers(data: Path, root: Path, calls: int, rounds: int) -> list[tuple[str, Figure]]:
+    """Seconds per get_file_info call at each layer a governed call crosses, one batch of `calls` per layer
+    in turn, `rounds` times; medians. The first four run in this process; the last is (b)'s governed call,
+    through the `proctor mcp serve` process, in the same alternation."""
     import threading
 
     from proctor.backends import load_audit
@@ -192,60 +233,80 @@ def layers(data: Path, root: Path, calls: int, rounds: int) -> list[tuple[str, f
     mode = CodeMode([ServerConfig("files", command="npx", args=("-y", FS, str(data)), prefix="files_")],
                     Policy.from_yaml(root / "policy.yaml"), audit=audit, user="bench")
     loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="direct-client", daemon=True)
+    thread = threading.Thread(target=loop.run_forever, name="clients", daemon=True)
     thread.start()
-    batches: asyncio.Queue[Future[float] | None] = asyncio.Queue()
+    batches: asyncio.Queue[tuple[str, Future[Figure]] | None] = asyncio.Queue()
+    one = f"files_get_file_info(path={info!r})\nNone"
+    program = f"for _ in range({calls}):\n    files_get_file_info(path={info!r})\nNone"
 
-    async def direct_client() -> None:  # the bench's own client, on a loop only it uses; batches timed inside it
+    async def clients() -> None:  # the bench's own MCP clients, on a loop only they use; batches timed inside it
         params = StdioServerParameters(command="npx", args=["-y", FS, str(data)])
-        async with stdio_client(params) as streams, ClientSession(streams[0], streams[1]) as client:
-            await client.initialize()
-            await client.call_tool("get_file_info", args)
-            while (reply := await batches.get()) is not None:
+        async with stdio_client(params) as d_streams, ClientSession(d_streams[0], d_streams[1]) as direct_session, \
+                stdio_client(proctor_server(data, root)) as p_streams, \
+                ClientSession(p_streams[0], p_streams[1]) as served:
+            await direct_session.initialize()
+            await served.initialize()
+            await direct_session.call_tool("get_file_info", args)
+            await served.call_tool("run_python", {"code": one})  # warm: the sandbox is up
+            while (job := await batches.get()) is not None:
+                kind, reply = job
+                if kind == "direct":
+                    cpu0, started = tree_cpu_ns(), time.perf_counter()
+                    for _ in range(calls):
+                        await direct_session.call_tool("get_file_info", args)
+                    wall, cpu1 = time.perf_counter() - started, tree_cpu_ns()
+                    reply.set_result((wall / calls, _per_call(cpu0, cpu1, calls)))
+                    continue
+                cpu0, started = tree_cpu_ns(), time.perf_counter()
+                await served.call_tool("run_python", {"code": one})
+                single, cpu1 = time.perf_counter() - started, tree_cpu_ns()
                 started = time.perf_counter()
-                for _ in range(calls):
-                    await client.call_tool("get_file_info", args)
-                reply.set_result((time.perf_counter() - started) / calls)
+                await served.call_tool("run_python", {"code": program})
+                whole, cpu2 = time.perf_counter() - started, tree_cpu_ns()
+                reply.set_result(_program_figure(single, whole, (cpu0, cpu1, cpu2), calls))
 
-    def per_call(fn: Callable[[], object]) -> float:
-        started = time.perf_counter()
+    def per_call(fn: Callable[[], object]) -> Figure:
+        cpu0, started = tree_cpu_ns(), time.perf_counter()
         for _ in range(calls):
             fn()
-        return (time.perf_counter() - started) / calls
+        wall, cpu1 = time.perf_counter() - started, tree_cpu_ns()
+        return wall / calls, _per_call(cpu0, cpu1, calls)
 
     try:
         mode.open()
         run = mode.session("layers", "bench")
         toolset, tool = mode.toolsets[0], next(t for t in mode.tools if t.name == "files_get_file_info")
         assert isinstance(tool, MCPTool)
-        client = asyncio.run_coroutine_threadsafe(direct_client(), loop)
-        one = f"files_get_file_info(path={info!r})\nNone"
-        program = f"for _ in range({calls}):\n    files_get_file_info(path={info!r})\nNone"
+        client = asyncio.run_coroutine_threadsafe(clients(), loop)
         mode.run_python(run, one)  # warm: the sandbox is up
 
-        def interpreter() -> float:
-            started = time.perf_counter()
+        def interpreter() -> Figure:
+            cpu0, started = tree_cpu_ns(), time.perf_counter()
             mode.run_python(run, one)
-            single = time.perf_counter() - started
+            single, cpu1 = time.perf_counter() - started, tree_cpu_ns()
             started = time.perf_counter()
             mode.run_python(run, program)
-            return (time.perf_counter() - started - single) / (calls - 1)
+            whole, cpu2 = time.perf_counter() - started, tree_cpu_ns()
+            return _program_figure(single, whole, (cpu0, cpu1, cpu2), calls)
 
-        def direct() -> float:
-            reply: Future[float] = Future()
-            loop.call_soon_threadsafe(batches.put_nowait, reply)
-            return reply.result()
+        def on_clients(kind: str) -> Callable[[], Figure]:
+            def measure() -> Figure:
+                reply: Future[Figure] = Future()
+                loop.call_soon_threadsafe(batches.put_nowait, (kind, reply))
+                return reply.result()
+            return measure
 
-        def toolset_call() -> float:
+        def toolset_call() -> Figure:
             return per_call(lambda: toolset.call(tool, args))
 
-        def gate_call() -> float:
+        def gate_call() -> Figure:
             return per_call(lambda: mode.gate.call(tool, args, context=run.run))
 
-        figures: dict[str, list[float]] = {}
-        measures: list[tuple[str, Callable[[], float]]] = [
-            ("direct MCP client session", direct), ("MCPToolset.call", toolset_call), ("gate.call", gate_call),
-            ("Interpreter program", interpreter)]
+        figures: dict[str, list[Figure]] = {}
+        measures: list[tuple[str, Callable[[], Figure]]] = [
+            ("direct MCP client session", on_clients("direct")), ("MCPToolset.call", toolset_call),
+            ("gate.call", gate_call), ("Interpreter program", interpreter),
+            ("proctor mcp serve (b)", on_clients("served"))]
         for _ in range(rounds):
             for name, measure in measures:
                 figures.setdefault(name, []).append(measure())
@@ -257,7 +318,23 @@ def layers(data: Path, root: Path, calls: int, rounds: int) -> list[tuple[str, f
         thread.join(10)
         if audit is not None:
             audit.close()
-    return [(name, statistics.median(values)) for name, values in figures.items()]
+    out: list[tuple[str, Figure]] = []
+    for name, values in figures.items():
+        cpus = [c for _, c in values if c is not None]
+        out.append((name, (statistics.median(w for w, _ in values), statistics.median(cpus) if cpus else None)))
+    return out
+
+
+def _per_call(before: int | None, after: int | None, calls: int) -> float | None:
+    return (after - before) / calls / 1e9 if before is not None and after is not None else None
+
+
+def _program_figure(single: float, whole: float, cpu: tuple[int | None, int | None, int | None],
+                    calls: int) -> Figure:
+    """Per call of a program of `calls` calls, a program of one call taken out (a program's fixed cost)."""
+    c0, c1, c2 = cpu
+    spent = (c2 - c1) - (c1 - c0) if c0 is not None and c1 is not None and c2 is not None else None
+    return (whole - single) / (calls - 1), spent / (calls - 1) / 1e9 if spent is not None else None
 
 
 def main() -> int:
@@ -272,7 +349,8 @@ def main() -> int:
         direct_bytes = asyncio.run(direct(data))
         (data / "summary.txt").unlink()
         mode_bytes, answer = asyncio.run(code_mode(data, root))
-        direct_call, mode_call, direct_one, mode_one = asyncio.run(timed(data, root, args.calls, args.rounds))
+        direct_call, mode_call, direct_one, mode_one, direct_cpu, mode_cpu = asyncio.run(
+            timed(data, root, args.calls, args.rounds))
         steps = layers(data, root, args.calls, args.rounds) if args.layers else []
     if "service00.log" not in answer:
         print(f"code mode did not do the task:\n{answer}", file=sys.stderr)
@@ -287,13 +365,21 @@ def main() -> int:
     print("    the median single call of each batch, medians:")
     print(f"    direct MCP session   {direct_one * 1e6:>9,.0f} us")
     print(f"    governed, run_python {mode_one * 1e6:>9,.0f} us   {mode_one / direct_one:.2f}x")
+    if direct_cpu:
+        print("    CPU time per call of every process involved (client, servers, proctor, worker), medians:")
+        print(f"    direct MCP session   {direct_cpu * 1e6:>9,.0f} us")
+        print(f"    governed, run_python {mode_cpu * 1e6:>9,.0f} us   {mode_cpu / direct_cpu:.2f}x")
     if steps:
-        print(f"(c) the same call layer by layer, in this process (median of {args.rounds} alternating batches "
-              f"of {args.calls}); each layer includes the ones above it")
-        base = steps[0][1]
-        for name, seconds in steps:
+        print(f"(c) the same call layer by layer (median of {args.rounds} alternating batches of {args.calls}); each "
+              "layer includes the ones above it; cpu: CPU time of every process involved (this one, the servers, "
+              "proctor mcp serve, the workers), which load moves far less than wall time")
+        base, base_cpu = steps[0][1]
+        for name, (seconds, cpu) in steps:
             added = (seconds - base) * 1e6
-            print(f"    {name:<26} {seconds * 1e6:>9,.0f} us   {seconds / base:.2f}x   {added:+,.0f} us")
+            line = f"    {name:<26} {seconds * 1e6:>9,.0f} us   {seconds / base:.2f}x   {added:+,.0f} us"
+            if cpu is not None and base_cpu:
+                line += f"   cpu {cpu * 1e6:>7,.0f} us   {cpu / base_cpu:.2f}x"
+            print(line)
     return 0
 
 

@@ -125,6 +125,8 @@ class MCPTool(Tool):
     remote_name: str = ""
     #: The rendered signature (`proctor.signatures`): what ``describe_tool`` shows.
     rendered: Signature | None = field(repr=False, default=None)
+    #: The optional parameters whose None means "not given": left out of the call (see `_sent_args`).
+    optional_nulls: frozenset[str] = field(repr=False, default=frozenset())
 
     def run(self, args: Mapping[str, Any], timeout_s: float | None = None) -> Any:
         if self.toolset is None:
@@ -442,7 +444,7 @@ class MCPToolset:
         hints = spec.get("annotations")
         side_effect: SideEffect = side_effect_of(hints if isinstance(hints, Mapping) else None) \
             if self.trust_annotations else "destructive"
-        optional_nulls = {p.name for p in rendered.params if not p.required and p.default_value is None}
+        optional_nulls = frozenset(p.name for p in rendered.params if not p.required and p.default_value is None)
 
         def check(args: Mapping[str, Any]) -> str | None:
             sent = {k: v for k, v in args.items() if not (k in optional_nulls and v is None)}
@@ -463,7 +465,7 @@ class MCPToolset:
                                 output_type=_output_type(output_schema, rendered))
         values = {f.name: getattr(base, f.name) for f in dataclasses.fields(Tool)}
         values.update(origin=self.origin)
-        return MCPTool(**values, toolset=self, remote_name=remote, rendered=rendered)
+        return MCPTool(**values, toolset=self, remote_name=remote, rendered=rendered, optional_nulls=optional_nulls)
 
 
 #: How long the loop may go unrun after a caller ran it before the toolset's thread runs it again
@@ -735,11 +737,11 @@ def _wire(model: Any) -> dict[str, Any]:
 
 def _sent_args(tool: MCPTool, args: Mapping[str, Any]) -> dict[str, Any]:
     """The arguments as sent: an optional argument left at None is left out (None means "not given"
-    unless the schema's own default is something else, where None is sent as null)."""
-    rendered = tool.rendered
-    optional_nulls = {p.name for p in rendered.params if not p.required and p.default_value is None} \
-        if rendered is not None else set()
-    return {k: v for k, v in args.items() if not (k in optional_nulls and v is None)}
+    unless the schema's own default is something else, where None is sent as null). The names are
+    found once, when the tool is made (`MCPTool.optional_nulls`), not on every call."""
+    optional_nulls = tool.optional_nulls
+    return {k: v for k, v in args.items() if not (k in optional_nulls and v is None)} if optional_nulls \
+        else dict(args)
 
 
 def _annotation(text: str) -> Any:

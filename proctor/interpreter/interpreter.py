@@ -33,6 +33,7 @@ from proctor.errors import (
 from proctor.interpreter import spinning
 from proctor.interpreter.channel import (
     SCALAR_TYPES,
+    SPIN_NS,
     EncodeError,
     ProtocolError,
     encode_value,
@@ -72,6 +73,8 @@ log = get_logger("proctor.interpreter")
 SandboxMode = Literal["auto", "bwrap", "process", "none"]
 FINAL_GRACE = 1.0  # seconds a program may run on after final_answer() before it is stopped
 _UNANSWERED: Any = object()  # `Interpreter._answered` while the gate has not called `on_result`
+#: The worker's spin window in seconds: a call that took longer is answered with "spin": false (`_on_result`).
+_SPIN_S = SPIN_NS / 1e9
 MiB = 1024 * 1024
 
 if TYPE_CHECKING:  # types only: the gate is built on this module, and hands the interpreter its run contexts
@@ -176,10 +179,10 @@ class Interpreter:
         self._arg_run: Any = None  # the run whose argument bytes `_arg_bytes` counts
         self._arg_bytes = 0
         self._run_arg_limit = self.channel_limits.max_run_arg_bytes  # read on every call
-        # The call `_serve` is answering (worker, request, call id), and what came of its answer: `_on_result`,
-        # bound once, is handed to the gate instead of a closure made per call (2.2k instructions a call less,
-        # callgrind). A nested call (a tool running a program here) saves and restores them.
-        self._serving: tuple[WorkerProcess, CallRequest, str] | None = None
+        # The call `_serve` is answering (worker, request, call id, when it came), and what came of its answer:
+        # `_on_result`, bound once, is handed to the gate instead of a closure made per call (2.2k instructions a
+        # call less, callgrind). A nested call (a tool running a program here) saves and restores them.
+        self._serving: tuple[WorkerProcess, CallRequest, str, float] | None = None
         self._answered: object = _UNANSWERED  # or None (sent), or what sending raised
         self._answered_at = 0.0
         self._on_result_cb = self._on_result
@@ -376,7 +379,7 @@ class Interpreter:
             return 0.0
         call_id = new_id("call_")
         outer = self._serving, self._answered, self._answered_at
-        self._serving, self._answered = (worker, req, call_id), _UNANSWERED
+        self._serving, self._answered = (worker, req, call_id, began), _UNANSWERED
         try:
             outcome = self.gate.submit(req.tool, req.args, context=ctx, parent=parent, call_id=call_id,
                                        on_result=self._on_result_cb, position=self._checked(req.at))
@@ -420,9 +423,14 @@ class Interpreter:
         serving = self._serving
         if serving is None:  # not during a call of ours: nothing to answer
             return
-        worker, req, call_id = serving
+        worker, req, call_id, began = serving
+        # A call that took longer than the worker's spin window tells that the program's next call (in a
+        # loop, most often the same tool: an MCP server's, a millisecond or more) will too: its reply lets
+        # the worker block at once instead of polling SPIN_NS for an answer that cannot come within it
+        # (CPU taken from the tool's own process on a small machine). A quick call's reply spins as before.
+        spin = worker.spin and self._answered_at - began < _SPIN_S
         try:
-            self._answer(worker, req, call_id, value, error)
+            self._answer(worker, req, call_id, value, error, spin)
         except BaseException as exc:  # noqa: BLE001 - raised by `_serve`, once the gate is done
             self._answered = exc
         else:
@@ -460,9 +468,12 @@ class Interpreter:
         self._reply(worker, rid, error=ToolDenied(reason, tool=tool, call_id=call_id))
 
     def _answer(self, worker: WorkerProcess, req: CallRequest, call_id: str, value: Any,
-                error: ProctorError | None) -> None:
+                error: ProctorError | None, spin: bool | None = None) -> None:
+        """Send the program the answer to `req`; `spin` (default: as this end polled) says whether the worker
+        may poll while it waits for its next message."""
+        spin = worker.spin if spin is None else spin
         if error is not None:
-            self._reply(worker, req.id, error=error)
+            self._reply(worker, req.id, error=error, spin=spin)
             return
         hook = self.result_hook
         if hook is not None:
@@ -471,22 +482,22 @@ class Interpreter:
             except Exception as exc:  # noqa: BLE001 - the tool ran; the program gets why its result did not come
                 self._reply(worker, req.id, error=ToolFailed(f"{req.tool}: ran, but its result could not be passed "
                                                              f"on: {exc}", tool=req.tool, call_id=call_id,
-                                                             error_type=type(exc).__name__))
+                                                             error_type=type(exc).__name__), spin=spin)
                 return
         try:
             data = reply_frame(req.id, value if type(value) in SCALAR_TYPES else encode_value(value, "result"),
-                               worker.spin)
+                               spin)
         except EncodeError as exc:
             failed = ToolFailed(f"{req.tool}: ran, but its {exc}", tool=req.tool, call_id=call_id,
                                 error_type="EncodeError")
-            self._reply(worker, req.id, error=failed)
+            self._reply(worker, req.id, error=failed, spin=spin)
             return
         worker.send_bytes(data)
 
     @staticmethod
-    def _reply(worker: WorkerProcess, rid: int, *, error: ProctorError) -> None:
+    def _reply(worker: WorkerProcess, rid: int, *, error: ProctorError, spin: bool | None = None) -> None:
         message = {"t": "reply", "id": rid, "ok": False, "error": error_payload(error)}
-        if not worker.spin:
+        if not (worker.spin if spin is None else spin):
             message["spin"] = False
         worker.send(message)
 

@@ -18,8 +18,10 @@ that has work. So an end polls only when its run is alone:
 - never on a single core, where the other end can only run once this one stops.
 
 The worker follows its host: each reply (and each run message) says whether the worker may spin
-while it waits for the next one. None of this is a security boundary: a worker that spins anyway
-only burns its own CPU limit.
+while it waits for the next one. The reply to a call that took longer than the worker's spin window
+says no whatever the machine (`Interpreter._on_result`): the program's next call is most often to
+the same tool, and polling for an answer that takes a millisecond (an MCP server's) only burns CPU.
+None of this is a security boundary: a worker that spins anyway only burns its own CPU limit.
 """
 
 from __future__ import annotations

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from proctor.interpreter import spinning
+from proctor.interpreter import Interpreter, spinning
+from proctor.interpreter import interpreter as interpreter_module
 from proctor.interpreter.channel import BlockingReader, frame, reply_frame
 
 
@@ -107,3 +110,25 @@ def test_replies_tell_the_worker_whether_to_spin() -> None:
     finally:
         host.close()
         worker.close()
+
+
+def test_a_call_slower_than_the_worker_spin_window_is_answered_without_spinning(
+        idle: None, make: Callable[..., Interpreter], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker polls for its next reply only while replies come within its spin window: the answer to a
+    call that took longer (an MCP server's millisecond) says "spin": false, so the worker blocks at once for
+    the next call's (most often the same tool's) instead of polling for nothing; the answer to a quick call
+    says spin again. (The window is widened to 20 ms here so that a loaded machine cannot make a quick call slow.)"""
+    sent: list[tuple[int, bool]] = []
+
+    def recorded(rid: int, value: Any, spin: bool = True) -> bytes:
+        sent.append((rid, spin))
+        return reply_frame(rid, value, spin)
+
+    monkeypatch.setattr(interpreter_module, "reply_frame", recorded)
+    monkeypatch.setattr(interpreter_module, "_SPIN_S", 0.02)
+    py = make(sandbox="process")
+    py.run("lookup(order='warm')")  # the first call of all also pays for what is set up once (> the window)
+    sent.clear()
+    r = py.run("lookup(order='a')\nslow(seconds=0.05)\nlookup(order='b')\nslow(seconds=0.05)\n'done'")
+    assert r.error is None and r.value == "done", r.error
+    assert [spin for _, spin in sent] == [True, False, True, False]
