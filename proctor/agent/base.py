@@ -379,6 +379,9 @@ class AgentBase:
             if seal is None:
                 raise StoreForged(f"run {record.run_id}: cannot check what the store holds for it without the "
                                   "audit trail whose key sealed it (give the agent the run's audit=...)")
+            # The record first: its step says how many journals to read, and a forged one must not make the
+            # resume read the store a hundred billion times before its seal is found wrong.
+            seal.check_record(record)
             journals = {step: store.journal(record.run_id, step) for step in range(1, record.step + 1)}
             seal.check_run(record, journals)
             # Sealed is not enough: an earlier sealed version put back is caught against the trail's order.

@@ -273,21 +273,23 @@ def _halt_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) ->
 
 
 def test_a_gate_sharing_a_redis_ledger_honours_proctor_halt_on_that_ledger_without_being_told(
-        tmp_path: Path, redis_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, redis_server: RedisServer, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """`proctor halt --ledger URL` stops every gate that shares that ledger: one given the URL, one given a
     RedisLedger, one on $PROCTOR_LEDGER, with no `halts=`; one process channel serves them all."""
     from proctor.ledger.redis import RedisLedger
-
     from proctor.testing import InMemoryAudit
 
     url = redis_server.url
     audit = InMemoryAudit()
     by_url, runs = _effect_gate(audit, ledger=url)
     by_object, _ = _effect_gate(ledger=RedisLedger(url + "&timeout=2s"))
-    assert by_url.halts.channels[1] is by_object.halts.channels[1]  # one channel (and thread) per backend per process
+    monkeypatch.setenv("PROCTOR_LEDGER", url)
+    by_env, _ = _effect_gate()
+    assert by_url.halts.channels[1] is by_object.halts.channels[1] is by_env.halts.channels[1]  # one reader
     assert by_url.call("effect") == 1
     halt_id = _halt_cli(tmp_path, capsys, "--tool", "effect", "--reason", "incident 42", "--ledger", url)
-    for gate in (by_url, by_object):
+    for gate in (by_url, by_object, by_env):
         _wait_for(lambda gate=gate: gate.halts.check("effect", None, None, "r") is not None)
         with pytest.raises(ToolDenied, match=f"effect: halted by {halt_id}: incident 42"):
             gate.call("effect")

@@ -331,6 +331,13 @@ class StoreForgeryConformance:
         run.approve()
         assert run.resumed() == "done"
 
+    def test_a_huge_step_forged_is_refused_before_any_journal_is_read(self, run: Suspended) -> None:
+        """A step of a hundred billion in the run's row: refused on the record's seal at once, not after reading
+        the store once per step (a resume that never ends)."""
+        [(key, data)] = run.rows.all("runs")
+        run.rows.set("runs", key, {**data, "step": 10**11})
+        assert "seal does not hold" in run.refused()
+
     def test_a_dropped_moved_or_copied_entry_is_refused(self, run: Suspended) -> None:
         """Entries deleted, the last one dropped, or one copied to another position: refused each time."""
         entries = run.store.journal(run.run_id, 1)
