@@ -276,13 +276,13 @@ class AgentContext(RunContext):
     """A managed agent's view of its parent's run: the same run (id, history, records, `seen`,
     secrets, grants, the budgets it draws on) with its own `run.agent`, step counter, tool table,
     narrowing layers and deadline. Everything not set here is read from the run's own context
-    (`__getattr__`); methods that change run state are sent to it, so nothing forks.
+    (its properties); methods that change run state are sent to it, so nothing forks.
     """
 
     def __init__(self, root: RunContext, info: RunInfo, ledger: Ledger, *, tools: Mapping[str, Any],
                  layers: tuple[Any, ...], parent_call_id: str, agents: tuple[str, ...],
                  deadline: float | None) -> None:
-        # RunContext.__init__ is not called: the run's state is the root's, reached through __getattr__.
+        # RunContext.__init__ is not called: the run's state is the root's, read through the properties below.
         self._root = root
         self.info = info
         self.ledger = ledger
@@ -295,10 +295,39 @@ class AgentContext(RunContext):
         self.on_call = None
         self._step_lock = threading.Lock()
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "_root":  # not set yet (copy, pickle): never recurse
-            raise AttributeError(name)
-        return getattr(self._root, name)
+    # The run's state is the root's, named one by one (not forwarded wholesale): what a managed agent's
+    # calls read and add to is the same run, and a new piece of run state is shared on purpose.
+    @property
+    def records(self) -> _Records:  # type: ignore[override]
+        return self._root.records
+
+    @property
+    def status_counts(self) -> dict[CallStatus, int]:  # type: ignore[override]
+        return self._root.status_counts
+
+    @property
+    def grants(self) -> list[Grant]:  # type: ignore[override]
+        return self._root.grants
+
+    @property
+    def secrets(self) -> set[str]:  # type: ignore[override]
+        return self._root.secrets
+
+    @property
+    def history_limit(self) -> int:  # type: ignore[override]
+        return self._root.history_limit
+
+    @property
+    def provenance(self) -> Any:
+        return self._root.provenance
+
+    @provenance.setter
+    def provenance(self, value: Any) -> None:
+        self._root.provenance = value
+
+    @property
+    def audit_start(self) -> int | None:  # type: ignore[override]
+        return self._root.audit_start
 
     def next_step(self) -> int:
         """Start the managed agent's next step (its own `per: step` budgets; the parent's step goes on)."""
@@ -338,6 +367,9 @@ class AgentContext(RunContext):
 
     def trim_history(self) -> None:
         self._root.trim_history()
+
+    def restore_dropped(self, dropped: int) -> None:
+        self._root.restore_dropped(dropped)
 
     def granted(self, tool: str, args: Mapping[str, Any], grants: Sequence[Grant] | None = None) -> Grant | None:
         return self._root.granted(tool, args, grants)
