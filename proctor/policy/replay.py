@@ -64,7 +64,7 @@ from proctor.policy.projection import needs_of
 from proctor.policy.simulate import RAN_STATUSES, RecordedRun
 
 if TYPE_CHECKING:
-    from proctor.policy.engine import Policy
+    from proctor.policy.engine import Policy, ToolFacts
     from proctor.provenance import ProvenanceIndex
 
 __all__ = ["EXAMPLES_PER_GROUP", "REDACTED_MARK", "Change", "Observer", "ReplayReport", "Undecidable",
@@ -152,13 +152,27 @@ class ReplayReport:
     undecidable_examples: list[Undecidable] = field(default_factory=list)
 
     def note_change(self, change: Change) -> None:
+        self.count_change(change.change, change.new_rules, change.old_rules, change.budget, lambda: change)
+
+    def count_change(self, kind: str, new_rules: tuple[str, ...], old_rules: tuple[str, ...], budget: str | None,
+                     make: Callable[[], Change]) -> None:
+        """Count one changed call under its change (`kind`, ``allow→deny``) and each rule (and budget) that
+        decided it; `make` builds the `Change`, asked only while one of those groups still keeps examples
+        (a replay that changes most of a million calls builds a handful)."""
         self.changed += 1
-        self.by_change.setdefault(change.change, _Group()).add(change)
-        names = tuple(dict.fromkeys((*change.new_rules, *change.old_rules)))
-        if change.budget is not None:
-            names = (*names, f"budget:{change.budget}")
+        names = tuple(dict.fromkeys((*new_rules, *old_rules)))
+        if budget is not None:
+            names = (*names, f"budget:{budget}")
+        groups = [self.by_change.get(kind) or self.by_change.setdefault(kind, _Group())]
+        by_rule = self.by_rule
         for name in names or ("(default)",):
-            self.by_rule.setdefault(name, _Group()).add(change)
+            groups.append(by_rule.get(name) or by_rule.setdefault(name, _Group()))
+        change: Change | None = None
+        for group in groups:
+            group.count += 1
+            if len(group.examples) < EXAMPLES_PER_GROUP:
+                change = change or make()
+                group.examples.append(change)
 
     def note_undecidable(self, item: Undecidable) -> None:
         self.undecidable += 1
@@ -191,6 +205,9 @@ class _Reads:
     #: Nothing can make such a call undecidable — no condition, no side_effect or cost expression, no
     #: unknown cost — so its arguments need not even be looked at for redaction marks (`_undecidable`).
     plain: bool = False
+    #: Whether a budget of the new policy counts such a call (else its ledger is not asked: it would
+    #: hold nothing for it).
+    budgeted: bool = True
 
 
 class _Clock:
@@ -246,6 +263,20 @@ class _Run:
 Observer = Callable[[Admission, RunView, Ledger, str, "str | None"], None]
 
 
+class _Known:
+    """What the replay keeps of one (tool, recorded class): the new policy's facts of the tool; the
+    admission of every such call when it depends on nothing of the call (else None); and what the new
+    policy reads of a call in the class the last admission gave (`reads`, for `reads_class`)."""
+
+    __slots__ = ("admission", "facts", "reads", "reads_class")
+
+    def __init__(self, facts: ToolFacts) -> None:
+        self.facts = facts
+        self.admission: Admission | None = None
+        self.reads: _Reads | None = None
+        self.reads_class: str | None = None
+
+
 class _Replayer:
     def __init__(self, policy: Policy, since_ns: int | None, observe: Observer | None = None) -> None:
         self.policy = policy
@@ -260,7 +291,12 @@ class _Replayer:
         self._expr_reads: dict[str, list[frozenset[str] | None]] = {}
         self._cost_unknown: dict[tuple[str, str], bool] = {}
         self._run_reads: dict[tuple[str, str], bool] = {}
-        self._fixed: dict[tuple[str, str | None], Admission] = {}
+        #: What is known of every call of a (tool, recorded class): its facts, the admission when it is the
+        #: same for them all, and what the new policy reads of them (`_Known`).
+        self._known: dict[tuple[str, str | None], _Known] = {}
+        #: A policy without budgets: one ledger serves every run (it counts nothing, and its usage is empty).
+        self._unbudgeted = (None if policy.budgets else
+                            Ledger((), shared=self.shared, clock=self.clock.mono, wall_clock=self.clock.wall))
         #: Whether any condition can read `history` (else no entry is kept: nothing would read it).
         self.keeps_history = any(r.condition is not None and "history" in r.condition.source
                                  for r in policy.compiled)
@@ -276,8 +312,8 @@ class _Replayer:
             info = RunInfo(id=run_id, principal=principal if isinstance(principal, str) else None,
                            labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
                            agent=agent if isinstance(agent, str) else None)
-            ledger = Ledger(self.policy.budgets, run=info, shared=self.shared, clock=self.clock.mono,
-                            wall_clock=self.clock.wall)
+            ledger = self._unbudgeted or Ledger(self.policy.budgets, run=info, shared=self.shared,
+                                                clock=self.clock.mono, wall_clock=self.clock.wall)
             run = self.runs[run_id] = _Run(info, ledger, started=rec is not None)
         return run
 
@@ -330,7 +366,11 @@ class _Replayer:
         budget_refused = self.budget_refused
         refused_by = budget_refused.pop(call_id, _NOT_REFUSED) if budget_refused else _NOT_REFUSED
         counted = self.since_ns is None or self.clock.ns >= self.since_ns
-        facts = facts_of(policy, tool, declared, 0)
+        memo_key = (tool, declared)
+        known = self._known.get(memo_key)
+        if known is None:
+            known = self._known[memo_key] = _Known(facts_of(policy, tool, declared, 0))
+        facts = known.facts
         history_class: SideEffect = facts.side_effect
         labels = facts.labels
         if old not in ("allow", "deny", "require_approval"):
@@ -347,8 +387,7 @@ class _Replayer:
             info = replace(info, agent=agent)
         view: RunView = run if info is run.info else RecordedRun(info, run.history, run.seen_sorted,
                                                                  LazyUsage(run.ledger), None)
-        memo_key = (tool, declared)
-        adm = self._fixed.get(memo_key)
+        adm = known.admission
         if adm is None:
             adm = admit(policy, tool, args, tools=None, run=view, declared_side_effect=declared, declared_cost=0)
             # `admit` is pure, and without tools, a side_effect or cost expression, or a rule with a
@@ -356,11 +395,14 @@ class _Replayer:
             # answer for this (tool, declared class) is the same for every call, so it is kept.
             if (adm.stage in ("decided", "policy") and facts.side_effect_expression is None
                     and facts.cost_expression is None and has_fixed_decision(policy, tool, adm.side_effect)):
-                self._fixed[memo_key] = adm
+                known.admission = adm
         side_effect = adm.side_effect
         if facts.side_effect_expression is None or adm.stage != "class":
             history_class = side_effect
-        reads = self._reads_of(tool, side_effect)
+        reads = known.reads if known.reads is not None and known.reads_class == side_effect else None
+        if reads is None:
+            reads = known.reads = self._reads_of(tool, side_effect)
+            known.reads_class = side_effect
         why = None if reads.plain else self._undecidable(tool, side_effect, args, run, redacted=_has_mark(args))
         if why is None and not run.started and self._reads_the_run(tool, side_effect):
             why = _UNSTARTED
@@ -371,7 +413,8 @@ class _Replayer:
         budget: str | None = None
         if why is None and adm.decision is not None and adm.stage == "decided":
             try:
-                reservation = run.ledger.reserve(tool, side_effect, adm.cost)
+                # (no budget counts the (tool, class): the ledger would hold nothing, so it is not asked)
+                reservation = run.ledger.reserve(tool, side_effect, adm.cost) if reads.budgeted else None
             except BudgetExceeded as exc:
                 new, new_rules, reason, budget = "deny", adm.decision.rules, str(exc), exc.budget
             else:
@@ -381,7 +424,9 @@ class _Replayer:
             decision = adm.decision
             new_rules = decision.rules if decision is not None else ()
             reason = decision.reason if decision is not None and adm.refusal is None else str(adm.refusal)
-        run.pending[call_id] = (rec, reservation, history_class, labels, None if why is None else adm.cost)
+        if reservation is not None or why is not None or labels or self.keeps_history:
+            # (else its outcome has nothing to settle, count, remember or add to `seen`)
+            run.pending[call_id] = (rec, reservation, history_class, labels, None if why is None else adm.cost)
         if not counted:
             return
         sha = get("policy_sha256")
@@ -401,8 +446,9 @@ class _Replayer:
             return
         rules = get("rules")
         old_rules = tuple(r for r in rules if isinstance(r, str)) if isinstance(rules, list) else ()
-        report.note_change(Change(seq, self.clock.ns, run_id, call_id, tool, args, str(old_outcome), new, old_rules,
-                                  new_rules, reason, budget))
+        ts_ns, old_text = self.clock.ns, str(old_outcome)
+        report.count_change(f"{old_text}→{new}", new_rules, old_rules, budget, lambda: Change(
+            seq, ts_ns, run_id, call_id, tool, args, old_text, new, old_rules, new_rules, reason, budget))
 
     def _outcome(self, rec: Mapping[str, Any]) -> None:
         run_id, call_id = rec.get("run_id"), rec.get("call_id")
@@ -486,7 +532,9 @@ class _Replayer:
                     provenance = True
             cost_unknown = self._cost_unknown_for(tool, side_effect)
             plain = not conditions and not cost_unknown and not self._expressions(tool)
-            found = self._reads[key] = _Reads(args, history_args, provenance, not conditions, cost_unknown, plain)
+            budgeted = any(_matches(b.match, tool, side_effect) for b in self.policy.budgets)
+            found = self._reads[key] = _Reads(args, history_args, provenance, not conditions, cost_unknown, plain,
+                                              budgeted)
         return found
 
     def _reads_the_run(self, tool: str, side_effect: str) -> bool:
@@ -592,9 +640,10 @@ def _log_file(source: str) -> Iterator[str]:
 
 def _file_records(path: str, bad: list[int] | None, feed: Callable[[dict[str, Any]], None] | None = None
                   ) -> Iterator[dict[str, Any]]:
-    """Each record of the file (lines read by `proctor.audit.lines.iter_lines`, which never holds a line over
-    the log's line limit); with `feed`, each is handed to it instead (one generator less per record)."""
-    from proctor.audit.lines import iter_lines
+    """Each record of the file (lines read by `proctor.audit.lines.iter_line_batches`, which never holds a
+    line over the log's line limit); with `feed`, each is handed to it instead (one generator step less per
+    record)."""
+    from proctor.audit.lines import iter_line_batches
 
     try:
         import orjson
@@ -604,21 +653,22 @@ def _file_records(path: str, bad: list[int] | None, feed: Callable[[dict[str, An
         loads = json.loads
     skipped = 0
     with open(path, "rb") as f:
-        for raw in iter_lines(f):
-            if raw.__class__ is not bytes:
-                skipped += 1
-                continue
-            try:
-                value = loads(raw)
-            except (ValueError, RecursionError):
-                skipped += 1
-                continue
-            if value.__class__ is not dict:
-                skipped += 1
-            elif feed is not None:
-                feed(value)
-            else:
-                yield value
+        for batch in iter_line_batches(f):
+            for raw in batch:
+                if raw.__class__ is not bytes:
+                    skipped += 1
+                    continue
+                try:
+                    value = loads(raw)
+                except (ValueError, RecursionError):
+                    skipped += 1
+                    continue
+                if value.__class__ is not dict:
+                    skipped += 1
+                elif feed is not None:
+                    feed(value)
+                else:
+                    yield value
     if bad is not None:
         bad[0] += skipped
 

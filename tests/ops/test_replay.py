@@ -337,3 +337,39 @@ def test_without_conditions_an_expression_on_a_redacted_argument_or_an_unknown_c
     assert list(report.undecidable_why) == [
         "a cost budget counts this tool and the policy declares no cost for it (not in the log)"]
     assert (report.decided, report.changed) == (8, 0)  # the rest, rules without conditions, decided as before
+
+
+def test_a_line_over_the_limit_is_skipped_and_counted(tmp_path: Path) -> None:
+    """A line longer than the log's line limit in the middle of a log is counted as a bad line (never read
+    whole) and the records around it are replayed as without it."""
+    from proctor.audit.lines import MAX_LINE_BYTES
+
+    log = _record(tmp_path)
+    lines = log.read_bytes().splitlines(keepends=True)
+    half = len(lines) // 2
+    log.write_bytes(b"".join(lines[:half]) + b"x" * (MAX_LINE_BYTES + 10) + b"\n" + b"".join(lines[half:]))
+    report = replay_log(Policy.from_string(OLD), str(log))
+    assert report.bad_lines == 1
+    assert (report.decided, report.changed, report.undecidable) == (10, 0, 0)
+
+
+def test_every_change_is_counted_and_each_group_keeps_its_first_examples(tmp_path: Path) -> None:
+    """With more changes than a group keeps examples of, every change is counted in its group and in each of
+    its rules', and the examples are the first changes of the log, in order."""
+    from proctor.policy.replay import EXAMPLES_PER_GROUP
+
+    log = tmp_path / "audit.jsonl"
+    audit = AuditLog(log, durability="flush")
+    gate = Gate(Policy.from_string(OLD), audit=audit, tools=[lookup, send_email, charge])
+    ctx = gate.start_run(principal="alice")
+    for order in range(EXAMPLES_PER_GROUP + 4):
+        gate.call("lookup", {"order": str(order)}, context=ctx)
+    gate.finish_run(ctx)
+    audit.close()
+    new = Policy.from_string(OLD.replace("{name: reads, match: {side_effect: read}, decision: allow}",
+                                         "{name: reads, match: {side_effect: read}, decision: deny}"))
+    out = replay_log(new, str(log)).as_dict()
+    assert out["changed"] == EXAMPLES_PER_GROUP + 4
+    for group in (out["by_change"]["allow→deny"], out["by_rule"]["reads"]):
+        assert group["count"] == EXAMPLES_PER_GROUP + 4
+        assert [e["args"]["order"] for e in group["examples"]] == [str(i) for i in range(EXAMPLES_PER_GROUP)]
