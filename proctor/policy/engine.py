@@ -106,6 +106,12 @@ class CompiledRule:
     spec: RuleSpec
     matcher: Matcher
     condition: Condition | None
+    #: Why the rule decides as it does: its `reason`, else the rule named (`_reason`); set at construction.
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.reason:
+            object.__setattr__(self, "reason", _reason(self))
 
     @property
     def name(self) -> str:
@@ -222,6 +228,10 @@ class Policy:
         }
         self._any_class = any_class
         self.candidates = functools.lru_cache(maxsize=_CANDIDATE_CACHE)(self._compute_candidates)
+        #: The decisions that depend on nothing of the call (a Decision is immutable: one serves every call):
+        #: no rule matched, and each rule's when it alone decided, for its own reason.
+        self._no_match_decision: Decision | None = None
+        self._single: dict[int, Decision] = {}
         # The gate asks for a tool's facts on every call; they never change for a loaded policy.
         self.facts = functools.lru_cache(maxsize=_CANDIDATE_CACHE)(self._facts)  # type: ignore[method-assign]
 
@@ -374,7 +384,7 @@ class Policy:
         fixed = None
         if all(r.condition is None for r in rules):  # every candidate holds for every call: decide now
             for outcome in ("deny", "require_approval", "allow"):
-                held = [(r, _reason(r)) for r in rules if r.decision == outcome]
+                held = [(r, r.reason) for r in rules if r.decision == outcome]
                 if held:
                     fixed = self._decision(outcome, held)
                     break
@@ -422,7 +432,7 @@ class Policy:
         for rule in candidates.deny:
             verdict = _evaluate(rule, activation)
             if verdict is not False:
-                denied.append((rule, verdict if isinstance(verdict, str) else _reason(rule)))
+                denied.append((rule, verdict if isinstance(verdict, str) else rule.reason))
         if not denied:
             held: dict[str, list[CompiledRule]] = {"require_approval": [], "allow": []}
             for rule in candidates.others:
@@ -434,12 +444,17 @@ class Policy:
             if not denied:
                 for outcome in ("require_approval", "allow"):
                     if held[outcome]:
-                        return self._decision(outcome, [(r, _reason(r)) for r in held[outcome]])
+                        return self._decision(outcome, [(r, r.reason) for r in held[outcome]])
                 return self._no_match()
         return self._decision("deny", denied)
 
     def _no_match(self) -> Decision:
-        return Decision(self.default, (), f"no rule matched; the policy default is {self.default}", self.sha256)
+        # (a Decision is immutable: the same one serves every call no rule matched)
+        found = self._no_match_decision
+        if found is None:
+            found = self._no_match_decision = Decision(
+                self.default, (), f"no rule matched; the policy default is {self.default}", self.sha256)
+        return found
 
     def explain(self, call: Call) -> Explanation:
         """Decide `call` and trace every rule against it (for people; slower than `decide`)."""
@@ -449,7 +464,13 @@ class Policy:
 
     def _decision(self, outcome: Outcome, held: list[tuple[CompiledRule, str]]) -> Decision:
         if len(held) == 1:
-            return Decision(outcome, (held[0][0].name,), held[0][1], self.sha256)
+            rule, reason = held[0]
+            if reason is rule.reason and rule.decision == outcome:  # the rule's own: one Decision for every call
+                found = self._single.get(rule.index)
+                if found is None:
+                    found = self._single[rule.index] = Decision(outcome, (rule.name,), reason, self.sha256)
+                return found
+            return Decision(outcome, (rule.name,), reason, self.sha256)
         held.sort(key=lambda pair: pair[0].index)
         reasons = list(dict.fromkeys(reason for _, reason in held))
         return Decision(outcome, tuple(r.name for r, _ in held), "; ".join(reasons), self.sha256)

@@ -13,6 +13,8 @@ __all__ = ["MAX_CONTAINERS", "MAX_DEPTH", "check_value"]
 MAX_DEPTH = 64
 _FAST_CONTAINERS = (dict, list, tuple)
 _SCALARS = (str, bytes, int, float, type(None))
+#: Exact types that are never containers (a subclass of one takes the general path).
+_FLAT = frozenset((str, bytes, int, float, bool, type(None)))
 
 
 def _is_container(value: Any) -> bool:
@@ -32,7 +34,13 @@ def check_value(value: Any) -> None:
     kill the whole host process; so anything nested deeper than MAX_DEPTH, or holding
     more than MAX_CONTAINERS maps and lists, is refused here and the call is denied.
     """
-    if not _is_container(value):
+    if value.__class__ is dict:  # most arguments: a flat dict of scalars, nothing to walk
+        for child in value.values():
+            if child.__class__ not in _FLAT:
+                break
+        else:
+            return
+    elif not _is_container(value):
         return
     left = MAX_CONTAINERS
     stack: list[tuple[Any, int]] = [(value, 1)]
