@@ -67,30 +67,26 @@ def _usage(args: argparse.Namespace, message: str) -> int:
 def _backend(args: argparse.Namespace) -> HaltBackend | str:
     """The backend named on the command line or by the environment; a string says why there is none."""
     from proctor.halt import HaltError
+    from proctor.halt.shared import REDIS_SCHEMES, halts_at, open_halt_backend
 
     url = args.ledger or args.store
     kind = "ledger" if args.ledger else "store" if args.store else None
     if url is None:
         env_ledger = os.environ.get("PROCTOR_LEDGER", "")
-        if env_ledger.startswith(("redis://", "rediss://", "unix://")):
+        if env_ledger.startswith(REDIS_SCHEMES):
             url, kind = env_ledger, "ledger"
         elif os.environ.get("PROCTOR_STORE"):
             url, kind = os.environ["PROCTOR_STORE"], "store"
     if url is None:
         return "name the backend the gates share: --ledger redis://… or --store URL (or set PROCTOR_LEDGER / " \
                "PROCTOR_STORE)"
+    at = halts_at(url)
+    if kind == "ledger" and at[0] != "redis":
+        return f"--ledger {url}: halts are shared through Redis (redis://…); a run store is --store"
     try:
-        if kind == "ledger":
-            if not url.startswith(("redis://", "rediss://", "unix://")):
-                return f"--ledger {url}: halts are shared through Redis (redis://…); a run store is --store"
-            try:
-                from proctor.halt.redis import RedisHaltBackend
-            except ImportError as exc:
-                return f"--ledger needs {exc.name or 'redis'}: pip install 'proctor[redis]'"
-            return RedisHaltBackend(url)
-        from proctor.halt.sql import StoreHaltBackend
-
-        return StoreHaltBackend(url)
+        return open_halt_backend(at)
+    except ImportError as exc:
+        return f"--ledger needs {exc.name or 'redis'}: pip install 'proctor[redis]'"
     except HaltError as exc:
         return str(exc)
 

@@ -134,18 +134,13 @@ def _halts(args: argparse.Namespace) -> Any:
     """The halt channel the gate honours: --halts, else the --store's halts table (a gate sharing a store
     honours its halts), else None (this process's own). `HaltError` when --halts cannot be used."""
     from proctor.halt import HaltError
+    from proctor.halt.shared import halts_at, open_halts
 
     url = args.halts or args.store
     if url is None:
         return None
-    if url.startswith(("redis://", "rediss://", "unix://")):
-        from proctor.halt.redis import RedisHalts
-
-        return RedisHalts(url)
-    from proctor.halt.sql import StoreHalts
-
     try:
-        return StoreHalts(url)
+        return open_halts(halts_at(url))
     except HaltError:
         if args.halts is not None:
             raise

@@ -162,23 +162,17 @@ def _halting(args: argparse.Namespace, store_url: str, groups: tuple[str, ...]) 
     --halt-groups); a string says why they cannot be opened."""
     from proctor.errors import ProctorError
     from proctor.halt import HaltError
+    from proctor.halt.shared import halts_at, open_halt_backend
 
     url = args.halts
     backend: Any = None
     try:
-        if url is not None and url.startswith(("redis://", "rediss://", "unix://")):
-            from proctor.halt.redis import RedisHaltBackend
-
-            backend = RedisHaltBackend(url)
-        else:
-            from proctor.halt.sql import StoreHaltBackend
-
-            try:
-                backend = StoreHaltBackend(url or store_url)
-            except HaltError:
-                if url is not None:
-                    raise
-                backend = None  # a run store that keeps no halts (not SQL): none shown unless --halts names them
+        try:
+            backend = open_halt_backend(halts_at(url or store_url))
+        except HaltError:
+            if url is not None:
+                raise
+            backend = None  # a run store that keeps no halts (not SQL): none shown unless --halts names them
     except ImportError as exc:
         return f"--halts {url} needs {exc.name or 'redis'}: pip install 'proctor[redis]'"
     except HaltError as exc:

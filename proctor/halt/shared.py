@@ -13,12 +13,57 @@ import os
 import threading
 from functools import partial
 
-from proctor.halt import HaltChannel, HaltListener, HaltsAt, JointHalts, PolledHalts, SharesHalts, gate_halts
+from proctor.halt import (
+    HaltBackend,
+    HaltChannel,
+    HaltListener,
+    HaltsAt,
+    JointHalts,
+    PolledHalts,
+    SharesHalts,
+    gate_halts,
+)
 
-__all__ = ["default_halts", "shared_halts"]
+__all__ = ["REDIS_SCHEMES", "default_halts", "halts_at", "open_halt_backend", "open_halts", "shared_halts"]
 
 _shared: dict[tuple[int, HaltsAt], PolledHalts] = {}
 _shared_lock = threading.Lock()
+
+
+#: URL schemes of a Redis (the halts beside a fleet's ledger); any other URL, or a path, names a run store.
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def halts_at(url: str) -> HaltsAt:
+    """Where `url` keeps halts: a Redis (``redis://``, ``rediss://``, ``unix://``) or a run store's table (a
+    path, ``sqlite:///…``, ``postgresql://…``). The one reading of a halts URL: `proctor halt`, `serve` and
+    `mcp serve` take theirs through it."""
+    return ("redis", url) if url.startswith(REDIS_SCHEMES) else ("store", url)
+
+
+def open_halt_backend(at: HaltsAt) -> HaltBackend:
+    """The halts kept `at`, to set, lift and list (`proctor halt`, the inbox). `HaltError` when they cannot be
+    opened (a run store that keeps none); ImportError without the extra a Redis needs."""
+    kind, url = at
+    if kind == "redis":
+        from proctor.halt.redis import RedisHaltBackend
+
+        return RedisHaltBackend(url)
+    from proctor.halt.sql import StoreHaltBackend
+
+    return StoreHaltBackend(url)
+
+
+def open_halts(at: HaltsAt) -> PolledHalts:
+    """A channel of the caller's own on the halts kept `at` (it closes it); gates share `shared_halts`'."""
+    kind, url = at
+    if kind == "redis":
+        from proctor.halt.redis import RedisHalts
+
+        return RedisHalts(url)
+    from proctor.halt.sql import StoreHalts
+
+    return StoreHalts(url)
 
 
 def shared_halts(at: HaltsAt, listener: HaltListener) -> HaltChannel:
@@ -29,15 +74,7 @@ def shared_halts(at: HaltsAt, listener: HaltListener) -> HaltChannel:
     with _shared_lock:  # found (or made) and watched as one: never handed out as it stops for want of watchers
         channel = _shared.get(key)
         if channel is None:
-            kind, url = at
-            if kind == "redis":
-                from proctor.halt.redis import RedisHalts
-
-                channel = RedisHalts(url)
-            else:
-                from proctor.halt.sql import StoreHalts
-
-                channel = StoreHalts(url)
+            channel = open_halts(at)
             channel.on_unwatched = partial(_forget, key)
             _shared[key] = channel
         channel.watch(listener)
