@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-__all__ = ["shown_url"]
+__all__ = ["LEDGER_OPTIONS", "split_ledger_options", "shown_url"]
 
 _SECRET_PARAMS = frozenset({"password", "passwd", "sslpassword"})
 
@@ -37,3 +37,21 @@ def shown_url(url: str, *, query: bool = True) -> str:
             pairs = [(k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in pairs]
             parts = parts._replace(query=urlencode(pairs, safe="*"))
     return urlunsplit(parts)
+
+
+#: The query options a Redis ledger URL may carry that are proctor's, not redis-py's.
+LEDGER_OPTIONS = ("lease", "timeout", "prefix")
+
+
+def split_ledger_options(url: str) -> tuple[str, dict[str, str]]:
+    """A Redis ledger URL as redis-py takes it, and proctor's own options (`LEDGER_OPTIONS`) taken out of
+    its query: ``redis://h/0?timeout=2s`` is ``("redis://h/0", {"timeout": "2s"})``. The ledger and the
+    halts kept beside it (`proctor halt --ledger URL`) read a URL the same way."""
+    base, _, query = url.partition("?")
+    ours, theirs = {}, []
+    for k, v in parse_qsl(query, keep_blank_values=True):
+        if k in LEDGER_OPTIONS:
+            ours[k] = v
+        else:
+            theirs.append((k, v))
+    return base + ("?" + urlencode(theirs) if theirs else ""), ours

@@ -23,6 +23,7 @@ from proctor.halt import (
     SharesHalts,
     gate_halts,
 )
+from proctor.urls import split_ledger_options
 
 __all__ = ["REDIS_SCHEMES", "default_halts", "halts_at", "open_halt_backend", "open_halts", "shared_halts"]
 
@@ -37,8 +38,10 @@ REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 def halts_at(url: str) -> HaltsAt:
     """Where `url` keeps halts: a Redis (``redis://``, ``rediss://``, ``unix://``) or a run store's table (a
     path, ``sqlite:///…``, ``postgresql://…``). The one reading of a halts URL: `proctor halt`, `serve` and
-    `mcp serve` take theirs through it."""
-    return ("redis", url) if url.startswith(REDIS_SCHEMES) else ("store", url)
+    `mcp serve` take theirs through it, and a ledger's options (``?timeout=…``) are left to the ledger."""
+    if url.startswith(REDIS_SCHEMES):  # a ledger's URL as the fleet writes it: its options are not Redis's
+        return ("redis", split_ledger_options(url)[0])
+    return ("store", url)
 
 
 def open_halt_backend(at: HaltsAt) -> HaltBackend:

@@ -39,7 +39,6 @@ import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Literal
-from urllib.parse import parse_qsl, urlencode
 
 import redis
 from redis.backoff import NoBackoff
@@ -50,7 +49,7 @@ from proctor.errors import BudgetExceeded, LedgerUnavailable
 from proctor.ledger.base import DEFAULT_LEASE_S, Claim, Lease, PoolUsage
 from proctor.ledger.checks import refusal
 from proctor.ledger.redis_wire import Script, Wire, bulk, command
-from proctor.urls import shown_url
+from proctor.urls import shown_url, split_ledger_options
 
 __all__ = ["RedisLedger"]
 
@@ -201,18 +200,6 @@ return out
 """)
 
 
-def _split_url(url: str) -> tuple[str, dict[str, str]]:
-    """The URL for redis-py, and proctor's own options (lease, timeout, prefix) taken out of its query."""
-    base, _, query = url.partition("?")
-    ours, theirs = {}, []
-    for k, v in parse_qsl(query, keep_blank_values=True):
-        if k in ("lease", "timeout", "prefix"):
-            ours[k] = v
-        else:
-            theirs.append((k, v))
-    return base + ("?" + urlencode(theirs) if theirs else ""), ours
-
-
 #: Every RedisLedger of this process, so that a forked child drops its parent's leases (at fork, not per call).
 _LEDGERS: weakref.WeakSet[RedisLedger] = weakref.WeakSet()
 
@@ -228,7 +215,7 @@ class RedisLedger:
         timeout_s: float | None = None,
         prefix: str | None = None,
     ) -> None:
-        target, options = _split_url(url)
+        target, options = split_ledger_options(url)
         self.url = shown_url(url, query=False)
         self._halts_url = target  # without the ledger's own options (lease, timeout, prefix)
         self.lease_s = lease_s if lease_s is not None else (

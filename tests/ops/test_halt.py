@@ -288,7 +288,9 @@ def test_a_gate_sharing_a_redis_ledger_honours_proctor_halt_on_that_ledger_witho
     by_env, _ = _effect_gate()
     assert by_url.halts.channels[1] is by_object.halts.channels[1] is by_env.halts.channels[1]  # one reader
     assert by_url.call("effect") == 1
-    halt_id = _halt_cli(tmp_path, capsys, "--tool", "effect", "--reason", "incident 42", "--ledger", url)
+    # The fleet's ledger URL as written, with the ledger's own options: the same Redis, the same halts.
+    halt_id = _halt_cli(tmp_path, capsys, "--tool", "effect", "--reason", "incident 42",
+                        "--ledger", url + "&timeout=2s&lease=30s")
     for gate in (by_url, by_object, by_env):
         _wait_for(lambda gate=gate: gate.halts.check("effect", None, None, "r") is not None)
         with pytest.raises(ToolDenied, match=f"effect: halted by {halt_id}: incident 42"):
