@@ -398,12 +398,15 @@ class PolledHalts:
         self._thread.start()
         self._ready.wait(wait_s)  # the first snapshot, when the backend answers promptly
 
-    def _refresh(self, wait_s: float = -1) -> None:
+    def _refresh(self, wait_s: float = -1, *, unless_read: bool = False) -> None:
         # The thread, `refresh` and a never-read `check` (which waits at most `wait_s`: a lock a fork copied
-        # held is never released): one read at a time.
+        # held is never released, and takes the answer of a read made meanwhile instead of a second one):
+        # one read at a time.
         if not self._refresh_lock.acquire(timeout=wait_s):
             return
         try:
+            if unless_read and self._ok_at:
+                return
             try:
                 halts = tuple(self._read())
             except Exception as exc:  # noqa: BLE001 - any failure to read is an outage, counted against the grace
@@ -475,7 +478,7 @@ class PolledHalts:
         # that a gate made while its backend was down serves calls as soon as the backend is back, not a
         # refresh later; after it, the grace applies and a call never waits for the backend.
         if not self._ok_at:
-            self._refresh(wait_s=self.grace_s)
+            self._refresh(wait_s=self.grace_s, unless_read=True)
         if time.monotonic() - self._ok_at > self.grace_s:
             return self._outage()
         halts = self._halts
