@@ -160,17 +160,24 @@ $$;
 
 # The batch append, shared by the function (non-durable batches, checkpoints) and the durable procedure
 # (inlined there: a plpgsql call inside a procedure cost as much as the chain's row lock). It leaves
-# "first-seq count last-checkpoint" in r. p_recs: five parts a record, all separated by U+001F (never raw
-# in canonical JSON): the kind, then the record's canonical line cut where its h, prev and seq go
-# (see _template). A batch of one (every batch of a single-writer process) skips the arrays.
-# proctor_audit_append_batch and _durable: the five-part functions of earlier writers, kept (and the run_id of
-# what they insert read from the line in the database) so that writers not yet upgraded append to the same chain.
-_LEGACY_DECLARE = r"""
+# "first-seq count last-checkpoint" in r. p_recs: five or six parts a record (`_batch_body`'s width), all
+# separated by U+001F (never raw in canonical JSON): the kind, then the record's canonical line cut where its
+# h, prev and seq go (see _template), then this version's run id. A batch of one (every batch of a
+# single-writer process) skips the arrays.
+_BATCH_DECLARE = r"""
     s bigint; first bigint; hd text; ck bigint; parts text[]; n int; hh text; rest text; r text;
-    kinds text[] := '{}'; lines text[] := '{}'; hs text[] := '{}';"""
-_LEGACY_BODY = r"""
+    kinds text[] := '{}'; lines text[] := '{}'; hs text[] := '{}'; runs text[] := '{}';"""
+
+
+def _batch_body(width: int, run_of_one: str, run_of_each: str) -> str:
+    """The batch append for records of `width` parts: the same chain, whatever the layout. `run_of_one` is the
+    SQL of the run id of a batch's one record (its parts at 1.., its line as `parts[2] || '"h":"' || hh ||
+    '",' || rest`), `run_of_each` that of record i of a longer batch (its parts at `width`*i+1.., its line
+    `lines[i+1]`)."""
+    w = width
+    return rf"""
     parts := string_to_array(p_recs, E'\x1f');
-    n := coalesce(array_length(parts, 1), 0) / 5;
+    n := coalesce(array_length(parts, 1), 0) / {w};
     SELECT l.seq, l.head, l.last_ckpt INTO s, hd, ck FROM proctor_audit_logs l WHERE l.name = p_log FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'no proctor audit log named %', p_log;
@@ -181,27 +188,30 @@ _LEGACY_BODY = r"""
         hh := encode(sha256('\x00'::bytea || convert_to(parts[2] || rest, 'UTF8')), 'hex');
         INSERT INTO proctor_audit_records (log, seq, kind, line, h, run_id)
             VALUES (p_log, s, parts[1], parts[2] || '"h":"' || hh || '",' || rest, hh,
-                    proctor_audit_run_of(parts[2] || '"h":"' || hh || '",' || rest));
+                    {run_of_one});
         IF parts[1] = 'checkpoint' THEN ck := s; END IF;
         hd := hh;
         s := s + 1;
     ELSIF n > 1 THEN
         FOR i IN 0 .. n - 1 LOOP
-            rest := parts[5*i+3] || hd || parts[5*i+4] || s::text || parts[5*i+5];
-            hh := encode(sha256('\x00'::bytea || convert_to(parts[5*i+2] || rest, 'UTF8')), 'hex');
-            kinds[i+1] := parts[5*i+1];
+            rest := parts[{w}*i+3] || hd || parts[{w}*i+4] || s::text || parts[{w}*i+5];
+            hh := encode(sha256('\x00'::bytea || convert_to(parts[{w}*i+2] || rest, 'UTF8')), 'hex');
+            kinds[i+1] := parts[{w}*i+1];
             hs[i+1] := hh;
-            lines[i+1] := parts[5*i+2] || '"h":"' || hh || '",' || rest;
-            IF parts[5*i+1] = 'checkpoint' THEN ck := s; END IF;
+            lines[i+1] := parts[{w}*i+2] || '"h":"' || hh || '",' || rest;
+            runs[i+1] := {run_of_each};
+            IF parts[{w}*i+1] = 'checkpoint' THEN ck := s; END IF;
             hd := hh;
             s := s + 1;
         END LOOP;
         INSERT INTO proctor_audit_records (log, seq, kind, line, h, run_id)
-            SELECT p_log, first + u.o - 1, u.k, u.l, u.h, proctor_audit_run_of(u.l)
-              FROM unnest(kinds, lines, hs) WITH ORDINALITY AS u(k, l, h, o);
+            SELECT p_log, first + u.o - 1, u.k, u.l, u.h, u.r
+              FROM unnest(kinds, lines, hs, runs) WITH ORDINALITY AS u(k, l, h, r, o);
     END IF;
     UPDATE proctor_audit_logs SET seq = s, head = hd, last_ckpt = ck WHERE name = p_log;
     r := first::text || ' ' || n::text || ' ' || coalesce(ck::text, '');"""
+
+
 def _append_routines(name: str, declare: str, body: str) -> str:
     """The two ways a writer appends a batch: `name` (committed as the session commits) and `name`_durable (then
     a synchronous barrier), the same declarations and body in each."""
@@ -232,49 +242,15 @@ $$;
 """
 
 
-SCHEMA += _append_routines("proctor_audit_append_batch", _LEGACY_DECLARE, _LEGACY_BODY)
+# proctor_audit_append_batch and _durable: the five-part functions of earlier writers, kept (and the run_id of
+# what they insert read from the line in the database) so that writers not yet upgraded append to the same chain.
+SCHEMA += _append_routines("proctor_audit_append_batch", _BATCH_DECLARE, _batch_body(
+    5, """proctor_audit_run_of(parts[2] || '"h":"' || hh || '",' || rest)""", "proctor_audit_run_of(lines[i+1])"))
 # The writers of this version: six parts a record, the sixth the record's run id as the writer has it ("" for
 # none, "r" + the id, "?" for one it cannot carry: then NULL, and found by its text), so the database parses nothing.
-_BATCH_DECLARE = r"""
-    s bigint; first bigint; hd text; ck bigint; parts text[]; n int; hh text; rest text; r text;
-    kinds text[] := '{}'; lines text[] := '{}'; hs text[] := '{}'; runs text[] := '{}';"""
-_BATCH_BODY = r"""
-    parts := string_to_array(p_recs, E'\x1f');
-    n := coalesce(array_length(parts, 1), 0) / 6;
-    SELECT l.seq, l.head, l.last_ckpt INTO s, hd, ck FROM proctor_audit_logs l WHERE l.name = p_log FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'no proctor audit log named %', p_log;
-    END IF;
-    first := s;
-    IF n = 1 THEN
-        rest := parts[3] || hd || parts[4] || s::text || parts[5];
-        hh := encode(sha256('\x00'::bytea || convert_to(parts[2] || rest, 'UTF8')), 'hex');
-        INSERT INTO proctor_audit_records (log, seq, kind, line, h, run_id)
-            VALUES (p_log, s, parts[1], parts[2] || '"h":"' || hh || '",' || rest, hh,
-                    CASE WHEN parts[6] = '' THEN '' WHEN left(parts[6], 1) = 'r' THEN substr(parts[6], 2) END);
-        IF parts[1] = 'checkpoint' THEN ck := s; END IF;
-        hd := hh;
-        s := s + 1;
-    ELSIF n > 1 THEN
-        FOR i IN 0 .. n - 1 LOOP
-            rest := parts[6*i+3] || hd || parts[6*i+4] || s::text || parts[6*i+5];
-            hh := encode(sha256('\x00'::bytea || convert_to(parts[6*i+2] || rest, 'UTF8')), 'hex');
-            kinds[i+1] := parts[6*i+1];
-            hs[i+1] := hh;
-            lines[i+1] := parts[6*i+2] || '"h":"' || hh || '",' || rest;
-            runs[i+1] := CASE WHEN parts[6*i+6] = '' THEN '' WHEN left(parts[6*i+6], 1) = 'r'
-                              THEN substr(parts[6*i+6], 2) END;
-            IF parts[6*i+1] = 'checkpoint' THEN ck := s; END IF;
-            hd := hh;
-            s := s + 1;
-        END LOOP;
-        INSERT INTO proctor_audit_records (log, seq, kind, line, h, run_id)
-            SELECT p_log, first + u.o - 1, u.k, u.l, u.h, u.r
-              FROM unnest(kinds, lines, hs, runs) WITH ORDINALITY AS u(k, l, h, r, o);
-    END IF;
-    UPDATE proctor_audit_logs SET seq = s, head = hd, last_ckpt = ck WHERE name = p_log;
-    r := first::text || ' ' || n::text || ' ' || coalesce(ck::text, '');"""
-SCHEMA += _append_routines("proctor_audit_append_runs", _BATCH_DECLARE, _BATCH_BODY)
+SCHEMA += _append_routines("proctor_audit_append_runs", _BATCH_DECLARE, _batch_body(
+    6, "CASE WHEN parts[6] = '' THEN '' WHEN left(parts[6], 1) = 'r' THEN substr(parts[6], 2) END",
+    "CASE WHEN parts[6*i+6] = '' THEN '' WHEN left(parts[6*i+6], 1) = 'r' THEN substr(parts[6*i+6], 2) END"))
 #: The indexes a run's records are read through (`run_records`), built without blocking writers (`_index`).
 INDEXES = (("proctor_audit_records_run", "(log, run_id, seq)"),
            ("proctor_audit_records_unknown", "(log, seq) WHERE run_id IS NULL"))

@@ -79,7 +79,9 @@ def test_an_earlier_tables_records_are_indexed_while_old_and_new_writers_append(
         with psycopg.connect(postgres_server.url, autocommit=True) as conn:
             i = 0
             while not stop.is_set() or i < 5:
-                conn.execute("SELECT proctor_audit_append_batch(%s, %s)", (name, _old_parts(i)))
+                # a batch of one, then of two (the function's two paths)
+                batch = _old_parts(i) if i % 2 == 0 else _old_parts(i) + "\x1f" + _old_parts(i + 100_000)
+                conn.execute("SELECT proctor_audit_append_batch(%s, %s)", (name, batch))
                 i += 1
 
     def new_writer(log: PostgresAuditLog) -> None:
