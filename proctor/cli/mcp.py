@@ -30,6 +30,9 @@ def register(subparsers: Any) -> None:
     s.add_argument("--servers", metavar="FILE", required=True,
                    help='upstream MCP servers, in the clients\' {"mcpServers": {...}} layout')
     s.add_argument("--policy", metavar="P", required=True, help="the policy file (YAML)")
+    s.add_argument("--shadow", metavar="P",
+                   help="a candidate policy that decides every call beside --policy and never acts: where it "
+                        "disagrees, a shadow_decision record (docs/operations.md)")
     s.add_argument("--tools", metavar="MOD[:ATTR]", action="append", default=[],
                    help="local tools offered beside the upstream ones (repeatable)")
     s.add_argument("--audit", metavar="PATH|URL", help="the audit trail: a file, or postgresql://…?log=NAME "
@@ -102,9 +105,11 @@ def serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         return _fail(f"{exc} (pip install 'proctor[mcp]')", 2)
     try:
+        from proctor.policy import Policy
         from proctor.policy.reload import PolicySource
 
         policy = PolicySource(args.policy)  # reloaded when the file changes (a bad new file is refused, logged)
+        shadow = Policy.from_yaml(args.shadow) if args.shadow else None
     except PolicyError as exc:
         print(terminal_safe(str(exc), keep_newlines=True), file=sys.stderr)
         return 1
@@ -112,7 +117,7 @@ def serve(args: argparse.Namespace) -> int:
         audit, _, _ = load_audit(args.audit or default_audit_path())
         code_mode = CodeMode(servers, policy, local_tools=tools, audit=audit, approver=approver, user=args.user,
                              sandbox=args.sandbox, timeout=args.timeout, authorized_imports=args.imports,
-                             session_idle=session_idle, halts=halts)
+                             session_idle=session_idle, halts=halts, shadow=shadow)
         code_mode.open()
     except (ToolsetError, AuditError, ConfigurationError) as exc:
         return _fail(str(exc), 1)

@@ -111,6 +111,7 @@ def register(subparsers: Any) -> None:
     _store_arg(p)
     p.add_argument("--tools", metavar="MOD[:ATTR]", action="append", required=True, help="tools, as for `run`")
     p.add_argument("--policy", metavar="P", required=True, help="the policy file (a changed one asks again)")
+    p.add_argument("--shadow", metavar="P", help="a candidate policy deciding every call beside --policy, as for `run`")
     p.add_argument("--model", metavar="ID", required=True, help="a litellm model id, as for `run`")
     p.add_argument("--audit", metavar="PATH|URL",
                    help="the run's audit trail, whose key checks the store (default: as `proctor run`: $PROCTOR_AUDIT, "
@@ -625,6 +626,7 @@ def _runs_resume(args: argparse.Namespace) -> int:
     except ToolLoadError as exc:
         raise _Usage(str(exc)) from None
     policy = Policy.from_yaml(args.policy)
+    shadow = Policy.from_yaml(args.shadow) if args.shadow else None
     store = _open(args)
     try:
         args.id = _run_id(store, args.id)
@@ -639,10 +641,11 @@ def _runs_resume(args: argparse.Namespace) -> int:
     agent: AgentBase
     if args.agent == "code":
         agent = CodeAgent(tools, model, policy, approver=approver, audit=args.audit, max_steps=args.max_steps,
-                          authorized_imports=args.imports, sandbox=args.sandbox, timeout=args.timeout, store=store)
+                          authorized_imports=args.imports, sandbox=args.sandbox, timeout=args.timeout, store=store,
+                          shadow=shadow)
     else:
         agent = ToolCallingAgent(tools, model, policy, approver=approver, audit=args.audit,
-                                 max_steps=args.max_steps, store=store)
+                                 max_steps=args.max_steps, store=store, shadow=shadow)
     try:
         with agent:
             result = agent.resume(args.id)

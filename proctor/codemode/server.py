@@ -185,7 +185,8 @@ class CodeMode:
                  local_tools: Iterable[Tool] = (),
                  audit: AuditSink | None = None, approver: Approver | None = None, user: str | None = None,
                  sandbox: str = "auto", timeout: float = 30.0, authorized_imports: Iterable[str] = (),
-                 session_idle: float | None = DEFAULT_SESSION_IDLE, halts: "HaltChannel | None" = None) -> None:
+                 session_idle: float | None = DEFAULT_SESSION_IDLE, halts: "HaltChannel | None" = None,
+                 shadow: "PolicyLike | None" = None) -> None:
         from proctor.gate import Gate
 
         if session_idle is not None and not session_idle > 0:
@@ -212,7 +213,8 @@ class CodeMode:
         # wait is each request's own expiry, which the policy deciding the call set.
         self.approver = ElicitingApprover(self, approver, None)
         # `halts`: the fleet's halt channel (`proctor halt --ledger/--store`); None: this process's own.
-        self.gate = Gate(policy, approver=self.approver, audit=audit, halts=halts)
+        # `shadow`: a candidate policy deciding every call beside `policy`, never acting (docs/operations.md).
+        self.gate = Gate(policy, approver=self.approver, audit=audit, halts=halts, shadow=shadow)
 
     # -- lifecycle -------------------------------------------------------------------------------
 

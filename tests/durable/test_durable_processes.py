@@ -204,3 +204,23 @@ def test_proctor_runs_resume_from_the_command_line(d: Durable) -> None:
     listed = __import__("json").loads(d.cli("runs", "list", "--store", d.store, "--json").stdout)
     assert [(r["run_id"], r["status"], r["waiting_for"]) for r in listed] == [(run_id, "done", [])]
     d.verify()
+
+
+def test_proctor_runs_resume_takes_a_shadow_policy_as_run_does(d: Durable) -> None:
+    """`proctor runs resume --shadow P`: the resumed run's calls are decided by the candidate too, which never acts."""
+    policy = d.policy()
+    data = policy_dict()
+    data["rules"].insert(0, {"name": "no-mail", "match": {"tool": "send"}, "decision": "deny"})
+    candidate = d.policy(data, name="candidate.yaml")
+    run_id, pending = _start_until_suspended(d, policy)
+    d.cli("approvals", "approve", str(pending["id"]), "--store", d.store, "--as", "bob")
+    done = d.cli("runs", "resume", run_id, "--store", d.store, "--tools", "durable_tools:TOOLS", "--policy",
+                 str(policy), "--shadow", str(candidate), "--model", "openai/never-called", "--audit", str(d.audit),
+                 "--import", "random", "--sandbox", "process", "--json")
+    assert __import__("json").loads(done.stdout)["status"] == "done"
+    assert [e[0] for e in d.effects()] == ["look", "look", "send"]
+    [disagreement] = d.records("shadow_decision")
+    assert disagreement["tool"] == "send" and disagreement["run_id"] == run_id
+    assert disagreement["enforced"]["decision"] == "require_approval"
+    assert (disagreement["shadow"]["decision"], disagreement["shadow"]["rules"]) == ("deny", ["no-mail"])
+    d.verify()
