@@ -389,12 +389,24 @@ class Gate:
             self._source.end_run(ctx.info.id)
 
     def _provenance_index(self, task: str | None, wanted: bool = False) -> ProvenanceIndex | None:
-        """A run's index of where values came from, when a policy reads it (else None: no cost)."""
-        if not (wanted or self.policy.uses_provenance):
+        """A run's index of where values came from, when a policy reads it — the enforced one, or the shadow
+        (it decides on what the run saw as it would once enforced) — else None: no cost."""
+        shadow_reads = self.shadow is not None and self.shadow.policy.uses_provenance
+        if not (wanted or self.policy.uses_provenance or shadow_reads):
             return None
         index = ProvenanceIndex(self.provenance_limits)
         if task:
             index.add(task, (USER,))
+        return index
+
+    def _late_index(self, ctx: RunContext, policy: PolicyLike) -> ProvenanceIndex:
+        """The index of a run that started without one, for a policy reloaded since that reads provenance.
+        What the run's calls returned before now was never indexed: it counts as unseen content of every label
+        the policy or the run's calls gave (fail safe, as a resumed run's: `provenance()` then includes those
+        labels for every value), and the task is not in it (`from_user` finds nothing)."""
+        index = ProvenanceIndex(self.provenance_limits)
+        if ctx.calls_made:
+            index.mark_incomplete({*policy.result_labels, *ctx.seen_labels()})
         return index
 
     def _index_result(self, p: InFlight, value: Any, error: ProctorError | None) -> None:
@@ -579,6 +591,8 @@ class Gate:
         # The one decision (proctor.policy.admission); a managed agent's calls name its own tools.
         table = self.tools if ctx.tools is None else ctx.tools
         expected = tool if isinstance(tool, Tool) else None
+        if ctx.provenance is None and p.policy.uses_provenance:  # reloaded into a run that started without it
+            ctx.keep_provenance(lambda: self._late_index(ctx, p.policy))
         adm = admit(p.policy, name, raw_args, tools=table, run=ctx, layers=ctx.layers, expected=expected)
         shadow = self.shadow
         if shadow is not None:  # what this admission saw, for the candidate's (`proctor.gate.shadow`)

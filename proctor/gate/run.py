@@ -136,6 +136,14 @@ class RunContext:
         """`text` without any clear value of a redacted argument seen in this run."""
         return scrub(text, tuple(self.secrets)) if self.secrets and text else text
 
+    def keep_provenance(self, make: Callable[[], Any]) -> Any:
+        """The run's provenance index, made now with `make` (once, whichever call asks first) when the run
+        has none: a policy that reads provenance came to decide a run that started without one."""
+        with self._lock:
+            if self.provenance is None:
+                self.provenance = make()
+            return self.provenance
+
     def next_step(self) -> int:
         """Start the next step of the run (resets `per: step` budgets); return its number."""
         with self._lock:
@@ -358,6 +366,9 @@ class AgentContext(RunContext):
 
     def scrub(self, text: str) -> str:
         return self._root.scrub(text)
+
+    def keep_provenance(self, make: Callable[[], Any]) -> Any:
+        return self._root.keep_provenance(make)
 
     def remember(self, tool: str, args: Mapping[str, Any], side_effect: SideEffect, decision: Outcome,
                  status: CallStatus, record: CallRecord, labels: tuple[str, ...] = ()) -> None:
