@@ -14,6 +14,7 @@ import pytest
 
 from proctor.calls import RunInfo
 from proctor.errors import BudgetExceeded
+from proctor.gate.budgets import FollowingLedger
 from proctor.gate.run import Ledger
 from proctor.ledger.memory import MemoryLedger
 from proctor.narrowing import StackedLedger
@@ -41,7 +42,20 @@ def _stacked(shared: MemoryLedger) -> Ledger:
     return StackedLedger(_plain(shared), own.new_ledger(RUN, shared), agent="helper")
 
 
-LEDGERS = [pytest.param(_plain, id="budgets.Ledger"), pytest.param(_stacked, id="StackedLedger")]
+def _following(shared: MemoryLedger) -> Ledger:
+    return FollowingLedger(Policy.from_dict(POLICY), RUN, shared)
+
+
+def _followed(shared: MemoryLedger) -> Ledger:
+    """A following ledger that has followed a change already (a policy with another budget, then back)."""
+    ledger = FollowingLedger(Policy.from_dict(POLICY), RUN, shared)
+    ledger.follow(Policy.from_dict({**POLICY, "budgets": [*POLICY["budgets"], {"name": "x", "limit": {"calls": 9}}]}))
+    ledger.follow(Policy.from_dict(POLICY))
+    return ledger
+
+
+LEDGERS = [pytest.param(_plain, id="budgets.Ledger"), pytest.param(_stacked, id="StackedLedger"),
+           pytest.param(_following, id="FollowingLedger"), pytest.param(_followed, id="FollowingLedger-followed")]
 
 
 def _protocol_members() -> list[str]:
@@ -123,3 +137,23 @@ def test_a_stacked_ledger_replays_into_both_past_its_deadline() -> None:
     used: dict[str, Any] = stacked.usage()
     assert used["run-calls"]["calls"] == 1 and used["own-calls"]["calls"] == 1
     assert base.usage()["run-calls"]["calls"] == 1
+
+
+def test_a_following_ledger_carries_use_over_by_budget_name_and_settles_a_hold_where_it_was_made() -> None:
+    """A reloaded policy's budgets: one it keeps carries its use over under its new limit, one it adds counts from
+    the change, one it drops is gone; a call reserved before the change is given back to the ledger that held it."""
+    shared = MemoryLedger()
+    ledger = FollowingLedger(Policy.from_dict(POLICY), RUN, shared)
+    _run_once(ledger)
+    in_flight = ledger.reserve("lookup", "read", 1)
+    tighter = Policy.from_dict({"version": 1, "budgets": [{"name": "run-calls", "limit": {"calls": 2}},
+                                                          {"name": "new-one", "limit": {"calls": 5}}]})
+    ledger.follow(tighter)
+    used: dict[str, Any] = ledger.usage()
+    assert used["run-calls"]["calls"] == 2 and used["new-one"]["calls"] == 0 and "tokens" not in used
+    ledger.settle(in_flight, duration_ns=10)  # to the ledger that made it: no error, nothing counted twice
+    assert ledger.usage()["run-calls"]["calls"] == 2
+    with pytest.raises(BudgetExceeded, match="run-calls"):  # the kept budget's use, under the new limit
+        ledger.reserve("lookup", "read", 1)
+    with pytest.raises(TypeError, match="FollowingLedger"):
+        ledger.release(_plain(shared).reserve("lookup", "read", 1))

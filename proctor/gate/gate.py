@@ -51,6 +51,7 @@ from proctor.errors import (
     ToolOutcomeUnknown,
 )
 from proctor.gate.approval import ApprovalStep
+from proctor.gate.budgets import FollowingLedger
 from proctor.gate.call import CallOutcome, CallScope, InFlight
 from proctor.gate.recorder import Recorder, log_fields, safely
 from proctor.gate.run import DEFAULT_HISTORY_LIMIT, Ledger, RunContext
@@ -183,6 +184,7 @@ class Gate:
         self.ledger_scope = ledger_scope(self.policy.model, self.ledger, ledger)  # cross-run budgets: shared, or local
         # (checked again for each run started under a reloaded policy: `_check_scope`)
         self._ledger_asked, self._scope_of = ledger, self.policy.sha256
+        self._scoped = {self._scope_of}  # the policies whose cross-run budgets passed that check (`_follow`)
         self.approver = approver
         self.tracer = get_tracer(tracer)
         #: The approval step of calls the policy sends to a human (or a grant).
@@ -226,6 +228,20 @@ class Gate:
         if policy.sha256 != self._scope_of:
             self.ledger_scope = ledger_scope(policy.model, self.ledger, self._ledger_asked)
             self._scope_of = policy.sha256
+
+    def _run_ledger(self, policy: PolicyLike, info: RunInfo) -> Ledger:
+        """A run's budgets: its policy's; a reloading gate's follow the policy that decides each call."""
+        if self._source is not None:
+            return FollowingLedger(policy, info, self.ledger)
+        return policy.new_ledger(info, self.ledger)
+
+    def _follow(self, ctx: RunContext, policy: PolicyLike) -> None:
+        """Count run `ctx`'s calls on `policy`'s budgets from this call on (a reloaded policy decides it whole).
+        Its cross-run budgets get the check a run's start gives them (ConfigurationError, saying the fix)."""
+        if policy.sha256 not in self._scoped:
+            ledger_scope(policy.model, self.ledger, self._ledger_asked)
+            self._scoped.add(policy.sha256)
+        ctx.follow_policy(policy)
 
     def _chain_reload_callbacks(self, source: PolicySource) -> None:
         """Record each change of the policy file in the audit log (`policy_changed`), after the source's own."""
@@ -333,7 +349,7 @@ class Gate:
         # keeps it on this one, the one its run_started record names.
         policy = self._source.for_run(info.id) if self._source is not None else self.policy
         self._check_scope()
-        ctx = RunContext(info, policy.new_ledger(info, self.ledger), history_limit=self.history_limit)
+        ctx = RunContext(info, self._run_ledger(policy, info), history_limit=self.history_limit)
         if agent is not None:
             ctx.agents = (agent,)
         # The policy's history aggregates fold from the first call, so they outlive dropped entries.
@@ -359,7 +375,7 @@ class Gate:
         tools (fail safe:
         `provenance()` then includes those labels for every value; `from_user` still reads `task`).
         """
-        ctx = RunContext(info, self.policy.new_ledger(info, self.ledger))
+        ctx = RunContext(info, self._run_ledger(self.policy, info))
         ctx.provenance = self._provenance_index(task, provenance)
         if ctx.provenance is not None:
             ctx.provenance.mark_incomplete(self.policy.result_labels)
@@ -591,6 +607,12 @@ class Gate:
         # The one decision (proctor.policy.admission); a managed agent's calls name its own tools.
         table = self.tools if ctx.tools is None else ctx.tools
         expected = tool if isinstance(tool, Tool) else None
+        if self._source is not None:  # a reloaded policy decides the call whole: its budgets count it
+            try:
+                self._follow(ctx, p.policy)
+            except ConfigurationError as exc:
+                return self.recorder.refused(p, ToolDenied(f"{name}: refused: the policy now in force cannot be "
+                                                           f"counted here: {exc}", tool=name, call_id=p.call_id))
         if ctx.provenance is None and p.policy.uses_provenance:  # reloaded into a run that started without it
             ctx.keep_provenance(lambda: self._late_index(ctx, p.policy))
         adm = admit(p.policy, name, raw_args, tools=table, run=ctx, layers=ctx.layers, expected=expected)

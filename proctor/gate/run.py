@@ -25,6 +25,7 @@ from proctor.calls import (
     SideEffect,
     TrimmedHistory,
 )
+from proctor.gate.budgets import FollowingLedger, LedgerPolicy
 from proctor.policy.admission import LazyUsage
 from proctor.redaction import scrub
 
@@ -135,6 +136,12 @@ class RunContext:
     def scrub(self, text: str) -> str:
         """`text` without any clear value of a redacted argument seen in this run."""
         return scrub(text, tuple(self.secrets)) if self.secrets and text else text
+
+    def follow_policy(self, policy: LedgerPolicy) -> None:
+        """Count the run's calls on `policy`'s budgets from now on, when its ledger follows a reloading policy
+        (`proctor.gate.budgets.FollowingLedger`); a ledger of one policy stays as it is."""
+        if isinstance(self.ledger, FollowingLedger):
+            self.ledger.follow(policy)
 
     def keep_provenance(self, make: Callable[[], Any]) -> Any:
         """The run's provenance index, made now with `make` (once, whichever call asks first) when the run
@@ -369,6 +376,9 @@ class AgentContext(RunContext):
 
     def keep_provenance(self, make: Callable[[], Any]) -> Any:
         return self._root.keep_provenance(make)
+
+    def follow_policy(self, policy: LedgerPolicy) -> None:
+        self._root.follow_policy(policy)  # the run's budgets; this agent's own (a layer) are its static policy's
 
     def remember(self, tool: str, args: Mapping[str, Any], side_effect: SideEffect, decision: Outcome,
                  status: CallStatus, record: CallRecord, labels: tuple[str, ...] = ()) -> None:
