@@ -109,6 +109,10 @@ class ScopedGate:
         self.audit = gate.audit
         self.policy = gate.policy
 
+    def policy_for(self, ctx: Any) -> Any:
+        """The policy deciding the run the agent works in (its interpreter checks the run's `sandbox:`)."""
+        return self._gate.policy_for(ctx)
+
     def register(self, *tools: Any) -> None:
         """Nothing to do: the agent's tools were checked on its own gate and travel in its context."""
 

@@ -100,6 +100,7 @@ class GateLike(Protocol):
     def audit(self) -> AuditSink | None: ...
     @property
     def policy(self) -> _PolicyLike: ...  # its `sandbox:` (required: no worker without bubblewrap)
+    def policy_for(self, ctx: RunContext) -> _PolicyLike: ...  # the run's (a reloaded file's): its `sandbox:` too
 
     def register(self, *tools: Tool) -> None: ...
     def start_run(self) -> RunContext: ...
@@ -253,8 +254,9 @@ class Interpreter:
             ctx = None
             spinning.enter()  # while another run is in progress in this process, nobody spins
             try:
-                worker = self._ready(self._worker or self._start())
                 ctx = context or self._run_context()
+                self._check_isolation(ctx)
+                worker = self._ready(self._worker or self._start())
                 self._seq += 1
                 self._code = str(code)
                 self._lines = None
@@ -639,6 +641,14 @@ class Interpreter:
             result = audit.append("worker_started", fields, durable=False)
             if not result.ok:
                 log.error("audit_write_failed", kind="worker_started", error=result.error)
+
+    def _check_isolation(self, ctx: RunContext) -> None:
+        """The policy deciding the run may say `sandbox: required` since this interpreter chose its isolation (a
+        reloaded policy file): then no program of it runs outside bubblewrap (SandboxError, naming the fix)."""
+        if self.isolation != "bwrap" and self.gate.policy_for(ctx).model.sandbox == "required":
+            require_bwrap(self.sandbox)  # raises: sandbox="process" was asked for, or bubblewrap cannot run here
+            raise SandboxError("the policy now says `sandbox: required` (bubblewrap), but this interpreter's workers "
+                               "run as plain processes: make a new Interpreter (or agent) to run under bubblewrap")
 
     def _run_context(self) -> RunContext:
         if self.context is None:

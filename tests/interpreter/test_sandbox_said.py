@@ -12,6 +12,7 @@ import io
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,23 @@ def test_demo_says_bubblewrap_when_it_runs(tmp_path: Path) -> None:
     """With bubblewrap usable, the demo's banner and summary say so."""
     out = _demo(tmp_path, os.environ["PATH"])
     assert "sandbox    bubblewrap" in out and "│ sandbox         │ bubblewrap" in out
+
+
+def test_a_policy_reloaded_to_require_bubblewrap_stops_a_process_only_interpreter_before_its_next_program(
+        tmp_path: Path) -> None:
+    """The interpreter chose plain processes under the first policy; the file now says `sandbox: required`: its next
+    program does not run (SandboxError naming the fix), and nothing the program would call is called."""
+    from proctor.policy.reload import PolicySource
+
+    path = tmp_path / "policy.yaml"
+    path.write_text("version: 1\ndefault: allow\n")
+    gate = Gate(PolicySource(path, check_every_ms=0), audit=InMemoryAudit(), tools=TOOLS)
+    with Interpreter(TOOLS, gate, sandbox="process") as py:
+        assert py.run("lookup('A-1')").value == "order A-1: shipped"
+        fresh = tmp_path / "policy.new"
+        fresh.write_text("version: 1\ndefault: allow\nsandbox: required\n")
+        os.replace(fresh, path)
+        time.sleep(0.01)
+        result = py.run("lookup('A-2')")
+    assert isinstance(result.error, SandboxError) and "`sandbox: required`" in str(result.error)
+    assert [c.args for c in result.tool_calls] == []
