@@ -6,13 +6,15 @@ audit sink through a gate without a shadow, with a shadow that agrees (the candi
 one more conditional rule), and with one that disagrees on every call (each writes a
 `shadow_decision` record); each as `gate.call` from the host (the gate alone: the harshest
 ratio) and as a program's call from the sandboxed worker with an audit file (a governed call
-as an agent makes it).
+as an agent makes it), the tool answering at once; and that program's call again with a tool whose
+answer takes 1 ms (`time.sleep`: a service on the same host), what a program calling tools that do
+some work feels.
 
 Two figures, as the shadow decides a call once it is answered (`proctor.gate.shadow`): the latency
 a program's call sees (wall time per call of a program's loop of calls: the shadow's work overlaps
 the program's own as long as the host has a core to do it on), and the CPU the shadow costs
 (`gate.call`'s CPU time per call, where nothing overlaps). Target (issue 32): the agreeing shadow
-adds <= 10 % to the latency of a program's governed call.
+adds <= 10 % to the latency of a program's governed call, read on the tool that answers at once.
 
 `--instructions` counts the CPU figure instead under callgrind (instructions per `gate.call`, each
 subject in its own process: deterministic on a loaded machine; needs valgrind, its headers and a C
@@ -71,6 +73,17 @@ def get_weather(city: str) -> str:
     return "sunny"
 
 
+@tool(side_effect="read", name="get_weather")
+def get_weather_from_a_service(city: str) -> str:
+    """Weather for a city, from a service on the same host (its answer takes 1 ms).
+
+    Args:
+        city: City name.
+    """
+    time.sleep(0.001)
+    return "sunny"
+
+
 def per_call_us(gate: Gate, calls: int) -> tuple[float, float]:
     """gate.call straight from the host: the gate's own cost, nothing else (wall and CPU µs a call)."""
     ctx = gate.start_run()
@@ -83,7 +96,8 @@ def per_call_us(gate: Gate, calls: int) -> tuple[float, float]:
 def program_per_call_us(gate: Gate, calls: int) -> tuple[float, float]:
     """A governed call as an agent's program makes it: from a sandboxed worker, through the gate (wall µs a
     call; no CPU figure: the host's wait for the worker's next call may spin)."""
-    with Interpreter(tools=[get_weather], gate=gate, sandbox="auto", timeout=600) as py:
+    tool_ = next(iter(gate.tools.values()))
+    with Interpreter(tools=[tool_], gate=gate, sandbox="auto", timeout=600) as py:
         py.run("get_weather('Paris')")  # the worker is up
         start = time.perf_counter_ns()
         result = py.run(f"for _ in range({calls}):\n    get_weather('Paris')")
@@ -168,25 +182,28 @@ def main() -> None:
     shadows = {"no shadow": None, "shadow that agrees": Policy.from_dict(AGREEING),
                "shadow that disagrees": Policy.from_dict(DISAGREEING)}
     with tempfile.TemporaryDirectory() as tmp:
-        rows: dict[str, tuple[Callable[[], Any], Callable[[Gate, int], tuple[float, float]]]] = {
-            "gate.call, in-memory audit": (InMemoryAudit, per_call_us),
-            # the intent of a read call flushed, not fsynced (`read_durability: flush`)
-            "program call, audit file": (
-                lambda: AuditLog(Path(tmp) / f"{time.perf_counter_ns()}.jsonl", durability="flush"),
-                program_per_call_us),
+        def audit_file() -> AuditLog:  # the intent of a read call flushed, not fsynced (`read_durability: flush`)
+            return AuditLog(Path(tmp) / f"{time.perf_counter_ns()}.jsonl", durability="flush")
+
+        rows: dict[str, tuple[Callable[[], Any], Callable[[Gate, int], tuple[float, float]], Any, int]] = {
+            "gate.call, in-memory audit": (InMemoryAudit, per_call_us, get_weather, args.calls),
+            "program call, audit file": (audit_file, program_per_call_us, get_weather, args.calls),
+            # What a user's program feels with a tool that does some work: the same, the tool's answer taking 1 ms.
+            "program call, a 1 ms tool": (audit_file, program_per_call_us, get_weather_from_a_service,
+                                          max(args.calls // 10, 200)),
         }
         verdicts: list[str] = []
-        for row_name, (sink, measure) in rows.items():
-            def make(candidate: Policy | None, sink: Callable[[], Any] = sink) -> Gate:
-                return Gate(enforced, audit=sink(), tools=[get_weather], shadow=candidate)
+        for row_name, (sink, measure, tool_, calls) in rows.items():
+            def make(candidate: Policy | None, sink: Callable[[], Any] = sink, tool_: Any = tool_) -> Gate:
+                return Gate(enforced, audit=sink(), tools=[tool_], shadow=candidate)
 
             for candidate in shadows.values():  # warm up every path
-                measure(make(candidate), 500)
+                measure(make(candidate), min(500, calls))
             wall: dict[str, list[float]] = {name: [] for name in shadows}
             cpu: dict[str, list[float]] = {name: [] for name in shadows}
             for _ in range(args.rounds):
                 for name, candidate in shadows.items():
-                    w, c = measure(make(candidate), args.calls)
+                    w, c = measure(make(candidate), calls)
                     wall[name].append(w)
                     cpu[name].append(c)
             base, base_cpu = statistics.median(wall["no shadow"]), statistics.median(cpu["no shadow"])
@@ -202,9 +219,11 @@ def main() -> None:
                 extra = statistics.median(cpu["shadow that agrees"]) - base_cpu
                 verdicts.append(f"CPU the agreeing shadow costs: +{extra:.1f} µs a call "
                                 f"({statistics.median(cpu['shadow that agrees']) / base_cpu:.3f}x gate.call's)")
-            else:
+            elif tool_ is get_weather:
                 verdicts.append(f"latency of a program's call with the agreeing shadow: {agree:.3f}x "
                                 f"(target <= 1.10x): {'met' if agree <= 1.10 else 'NOT met'}")
+            else:
+                verdicts.append(f"the same with a tool whose answer takes 1 ms: {agree:.3f}x")
             print()
         print("\n".join(verdicts))
 
