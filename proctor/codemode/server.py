@@ -47,6 +47,8 @@ from proctor.tools import Tool
 
 if TYPE_CHECKING:
     from proctor.gate.gate import PolicyLike
+    from proctor.gate.run import RunContext
+    from proctor.interpreter import Interpreter
     from proctor.halt import HaltChannel
     from proctor.policy.reload import PolicySource
 
@@ -85,8 +87,8 @@ class CodeModeSession:
 
     key: str
     principal: str
-    run: Any  # a proctor RunContext
-    interpreter: Any = None
+    run: "RunContext"
+    interpreter: "Interpreter | None" = None
     #: While a program runs: ``(loop, ctx)`` of its ``run_python`` request, to elicit approvals on.
     current: tuple[asyncio.AbstractEventLoop, Any] | None = None
     can_elicit: bool = False
@@ -361,7 +363,9 @@ class CodeMode:
                 result = session.interpreter.run(code, context=session.run)
             finally:
                 session.last_active = time.monotonic()
-        return render_result(result)
+        # What the client's model reads leaves this process: no redacted argument's value in clear (the program
+        # keeps it in its variables for later calls).
+        return session.run.scrub(render_result(result))
 
     def search(self, query: str) -> str:
         words = [w for w in re.findall(r"\w+", query.lower()) if w]

@@ -358,3 +358,23 @@ def test_a_bad_shadow_policy_stops_the_server_before_it_serves(tmp_path: Path) -
     done = subprocess.run([sys.executable, *serve_args(servers, policy, audit, "--shadow", str(bad))],
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert done.returncode == 1 and f"{bad}:2:" in done.stderr
+
+
+def test_a_redacted_argument_is_not_in_clear_in_what_the_clients_model_reads(tmp_path: Path) -> None:
+    """The program's output, value and error reach the client's model scrubbed of the values of arguments the policy
+    redacts: the result leaves for the client and its model provider."""
+    secret = "Zanzibar-4111"
+    policy_text = POLICY.replace("t_get_weather: {side_effect: read}",
+                                 "t_get_weather: {side_effect: read, redact: [city]}")
+    servers, policy, audit = write_config(tmp_path, policy=policy_text)
+
+    async def go() -> Any:
+        async with stdio_session(serve_args(servers, policy, audit, "--user", "alice")) as s:
+            return await s.call_tool("run_python", {"code": (
+                f"c = {secret!r}\nw = t_get_weather(c)\nprint('asked for', c)\n"
+                "raise ValueError('no weather in ' + c)")})
+
+    result = run(go())
+    shown = json.dumps(result.model_dump(mode="json"))
+    assert secret not in shown and "[redacted]" in shown and "t_get_weather  allow     ok" in shown
+    assert secret not in audit.read_text()
