@@ -21,10 +21,20 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from proctor.errors import ConfigurationError
+from proctor.errors import ConfigurationError, ProctorError
 from proctor.tools import Tool
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from opentelemetry.context import Context
+
+    from proctor.calls import CallPosition, JSONValue
+    from proctor.gate.call import CallOutcome
+    from proctor.gate.gate import Gate, PolicyLike
+    from proctor.gate.run import RunContext
 
 __all__ = ["MAX_AGENT_DEPTH", "AgentTool", "ScopedGate", "agent_tool", "managed_task", "strictest_sandbox"]
 
@@ -102,25 +112,33 @@ def managed_task(name: str, task: str, additional_args: Mapping[str, Any] | None
 class ScopedGate:
     """The gate as a managed agent's interpreter sees it: each call goes to the run's gate in the
     agent's context (`proctor.gate.run.AgentContext`), whose tool table is the agent's own; nothing is
-    registered on the run's gate, so the parent's programs cannot name the agent's tools."""
+    registered on the run's gate, so the parent's programs cannot name the agent's tools. A
+    `proctor.interpreter.interpreter.GateLike`."""
 
-    def __init__(self, gate: Any) -> None:
+    def __init__(self, gate: Gate) -> None:
         self._gate = gate
         self.audit = gate.audit
         self.policy = gate.policy
 
-    def policy_for(self, ctx: Any) -> Any:
+    def policy_for(self, ctx: RunContext) -> PolicyLike:
         """The policy deciding the run the agent works in (its interpreter checks the run's `sandbox:`)."""
         return self._gate.policy_for(ctx)
 
-    def register(self, *tools: Any) -> None:
+    def register(self, *tools: Tool) -> None:
         """Nothing to do: the agent's tools were checked on its own gate and travel in its context."""
 
-    def start_run(self) -> Any:
+    def start_run(self) -> RunContext:
         raise ConfigurationError("a managed agent's interpreter runs only inside its parent's run")
 
-    def submit(self, tool: Any, args: Any = None, **kwargs: Any) -> Any:
-        return self._gate.submit(tool, args, **kwargs)
+    def submit(self, tool: str, args: Mapping[str, JSONValue] | None = None, *, context: RunContext | None = None,
+               call_id: str | None = None, parent: Context | None = None,
+               on_result: Callable[[object, ProctorError | None], None] | None = None,
+               position: CallPosition | None = None) -> CallOutcome:
+        return self._gate.submit(tool, args, context=context, call_id=call_id, parent=parent, on_result=on_result,
+                                 position=position)
 
-    def refuse(self, tool: str, reason: str, **kwargs: Any) -> Any:
-        return self._gate.refuse(tool, reason, **kwargs)
+    def refuse(self, tool: str, reason: str, *, context: RunContext | None = None, call_id: str | None = None,
+               parent: Context | None = None, args_sha256: str | None = None,
+               args_bytes: int | None = None) -> CallOutcome:
+        return self._gate.refuse(tool, reason, context=context, call_id=call_id, parent=parent,
+                                 args_sha256=args_sha256, args_bytes=args_bytes)

@@ -48,8 +48,8 @@ from proctor.tools import Tool
 if TYPE_CHECKING:
     from proctor.gate.gate import PolicyLike
     from proctor.gate.run import RunContext
-    from proctor.interpreter import Interpreter
     from proctor.halt import HaltChannel
+    from proctor.interpreter import Interpreter
     from proctor.policy.reload import PolicySource
 
 if MCP_MAJOR >= 2:
