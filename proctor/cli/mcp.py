@@ -39,9 +39,13 @@ def register(subparsers: Any) -> None:
                    "(default: $PROCTOR_AUDIT, else ~/.local/state/proctor/audit.jsonl)")
     s.add_argument("--store", metavar="URL", help="a run store: with --approver inbox, approvals the client "
                    "cannot be asked go to its inbox (proctor serve, proctor approvals)")
+    s.add_argument("--ledger", metavar="URL", default=None,
+                   help="where budgets counted across runs live (per principal: across a user's sessions): "
+                        "redis://host:6379/0 for a fleet (default $PROCTOR_LEDGER, else this process)")
     s.add_argument("--halts", metavar="URL", default=None,
                    help="where the fleet's halts are (what `proctor halt --ledger/--store` sets): redis://… or a "
-                        "SQLite/PostgreSQL run store URL; default: --store when given, else this process's own")
+                        "SQLite/PostgreSQL run store URL, and only there; default: those of --store and of a "
+                        "Redis --ledger, and this process's own")
     s.add_argument("--approver", metavar="SPEC", default=None,
                    help="who answers approvals when the client does not support elicitation: webhook:URL "
                         "or inbox (with --store); default: such calls are denied")
@@ -117,7 +121,9 @@ def serve(args: argparse.Namespace) -> int:
         audit, _, _ = load_audit(args.audit or default_audit_path())
         code_mode = CodeMode(servers, policy, local_tools=tools, audit=audit, approver=approver, user=args.user,
                              sandbox=args.sandbox, timeout=args.timeout, authorized_imports=args.imports,
-                             session_idle=session_idle, halts=halts, shadow=shadow)
+                             session_idle=session_idle, halts=halts, shadow=shadow, ledger=args.ledger)
+        if halts is None and args.store:  # a gate sharing a store honours its halts, beside its own and its ledger's
+            _honour_store_halts(code_mode, args.store)
         code_mode.open()
     except (ToolsetError, AuditError, ConfigurationError) as exc:
         return _fail(str(exc), 1)
@@ -136,20 +142,23 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _halts(args: argparse.Namespace) -> Any:
-    """The halt channel the gate honours: --halts, else the --store's halts table (a gate sharing a store
-    honours its halts), else None (this process's own). `HaltError` when --halts cannot be used."""
-    from proctor.halt import HaltError
+    """The halt channel the gate honours, and it alone, when --halts names one; else None: the gate's own
+    default (this process's halts and its Redis ledger's), joined by the --store's. `HaltError` when --halts
+    cannot be used."""
     from proctor.halt.shared import halts_at, open_halts
 
-    url = args.halts or args.store
-    if url is None:
-        return None
+    return open_halts(halts_at(args.halts)) if args.halts is not None else None
+
+
+def _honour_store_halts(code_mode: Any, store: str) -> None:
+    from proctor.halt import HaltError
+    from proctor.halt.shared import halts_at
+
     try:
-        return open_halts(halts_at(url))
+        at = halts_at(store)
     except HaltError:
-        if args.halts is not None:
-            raise
-        return None  # a run store that keeps no halts (not SQL): nothing to honour there
+        return  # a run store that keeps no halts (not SQL): nothing to honour there
+    code_mode.gate.honour_halts_at(at)
 
 
 def _session_idle(text: str) -> float | None:

@@ -112,6 +112,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tools", metavar="MOD[:ATTR]", action="append", required=True, help="tools, as for `run`")
     p.add_argument("--policy", metavar="P", required=True, help="the policy file (a changed one asks again)")
     p.add_argument("--shadow", metavar="P", help="a candidate policy deciding every call beside --policy, as for `run`")
+    p.add_argument("--ledger", metavar="URL", default=None,
+                   help="where budgets shared between runs live, as the run had it (default $PROCTOR_LEDGER)")
     p.add_argument("--model", metavar="ID", required=True, help="a litellm model id, as for `run`")
     p.add_argument("--audit", metavar="PATH|URL",
                    help="the run's audit trail, whose key checks the store (default: as `proctor run`: $PROCTOR_AUDIT, "
@@ -642,10 +644,10 @@ def _runs_resume(args: argparse.Namespace) -> int:
     if args.agent == "code":
         agent = CodeAgent(tools, model, policy, approver=approver, audit=args.audit, max_steps=args.max_steps,
                           authorized_imports=args.imports, sandbox=args.sandbox, timeout=args.timeout, store=store,
-                          shadow=shadow)
+                          shadow=shadow, ledger=args.ledger)
     else:
         agent = ToolCallingAgent(tools, model, policy, approver=approver, audit=args.audit,
-                                 max_steps=args.max_steps, store=store, shadow=shadow)
+                                 max_steps=args.max_steps, store=store, shadow=shadow, ledger=args.ledger)
     try:
         with agent:
             result = agent.resume(args.id)

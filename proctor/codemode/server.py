@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from proctor.gate.run import RunContext
     from proctor.halt import HaltChannel
     from proctor.interpreter import Interpreter
+    from proctor.ledger.base import SharedLedger
     from proctor.policy.reload import PolicySource
 
 if MCP_MAJOR >= 2:
@@ -188,7 +189,7 @@ class CodeMode:
                  audit: AuditSink | None = None, approver: Approver | None = None, user: str | None = None,
                  sandbox: str = "auto", timeout: float = 30.0, authorized_imports: Iterable[str] = (),
                  session_idle: float | None = DEFAULT_SESSION_IDLE, halts: "HaltChannel | None" = None,
-                 shadow: "PolicyLike | None" = None) -> None:
+                 shadow: "PolicyLike | None" = None, ledger: "SharedLedger | str | None" = None) -> None:
         from proctor.gate import Gate
 
         if session_idle is not None and not session_idle > 0:
@@ -216,7 +217,8 @@ class CodeMode:
         self.approver = ElicitingApprover(self, approver, None)
         # `halts`: the fleet's halt channel (`proctor halt --ledger/--store`); None: this process's own.
         # `shadow`: a candidate policy deciding every call beside `policy`, never acting (docs/operations.md).
-        self.gate = Gate(policy, approver=self.approver, audit=audit, halts=halts, shadow=shadow)
+        # `ledger`: where budgets counted across runs live (per principal: across a user's sessions), as for `run`.
+        self.gate = Gate(policy, approver=self.approver, audit=audit, halts=halts, shadow=shadow, ledger=ledger)
 
     # -- lifecycle -------------------------------------------------------------------------------
 

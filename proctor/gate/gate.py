@@ -261,9 +261,13 @@ class Gate:
         """Also honour the halts kept by `backend`, one this gate's runs share (a SQL run store: an agent's
         `store=` calls it), so that `proctor halt --store URL` stops them. Not for a gate given `halts=`: it
         honours exactly the channel it was given."""
+        self.honour_halts_at(backend.halts_at)
+
+    def honour_halts_at(self, at: HaltsAt) -> None:
+        """`honour_halts_of` for the backend named by `at` (`proctor.halt.shared.halts_at(url)`: a command line
+        given a store's URL)."""
         if self._halts_given:
             return
-        at = backend.halts_at
         with self._halts_lock:
             if at in self._halts_from:
                 return

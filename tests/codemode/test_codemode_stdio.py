@@ -378,3 +378,34 @@ def test_a_redacted_argument_is_not_in_clear_in_what_the_clients_model_reads(tmp
     shown = json.dumps(result.model_dump(mode="json"))
     assert secret not in shown and "[redacted]" in shown and "t_get_weather  allow     ok" in shown
     assert secret not in audit.read_text()
+
+
+PER_USER = POLICY.replace("budgets:\n", "budgets:\n  - name: per-user\n    per: principal\n    limit: {calls: 3}\n", 1)
+
+
+def test_a_per_principal_budget_spans_a_users_sessions_on_two_servers_sharing_a_redis_ledger(
+        tmp_path: Path, redis_server: Any) -> None:
+    """`--ledger redis://…`: budgets wider than a run (here 3 calls per principal) count alice's calls in every
+    session, whichever `proctor mcp serve` process serves it."""
+    servers, policy, audit = write_config(tmp_path, policy=PER_USER)
+    args = serve_args(servers, policy, audit, "--user", "alice", "--ledger", redis_server.url)
+    other = serve_args(servers, policy, tmp_path / "other-audit.jsonl", "--user", "alice", "--ledger", redis_server.url)
+    program = ("got = []\nfor i in range(2):\n    try:\n        got.append(t_add(i, 1))\n"
+               "    except BudgetExceeded:\n        got.append('refused')\ngot")
+
+    async def go() -> tuple[str, str]:
+        async with stdio_session(args) as first, stdio_session(other) as second:
+            return (text(await first.call_tool("run_python", {"code": program})),
+                    text(await second.call_tool("run_python", {"code": program})))
+
+    one, two = run(go())
+    assert "value: [1, 2]" in one and "value: [1, 'refused']" in two
+
+
+def test_a_per_principal_budget_without_a_shared_ledger_stops_the_server_saying_how_to_share_it(
+        tmp_path: Path) -> None:
+    servers, policy, audit = write_config(tmp_path, policy=PER_USER)
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PROCTOR_LEDGER"}
+    done = subprocess.run([sys.executable, *serve_args(servers, policy, audit)], capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL, env=env)
+    assert done.returncode == 1 and "PROCTOR_LEDGER=redis://" in done.stderr, done.stderr
