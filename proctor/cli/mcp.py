@@ -19,6 +19,7 @@ __all__ = ["register"]
 
 def register(subparsers: Any) -> None:
     """Add ``proctor mcp serve`` to the command line."""
+    from proctor.cli.run import key_value
     from proctor.cli.telemetry import add_telemetry_arguments
 
     p = subparsers.add_parser("mcp", help="MCP: serve governed code mode to MCP clients",
@@ -60,6 +61,11 @@ def register(subparsers: Any) -> None:
                         "without a request, for a client that went away without deleting its session "
                         "(default 30m; 'off' keeps sessions until the server stops)")
     s.add_argument("--user", metavar="NAME", help="the principal of the stdio session (default: $USER)")
+    s.add_argument("--label", metavar="KEY=VALUE", action="append", type=key_value, default=[],
+                   help="a label of every session's run (policy: run.labels; repeatable); proctor sets "
+                        "via=mcp-code-mode itself")
+    s.add_argument("--audit-key", metavar="PATH",
+                   help="Ed25519 private key (PEM) signing the audit log's checkpoints (default: $PROCTOR_AUDIT_KEY)")
     s.add_argument("--sandbox", choices=("auto", "bwrap", "process"), default="auto",
                    help="worker isolation (default auto: bwrap when available)")
     s.add_argument("--timeout", metavar="SECONDS", type=float, default=30.0,
@@ -128,10 +134,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(terminal_safe(str(exc), keep_newlines=True), file=sys.stderr)
         return 1
     try:
-        audit, _, _ = load_audit(args.audit or default_audit_path())
+        audit, _, _ = load_audit(args.audit or default_audit_path(), args.audit_key)
         code_mode = CodeMode(servers, policy, local_tools=tools, audit=audit, approver=approver, user=args.user,
                              sandbox=args.sandbox, timeout=args.timeout, authorized_imports=args.imports,
-                             session_idle=session_idle, halts=halts, shadow=shadow, ledger=args.ledger)
+                             session_idle=session_idle, halts=halts, shadow=shadow, ledger=args.ledger,
+                             labels={k: str(v) for k, v in args.label})
         if halts is None and args.store:  # a gate sharing a store honours its halts, beside its own and its ledger's
             _honour_store_halts(code_mode, args.store)
         code_mode.open()

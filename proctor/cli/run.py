@@ -21,7 +21,8 @@ from proctor.urls import shown_url
 __all__ = ["main", "register"]
 
 
-def _key_value(text: str) -> tuple[str, Any]:
+def key_value(text: str) -> tuple[str, Any]:
+    """An argparse type: KEY=VALUE, the value read as JSON when it is JSON (its shape checked first), else text."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
@@ -55,7 +56,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model", metavar="ID", required=True,
                    help="a litellm model id: openai/gpt-4o-mini, anthropic/claude-3-5-haiku-latest, "
                         "ollama_chat/qwen2.5-coder:7b …")
-    p.add_argument("--model-arg", metavar="KEY=VALUE", action="append", type=_key_value, default=[],
+    p.add_argument("--model-arg", metavar="KEY=VALUE", action="append", type=key_value, default=[],
                    help="extra litellm argument, e.g. api_base=http://localhost:11434 or temperature=0 (repeatable)")
     p.add_argument("--approver", metavar="SPEC", default="console",
                    help="console (default) or webhook:URL (secret in $PROCTOR_WEBHOOK_SECRET)")
@@ -84,7 +85,7 @@ def register(subparsers: Any) -> None:
                    help="an image the model is shown with the task: PNG, JPEG, GIF or WebP (repeatable; "
                         "needs Pillow: pip install 'proctor[images]')")
     p.add_argument("--principal", metavar="NAME", help="who runs the agent (policy: run.principal)")
-    p.add_argument("--label", metavar="KEY=VALUE", action="append", type=_key_value, default=[],
+    p.add_argument("--label", metavar="KEY=VALUE", action="append", type=key_value, default=[],
                    help="a run label (policy: run.labels; repeatable)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout, nothing else")
     add_telemetry_arguments(p)

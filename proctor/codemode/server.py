@@ -189,7 +189,8 @@ class CodeMode:
                  audit: AuditSink | None = None, approver: Approver | None = None, user: str | None = None,
                  sandbox: str = "auto", timeout: float = 30.0, authorized_imports: Iterable[str] = (),
                  session_idle: float | None = DEFAULT_SESSION_IDLE, halts: "HaltChannel | None" = None,
-                 shadow: "PolicyLike | None" = None, ledger: "SharedLedger | str | None" = None) -> None:
+                 shadow: "PolicyLike | None" = None, ledger: "SharedLedger | str | None" = None,
+                 labels: Mapping[str, str] | None = None) -> None:
         from proctor.gate import Gate
 
         if session_idle is not None and not session_idle > 0:
@@ -201,6 +202,8 @@ class CodeMode:
         self.sandbox, self.timeout = sandbox, float(timeout)
         self.authorized_imports = tuple(authorized_imports)
         self.session_idle = session_idle
+        #: The labels of every session's run (`run.labels` in conditions); `via` is always this server's.
+        self.labels = {**(labels or {}), "via": "mcp-code-mode"}
         self.toolsets: list[MCPToolset] = []
         self.tools: list[Tool] = []
         self._sessions: dict[str, CodeModeSession] = {}
@@ -280,7 +283,7 @@ class CodeMode:
             claim = self._claims.get(key)
             if claim is not None and claim[0] != principal:
                 raise ConfigurationError("this MCP session belongs to another principal")
-            run = self.gate.start_run(principal=principal, labels={"via": "mcp-code-mode"}, agent="mcp-code-mode")
+            run = self.gate.start_run(principal=principal, labels=self.labels, agent="mcp-code-mode")
             session = CodeModeSession(key, principal, run)
             self._sessions[key] = session
             self._by_run[run.info.id] = session

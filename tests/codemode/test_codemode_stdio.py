@@ -409,3 +409,26 @@ def test_a_per_principal_budget_without_a_shared_ledger_stops_the_server_saying_
     done = subprocess.run([sys.executable, *serve_args(servers, policy, audit)], capture_output=True, text=True,
                           timeout=60, stdin=subprocess.DEVNULL, env=env)
     assert done.returncode == 1 and "PROCTOR_LEDGER=redis://" in done.stderr, done.stderr
+
+
+def test_labels_reach_the_policy_and_an_audit_key_signs_the_servers_checkpoints(tmp_path: Path) -> None:
+    """`--label env=prod` is `run.labels.env` in conditions; `--audit-key` signs the log as `proctor run`'s."""
+    from proctor.cli import main
+
+    labelled = POLICY.replace("rules:\n", "rules:\n  - name: no-adding-in-prod\n    match: {tool: t_add}\n"
+                                          "    when: \"run.labels.env == 'prod'\"\n    decision: deny\n", 1)
+    servers, policy, audit = write_config(tmp_path, policy=labelled)
+    key = tmp_path / "audit.key"
+    assert main(["audit", "keygen", str(key)]) == 0
+
+    async def go(*extra: str) -> str:
+        async with stdio_session(serve_args(servers, policy, audit, "--user", "alice", *extra)) as s:
+            return text(await s.call_tool("run_python", {"code": "t_add(1, 2)"}))
+
+    assert "no-adding-in-prod" in run(go("--label", "env=prod", "--audit-key", str(key)))
+    started = [r for r in audit_records(audit) if r["kind"] == "run_started"]
+    assert started[-1]["labels"] == {"env": "prod", "via": "mcp-code-mode"}
+    verify = subprocess.run([sys.executable, "-m", "proctor.cli", "audit", "verify", str(audit), "--pubkey",
+                             f"{key}.pub", "--json"], capture_output=True, text=True, timeout=60)
+    report = json.loads(verify.stdout)
+    assert verify.returncode == 0 and report["ok"] and report["signed_checkpoints"] >= 1, report
