@@ -42,6 +42,7 @@ def _server_arg(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers: Any) -> None:
     """Add ``proctor approvals`` and ``proctor runs``."""
+    from proctor.cli.run import key_value
     from proctor.cli.telemetry import add_telemetry_arguments
 
     ap = subparsers.add_parser("approvals", help="list and answer calls waiting for a human (durable runs)",
@@ -117,6 +118,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--ledger", metavar="URL", default=None,
                    help="where budgets shared between runs live, as the run had it (default $PROCTOR_LEDGER)")
     p.add_argument("--model", metavar="ID", required=True, help="a litellm model id, as for `run`")
+    p.add_argument("--model-arg", metavar="KEY=VALUE", action="append", type=key_value, default=[],
+                   help="extra litellm argument, as for `run` (api_base=http://localhost:11434 …; repeatable)")
+    p.add_argument("--audit-key", metavar="PATH",
+                   help="Ed25519 private key (PEM) signing the log's checkpoints, as for `run` "
+                        "(default: $PROCTOR_AUDIT_KEY)")
     p.add_argument("--audit", metavar="PATH|URL",
                    help="the run's audit trail, whose key checks the store (default: as `proctor run`: $PROCTOR_AUDIT, "
                         "else $XDG_STATE_HOME/proctor/audit.jsonl)")
@@ -645,7 +651,7 @@ def _resume(args: argparse.Namespace) -> int:
     except BaseException:
         store.close()
         raise
-    model = LiteLLMModel(args.model)
+    model = LiteLLMModel(args.model, **dict(args.model_arg))
     approver = InboxApprover(store, wait=args.wait)
     from proctor.backends import default_audit_path
 
@@ -654,10 +660,11 @@ def _resume(args: argparse.Namespace) -> int:
     if args.agent == "code":
         agent = CodeAgent(tools, model, policy, approver=approver, audit=args.audit, max_steps=args.max_steps,
                           authorized_imports=args.imports, sandbox=args.sandbox, timeout=args.timeout, store=store,
-                          shadow=shadow, ledger=args.ledger)
+                          shadow=shadow, ledger=args.ledger, audit_key=args.audit_key)
     else:
         agent = ToolCallingAgent(tools, model, policy, approver=approver, audit=args.audit,
-                                 max_steps=args.max_steps, store=store, shadow=shadow, ledger=args.ledger)
+                                 max_steps=args.max_steps, store=store, shadow=shadow, ledger=args.ledger,
+                                 audit_key=args.audit_key)
     try:
         with agent:
             result = agent.resume(args.id)

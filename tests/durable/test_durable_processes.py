@@ -224,3 +224,26 @@ def test_proctor_runs_resume_takes_a_shadow_policy_as_run_does(d: Durable) -> No
     assert disagreement["enforced"]["decision"] == "require_approval"
     assert (disagreement["shadow"]["decision"], disagreement["shadow"]["rules"]) == ("deny", ["no-mail"])
     d.verify()
+
+
+@pytest.mark.server
+def test_proctor_runs_resume_reaches_the_model_with_the_model_args_the_run_had(d: Durable) -> None:
+    """`runs resume --model-arg api_base=…`: a resumed run whose next step needs the model asks the endpoint it
+    was told (a local OpenAI-compatible server here), as `proctor run --model-arg` does."""
+    from agent.openai_server import completion, serve
+
+    program = APPROVAL_PROGRAM.replace("final_answer([s, r, order])", "print(s)")
+    policy = d.policy()
+    result = d.process("start", {"responses": [program]}, policy)
+    assert result is not None and result["status"] == "suspended", result
+    [pending] = d.pending()
+    d.cli("approvals", "approve", str(pending["id"]), "--store", d.store, "--as", "bob")
+    with serve([completion("```py\nfinal_answer('mailed')\n```")]) as fake:
+        done = d.cli("runs", "resume", str(result["run_id"]), "--store", d.store, "--tools", "durable_tools:TOOLS",
+                     "--policy", str(policy), "--model", "openai/gpt-4o-mini", "--model-arg", f"api_base={fake.base}",
+                     "--model-arg", "api_key=test", "--audit", str(d.audit), "--import", "random", "--sandbox",
+                     "process", "--json")
+    resumed = __import__("json").loads(done.stdout)
+    assert resumed["status"] == "done" and resumed["answer"] == "mailed", resumed
+    assert len(fake.requests) == 1
+    d.verify()
