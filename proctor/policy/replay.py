@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from proctor.provenance import ProvenanceIndex
 
 __all__ = ["EXAMPLES_PER_GROUP", "REDACTED_MARK", "Change", "Observer", "ReplayReport", "Undecidable",
-           "iter_log_records",
+           "iter_log_records", "log_failure",
            "replay", "replay_log"]
 
 #: The key a redacted value is replaced with in recorded arguments (`proctor.redaction`).
@@ -144,6 +144,11 @@ class ReplayReport:
     not_decided: int = 0
     #: Record lines that were not a readable record, skipped.
     bad_lines: int = 0
+    #: Whether the log's hash chain (and checkpoints, and side file) verified as `proctor audit verify` checks
+    #: them: None when not checked; False with `log_failure` saying where it first breaks. A record edited,
+    #: deleted, inserted or moved is read as written: the report then cannot vouch for what it says.
+    log_intact: bool | None = None
+    log_failure: str | None = None
     #: The recorded policies' fingerprints, with how many calls each decided.
     recorded_policies: dict[str, int] = field(default_factory=dict)
     by_change: dict[str, _Group] = field(default_factory=dict)
@@ -187,7 +192,8 @@ class ReplayReport:
 
         return {"policy_sha256": self.policy_sha256, "decided": self.decided, "unchanged": self.unchanged,
                 "changed": self.changed, "undecidable": self.undecidable, "not_decided": self.not_decided,
-                "bad_lines": self.bad_lines, "recorded_policies": dict(self.recorded_policies),
+                "bad_lines": self.bad_lines, "log_intact": self.log_intact, "log_failure": self.log_failure,
+                "recorded_policies": dict(self.recorded_policies),
                 "by_change": groups(self.by_change), "by_rule": groups(self.by_rule),
                 "undecidable_why": dict(sorted(self.undecidable_why.items(), key=lambda kv: -kv[1])),
                 "undecidable_examples": [u.as_dict() for u in self.undecidable_examples]}
@@ -630,12 +636,25 @@ def _log_file(source: str) -> Iterator[str]:
     from pathlib import Path
 
     from proctor.audit.postgres import export_jsonl
+    from proctor.audit.verify import side_file_path
 
     with tempfile.TemporaryDirectory(prefix="proctor-replay-") as tmp:
         path = Path(tmp) / "audit.jsonl"
-        with path.open("wb") as out:
-            export_jsonl(source, out)
+        with path.open("wb") as out:  # with its last checkpoint beside it, as a file log keeps it (a cut tail)
+            export_jsonl(source, out, side_file=side_file_path(path))
         yield str(path)
+
+
+def log_failure(path: str) -> str | None:
+    """Where the audit log file at `path` first fails `proctor audit verify`'s checks (chain, checkpoints, side
+    file), in words; None when it is intact."""
+    from proctor.audit.verify import verify
+
+    found = verify(path).failure
+    if found is None:
+        return None
+    where = f"seq {found.seq}" + (f", line {found.line}" if found.line is not None else "")
+    return f"{found.code} at {where}: {found.message}"
 
 
 def _file_records(path: str, bad: list[int] | None, feed: Callable[[dict[str, Any]], None] | None = None
@@ -688,11 +707,19 @@ def replay(policy: Policy, records: Iterable[Mapping[str, Any]], *, since_ns: in
 
 
 def replay_log(policy: Policy, source: str, *, since_ns: int | None = None,
-               observe: Observer | None = None) -> ReplayReport:
-    """`replay` over the audit log at `source` (a path or a ``postgresql://`` URL)."""
+               observe: Observer | None = None, verify: bool = True) -> ReplayReport:
+    """`replay` over the audit log at `source` (a path or a ``postgresql://`` URL).
+
+    With `verify` (the default) the log is first checked as `proctor audit verify` checks it, and the report
+    says whether it is intact (`log_intact`, `log_failure`): a record edited, deleted or moved is otherwise
+    read as written, and a replay of a doctored log would vouch for it.
+    """
     replayer = _Replayer(policy, since_ns, observe)
     bad = [0]
     with _log_file(source) as path:
+        if verify:  # (the same file replayed below: a PostgreSQL log is exported once, for both)
+            replayer.report.log_failure = failure = log_failure(path)
+            replayer.report.log_intact = failure is None
         for _ in _file_records(path, bad, replayer.feed):  # (fed, not yielded)
             pass
     replayer.report.bad_lines = bad[0]

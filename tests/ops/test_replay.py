@@ -373,3 +373,49 @@ def test_every_change_is_counted_and_each_group_keeps_its_first_examples(tmp_pat
     for group in (out["by_change"]["allow→deny"], out["by_rule"]["reads"]):
         assert group["count"] == EXAMPLES_PER_GROUP + 4
         assert [e["args"]["order"] for e in group["examples"]] == [str(i) for i in range(EXAMPLES_PER_GROUP)]
+
+
+def _tampered(tmp_path: Path, log: Path) -> dict[str, Path]:
+    """The log three ways an editor hides a call: a charge's decision edited, its intents deleted, two records
+    swapped. Every line is still a record: only the chain says what happened."""
+    lines = log.read_text().splitlines(keepends=True)
+    charges = [i for i, line in enumerate(lines) if '"kind":"call_intent"' in line and '"tool":"charge"' in line]
+    out = {"edited": tmp_path / "edited.jsonl", "deleted": tmp_path / "deleted.jsonl",
+           "swapped": tmp_path / "swapped.jsonl"}
+    out["edited"].write_text("".join(line.replace('"decision":"allow"', '"decision":"deny"') if i in charges
+                                     else line for i, line in enumerate(lines)))
+    out["deleted"].write_text("".join(line for i, line in enumerate(lines) if i not in charges))
+    swapped = list(lines)
+    swapped[3], swapped[4] = swapped[4], swapped[3]
+    out["swapped"].write_text("".join(swapped))
+    return out
+
+
+def test_a_log_whose_hash_chain_is_broken_is_said_to_be_and_never_passes_the_gate(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = _record(tmp_path)
+    stricter = tmp_path / "new.yaml"
+    stricter.write_text(OLD.replace("{name: charges, match: {tool: charge}, decision: allow}",
+                                    "{name: charges, match: {tool: charge}, decision: deny}"))
+    intact = replay_log(Policy.from_yaml(stricter), str(log))
+    assert intact.log_intact is True and intact.log_failure is None
+    for how, path in _tampered(tmp_path, log).items():
+        report = replay_log(Policy.from_yaml(stricter), str(path))
+        assert report.log_intact is False, how
+        assert report.log_failure is not None and "seq" in report.log_failure, how
+        # The edit hides the change the new policy makes: a replay that read the log as written says nothing
+        # changed, so only the chain keeps a policy pull request from passing on a doctored log.
+        capsys.readouterr()
+        assert main(["policy", "replay", str(stricter), "--audit", str(path), "--fail-on-change"]) == 1, how
+        text = capsys.readouterr().out
+        assert "NOT INTACT" in text and "proctor audit verify" in text, how
+        assert main(["policy", "replay", str(stricter), "--audit", str(path), "--json"]) == 0, how
+        out: dict[str, Any] = json.loads(capsys.readouterr().out)
+        assert out["log_intact"] is False and out["log_failure"] == report.log_failure, how
+        assert main(["policy", "coverage", str(stricter), "--audit", str(path), "--json"]) == 0, how
+        cov: dict[str, Any] = json.loads(capsys.readouterr().out)
+        assert cov["log_intact"] is False and cov["log_failure"] == report.log_failure, how
+        assert main(["policy", "coverage", str(stricter), "--audit", str(path)]) == 0, how
+        assert "NOT INTACT" in capsys.readouterr().out, how
+    assert main(["policy", "replay", str(stricter), "--audit", str(log), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["log_intact"] is True
