@@ -26,8 +26,9 @@ Calls the log cannot decide again are counted as undecidable, never guessed:
 - a cost budget counts the call and the new policy declares no cost for its tool (a tool's
   own declared cost is not recorded).
 - the log does not hold the call's run from its start (``run_started``: a log that begins
-  mid-run) and the decision could read the run — a condition or expression naming ``run``,
-  ``history``, ``seen`` or ``usage``, or a budget counting the call.
+  mid-run, or holds a resumed run from its ``run_resumed`` on) and the decision could read the
+  run — a condition or expression naming ``run``, ``history``, ``seen`` or ``usage``, or a
+  budget counting the call.
 
 How "could read" is known: each candidate rule's condition is analysed for what it reads of
 each variable (`proctor.policy.projection.needs_of`, the analysis the engine projects
@@ -234,8 +235,8 @@ class _Clock:
 class _Run:
     """A recorded run as the replay rebuilds it; also the `RunView` its calls are decided over."""
 
-    __slots__ = ("history", "history_redacted", "info", "last_step", "ledger", "pending", "seen", "seen_sorted",
-                 "started")
+    __slots__ = ("history", "history_redacted", "info", "last_step", "ledger", "pending", "resumed", "seen",
+                 "seen_sorted", "started")
 
     #: The log holds no tool results: no provenance index (a condition reading one is undecidable).
     provenance: ProvenanceIndex | None = None
@@ -245,6 +246,8 @@ class _Run:
         self.ledger = ledger
         #: Whether the log holds the run's start (its principal, labels; its calls from the first).
         self.started = started
+        #: Whether the log holds it from a resumption (`run_resumed`) but not its start.
+        self.resumed = False
         self.history: list[HistoryEntry] = []
         self.history_redacted = False
         self.seen: set[str] = set()
@@ -312,6 +315,8 @@ class _Replayer:
     def _run(self, run_id: str, rec: Mapping[str, Any] | None = None) -> _Run:
         run = self.runs.get(run_id)
         if run is None:
+            # Only `run_started` is a run's start: a `run_resumed` the log holds without it (the run began in
+            # another process's log) names the run's facts, but its calls before the pause are elsewhere.
             principal = rec.get("principal") if rec is not None else None
             labels = rec.get("labels") if rec is not None else None
             agent = rec.get("agent") if rec is not None else None
@@ -320,7 +325,9 @@ class _Replayer:
                            agent=agent if isinstance(agent, str) else None)
             ledger = self._unbudgeted or Ledger(self.policy.budgets, run=info, shared=self.shared,
                                                 clock=self.clock.mono, wall_clock=self.clock.wall)
-            run = self.runs[run_id] = _Run(info, ledger, started=rec is not None)
+            started = rec is not None and rec.get("kind") == "run_started"
+            run = self.runs[run_id] = _Run(info, ledger, started=started)
+            run.resumed = rec is not None and not started
         return run
 
     def feed(self, rec: Mapping[str, Any]) -> None:
@@ -411,7 +418,7 @@ class _Replayer:
             known.reads_class = side_effect
         why = None if reads.plain else self._undecidable(tool, side_effect, args, run, redacted=_has_mark(args))
         if why is None and not run.started and self._reads_the_run(tool, side_effect):
-            why = _UNSTARTED
+            why = _RESUMED if run.resumed else _UNSTARTED
         reservation = None
         new: str = "deny"
         new_rules: tuple[str, ...] = ()
@@ -587,6 +594,9 @@ _NOT_REFUSED: Any = object()
 #: Why a call of a run whose start the log does not hold is undecidable (its decision reads the run).
 _UNSTARTED = ("the log does not hold the run's start (run_started): its principal, labels, earlier calls and "
               "budgets are not known")
+#: Why a call of a run the log holds from a resumption only is undecidable (the calls before the pause are elsewhere).
+_RESUMED = ("the log holds the run from its resumption (run_resumed), not its start (run_started): its earlier "
+            "calls and budgets are not known")
 #: The variables of a condition that read the run rather than the call (by name: over-counting is safe).
 _RUN_NAMES = re.compile(r"\b(?:run|history|seen|usage)\b")
 

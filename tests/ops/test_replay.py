@@ -174,6 +174,39 @@ def test_a_log_without_a_runs_start_cannot_say_its_principal_earlier_calls_or_bu
     assert report.undecidable == 0 and report.changed == 4
 
 
+def test_a_log_that_holds_a_run_from_its_resumption_only_cannot_say_its_earlier_calls_or_budgets(
+        tmp_path: Path) -> None:
+    """A durable run resumed by a process writing another log: that log has `run_resumed`, not `run_started`.
+    The calls before the pause are in the first log, so a budget or a history over the run is not known."""
+    from proctor.calls import RunInfo
+
+    policy = Policy.from_string(OLD)
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    before = AuditLog(first, durability="flush")
+    gate = Gate(policy, audit=before, tools=[lookup, send_email, charge])
+    ctx = gate.start_run(principal="alice")
+    gate.call("lookup", {"order": "1"}, context=ctx)
+    gate.suspend_run(ctx, ["appr_1"])
+    before.close()
+    after = AuditLog(second, durability="flush")
+    gate = Gate(policy, audit=after, tools=[lookup, send_email, charge])
+    resumed = gate.resume_run(RunInfo(id=ctx.info.id, principal="alice", labels={}, step=1))
+    gate.call("lookup", {"order": "2"}, context=resumed)
+    gate.finish_run(resumed)
+    after.close()
+    one_read = Policy.from_string(OLD + "budgets:\n  - {name: one-lookup, match: {tool: lookup}, limit: {calls: 1}}\n")
+    # The whole run (both logs, in order): the second read is the run's second, and the budget refuses it.
+    joined = tmp_path / "joined.jsonl"
+    joined.write_text(first.read_text() + second.read_text())
+    assert replay_log(one_read, str(joined)).changed == 1
+    # The second log alone cannot say how many reads came before: undecidable, not "allowed, unchanged".
+    report = replay_log(one_read, str(second))
+    assert report.decided == 0 and report.undecidable == 1
+    assert "run_resumed" in next(iter(report.undecidable_why))
+    # What depends on the call alone is still decided.
+    assert replay_log(policy, str(second)).decided == 1
+
+
 def test_a_record_with_a_huge_step_is_replayed_at_once(tmp_path: Path) -> None:
     """The log is not trusted: a step of 10**12 (an edited record) starts a new step, it does not make the replay
     count to it; a per-step budget still starts afresh there."""
