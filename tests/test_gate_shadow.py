@@ -106,6 +106,28 @@ def test_the_shadows_budgets_count_only_calls_that_went_on_and_name_the_budget()
     assert len(audit.of_kind("shadow_decision")) == 1
 
 
+def test_the_shadows_budgets_wider_than_a_run_count_every_run_of_this_process() -> None:
+    """`per: principal` and `global` budgets of a candidate span the runs of the process (as they would on a
+    gate enforcing it with a local ledger): a pool is not started afresh by each run."""
+    wide = {"version": 1, "ledger": "local",
+            "budgets": [{"name": "alice-mail", "per": "principal", "match": {"tool": "send_email"},
+                         "limit": {"calls": 2}},
+                        {"name": "all-reads", "per": "global", "match": {"tool": "lookup"}, "limit": {"calls": 3}}],
+            "rules": [{"name": "mail", "match": {"tool": "send_email"}, "decision": "allow"},
+                      {"name": "reads", "match": {"side_effect": "read"}, "decision": "allow"}]}
+    audit = InMemoryAudit()
+    gate = _gate(audit, shadow=wide)
+    for principal in ("alice", "alice", "alice", "bob"):
+        ctx = gate.start_run(principal=principal)
+        gate.call("send_email", {"to": "bob@example.com"}, context=ctx)
+        gate.call("lookup", {"order": "1"}, context=ctx)
+        gate.finish_run(ctx)
+    assert SENT == ["bob@example.com"] * 4  # the shadow never acts
+    budgets = [(r["tool"], r["shadow"]["budget"]) for r in audit.of_kind("shadow_decision")]
+    # alice's third mail passes her pool of 2 (bob's first does not); the fourth read passes the pool of 3
+    assert budgets == [("send_email", "alice-mail"), ("lookup", "all-reads")]
+
+
 def test_an_enforced_refusal_the_shadow_would_allow_is_recorded_and_nothing_runs() -> None:
     audit = InMemoryAudit()
     gate = Gate(Policy.from_dict(CANDIDATE), audit=audit, shadow=Policy.from_dict(ENFORCED),

@@ -146,6 +146,9 @@ class Shadow:
         self.recorder = recorder
         self._runs: dict[str, _Run] = {}
         self._lock = threading.Lock()
+        #: The pools of the candidate's budgets wider than a run (`per: principal`, `label:`, `global`): one for
+        #: the gate's every run, in this process only (a policy not enforced never charges a shared pool).
+        self._pools = MemoryLedger()
 
     def admitted(self, p: InFlight, args: Mapping[str, Any] | None, tools: Mapping[str, Tool],
                  expected: Tool | None) -> None:
@@ -225,7 +228,7 @@ class Shadow:
         with self._lock:
             run = self._runs.get(run_id)
             if run is None:
-                run = self._runs[run_id] = _Run(self.policy.new_ledger(ctx.info, MemoryLedger()))
+                run = self._runs[run_id] = _Run(self.policy.new_ledger(ctx.info, self._pools))
             return run
 
     def _drain(self, run: _Run) -> None:
