@@ -62,6 +62,28 @@ def test_a_halt_refuses_matching_calls_naming_it_and_lifting_it_lets_them_run() 
     assert RAN == ["oncall", "y"]
 
 
+def test_halting_an_agent_stops_the_calls_of_the_managed_agents_working_for_it() -> None:
+    """A managed agent's calls are its parent's work (the same run, `run.agent` its own name): halting the
+    parent stops them too, or an agent halted mid-delegation would go on acting through its helper."""
+    halts = MemoryHalts()
+    gate = Gate(Policy.from_dict(ALLOW), tools=[page], halts=halts)
+    ctx = gate.start_run(principal="alice", agent="boss")
+    helper = ctx.delegate("helper", ledger=ctx.ledger, tools=gate.tools, parent_call_id="call_parent")
+    assert gate.call("page", {"who": "a"}, context=helper) == "paged"
+    halt = halts.set(scope="agent", value="boss", reason="boss misbehaves")
+    with pytest.raises(ToolDenied, match=f"halted by {halt.id}: boss misbehaves"):
+        gate.call("page", {"who": "b"}, context=helper)
+    with pytest.raises(ToolDenied, match=f"halted by {halt.id}"):
+        gate.call("page", {"who": "c"}, context=ctx)
+    halts.lift(halt.id)
+    # A halt of the helper stops the helper's calls only.
+    only = halts.set(scope="agent", value="helper", reason="helper misbehaves")
+    with pytest.raises(ToolDenied, match=f"halted by {only.id}"):
+        gate.call("page", {"who": "d"}, context=helper)
+    assert gate.call("page", {"who": "e"}, context=ctx) == "paged"
+    assert RAN == ["a", "e"]
+
+
 def test_a_denied_call_is_denied_by_the_policy_not_the_halt() -> None:
     halts = MemoryHalts()
     gate = Gate(Policy.from_dict(DENY), tools=[page], halts=halts)

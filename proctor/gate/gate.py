@@ -316,6 +316,19 @@ class Gate:
             raise
         return self.halts.backend.lift(halt_id, reason=reason, by=who)
 
+    def _halted(self, tool: str, ctx: RunContext) -> Halt | None:
+        """The halt stopping a call of `tool` in run `ctx`, if any. A managed agent's call is also its parents'
+        work: a halt of any agent in the chain (`ctx.agents`) stops it, not only one of the agent making it."""
+        info = ctx.info
+        halt = self.halts.check(tool, info.agent, info.principal, info.id)
+        if halt is None:
+            for agent in ctx.agents:
+                if agent != info.agent:
+                    halt = self.halts.check(tool, agent, info.principal, info.id)
+                    if halt is not None:
+                        break
+        return halt
+
     def _on_halt(self, event: HaltEvent) -> None:
         """Record a halt the channel saw start or end (unless `halt`/`lift_halt` of this gate recorded it)."""
         key = (event.kind, event.halt.id)
@@ -673,7 +686,7 @@ class Gate:
         if adm.stage == "cost":
             return self.recorder.refused(p, self._placed(p, adm.refusal))
         cost = p.cost = adm.cost
-        halt = self.halts.check(name, ctx.info.agent, ctx.info.principal, ctx.info.id)
+        halt = self._halted(name, ctx)
         if halt is not None:  # an operator stopped it (`proctor halt`): refused, naming the halt
             if shadow is not None:  # (the policies are compared; the call did not go on)
                 shadow.decided(p, adm)
@@ -703,7 +716,7 @@ class Gate:
             if refusal is not None:
                 return self.recorder.refused(p, refusal)
             # The answer can come minutes after the check above: a halt set meanwhile still stops the call.
-            halt = self.halts.check(name, ctx.info.agent, ctx.info.principal, ctx.info.id)
+            halt = self._halted(name, ctx)
             if halt is not None:
                 return self.recorder.refused(p, halt_refusal(name, halt, p.call_id), extra={"halt_id": halt.id})
         p.state = "authorized"
