@@ -28,7 +28,7 @@ from proctor.halt import (
     new_halt,
 )
 from proctor.halt.redis import RedisHalts
-from proctor.halt.sql import StoreHalts
+from proctor.halt.sql import StoreHaltBackend, StoreHalts
 
 
 def _wait_for(predicate: Any, timeout_s: float = 5.0) -> None:
@@ -200,6 +200,26 @@ def test_cli_usage(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypat
     assert main(["halt", *store]) == 2
     err = capsys.readouterr().err
     assert "--reason TEXT is required" in err and "--audit" in err and "--ledger redis://" in err
+
+
+def test_a_halt_on_a_sqlite_store_that_does_not_exist_is_refused_not_kept_where_no_gate_reads(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A mistyped store path would get a fresh store of its own, the halt kept in it, "halted" printed, and no
+    gate stopped: the command refuses instead, and makes no file."""
+    typo = tmp_path / "rnus.db"
+    audit = tmp_path / "a.jsonl"
+    for url in (str(typo), f"sqlite:///{typo}"):
+        capsys.readouterr()
+        assert main(["halt", "--all", "--reason", "incident", "--store", url, "--audit", str(audit)]) == 1
+        err = capsys.readouterr().err
+        assert f"no run store at {typo}" in err and "stops no gate" in err
+        assert main(["halt", "--list", "--store", url]) == 1
+        assert main(["halt", "--lift", "halt_x", "--reason", "r", "--store", url, "--audit", str(audit)]) == 1
+        assert not typo.exists()
+    assert not audit.exists() or "halt_set" not in audit.read_text()
+    real = tmp_path / "runs.db"
+    StoreHaltBackend(f"sqlite:///{real}").close()  # a store the fleet's runs use
+    assert main(["halt", "--all", "--reason", "incident", "--store", str(real), "--audit", str(audit)]) == 0
 
 
 def test_a_forged_redis_entry_fails_closed(redis_server: RedisServer) -> None:
