@@ -222,6 +222,32 @@ def test_a_halt_on_a_sqlite_store_that_does_not_exist_is_refused_not_kept_where_
     assert main(["halt", "--all", "--reason", "incident", "--store", str(real), "--audit", str(audit)]) == 0
 
 
+def test_a_store_row_holding_another_halts_id_fails_the_read(tmp_path: Path) -> None:
+    """A row of the halts table is not trusted: one whose data names a halt other than its row's id (a copy of
+    an active halt under a second row, which its lift would leave in force) fails the read, as Redis's does."""
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    backend = StoreHaltBackend(url)
+    try:
+        real = backend.set(new_halt("tool", "send_email", "incident", "ops"))
+        db = sqlite3.connect(tmp_path / "runs.db")
+        db.execute("INSERT INTO halts (id, set_at_ns, lifted_at_ns, data) VALUES (?, ?, NULL, ?)",
+                   ("halt_forged", real.at_ns, json.dumps(real.as_dict())))
+        db.commit()
+        db.close()
+        with pytest.raises(HaltError, match="halt_forged"):
+            backend.list_halts()
+        db = sqlite3.connect(tmp_path / "runs.db")
+        db.execute("UPDATE halts SET data = 'not json' WHERE id = 'halt_forged'")
+        db.commit()
+        db.close()
+        with pytest.raises(HaltError, match="cannot read the halts"):
+            backend.list_halts()
+    finally:
+        backend.close()
+
+
 def test_a_forged_redis_entry_fails_closed(redis_server: RedisServer) -> None:
     import redis
 
