@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
@@ -12,7 +14,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from tiers import examples
 
 from proctor.approval.callback import CallbackApprover
-from proctor.errors import ToolDenied
+from proctor.errors import ConfigurationError, PolicyError, ToolDenied
 from proctor.gate import Gate
 from proctor.halt import MemoryHalts
 from proctor.policy import Policy
@@ -126,6 +128,28 @@ def test_the_shadows_budgets_wider_than_a_run_count_every_run_of_this_process() 
     budgets = [(r["tool"], r["shadow"]["budget"]) for r in audit.of_kind("shadow_decision")]
     # alice's third mail passes her pool of 2 (bob's first does not); the fourth read passes the pool of 3
     assert budgets == [("send_email", "alice-mail"), ("lookup", "all-reads")]
+
+
+def test_a_shadow_given_as_a_file_is_loaded_and_one_that_is_no_policy_is_refused_at_construction(
+        tmp_path: Path) -> None:
+    """`shadow=` takes a policy file's path as `policy=` does (a bad file: its located error, before any run);
+    anything else that is no policy is refused when the gate is made, never when a run starts."""
+    candidate = tmp_path / "candidate.yaml"
+    candidate.write_text(yaml.safe_dump(CANDIDATE))
+    audit = InMemoryAudit()
+    gate = Gate(Policy.from_dict(ENFORCED), audit=audit, shadow=str(candidate), tools=[send_email])
+    ctx = gate.start_run()
+    assert gate.call("send_email", {"to": "eve@evil.example"}, context=ctx) == "sent"
+    (record,) = audit.of_kind("shadow_decision")
+    assert record["shadow_sha256"] == Policy.from_dict(CANDIDATE).sha256
+    assert Gate(Policy.from_dict(ENFORCED), shadow=candidate).shadow is not None  # a PathLike too
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("version: 1\nrules:\n  - {name: x, decision: perhaps}\n")
+    with pytest.raises(PolicyError, match=r"broken.yaml:3:"):
+        Gate(Policy.from_dict(ENFORCED), shadow=str(broken))
+    for wrong in (CANDIDATE, 42):
+        with pytest.raises(ConfigurationError, match="shadow="):
+            Gate(Policy.from_dict(ENFORCED), shadow=wrong)  # type: ignore[arg-type]
 
 
 def test_an_enforced_refusal_the_shadow_would_allow_is_recorded_and_nothing_runs() -> None:

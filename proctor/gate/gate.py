@@ -75,7 +75,7 @@ from proctor.ledger.scope import ledger_scope
 from proctor.policy.admission import AdmissionPolicy, admit, facts_of
 from proctor.policy.aggregates import Pipeline
 from proctor.policy.approvers import ApproverRule, OsUser
-from proctor.policy.engine import ToolFacts
+from proctor.policy.engine import Policy, ToolFacts
 from proctor.policy.reload import PolicyChange, PolicySource
 from proctor.provenance import USER, ProvenanceIndex, ProvenanceLimits, ResultLabeller
 from proctor.redaction import Redacted, secret_values
@@ -129,6 +129,17 @@ class PolicyLike(AdmissionPolicy, Protocol):
     def model(self) -> PolicyModel: ...  # the file's settings: `ledger:` (ledger_scope), `sandbox:` (Interpreter)
 
 
+def _candidate(shadow: PolicyLike | str | os.PathLike[str]) -> PolicyLike:
+    """`shadow=`: a policy, or a policy file's path loaded now (a bad file raises its located `PolicyError` before
+    any run). Plain data is refused here, when the gate is made, rather than failing the first run it starts."""
+    if isinstance(shadow, (str, os.PathLike)):
+        return Policy.from_yaml(shadow)
+    if isinstance(shadow, (Mapping, bytes, int, float, list, tuple)):
+        raise ConfigurationError(f"shadow= takes a Policy (Policy.from_yaml(path), Policy.from_dict(data)) or a "
+                                 f"policy file's path, not a {type(shadow).__name__}")
+    return shadow
+
+
 class Gate:
     """The single choke point every tool call goes through (see the module docstring)."""
 
@@ -143,7 +154,7 @@ class Gate:
         history_limit: int = DEFAULT_HISTORY_LIMIT,
         ledger: SharedLedger | str | None = None,
         provenance_limits: ProvenanceLimits | None = None,
-        shadow: PolicyLike | None = None,
+        shadow: PolicyLike | str | os.PathLike[str] | None = None,
         halts: HaltChannel | None = None,
     ) -> None:
         #: The one writer of the gate's audit records and of its calls' endings.
@@ -190,7 +201,7 @@ class Gate:
         #: The approval step of calls the policy sends to a human (or a grant).
         self.approvals = ApprovalStep(self)
         #: A candidate policy deciding every call beside `policy`, never acting (`proctor.gate.shadow`).
-        self.shadow = Shadow(shadow, self.recorder) if shadow is not None else None
+        self.shadow = Shadow(_candidate(shadow), self.recorder) if shadow is not None else None
         self.tools: dict[str, Tool] = {}
         self._default_context: RunContext | None = None
         self._lock = threading.Lock()
