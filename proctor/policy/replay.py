@@ -54,7 +54,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from proctor.calls import HistoryEntry, RunInfo, SideEffect
+from proctor.calls import SIDE_EFFECTS, HistoryEntry, RunInfo, SideEffect
 from proctor.errors import BudgetExceeded
 from proctor.ledger.memory import MemoryLedger
 from proctor.policy.admission import Admission, LazyUsage, RunView, admit, facts_of, has_fixed_decision
@@ -367,7 +367,13 @@ class _Replayer:
         if not isinstance(args, dict):
             args = {}
         recorded_class = get("side_effect")
-        declared: SideEffect | None = recorded_class if isinstance(recorded_class, str) else None  # type: ignore[assignment]
+        # The class the tool declares itself is what a gate hands the policy (its `tools:` may override it); the
+        # intent's `side_effect` is what the recording policy made of it. A log written before intents carried
+        # the tool's own class has only the latter.
+        own = get("tool_side_effect", _NOT_RECORDED)
+        if own is _NOT_RECORDED:
+            own = recorded_class
+        declared: SideEffect | None = own if own in SIDE_EFFECTS else None  # type: ignore[assignment]
         step = get("step")
         if isinstance(step, int) and step != run.last_step:
             # Per-step budgets start afresh, as the gate's `next_step` does: once, however many steps passed
@@ -591,6 +597,7 @@ class _Replayer:
 
 
 _NOT_REFUSED: Any = object()
+_NOT_RECORDED: Any = object()
 #: Why a call of a run whose start the log does not hold is undecidable (its decision reads the run).
 _UNSTARTED = ("the log does not hold the run's start (run_started): its principal, labels, earlier calls and "
               "budgets are not known")

@@ -207,6 +207,36 @@ def test_a_log_that_holds_a_run_from_its_resumption_only_cannot_say_its_earlier_
     assert replay_log(policy, str(second)).decided == 1
 
 
+@tool(side_effect="destructive")
+def wipe(path: str) -> str:
+    """Wipe a path.
+
+    Args:
+        path: What to wipe.
+    """
+    return "wiped"
+
+
+def test_a_class_the_recording_policy_gave_a_tool_is_not_taken_for_the_tools_own(tmp_path: Path) -> None:
+    """The intent's `side_effect` is the class the recording policy gave the call (its `tools:` may override the
+    tool's own). A new policy without that override decides by the tool's own class, as its gate would."""
+    log = tmp_path / "audit.jsonl"
+    audit = AuditLog(log, durability="flush")
+    old = Policy.from_string("version: 1\ntools:\n  wipe: {side_effect: read}\n"
+                             "rules:\n  - {name: reads, match: {side_effect: read}, decision: allow}\n")
+    gate = Gate(old, audit=audit, tools=[wipe])
+    ctx = gate.start_run()
+    assert gate.call("wipe", {"path": "/tmp/x"}, context=ctx) == "wiped"
+    gate.finish_run(ctx)
+    audit.close()
+    new = Policy.from_string("version: 1\nrules:\n  - {name: reads, match: {side_effect: read}, decision: allow}\n")
+    with pytest.raises(ProctorError, match="no rule matched"):  # what a gate enforcing `new` does
+        Gate(new, tools=[wipe]).call("wipe", {"path": "/tmp/x"})
+    report = replay_log(new, str(log))
+    assert report.changed == 1 and list(report.by_change) == ["allow→deny"]
+    assert replay_log(old, str(log)).changed == 0
+
+
 def test_a_record_with_a_huge_step_is_replayed_at_once(tmp_path: Path) -> None:
     """The log is not trusted: a step of 10**12 (an edited record) starts a new step, it does not make the replay
     count to it; a per-step budget still starts afresh there."""
