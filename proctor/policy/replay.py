@@ -373,7 +373,7 @@ class _Replayer:
         own = get("tool_side_effect", _NOT_RECORDED)
         if own is _NOT_RECORDED:
             own = recorded_class
-        declared: SideEffect | None = own if own in SIDE_EFFECTS else None  # type: ignore[assignment]
+        declared: SideEffect | None = own if own in SIDE_EFFECTS else None
         step = get("step")
         if isinstance(step, int) and step != run.last_step:
             # Per-step budgets start afresh, as the gate's `next_step` does: once, however many steps passed
