@@ -23,7 +23,7 @@ from proctor.halt import (
     SharesHalts,
     gate_halts,
 )
-from proctor.urls import split_ledger_options
+from proctor.urls import redis_halts_url, split_ledger_options
 
 __all__ = ["REDIS_SCHEMES", "default_halts", "halts_at", "open_halt_backend", "open_halts", "shared_halts"]
 
@@ -39,8 +39,9 @@ def halts_at(url: str) -> HaltsAt:
     """Where `url` keeps halts: a Redis (``redis://``, ``rediss://``, ``unix://``) or a run store's table (a
     path, ``sqlite:///…``, ``postgresql://…``). The one reading of a halts URL: `proctor halt`, `serve` and
     `mcp serve` take theirs through it, and a ledger's options (``?timeout=…``) are left to the ledger."""
-    if url.startswith(REDIS_SCHEMES):  # a ledger's URL as the fleet writes it: its options are not Redis's
-        return ("redis", split_ledger_options(url)[0])
+    if url.startswith(REDIS_SCHEMES):  # a ledger's URL as the fleet writes it: its options are not Redis's,
+        target, options = split_ledger_options(url)  # but its prefix names the fleet's keys, halts among them
+        return ("redis", redis_halts_url(target, options.get("prefix")))
     return ("store", url)
 
 

@@ -355,6 +355,35 @@ def test_a_gate_sharing_a_redis_ledger_honours_proctor_halt_on_that_ledger_witho
     assert by_url.call("effect") == 3
 
 
+def test_fleets_on_one_redis_under_their_own_prefixes_keep_their_own_halts(
+        tmp_path: Path, redis_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
+    """A ledger's `prefix=` gives a fleet its own keys on a Redis other fleets use: its halts too. `proctor halt
+    --ledger URL?prefix=team-a` stops team A's gates, not team B's, and team B's lift cannot end it."""
+    from proctor.ledger.redis import RedisLedger
+
+    url = redis_server.url
+    team_a, a_runs = _effect_gate(ledger=url + "&prefix=team-a")
+    team_b, b_runs = _effect_gate(ledger=RedisLedger(url, prefix="team-b"))
+    plain, plain_runs = _effect_gate(ledger=url)
+    halt_id = _halt_cli(tmp_path, capsys, "--all", "--reason", "team a incident", "--ledger", url + "&prefix=team-a")
+    _wait_for(lambda: team_a.halts.check("effect", None, None, "r") is not None)
+    with pytest.raises(ToolDenied, match=f"halted by {halt_id}: team a incident"):
+        team_a.call("effect")
+    time.sleep(0.5)  # past two refreshes of the other fleets' channels
+    assert team_b.call("effect") == 1 and plain.call("effect") == 1
+    audit = tmp_path / "b.jsonl"
+    assert main(["halt", "--lift", halt_id, "--reason", "not ours", "--ledger", url + "&prefix=team-b",
+                 "--audit", str(audit)]) == 1
+    assert main(["halt", "--list", "--json", "--ledger", url]) == 0
+    capsys.readouterr()
+    assert main(["halt", "--list", "--json", "--ledger", url + "&prefix=team-a"]) == 0
+    assert [h["id"] for h in json.loads(capsys.readouterr().out)] == [halt_id]
+    _halt_cli(tmp_path, capsys, "--lift", halt_id, "--reason", "over", "--ledger", url + "&prefix=team-a")
+    _wait_for(lambda: team_a.halts.check("effect", None, None, "r") is None)
+    assert team_a.call("effect") == 1
+    assert (a_runs, b_runs, plain_runs) == ([1], [1], [1])
+
+
 def test_a_gate_made_while_its_redis_is_down_refuses_then_serves_once_it_is_up(tmp_path: Path) -> None:
     """Its halts never read, every call is refused (fail closed, saying why); the first call after Redis is
     back reads them and runs, without waiting for the channel's next refresh."""
