@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,38 @@ def test_a_shadow_given_as_a_file_is_loaded_and_one_that_is_no_policy_is_refused
     for wrong in (CANDIDATE, 42):
         with pytest.raises(ConfigurationError, match="shadow="):
             Gate(Policy.from_dict(ENFORCED), shadow=wrong)  # type: ignore[arg-type]
+
+
+@tool(side_effect="destructive")
+def charge(card: str, amount: int) -> str:
+    """Charge a card.
+
+    Args:
+        card: Card number.
+        amount: Amount.
+    """
+    return "charged"
+
+
+@pytest.mark.parametrize("candidate", [
+    {"version": 1, "tools": {"charge": {"side_effect": "args.card"}},
+     "rules": [{"name": "charges", "match": {"tool": "charge"}, "decision": "allow"}]},
+    {"version": 1, "rules": [{"name": "charges", "match": {"tool": "charge"}, "decision": "allow",
+                              "when": "args.card.matches(args.card + '(')"}]},
+])
+def test_a_shadow_refusal_quoting_a_redacted_argument_is_recorded_without_it(candidate: dict[str, Any]) -> None:
+    """The candidate's reason can quote an argument (a class expression's value, a bad pattern): a value the
+    enforced policy redacts never reaches the audit log through a `shadow_decision` record."""
+    enforced = {"version": 1, "tools": {"charge": {"redact": ["card"]}},
+                "rules": [{"name": "charges", "match": {"tool": "charge"}, "decision": "allow"}]}
+    audit = InMemoryAudit()
+    gate = Gate(Policy.from_dict(enforced), audit=audit, shadow=Policy.from_dict(candidate), tools=[charge])
+    ctx = gate.start_run()
+    assert gate.call("charge", {"card": "4111111111111111", "amount": 5}, context=ctx) == "charged"
+    gate.finish_run(ctx)
+    (record,) = audit.of_kind("shadow_decision")
+    assert record["shadow"]["decision"] == "deny" and "[redacted]" in record["shadow"]["reason"]
+    assert "4111111111111111" not in json.dumps(audit.of_kind("shadow_decision"))
 
 
 def test_an_enforced_refusal_the_shadow_would_allow_is_recorded_and_nothing_runs() -> None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from proctor.calls import BudgetHold, CallRecord
@@ -45,6 +45,7 @@ from proctor.gate.recorder import Recorder, safely
 from proctor.ledger.memory import MemoryLedger
 from proctor.policy.admission import Admission, LazyUsage, admit
 from proctor.policy.simulate import RecordedRun
+from proctor.redaction import scrub, secret_values
 from proctor.telemetry import metrics
 from proctor.telemetry import semconv as sc
 from proctor.telemetry.logging import get_logger
@@ -259,6 +260,15 @@ class Shadow:
         if _outcome(adm, refused) == _outcome(pending.enforced, pending.refused):
             return
         enforced, shadow = verdict_of(pending.enforced, pending.refused), verdict_of(adm, refused)
+        # A reason can quote an argument (a class expression's value, a pattern that does not compile): the record
+        # holds none that either policy redacts, as the gate's own refusals hold none (`Recorder.clean`).
+        secrets = set(p.ctx.secrets)
+        for facts in (pending.enforced.facts, adm.facts):
+            if facts is not None and facts.redact and pending.args:
+                secrets |= secret_values(pending.args, facts.redact)
+        if secrets:
+            enforced = replace(enforced, reason=scrub(enforced.reason, secrets))
+            shadow = replace(shadow, reason=scrub(shadow.reason, secrets))
         self.recorder.about(p, "shadow_decision", {
             "run_id": p.ctx.info.id, "call_id": p.call_id, "tool": p.name, "enforced": enforced.as_dict(),
             "shadow": shadow.as_dict(), "policy_sha256": p.policy_sha256, "shadow_sha256": self.policy.sha256})
