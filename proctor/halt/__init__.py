@@ -106,7 +106,7 @@ class Halt:
             raise HaltError("a halt must be an object")
         hid, scope, value = data.get("id"), data.get("scope"), data.get("value")
         reason, by, at_ns = data.get("reason"), data.get("by"), data.get("at_ns")
-        if not isinstance(hid, str) or not _ID.match(hid):
+        if not isinstance(hid, str) or not _ID.fullmatch(hid):
             raise HaltError(f"halt id {hid!r} is not 1-128 letters, digits or _.:-")
         if scope not in SCOPES:
             raise HaltError(f"halt {hid}: scope {scope!r} is not one of {', '.join(SCOPES)}")

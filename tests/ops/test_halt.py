@@ -90,6 +90,14 @@ def test_backend_rows_are_not_trusted() -> None:
         Halt.from_dict({"id": "bad id\n", "scope": "all", "value": None, "reason": "r", "by": "x", "at_ns": 1})
 
 
+def test_a_halt_id_with_a_trailing_newline_is_not_an_id() -> None:
+    """An id from a backend is checked whole: a line break after it (which a `$` anchor lets through) would
+    reach refusals and audit records as part of "halted by ID"."""
+    for bad in ("halt_x\n", "halt_x\r", "\nhalt_x"):
+        with pytest.raises(HaltError, match="id"):
+            Halt.from_dict({"id": bad, "scope": "all", "value": None, "reason": "r", "by": "x", "at_ns": 1})
+
+
 def test_polled_channel_fails_closed_after_grace() -> None:
     state = {"up": True}
 
