@@ -196,6 +196,49 @@ def test_a_reload_that_adds_a_global_budget_on_a_local_ledger_starts_no_run(tmp_
     assert gate.call("page", {"who": "b"}, context=gate.start_run()) == "paged"  # said so: then it is local
 
 
+def test_a_run_in_flight_takes_the_new_policys_budgets_with_its_rules(tmp_path: Path) -> None:
+    """A run switches to a reloaded policy whole at its next call: its budgets too, not the rules of the new one
+    over the budgets of the old. A budget both have keeps what the run used; a new one counts from the switch."""
+    from proctor.errors import BudgetExceeded
+
+    path = tmp_path / "policy.yaml"
+    _write(path, {**ALLOW, "budgets": [{"name": "pages", "limit": {"calls": 3}}]})
+    audit = InMemoryAudit()
+    gate = Gate(PolicySource(path, check_every_ms=0), audit=audit, tools=[page])
+    ctx = gate.start_run()
+    assert gate.call("page", {"who": "a"}, context=ctx) == "paged"
+    assert gate.call("page", {"who": "b"}, context=ctx) == "paged"
+    new = {**ALLOW, "budgets": [{"name": "pages", "limit": {"calls": 2}},
+                                {"name": "one-more", "limit": {"calls": 1}}]}
+    _write(path, new)
+    time.sleep(0.01)
+    with pytest.raises(BudgetExceeded, match="budget 'pages' exhausted: 2 of 2 calls used"):
+        gate.call("page", {"who": "c"}, context=ctx)
+    assert audit.of_kind("call_intent")[-1]["policy_sha256"] == Policy.from_dict(new).sha256
+    other = gate.start_run()
+    _write(path, {**ALLOW, "budgets": [{"name": "one-more", "limit": {"calls": 1}}]})
+    time.sleep(0.01)
+    assert gate.call("page", {"who": "d"}, context=other) == "paged"
+    with pytest.raises(BudgetExceeded, match="budget 'one-more'"):
+        gate.call("page", {"who": "e"}, context=other)
+    assert RAN == ["a", "b", "d"]
+
+
+def test_a_run_in_flight_is_not_switched_to_a_shared_budget_on_a_local_ledger(tmp_path: Path) -> None:
+    """As a new run is refused (issue 34), so is the next call of a run in flight: the new policy's global budget
+    would otherwise count on a process-local ledger it did not ask for."""
+    path = tmp_path / "policy.yaml"
+    _write(path, ALLOW)
+    gate = Gate(PolicySource(path, check_every_ms=0), tools=[page])
+    ctx = gate.start_run()
+    assert gate.call("page", {"who": "a"}, context=ctx) == "paged"
+    _write(path, {**ALLOW, "budgets": [{"name": "pages", "per": "global", "window": "1h", "limit": {"calls": 3}}]})
+    time.sleep(0.01)
+    with pytest.raises(ToolDenied, match="PROCTOR_LEDGER=redis://"):
+        gate.call("page", {"who": "b"}, context=ctx)
+    assert RAN == ["a"]
+
+
 def _halt_records(audit: InMemoryAudit) -> list[tuple[str, str, str | None, str | None, str]]:
     return [(r["kind"], r["halt_id"], r["by"], r["reason"], r["via"])
             for r in audit.records if r["kind"] in ("halt_set", "halt_lifted")]
