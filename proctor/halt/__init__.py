@@ -34,6 +34,7 @@ import re
 import signal
 import threading
 import time
+import unicodedata
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -79,15 +80,23 @@ class Halt:
     at_ns: int
 
     def matches(self, tool: str, agent: str | None, principal: str | None, run_id: str) -> bool:
+        """Whether the halt stops this call. Names are compared as text (NFC: a name typed with a composed
+        accent and one written with a combining accent are one name), never folded further: a look-alike of
+        another script is another name, as it is to budgets and approvals."""
         scope, value = self.scope, self.value
         if scope == "all":
             return True
+        if value is None:
+            return False
         if scope == "tool":
-            return tool == value or (value is not None and _is_glob(value) and fnmatch.fnmatchcase(tool, value))
+            if tool == value:
+                return True
+            tool, value = _nfc(tool), _nfc(value)
+            return tool == value or (_is_glob(value) and fnmatch.fnmatchcase(tool, value))
         if scope == "agent":
-            return agent is not None and agent == value
+            return agent is not None and (agent == value or _nfc(agent) == _nfc(value))
         if scope == "principal":
-            return principal is not None and principal == value
+            return principal is not None and (principal == value or _nfc(principal) == _nfc(value))
         return run_id == value
 
     @property
@@ -122,6 +131,11 @@ class Halt:
         if not isinstance(at_ns, int) or isinstance(at_ns, bool) or at_ns < 0:
             raise HaltError(f"halt {hid}: at_ns must be a non-negative integer")
         return cls(hid, cast(Scope, scope), value, reason, by, at_ns)
+
+
+def _nfc(text: str) -> str:
+    # ASCII (nearly every name) is its own NFC: no normalisation on the call's path for it.
+    return text if text.isascii() else unicodedata.normalize("NFC", text)
 
 
 def _is_glob(value: str) -> bool:

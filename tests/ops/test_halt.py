@@ -64,6 +64,27 @@ def test_scopes_match_what_they_name() -> None:
         new_halt("all", None, "  ")
 
 
+def test_a_halt_matches_a_name_written_in_another_unicode_form_and_never_a_look_alike() -> None:
+    """"José" typed on one machine (é as one code point) and the principal as another wrote it (e + a combining
+    accent) are the same text: the halt stops it. A look-alike from another script ("alice" with a Cyrillic a, U+0430) is
+    another name, as it is to budgets and approvals: not stopped, and a halt of it stops no "alice"."""
+    halts = MemoryHalts()
+    composed, decomposed = "Jos\u00e9", "Jose\u0301"
+    for scope, at in (("principal", 2), ("agent", 1), ("tool", 0)):
+        for written, called in ((composed, decomposed), (decomposed, composed)):
+            h = halts.set(scope=scope, value=written, reason="why")  # type: ignore[arg-type]
+            fields: list[Any] = ["t", None, None, "run_1"]
+            fields[at] = called
+            assert halts.check(*fields) == h, (scope, written)
+            halts.lift(h.id)
+    h = halts.set(scope="tool", value="envoy\u00e9_*", reason="glob")
+    assert halts.check("envoye\u0301_mail", None, None, "r") == h
+    halts.lift(h.id)
+    h = halts.set(scope="principal", value="alice", reason="why")
+    assert halts.check("t", None, "\u0430lice", "r") is None
+    halts.lift(h.id)
+
+
 def test_refusal_names_the_halt() -> None:
     halt = new_halt("all", None, "incident 42")
     err = halt_refusal("send_email", halt)
