@@ -66,8 +66,8 @@ def test_scopes_match_what_they_name() -> None:
 
 def test_a_halt_matches_a_name_written_in_another_unicode_form_and_never_a_look_alike() -> None:
     """"José" typed on one machine (é as one code point) and the principal as another wrote it (e + a combining
-    accent) are the same text: the halt stops it. A look-alike from another script ("alice" with a Cyrillic a, U+0430) is
-    another name, as it is to budgets and approvals: not stopped, and a halt of it stops no "alice"."""
+    accent) are the same text: the halt stops it. A look-alike from another script ("alice" with a Cyrillic a,
+    U+0430) is another name, as it is to budgets and approvals: not stopped by a halt of "alice"."""
     halts = MemoryHalts()
     composed, decomposed = "Jos\u00e9", "Jose\u0301"
     for scope, at in (("principal", 2), ("agent", 1), ("tool", 0)):
