@@ -394,7 +394,7 @@ class PolledHalts:
                  grace_s: float = DEFAULT_GRACE_S, wait_s: float = 2.0, backend: HaltBackend | None = None) -> None:
         if not 0 < refresh_s <= MAX_REFRESH_S:
             raise HaltError(f"refresh_s must be in (0, {MAX_REFRESH_S}] seconds, not {refresh_s}")
-        if grace_s < refresh_s:
+        if not grace_s >= refresh_s:  # (so that NaN, which compares false with everything, is refused too)
             raise HaltError(f"grace_s ({grace_s}) must be at least refresh_s ({refresh_s})")
         self._read = read
         self._backend = backend

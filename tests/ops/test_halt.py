@@ -119,6 +119,13 @@ def test_a_halt_id_with_a_trailing_newline_is_not_an_id() -> None:
             Halt.from_dict({"id": bad, "scope": "all", "value": None, "reason": "r", "by": "x", "at_ns": 1})
 
 
+def test_a_grace_period_that_is_not_a_number_is_refused() -> None:
+    """NaN compares false with everything: as a grace period it would pass the check against refresh_s and then
+    never run out, so a channel whose backend is gone would never fail closed."""
+    with pytest.raises(HaltError, match="grace_s"):
+        PolledHalts(list, "x", grace_s=float("nan"))
+
+
 def test_polled_channel_fails_closed_after_grace() -> None:
     state = {"up": True}
 
