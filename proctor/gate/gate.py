@@ -201,7 +201,8 @@ class Gate:
         #: The approval step of calls the policy sends to a human (or a grant).
         self.approvals = ApprovalStep(self)
         #: A candidate policy deciding every call beside `policy`, never acting (`proctor.gate.shadow`).
-        self.shadow = Shadow(_candidate(shadow), self.recorder) if shadow is not None else None
+        self.shadow = (Shadow(_candidate(shadow), self.recorder, self.provenance_limits) if shadow is not None
+                       else None)
         self.tools: dict[str, Tool] = {}
         self._default_context: RunContext | None = None
         self._lock = threading.Lock()
@@ -391,6 +392,8 @@ class Gate:
             fields["agent"] = agent
         started = self.recorder.append("run_started", fields, required=True)
         ctx.audit_start = started.seq if started is not None else None
+        if self.shadow is not None:  # the candidate's own provenance index starts from the task
+            self.shadow.started(ctx, task)
         return ctx
 
     def resume_run(self, info: RunInfo, *, task: str | None = None, provenance: bool = False,
@@ -414,6 +417,8 @@ class Gate:
                                              "policy_sha256": self.policy.sha256, "host": socket.gethostname(),
                                              "pid": os.getpid(), **fields,
                                              **self.ledger_scope.audit_fields}, required=True)
+        if self.shadow is not None:
+            self.shadow.started(ctx, task, resumed=True)
         return ctx
 
     def suspend_run(self, ctx: RunContext, pending: Iterable[str], **fields: Any) -> None:
