@@ -193,8 +193,14 @@ class PolicySource:
                                "run there); without it the file is still checked every "
                                f"{self.check_every_ns // 1_000_000} ms")
 
+        previous: Callable[[int, FrameType | None], object] | int | None = None
+
         def on_hup(number: int, frame: FrameType | None) -> None:
             self._force = True
+            # Another source of this process (a second gate's file) installed before this one is told too:
+            # one process's SIGHUP checks every policy file it reloads. (Never the default action: it ends it.)
+            if callable(previous):
+                previous(number, frame)
 
         previous = signal.signal(signal.SIGHUP, on_hup)
 
