@@ -39,9 +39,10 @@ def register(subparsers: Any) -> None:
                                            "list and lift halts")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--all", action="store_true", help="halt every call")
-    what.add_argument("--agent", metavar="A", help="halt the calls of agent A")
+    what.add_argument("--agent", metavar="A", help="halt the calls of agent A (a name or a glob: 'research*')")
     what.add_argument("--tool", metavar="T", help="halt calls of tool T (a name or a glob: 'send_*')")
-    what.add_argument("--principal", metavar="P", help="halt the calls of runs started by P")
+    what.add_argument("--principal", metavar="P",
+                      help="halt the calls of runs started by P (a name or a glob: '*@contractor.example')")
     what.add_argument("--run", metavar="R", help="halt the calls of run R")
     what.add_argument("--lift", metavar="ID", help="end the halt ID")
     what.add_argument("--list", action="store_true", help="show the active halts")

@@ -80,23 +80,21 @@ class Halt:
     at_ns: int
 
     def matches(self, tool: str, agent: str | None, principal: str | None, run_id: str) -> bool:
-        """Whether the halt stops this call. Names are compared as text (NFC: a name typed with a composed
-        accent and one written with a combining accent are one name), never folded further: a look-alike of
-        another script is another name, as it is to budgets and approvals."""
+        """Whether the halt stops this call. A tool, agent or principal halt names one, or a glob of them
+        (``send_*``). Names are compared as text (NFC: a name typed with a composed accent and one written with
+        a combining accent are one name), never folded further: a look-alike of another script is another name,
+        as it is to budgets and approvals."""
         scope, value = self.scope, self.value
         if scope == "all":
             return True
         if value is None:
             return False
         if scope == "tool":
-            if tool == value:
-                return True
-            tool, value = _nfc(tool), _nfc(value)
-            return tool == value or (_is_glob(value) and fnmatch.fnmatchcase(tool, value))
+            return _named(tool, value)
         if scope == "agent":
-            return agent is not None and (agent == value or _nfc(agent) == _nfc(value))
+            return agent is not None and _named(agent, value)
         if scope == "principal":
-            return principal is not None and (principal == value or _nfc(principal) == _nfc(value))
+            return principal is not None and _named(principal, value)
         return run_id == value
 
     @property
@@ -136,6 +134,14 @@ class Halt:
 def _nfc(text: str) -> str:
     # ASCII (nearly every name) is its own NFC: no normalisation on the call's path for it.
     return text if text.isascii() else unicodedata.normalize("NFC", text)
+
+
+def _named(name: str, value: str) -> bool:
+    """Whether a halt of `value` (a name, or a glob: ``send_*``) stops `name`."""
+    if name == value:
+        return True
+    name, value = _nfc(name), _nfc(value)
+    return name == value or (_is_glob(value) and fnmatch.fnmatchcase(name, value))
 
 
 def _is_glob(value: str) -> bool:

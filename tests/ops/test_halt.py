@@ -85,6 +85,23 @@ def test_a_halt_matches_a_name_written_in_another_unicode_form_and_never_a_look_
     halts.lift(h.id)
 
 
+def test_an_agent_or_principal_halt_written_as_a_glob_stops_the_names_it_matches() -> None:
+    """`proctor halt --agent 'research*'` printed "halted" and stopped nothing, the glob compared as a name: an
+    operator's pattern matches as --tool's does (a name that holds the character still matches itself)."""
+    halts = MemoryHalts()
+    agents = halts.set(scope="agent", value="research*", reason="runaway researchers")
+    assert halts.check("t", "research-eu", None, "r") == agents
+    assert halts.check("t", "writer", None, "r") is None
+    assert halts.check("t", None, None, "r") is None
+    halts.lift(agents.id)
+    people = halts.set(scope="principal", value="*@contractor.example", reason="contract ended")
+    assert halts.check("t", None, "ann@contractor.example", "r") == people
+    assert halts.check("t", None, "ann@example.com", "r") is None
+    halts.lift(people.id)
+    literal = halts.set(scope="principal", value="odd*name", reason="why")
+    assert halts.check("t", None, "odd*name", "r") == literal
+
+
 def test_refusal_names_the_halt() -> None:
     halt = new_halt("all", None, "incident 42")
     err = halt_refusal("send_email", halt)
