@@ -14,7 +14,7 @@ from proctor.errors import AuditError, ToolDenied
 from proctor.gate import Gate
 from proctor.halt import HaltError, MemoryHalts, install_signal_halt
 from proctor.policy import Policy
-from proctor.policy.reload import PolicySource
+from proctor.policy.reload import PolicyChange, PolicyRefused, PolicySource
 from proctor.testing import InMemoryAudit
 from proctor.tools import tool
 
@@ -237,6 +237,40 @@ def test_a_run_in_flight_is_not_switched_to_a_shared_budget_on_a_local_ledger(tm
     with pytest.raises(ToolDenied, match="PROCTOR_LEDGER=redis://"):
         gate.call("page", {"who": "b"}, context=ctx)
     assert RAN == ["a"]
+
+
+def test_a_change_callback_that_raises_neither_fails_the_call_nor_skips_the_record(tmp_path: Path) -> None:
+    """The source's own `on_change` (a user's: a metrics hook, a notifier) raising must not end the call that
+    noticed the change, nor leave the new policy deciding without its `policy_changed` record."""
+    path = tmp_path / "policy.yaml"
+    _write(path, ALLOW)
+    told: list[str] = []
+
+    def broken_hook(change: PolicyChange) -> None:
+        told.append(change.new_sha256)
+        raise RuntimeError("notifier down")
+
+    refused: list[str] = []
+
+    def broken_refusal_hook(refusal: PolicyRefused) -> None:
+        refused.append(refusal.message)
+        raise RuntimeError("notifier down")
+
+    audit = InMemoryAudit()
+    source = PolicySource(path, check_every_ms=0, on_change=broken_hook, on_refused=broken_refusal_hook)
+    gate = Gate(source, audit=audit, tools=[page])
+    ctx = gate.start_run()
+    _write(path, DENY)
+    time.sleep(0.01)
+    outcome = gate.submit("page", {"who": "a"}, context=ctx)  # never raises
+    assert outcome.record.status == "denied" and "paging is off" in str(outcome.error)
+    (change,) = audit.of_kind("policy_changed")
+    assert told == [change["new_sha256"]] == [Policy.from_dict(DENY).sha256]
+    path.write_text("version: 1\nrules: [{name: x, match: {tool: page}, decision: alow}]\n")
+    time.sleep(0.01)
+    outcome = gate.submit("page", {"who": "b"}, context=ctx)
+    assert outcome.record.status == "denied" and "paging is off" in str(outcome.error) and len(refused) == 1
+    assert RAN == []
 
 
 def _halt_records(audit: InMemoryAudit) -> list[tuple[str, str, str | None, str | None, str]]:

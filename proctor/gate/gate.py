@@ -261,7 +261,10 @@ class Gate:
 
         def changed(change: PolicyChange) -> None:
             if theirs is not None:
-                theirs(change)
+                try:
+                    theirs(change)
+                except Exception as exc:  # noqa: BLE001 - the change happened: it is recorded whatever they raise
+                    log.error("policy_reload_listener_failed", path=change.path, error=repr(exc))
             self.recorder.append("policy_changed", {"path": change.path, "old_sha256": change.old_sha256,
                                                     "new_sha256": change.new_sha256}, durable=True)
 
