@@ -40,6 +40,8 @@ def register(sub: Any) -> None:
     replay.add_argument("--fail-on-change", dest="fail_on_change", action="store_true",
                         help="exit 1 when any decision would change, or lines of the log are not records, or "
                              "its hash chain is broken (gate a policy change in CI)")
+    replay.add_argument("--pubkey", metavar="K", help="the log writer's public key: its checkpoints must be signed "
+                                                      "with it (as `proctor audit verify --pubkey`)")
     replay.set_defaults(func=_replay)
 
     coverage = sub.add_parser("coverage", help="which rules an audit log's calls matched, which budgets they "
@@ -48,6 +50,7 @@ def register(sub: Any) -> None:
     coverage.add_argument("--audit", required=True, metavar="LOG|URL", help=audit_help)
     coverage.add_argument("--since", default=None, metavar="T", help="as for replay")
     coverage.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    coverage.add_argument("--pubkey", metavar="K", help="as for replay")
     coverage.set_defaults(func=_coverage)
 
 
@@ -109,7 +112,7 @@ def _replay(args: argparse.Namespace) -> int:
         return got
     policy, since = got
     try:
-        report = replay_log(policy, args.audit, since_ns=since)
+        report = replay_log(policy, args.audit, since_ns=since, pubkey=args.pubkey)
     except (OSError, AuditError) as exc:
         return _read_failure(args, exc)
     out = report.as_dict()
@@ -163,7 +166,7 @@ def _coverage(args: argparse.Namespace) -> int:
         return got
     policy, since = got
     try:
-        report = coverage_log(policy, args.audit, since_ns=since)
+        report = coverage_log(policy, args.audit, since_ns=since, pubkey=args.pubkey)
     except (OSError, AuditError) as exc:
         return _read_failure(args, exc)
     out = report.as_dict()

@@ -28,6 +28,7 @@ from proctor.policy.conditions import EvaluationError
 from proctor.policy.replay import replay_log
 
 if TYPE_CHECKING:
+    from proctor.audit.keys import PublicKeySource
     from proctor.policy.engine import Policy
 
 __all__ = ["BudgetCoverage", "CoverageReport", "coverage_log"]
@@ -123,13 +124,15 @@ class _Counter:
                         cov.max_fraction = fraction
 
 
-def coverage_log(policy: Policy, source: str, *, since_ns: int | None = None, verify: bool = True) -> CoverageReport:
+def coverage_log(policy: Policy, source: str, *, since_ns: int | None = None, verify: bool = True,
+                 pubkey: PublicKeySource | None = None) -> CoverageReport:
     """Coverage of `policy` over the audit log at `source` (a path or a ``postgresql://`` URL); with `verify`, the
     log's chain is checked first, as `replay_log` does."""
     report = CoverageReport(policy.sha256)
     report.rules = {rule.name: [0, 0] for rule in policy.compiled}
     report.budgets = {b.name: BudgetCoverage(b.name) for b in policy.budgets}
-    replayed = replay_log(policy, source, since_ns=since_ns, observe=_Counter(policy, report), verify=verify)
+    replayed = replay_log(policy, source, since_ns=since_ns, observe=_Counter(policy, report), verify=verify,
+                          pubkey=pubkey)
     report.undecidable = replayed.undecidable
     report.bad_lines, report.log_intact, report.log_failure = (replayed.bad_lines, replayed.log_intact,
                                                                replayed.log_failure)

@@ -65,6 +65,7 @@ from proctor.policy.projection import needs_of
 from proctor.policy.simulate import RAN_STATUSES, RecordedRun
 
 if TYPE_CHECKING:
+    from proctor.audit.keys import PublicKeySource
     from proctor.policy.engine import Policy, ToolFacts
     from proctor.provenance import ProvenanceIndex
 
@@ -662,12 +663,12 @@ def _log_file(source: str) -> Iterator[str]:
         yield str(path)
 
 
-def log_failure(path: str) -> str | None:
+def log_failure(path: str, pubkey: PublicKeySource | None = None) -> str | None:
     """Where the audit log file at `path` first fails `proctor audit verify`'s checks (chain, checkpoints, side
-    file), in words; None when it is intact."""
+    file; with `pubkey`, that its checkpoints are signed with that key), in words; None when it is intact."""
     from proctor.audit.verify import verify
 
-    found = verify(path).failure
+    found = verify(path, pubkey=pubkey).failure
     if found is None:
         return None
     where = f"seq {found.seq}" + (f", line {found.line}" if found.line is not None else "")
@@ -724,18 +725,20 @@ def replay(policy: Policy, records: Iterable[Mapping[str, Any]], *, since_ns: in
 
 
 def replay_log(policy: Policy, source: str, *, since_ns: int | None = None,
-               observe: Observer | None = None, verify: bool = True) -> ReplayReport:
+               observe: Observer | None = None, verify: bool = True,
+               pubkey: PublicKeySource | None = None) -> ReplayReport:
     """`replay` over the audit log at `source` (a path or a ``postgresql://`` URL).
 
     With `verify` (the default) the log is first checked as `proctor audit verify` checks it, and the report
     says whether it is intact (`log_intact`, `log_failure`): a record edited, deleted or moved is otherwise
-    read as written, and a replay of a doctored log would vouch for it.
+    read as written, and a replay of a doctored log would vouch for it. `pubkey` (the log writer's public key)
+    also pins who signed its checkpoints: a chain rewritten whole and signed with another key fails.
     """
     replayer = _Replayer(policy, since_ns, observe)
     bad = [0]
     with _log_file(source) as path:
         if verify:  # (the same file replayed below: a PostgreSQL log is exported once, for both)
-            replayer.report.log_failure = failure = log_failure(path)
+            replayer.report.log_failure = failure = log_failure(path, pubkey)
             replayer.report.log_intact = failure is None
         for _ in _file_records(path, bad, replayer.feed):  # (fed, not yielded)
             pass

@@ -482,3 +482,23 @@ def test_a_log_whose_hash_chain_is_broken_is_said_to_be_and_never_passes_the_gat
         assert "NOT INTACT" in capsys.readouterr().out, how
     assert main(["policy", "replay", str(stricter), "--audit", str(log), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["log_intact"] is True
+
+
+def test_pubkey_pins_who_may_have_written_the_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A chain can be rewritten whole from an edit on, and signed again with a key of the editor's own: only the
+    key the log's writer holds tells. `--pubkey` checks the checkpoints against it, as `audit verify` does."""
+    from proctor.audit import generate_keypair
+
+    writer, _, _ = generate_keypair(tmp_path / "writer.key")
+    other, _, _ = generate_keypair(tmp_path / "other.key")
+    log = _record(tmp_path, AuditLog(tmp_path / "audit.jsonl", durability="flush", signing_key=writer))
+    policy = tmp_path / "same.yaml"
+    policy.write_text(OLD)
+    assert main(["policy", "replay", str(policy), "--audit", str(log), "--pubkey", f"{writer}.pub", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["log_intact"] is True
+    assert main(["policy", "replay", str(policy), "--audit", str(log), "--pubkey", f"{other}.pub",
+                 "--fail-on-change"]) == 1
+    assert "NOT INTACT" in capsys.readouterr().out
+    assert main(["policy", "coverage", str(policy), "--audit", str(log), "--pubkey", f"{other}.pub", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["log_intact"] is False
+    assert replay_log(Policy.from_string(OLD), str(log), pubkey=f"{other}.pub").log_intact is False
