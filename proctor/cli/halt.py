@@ -27,7 +27,7 @@ from proctor.termsafe import terminal_safe
 
 if TYPE_CHECKING:
     from proctor.audit.base import AuditSink
-    from proctor.halt import HaltBackend, HaltsAt, Scope
+    from proctor.halt import HaltBackend, Scope
 
 _SCOPED: tuple[Scope, ...] = ("agent", "tool", "principal", "run")
 
@@ -68,7 +68,7 @@ def _usage(args: argparse.Namespace, message: str) -> int:
 def _backend(args: argparse.Namespace) -> HaltBackend | str:
     """The backend named on the command line or by the environment; a string says why there is none."""
     from proctor.halt import HaltError
-    from proctor.halt.shared import REDIS_SCHEMES, halts_at, open_halt_backend
+    from proctor.halt.shared import REDIS_SCHEMES, halts_at, missing_store, open_halt_backend
 
     url = args.ledger or args.store
     kind = "ledger" if args.ledger else "store" if args.store else None
@@ -84,35 +84,15 @@ def _backend(args: argparse.Namespace) -> HaltBackend | str:
     at = halts_at(url)
     if kind == "ledger" and at[0] != "redis":
         return f"--ledger {url}: halts are shared through Redis (redis://…); a run store is --store"
-    missing = _missing_sqlite(at)
+    missing = missing_store(at)
     if missing is not None:
-        return missing
+        return f"--store {missing}"
     try:
         return open_halt_backend(at)
     except ImportError as exc:
         return f"--ledger needs {exc.name or 'redis'}: pip install 'proctor[redis]'"
     except HaltError as exc:
         return str(exc)
-
-
-def _missing_sqlite(at: HaltsAt) -> str | None:
-    """Why a SQLite store named for halts is refused: no file there. Opening it would make a fresh store, keep
-    the halt in it and say "halted" while no gate reads it (a mistyped path); a fleet's store exists already."""
-    from proctor.backends import scheme_of
-    from proctor.errors import StoreError
-    from proctor.store.sqlite import sqlite_path
-
-    kind, url = at
-    if kind != "store" or scheme_of("store", url) != "sqlite":
-        return None
-    try:
-        path = sqlite_path(url)
-    except StoreError as exc:
-        return str(exc)
-    if os.path.exists(path):
-        return None
-    return (f"--store {url}: no run store at {path}: a halt kept there stops no gate; name the store the fleet's "
-            "runs use")
 
 
 def _halt(args: argparse.Namespace) -> int:

@@ -275,6 +275,19 @@ def test_a_halt_on_a_sqlite_store_that_does_not_exist_is_refused_not_kept_where_
     assert main(["halt", "--all", "--reason", "incident", "--store", str(real), "--audit", str(audit)]) == 0
 
 
+def test_mcp_serve_refuses_halts_named_at_a_sqlite_store_that_does_not_exist(tmp_path: Path) -> None:
+    """`--halts PATH` names the halts a server honours: a mistyped path made a fresh store, and the server honoured
+    its empty table while the fleet's halts were elsewhere. It refuses to start instead, and makes no file."""
+    servers = tmp_path / "servers.json"
+    servers.write_text('{"mcpServers": {}}')
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\nrules: []\n")
+    typo = tmp_path / "rnus.db"
+    assert main(["mcp", "serve", "--servers", str(servers), "--policy", str(policy), "--halts", str(typo),
+                 "--audit", str(tmp_path / "audit.jsonl")]) == 1
+    assert not typo.exists()
+
+
 def test_a_store_row_holding_another_halts_id_fails_the_read(tmp_path: Path) -> None:
     """A row of the halts table is not trusted: one whose data names a halt other than its row's id (a copy of
     an active halt under a second row, which its lift would leave in force) fails the read, as Redis's does."""
