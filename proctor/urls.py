@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-__all__ = ["LEDGER_OPTIONS", "split_ledger_options", "shown_url"]
+__all__ = ["DEFAULT_NAMESPACE", "LEDGER_OPTIONS", "redis_halts_url", "split_ledger_options", "shown_url"]
 
 _SECRET_PARAMS = frozenset({"password", "passwd", "sslpassword"})
 
@@ -55,3 +55,16 @@ def split_ledger_options(url: str) -> tuple[str, dict[str, str]]:
         else:
             theirs.append((k, v))
     return base + ("?" + urlencode(theirs) if theirs else ""), ours
+
+
+#: The key namespace of a Redis ledger given no ``prefix=`` (its halts live under ``proctor:halts``).
+DEFAULT_NAMESPACE = "proctor"
+
+
+def redis_halts_url(target: str, namespace: str | None) -> str:
+    """Where the halts beside a Redis ledger are (`proctor.halt.HaltsAt`): the Redis `target` (redis-py's URL), with
+    ``prefix=`` kept when the ledger's key `namespace` is not the default, so fleets sharing one Redis under their
+    own prefixes keep their own halts as they keep their own budgets."""
+    if not namespace or namespace == DEFAULT_NAMESPACE:
+        return target
+    return target + ("&" if "?" in target else "?") + urlencode({"prefix": namespace})

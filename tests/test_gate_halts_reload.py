@@ -14,7 +14,7 @@ from proctor.errors import AuditError, ToolDenied
 from proctor.gate import Gate
 from proctor.halt import HaltError, MemoryHalts, install_signal_halt
 from proctor.policy import Policy
-from proctor.policy.reload import PolicySource
+from proctor.policy.reload import PolicyChange, PolicyRefused, PolicySource
 from proctor.testing import InMemoryAudit
 from proctor.tools import tool
 
@@ -60,6 +60,28 @@ def test_a_halt_refuses_matching_calls_naming_it_and_lifting_it_lets_them_run() 
         gate.call("page", {"who": "x"}, context=gate.start_run(principal="bob"))
     assert gate.call("page", {"who": "y"}, context=gate.start_run(principal="carol")) == "paged"
     assert RAN == ["oncall", "y"]
+
+
+def test_halting_an_agent_stops_the_calls_of_the_managed_agents_working_for_it() -> None:
+    """A managed agent's calls are its parent's work (the same run, `run.agent` its own name): halting the
+    parent stops them too, or an agent halted mid-delegation would go on acting through its helper."""
+    halts = MemoryHalts()
+    gate = Gate(Policy.from_dict(ALLOW), tools=[page], halts=halts)
+    ctx = gate.start_run(principal="alice", agent="boss")
+    helper = ctx.delegate("helper", ledger=ctx.ledger, tools=gate.tools, parent_call_id="call_parent")
+    assert gate.call("page", {"who": "a"}, context=helper) == "paged"
+    halt = halts.set(scope="agent", value="boss", reason="boss misbehaves")
+    with pytest.raises(ToolDenied, match=f"halted by {halt.id}: boss misbehaves"):
+        gate.call("page", {"who": "b"}, context=helper)
+    with pytest.raises(ToolDenied, match=f"halted by {halt.id}"):
+        gate.call("page", {"who": "c"}, context=ctx)
+    halts.lift(halt.id)
+    # A halt of the helper stops the helper's calls only.
+    only = halts.set(scope="agent", value="helper", reason="helper misbehaves")
+    with pytest.raises(ToolDenied, match=f"halted by {only.id}"):
+        gate.call("page", {"who": "d"}, context=helper)
+    assert gate.call("page", {"who": "e"}, context=ctx) == "paged"
+    assert RAN == ["a", "e"]
 
 
 def test_a_denied_call_is_denied_by_the_policy_not_the_halt() -> None:
@@ -172,6 +194,83 @@ def test_a_reload_that_adds_a_global_budget_on_a_local_ledger_starts_no_run(tmp_
                   "budgets": [{"name": "pages", "per": "global", "window": "1h", "limit": {"calls": 3}}]})
     time.sleep(0.01)
     assert gate.call("page", {"who": "b"}, context=gate.start_run()) == "paged"  # said so: then it is local
+
+
+def test_a_run_in_flight_takes_the_new_policys_budgets_with_its_rules(tmp_path: Path) -> None:
+    """A run switches to a reloaded policy whole at its next call: its budgets too, not the rules of the new one
+    over the budgets of the old. A budget both have keeps what the run used; a new one counts from the switch."""
+    from proctor.errors import BudgetExceeded
+
+    path = tmp_path / "policy.yaml"
+    _write(path, {**ALLOW, "budgets": [{"name": "pages", "limit": {"calls": 3}}]})
+    audit = InMemoryAudit()
+    gate = Gate(PolicySource(path, check_every_ms=0), audit=audit, tools=[page])
+    ctx = gate.start_run()
+    assert gate.call("page", {"who": "a"}, context=ctx) == "paged"
+    assert gate.call("page", {"who": "b"}, context=ctx) == "paged"
+    new = {**ALLOW, "budgets": [{"name": "pages", "limit": {"calls": 2}},
+                                {"name": "one-more", "limit": {"calls": 1}}]}
+    _write(path, new)
+    time.sleep(0.01)
+    with pytest.raises(BudgetExceeded, match="budget 'pages' exhausted: 2 of 2 calls used"):
+        gate.call("page", {"who": "c"}, context=ctx)
+    assert audit.of_kind("call_intent")[-1]["policy_sha256"] == Policy.from_dict(new).sha256
+    other = gate.start_run()
+    _write(path, {**ALLOW, "budgets": [{"name": "one-more", "limit": {"calls": 1}}]})
+    time.sleep(0.01)
+    assert gate.call("page", {"who": "d"}, context=other) == "paged"
+    with pytest.raises(BudgetExceeded, match="budget 'one-more'"):
+        gate.call("page", {"who": "e"}, context=other)
+    assert RAN == ["a", "b", "d"]
+
+
+def test_a_run_in_flight_is_not_switched_to_a_shared_budget_on_a_local_ledger(tmp_path: Path) -> None:
+    """As a new run is refused (issue 34), so is the next call of a run in flight: the new policy's global budget
+    would otherwise count on a process-local ledger it did not ask for."""
+    path = tmp_path / "policy.yaml"
+    _write(path, ALLOW)
+    gate = Gate(PolicySource(path, check_every_ms=0), tools=[page])
+    ctx = gate.start_run()
+    assert gate.call("page", {"who": "a"}, context=ctx) == "paged"
+    _write(path, {**ALLOW, "budgets": [{"name": "pages", "per": "global", "window": "1h", "limit": {"calls": 3}}]})
+    time.sleep(0.01)
+    with pytest.raises(ToolDenied, match="PROCTOR_LEDGER=redis://"):
+        gate.call("page", {"who": "b"}, context=ctx)
+    assert RAN == ["a"]
+
+
+def test_a_change_callback_that_raises_neither_fails_the_call_nor_skips_the_record(tmp_path: Path) -> None:
+    """The source's own `on_change` (a user's: a metrics hook, a notifier) raising must not end the call that
+    noticed the change, nor leave the new policy deciding without its `policy_changed` record."""
+    path = tmp_path / "policy.yaml"
+    _write(path, ALLOW)
+    told: list[str] = []
+
+    def broken_hook(change: PolicyChange) -> None:
+        told.append(change.new_sha256)
+        raise RuntimeError("notifier down")
+
+    refused: list[str] = []
+
+    def broken_refusal_hook(refusal: PolicyRefused) -> None:
+        refused.append(refusal.message)
+        raise RuntimeError("notifier down")
+
+    audit = InMemoryAudit()
+    source = PolicySource(path, check_every_ms=0, on_change=broken_hook, on_refused=broken_refusal_hook)
+    gate = Gate(source, audit=audit, tools=[page])
+    ctx = gate.start_run()
+    _write(path, DENY)
+    time.sleep(0.01)
+    outcome = gate.submit("page", {"who": "a"}, context=ctx)  # never raises
+    assert outcome.record.status == "denied" and "paging is off" in str(outcome.error)
+    (change,) = audit.of_kind("policy_changed")
+    assert told == [change["new_sha256"]] == [Policy.from_dict(DENY).sha256]
+    path.write_text("version: 1\nrules: [{name: x, match: {tool: page}, decision: alow}]\n")
+    time.sleep(0.01)
+    outcome = gate.submit("page", {"who": "b"}, context=ctx)
+    assert outcome.record.status == "denied" and "paging is off" in str(outcome.error) and len(refused) == 1
+    assert RAN == []
 
 
 def _halt_records(audit: InMemoryAudit) -> list[tuple[str, str, str | None, str | None, str]]:

@@ -39,9 +39,10 @@ def register(subparsers: Any) -> None:
                                            "list and lift halts")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--all", action="store_true", help="halt every call")
-    what.add_argument("--agent", metavar="A", help="halt the calls of agent A")
+    what.add_argument("--agent", metavar="A", help="halt the calls of agent A (a name or a glob: 'research*')")
     what.add_argument("--tool", metavar="T", help="halt calls of tool T (a name or a glob: 'send_*')")
-    what.add_argument("--principal", metavar="P", help="halt the calls of runs started by P")
+    what.add_argument("--principal", metavar="P",
+                      help="halt the calls of runs started by P (a name or a glob: '*@contractor.example')")
     what.add_argument("--run", metavar="R", help="halt the calls of run R")
     what.add_argument("--lift", metavar="ID", help="end the halt ID")
     what.add_argument("--list", action="store_true", help="show the active halts")
@@ -67,7 +68,7 @@ def _usage(args: argparse.Namespace, message: str) -> int:
 def _backend(args: argparse.Namespace) -> HaltBackend | str:
     """The backend named on the command line or by the environment; a string says why there is none."""
     from proctor.halt import HaltError
-    from proctor.halt.shared import REDIS_SCHEMES, halts_at, open_halt_backend
+    from proctor.halt.shared import REDIS_SCHEMES, halts_at, missing_store, open_halt_backend
 
     url = args.ledger or args.store
     kind = "ledger" if args.ledger else "store" if args.store else None
@@ -83,6 +84,9 @@ def _backend(args: argparse.Namespace) -> HaltBackend | str:
     at = halts_at(url)
     if kind == "ledger" and at[0] != "redis":
         return f"--ledger {url}: halts are shared through Redis (redis://…); a run store is --store"
+    missing = missing_store(at)
+    if missing is not None:
+        return f"--store {missing}"
     try:
         return open_halt_backend(at)
     except ImportError as exc:

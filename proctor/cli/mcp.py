@@ -162,9 +162,16 @@ def _halts(args: argparse.Namespace) -> Any:
     """The halt channel the gate honours, and it alone, when --halts names one; else None: the gate's own
     default (this process's halts and its Redis ledger's), joined by the --store's. `HaltError` when --halts
     cannot be used."""
-    from proctor.halt.shared import halts_at, open_halts
+    from proctor.halt import HaltError
+    from proctor.halt.shared import halts_at, missing_store, open_halts
 
-    return open_halts(halts_at(args.halts)) if args.halts is not None else None
+    if args.halts is None:
+        return None
+    at = halts_at(args.halts)
+    missing = missing_store(at)  # a mistyped path would be a fresh store: an empty table honoured
+    if missing is not None:
+        raise HaltError(missing)
+    return open_halts(at)
 
 
 def _honour_store_halts(code_mode: Any, store: str) -> None:

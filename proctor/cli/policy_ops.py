@@ -1,7 +1,10 @@
 """`proctor policy replay | coverage`: a policy judged against an audit log (registered by `proctor.cli.policy`).
 
+Both check the log's hash chain first (as `proctor audit verify` does) and say when it is not intact:
+a record edited, deleted or moved is otherwise read as written.
+
 Exit codes: replay 0 (1 with ``--fail-on-change`` when any decision changed, or lines of the log
-were not records), coverage 0;
+were not records, or its chain is broken), coverage 0;
 1 when the policy or the log cannot be read; 2 usage. Heavy imports happen in the commands.
 """
 
@@ -35,8 +38,10 @@ def register(sub: Any) -> None:
                              "or an age such as 24h, 7d")
     replay.add_argument("--json", action="store_true", help="print the report as one JSON object")
     replay.add_argument("--fail-on-change", dest="fail_on_change", action="store_true",
-                        help="exit 1 when any decision would change, or lines of the log are not records "
-                             "(gate a policy change in CI)")
+                        help="exit 1 when any decision would change, or lines of the log are not records, or "
+                             "its hash chain is broken (gate a policy change in CI)")
+    replay.add_argument("--pubkey", metavar="K", help="the log writer's public key: its checkpoints must be signed "
+                                                      "with it (as `proctor audit verify --pubkey`)")
     replay.set_defaults(func=_replay)
 
     coverage = sub.add_parser("coverage", help="which rules an audit log's calls matched, which budgets they "
@@ -45,6 +50,7 @@ def register(sub: Any) -> None:
     coverage.add_argument("--audit", required=True, metavar="LOG|URL", help=audit_help)
     coverage.add_argument("--since", default=None, metavar="T", help="as for replay")
     coverage.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    coverage.add_argument("--pubkey", metavar="K", help="as for replay")
     coverage.set_defaults(func=_coverage)
 
 
@@ -106,20 +112,28 @@ def _replay(args: argparse.Namespace) -> int:
         return got
     policy, since = got
     try:
-        report = replay_log(policy, args.audit, since_ns=since)
+        report = replay_log(policy, args.audit, since_ns=since, pubkey=args.pubkey)
     except (OSError, AuditError) as exc:
         return _read_failure(args, exc)
     out = report.as_dict()
     if args.json:
         print(json.dumps(out, ensure_ascii=False, sort_keys=True))
     else:
-        _print_replay(out, args.policy)
-    # Lines that are not records hold calls nobody decided again: "nothing changed" cannot be said of them.
-    return 1 if args.fail_on_change and (report.changed or report.bad_lines) else 0
+        _print_replay(out, args.policy, args.audit)
+    # Lines that are not records hold calls nobody decided again, and a broken chain means the records may not be
+    # the calls that were made: "nothing changed" cannot be said of either.
+    return 1 if args.fail_on_change and (report.changed or report.bad_lines or report.log_intact is False) else 0
 
 
-def _print_replay(out: dict[str, Any], path: str) -> None:
+def _not_intact(out: dict[str, Any], audit: str) -> None:
+    if out["log_intact"] is False:
+        print(terminal_safe(f"  THE LOG IS NOT INTACT: {out['log_failure']}; its records were read as written, so "
+                            f"this report cannot vouch for the calls they claim (run `proctor audit verify {audit}`)"))
+
+
+def _print_replay(out: dict[str, Any], path: str, audit: str) -> None:
     print(terminal_safe(f"{path} (sha256 {out['policy_sha256'][:12]}…) against the recorded calls:"))
+    _not_intact(out, audit)
     print(f"  {out['decided']} decided again: {out['unchanged']} unchanged, {out['changed']} changed; "
           f"{out['undecidable']} undecidable; {out['not_decided']} refused before any policy decided")
     if out["bad_lines"]:
@@ -152,7 +166,7 @@ def _coverage(args: argparse.Namespace) -> int:
         return got
     policy, since = got
     try:
-        report = coverage_log(policy, args.audit, since_ns=since)
+        report = coverage_log(policy, args.audit, since_ns=since, pubkey=args.pubkey)
     except (OSError, AuditError) as exc:
         return _read_failure(args, exc)
     out = report.as_dict()
@@ -161,6 +175,10 @@ def _coverage(args: argparse.Namespace) -> int:
         return 0
     print(terminal_safe(f"{args.policy} (sha256 {out['policy_sha256'][:12]}…) over {out['calls']} recorded call(s) "
                         f"({out['undecidable']} undecidable, left out of the rule counts):"))
+    _not_intact(out, args.audit)
+    if out["bad_lines"]:
+        print(f"  {out['bad_lines']} line(s) of the log were not records and were skipped "
+              "(run `proctor audit verify`)")
     sections = (("rules that never matched", out["never_matched"]),
                 ("rules that always matched (every call they could apply to)", out["always_matched"]),
                 ("budgets never approached (peak use under 50%)", [

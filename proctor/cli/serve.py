@@ -172,10 +172,13 @@ def _halting(args: argparse.Namespace, store_url: str, groups: tuple[str, ...]) 
     --halt-groups); a string says why they cannot be opened."""
     from proctor.errors import ProctorError
     from proctor.halt import HaltError
-    from proctor.halt.shared import halts_at, open_halt_backend
+    from proctor.halt.shared import halts_at, missing_store, open_halt_backend
 
     url = args.halts
     backend: Any = None
+    missing = missing_store(halts_at(url)) if url is not None else None
+    if missing is not None:
+        return f"--halts {missing}"
     try:
         try:
             backend = open_halt_backend(halts_at(url or store_url))

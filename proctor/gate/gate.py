@@ -75,7 +75,7 @@ from proctor.ledger.scope import ledger_scope
 from proctor.policy.admission import AdmissionPolicy, admit, facts_of
 from proctor.policy.aggregates import Pipeline
 from proctor.policy.approvers import ApproverRule, OsUser
-from proctor.policy.engine import ToolFacts
+from proctor.policy.engine import Policy, ToolFacts
 from proctor.policy.reload import PolicyChange, PolicySource
 from proctor.provenance import USER, ProvenanceIndex, ProvenanceLimits, ResultLabeller
 from proctor.redaction import Redacted, secret_values
@@ -129,6 +129,17 @@ class PolicyLike(AdmissionPolicy, Protocol):
     def model(self) -> PolicyModel: ...  # the file's settings: `ledger:` (ledger_scope), `sandbox:` (Interpreter)
 
 
+def _candidate(shadow: PolicyLike | str | os.PathLike[str]) -> PolicyLike:
+    """`shadow=`: a policy, or a policy file's path loaded now (a bad file raises its located `PolicyError` before
+    any run). Plain data is refused here, when the gate is made, rather than failing the first run it starts."""
+    if isinstance(shadow, (str, os.PathLike)):
+        return Policy.from_yaml(shadow)
+    if isinstance(shadow, (Mapping, bytes, int, float, list, tuple)):
+        raise ConfigurationError(f"shadow= takes a Policy (Policy.from_yaml(path), Policy.from_dict(data)) or a "
+                                 f"policy file's path, not a {type(shadow).__name__}")
+    return shadow
+
+
 class Gate:
     """The single choke point every tool call goes through (see the module docstring)."""
 
@@ -143,7 +154,7 @@ class Gate:
         history_limit: int = DEFAULT_HISTORY_LIMIT,
         ledger: SharedLedger | str | None = None,
         provenance_limits: ProvenanceLimits | None = None,
-        shadow: PolicyLike | None = None,
+        shadow: PolicyLike | str | os.PathLike[str] | None = None,
         halts: HaltChannel | None = None,
     ) -> None:
         #: The one writer of the gate's audit records and of its calls' endings.
@@ -190,7 +201,8 @@ class Gate:
         #: The approval step of calls the policy sends to a human (or a grant).
         self.approvals = ApprovalStep(self)
         #: A candidate policy deciding every call beside `policy`, never acting (`proctor.gate.shadow`).
-        self.shadow = Shadow(shadow, self.recorder) if shadow is not None else None
+        self.shadow = (Shadow(_candidate(shadow), self.recorder, self.provenance_limits) if shadow is not None
+                       else None)
         self.tools: dict[str, Tool] = {}
         self._default_context: RunContext | None = None
         self._lock = threading.Lock()
@@ -249,7 +261,10 @@ class Gate:
 
         def changed(change: PolicyChange) -> None:
             if theirs is not None:
-                theirs(change)
+                try:
+                    theirs(change)
+                except Exception as exc:  # noqa: BLE001 - the change happened: it is recorded whatever they raise
+                    log.error("policy_reload_listener_failed", path=change.path, error=repr(exc))
             self.recorder.append("policy_changed", {"path": change.path, "old_sha256": change.old_sha256,
                                                     "new_sha256": change.new_sha256}, durable=True)
 
@@ -316,6 +331,19 @@ class Gate:
             raise
         return self.halts.backend.lift(halt_id, reason=reason, by=who)
 
+    def _halted(self, tool: str, ctx: RunContext) -> Halt | None:
+        """The halt stopping a call of `tool` in run `ctx`, if any. A managed agent's call is also its parents'
+        work: a halt of any agent in the chain (`ctx.agents`) stops it, not only one of the agent making it."""
+        info = ctx.info
+        halt = self.halts.check(tool, info.agent, info.principal, info.id)
+        if halt is None:
+            for agent in ctx.agents:
+                if agent != info.agent:
+                    halt = self.halts.check(tool, agent, info.principal, info.id)
+                    if halt is not None:
+                        break
+        return halt
+
     def _on_halt(self, event: HaltEvent) -> None:
         """Record a halt the channel saw start or end (unless `halt`/`lift_halt` of this gate recorded it)."""
         key = (event.kind, event.halt.id)
@@ -367,6 +395,8 @@ class Gate:
             fields["agent"] = agent
         started = self.recorder.append("run_started", fields, required=True)
         ctx.audit_start = started.seq if started is not None else None
+        if self.shadow is not None:  # the candidate's own provenance index starts from the task
+            self.shadow.started(ctx, task)
         return ctx
 
     def resume_run(self, info: RunInfo, *, task: str | None = None, provenance: bool = False,
@@ -390,6 +420,8 @@ class Gate:
                                              "policy_sha256": self.policy.sha256, "host": socket.gethostname(),
                                              "pid": os.getpid(), **fields,
                                              **self.ledger_scope.audit_fields}, required=True)
+        if self.shadow is not None:
+            self.shadow.started(ctx, task, resumed=True)
         return ctx
 
     def suspend_run(self, ctx: RunContext, pending: Iterable[str], **fields: Any) -> None:
@@ -673,7 +705,7 @@ class Gate:
         if adm.stage == "cost":
             return self.recorder.refused(p, self._placed(p, adm.refusal))
         cost = p.cost = adm.cost
-        halt = self.halts.check(name, ctx.info.agent, ctx.info.principal, ctx.info.id)
+        halt = self._halted(name, ctx)
         if halt is not None:  # an operator stopped it (`proctor halt`): refused, naming the halt
             if shadow is not None:  # (the policies are compared; the call did not go on)
                 shadow.decided(p, adm)
@@ -703,7 +735,7 @@ class Gate:
             if refusal is not None:
                 return self.recorder.refused(p, refusal)
             # The answer can come minutes after the check above: a halt set meanwhile still stops the call.
-            halt = self.halts.check(name, ctx.info.agent, ctx.info.principal, ctx.info.id)
+            halt = self._halted(name, ctx)
             if halt is not None:
                 return self.recorder.refused(p, halt_refusal(name, halt, p.call_id), extra={"halt_id": halt.id})
         p.state = "authorized"

@@ -113,6 +113,9 @@ class Recorder:
         fields = {
             "run_id": p.ctx.info.id, "step": p.ctx.info.step, "principal": p.ctx.info.principal,
             "call_id": p.call_id, "tool": p.name, "side_effect": p.side_effect,
+            # the tool's own class, which the policy's `tools:` may have overridden (`side_effect`): replay decides
+            # a call again under a policy without that override by what its gate would see
+            "tool_side_effect": p.tool.side_effect,
             "args": p.redacted.args if p.redacted else {}, "args_digest": p.redacted.digest if p.redacted else None,
             "decision": d.outcome if d else None, "rules": list(d.rules) if d else [],
             "reason": d.reason if d else None, "policy_sha256": p.policy_sha256,

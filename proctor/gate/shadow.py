@@ -35,7 +35,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from proctor.calls import BudgetHold, CallRecord
@@ -45,6 +45,8 @@ from proctor.gate.recorder import Recorder, safely
 from proctor.ledger.memory import MemoryLedger
 from proctor.policy.admission import Admission, LazyUsage, admit
 from proctor.policy.simulate import RecordedRun
+from proctor.provenance import USER, ProvenanceIndex, ProvenanceLimits
+from proctor.redaction import scrub, secret_values
 from proctor.telemetry import metrics
 from proctor.telemetry import semconv as sc
 from proctor.telemetry.logging import get_logger
@@ -101,29 +103,41 @@ def _immutable(args: Mapping[str, Any] | None) -> bool:
     return args is None or all(type(value) in _SCALARS for value in args.values())
 
 
-def shadow_view(ctx: RunContext, usage: Mapping[str, Any]) -> RecordedRun:
-    """The run as the enforced admission of one call saw it (`proctor.policy.admission.RunView`), for the
-    candidate's decision made later: the history as of then (an O(1) snapshot of the run's rows), `seen` and
-    the run's facts as of then, and the shadow's own budgets as `usage`."""
-    return RecordedRun(ctx.info, ctx.history_view(), ctx.seen_labels(), usage, ctx.provenance)
+def shadow_view(ctx: RunContext, run: _Run, usage: Mapping[str, Any]) -> RecordedRun:
+    """The run as a gate enforcing the candidate would see it at one call's admission
+    (`proctor.policy.admission.RunView`), for the candidate's decision made later: the history as of then (an
+    O(1) snapshot of the run's rows) and the run's facts; `seen` and the provenance index as the candidate's own
+    labels make them (`run`); the shadow's own budgets as `usage`."""
+    return RecordedRun(ctx.info, ctx.history_view(), run.seen_sorted, usage, run.index)
 
 
 class _Run:
-    """One run's shadow: its budgets and the candidate's decisions waiting to be made, in call order."""
+    """One run's shadow: its budgets, what the run has read and where values came from by the candidate's
+    labels, and the candidate's decisions waiting to be made, in call order."""
 
-    __slots__ = ("ledger", "lock", "queue")
+    __slots__ = ("index", "ledger", "lock", "queue", "seen", "seen_sorted")
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, index: ProvenanceIndex | None) -> None:
         self.ledger = ledger
+        #: The results of the run's calls indexed under the candidate's labels (None: it reads no provenance).
+        self.index = index
+        #: The candidate's labels of the tools whose calls ran (`seen` in its conditions).
+        self.seen: set[str] = set()
+        self.seen_sorted: tuple[str, ...] = ()
         self.queue: deque[PendingDecision] = deque()
         self.lock = threading.Lock()  # held while decisions are made: one at a time, in order
+
+    def ran(self, labels: tuple[str, ...]) -> None:
+        if labels and not self.seen.issuperset(labels):
+            self.seen.update(labels)
+            self.seen_sorted = tuple(sorted(self.seen))
 
 
 class PendingDecision:
     """A call the candidate is to decide (`InFlight.shadow`): its inputs as the enforced admission had them,
     the enforced verdict once known, and the candidate's reservation on the shadow's budgets once made."""
 
-    __slots__ = ("args", "enforced", "expected", "p", "refused", "reservation", "run", "tools", "view")
+    __slots__ = ("args", "enforced", "expected", "labels", "p", "refused", "reservation", "run", "tools", "view")
 
     def __init__(self, p: InFlight, args: Mapping[str, Any] | None, tools: Mapping[str, Tool],
                  expected: Tool | None, view: RecordedRun, run: _Run) -> None:
@@ -132,6 +146,8 @@ class PendingDecision:
         self.enforced: Admission | None = None
         self.refused: BudgetExceeded | None = None
         self.reservation: BudgetHold | None = None
+        #: The candidate's labels of the call's tool, once it decided the call (what `seen` gains if it runs).
+        self.labels: tuple[str, ...] = ()
 
 
 class Shadow:
@@ -141,20 +157,37 @@ class Shadow:
     `decided` (the enforced verdict, once its budgets answered), `asking` (before a human is asked)
     and `ended` (the call is over and answered, whether its tool ran)."""
 
-    def __init__(self, policy: PolicyLike, recorder: Recorder) -> None:
+    def __init__(self, policy: PolicyLike, recorder: Recorder, limits: ProvenanceLimits | None = None) -> None:
         self.policy = policy
         self.recorder = recorder
+        self._limits = limits or ProvenanceLimits()
         self._runs: dict[str, _Run] = {}
         self._lock = threading.Lock()
+        #: The pools of the candidate's budgets wider than a run (`per: principal`, `label:`, `global`): one for
+        #: the gate's every run, in this process only (a policy not enforced never charges a shared pool).
+        self._pools = MemoryLedger()
 
     def admitted(self, p: InFlight, args: Mapping[str, Any] | None, tools: Mapping[str, Tool],
                  expected: Tool | None) -> None:
         """Keep what the enforced admission of call `p` saw, for the candidate's decision."""
         try:
             run = self._run(p.ctx)
-            p.shadow = PendingDecision(p, args, tools, expected, shadow_view(p.ctx, LazyUsage(run.ledger)), run)
+            p.shadow = PendingDecision(p, args, tools, expected, shadow_view(p.ctx, run, LazyUsage(run.ledger)), run)
         except Exception as exc:  # noqa: BLE001 - the shadow never changes a call
             log.error("shadow_policy_failed", tool=p.name, error=repr(exc))
+
+    def started(self, ctx: RunContext, task: str | None, *, resumed: bool = False) -> None:
+        """Run `ctx` starts (or is `resumed`): a candidate reading provenance gets the run's task as the user's
+        words, as a gate enforcing it would; a resumed run's earlier results are not in its index (fail safe)."""
+        try:
+            run = self._run(ctx)
+            if run.index is not None:
+                if task:
+                    run.index.add(task, (USER,))
+                if resumed:
+                    run.index.mark_incomplete(self.policy.result_labels)
+        except Exception as exc:  # noqa: BLE001 - the shadow never changes a run
+            log.error("shadow_policy_failed", run_id=ctx.info.id, error=repr(exc))
 
     def decided(self, p: InFlight, enforced: Admission, refused: BudgetExceeded | None = None) -> None:
         """The enforced verdict on `p` is known (its admission, and the budget that `refused` it if one did):
@@ -184,6 +217,8 @@ class Shadow:
         if pending.enforced is None:  # the gate failed before the enforced verdict: nothing to compare
             return
         self._drain(pending.run)
+        if ran:
+            self._ran(pending)
         if pending.reservation is None:
             return
         try:
@@ -210,8 +245,26 @@ class Shadow:
                         layers=p.ctx.layers, expected=pending.expected)
             if adm.stage == "decided":
                 pending.run.ledger.replay(p.name, adm.side_effect, adm.cost, record.duration_ns)
+            if adm.facts is not None:  # it ran (its result is not at hand: a resumed run's index is incomplete)
+                pending.run.ran(adm.facts.labels)
         except Exception as exc:  # noqa: BLE001 - the shadow never changes a call
             log.error("shadow_policy_failed", tool=p.name, error=repr(exc))
+
+    def _ran(self, pending: PendingDecision) -> None:
+        """The call's tool ran: its labels (the candidate's) join the run's `seen`, and its result is indexed
+        under them, before the run's next call is admitted."""
+        p, run, labels = pending.p, pending.run, pending.labels
+        if not labels:
+            return
+        run.ran(labels)
+        if run.index is None:
+            return
+        try:
+            run.index.add_result(str(p.error) if p.error is not None else p.value, labels,
+                                 self.policy.result_sources(p.name), p.args, tool=p.name)
+        except Exception as exc:  # noqa: BLE001 - the shadow never changes a call; its index then errs to the labels
+            log.error("shadow_policy_failed", tool=p.name, error=repr(exc))
+            run.index.mark_incomplete(labels)
 
     def finished(self, run_id: str) -> None:
         """Make the decisions left of a run that ended, then forget its ledger."""
@@ -225,7 +278,8 @@ class Shadow:
         with self._lock:
             run = self._runs.get(run_id)
             if run is None:
-                run = self._runs[run_id] = _Run(self.policy.new_ledger(ctx.info, MemoryLedger()))
+                index = ProvenanceIndex(self._limits) if self.policy.uses_provenance else None
+                run = self._runs[run_id] = _Run(self.policy.new_ledger(ctx.info, self._pools), index)
             return run
 
     def _drain(self, run: _Run) -> None:
@@ -243,6 +297,8 @@ class Shadow:
         try:
             adm = admit(self.policy, p.name, pending.args, tools=pending.tools, run=pending.view,
                         layers=p.ctx.layers, expected=pending.expected)
+            if adm.facts is not None:
+                pending.labels = adm.facts.labels
             refused: BudgetExceeded | None = None
             if adm.stage == "decided":
                 try:
@@ -256,6 +312,15 @@ class Shadow:
         if _outcome(adm, refused) == _outcome(pending.enforced, pending.refused):
             return
         enforced, shadow = verdict_of(pending.enforced, pending.refused), verdict_of(adm, refused)
+        # A reason can quote an argument (a class expression's value, a pattern that does not compile): the record
+        # holds none that either policy redacts, as the gate's own refusals hold none (`Recorder.clean`).
+        secrets = set(p.ctx.secrets)
+        for facts in (pending.enforced.facts, adm.facts):
+            if facts is not None and facts.redact and pending.args:
+                secrets |= secret_values(pending.args, facts.redact)
+        if secrets:
+            enforced = replace(enforced, reason=scrub(enforced.reason, secrets))
+            shadow = replace(shadow, reason=scrub(shadow.reason, secrets))
         self.recorder.about(p, "shadow_decision", {
             "run_id": p.ctx.info.id, "call_id": p.call_id, "tool": p.name, "enforced": enforced.as_dict(),
             "shadow": shadow.as_dict(), "policy_sha256": p.policy_sha256, "shadow_sha256": self.policy.sha256})

@@ -34,6 +34,7 @@ import re
 import signal
 import threading
 import time
+import unicodedata
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -79,15 +80,21 @@ class Halt:
     at_ns: int
 
     def matches(self, tool: str, agent: str | None, principal: str | None, run_id: str) -> bool:
+        """Whether the halt stops this call. A tool, agent or principal halt names one, or a glob of them
+        (``send_*``). Names are compared as text (NFC: a name typed with a composed accent and one written with
+        a combining accent are one name), never folded further: a look-alike of another script is another name,
+        as it is to budgets and approvals."""
         scope, value = self.scope, self.value
         if scope == "all":
             return True
+        if value is None:
+            return False
         if scope == "tool":
-            return tool == value or (value is not None and _is_glob(value) and fnmatch.fnmatchcase(tool, value))
+            return _named(tool, value)
         if scope == "agent":
-            return agent is not None and agent == value
+            return agent is not None and _named(agent, value)
         if scope == "principal":
-            return principal is not None and principal == value
+            return principal is not None and _named(principal, value)
         return run_id == value
 
     @property
@@ -106,7 +113,7 @@ class Halt:
             raise HaltError("a halt must be an object")
         hid, scope, value = data.get("id"), data.get("scope"), data.get("value")
         reason, by, at_ns = data.get("reason"), data.get("by"), data.get("at_ns")
-        if not isinstance(hid, str) or not _ID.match(hid):
+        if not isinstance(hid, str) or not _ID.fullmatch(hid):
             raise HaltError(f"halt id {hid!r} is not 1-128 letters, digits or _.:-")
         if scope not in SCOPES:
             raise HaltError(f"halt {hid}: scope {scope!r} is not one of {', '.join(SCOPES)}")
@@ -122,6 +129,19 @@ class Halt:
         if not isinstance(at_ns, int) or isinstance(at_ns, bool) or at_ns < 0:
             raise HaltError(f"halt {hid}: at_ns must be a non-negative integer")
         return cls(hid, cast(Scope, scope), value, reason, by, at_ns)
+
+
+def _nfc(text: str) -> str:
+    # ASCII (nearly every name) is its own NFC: no normalisation on the call's path for it.
+    return text if text.isascii() else unicodedata.normalize("NFC", text)
+
+
+def _named(name: str, value: str) -> bool:
+    """Whether a halt of `value` (a name, or a glob: ``send_*``) stops `name`."""
+    if name == value:
+        return True
+    name, value = _nfc(name), _nfc(value)
+    return name == value or (_is_glob(value) and fnmatch.fnmatchcase(name, value))
 
 
 def _is_glob(value: str) -> bool:
@@ -380,7 +400,7 @@ class PolledHalts:
                  grace_s: float = DEFAULT_GRACE_S, wait_s: float = 2.0, backend: HaltBackend | None = None) -> None:
         if not 0 < refresh_s <= MAX_REFRESH_S:
             raise HaltError(f"refresh_s must be in (0, {MAX_REFRESH_S}] seconds, not {refresh_s}")
-        if grace_s < refresh_s:
+        if not grace_s >= refresh_s:  # (so that NaN, which compares false with everything, is refused too)
             raise HaltError(f"grace_s ({grace_s}) must be at least refresh_s ({refresh_s})")
         self._read = read
         self._backend = backend

@@ -14,7 +14,7 @@ from typing import Any
 import redis
 
 from proctor.halt import DEFAULT_GRACE_S, DEFAULT_REFRESH_S, Halt, HaltError, PolledHalts
-from proctor.urls import shown_url
+from proctor.urls import shown_url, split_ledger_options
 
 __all__ = ["DEFAULT_PREFIX", "RedisHaltBackend", "RedisHalts"]
 
@@ -24,12 +24,16 @@ DEFAULT_PREFIX = "proctor:halts"
 class RedisHaltBackend:
     """The halts kept in Redis (a `proctor.halt.HaltBackend`): what `proctor halt --ledger redis://…` writes."""
 
-    def __init__(self, url: str, *, prefix: str = DEFAULT_PREFIX, timeout_s: float = 2.0) -> None:
+    def __init__(self, url: str, *, prefix: str | None = None, timeout_s: float = 2.0) -> None:
+        """`url`: the Redis (a ledger's URL as the fleet writes it: a ``prefix=`` there names the fleet's halts,
+        ``{prefix}:halts``); `prefix`: the hash's key itself, which then overrides it."""
+        target, options = split_ledger_options(url)
+        namespace = options.get("prefix")
         self.url = url
         self.shown = shown_url(url)
-        self.prefix = prefix
-        self._version_key = prefix + ":version"
-        self._client: Any = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self.prefix = prefix or (f"{namespace}:halts" if namespace else DEFAULT_PREFIX)
+        self._version_key = self.prefix + ":version"
+        self._client: Any = redis.Redis.from_url(target, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
 
     def _fail(self, what: str, exc: Exception) -> HaltError:
         return HaltError(f"halts at {self.shown}: cannot {what}: {exc}")
@@ -111,7 +115,7 @@ class RedisHalts(PolledHalts):
     halts, and a counter reset by a flushed or restored Redis can never hide a change this way.
     """
 
-    def __init__(self, url: str, *, prefix: str = DEFAULT_PREFIX, refresh_s: float = DEFAULT_REFRESH_S,
+    def __init__(self, url: str, *, prefix: str | None = None, refresh_s: float = DEFAULT_REFRESH_S,
                  grace_s: float = DEFAULT_GRACE_S) -> None:
         self._redis = RedisHaltBackend(url, prefix=prefix, timeout_s=min(1.0, grace_s))
         self.version = -1

@@ -23,9 +23,10 @@ from proctor.halt import (
     SharesHalts,
     gate_halts,
 )
-from proctor.urls import split_ledger_options
+from proctor.urls import redis_halts_url, split_ledger_options
 
-__all__ = ["REDIS_SCHEMES", "default_halts", "halts_at", "open_halt_backend", "open_halts", "shared_halts"]
+__all__ = ["REDIS_SCHEMES", "default_halts", "halts_at", "missing_store", "open_halt_backend", "open_halts",
+           "shared_halts"]
 
 _shared: dict[tuple[int, HaltsAt], PolledHalts] = {}
 _shared_lock = threading.Lock()
@@ -39,9 +40,31 @@ def halts_at(url: str) -> HaltsAt:
     """Where `url` keeps halts: a Redis (``redis://``, ``rediss://``, ``unix://``) or a run store's table (a
     path, ``sqlite:///…``, ``postgresql://…``). The one reading of a halts URL: `proctor halt`, `serve` and
     `mcp serve` take theirs through it, and a ledger's options (``?timeout=…``) are left to the ledger."""
-    if url.startswith(REDIS_SCHEMES):  # a ledger's URL as the fleet writes it: its options are not Redis's
-        return ("redis", split_ledger_options(url)[0])
+    if url.startswith(REDIS_SCHEMES):  # a ledger's URL as the fleet writes it: its options are not Redis's,
+        target, options = split_ledger_options(url)  # but its prefix names the fleet's keys, halts among them
+        return ("redis", redis_halts_url(target, options.get("prefix")))
     return ("store", url)
+
+
+def missing_store(at: HaltsAt) -> str | None:
+    """Why halts named `at` a SQLite store are refused: no file there (None: none is missing). Opening one would
+    make a fresh store: a halt kept in it stops no gate, and a gate honouring it honours nothing the fleet sets
+    (a mistyped path). A fleet's store exists already; its runs made it."""
+    from proctor.backends import scheme_of
+    from proctor.errors import StoreError
+    from proctor.store.sqlite import sqlite_path
+
+    kind, url = at
+    if kind != "store" or scheme_of("store", url) != "sqlite":
+        return None
+    try:
+        path = sqlite_path(url)
+    except StoreError as exc:
+        return str(exc)
+    if os.path.exists(path):
+        return None
+    return (f"{url}: no run store at {path}: a halt kept there stops no gate, and a gate reading it honours none the "
+            "fleet sets; name the store the fleet's runs use")
 
 
 def open_halt_backend(at: HaltsAt) -> HaltBackend:

@@ -55,15 +55,18 @@ class StoreHaltBackend:
     def list_halts(self) -> list[Halt]:
         try:
             rows = self.store.active_halts()
-        except StoreError as exc:
+        except (StoreError, ValueError) as exc:  # (ValueError: a row's data that is not JSON)
             raise HaltError(f"halts at {self.shown}: cannot read the halts: {exc}") from None
         # Rows are not trusted: one that is not a valid halt fails the read (the channel then fails closed).
         out = []
-        for row in rows:
+        for row_id, data in rows:
             try:
-                out.append(Halt.from_dict(row))
+                halt = Halt.from_dict(data)
             except HaltError as exc:
                 raise HaltError(f"halts at {self.shown}: a row is not a halt: {exc}") from None
+            if halt.id != row_id:  # a copy of a halt under another row: its lift would leave the copy in force
+                raise HaltError(f"halts at {self.shown}: row {row_id!r} holds halt {halt.id!r}")
+            out.append(halt)
         return out
 
     def close(self) -> None:

@@ -49,7 +49,7 @@ from proctor.errors import BudgetExceeded, LedgerUnavailable
 from proctor.ledger.base import DEFAULT_LEASE_S, Claim, Lease, PoolUsage
 from proctor.ledger.checks import refusal
 from proctor.ledger.redis_wire import Script, Wire, bulk, command
-from proctor.urls import shown_url, split_ledger_options
+from proctor.urls import DEFAULT_NAMESPACE, redis_halts_url, shown_url, split_ledger_options
 
 __all__ = ["RedisLedger"]
 
@@ -217,13 +217,14 @@ class RedisLedger:
     ) -> None:
         target, options = split_ledger_options(url)
         self.url = shown_url(url, query=False)
-        self._halts_url = target  # without the ledger's own options (lease, timeout, prefix)
         self.lease_s = lease_s if lease_s is not None else (
             parse_duration(options["lease"]) if "lease" in options else DEFAULT_LEASE_S)
         self.timeout_s = timeout_s if timeout_s is not None else (
             parse_duration(options["timeout"]) if "timeout" in options else 2.0)
         # The hash tag keeps every key in one Redis Cluster slot, so each script may touch them all.
-        self.prefix = "{" + (prefix or options.get("prefix") or "proctor") + "}:"
+        namespace = prefix or options.get("prefix") or DEFAULT_NAMESPACE
+        self.prefix = "{" + namespace + "}:"
+        self._halts_url = redis_halts_url(target, namespace)  # a fleet's own prefix keeps its own halts
         self._wire = Wire(redis.ConnectionPool.from_url(
             target, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s,
             retry=Retry(NoBackoff(), 0), retry_on_timeout=False, health_check_interval=0,

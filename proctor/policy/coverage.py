@@ -28,6 +28,7 @@ from proctor.policy.conditions import EvaluationError
 from proctor.policy.replay import replay_log
 
 if TYPE_CHECKING:
+    from proctor.audit.keys import PublicKeySource
     from proctor.policy.engine import Policy
 
 __all__ = ["BudgetCoverage", "CoverageReport", "coverage_log"]
@@ -56,6 +57,10 @@ class CoverageReport:
     budgets: dict[str, BudgetCoverage] = field(default_factory=dict)
     #: tools called (and decided) that `tools:` does not declare, with how many calls each
     undeclared: dict[str, int] = field(default_factory=dict)
+    #: Lines of the log that were not records, and whether its chain verified (`ReplayReport`'s, the same walk).
+    bad_lines: int = 0
+    log_intact: bool | None = None
+    log_failure: str | None = None
 
     @property
     def never_matched(self) -> list[str]:
@@ -70,7 +75,8 @@ class CoverageReport:
                 "rules": {name: {"applied": a, "matched": m} for name, (a, m) in self.rules.items()},
                 "never_matched": self.never_matched, "always_matched": self.always_matched,
                 "budgets": [b.as_dict() for b in self.budgets.values()],
-                "undeclared_tools": sorted(self.undeclared)}
+                "undeclared_tools": sorted(self.undeclared), "bad_lines": self.bad_lines,
+                "log_intact": self.log_intact, "log_failure": self.log_failure}
 
 
 class _Counter:
@@ -118,11 +124,16 @@ class _Counter:
                         cov.max_fraction = fraction
 
 
-def coverage_log(policy: Policy, source: str, *, since_ns: int | None = None) -> CoverageReport:
-    """Coverage of `policy` over the audit log at `source` (a path or a ``postgresql://`` URL)."""
+def coverage_log(policy: Policy, source: str, *, since_ns: int | None = None, verify: bool = True,
+                 pubkey: PublicKeySource | None = None) -> CoverageReport:
+    """Coverage of `policy` over the audit log at `source` (a path or a ``postgresql://`` URL); with `verify`, the
+    log's chain is checked first, as `replay_log` does."""
     report = CoverageReport(policy.sha256)
     report.rules = {rule.name: [0, 0] for rule in policy.compiled}
     report.budgets = {b.name: BudgetCoverage(b.name) for b in policy.budgets}
-    replayed = replay_log(policy, source, since_ns=since_ns, observe=_Counter(policy, report))
+    replayed = replay_log(policy, source, since_ns=since_ns, observe=_Counter(policy, report), verify=verify,
+                          pubkey=pubkey)
     report.undecidable = replayed.undecidable
+    report.bad_lines, report.log_intact, report.log_failure = (replayed.bad_lines, replayed.log_intact,
+                                                               replayed.log_failure)
     return report

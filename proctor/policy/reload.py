@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
+from typing import Any
 
 from proctor.errors import PolicyError
 from proctor.policy.engine import Policy
@@ -86,6 +87,14 @@ def _stamp(path: str) -> tuple[int, int, int, int] | None:
     except OSError:
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _tell(callback: Callable[[Any], None], what: PolicyChange | PolicyRefused) -> None:
+    """Call a listener: what it raises is logged, and neither undoes the change nor fails the ask that saw it."""
+    try:
+        callback(what)
+    except Exception as exc:  # noqa: BLE001 - a notifier's failure is not the policy's
+        log.error("policy_reload_listener_failed", path=what.path, error=repr(exc))
 
 
 class PolicySource:
@@ -164,7 +173,7 @@ class PolicySource:
                     refused = PolicyRefused(self.path, exc, self._policy.sha256)
                     log.error("policy_reload_refused", path=self.path, error=str(exc), kept=self._policy.sha256)
                     if self.on_refused is not None:
-                        self.on_refused(refused)
+                        _tell(self.on_refused, refused)
                 return False
             self._stamp = stamp
             self._refused_stamp = None
@@ -175,7 +184,7 @@ class PolicySource:
             self.reloads += 1
             log.info("policy_changed", path=self.path, old=old.sha256, new=new.sha256)
             if self.on_change is not None:
-                self.on_change(PolicyChange(self.path, old, new))
+                _tell(self.on_change, PolicyChange(self.path, old, new))
             return True
         finally:
             self._loading.release()
@@ -193,8 +202,14 @@ class PolicySource:
                                "run there); without it the file is still checked every "
                                f"{self.check_every_ns // 1_000_000} ms")
 
+        previous: Callable[[int, FrameType | None], object] | int | None = None
+
         def on_hup(number: int, frame: FrameType | None) -> None:
             self._force = True
+            # Another source of this process (a second gate's file) installed before this one is told too:
+            # one process's SIGHUP checks every policy file it reloads. (Never the default action: it ends it.)
+            if callable(previous):
+                previous(number, frame)
 
         previous = signal.signal(signal.SIGHUP, on_hup)
 

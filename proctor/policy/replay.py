@@ -26,8 +26,9 @@ Calls the log cannot decide again are counted as undecidable, never guessed:
 - a cost budget counts the call and the new policy declares no cost for its tool (a tool's
   own declared cost is not recorded).
 - the log does not hold the call's run from its start (``run_started``: a log that begins
-  mid-run) and the decision could read the run — a condition or expression naming ``run``,
-  ``history``, ``seen`` or ``usage``, or a budget counting the call.
+  mid-run, or holds a resumed run from its ``run_resumed`` on) and the decision could read the
+  run — a condition or expression naming ``run``, ``history``, ``seen`` or ``usage``, or a
+  budget counting the call.
 
 How "could read" is known: each candidate rule's condition is analysed for what it reads of
 each variable (`proctor.policy.projection.needs_of`, the analysis the engine projects
@@ -53,7 +54,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from proctor.calls import HistoryEntry, RunInfo, SideEffect
+from proctor.calls import SIDE_EFFECTS, HistoryEntry, RunInfo, SideEffect
 from proctor.errors import BudgetExceeded
 from proctor.ledger.memory import MemoryLedger
 from proctor.policy.admission import Admission, LazyUsage, RunView, admit, facts_of, has_fixed_decision
@@ -64,11 +65,12 @@ from proctor.policy.projection import needs_of
 from proctor.policy.simulate import RAN_STATUSES, RecordedRun
 
 if TYPE_CHECKING:
+    from proctor.audit.keys import PublicKeySource
     from proctor.policy.engine import Policy, ToolFacts
     from proctor.provenance import ProvenanceIndex
 
 __all__ = ["EXAMPLES_PER_GROUP", "REDACTED_MARK", "Change", "Observer", "ReplayReport", "Undecidable",
-           "iter_log_records",
+           "iter_log_records", "log_failure",
            "replay", "replay_log"]
 
 #: The key a redacted value is replaced with in recorded arguments (`proctor.redaction`).
@@ -144,6 +146,11 @@ class ReplayReport:
     not_decided: int = 0
     #: Record lines that were not a readable record, skipped.
     bad_lines: int = 0
+    #: Whether the log's hash chain (and checkpoints, and side file) verified as `proctor audit verify` checks
+    #: them: None when not checked; False with `log_failure` saying where it first breaks. A record edited,
+    #: deleted, inserted or moved is read as written: the report then cannot vouch for what it says.
+    log_intact: bool | None = None
+    log_failure: str | None = None
     #: The recorded policies' fingerprints, with how many calls each decided.
     recorded_policies: dict[str, int] = field(default_factory=dict)
     by_change: dict[str, _Group] = field(default_factory=dict)
@@ -187,7 +194,8 @@ class ReplayReport:
 
         return {"policy_sha256": self.policy_sha256, "decided": self.decided, "unchanged": self.unchanged,
                 "changed": self.changed, "undecidable": self.undecidable, "not_decided": self.not_decided,
-                "bad_lines": self.bad_lines, "recorded_policies": dict(self.recorded_policies),
+                "bad_lines": self.bad_lines, "log_intact": self.log_intact, "log_failure": self.log_failure,
+                "recorded_policies": dict(self.recorded_policies),
                 "by_change": groups(self.by_change), "by_rule": groups(self.by_rule),
                 "undecidable_why": dict(sorted(self.undecidable_why.items(), key=lambda kv: -kv[1])),
                 "undecidable_examples": [u.as_dict() for u in self.undecidable_examples]}
@@ -228,8 +236,8 @@ class _Clock:
 class _Run:
     """A recorded run as the replay rebuilds it; also the `RunView` its calls are decided over."""
 
-    __slots__ = ("history", "history_redacted", "info", "last_step", "ledger", "pending", "seen", "seen_sorted",
-                 "started")
+    __slots__ = ("history", "history_redacted", "info", "last_step", "ledger", "pending", "resumed", "seen",
+                 "seen_sorted", "started")
 
     #: The log holds no tool results: no provenance index (a condition reading one is undecidable).
     provenance: ProvenanceIndex | None = None
@@ -239,6 +247,8 @@ class _Run:
         self.ledger = ledger
         #: Whether the log holds the run's start (its principal, labels; its calls from the first).
         self.started = started
+        #: Whether the log holds it from a resumption (`run_resumed`) but not its start.
+        self.resumed = False
         self.history: list[HistoryEntry] = []
         self.history_redacted = False
         self.seen: set[str] = set()
@@ -306,6 +316,8 @@ class _Replayer:
     def _run(self, run_id: str, rec: Mapping[str, Any] | None = None) -> _Run:
         run = self.runs.get(run_id)
         if run is None:
+            # Only `run_started` is a run's start: a `run_resumed` the log holds without it (the run began in
+            # another process's log) names the run's facts, but its calls before the pause are elsewhere.
             principal = rec.get("principal") if rec is not None else None
             labels = rec.get("labels") if rec is not None else None
             agent = rec.get("agent") if rec is not None else None
@@ -314,7 +326,9 @@ class _Replayer:
                            agent=agent if isinstance(agent, str) else None)
             ledger = self._unbudgeted or Ledger(self.policy.budgets, run=info, shared=self.shared,
                                                 clock=self.clock.mono, wall_clock=self.clock.wall)
-            run = self.runs[run_id] = _Run(info, ledger, started=rec is not None)
+            started = rec is not None and rec.get("kind") == "run_started"
+            run = self.runs[run_id] = _Run(info, ledger, started=started)
+            run.resumed = rec is not None and not started
         return run
 
     def feed(self, rec: Mapping[str, Any]) -> None:
@@ -354,7 +368,13 @@ class _Replayer:
         if not isinstance(args, dict):
             args = {}
         recorded_class = get("side_effect")
-        declared: SideEffect | None = recorded_class if isinstance(recorded_class, str) else None  # type: ignore[assignment]
+        # The class the tool declares itself is what a gate hands the policy (its `tools:` may override it); the
+        # intent's `side_effect` is what the recording policy made of it. A log written before intents carried
+        # the tool's own class has only the latter.
+        own = get("tool_side_effect", _NOT_RECORDED)
+        if own is _NOT_RECORDED:
+            own = recorded_class
+        declared: SideEffect | None = own if own in SIDE_EFFECTS else None
         step = get("step")
         if isinstance(step, int) and step != run.last_step:
             # Per-step budgets start afresh, as the gate's `next_step` does: once, however many steps passed
@@ -405,7 +425,7 @@ class _Replayer:
             known.reads_class = side_effect
         why = None if reads.plain else self._undecidable(tool, side_effect, args, run, redacted=_has_mark(args))
         if why is None and not run.started and self._reads_the_run(tool, side_effect):
-            why = _UNSTARTED
+            why = _RESUMED if run.resumed else _UNSTARTED
         reservation = None
         new: str = "deny"
         new_rules: tuple[str, ...] = ()
@@ -578,9 +598,13 @@ class _Replayer:
 
 
 _NOT_REFUSED: Any = object()
+_NOT_RECORDED: Any = object()
 #: Why a call of a run whose start the log does not hold is undecidable (its decision reads the run).
 _UNSTARTED = ("the log does not hold the run's start (run_started): its principal, labels, earlier calls and "
               "budgets are not known")
+#: Why a call of a run the log holds from a resumption only is undecidable (the calls before the pause are elsewhere).
+_RESUMED = ("the log holds the run from its resumption (run_resumed), not its start (run_started): its earlier "
+            "calls and budgets are not known")
 #: The variables of a condition that read the run rather than the call (by name: over-counting is safe).
 _RUN_NAMES = re.compile(r"\b(?:run|history|seen|usage)\b")
 
@@ -630,12 +654,25 @@ def _log_file(source: str) -> Iterator[str]:
     from pathlib import Path
 
     from proctor.audit.postgres import export_jsonl
+    from proctor.audit.verify import side_file_path
 
     with tempfile.TemporaryDirectory(prefix="proctor-replay-") as tmp:
         path = Path(tmp) / "audit.jsonl"
-        with path.open("wb") as out:
-            export_jsonl(source, out)
+        with path.open("wb") as out:  # with its last checkpoint beside it, as a file log keeps it (a cut tail)
+            export_jsonl(source, out, side_file=side_file_path(path))
         yield str(path)
+
+
+def log_failure(path: str, pubkey: PublicKeySource | None = None) -> str | None:
+    """Where the audit log file at `path` first fails `proctor audit verify`'s checks (chain, checkpoints, side
+    file; with `pubkey`, that its checkpoints are signed with that key), in words; None when it is intact."""
+    from proctor.audit.verify import verify
+
+    found = verify(path, pubkey=pubkey).failure
+    if found is None:
+        return None
+    where = f"seq {found.seq}" + (f", line {found.line}" if found.line is not None else "")
+    return f"{found.code} at {where}: {found.message}"
 
 
 def _file_records(path: str, bad: list[int] | None, feed: Callable[[dict[str, Any]], None] | None = None
@@ -688,11 +725,21 @@ def replay(policy: Policy, records: Iterable[Mapping[str, Any]], *, since_ns: in
 
 
 def replay_log(policy: Policy, source: str, *, since_ns: int | None = None,
-               observe: Observer | None = None) -> ReplayReport:
-    """`replay` over the audit log at `source` (a path or a ``postgresql://`` URL)."""
+               observe: Observer | None = None, verify: bool = True,
+               pubkey: PublicKeySource | None = None) -> ReplayReport:
+    """`replay` over the audit log at `source` (a path or a ``postgresql://`` URL).
+
+    With `verify` (the default) the log is first checked as `proctor audit verify` checks it, and the report
+    says whether it is intact (`log_intact`, `log_failure`): a record edited, deleted or moved is otherwise
+    read as written, and a replay of a doctored log would vouch for it. `pubkey` (the log writer's public key)
+    also pins who signed its checkpoints: a chain rewritten whole and signed with another key fails.
+    """
     replayer = _Replayer(policy, since_ns, observe)
     bad = [0]
     with _log_file(source) as path:
+        if verify:  # (the same file replayed below: a PostgreSQL log is exported once, for both)
+            replayer.report.log_failure = failure = log_failure(path, pubkey)
+            replayer.report.log_intact = failure is None
         for _ in _file_records(path, bad, replayer.feed):  # (fed, not yielded)
             pass
     replayer.report.bad_lines = bad[0]

@@ -365,10 +365,10 @@ class SQLRunStore(RunStore):
                        (time.time_ns(), self._encode({**data, "lifted": lifted}), halt_id))
             return data
 
-    def active_halts(self) -> list[dict[str, Any]]:
-        """Every halt not lifted, oldest first (rows as stored: the caller checks them)."""
-        rows = self._query("SELECT data FROM {halts} WHERE lifted_at_ns IS NULL ORDER BY set_at_ns, id")
-        return [self._decode(row[0]) for row in rows]
+    def active_halts(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every halt not lifted, oldest first, as (row id, data) (rows as stored: the caller checks them)."""
+        rows = self._query("SELECT id, data FROM {halts} WHERE lifted_at_ns IS NULL ORDER BY set_at_ns, id")
+        return [(row[0], self._decode(row[1])) for row in rows]
 
 
 

@@ -26,7 +26,7 @@ from proctor.errors import StoreError
 from proctor.store.base import PendingApproval
 from proctor.store.sql import SQLRunStore, schema
 
-__all__ = ["SQLiteRunStore"]
+__all__ = ["SQLiteRunStore", "sqlite_path"]
 
 # Unprefixed table names: run stores made before the PostgreSQL store keep opening.
 _SCHEMA = schema("", text="TEXT", bigint="INTEGER", json="TEXT", without_rowid=" WITHOUT ROWID")
@@ -35,7 +35,7 @@ _SCHEMA = schema("", text="TEXT", bigint="INTEGER", json="TEXT", without_rowid="
 _POLL_S = 0.05
 
 
-def _path_of(url: str) -> str:
+def sqlite_path(url: str) -> str:
     """``sqlite:///runs.db`` is relative, ``sqlite:////var/runs.db`` absolute (as SQLAlchemy spells them)."""
     if url.startswith("sqlite:"):
         if not url.startswith("sqlite:///"):
@@ -53,7 +53,7 @@ class SQLiteRunStore(SQLRunStore):
 
     def __init__(self, url: str, *, busy_timeout_s: float = 30.0) -> None:
         self.url = url
-        self.path = self.where = _path_of(url)
+        self.path = self.where = sqlite_path(url)
         parent = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(parent):
             raise StoreError(f"cannot open run store {self.path}: directory {parent} does not exist")

@@ -28,7 +28,7 @@ from proctor.halt import (
     new_halt,
 )
 from proctor.halt.redis import RedisHalts
-from proctor.halt.sql import StoreHalts
+from proctor.halt.sql import StoreHaltBackend, StoreHalts
 
 
 def _wait_for(predicate: Any, timeout_s: float = 5.0) -> None:
@@ -64,6 +64,44 @@ def test_scopes_match_what_they_name() -> None:
         new_halt("all", None, "  ")
 
 
+def test_a_halt_matches_a_name_written_in_another_unicode_form_and_never_a_look_alike() -> None:
+    """"José" typed on one machine (é as one code point) and the principal as another wrote it (e + a combining
+    accent) are the same text: the halt stops it. A look-alike from another script ("alice" with a Cyrillic a,
+    U+0430) is another name, as it is to budgets and approvals: not stopped by a halt of "alice"."""
+    halts = MemoryHalts()
+    composed, decomposed = "Jos\u00e9", "Jose\u0301"
+    for scope, at in (("principal", 2), ("agent", 1), ("tool", 0)):
+        for written, called in ((composed, decomposed), (decomposed, composed)):
+            h = halts.set(scope=scope, value=written, reason="why")  # type: ignore[arg-type]
+            fields: list[Any] = ["t", None, None, "run_1"]
+            fields[at] = called
+            assert halts.check(*fields) == h, (scope, written)
+            halts.lift(h.id)
+    h = halts.set(scope="tool", value="envoy\u00e9_*", reason="glob")
+    assert halts.check("envoye\u0301_mail", None, None, "r") == h
+    halts.lift(h.id)
+    h = halts.set(scope="principal", value="alice", reason="why")
+    assert halts.check("t", None, "\u0430lice", "r") is None
+    halts.lift(h.id)
+
+
+def test_an_agent_or_principal_halt_written_as_a_glob_stops_the_names_it_matches() -> None:
+    """`proctor halt --agent 'research*'` printed "halted" and stopped nothing, the glob compared as a name: an
+    operator's pattern matches as --tool's does (a name that holds the character still matches itself)."""
+    halts = MemoryHalts()
+    agents = halts.set(scope="agent", value="research*", reason="runaway researchers")
+    assert halts.check("t", "research-eu", None, "r") == agents
+    assert halts.check("t", "writer", None, "r") is None
+    assert halts.check("t", None, None, "r") is None
+    halts.lift(agents.id)
+    people = halts.set(scope="principal", value="*@contractor.example", reason="contract ended")
+    assert halts.check("t", None, "ann@contractor.example", "r") == people
+    assert halts.check("t", None, "ann@example.com", "r") is None
+    halts.lift(people.id)
+    literal = halts.set(scope="principal", value="odd*name", reason="why")
+    assert halts.check("t", None, "odd*name", "r") == literal
+
+
 def test_refusal_names_the_halt() -> None:
     halt = new_halt("all", None, "incident 42")
     err = halt_refusal("send_email", halt)
@@ -88,6 +126,21 @@ def test_backend_rows_are_not_trusted() -> None:
         Halt.from_dict({"id": "h1", "scope": "everything", "value": None, "reason": "r", "by": "x", "at_ns": 1})
     with pytest.raises(HaltError, match="id"):
         Halt.from_dict({"id": "bad id\n", "scope": "all", "value": None, "reason": "r", "by": "x", "at_ns": 1})
+
+
+def test_a_halt_id_with_a_trailing_newline_is_not_an_id() -> None:
+    """An id from a backend is checked whole: a line break after it (which a `$` anchor lets through) would
+    reach refusals and audit records as part of "halted by ID"."""
+    for bad in ("halt_x\n", "halt_x\r", "\nhalt_x"):
+        with pytest.raises(HaltError, match="id"):
+            Halt.from_dict({"id": bad, "scope": "all", "value": None, "reason": "r", "by": "x", "at_ns": 1})
+
+
+def test_a_grace_period_that_is_not_a_number_is_refused() -> None:
+    """NaN compares false with everything: as a grace period it would pass the check against refresh_s and then
+    never run out, so a channel whose backend is gone would never fail closed."""
+    with pytest.raises(HaltError, match="grace_s"):
+        PolledHalts(list, "x", grace_s=float("nan"))
 
 
 def test_polled_channel_fails_closed_after_grace() -> None:
@@ -202,6 +255,65 @@ def test_cli_usage(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypat
     assert "--reason TEXT is required" in err and "--audit" in err and "--ledger redis://" in err
 
 
+def test_a_halt_on_a_sqlite_store_that_does_not_exist_is_refused_not_kept_where_no_gate_reads(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A mistyped store path would get a fresh store of its own, the halt kept in it, "halted" printed, and no
+    gate stopped: the command refuses instead, and makes no file."""
+    typo = tmp_path / "rnus.db"
+    audit = tmp_path / "a.jsonl"
+    for url in (str(typo), f"sqlite:///{typo}"):
+        capsys.readouterr()
+        assert main(["halt", "--all", "--reason", "incident", "--store", url, "--audit", str(audit)]) == 1
+        err = capsys.readouterr().err
+        assert f"no run store at {typo}" in err and "stops no gate" in err
+        assert main(["halt", "--list", "--store", url]) == 1
+        assert main(["halt", "--lift", "halt_x", "--reason", "r", "--store", url, "--audit", str(audit)]) == 1
+        assert not typo.exists()
+    assert not audit.exists() or "halt_set" not in audit.read_text()
+    real = tmp_path / "runs.db"
+    StoreHaltBackend(f"sqlite:///{real}").close()  # a store the fleet's runs use
+    assert main(["halt", "--all", "--reason", "incident", "--store", str(real), "--audit", str(audit)]) == 0
+
+
+def test_mcp_serve_refuses_halts_named_at_a_sqlite_store_that_does_not_exist(tmp_path: Path) -> None:
+    """`--halts PATH` names the halts a server honours: a mistyped path made a fresh store, and the server honoured
+    its empty table while the fleet's halts were elsewhere. It refuses to start instead, and makes no file."""
+    servers = tmp_path / "servers.json"
+    servers.write_text('{"mcpServers": {}}')
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\nrules: []\n")
+    typo = tmp_path / "rnus.db"
+    assert main(["mcp", "serve", "--servers", str(servers), "--policy", str(policy), "--halts", str(typo),
+                 "--audit", str(tmp_path / "audit.jsonl")]) == 1
+    assert not typo.exists()
+
+
+def test_a_store_row_holding_another_halts_id_fails_the_read(tmp_path: Path) -> None:
+    """A row of the halts table is not trusted: one whose data names a halt other than its row's id (a copy of
+    an active halt under a second row, which its lift would leave in force) fails the read, as Redis's does."""
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    backend = StoreHaltBackend(url)
+    try:
+        real = backend.set(new_halt("tool", "send_email", "incident", "ops"))
+        db = sqlite3.connect(tmp_path / "runs.db")
+        db.execute("INSERT INTO halts (id, set_at_ns, lifted_at_ns, data) VALUES (?, ?, NULL, ?)",
+                   ("halt_forged", real.at_ns, json.dumps(real.as_dict())))
+        db.commit()
+        db.close()
+        with pytest.raises(HaltError, match="halt_forged"):
+            backend.list_halts()
+        db = sqlite3.connect(tmp_path / "runs.db")
+        db.execute("UPDATE halts SET data = 'not json' WHERE id = 'halt_forged'")
+        db.commit()
+        db.close()
+        with pytest.raises(HaltError, match="cannot read the halts"):
+            backend.list_halts()
+    finally:
+        backend.close()
+
+
 def test_a_forged_redis_entry_fails_closed(redis_server: RedisServer) -> None:
     import redis
 
@@ -307,6 +419,35 @@ def test_a_gate_sharing_a_redis_ledger_honours_proctor_halt_on_that_ledger_witho
     assert by_object.halts.check("effect", None, None, "r") == mine  # the same process: gate_halts
     by_url.lift_halt(mine.id, "thaw")
     assert by_url.call("effect") == 3
+
+
+def test_fleets_on_one_redis_under_their_own_prefixes_keep_their_own_halts(
+        tmp_path: Path, redis_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
+    """A ledger's `prefix=` gives a fleet its own keys on a Redis other fleets use: its halts too. `proctor halt
+    --ledger URL?prefix=team-a` stops team A's gates, not team B's, and team B's lift cannot end it."""
+    from proctor.ledger.redis import RedisLedger
+
+    url = redis_server.url
+    team_a, a_runs = _effect_gate(ledger=url + "&prefix=team-a")
+    team_b, b_runs = _effect_gate(ledger=RedisLedger(url, prefix="team-b"))
+    plain, plain_runs = _effect_gate(ledger=url)
+    halt_id = _halt_cli(tmp_path, capsys, "--all", "--reason", "team a incident", "--ledger", url + "&prefix=team-a")
+    _wait_for(lambda: team_a.halts.check("effect", None, None, "r") is not None)
+    with pytest.raises(ToolDenied, match=f"halted by {halt_id}: team a incident"):
+        team_a.call("effect")
+    time.sleep(0.5)  # past two refreshes of the other fleets' channels
+    assert team_b.call("effect") == 1 and plain.call("effect") == 1
+    audit = tmp_path / "b.jsonl"
+    assert main(["halt", "--lift", halt_id, "--reason", "not ours", "--ledger", url + "&prefix=team-b",
+                 "--audit", str(audit)]) == 1
+    assert main(["halt", "--list", "--json", "--ledger", url]) == 0
+    capsys.readouterr()
+    assert main(["halt", "--list", "--json", "--ledger", url + "&prefix=team-a"]) == 0
+    assert [h["id"] for h in json.loads(capsys.readouterr().out)] == [halt_id]
+    _halt_cli(tmp_path, capsys, "--lift", halt_id, "--reason", "over", "--ledger", url + "&prefix=team-a")
+    _wait_for(lambda: team_a.halts.check("effect", None, None, "r") is None)
+    assert team_a.call("effect") == 1
+    assert (a_runs, b_runs, plain_runs) == ([1], [1], [1])
 
 
 def test_a_gate_made_while_its_redis_is_down_refuses_then_serves_once_it_is_up(tmp_path: Path) -> None:

@@ -84,6 +84,30 @@ def test_checks_at_most_every_interval_and_on_sighup(tmp_path: Path) -> None:
     assert source.reload() is False  # nothing new
 
 
+def test_sighup_reaches_every_source_that_installed_it(tmp_path: Path) -> None:
+    """Two gates of one process on two policy files: SIGHUP checks both. A second `install_sighup` must not take
+    the signal from the first, and uninstalling in reverse order leaves the process's handler as it was."""
+    paths = [tmp_path / "a.yaml", tmp_path / "b.yaml"]
+    for path in paths:
+        path.write_text(_policy(0))
+    sources = [PolicySource(path, check_every_ms=3_600_000) for path in paths]
+    firsts = [source.current() for source in sources]
+    for path in paths:
+        _replace(path, _policy(1))
+    before = signal.getsignal(signal.SIGHUP)
+    uninstalls = [source.install_sighup() for source in sources]
+    try:
+        os.kill(os.getpid(), signal.SIGHUP)
+        deadline = time.monotonic() + 5
+        while any(source.current() is first for source, first in zip(sources, firsts, strict=True)):
+            assert time.monotonic() < deadline, "a source that installed SIGHUP was not told"
+            time.sleep(0.01)
+    finally:
+        for uninstall in reversed(uninstalls):
+            uninstall()
+    assert signal.getsignal(signal.SIGHUP) == before
+
+
 WORKER = r"""
 import json, sys, time
 from proctor.calls import RunInfo

@@ -174,6 +174,69 @@ def test_a_log_without_a_runs_start_cannot_say_its_principal_earlier_calls_or_bu
     assert report.undecidable == 0 and report.changed == 4
 
 
+def test_a_log_that_holds_a_run_from_its_resumption_only_cannot_say_its_earlier_calls_or_budgets(
+        tmp_path: Path) -> None:
+    """A durable run resumed by a process writing another log: that log has `run_resumed`, not `run_started`.
+    The calls before the pause are in the first log, so a budget or a history over the run is not known."""
+    from proctor.calls import RunInfo
+
+    policy = Policy.from_string(OLD)
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    before = AuditLog(first, durability="flush")
+    gate = Gate(policy, audit=before, tools=[lookup, send_email, charge])
+    ctx = gate.start_run(principal="alice")
+    gate.call("lookup", {"order": "1"}, context=ctx)
+    gate.suspend_run(ctx, ["appr_1"])
+    before.close()
+    after = AuditLog(second, durability="flush")
+    gate = Gate(policy, audit=after, tools=[lookup, send_email, charge])
+    resumed = gate.resume_run(RunInfo(id=ctx.info.id, principal="alice", labels={}, step=1))
+    gate.call("lookup", {"order": "2"}, context=resumed)
+    gate.finish_run(resumed)
+    after.close()
+    one_read = Policy.from_string(OLD + "budgets:\n  - {name: one-lookup, match: {tool: lookup}, limit: {calls: 1}}\n")
+    # The whole run (both logs, in order): the second read is the run's second, and the budget refuses it.
+    joined = tmp_path / "joined.jsonl"
+    joined.write_text(first.read_text() + second.read_text())
+    assert replay_log(one_read, str(joined)).changed == 1
+    # The second log alone cannot say how many reads came before: undecidable, not "allowed, unchanged".
+    report = replay_log(one_read, str(second))
+    assert report.decided == 0 and report.undecidable == 1
+    assert "run_resumed" in next(iter(report.undecidable_why))
+    # What depends on the call alone is still decided.
+    assert replay_log(policy, str(second)).decided == 1
+
+
+@tool(side_effect="destructive")
+def wipe(path: str) -> str:
+    """Wipe a path.
+
+    Args:
+        path: What to wipe.
+    """
+    return "wiped"
+
+
+def test_a_class_the_recording_policy_gave_a_tool_is_not_taken_for_the_tools_own(tmp_path: Path) -> None:
+    """The intent's `side_effect` is the class the recording policy gave the call (its `tools:` may override the
+    tool's own). A new policy without that override decides by the tool's own class, as its gate would."""
+    log = tmp_path / "audit.jsonl"
+    audit = AuditLog(log, durability="flush")
+    old = Policy.from_string("version: 1\ntools:\n  wipe: {side_effect: read}\n"
+                             "rules:\n  - {name: reads, match: {side_effect: read}, decision: allow}\n")
+    gate = Gate(old, audit=audit, tools=[wipe])
+    ctx = gate.start_run()
+    assert gate.call("wipe", {"path": "/tmp/x"}, context=ctx) == "wiped"
+    gate.finish_run(ctx)
+    audit.close()
+    new = Policy.from_string("version: 1\nrules:\n  - {name: reads, match: {side_effect: read}, decision: allow}\n")
+    with pytest.raises(ProctorError, match="no rule matched"):  # what a gate enforcing `new` does
+        Gate(new, tools=[wipe]).call("wipe", {"path": "/tmp/x"})
+    report = replay_log(new, str(log))
+    assert report.changed == 1 and list(report.by_change) == ["allow→deny"]
+    assert replay_log(old, str(log)).changed == 0
+
+
 def test_a_record_with_a_huge_step_is_replayed_at_once(tmp_path: Path) -> None:
     """The log is not trusted: a step of 10**12 (an edited record) starts a new step, it does not make the replay
     count to it; a per-step budget still starts afresh there."""
@@ -373,3 +436,69 @@ def test_every_change_is_counted_and_each_group_keeps_its_first_examples(tmp_pat
     for group in (out["by_change"]["allow→deny"], out["by_rule"]["reads"]):
         assert group["count"] == EXAMPLES_PER_GROUP + 4
         assert [e["args"]["order"] for e in group["examples"]] == [str(i) for i in range(EXAMPLES_PER_GROUP)]
+
+
+def _tampered(tmp_path: Path, log: Path) -> dict[str, Path]:
+    """The log three ways an editor hides a call: a charge's decision edited, its intents deleted, two records
+    swapped. Every line is still a record: only the chain says what happened."""
+    lines = log.read_text().splitlines(keepends=True)
+    charges = [i for i, line in enumerate(lines) if '"kind":"call_intent"' in line and '"tool":"charge"' in line]
+    out = {"edited": tmp_path / "edited.jsonl", "deleted": tmp_path / "deleted.jsonl",
+           "swapped": tmp_path / "swapped.jsonl"}
+    out["edited"].write_text("".join(line.replace('"decision":"allow"', '"decision":"deny"') if i in charges
+                                     else line for i, line in enumerate(lines)))
+    out["deleted"].write_text("".join(line for i, line in enumerate(lines) if i not in charges))
+    swapped = list(lines)
+    swapped[3], swapped[4] = swapped[4], swapped[3]
+    out["swapped"].write_text("".join(swapped))
+    return out
+
+
+def test_a_log_whose_hash_chain_is_broken_is_said_to_be_and_never_passes_the_gate(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = _record(tmp_path)
+    stricter = tmp_path / "new.yaml"
+    stricter.write_text(OLD.replace("{name: charges, match: {tool: charge}, decision: allow}",
+                                    "{name: charges, match: {tool: charge}, decision: deny}"))
+    intact = replay_log(Policy.from_yaml(stricter), str(log))
+    assert intact.log_intact is True and intact.log_failure is None
+    for how, path in _tampered(tmp_path, log).items():
+        report = replay_log(Policy.from_yaml(stricter), str(path))
+        assert report.log_intact is False, how
+        assert report.log_failure is not None and "seq" in report.log_failure, how
+        # The edit hides the change the new policy makes: a replay that read the log as written says nothing
+        # changed, so only the chain keeps a policy pull request from passing on a doctored log.
+        capsys.readouterr()
+        assert main(["policy", "replay", str(stricter), "--audit", str(path), "--fail-on-change"]) == 1, how
+        text = capsys.readouterr().out
+        assert "NOT INTACT" in text and "proctor audit verify" in text, how
+        assert main(["policy", "replay", str(stricter), "--audit", str(path), "--json"]) == 0, how
+        out: dict[str, Any] = json.loads(capsys.readouterr().out)
+        assert out["log_intact"] is False and out["log_failure"] == report.log_failure, how
+        assert main(["policy", "coverage", str(stricter), "--audit", str(path), "--json"]) == 0, how
+        cov: dict[str, Any] = json.loads(capsys.readouterr().out)
+        assert cov["log_intact"] is False and cov["log_failure"] == report.log_failure, how
+        assert main(["policy", "coverage", str(stricter), "--audit", str(path)]) == 0, how
+        assert "NOT INTACT" in capsys.readouterr().out, how
+    assert main(["policy", "replay", str(stricter), "--audit", str(log), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["log_intact"] is True
+
+
+def test_pubkey_pins_who_may_have_written_the_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A chain can be rewritten whole from an edit on, and signed again with a key of the editor's own: only the
+    key the log's writer holds tells. `--pubkey` checks the checkpoints against it, as `audit verify` does."""
+    from proctor.audit import generate_keypair
+
+    writer, _, _ = generate_keypair(tmp_path / "writer.key")
+    other, _, _ = generate_keypair(tmp_path / "other.key")
+    log = _record(tmp_path, AuditLog(tmp_path / "audit.jsonl", durability="flush", signing_key=writer))
+    policy = tmp_path / "same.yaml"
+    policy.write_text(OLD)
+    assert main(["policy", "replay", str(policy), "--audit", str(log), "--pubkey", f"{writer}.pub", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["log_intact"] is True
+    assert main(["policy", "replay", str(policy), "--audit", str(log), "--pubkey", f"{other}.pub",
+                 "--fail-on-change"]) == 1
+    assert "NOT INTACT" in capsys.readouterr().out
+    assert main(["policy", "coverage", str(policy), "--audit", str(log), "--pubkey", f"{other}.pub", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["log_intact"] is False
+    assert replay_log(Policy.from_string(OLD), str(log), pubkey=f"{other}.pub").log_intact is False
