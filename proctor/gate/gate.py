@@ -441,10 +441,9 @@ class Gate:
             self._source.end_run(ctx.info.id)
 
     def _provenance_index(self, task: str | None, wanted: bool = False) -> ProvenanceIndex | None:
-        """A run's index of where values came from, when a policy reads it — the enforced one, or the shadow
-        (it decides on what the run saw as it would once enforced) — else None: no cost."""
-        shadow_reads = self.shadow is not None and self.shadow.policy.uses_provenance
-        if not (wanted or self.policy.uses_provenance or shadow_reads):
+        """A run's index of where values came from, when its policy reads it (else None: no cost). A shadow that
+        reads it keeps one of its own, by the candidate's labels (`proctor.gate.shadow`)."""
+        if not (wanted or self.policy.uses_provenance):
             return None
         index = ProvenanceIndex(self.provenance_limits)
         if task:
