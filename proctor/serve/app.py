@@ -148,7 +148,13 @@ def create_app(store: RunStore, tokens: TokenFile, *, proxy_header: str | None =
     # Untrusted text in element content goes through `m`: escaped, look-alikes and invisibles marked.
     templates.env.filters["m"] = lambda v: Markup(marked_html("" if v is None else v))
     sessions = sessions or Sessions()
-    desk = HaltDesk(halts, audit, frozenset(halt_groups))
+    def principal_of(run_id: str) -> str | None:
+        try:
+            return store.get_run(run_id).principal or ""
+        except RunNotFound:
+            return None
+
+    desk = HaltDesk(halts, audit, frozenset(halt_groups), principal_of)
 
     def who(request: Request) -> Identity | None:
         return identify(request, tokens, sessions, proxy_header, hops)

@@ -10,14 +10,15 @@ with who (the approver), why, from where, and ``via: inbox``; without an audit l
 offers no halting (every halt is audited). Set first, recorded second, as `proctor halt` does:
 stopping calls is never the dangerous direction, and a halt the log could not record is said
 to be in force. The same approvers may lift a halt of one run (its id typed as confirmation):
-recorded first (`halt_lifted`), lifted only once the record is written. Wider halts (a tool,
+recorded first (`halt_lifted`), lifted only once the record is written, and never by the approver who
+started the run (four eyes; a run the store does not hold is lifted with `proctor halt`). Wider halts (a tool,
 an agent, everything) are lifted with `proctor halt --lift ID`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,8 @@ class HaltDesk:
     backend: HaltBackend | None
     audit: AuditSink | None
     groups: Collection[str] = ()
+    #: Who started run `run_id`, from the run store (None: the store holds no such run).
+    principal_of: Callable[[str], str | None] = lambda run_id: None
 
     def active(self) -> tuple[list[dict[str, Any]], str | None]:
         """The active halts, for display, and why they could not be read (None when they could)."""
@@ -126,6 +129,15 @@ class HaltDesk:
         if found.scope != "run":
             raise HaltRefused(403, f"the inbox lifts halts of one run; {halt_id} stops {found.target}: lift it with "
                                    f"`proctor halt --lift {halt_id}`")
+        # Four eyes: a halt stops a run whoever started it; the one who started it does not lift it. A run the
+        # store does not hold (halted with `proctor halt --run`) has no principal to compare: not lifted here.
+        principal = self.principal_of(found.value or "")
+        if principal is None:
+            raise HaltRefused(403, f"run {found.value} is not in this inbox's store, so who started it is unknown: "
+                                   f"lift its halt with `proctor halt --lift {halt_id}`")
+        if principal == approver:
+            raise HaltRefused(403, f"four eyes: {approver} started run {found.value}; another approver (or "
+                                   f"`proctor halt --lift {halt_id}`) lifts its halt")
         if not reason.strip():
             raise HaltRefused(422, "a lift needs its reason: the audit log keeps it")
         if confirm.strip() != halt_id:

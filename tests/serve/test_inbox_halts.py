@@ -251,3 +251,36 @@ def test_a_halt_the_log_cannot_record_is_said_to_be_in_force_and_such_a_lift_doe
     finally:
         halts.close()
         store.close()
+
+
+def test_the_approver_who_started_a_run_does_not_lift_its_halt_from_the_inbox(inbox: Inbox) -> None:
+    """Four eyes on the kill switch: dave may halt and lift runs, but not lift the halt on a run he started; a halt
+    on a run this store does not hold (`proctor halt --run`) has nobody to compare, so it is lifted with the CLI."""
+    from fastapi.testclient import TestClient
+
+    from proctor.testing import InMemoryAudit
+
+    inbox.suspend(principal="dave")
+    dave = add_token(inbox.tokens_path, "dave", ("sre-leads",))
+    carol = add_token(inbox.tokens_path, "carol", ("sre-leads",))
+    store = RunStore.open(inbox.store_url)
+    halts = StoreHaltBackend(inbox.store_url)
+    run_id = store.list_runs()[0].run_id
+    try:
+        app = create_app(store, TokenFile.load(inbox.tokens_path), answers=inbox.answers, halts=halts,
+                         audit=InMemoryAudit(), halt_groups=("sre-leads",))
+        with TestClient(app, base_url="http://inbox.test") as c:
+            def post(path: str, token: str) -> httpx.Response:
+                return c.post(path, json={"reason": "checked"}, headers={"Authorization": f"Bearer {token}"})
+
+            halt_id = post(f"/api/runs/{run_id}/halt", dave).json()["halt"]["id"]  # halting one's own run is fine
+            mine = post(f"/api/halts/{halt_id}/lift", dave)
+            assert mine.status_code == 403 and "four eyes" in mine.json()["error"]
+            assert [h.id for h in halts.list_halts()] == [halt_id]
+            assert post(f"/api/halts/{halt_id}/lift", carol).status_code == 200  # another approver
+            elsewhere = halts.set(new_halt("run", "run_not_in_this_store", "runaway", "ops-dan"))
+            unknown = post(f"/api/halts/{elsewhere.id}/lift", carol)
+            assert unknown.status_code == 403 and "proctor halt --lift" in unknown.json()["error"]
+    finally:
+        halts.close()
+        store.close()
