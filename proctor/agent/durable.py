@@ -129,7 +129,7 @@ def restore_context(ctx: RunContext, record: RunRecord) -> None:
     if record.budgets:
         ctx.ledger.restore(record.budgets)
     for g in record.grants:
-        ctx.grants.append(Grant(str(g["tool"]), dict(g.get("args") or {})))
+        ctx.grants.append(Grant.from_dict(g))
 
 
 @dataclass

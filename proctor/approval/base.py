@@ -11,7 +11,7 @@ sent to webhooks, and a plain hash of a card number is reversed by brute force i
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -46,14 +46,36 @@ def approval_binding(tool: str, args: Mapping[str, Any], call_id: str, policy_sh
 class Grant:
     """"Approve this tool for the rest of the run", optionally only when arguments match.
 
-    `args` maps an argument name to a glob (fnmatch) its string form must match.
+    `args` maps an argument name to a glob (fnmatch) its string form must match. `approvers` are the
+    `approvers:` specs the call it was given for required (set by the gate, never taken from an answer;
+    None: not known): the grant covers a later call only where that call requires no other
+    (`covers_approvers`), so a grant never answers a call another approver guards.
     """
 
     tool: str
     args: Mapping[str, str] = field(default_factory=dict)
+    approvers: tuple[ApproverRule, ...] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"tool": self.tool, "args": dict(self.args)}
+        data: dict[str, Any] = {"tool": self.tool, "args": dict(self.args)}
+        if self.approvers is not None:
+            data["approvers"] = [spec.as_dict() for spec in self.approvers]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Grant:
+        """A grant as `as_dict` wrote it (a run's own record: the store's, checked against its seal)."""
+        specs = data.get("approvers")
+        approvers = (tuple(ApproverRule.from_dict(s) for s in specs if isinstance(s, Mapping))
+                     if isinstance(specs, list) else None)
+        return cls(str(data["tool"]), {str(k): str(v) for k, v in dict(data.get("args") or {}).items()}, approvers)
+
+    def covers_approvers(self, needed: Sequence[ApproverRule]) -> bool:
+        """Whether every spec in `needed` (a later call's `approvers:`) is one this grant's call required too:
+        its giver was checked against each, so may answer that call. A spec's source is not compared (two rules
+        may ask for the same approvers); a grant whose specs are not known covers only calls that need none."""
+        given = {(s.groups, s.users, s.excluded) for s in self.approvers or ()}
+        return all((s.groups, s.users, s.excluded) in given for s in needed)
 
 
 @dataclass(frozen=True, slots=True)

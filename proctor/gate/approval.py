@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
@@ -159,7 +160,7 @@ class ApprovalStep:
         """One approval of the call by `approver`; `grants`: where its grants are kept (None: the run's)."""
         assert p.decision is not None and p.redacted is not None
         name = p.name
-        grant = p.ctx.granted(name, p.args, grants)
+        grant = p.ctx.granted(name, p.args, grants, p.policy.approval.approvers_for(p.decision.rules))
         if grant is not None:
             p.approval = Approval("grant", "grant", "approved by an earlier grant for this run", grant=grant)
             p.span.approval("granted", "grant", 0)
@@ -288,7 +289,8 @@ class ApprovalStep:
             return ApprovalDenied(f"{name}: approval denied by {answer.approver}: {answer.reason or 'no reason'}",
                                   tool=name, call_id=p.call_id, rules=rules)
         if answer.verdict == "grant":
-            grant = answer.grant or Grant(name)
+            # The approvers it was given under are the gate's to say (an answer's word is not taken for them).
+            grant = replace(answer.grant or Grant(name), approvers=p.policy.approval.approvers_for(rules))
             if grant.tool != name:
                 return ApprovalDenied(f"{name}: approval rejected: a grant for {grant.tool!r} answers no call to it",
                                       tool=name, call_id=p.call_id, rules=rules)

@@ -252,7 +252,7 @@ class StepJournal:
         p.ctx.remember(p.name, p.args, row.get("side_effect", p.side_effect), row.get("decision", "allow"),
                        record.status, record, labels=p.facts.labels)
         if entry.grant:
-            p.ctx.add_grant(Grant(str(entry.grant["tool"]), dict(entry.grant.get("args") or {})))
+            p.ctx.add_grant(Grant.from_dict(entry.grant))
         if record.status in ("ok", "failed", "timeout"):  # it ran: counted again, never refused now
             # run budgets only: shared pools (principal, global…) counted it when it ran
             p.ctx.ledger.replay(p.name, p.side_effect, p.facts.cost, record.duration_ns)

@@ -374,3 +374,23 @@ def test_an_edit_the_editor_may_also_approve_runs_edited(world: World) -> None:
     rec = world.resolved()
     assert (rec["verdict"], rec["approver"]) == ("edit", "bob")
     assert rec["edited"]["original_args"]["replicas"] == 2 and rec["edited"]["args"]["replicas"] == 3
+
+
+def test_a_grant_answers_no_later_call_that_another_approver_guards(world: World) -> None:
+    """bob grants kubectl for the rest of the run while answering a scale to 2 (his to approve): the grant
+    covers the next scale to 3, never a scale to 0, which the policy keeps for carol — that one asks."""
+    gate = Gate(_tiered_policy(world), approver=InboxApprover(world.store), audit=world.audit, tools=[kubectl])
+    ctx = gate.start_run(principal="alice")
+    asked = {"verb": "scale", "replicas": 2, "token": "s3cret"}
+    with pytest.raises(RunSuspended):
+        gate.call("kubectl", asked, context=ctx, call_id="c1")
+    [pending] = world.store.list_approvals()
+    world.answer(pending, ApprovalAnswer("grant", "bob", "scale as you need", method="token",
+                                         grant={"tool": "kubectl", "args": {}}))
+    assert gate.call("kubectl", asked, context=ctx, call_id="c1") == "scale 2"
+    assert gate.call("kubectl", {"verb": "scale", "replicas": 3}, context=ctx, call_id="c2") == "scale 3"
+    with pytest.raises(RunSuspended):  # carol's call is asked about, not taken under bob's grant
+        gate.call("kubectl", {"verb": "scale", "replicas": 0}, context=ctx, call_id="c3")
+    assert RAN == [{"verb": "scale", "replicas": 2}, {"verb": "scale", "replicas": 3}]
+    [wipe] = world.store.list_approvals()
+    assert wipe.call_id == "c3" and wipe.rules == ["prod-wipe"]
