@@ -445,6 +445,30 @@ class StoreForgeryConformance:
         assert "finished (done" in message, message
         assert run.sent() == ["x@evil.test"]
 
+    def test_a_cancelled_run_put_back_to_suspended_is_refused(self, run: Suspended) -> None:
+        """An approver said yes, then an operator cancelled the run (`proctor runs cancel --audit`): the cancel
+        is in the run's audit trail, so the run's rows and its answered approval put back to their sealed
+        versions do not make a resume send the mail; verify --store reports it."""
+        run.approve()
+        rows = {table: run.rows.all(table) for table in ("runs", "journal", "approvals")}
+        done = subprocess.run([sys.executable, "-m", "proctor.cli", "runs", "cancel", run.run_id, "--store",
+                               run.rows.url, "--audit", run.log, "--reason", "the report is wrong"],
+                              capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == f"run {run.run_id} cancelled (recorded in {run.log})"
+        for table, kept in rows.items():
+            for key, data in kept:
+                run.rows.set(table, key, data)
+                if table == "approvals":
+                    run.rows.set_status("approvals", key, data["status"])
+            if table == "runs":
+                run.rows.set_status("runs", run.run_id, "suspended")
+        message = run.refused()
+        assert "finished (cancelled" in message, message
+        assert run.sent() == []
+        out = run.verify(expect=1).stdout
+        assert "the audit trail records it finished (cancelled" in out, out
+
     # -- answers: believed only under the seal of an answerer (proctor.store.answerseal) ----------
 
     HAND_WRITTEN: ClassVar[dict[str, Any]] = {
