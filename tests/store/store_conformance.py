@@ -463,6 +463,9 @@ class StoreForgeryConformance:
                     run.rows.set_status("approvals", key, data["status"])
             if table == "runs":
                 run.rows.set_status("runs", run.run_id, "suspended")
+        [(_, kept_run)] = rows["runs"]  # and the row's version and claim, as the run left them
+        run.rows._run(f"UPDATE {run.rows._table('runs')} SET version = ?, owner = NULL, lease_until_ns = 0 "
+                      "WHERE run_id = ?", (kept_run["version"], run.run_id))
         message = run.refused()
         assert "finished (cancelled" in message, message
         assert run.sent() == []
