@@ -181,6 +181,12 @@ class DurableRun:
                 raise StoreConflict(f"run {run_id} is being worked on by {record.owner}; resume it once that "
                                     f"process has ended (or its {LEASE_S:g}s lease has run out)")
         record = store.get_run(run_id)
+        if record.status == "cancelled":  # a cancel that landed meanwhile stands (its record keeps the old seal)
+            store.release_run(run_id, owner)
+            raise RunCancelled(f"run {run_id} was cancelled: {record.error or 'no reason given'}; nothing ran")
+        if record.status not in ("suspended", "running"):
+            store.release_run(run_id, owner)
+            raise StoreError(f"run {run_id} is {record.status}: there is nothing to resume")
         if checked is not None and record.seal != checked[0].seal:
             store.release_run(run_id, owner)
             raise StoreForged(f"resume refused: run {run_id} changed in the store while it was checked; nothing ran "

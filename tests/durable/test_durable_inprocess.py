@@ -340,3 +340,30 @@ def test_an_approval_deadline_holds_across_processes(env: tuple[RunStore, str, P
     resolved = [json.loads(line) for line in (tmp / "audit.jsonl").read_text().splitlines()
                 if json.loads(line)["kind"] == "approval_resolved"]
     assert resolved[-1]["verdict"] in ("timeout", "denied") and "expired" in resolved[-1]["reason"]
+
+
+def test_a_cancel_that_lands_while_a_resume_claims_the_run_stands(env: tuple[RunStore, str, Path],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`proctor runs cancel` from another connection lands right after the resume took the run's claim (the
+    cancel is made to land there): the run stays cancelled, the resume goes no further and nothing is sent."""
+    from proctor.errors import RunCancelled
+
+    store, url, tmp = env
+    run_id = _suspend(store, tmp)
+    [pending] = store.list_approvals()
+    store.answer_approval(pending.id, _sealed(tmp, pending, ApprovalAnswer("approve", "bob")), binding=pending.binding)
+    other = RunStore.open(url)
+    claim = store.claim_run
+
+    def claim_then_cancelled(run: str, owner: str, lease_s: float = 60.0) -> bool:
+        taken = claim(run, owner, lease_s)
+        if taken and store.get_run(run).status == "suspended":
+            other.cancel_run(run, "the operator changed their mind")
+        return taken
+
+    monkeypatch.setattr(store, "claim_run", claim_then_cancelled)
+    with _agent(store, tmp, []) as agent, pytest.raises(RunCancelled, match="changed their mind"):
+        agent.resume(run_id)
+    other.close()
+    assert store.get_run(run_id).status == "cancelled"
+    assert [c[0] for c in count(str(tmp / "effects.jsonl"))] == ["look"]  # the send never ran
