@@ -160,7 +160,8 @@ class ApprovalStep:
         """One approval of the call by `approver`; `grants`: where its grants are kept (None: the run's)."""
         assert p.decision is not None and p.redacted is not None
         name = p.name
-        grant = p.ctx.granted(name, p.args, grants, p.policy.approval.approvers_for(p.decision.rules))
+        grant = p.ctx.granted(name, p.args, grants, p.policy.approval.approvers_for(p.decision.rules),
+                              p.decision.policy_sha256)
         if grant is not None:
             p.approval = Approval("grant", "grant", "approved by an earlier grant for this run", grant=grant)
             p.span.approval("granted", "grant", 0)
@@ -290,7 +291,8 @@ class ApprovalStep:
                                   tool=name, call_id=p.call_id, rules=rules)
         if answer.verdict == "grant":
             # The approvers it was given under are the gate's to say (an answer's word is not taken for them).
-            grant = replace(answer.grant or Grant(name), approvers=p.policy.approval.approvers_for(rules))
+            grant = replace(answer.grant or Grant(name), approvers=p.policy.approval.approvers_for(rules),
+                            policy_sha256=p.decision.policy_sha256)
             if grant.tool != name:
                 return ApprovalDenied(f"{name}: approval rejected: a grant for {grant.tool!r} answers no call to it",
                                       tool=name, call_id=p.call_id, rules=rules)

@@ -260,13 +260,15 @@ class RunContext:
                 self._window = (rows[end - dropped :], end)
 
     def granted(self, tool: str, args: Mapping[str, Any], grants: Sequence[Grant] | None = None,
-                approvers: Sequence[ApproverRule] = ()) -> Grant | None:
-        """The first grant of this run (or of `grants`, a layer's) that admits this call, whose `approvers:`
-        (the specs its rules require) the grant's own call required too; or None."""
+                approvers: Sequence[ApproverRule] = (), policy_sha256: str = "") -> Grant | None:
+        """The first grant of this run (or of `grants`, a layer's) that admits this call, given under the policy
+        that decided it (`policy_sha256`), whose `approvers:` (the specs its rules require) the grant's own call
+        required too; or None."""
         with self._lock:
             for grant in self.grants if grants is None else grants:
                 # safe on free text: proctor.approval.grants
-                if grant_admits(grant, tool, args) and grant.covers_approvers(approvers):
+                if (grant_admits(grant, tool, args) and grant.covers_policy(policy_sha256)
+                        and grant.covers_approvers(approvers)):
                     return grant
         return None
 
@@ -397,8 +399,8 @@ class AgentContext(RunContext):
         self._root.restore_dropped(dropped)
 
     def granted(self, tool: str, args: Mapping[str, Any], grants: Sequence[Grant] | None = None,
-                approvers: Sequence[ApproverRule] = ()) -> Grant | None:
-        return self._root.granted(tool, args, grants, approvers)
+                approvers: Sequence[ApproverRule] = (), policy_sha256: str = "") -> Grant | None:
+        return self._root.granted(tool, args, grants, approvers, policy_sha256)
 
     def add_grant(self, grant: Grant, grants: list[Grant] | None = None) -> None:
         self._root.add_grant(grant, grants)
