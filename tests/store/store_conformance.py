@@ -498,6 +498,31 @@ class StoreForgeryConformance:
         assert run.resumed() == "done"
         assert run.sent() == ["x@evil.test"]
 
+    @pytest.mark.parametrize("after", ["kept", "put back"])
+    def test_an_approval_shown_with_other_arguments_than_its_call_gets_no_answer_through(
+            self, run: Suspended, after: str) -> None:
+        """A store writer shows the approver another recipient than the call's (the approval's arguments
+        edited, its binding kept); bob approves what he was shown. Whether the forged arguments are kept or
+        put back after he answered, the answer does not run the call: nothing is sent, the refusal is in the
+        trail, and the approval waits for an answer again."""
+        [(aid, data)] = run.rows.all("approvals")
+        shown = {"to": "ops@corp.test", "body": data["args"]["body"]}
+        run.rows.set("approvals", aid, {**data, "args": shown})
+        [pending] = run.store.list_approvals(run_id=run.run_id)
+        assert pending.args == shown  # what the approver reads
+        run.approve()
+        if after == "put back":
+            [(_, answered)] = run.rows.all("approvals")
+            run.rows.set("approvals", aid, {**answered, "args": data["args"]})
+        assert run.resumed() == "suspended"
+        assert run.sent() == []
+        [refused] = run.approval_refusals()
+        assert (refused["code"], refused["approval_id"], refused["approver"]) == ("seal", aid, "bob")
+        assert "argument" in refused["reason"], refused["reason"]
+        if after == "kept":
+            out = run.verify(expect=1).stdout
+            assert f"approval {aid} (send): shows its answerers other arguments than the audit trail" in out, out
+
     def test_an_answer_copied_from_another_approval_is_refused(self, run: Suspended) -> None:
         """A real, sealed answer of one run's approval copied into another's: its seal names the first."""
         first = run.approve()
