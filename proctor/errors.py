@@ -36,6 +36,7 @@ ProctorError                      base of everything below
 │   ├── RunNotFound               no run with that id in the store
 │   ├── ApprovalNotFound          no approval with that id in the store
 │   ├── StoreConflict             someone else changed the record first (or holds the run)
+│   │   └── RunTakenOver          another process took the run over from this one (its lease ran out)
 │   ├── StoreForged               what the store holds for a run was not sealed by the run (resume refused)
 │   ├── ApprovalConflict          an answer with the wrong binding, or to an approval already closed
 │   │   ├── FourEyes              the approver is the principal of the run that asks
@@ -116,6 +117,7 @@ __all__ = [
     "RunCancelled",
     "RunNotFound",
     "RunSuspended",
+    "RunTakenOver",
     "SandboxError",
     "ScanFailure",
     "SignatureError",
@@ -352,6 +354,11 @@ class MCPToolFailed(ToolFailed):
 
 class RunCancelled(StoreError):
     """The run was cancelled in the store while this process worked on it."""
+
+
+class RunTakenOver(StoreConflict):
+    """Another process took the run over from this one, whose claim's lease ran out while it still worked on
+    it (a call that outlasted the lease): this one writes nothing more of the run and runs none of its calls."""
 
 
 class AmbiguousId(StoreError):

@@ -157,7 +157,7 @@ PUBLIC: dict[str, str] = {
         "ConfigurationError EncodeError EvaluationError ExecutionTimeout FinalAnswer FourEyes HaltError "
         "HaltRefused ImageError InterpreterError InvalidAnswer LedgerUnavailable LineError MCPToolFailed "
         "ManagedAgentError ModelError PolicyError PolicyIssue ProctorError ProgramError ProtocolError "
-        "ReplayDiverged RunCancelled RunNotFound RunSuspended SandboxError ScanFailure SignatureError "
+        "ReplayDiverged RunCancelled RunNotFound RunSuspended RunTakenOver SandboxError ScanFailure SignatureError "
         "SimulationError StepInterrupted StoreConflict StoreError StoreForged Terminated ToolDefinitionError "
         "ToolDenied ToolFailed ToolLoadError ToolOutcomeUnknown ToolsetError Unresolved ValueTooDeep WorkerDied"
     ),

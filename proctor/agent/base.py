@@ -38,6 +38,7 @@ from proctor.errors import (
     ManagedAgentError,
     ProctorError,
     RunCancelled,
+    RunTakenOver,
     StoreError,
     StoreForged,
 )
@@ -428,6 +429,7 @@ class AgentBase:
         answer: Any = None
         error: str | None = None
         interrupt: BaseException | None = None
+        taken_over = False
         pending: list[Any] = []
         resuming = durable is not None
         link = (durable.record.trace_id, durable.record.span_id) if durable is not None else None
@@ -448,6 +450,8 @@ class AgentBase:
                 status, error, pending = stop.status, str(stop), stop.pending
             except RunCancelled as exc:
                 status, error = "cancelled", str(exc)
+            except RunTakenOver as exc:  # the run goes on in the process that took it: not an ending of the run
+                status, error, taken_over = "interrupted", str(exc), True
             except Exception as exc:  # noqa: BLE001 - a run reports its failure; it does not crash the caller
                 log.error("agent_run_failed", run_id=ctx.info.id, error=repr(exc))
                 status, error = "error", f"{type(exc).__name__}: {exc}"
@@ -467,7 +471,7 @@ class AgentBase:
                                      usage={**usage.as_dict(), "cost_usd": cost})
         ctx.journal = None
         if durable is not None:
-            if interrupt is not None:  # left as it was: `resume` takes it up as after a crash
+            if interrupt is not None or taken_over:  # left as it was (or to the process that took it over)
                 durable.release()
             else:
                 durable.end(status, answer=answer, error=error, steps=steps, pending=pending)

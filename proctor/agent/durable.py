@@ -26,7 +26,7 @@ from proctor.agent.models import ModelResponse, ToolCallRequest, Usage
 from proctor.agent.result import StepRecord
 from proctor.approval.base import Grant
 from proctor.calls import CallRecord, new_id
-from proctor.errors import RunCancelled, StoreConflict, StoreError, StoreForged
+from proctor.errors import RunCancelled, RunTakenOver, StoreConflict, StoreError, StoreForged
 from proctor.gate.journal import StepJournal, record_from_dict
 from proctor.gate.run import RunContext
 from proctor.interpreter.channel import EncodeError, ProtocolError, decode_value, encode_value
@@ -129,7 +129,7 @@ def restore_context(ctx: RunContext, record: RunRecord) -> None:
     if record.budgets:
         ctx.ledger.restore(record.budgets)
     for g in record.grants:
-        ctx.grants.append(Grant(str(g["tool"]), dict(g.get("args") or {})))
+        ctx.grants.append(Grant.from_dict(g))
 
 
 @dataclass
@@ -181,6 +181,12 @@ class DurableRun:
                 raise StoreConflict(f"run {run_id} is being worked on by {record.owner}; resume it once that "
                                     f"process has ended (or its {LEASE_S:g}s lease has run out)")
         record = store.get_run(run_id)
+        if record.status == "cancelled":  # a cancel that landed meanwhile stands (its record keeps the old seal)
+            store.release_run(run_id, owner)
+            raise RunCancelled(f"run {run_id} was cancelled: {record.error or 'no reason given'}; nothing ran")
+        if record.status not in ("suspended", "running"):
+            store.release_run(run_id, owner)
+            raise StoreError(f"run {run_id} is {record.status}: there is nothing to resume")
         if checked is not None and record.seal != checked[0].seal:
             store.release_run(run_id, owner)
             raise StoreForged(f"resume refused: run {run_id} changed in the store while it was checked; nothing ran "
@@ -205,7 +211,7 @@ class DurableRun:
                        budgets=ctx.ledger.snapshot(),
                        grants=[g.as_dict() for g in ctx.grants], step_state=None, status="running")
         journal = StepJournal(self.store, self.record.run_id, number, entries,
-                              idempotent=lambda tool: tool in self.idempotent, seal=self.seal)
+                              idempotent=lambda tool: tool in self.idempotent, seal=self.seal, owner=self.owner)
         journal.seed = step_seed(self.record.seed, number)
         ctx.journal = self.journal = journal
         self.store.claim_run(self.record.run_id, self.owner, LEASE_S)
@@ -222,7 +228,8 @@ class DurableRun:
 
     def replay_journal(self, step: int) -> StepJournal:
         """A quiet journal for re-running earlier step `step` (rebuilding the program's namespace)."""
-        journal = StepJournal(self.store, self.record.run_id, step, self._journal(step), quiet=True, seal=self.seal)
+        journal = StepJournal(self.store, self.record.run_id, step, self._journal(step), quiet=True, seal=self.seal,
+                              owner=self.owner)
         journal.seed = step_seed(self.record.seed, step)
         return journal
 
@@ -284,11 +291,16 @@ class DurableRun:
         try:
             self.record = self.store.save_run(self.sealed(self.record.evolve(**changes)))
         except StoreConflict:
-            # Someone else saved it: only a cancel may have happened meanwhile; it wins.
+            # Someone else saved it: a cancel wins; another process that took the run over (this one's lease ran
+            # out) owns it now, and nothing of this one's is written over what that one saved.
             current = self.store.get_run(self.record.run_id)
             if current.status == "cancelled":
                 self.record = current
                 raise RunCancelled(f"run {current.run_id} was cancelled: {current.error or 'no reason given'}"
                                    ) from None
+            if current.owner != self.owner:
+                raise RunTakenOver(f"run {current.run_id}: this process no longer holds it ({current.owner} took "
+                                    "it over after this process's lease ran out): nothing more of it is written "
+                                    "or run here") from None
             self.record = self.store.save_run(self.sealed(current.evolve(**changes)))
 

@@ -11,7 +11,7 @@ sent to webhooks, and a plain hash of a card number is reversed by brute force i
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -46,14 +46,48 @@ def approval_binding(tool: str, args: Mapping[str, Any], call_id: str, policy_sh
 class Grant:
     """"Approve this tool for the rest of the run", optionally only when arguments match.
 
-    `args` maps an argument name to a glob (fnmatch) its string form must match.
+    `args` maps an argument name to a glob (fnmatch) its string form must match. `approvers` are the
+    `approvers:` specs the call it was given for required, `policy_sha256` the policy that decided it (both
+    set by the gate, never taken from an answer; None: not known): the grant covers a later call only where
+    that call requires no other approvers (`covers_approvers`), so a grant never answers a call another
+    approver guards, and only under that policy (`covers_policy`): under a changed one it was never given.
     """
 
     tool: str
     args: Mapping[str, str] = field(default_factory=dict)
+    approvers: tuple[ApproverRule, ...] | None = None
+    policy_sha256: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"tool": self.tool, "args": dict(self.args)}
+        data: dict[str, Any] = {"tool": self.tool, "args": dict(self.args)}
+        if self.approvers is not None:
+            data["approvers"] = [spec.as_dict() for spec in self.approvers]
+        if self.policy_sha256 is not None:
+            data["policy_sha256"] = self.policy_sha256
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Grant:
+        """A grant as `as_dict` wrote it (a run's own record: the store's, checked against its seal)."""
+        specs = data.get("approvers")
+        approvers = (tuple(ApproverRule.from_dict(s) for s in specs if isinstance(s, Mapping))
+                     if isinstance(specs, list) else None)
+        sha = data.get("policy_sha256")
+        return cls(str(data["tool"]), {str(k): str(v) for k, v in dict(data.get("args") or {}).items()}, approvers,
+                   sha if isinstance(sha, str) else None)
+
+    def covers_policy(self, policy_sha256: str) -> bool:
+        """Whether the grant may answer a call decided by the policy `policy_sha256`: one the gate recorded is
+        bound to the policy it was given under (under a changed one it answers nothing, and the call is asked
+        about again, as a call's own answer is); one built in Python without a policy is not bound."""
+        return self.policy_sha256 is None or self.policy_sha256 == policy_sha256
+
+    def covers_approvers(self, needed: Sequence[ApproverRule]) -> bool:
+        """Whether every spec in `needed` (a later call's `approvers:`) is one this grant's call required too:
+        its giver was checked against each, so may answer that call. A spec's source is not compared (two rules
+        may ask for the same approvers); a grant whose specs are not known covers only calls that need none."""
+        given = {(s.groups, s.users, s.excluded) for s in self.approvers or ()}
+        return all((s.groups, s.users, s.excluded) in given for s in needed)
 
 
 @dataclass(frozen=True, slots=True)

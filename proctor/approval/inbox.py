@@ -23,8 +23,11 @@ the policy's ``on_timeout`` for the call (deny), however long it was suspended.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from proctor.approval.base import ApprovalDecision, ApprovalRequest, Grant
+from proctor.canonical import json_shaped
 from proctor.durations import parse_duration
 from proctor.errors import RunSuspended
 from proctor.store.answerseal import AnswerCheck
@@ -77,6 +80,17 @@ class InboxApprover:
             approvers={"require": [spec.as_dict() for spec in request.approvers],
                        "os_users": {name: u.as_dict() for name, u in request.os_users.items()}},
         ))
+        def unbelieved(approval: PendingApproval) -> str | None:
+            """Why the answer `approval` holds is not believed: its seal (`AnswerCheck`), or an approval that
+            showed its answerer another call than this one (arguments edited in the store, the binding kept)."""
+            problem = answers.problem(approval)
+            if problem is None and approval.answer is not None and not _shows(approval, request.tool, stored, shown):
+                problem = (f"approval {approval.id} ({approval.tool} of run {approval.run_id}): the answer "
+                           f"{approval.answer.verdict} by {approval.answer.approver} was given to an approval that "
+                           "shows other arguments than the call's (changed in the store); refused, the approval "
+                           "waits for a real answer")
+            return problem
+
         wait_s = self.wait_s
         if filed.expires_at_ns is not None:
             wait_s = max(0.0, min(wait_s, (filed.expires_at_ns - time.time_ns()) / 1e9))
@@ -84,7 +98,7 @@ class InboxApprover:
         refused = 0
         while True:
             if filed.status == "answered" and filed.answer is not None:
-                problem = answers.problem(filed)
+                problem = unbelieved(filed)
                 if problem is None:
                     break
                 if answers.seal is None:  # nothing can be believed here: refused, and left for a gate that can
@@ -107,7 +121,7 @@ class InboxApprover:
         if filed.status == "void":
             return ApprovalDecision.deny(request, "inbox", f"approval {filed.id} was voided (the run was cancelled)")
         answer = filed.answer
-        believed = filed.status == "answered" and answer is not None and answers.problem(filed) is None
+        believed = filed.status == "answered" and answer is not None and unbelieved(filed) is None
         late = (believed and filed.expires_at_ns is not None and answer is not None
                 and answer.answered_at_ns > filed.expires_at_ns)
         if filed.status == "expired" or late:
@@ -129,6 +143,14 @@ class InboxApprover:
                                 dict(answer.args) if answer.args is not None else None, grant,
                                 method=answer.method or "unknown", answered_at_ns=answer.answered_at_ns,
                                 address=answer.address, os_user=answer.os_user)
+
+
+def _shows(approval: PendingApproval, tool: str, stored: Mapping[str, Any], shown: Mapping[str, Any]) -> bool:
+    """Whether `approval` shows its answerers the call as the gate asks about it: its tool, its arguments as the
+    audit log holds them, and as approvers see them (the answer's seal covers what was shown)."""
+    approvers_saw = approval.shown_args if approval.shown_args is not None else approval.args
+    return (approval.tool == tool and json_shaped(approval.args) == json_shaped(stored)
+            and json_shaped(approvers_saw) == json_shaped(shown))
 
 
 def _seq_of(call_id: str) -> int:

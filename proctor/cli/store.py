@@ -108,6 +108,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("id", metavar="RUN_ID")
     _store_arg(p)
     p.add_argument("--reason", metavar="TEXT", default="", help="why")
+    p.add_argument("--audit", metavar="PATH|URL", default=None,
+                   help="the run's audit trail, where the cancel is recorded (run_finished, status cancelled; "
+                        "default: as `proctor run`: $PROCTOR_AUDIT, else $XDG_STATE_HOME/proctor/audit.jsonl)")
     p.set_defaults(func=_runs_cancel)
     p = rsub.add_parser("resume", help="go on with a suspended run (or one whose process died)")
     p.add_argument("id", metavar="RUN_ID")
@@ -608,6 +611,11 @@ def _store_timeline(record: Any, journal: Sequence[Any], approvals: Sequence[Any
 
 @_guard
 def _runs_cancel(args: argparse.Namespace) -> int:
+    from proctor.backends import default_audit_path
+    from proctor.policy.approvers import os_account
+    from proctor.store.refusals import AuditTrail
+
+    trail = AuditTrail(args.audit or default_audit_path())
     store = _open(args)
     try:
         args.id = _run_id(store, args.id)
@@ -618,7 +626,18 @@ def _runs_cancel(args: argparse.Namespace) -> int:
     if record.status != "cancelled" or before.status == "cancelled":
         _out(f"run {record.run_id} is {record.status}: nothing to cancel", file=sys.stderr)
         return 1
-    _out(f"run {record.run_id} cancelled")
+    # The run's ending goes to its trail as its own process writes one, with who ended it: the trail is the
+    # record a store writer cannot turn back (a resume of the run's earlier rows put back is refused on it).
+    missing = trail.append("run_finished", {
+        "run_id": record.run_id, "status": "cancelled", "error": record.error, "steps": before.step,
+        "cancelled_by": os_account(), "host": _host(), "pid": os.getpid(), "was": before.status,
+    }, of_run=before)
+    if missing is not None:  # cancelled all the same (a refused answer is refused all the same): said plainly
+        _out(f"run {record.run_id} cancelled, but its audit trail does not record it: {missing}", file=sys.stderr)
+        return 0
+    from proctor.urls import shown_url
+
+    _out(f"run {record.run_id} cancelled (recorded in {shown_url(trail.url)})")
     return 0
 
 

@@ -11,7 +11,8 @@ Every request and answer is recorded by the gate's recorder.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
@@ -159,7 +160,8 @@ class ApprovalStep:
         """One approval of the call by `approver`; `grants`: where its grants are kept (None: the run's)."""
         assert p.decision is not None and p.redacted is not None
         name = p.name
-        grant = p.ctx.granted(name, p.args, grants)
+        grant = p.ctx.granted(name, p.args, grants, p.policy.approval.approvers_for(p.decision.rules),
+                              p.decision.policy_sha256)
         if grant is not None:
             p.approval = Approval("grant", "grant", "approved by an earlier grant for this run", grant=grant)
             p.span.approval("granted", "grant", 0)
@@ -288,7 +290,9 @@ class ApprovalStep:
             return ApprovalDenied(f"{name}: approval denied by {answer.approver}: {answer.reason or 'no reason'}",
                                   tool=name, call_id=p.call_id, rules=rules)
         if answer.verdict == "grant":
-            grant = answer.grant or Grant(name)
+            # The approvers it was given under are the gate's to say (an answer's word is not taken for them).
+            grant = replace(answer.grant or Grant(name), approvers=p.policy.approval.approvers_for(rules),
+                            policy_sha256=p.decision.policy_sha256)
             if grant.tool != name:
                 return ApprovalDenied(f"{name}: approval rejected: a grant for {grant.tool!r} answers no call to it",
                                       tool=name, call_id=p.call_id, rules=rules)
@@ -321,6 +325,14 @@ class ApprovalStep:
         if adm.stage != "decided" or decision is None:  # its class or its cost could not be computed
             return self.recorder.clean(p, ApprovalDenied(f"{name}: edited arguments refused: {adm.refusal}", tool=name,
                                                          call_id=p.call_id, rules=decision.rules if decision else ()))
+        if decision.outcome == "require_approval":
+            # The edited call needs an approval of its own: the editor's answer is it only where the edited
+            # call's `approvers:` admit the editor too (else an edit reaches what another approver guards).
+            who = self._answerer_refusal(p, answer, decision.rules)
+            if who is not None:
+                return ApprovalDenied(f"{name}: edited arguments refused: the edited call needs an approval "
+                                      f"of its own, and {who}",
+                                      tool=name, call_id=p.call_id, rules=decision.rules)
         if adm.side_effect != p.side_effect or adm.cost != p.cost:
             # Budgets match on the class and count the cost: the edited call is reserved anew, at its own.
             try:
@@ -345,15 +357,17 @@ class ApprovalStep:
         p.span.decision(decision, p.side_effect)
         return None
 
-    def _answerer_refusal(self, p: InFlight, answer: ApprovalDecision) -> str | None:
-        """Why the policy's `approvers:` refuse whoever gave `answer` (None: they may answer).
+    def _answerer_refusal(self, p: InFlight, answer: ApprovalDecision,
+                          rules: Sequence[str] | None = None) -> str | None:
+        """Why the policy's `approvers:` refuse whoever gave `answer` for a call decided by `rules` (None: they
+        may answer; `rules` defaults to the call's own decision's, an edit's are its edited call's).
 
         Checked here again whatever the approver checked: a store row can be forged to name anyone. The
         answerer's groups are the gate's to learn, never the answer's to claim: from the token file the
         policy names (`approval.tokens`) for a token or session answer, from `approval.os_users` for one
         given from an OS account (the store CLI, the console)."""
         assert p.decision is not None
-        specs = p.policy.approval.approvers_for(p.decision.rules)
+        specs = p.policy.approval.approvers_for(p.decision.rules if rules is None else rules)
         if not specs or answer.timed_out:
             return None
         who = self._answerer(p, answer)

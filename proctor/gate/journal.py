@@ -116,8 +116,11 @@ class StepJournal:
 
     def __init__(self, store: RunStore, run_id: str, step: int, entries: Sequence[JournalEntry] = (), *,
                  quiet: bool = False, idempotent: Callable[[str], bool] = lambda tool: False,
-                 seal: StoreSeal | None = None) -> None:
+                 seal: StoreSeal | None = None, owner: str | None = None) -> None:
         self.store, self.run_id, self.step, self.quiet = store, run_id, step, quiet
+        #: The claim this process holds the run by: an entry is written only while it still does (a process
+        #: whose lease ran out and whose run was taken over runs nothing more of it: `RunStore.journal_write`).
+        self.owner = owner
         #: Seals each entry written (`proctor.store.seal`): a resume believes only sealed entries.
         self.seal = seal
         self.idempotent = idempotent
@@ -145,7 +148,7 @@ class StepJournal:
         if self.seal is not None:
             entry = replace(entry, ts_ns=entry.ts_ns or time.time_ns())  # sealed as the store keeps it
             entry = replace(entry, seal=self.seal.seal_entry(entry))
-        self.store.journal_write(entry, durable=durable)
+        self.store.journal_write(entry, durable=durable, owner=self.owner)
         with self._lock:
             self._written = max(self._written, entry.seq + 1)
 
@@ -252,7 +255,7 @@ class StepJournal:
         p.ctx.remember(p.name, p.args, row.get("side_effect", p.side_effect), row.get("decision", "allow"),
                        record.status, record, labels=p.facts.labels)
         if entry.grant:
-            p.ctx.add_grant(Grant(str(entry.grant["tool"]), dict(entry.grant.get("args") or {})))
+            p.ctx.add_grant(Grant.from_dict(entry.grant))
         if record.status in ("ok", "failed", "timeout"):  # it ran: counted again, never refused now
             # run budgets only: shared pools (principal, global…) counted it when it ran
             p.ctx.ledger.replay(p.name, p.side_effect, p.facts.cost, record.duration_ns)

@@ -27,6 +27,7 @@ from proctor.calls import (
 )
 from proctor.gate.budgets import FollowingLedger, LedgerPolicy
 from proctor.policy.admission import LazyUsage
+from proctor.policy.approvers import ApproverRule
 from proctor.redaction import scrub
 
 if TYPE_CHECKING:
@@ -258,11 +259,16 @@ class RunContext:
                 rows, dropped = self._window  # appended to meanwhile, never trimmed (we hold _fold_lock)
                 self._window = (rows[end - dropped :], end)
 
-    def granted(self, tool: str, args: Mapping[str, Any], grants: Sequence[Grant] | None = None) -> Grant | None:
-        """The first grant of this run (or of `grants`, a layer's) that admits this call, or None."""
+    def granted(self, tool: str, args: Mapping[str, Any], grants: Sequence[Grant] | None = None,
+                approvers: Sequence[ApproverRule] = (), policy_sha256: str = "") -> Grant | None:
+        """The first grant of this run (or of `grants`, a layer's) that admits this call, given under the policy
+        that decided it (`policy_sha256`), whose `approvers:` (the specs its rules require) the grant's own call
+        required too; or None."""
         with self._lock:
             for grant in self.grants if grants is None else grants:
-                if grant_admits(grant, tool, args):  # safe on free text: proctor.approval.grants
+                # safe on free text: proctor.approval.grants
+                if (grant_admits(grant, tool, args) and grant.covers_policy(policy_sha256)
+                        and grant.covers_approvers(approvers)):
                     return grant
         return None
 
@@ -392,8 +398,9 @@ class AgentContext(RunContext):
     def restore_dropped(self, dropped: int) -> None:
         self._root.restore_dropped(dropped)
 
-    def granted(self, tool: str, args: Mapping[str, Any], grants: Sequence[Grant] | None = None) -> Grant | None:
-        return self._root.granted(tool, args, grants)
+    def granted(self, tool: str, args: Mapping[str, Any], grants: Sequence[Grant] | None = None,
+                approvers: Sequence[ApproverRule] = (), policy_sha256: str = "") -> Grant | None:
+        return self._root.granted(tool, args, grants, approvers, policy_sha256)
 
     def add_grant(self, grant: Grant, grants: list[Grant] | None = None) -> None:
         self._root.add_grant(grant, grants)

@@ -5,7 +5,8 @@ could otherwise write ``approve by bob`` into a pending approval, and the gate, 
 may answer, could not tell that row from one the inbox wrote. So the answerers — the inbox
 (`proctor serve`, its pages and API) and ``proctor approvals approve|deny|edit --store`` — seal every
 answer they store: an HMAC-SHA256 over its canonical JSON together with the approval it answers (id,
-run, call, binding, deadline) and everything the answer says (verdict, approver, how the approver was
+run, call, binding, deadline, and the tool and arguments the answerer was shown) and everything the
+answer says (verdict, approver, how the approver was
 proven, groups, OS account, address, edited arguments, grant, reason, when). The gate
 (`InboxApprover`, for a run waiting in its process and for a resumed one) checks the seal before it
 believes the answer; one missing, wrong, made with another key, or copied from another approval is
@@ -166,7 +167,10 @@ class AnswerSeal:
         body = canonical_bytes({
             "kind": "approval-answer",
             "approval": {"id": approval.id, "run_id": approval.run_id, "call_id": approval.call_id,
-                         "binding": approval.binding, "expires_at_ns": approval.expires_at_ns},
+                         "binding": approval.binding, "expires_at_ns": approval.expires_at_ns,
+                         # what the answerer was shown of the call: the gate compares it with the call itself
+                         "tool": approval.tool, "args": json_shaped(approval.args),
+                         "shown_args": json_shaped(approval.shown_args)},
             "answer": {"verdict": answer.verdict, "approver": answer.approver, "method": answer.method,
                        "groups": json_shaped(answer.groups), "os_user": answer.os_user, "address": answer.address,
                        "args": json_shaped(answer.args), "grant": json_shaped(answer.grant), "reason": answer.reason,
@@ -212,9 +216,9 @@ class AnswerSeal:
         except (TypeError, ValueError, RecursionError):  # a value no answerer writes (not JSON data)
             expected = ""
         if not hmac.compare_digest(mac.encode(), expected.encode()):
-            return (f"{what}: its seal does not hold (the answer was written or changed outside the inbox and "
-                    "`proctor approvals`, or copied from another approval); refused, the approval waits for a "
-                    "real answer")
+            return (f"{what}: its seal does not hold (the answer, or the arguments the approval showed its "
+                    "answerer, were written or changed outside the inbox and `proctor approvals`, or it was copied "
+                    "from another approval); refused, the approval waits for a real answer")
         return None
 
 

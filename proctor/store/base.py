@@ -350,13 +350,15 @@ class RunStore(Protocol):
 
     # -- journal ----------------------------------------------------------------------------------
 
-    def journal_write(self, entry: JournalEntry, *, durable: bool = True) -> None:
+    def journal_write(self, entry: JournalEntry, *, durable: bool = True, owner: str | None = None) -> None:
         """Write (or complete) the entry at (run_id, step, seq).
 
         With `durable` it is on stable storage when this returns (an intent of a call with
         effects); without, it survives the process being killed but perhaps not a power cut
         (outcomes, and intents of reads: losing one only makes a resume run a read again or
-        report an outcome as unknown)."""
+        report an outcome as unknown). With `owner`, it is written only while `owner` holds the
+        run's claim (`claim_run`), in the same transaction; else `RunTakenOver`: another process
+        took the run over (its lease ran out), and what this one would write is not the run's."""
         ...
 
     def journal(self, run_id: str, step: int) -> list[JournalEntry]:

@@ -20,15 +20,18 @@ PostgreSQL trail (``postgresql://…?log=NAME``) takes writers from many process
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 from proctor.audit.base import AuditSink
-from proctor.backends import load_audit
+from proctor.backends import load_audit, scheme_of
 from proctor.calls import JSONValue
 from proctor.errors import AuditError, ProctorError
-from proctor.store.base import PendingApproval
+from proctor.store.base import PendingApproval, RunRecord
+from proctor.store.seal import PURPOSE as SEAL_PURPOSE
+from proctor.store.seal import StoreSeal
 from proctor.telemetry.logging import get_logger
 
 __all__ = ["REFUSAL_CODES", "AuditTrail", "RefusalSink", "SinkRefusals", "refusal_fields", "write_refusal"]
@@ -58,7 +61,8 @@ class RefusalSink(Protocol):
 
 class AuditTrail:
     """The audit trail at `url` (a path or ``postgresql://…?log=NAME``, as ``proctor run --audit`` takes it),
-    opened for each record and closed again. `signing_key` signs its checkpoints (default
+    opened for each record and closed again (refused answers; `proctor runs cancel`'s ``run_finished``).
+    `signing_key` signs its checkpoints (default
     ``$PROCTOR_AUDIT_KEY``, as for `proctor run`)."""
 
     def __init__(self, url: str, signing_key: str | None = None, *, lock_wait_s: float = 2.0) -> None:
@@ -72,13 +76,24 @@ class AuditTrail:
         return f"AuditTrail({shown_url(self.url, query=False)!r})"
 
     def record(self, fields: Mapping[str, Any]) -> str | None:
+        return self.append("approval_refused", fields)
+
+    def append(self, kind: str, fields: Mapping[str, Any], *, of_run: RunRecord | None = None) -> str | None:
+        """Append one `kind` record, durably; None once it is, else why not. With `of_run`, only to that run's
+        own trail: one that exists, under whose key the run's saved record is sealed (a record about a run
+        written into another trail would tell of a run that trail never saw)."""
+        if of_run is not None and scheme_of("audit", self.url) == "file" and not os.path.isfile(self.url):
+            return f"there is no audit trail at {self.url} (give the run's own with --audit)"
         deadline = time.monotonic() + self.lock_wait_s
         while True:
             try:
                 sink, _, _ = load_audit(self.url, self.signing_key)
                 assert sink is not None
                 try:
-                    result = sink.append("approval_refused", dict(fields), durable=True)
+                    if of_run is not None and StoreSeal(sink.key_for(SEAL_PURPOSE)).record_problem(of_run):
+                        return (f"{self!r} is not the audit trail of run {of_run.run_id} (the run's record is not "
+                                "sealed under its key): give the run's own with --audit")
+                    result = sink.append(kind, dict(fields), durable=True)
                 finally:
                     sink.close()
                 return None if result.ok else str(result.error)

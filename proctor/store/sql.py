@@ -18,7 +18,15 @@ from typing import Any, Literal, Protocol
 
 from proctor.calls import JSONValue, new_id
 from proctor.canonical import json_shaped
-from proctor.errors import ApprovalConflict, ApprovalExpired, ApprovalNotFound, RunNotFound, StoreConflict, StoreError
+from proctor.errors import (
+    ApprovalConflict,
+    ApprovalExpired,
+    ApprovalNotFound,
+    RunNotFound,
+    RunTakenOver,
+    StoreConflict,
+    StoreError,
+)
 from proctor.store.base import (
     ApprovalAnswer,
     ApprovalState,
@@ -239,11 +247,17 @@ class SQLRunStore(RunStore):
 
     # -- journal --------------------------------------------------------------------------------------
 
-    def journal_write(self, entry: JournalEntry, *, durable: bool = True) -> None:
+    def journal_write(self, entry: JournalEntry, *, durable: bool = True, owner: str | None = None) -> None:
         data = entry.as_dict()
         if not data["ts_ns"]:
             data["ts_ns"] = time.time_ns()
         with self._tx(durable=durable) as db:
+            if owner is not None:
+                (holder,) = self._run_row(db, entry.run_id, "owner")
+                if holder != owner:
+                    raise RunTakenOver(f"run {entry.run_id}: this process no longer holds it ("
+                                        f"{f'{holder} took it over' if holder else 'it was given back'} after this "
+                                        "process's lease ran out): nothing more of it is written or run here")
             db.execute(self._sql("INSERT INTO {journal} (run_id, step, seq, data) VALUES (?, ?, ?, ?) "
                                  "ON CONFLICT (run_id, step, seq) DO UPDATE SET data = excluded.data"),
                        (entry.run_id, entry.step, entry.seq, self._encode(data)))

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proctor.canonical import jsonable
 from proctor.store.answerseal import AnswerSeal
 from proctor.store.base import JournalEntry, PendingApproval, RunRecord, RunStore
 from proctor.store.seal import StoreSeal
@@ -81,6 +82,9 @@ class RunTrail:
     #: approval was filed with (a resumed run asking again finds that approval, deadline and all; a changed policy
     #: voids it and files another, under another binding).
     deadlines: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: (call id, binding) → the first `approval_requested` for them: the call as it was asked about (its `args` as
+    #: the log holds them), which its approval in the store must show its answerers.
+    asked: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
 
     def note(self, rec: Mapping[str, Any]) -> None:
         kind, call_id = rec.get("kind"), rec.get("call_id")
@@ -102,6 +106,8 @@ class RunTrail:
             expires, binding = rec.get("expires_at_ns"), rec.get("binding")
             if isinstance(expires, int) and not isinstance(expires, bool) and isinstance(binding, str):
                 self.deadlines.setdefault((call_id, binding), expires)
+            if isinstance(binding, str):
+                self.asked.setdefault((call_id, binding), rec)
 
 
 def trails(records: Iterable[Mapping[str, Any]], run_id: str | None = None) -> dict[str, RunTrail]:
@@ -342,6 +348,13 @@ def _run_disagreements(record: RunRecord, journals: Mapping[int, Sequence[Journa
         out.append(Disagreement(run_id, "run record", (
             f"the store has the run {record.status}, but the audit trail's run_finished says {finished}")))
     out.extend(_answer_disagreements(record, journals, trail, approvals))
+    for a in approvals:  # (a gate refuses an answer given to such an approval: `InboxApprover`)
+        asked = trail.asked.get((a.call_id, a.binding))
+        # (compared as the log holds values: floats tagged, `proctor.canonical.jsonable`)
+        if asked is not None and (a.tool != asked.get("tool") or jsonable(a.args) != jsonable(asked.get("args"))):
+            out.append(Disagreement(run_id, f"approval {a.id} ({a.tool})", (
+                "shows its answerers other arguments than the audit trail recorded when the call was asked about "
+                f"(seq {asked.get('seq')}): changed in the store")))
     return out
 
 

@@ -313,3 +313,84 @@ def test_a_token_answer_the_gate_cannot_check_is_refused(world: World) -> None:
     world.answer(pending, ApprovalAnswer("approve", "bob", method="token"))
     with pytest.raises(ApprovalDenied, match=r"name the inbox's token file in the policy's approval\.tokens"):
         world.resume(gate, ctx)
+
+
+def _tiered_policy(world: World) -> Policy:
+    """Scaling is for SRE leads; scaling to zero replicas is for carol alone."""
+    return Policy.from_dict({
+        "version": 1,
+        "tools": {"kubectl": {"side_effect": "destructive", "redact": ["token"]}},
+        "rules": [{"name": "prod-change", "match": {"tool": "kubectl"}, "when": "args.replicas > 0",
+                   "decision": "require_approval", "approvers": {"groups": ["sre-leads"], "not": "principal"}},
+                  {"name": "prod-wipe", "match": {"tool": "kubectl"}, "when": "args.replicas == 0",
+                   "decision": "require_approval", "approvers": {"users": ["carol"]}}],
+        "approval": {"timeout": "5m", "tokens": str(world.tokens_path)},
+    })
+
+
+@pytest.mark.parametrize("path", ["store", "inbox"])
+def test_an_edit_into_arguments_another_approver_must_answer_is_refused(world: World, path: str) -> None:
+    """An approver admitted for the call as asked edits it into a call the policy reserves for someone else
+    (scale to 0: carol's): the edit is decided again, and its approval is one bob may not give, so nothing
+    runs and the trail names who edited what and why it was refused."""
+    gate = Gate(_tiered_policy(world), approver=InboxApprover(world.store), audit=world.audit, tools=[kubectl])
+    ctx = gate.start_run(principal="alice")
+    asked = {"verb": "scale", "replicas": 2, "token": "s3cret"}
+    with pytest.raises(RunSuspended):
+        gate.call("kubectl", asked, context=ctx, call_id="c1")
+    [pending] = world.store.list_approvals()
+    edited = {"verb": "scale", "replicas": 0, "token": "s3cret"}
+    if path == "store":
+        world.answer(pending, ApprovalAnswer("edit", "bob", "none needed", method="token", args=edited))
+    else:
+        with TestClient(create_app(world.store, TokenFile.load(world.tokens_path), answers=world.seal),
+                        base_url="http://inbox.test") as c:
+            ok = c.post(f"/api/approvals/{pending.id}", headers={"Authorization": f"Bearer {world.tokens['bob']}"},
+                        json={"decision": "edit", "binding": pending.binding, "reason": "none needed",
+                              "args": edited})
+            assert ok.status_code == 200, ok.text
+    with pytest.raises(ApprovalDenied, match=r"edited call needs an approval of its own, and bob may not answer "
+                                             r"this call: .*one of carol"):
+        gate.call("kubectl", asked, context=ctx, call_id="c1")
+    assert RAN == []
+    rec = world.resolved()
+    assert rec["verdict"] == "denied" and rec["answered_by"] == "bob" and "prod-wipe" in rec["refused"]
+    outcome = [r for r in world.audit.records if r["kind"] == "call_outcome"][-1]
+    assert outcome["status"] == "denied"
+
+
+def test_an_edit_the_editor_may_also_approve_runs_edited(world: World) -> None:
+    """The same edit within what bob may approve (2 replicas to 3) runs, as edited, and the trail says so."""
+    gate = Gate(_tiered_policy(world), approver=InboxApprover(world.store), audit=world.audit, tools=[kubectl])
+    ctx = gate.start_run(principal="alice")
+    asked = {"verb": "scale", "replicas": 2, "token": "s3cret"}
+    with pytest.raises(RunSuspended):
+        gate.call("kubectl", asked, context=ctx, call_id="c1")
+    [pending] = world.store.list_approvals()
+    world.answer(pending, ApprovalAnswer("edit", "bob", "three", method="token",
+                                         args={"verb": "scale", "replicas": 3, "token": "s3cret"}))
+    assert gate.call("kubectl", asked, context=ctx, call_id="c1") == "scale 3"
+    assert RAN == [{"verb": "scale", "replicas": 3}]
+    rec = world.resolved()
+    assert (rec["verdict"], rec["approver"]) == ("edit", "bob")
+    assert rec["edited"]["original_args"]["replicas"] == 2 and rec["edited"]["args"]["replicas"] == 3
+
+
+def test_a_grant_answers_no_later_call_that_another_approver_guards(world: World) -> None:
+    """bob grants kubectl for the rest of the run while answering a scale to 2 (his to approve): the grant
+    covers the next scale to 3, never a scale to 0, which the policy keeps for carol — that one asks."""
+    gate = Gate(_tiered_policy(world), approver=InboxApprover(world.store), audit=world.audit, tools=[kubectl])
+    ctx = gate.start_run(principal="alice")
+    asked = {"verb": "scale", "replicas": 2, "token": "s3cret"}
+    with pytest.raises(RunSuspended):
+        gate.call("kubectl", asked, context=ctx, call_id="c1")
+    [pending] = world.store.list_approvals()
+    world.answer(pending, ApprovalAnswer("grant", "bob", "scale as you need", method="token",
+                                         grant={"tool": "kubectl", "args": {}}))
+    assert gate.call("kubectl", asked, context=ctx, call_id="c1") == "scale 2"
+    assert gate.call("kubectl", {"verb": "scale", "replicas": 3}, context=ctx, call_id="c2") == "scale 3"
+    with pytest.raises(RunSuspended):  # carol's call is asked about, not taken under bob's grant
+        gate.call("kubectl", {"verb": "scale", "replicas": 0}, context=ctx, call_id="c3")
+    assert RAN == [{"verb": "scale", "replicas": 2}, {"verb": "scale", "replicas": 3}]
+    [wipe] = world.store.list_approvals()
+    assert wipe.call_id == "c3" and wipe.rules == ["prod-wipe"]

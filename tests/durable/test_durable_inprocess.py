@@ -340,3 +340,65 @@ def test_an_approval_deadline_holds_across_processes(env: tuple[RunStore, str, P
     resolved = [json.loads(line) for line in (tmp / "audit.jsonl").read_text().splitlines()
                 if json.loads(line)["kind"] == "approval_resolved"]
     assert resolved[-1]["verdict"] in ("timeout", "denied") and "expired" in resolved[-1]["reason"]
+
+
+def test_a_cancel_that_lands_while_a_resume_claims_the_run_stands(env: tuple[RunStore, str, Path],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`proctor runs cancel` from another connection lands right after the resume took the run's claim (the
+    cancel is made to land there): the run stays cancelled, the resume goes no further and nothing is sent."""
+    from proctor.errors import RunCancelled
+
+    store, url, tmp = env
+    run_id = _suspend(store, tmp)
+    [pending] = store.list_approvals()
+    store.answer_approval(pending.id, _sealed(tmp, pending, ApprovalAnswer("approve", "bob")), binding=pending.binding)
+    other = RunStore.open(url)
+    claim = store.claim_run
+
+    def claim_then_cancelled(run: str, owner: str, lease_s: float = 60.0) -> bool:
+        taken = claim(run, owner, lease_s)
+        if taken and store.get_run(run).status == "suspended":
+            other.cancel_run(run, "the operator changed their mind")
+        return taken
+
+    monkeypatch.setattr(store, "claim_run", claim_then_cancelled)
+    with _agent(store, tmp, []) as agent, pytest.raises(RunCancelled, match="changed their mind"):
+        agent.resume(run_id)
+    other.close()
+    assert store.get_run(run_id).status == "cancelled"
+    assert [c[0] for c in count(str(tmp / "effects.jsonl"))] == ["look"]  # the send never ran
+
+
+def test_a_grant_given_under_one_policy_answers_no_call_under_a_changed_one(env: tuple[RunStore, str, Path]) -> None:
+    """bob grants `send` for the rest of the run; the run suspends at a note; it is resumed under a changed
+    policy. The grant was an answer under the old policy: the next mail is asked about again, not sent."""
+    store, _, tmp = env
+    rules = [{"name": "reads", "match": {"side_effect": "read"}, "decision": "allow"},
+             {"name": "mail", "match": {"tool": "send"}, "decision": "require_approval"},
+             {"name": "notes", "match": {"tool": "note"}, "decision": "require_approval"}]
+    old = Policy.from_dict({"version": 1, "default": "deny", "rules": rules})
+    new = Policy.from_dict({"version": 1, "default": "deny", "rules": rules, "approval": {"timeout": "10m"}})
+    assert old.sha256 != new.sha256
+    program = "```py\nsend('a@x.test', '1')\nnote('n')\nfinal_answer(send('b@x.test', '2'))\n```"
+
+    def answer(verdict: str, **extra: Any) -> None:
+        [pending] = store.list_approvals()
+        store.answer_approval(pending.id, _sealed(tmp, pending, ApprovalAnswer(verdict, "bob", **extra)),
+                              binding=pending.binding)
+
+    with _agent(store, tmp, [program], policy=old) as agent:
+        run_id = agent.run("mail", principal="alice").run_id
+    answer("grant", grant={"tool": "send", "args": {}})
+    with _agent(store, tmp, [], policy=old) as agent:
+        first = agent.resume(run_id)
+        assert first.status == "suspended", first.error  # at the note: the grant was given under `old`
+    with _agent(store, tmp, [], policy=new) as agent:  # the note's request is filed again under `new`
+        assert agent.resume(run_id).status == "suspended"
+    answer("approve")
+    with _agent(store, tmp, [], policy=new) as agent:
+        r = agent.resume(run_id)
+    assert r.status == "suspended", (r.status, r.error)
+    [pending] = store.list_approvals()
+    assert pending.tool == "send" and pending.args["to"] == "b@x.test"
+    assert [c for c in count(str(tmp / "effects.jsonl")) if c[0] == "send"] == [
+        ["send", {"body": "1", "to": "a@x.test"}]]

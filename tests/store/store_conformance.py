@@ -445,6 +445,33 @@ class StoreForgeryConformance:
         assert "finished (done" in message, message
         assert run.sent() == ["x@evil.test"]
 
+    def test_a_cancelled_run_put_back_to_suspended_is_refused(self, run: Suspended) -> None:
+        """An approver said yes, then an operator cancelled the run (`proctor runs cancel --audit`): the cancel
+        is in the run's audit trail, so the run's rows and its answered approval put back to their sealed
+        versions do not make a resume send the mail; verify --store reports it."""
+        run.approve()
+        rows = {table: run.rows.all(table) for table in ("runs", "journal", "approvals")}
+        done = subprocess.run([sys.executable, "-m", "proctor.cli", "runs", "cancel", run.run_id, "--store",
+                               run.rows.url, "--audit", run.log, "--reason", "the report is wrong"],
+                              capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == f"run {run.run_id} cancelled (recorded in {run.log})"
+        for table, kept in rows.items():
+            for key, data in kept:
+                run.rows.set(table, key, data)
+                if table == "approvals":
+                    run.rows.set_status("approvals", key, data["status"])
+            if table == "runs":
+                run.rows.set_status("runs", run.run_id, "suspended")
+        [(_, kept_run)] = rows["runs"]  # and the row's version and claim, as the run left them
+        run.rows._run(f"UPDATE {run.rows._table('runs')} SET version = ?, owner = NULL, lease_until_ns = 0 "
+                      "WHERE run_id = ?", (kept_run["version"], run.run_id))
+        message = run.refused()
+        assert "finished (cancelled" in message, message
+        assert run.sent() == []
+        out = run.verify(expect=1).stdout
+        assert "the audit trail records it finished (cancelled" in out, out
+
     # -- answers: believed only under the seal of an answerer (proctor.store.answerseal) ----------
 
     HAND_WRITTEN: ClassVar[dict[str, Any]] = {
@@ -470,6 +497,31 @@ class StoreForgeryConformance:
         run.approve()
         assert run.resumed() == "done"
         assert run.sent() == ["x@evil.test"]
+
+    @pytest.mark.parametrize("after", ["kept", "put back"])
+    def test_an_approval_shown_with_other_arguments_than_its_call_gets_no_answer_through(
+            self, run: Suspended, after: str) -> None:
+        """A store writer shows the approver another recipient than the call's (the approval's arguments
+        edited, its binding kept); bob approves what he was shown. Whether the forged arguments are kept or
+        put back after he answered, the answer does not run the call: nothing is sent, the refusal is in the
+        trail, and the approval waits for an answer again."""
+        [(aid, data)] = run.rows.all("approvals")
+        shown = {"to": "ops@corp.test", "body": data["args"]["body"]}
+        run.rows.set("approvals", aid, {**data, "args": shown})
+        [pending] = run.store.list_approvals(run_id=run.run_id)
+        assert pending.args == shown  # what the approver reads
+        run.approve()
+        if after == "put back":
+            [(_, answered)] = run.rows.all("approvals")
+            run.rows.set("approvals", aid, {**answered, "args": data["args"]})
+        assert run.resumed() == "suspended"
+        assert run.sent() == []
+        [refused] = run.approval_refusals()
+        assert (refused["code"], refused["approval_id"], refused["approver"]) == ("seal", aid, "bob")
+        assert "argument" in refused["reason"], refused["reason"]
+        if after == "kept":
+            out = run.verify(expect=1).stdout
+            assert f"approval {aid} (send): shows its answerers other arguments than the audit trail" in out, out
 
     def test_an_answer_copied_from_another_approval_is_refused(self, run: Suspended) -> None:
         """A real, sealed answer of one run's approval copied into another's: its seal names the first."""
