@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,8 +40,40 @@ __all__ = ["DurableRun", "response_from_dict", "response_to_dict", "step_from_di
 
 log = get_logger("proctor.agent.durable")
 
-#: How long a claim on a run lasts without being renewed (each step renews it).
+#: How long a claim on a run lasts without being renewed: its process renews it every third of that while it
+#: works on the run (`ClaimKeeper`), a long tool call or a long wait for an answer included, so only a process
+#: that stopped (or lost the store) for a whole lease lets another one take the run over.
 LEASE_S = 300.0
+
+
+class ClaimKeeper:
+    """Renews one run's claim in the store from a thread of its own until `stop`. A renewal the store refuses
+    (another process took the run over) ends it: that process's owner checks then refuse this one's writes."""
+
+    def __init__(self, store: RunStore, run_id: str, owner: str) -> None:
+        self.store, self.run_id, self.owner = store, run_id, owner
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._keep, name=f"proctor-claim-{run_id}", daemon=True)
+        self._thread.start()
+
+    def _keep(self) -> None:
+        while not self._stop.wait(LEASE_S / 3):
+            if not self.renew():
+                return
+
+    def renew(self) -> bool:
+        """Renew the claim once; False when this process no longer holds the run."""
+        try:
+            if self.store.claim_run(self.run_id, self.owner, LEASE_S):
+                return True
+            log.error("run_claim_lost", run_id=self.run_id, owner=self.owner)
+            return False
+        except Exception as exc:  # noqa: BLE001 - a store that fails now may answer the next renewal
+            log.error("run_claim_renewal_failed", run_id=self.run_id, error=repr(exc))
+            return True
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 def _owner() -> str:
@@ -146,6 +180,14 @@ class DurableRun:
     journal: StepJournal | None = None
     #: A resumed run's journals as its resume checked them (step → entries): replayed from, not read again.
     checked: dict[int, list[JournalEntry]] = field(default_factory=dict)
+    #: Renews this process's claim while it works on the run; stopped when the run ends or is let go.
+    keeper: ClaimKeeper | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.keeper is None:
+            self.keeper = ClaimKeeper(self.store, self.record.run_id, self.owner)
+            # A run dropped without its end or release (an agent that failed meanwhile) stops being kept.
+            weakref.finalize(self, self.keeper.stop)
 
     # -- starting and resuming --------------------------------------------------------------------
 
@@ -194,7 +236,11 @@ class DurableRun:
         durable = cls(store, record, owner, idempotent, seal)
         if checked is not None:
             durable.checked = dict(checked[1])
-        durable.record = store.save_run(durable.sealed(record.evolve(status="running", owner=owner)))
+        try:
+            durable.record = store.save_run(durable.sealed(record.evolve(status="running", owner=owner)))
+        except BaseException:
+            durable.release()
+            raise
         return durable
 
     # -- during the run ---------------------------------------------------------------------------
@@ -265,13 +311,19 @@ class DurableRun:
         except StoreError as exc:
             log.error("run_store_save_failed", run_id=self.record.run_id, error=str(exc))
         finally:
+            self._stop_keeping()
             try:
                 self.store.release_run(self.record.run_id, self.owner)
             except StoreError as exc:
                 log.error("run_store_release_failed", run_id=self.record.run_id, error=str(exc))
 
+    def _stop_keeping(self) -> None:
+        if self.keeper is not None:
+            self.keeper.stop()
+
     def release(self) -> None:
         """Let go of the run without changing it (an interrupted process: resume takes it up as after a crash)."""
+        self._stop_keeping()
         try:
             self.store.release_run(self.record.run_id, self.owner)
         except StoreError as exc:

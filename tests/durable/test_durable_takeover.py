@@ -1,11 +1,12 @@
 """Two processes on one run: the one whose claim ran out stops writing, and nothing runs twice.
 
-A run's process holds it by a lease in the store (`proctor.agent.durable`, renewed at each step). A call
-that outlasts the lease lets another process take the run over, as after a crash. The first process may
-still be alive: when its call returns, its program goes on — and must not run the calls the second one
-runs, nor write over what the second one saved. Both agents live in this process (two threads), as two
-processes of a fleet would, on one SQLite store and one trail (an `InMemoryAudit`, as a PostgreSQL log
-takes writers from many processes); the lease is made short for the test.
+A run's process holds it by a lease in the store (`proctor.agent.durable`), renewed while it works on the run.
+A process that cannot renew it for a whole lease (cut off from the store: here its renewals are made to do
+nothing) lets another process take the run over, as after a crash. The first process may still be alive:
+when its call returns, its program goes on — and must not run the calls the second one runs, nor write over
+what the second one saved. A process that can renew keeps the run, however long its call. Both agents live
+in this process (two threads), as two processes of a fleet would, on one SQLite store and one trail (an
+`InMemoryAudit`, as a PostgreSQL log takes writers from many processes); the lease is made short for the test.
 """
 
 from __future__ import annotations
@@ -61,12 +62,20 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunStore]
     s.close()
 
 
+@pytest.fixture
+def cut_off(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> RunStore:
+    """The store, with every claim renewal lost on the way (a process that cannot reach it)."""
+    monkeypatch.setattr(durable_module.ClaimKeeper, "renew", lambda self: True)
+    return store
+
+
 def _agent(store: RunStore, audit: InMemoryAudit, responses: list[str]) -> CodeAgent:
     return CodeAgent([send], ScriptedModel(responses), Policy.from_dict(POLICY), approver=InboxApprover(store),
                      audit=audit, store=store, sandbox="process")
 
 
-def test_a_process_whose_claim_was_taken_over_runs_nothing_more_and_overwrites_nothing(store: RunStore) -> None:
+def test_a_process_whose_claim_was_taken_over_runs_nothing_more_and_overwrites_nothing(cut_off: RunStore) -> None:
+    store = cut_off
     audit = InMemoryAudit()
     first: list[RunResult] = []
     with _agent(store, audit, [PROGRAM, "```py\nfinal_answer('first')\n```"]) as agent:
@@ -102,3 +111,26 @@ def test_a_process_whose_claim_was_taken_over_runs_nothing_more_and_overwrites_n
     assert "no longer holds it" in str(endings[-1][1]), endings
     problems, _ = check_store(store, StoreSeal(audit.key_for(PURPOSE)), audit.records)
     assert [p.line() for p in problems if p.entry == "run record"] == []
+
+
+def test_a_process_that_renews_its_claim_keeps_the_run_through_a_call_longer_than_the_lease(store: RunStore) -> None:
+    """The slow send outlasts several leases; its process renews the claim meanwhile, so another process's resume
+    is refused (the run is being worked on) and the first run finishes, each mail sent once."""
+    from proctor.agent.durable import DurableRun
+    from proctor.errors import StoreConflict
+
+    audit = InMemoryAudit()
+    first: list[RunResult] = []
+    with _agent(store, audit, [PROGRAM]) as agent:
+        thread = threading.Thread(target=lambda: first.append(agent.run("mail twice", principal="alice")))
+        thread.start()
+        try:
+            assert INSIDE.wait(120), "the first run never reached its slow send"
+            [record] = store.list_runs()
+            time.sleep(1.5)  # three leases
+            with pytest.raises(StoreConflict, match="being worked on"):
+                DurableRun.claim(store, record.run_id, set(), None)
+        finally:
+            RELEASE.set()
+            thread.join(120)
+    assert first[0].status == "done" and SENT == ["slow", "once"]
