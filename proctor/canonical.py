@@ -26,7 +26,8 @@ try:
 except ImportError:  # pragma: no cover - orjson is a dependency; without it json does all the work
     orjson = None  # type: ignore[assignment]
 
-__all__ = ["ORJSON_AGREES", "canonical_bytes", "canonical_sha256", "is_plain_json", "json_shaped", "jsonable"]
+__all__ = ["ORJSON_AGREES", "canonical_bytes", "canonical_sha256", "is_plain_json", "json_shaped", "jsonable",
+           "untagged"]
 
 _PLAIN_LEAVES = frozenset({str, int, bool, type(None)})
 
@@ -105,6 +106,65 @@ def _convert(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
     raise TypeError(f"cannot put a {type(value).__name__} into canonical JSON")
+
+
+def untagged(value: Any) -> Any:
+    """`value` read back from canonical JSON with the tags `jsonable` writes undone: ``{"$float": "12.5"}``
+    is the float 12.5 and ``{"$bytes": …}`` the bytes again, at any depth; the rest is returned as is (the
+    same object where nothing was tagged).
+
+    A tag is undone only where it is exactly what `jsonable` writes for its value (one key, and the
+    value written back gives the same text): anything else is a map like any other. A map holding
+    only such a key is written alike whether it was one or the value it tags: canonical JSON cannot
+    tell them apart, and this reads the value.
+    """
+    if type(value) is dict:
+        if len(value) == 1:
+            found = _untag(value)
+            if found is not _NOT_TAGGED:
+                return found
+        out: dict[str, Any] | None = None
+        for k, v in value.items():
+            if type(v) is dict or type(v) is list:
+                u = untagged(v)
+                if u is not v:
+                    if out is None:
+                        out = dict(value)
+                    out[k] = u
+        return value if out is None else out
+    if type(value) is list:
+        items: list[Any] | None = None
+        for i, v in enumerate(value):
+            if type(v) is dict or type(v) is list:
+                u = untagged(v)
+                if u is not v:
+                    if items is None:
+                        items = list(value)
+                    items[i] = u
+        return value if items is None else items
+    return value
+
+
+_NOT_TAGGED: Any = object()
+
+
+def _untag(value: dict[str, Any]) -> Any:
+    """The value a one-key tagged map stands for, or `_NOT_TAGGED`."""
+    text = value.get("$float")
+    if type(text) is str:
+        try:
+            number = float(text)
+        except ValueError:
+            return _NOT_TAGGED
+        return number if repr(number) == text else _NOT_TAGGED
+    text = value.get("$bytes")
+    if type(text) is str:
+        try:
+            raw = base64.b64decode(text, validate=True)
+        except ValueError:
+            return _NOT_TAGGED
+        return raw if base64.b64encode(raw).decode("ascii") == text else _NOT_TAGGED
+    return _NOT_TAGGED
 
 
 def _json_bytes(plain: Any) -> bytes:

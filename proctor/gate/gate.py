@@ -702,7 +702,9 @@ class Gate:
             return self.recorder.refused(p, ToolDenied(f"{name}: denied: {decision.reason}", tool=name,
                                                        call_id=p.call_id, rules=decision.rules))
         if adm.stage == "cost":
-            return self.recorder.refused(p, self._placed(p, adm.refusal))
+            # The rules' decision is recorded, but the call was refused: said so, for whoever reads the log
+            # again (`policy replay` compares a call by what it came to, as the shadow does).
+            return self.recorder.refused(p, self._placed(p, adm.refusal), extra={"refused_at": "cost"})
         cost = p.cost = adm.cost
         halt = self._halted(name, ctx)
         if halt is not None:  # an operator stopped it (`proctor halt`): refused, naming the halt

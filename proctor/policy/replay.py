@@ -16,7 +16,10 @@ the gate's own decision (no second implementation), over:
   that reads each record's own time, so windows and wall-time limits hold as they did.
 
 A call is compared by its effective outcome: the policy's decision, or deny where a budget
-refused it (``budget_exhausted`` in the log; a reservation on the replay's ledger).
+refused it (``budget_exhausted`` in the log; a reservation on the replay's ledger) or its cost
+could not be computed (``refused_at: "cost"`` on its intent; an admission stopped at "cost").
+Recorded arguments are read with canonical JSON's tags undone (a float is recorded as
+``{"$float": "2.5"}``: `proctor.canonical.untagged`), so a condition sees the values the gate's did.
 
 Calls the log cannot decide again are counted as undecidable, never guessed:
 
@@ -38,8 +41,11 @@ is sound where deciding twice with two sentinel values is not: two sentinels tha
 count a call undecidable whose condition would have short-circuited before the redacted
 field; that is the safe side.
 
-What replay does not know: a managed agent's own policy (layers are not in the log: its
-calls are decided by the new policy alone), calls refused before the policy decided (an
+- a managed agent's call that the agent's own policy narrowed (``layers`` on its intent: the
+  policies' fingerprints, not the policies): its facts, decision and budgets were the strictest
+  of the run's policy and those, which replay cannot rebuild.
+
+What replay does not know: calls refused before the policy decided (an
 unknown tool, arguments the schema refused: the tool table decides those, not the policy;
 counted as ``not_decided``), and calls answered from a durable run's journal
 (``call_replayed``: nothing decided them).
@@ -52,9 +58,10 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from proctor.calls import SIDE_EFFECTS, HistoryEntry, RunInfo, SideEffect
+from proctor.canonical import untagged
 from proctor.errors import BudgetExceeded
 from proctor.ledger.memory import MemoryLedger
 from proctor.policy.admission import Admission, LazyUsage, RunView, admit, facts_of, has_fixed_decision
@@ -364,9 +371,7 @@ class _Replayer:
         report = self.report
         run = self.runs.get(run_id) or self._run(run_id)
         policy = self.policy
-        args = get("args")
-        if not isinstance(args, dict):
-            args = {}
+        args = _recorded_args(rec)
         recorded_class = get("side_effect")
         # The class the tool declares itself is what a gate hands the policy (its `tools:` may override it); the
         # intent's `side_effect` is what the recording policy made of it. A log written before intents carried
@@ -426,6 +431,8 @@ class _Replayer:
         why = None if reads.plain else self._undecidable(tool, side_effect, args, run, redacted=_has_mark(args))
         if why is None and not run.started and self._reads_the_run(tool, side_effect):
             why = _RESUMED if run.resumed else _UNSTARTED
+        if why is None and get("layers"):
+            why = _LAYERED
         reservation = None
         new: str = "deny"
         new_rules: tuple[str, ...] = ()
@@ -460,7 +467,8 @@ class _Replayer:
         report.decided += 1
         if self.observe is not None:
             self.observe(adm, view, run.ledger, new, budget)
-        old_outcome = "deny" if refused_by is not _NOT_REFUSED else old
+        # A call refused by a budget, or because its cost could not be computed, came to deny whatever its rules said.
+        old_outcome = "deny" if refused_by is not _NOT_REFUSED or get("refused_at") == "cost" else old
         if new == old_outcome:
             report.unchanged += 1
             return
@@ -468,7 +476,7 @@ class _Replayer:
         old_rules = tuple(r for r in rules if isinstance(r, str)) if isinstance(rules, list) else ()
         ts_ns, old_text = self.clock.ns, str(old_outcome)
         report.count_change(f"{old_text}→{new}", new_rules, old_rules, budget, lambda: Change(
-            seq, ts_ns, run_id, call_id, tool, args, old_text, new, old_rules, new_rules, reason, budget))
+            seq, ts_ns, run_id, call_id, tool, _shown_args(rec), old_text, new, old_rules, new_rules, reason, budget))
 
     def _outcome(self, rec: Mapping[str, Any]) -> None:
         run_id, call_id = rec.get("run_id"), rec.get("call_id")
@@ -491,13 +499,19 @@ class _Replayer:
             else:
                 run.ledger.release(reservation)
         elif as_happened is not None and ran:
-            # Not decided again, but it ran: the run's own budgets count it, as they did (never refused).
-            run.ledger.replay(intent["tool"], side_effect, as_happened, duration)
+            # Not decided again, but it ran: the budgets count it, as they did — the shared pools too (later
+            # calls of every run read them), and where they would refuse it, the run's own at least.
+            try:
+                hold = run.ledger.reserve(intent["tool"], side_effect, as_happened)
+            except BudgetExceeded:
+                run.ledger.replay(intent["tool"], side_effect, as_happened, duration)
+            else:
+                run.ledger.settle(hold, duration_ns=duration)
         if self.keeps_history:
-            args = intent.get("args")
+            args = _recorded_args(intent)
             decision = intent.get("decision")
             run.history.append(HistoryEntry(
-                intent["tool"], args if isinstance(args, dict) else {}, side_effect,
+                intent["tool"], args, side_effect,
                 decision if decision in ("allow", "deny", "require_approval") else "deny",
                 status if isinstance(status, str) else "denied", labels))  # type: ignore[arg-type]
             if not run.history_redacted and isinstance(args, dict) and _has_mark(args):
@@ -605,6 +619,9 @@ _UNSTARTED = ("the log does not hold the run's start (run_started): its principa
 #: Why a call of a run the log holds from a resumption only is undecidable (the calls before the pause are elsewhere).
 _RESUMED = ("the log holds the run from its resumption (run_resumed), not its start (run_started): its earlier "
             "calls and budgets are not known")
+#: Why a managed agent's call that its own policies narrowed is undecidable (the log has their fingerprints only).
+_LAYERED = ("a managed agent's own policy decided it too (its facts, rules and budgets narrow the run's): the log "
+            "names that policy by fingerprint only")
 #: The variables of a condition that read the run rather than the call (by name: over-counting is safe).
 _RUN_NAMES = re.compile(r"\b(?:run|history|seen|usage)\b")
 
@@ -613,6 +630,24 @@ def _matches(match: Any, tool: str, side_effect: str) -> bool:
     from proctor.policy.matching import Matcher
 
     return Matcher.from_spec(match).matches(tool, side_effect)
+
+
+def _recorded_args(intent: Mapping[str, Any]) -> dict[str, Any]:
+    """A call's arguments as the gate decided them: its intent's, with canonical JSON's tags undone (a float
+    is recorded as ``{"$float": "2.5"}``, bytes as ``{"$bytes": …}``: `proctor.canonical.untagged`)."""
+    args = intent.get("args")
+    if not isinstance(args, dict):
+        return {}
+    for value in args.values():  # (most calls' arguments are flat text and integers: nothing to undo)
+        if type(value) is dict or type(value) is list:
+            return cast("dict[str, Any]", untagged(args))
+    return args
+
+
+def _shown_args(intent: Mapping[str, Any]) -> dict[str, Any]:
+    """A call's arguments as its intent records them (a report shows them as the log does)."""
+    args = intent.get("args")
+    return args if isinstance(args, dict) else {}
 
 
 def _has_mark(node: Any) -> bool:
