@@ -400,6 +400,8 @@ class _Replayer:
         labels = facts.labels
         if old not in ("allow", "deny", "require_approval"):
             # Refused before the policy decided (unknown tool, invalid arguments): recorded, never re-decided.
+            if get("refused_at") == "tool":  # a tool the gate did not hold: its run kept the unknown worst case
+                history_class, labels = "destructive", ()
             run.pending[call_id] = (rec, None, history_class, labels, None)
             if counted:
                 report.not_decided += 1

@@ -389,3 +389,31 @@ def test_any_sequence_of_calls_agrees_on_every_path(tmp_path: Path, runs: list[t
 
     run_script(tmp_path, RICH, runs, answer=answer, history_limit=history_limit,
                simulate=not edit).assert_agree()
+
+
+def test_a_call_to_a_tool_the_gate_does_not_hold_is_rebuilt_as_the_gate_kept_it(tmp_path: Path) -> None:
+    """The policy declares a class and labels for `nope`, which the gate does not hold: the gate refuses the
+    call and keeps it in the run as the unknown worst case (destructive, no labels); the intent says so
+    (`refused_at: tool`) and replay rebuilds the run's history alike, so a history rule reads the same."""
+    spec = {"version": 1, "default": "allow", "tools": {"nope": {"side_effect": "read", "labels": ["lab"]}},
+            "rules": [{"name": "after-destructive", "match": {"tool": "look"},
+                       "when": "history.exists(c, c.side_effect == 'destructive')", "decision": "deny"}]}
+    got = run_script(tmp_path, spec, [(None, {}, [("nope", {"a": 1}), ("look", {"q": "a"})])])
+    got.assert_agree()
+    assert [v[2][0] for v in got.verdicts] == ["deny", "deny"]
+    intent = next(r for r in got.records if r["kind"] == "call_intent")
+    assert intent.get("refused_at") == "tool"
+    assert got.report is not None and (got.report.not_decided, got.report.unchanged) == (1, 1)
+
+    # A call refused unread (over a size limit) to a tool the gate does not hold: the same.
+    policy = Policy.from_dict(spec)
+    path = tmp_path / "unread.jsonl"
+    log = AuditLog(path)
+    gate = Gate(policy, audit=log, tools=TOOLS.values(), ledger=MemoryLedger())
+    ctx = gate.start_run()
+    gate.refuse("nope", "nope: refused: its arguments are over the limit", context=ctx, args_bytes=10**7)
+    assert gate.submit("look", {"q": "a"}, context=ctx).record.status == "denied"
+    gate.finish_run(ctx)
+    log.close()
+    report = replay_log(policy, str(path))
+    assert (report.changed, report.not_decided, report.unchanged) == (0, 1, 1), report.as_dict()
