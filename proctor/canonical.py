@@ -111,38 +111,45 @@ def _convert(value: Any) -> Any:
 def untagged(value: Any) -> Any:
     """`value` read back from canonical JSON with the tags `jsonable` writes undone: ``{"$float": "12.5"}``
     is the float 12.5 and ``{"$bytes": …}`` the bytes again, at any depth; the rest is returned as is (the
-    same object where nothing was tagged).
+    same object where nothing was tagged). Iterative, so any depth is fine.
 
     A tag is undone only where it is exactly what `jsonable` writes for its value (one key, and the
     value written back gives the same text): anything else is a map like any other. A map holding
     only such a key is written alike whether it was one or the value it tags: canonical JSON cannot
     tell them apart, and this reads the value.
     """
-    if type(value) is dict:
-        if len(value) == 1:
-            found = _untag(value)
+    if not _holds_tag(value):
+        return value
+    root: list[Any] = [value]
+    stack: list[tuple[Any, Any]] = [(root, 0)]
+    while stack:
+        container, key = stack.pop()
+        item = container[key]
+        if type(item) is dict:
+            found = _untag(item) if len(item) == 1 else _NOT_TAGGED
             if found is not _NOT_TAGGED:
-                return found
-        out: dict[str, Any] | None = None
-        for k, v in value.items():
-            if type(v) is dict or type(v) is list:
-                u = untagged(v)
-                if u is not v:
-                    if out is None:
-                        out = dict(value)
-                    out[k] = u
-        return value if out is None else out
-    if type(value) is list:
-        items: list[Any] | None = None
-        for i, v in enumerate(value):
-            if type(v) is dict or type(v) is list:
-                u = untagged(v)
-                if u is not v:
-                    if items is None:
-                        items = list(value)
-                    items[i] = u
-        return value if items is None else items
-    return value
+                container[key] = found
+                continue
+            copy = container[key] = dict(item)
+            stack.extend((copy, k) for k, v in copy.items() if type(v) is dict or type(v) is list)
+        elif type(item) is list:
+            items = container[key] = list(item)
+            stack.extend((items, i) for i, v in enumerate(items) if type(v) is dict or type(v) is list)
+    return root[0]
+
+
+def _holds_tag(value: Any) -> bool:
+    """Whether `value` holds a map `untagged` reads back as a float or bytes, at any depth."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is dict:
+            if len(item) == 1 and _untag(item) is not _NOT_TAGGED:
+                return True
+            stack.extend(v for v in item.values() if type(v) is dict or type(v) is list)
+        elif type(item) is list:
+            stack.extend(v for v in item if type(v) is dict or type(v) is list)
+    return False
 
 
 _NOT_TAGGED: Any = object()

@@ -653,13 +653,16 @@ def _shown_args(intent: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _has_mark(node: Any) -> bool:
-    """Whether `node` holds a redaction mark at any depth."""
-    if isinstance(node, dict):
-        if REDACTED_MARK in node:
-            return True
-        return any(_has_mark(v) for v in node.values() if isinstance(v, (dict, list)))
-    if isinstance(node, list):
-        return any(_has_mark(v) for v in node if isinstance(v, (dict, list)))
+    """Whether `node` holds a redaction mark at any depth (iterative: a record's arguments may nest deeply)."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if REDACTED_MARK in item:
+                return True
+            stack.extend(v for v in item.values() if isinstance(v, (dict, list)))
+        elif isinstance(item, list):
+            stack.extend(v for v in item if isinstance(v, (dict, list)))
     return False
 
 

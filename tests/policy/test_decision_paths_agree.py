@@ -417,3 +417,24 @@ def test_a_call_to_a_tool_the_gate_does_not_hold_is_rebuilt_as_the_gate_kept_it(
     log.close()
     report = replay_log(policy, str(path))
     assert (report.changed, report.not_decided, report.unchanged) == (0, 1, 1), report.as_dict()
+
+
+def test_deeply_nested_arguments_replay_without_a_recursion_error(tmp_path: Path) -> None:
+    """Arguments nested hundreds deep (a float at the bottom) pass the gate; replay reads their record back —
+    redaction marks looked for, tags undone — at any depth the log's reader takes, and agrees."""
+    value: dict[str, Any] = {"x": 1.5}
+    for _ in range(600):
+        value = {"a": value}
+    spec = {"version": 1, "default": "allow", "tools": {"put": {"side_effect": "write"}},
+            "rules": [{"name": "nested", "match": {"tool": "put"}, "when": "has(args.value.a)", "decision": "deny"}]}
+    got = run_script(tmp_path, spec, [(None, {}, [("put", {"key": "k", "value": value}), LOOKS[0]])])
+    got.assert_agree()
+    assert [v[2][0] for v in got.verdicts] == ["deny", "allow"]
+    assert got.report is not None and (got.report.decided, got.report.bad_lines) == (2, 0)
+    deep: Any = [{"$float": "1.5"}]  # as canonical JSON writes [[…[1.5]…]]
+    for _ in range(5000):
+        deep = [deep]
+    back = untagged({"v": deep})
+    for _ in range(5002):
+        back = back["v"] if isinstance(back, dict) else back[0]
+    assert back == 1.5
