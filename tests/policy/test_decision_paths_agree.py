@@ -438,3 +438,49 @@ def test_deeply_nested_arguments_replay_without_a_recursion_error(tmp_path: Path
     for _ in range(5002):
         back = back["v"] if isinstance(back, dict) else back[0]
     assert back == 1.5
+
+
+def _shadowed(tmp: Path, spec: Mapping[str, Any]) -> tuple[Gate, RunContext, Path, AuditLog]:
+    path = tmp / "audit.jsonl"
+    log = AuditLog(path)
+    gate = Gate(Policy.from_dict(dict(spec)), audit=log, tools=TOOLS.values(), shadow=Policy.from_dict(dict(spec)),
+                ledger=MemoryLedger(), approver=CallbackApprover(lambda request: True))
+    return gate, gate.start_run(), path, log
+
+
+def _disagreements(spec: Mapping[str, Any], gate: Gate, ctx: RunContext, path: Path, log: AuditLog
+                   ) -> list[dict[str, Any]]:
+    """The shadow's records of the run (ended now); replay of its log under the same policy changes nothing."""
+    gate.finish_run(ctx)
+    log.close()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert replay_log(Policy.from_dict(json.loads(json.dumps(spec))), str(path)).changed == 0
+    return [r for r in records if r["kind"] == "shadow_decision"]
+
+
+def test_an_identical_shadow_starts_per_step_budgets_afresh_with_each_step(tmp_path: Path) -> None:
+    """`per: step` budgets start again at each step of the run, in the shadow's ledger as in the run's."""
+    spec = {"version": 1, "default": "allow",
+            "budgets": [{"name": "per-step", "per": "step", "match": {"tool": "look"}, "limit": {"calls": 2}}],
+            "rules": [{"name": "second", "match": {"tool": "look"}, "when": "usage['per-step'].calls >= 1",
+                       "decision": "require_approval"}]}
+    gate, ctx, path, log = _shadowed(tmp_path, spec)
+    statuses = []
+    for _ in range(3):
+        statuses += [gate.submit("look", {"q": "a"}, context=ctx).record.status for _ in range(3)]
+        ctx.next_step()
+        ctx.next_step()  # a step without calls: still one fresh start
+    assert statuses == ["ok", "ok", "denied"] * 3
+    assert _disagreements(spec, gate, ctx, path, log) == []
+
+
+def test_an_identical_shadow_counts_wall_time_from_the_runs_start(tmp_path: Path) -> None:
+    """A run's wall-time budget counts from the run's start, not from the shadow's first look at the run."""
+    import time
+
+    spec = {"version": 1, "default": "allow", "budgets": [{"name": "quick", "limit": {"wall_time": "1s"}}]}
+    gate, ctx, path, log = _shadowed(tmp_path, spec)
+    time.sleep(1.1)  # past the run's limit before its first call
+    record = gate.submit("look", {"q": "a"}, context=ctx).record
+    assert (record.status, record.budget) == ("denied", "quick")
+    assert _disagreements(spec, gate, ctx, path, log) == []
