@@ -381,7 +381,8 @@ class _Replayer:
             own = recorded_class
         declared: SideEffect | None = own if own in SIDE_EFFECTS else None
         step = get("step")
-        if isinstance(step, int) and step != run.last_step:
+        # (a managed agent counts its own steps from 0: the run's step, and its `per: step` budgets, go on)
+        if isinstance(step, int) and step != run.last_step and get("parent_call_id") is None:
             # Per-step budgets start afresh, as the gate's `next_step` does: once, however many steps passed
             # without a call (a loop over the gap would let one record with a huge step stop the replay).
             if step > run.last_step:

@@ -484,3 +484,17 @@ def test_an_identical_shadow_counts_wall_time_from_the_runs_start(tmp_path: Path
     record = gate.submit("look", {"q": "a"}, context=ctx).record
     assert (record.status, record.budget) == ("denied", "quick")
     assert _disagreements(spec, gate, ctx, path, log) == []
+
+
+def test_a_managed_agents_own_steps_do_not_start_the_runs_step_afresh_in_replay(tmp_path: Path) -> None:
+    """A managed agent counts its own steps from 0 (its intents say step 0 while the run is at step 1): the run's
+    `per: step` budgets go on counting the run's step, in replay as in the gate."""
+    spec = {"version": 1, "default": "allow",
+            "budgets": [{"name": "per-step", "per": "step", "match": {"tool": "look"}, "limit": {"calls": 2}}]}
+    gate, ctx, path, log = _shadowed(tmp_path, spec)
+    ctx.next_step()
+    sub = ctx.delegate("sub", ledger=StackedLedger(ctx.ledger, None, agent="sub"), tools=gate.tools, layer=None,
+                       parent_call_id="call_parent")
+    statuses = [gate.submit("look", {"q": "a"}, context=c).record.status for c in (ctx, sub, ctx, sub)]
+    assert statuses == ["ok", "ok", "denied", "denied"]
+    assert _disagreements(spec, gate, ctx, path, log) == []
