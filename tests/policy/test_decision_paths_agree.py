@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tiers import examples
@@ -28,6 +29,7 @@ from proctor.approval import ApprovalDecision, ApprovalRequest, CallbackApprover
 from proctor.audit import AuditLog
 from proctor.calls import Call, HistoryEntry, RunInfo
 from proctor.canonical import canonical_bytes, untagged
+from proctor.errors import ToolDenied
 from proctor.gate import Gate, RunContext
 from proctor.ledger.memory import MemoryLedger
 from proctor.narrowing import Layer, StackedLedger
@@ -498,3 +500,40 @@ def test_a_managed_agents_own_steps_do_not_start_the_runs_step_afresh_in_replay(
     statuses = [gate.submit("look", {"q": "a"}, context=c).record.status for c in (ctx, sub, ctx, sub)]
     assert statuses == ["ok", "ok", "denied", "denied"]
     assert _disagreements(spec, gate, ctx, path, log) == []
+
+
+@tool(side_effect="write")
+def tag(key: str, value: dict = None, n: int = None) -> str:  # type: ignore[assignment,type-arg]  # noqa: RUF013
+    """Tag an item (written as much user code writes its defaults: `x: T = None`).
+
+    Args:
+        key: The item.
+        value: Extra data.
+        n: A count.
+    """
+    return f"tagged {key}"
+
+
+def test_the_gates_validated_arguments_pass_validation_again(tmp_path: Path) -> None:
+    """`x: T = None`: the gate completes the default (None) into the arguments it decides and shows; those
+    arguments are valid again — an approver's edit of what it was shown, a history entry or a cases file
+    that restates them — and decided as the call that left them out."""
+    tagger = as_tool(tag)
+    validated = tagger.validate({"key": "a"})
+    assert validated == {"key": "a", "value": None, "n": None}
+    assert tagger.validate(validated) == validated
+
+    def edit(request: ApprovalRequest) -> ApprovalDecision:
+        return ApprovalDecision("edit", request.binding, "editor", "edited", args={**request.args, "key": "b"})
+
+    policy = Policy.from_dict({"version": 1, "default": "require_approval"})
+    gate = Gate(policy, tools=[tagger], approver=CallbackApprover(edit), ledger=MemoryLedger())
+    ctx = gate.start_run()
+    record = gate.submit("tag", {"key": "a"}, context=ctx).record
+    assert (record.status, record.args) == ("ok", {"key": "b", "value": None, "n": None}), record.error
+    entry = tuple(ctx.history_view())[-1]
+    simulated = decide_like_gate(policy, Call(tool="tag", args={"key": "c"}, history=(entry,), run=ctx.info),
+                                 [tagger])
+    assert simulated.decision.outcome == "require_approval"
+    with pytest.raises(ToolDenied, match="argument 'n'"):
+        tagger.validate({"key": "a", "n": "many"})
