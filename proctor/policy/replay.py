@@ -27,7 +27,10 @@ Calls the log cannot decide again are counted as undecidable, never guessed:
   read a redacted argument — of this call, or of an earlier call through `history` — or that
   reads where values came from (`provenance()`, `from_user()`: the log holds no results);
 - a cost budget counts the call and the new policy declares no cost for its tool (a tool's
-  own declared cost is not recorded).
+  own declared cost is not recorded); and, once such a call (or one whose `cost:` expression
+  reads a redacted argument) ran, every later call whose decision reads that budget — a
+  condition reading its `usage`, or the budget counting the call's cost — since what it holds
+  of cost is not known.
 - the log does not hold the call's run from its start (``run_started``: a log that begins
   mid-run, or holds a resumed run from its ``run_resumed`` on) and the decision could read the
   run — a condition or expression naming ``run``, ``history``, ``seen`` or ``usage``, or a
@@ -223,6 +226,10 @@ class _Reads:
     #: Whether a budget of the new policy counts such a call (else its ledger is not asked: it would
     #: hold nothing for it).
     budgeted: bool = True
+    #: The budgets whose usage a condition reads (`usage.NAME`; None: any of them).
+    usage: frozenset[str] | None = frozenset()
+    #: The budgets with a cost limit that count such a call.
+    cost_budgets: frozenset[str] = frozenset()
 
 
 class _Clock:
@@ -243,8 +250,8 @@ class _Clock:
 class _Run:
     """A recorded run as the replay rebuilds it; also the `RunView` its calls are decided over."""
 
-    __slots__ = ("history", "history_redacted", "info", "last_step", "ledger", "pending", "resumed", "seen",
-                 "seen_sorted", "started")
+    __slots__ = ("cost_unknown_in", "history", "history_redacted", "info", "last_step", "ledger", "pending", "resumed",
+                 "seen", "seen_sorted", "started")
 
     #: The log holds no tool results: no provenance index (a condition reading one is undecidable).
     provenance: ProvenanceIndex | None = None
@@ -261,9 +268,12 @@ class _Run:
         self.seen: set[str] = set()
         self.seen_sorted: tuple[str, ...] = ()
         self.last_step = 0
-        #: call_id -> (intent record, reservation or None, the history entry's class and labels, and the
-        #: cost to count as it happened for a call that could not be decided again: None for the others)
-        self.pending: dict[str, tuple[Mapping[str, Any], Any, SideEffect, tuple[str, ...], float | None]] = {}
+        #: Budgets of this run whose cost counts a call that ran at a cost the log does not give (`_Replayer`).
+        self.cost_unknown_in: set[str] = set()
+        #: call_id -> (intent record, reservation or None, the history entry's class and labels, the cost to
+        #: count as it happened for a call that could not be decided again — None for the others — and whether
+        #: the log cannot give that cost)
+        self.pending: dict[str, tuple[Mapping[str, Any], Any, SideEffect, tuple[str, ...], float | None, bool]] = {}
 
     def history_view(self) -> Sequence[HistoryEntry]:
         return self.history
@@ -314,6 +324,10 @@ class _Replayer:
         #: A policy without budgets: one ledger serves every run (it counts nothing, and its usage is empty).
         self._unbudgeted = (None if policy.budgets else
                             Ledger((), shared=self.shared, clock=self.clock.mono, wall_clock=self.clock.wall))
+        #: Budgets wider than a run (one pool for all the replay's runs), and those of them whose cost counts a
+        #: call that ran at a cost the log does not give (`_Run.cost_unknown_in` for a run's own).
+        self._shared_budgets = frozenset(b.name for b in policy.budgets if b.shared)
+        self.cost_unknown_shared: set[str] = set()
         #: Whether any condition can read `history` (else no entry is kept: nothing would read it).
         self.keeps_history = any(r.condition is not None and "history" in r.condition.source
                                  for r in policy.compiled)
@@ -403,7 +417,7 @@ class _Replayer:
             # Refused before the policy decided (unknown tool, invalid arguments): recorded, never re-decided.
             if get("refused_at") == "tool":  # a tool the gate did not hold: its run kept the unknown worst case
                 history_class, labels = "destructive", ()
-            run.pending[call_id] = (rec, None, history_class, labels, None)
+            run.pending[call_id] = (rec, None, history_class, labels, None, False)
             if counted:
                 report.not_decided += 1
             return
@@ -436,6 +450,8 @@ class _Replayer:
             why = _RESUMED if run.resumed else _UNSTARTED
         if why is None and get("layers"):
             why = _LAYERED
+        if why is None and (run.cost_unknown_in or self.cost_unknown_shared):
+            why = self._reads_unknown_cost(run, reads)
         reservation = None
         new: str = "deny"
         new_rules: tuple[str, ...] = ()
@@ -456,7 +472,8 @@ class _Replayer:
             reason = decision.reason if decision is not None and adm.refusal is None else str(adm.refusal)
         if reservation is not None or why is not None or labels or self.keeps_history:
             # (else its outcome has nothing to settle, count, remember or add to `seen`)
-            run.pending[call_id] = (rec, reservation, history_class, labels, None if why is None else adm.cost)
+            run.pending[call_id] = (rec, reservation, history_class, labels, None if why is None else adm.cost,
+                                    why is not None and self._cost_unknown_of(reads, facts, args))
         if not counted:
             return
         sha = get("policy_sha256")
@@ -491,7 +508,7 @@ class _Replayer:
         pending = run.pending.pop(call_id, None)
         if pending is None:
             return
-        intent, reservation, side_effect, labels, as_happened = pending
+        intent, reservation, side_effect, labels, as_happened, cost_unknown = pending
         status = rec.get("status")
         ran = status in RAN_STATUSES
         duration = rec.get("duration_ns")
@@ -510,6 +527,9 @@ class _Replayer:
                 run.ledger.replay(intent["tool"], side_effect, as_happened, duration)
             else:
                 run.ledger.settle(hold, duration_ns=duration)
+            if cost_unknown:  # what those budgets hold of cost is not known from here on
+                for name in self._reads_of(intent["tool"], side_effect).cost_budgets:
+                    (self.cost_unknown_shared if name in self._shared_budgets else run.cost_unknown_in).add(name)
         if self.keeps_history:
             args = _recorded_args(intent)
             decision = intent.get("decision")
@@ -569,10 +589,31 @@ class _Replayer:
                     provenance = True
             cost_unknown = self._cost_unknown_for(tool, side_effect)
             plain = not conditions and not cost_unknown and not self._expressions(tool)
-            budgeted = any(_matches(b.match, tool, side_effect) for b in self.policy.budgets)
+            counting = [b for b in self.policy.budgets if _matches(b.match, tool, side_effect)]
+            usage: frozenset[str] | None = frozenset()
+            for condition in conditions:
+                read = needs_of(condition.source, VARIABLES).get("usage", frozenset())
+                usage = None if read is None or usage is None else usage | read
             found = self._reads[key] = _Reads(args, history_args, provenance, not conditions, cost_unknown, plain,
-                                              budgeted)
+                                              bool(counting), usage,
+                                              frozenset(b.name for b in counting if b.limit.cost is not None))
         return found
+
+    def _cost_unknown_of(self, reads: _Reads, facts: ToolFacts, args: Mapping[str, Any]) -> bool:
+        """Whether the log cannot give the cost an undecidable call counts at: the policy declares none for its
+        tool, or computes it from arguments some of which are redacted."""
+        if not reads.cost_budgets:
+            return False
+        return reads.cost_unknown or (facts.cost_expression is not None and _has_mark(args))
+
+    def _reads_unknown_cost(self, run: _Run, reads: _Reads) -> str | None:
+        """Why a call whose decision reads a budget holding a cost the log does not give is undecidable (a
+        condition reading its usage, or the budget counting the call's cost), or None."""
+        unknown = run.cost_unknown_in | self.cost_unknown_shared
+        if reads.usage is None or not unknown.isdisjoint(reads.usage) or not unknown.isdisjoint(reads.cost_budgets):
+            return ("a budget it reads or is counted by holds the cost of an earlier call the log cannot give "
+                    "(undecidable too)")
+        return None
 
     def _reads_the_run(self, tool: str, side_effect: str) -> bool:
         """Whether a call's decision can depend on its run (principal, labels, agent, earlier calls, budgets):

@@ -537,3 +537,41 @@ def test_the_gates_validated_arguments_pass_validation_again(tmp_path: Path) -> 
     assert simulated.decision.outcome == "require_approval"
     with pytest.raises(ToolDenied, match="argument 'n'"):
         tagger.validate({"key": "a", "n": "many"})
+
+
+@tool(side_effect="external", cost=2)
+def post_priced(to: str) -> str:
+    """Post at the tool's own price (the policy declares none).
+
+    Args:
+        to: Where.
+    """
+    return f"posted to {to}"
+
+
+def test_a_budget_holding_a_cost_the_log_does_not_give_makes_its_readers_undecidable(tmp_path: Path) -> None:
+    """The tool's own cost is not in the log: its calls are undecidable, and so is every later call whose
+    decision reads what that budget holds (a `usage` condition, or the budget counting its cost) — never
+    decided over a usage that left those costs out."""
+    spec = {"version": 1, "default": "allow",
+            "budgets": [{"name": "money", "match": {"tool": ["post", "send"]}, "limit": {"cost": 100}},
+                        {"name": "calls", "match": {"tool": "post"}, "limit": {"calls": 10}}],
+            "rules": [{"name": "spent", "match": {"tool": "look"}, "when": "usage.money.cost >= 3.0",
+                       "decision": "deny"},
+                      {"name": "counted", "match": {"tool": "look"}, "when": "usage.calls.calls >= 5",
+                       "decision": "deny"}]}
+    priced = replace(as_tool(post_priced), name="post")
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path)
+    policy = Policy.from_dict(spec)
+    gate = Gate(policy, audit=log, tools=[*(t for n, t in TOOLS.items() if n != "post"), priced],
+                shadow=Policy.from_dict(spec), ledger=MemoryLedger())
+    ctx = gate.start_run()
+    statuses = [gate.submit(name, args, context=ctx).record.status
+                for name, args in [LOOKS[0], ("post", {"to": "a"}), ("post", {"to": "b"}), LOOKS[0], SENDS[0]]]
+    gate.finish_run(ctx)
+    log.close()
+    assert statuses == ["ok", "ok", "ok", "denied", "ok"]
+    report = replay_log(policy, str(path))
+    assert (report.changed, report.unchanged, report.undecidable) == (0, 1, 4), report.as_dict()
+    assert any("cannot give" in why for why in report.undecidable_why)
