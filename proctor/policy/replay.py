@@ -372,7 +372,8 @@ class _Replayer:
                 self._run(run_id, rec)
         elif kind == "run_finished":
             run_id = rec.get("run_id")
-            if isinstance(run_id, str):
+            # An interrupted run is left for `resume` to take up again (as after a crash): kept, not forgotten.
+            if isinstance(run_id, str) and rec.get("status") != "interrupted":
                 self.runs.pop(run_id, None)
 
     # -- calls ------------------------------------------------------------------------------------

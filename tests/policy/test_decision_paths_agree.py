@@ -575,3 +575,48 @@ def test_a_budget_holding_a_cost_the_log_does_not_give_makes_its_readers_undecid
     report = replay_log(policy, str(path))
     assert (report.changed, report.unchanged, report.undecidable) == (0, 1, 4), report.as_dict()
     assert any("cannot give" in why for why in report.undecidable_why)
+
+
+HISTORY_RULE = {"version": 1, "default": "allow",
+                "rules": [{"name": "once", "match": {"tool": "look"},
+                           "when": "history.exists(c, c.tool == 'look' && c.status == 'ok')", "decision": "deny"}]}
+
+
+def _resumed_log(tmp: Path) -> tuple[Path, Policy]:
+    """A run that looked once, ended interrupted, and was resumed (its history restored, as a durable run's
+    is) to look again: the second look is denied by the history rule."""
+    policy = Policy.from_dict(HISTORY_RULE)
+    path = tmp / "audit.jsonl"
+    log = AuditLog(path)
+    gate = Gate(policy, audit=log, tools=TOOLS.values(), ledger=MemoryLedger())
+    ctx = gate.start_run(principal="alice")
+    assert gate.submit("look", {"q": "a"}, context=ctx).record.status == "ok"
+    kept = tuple(ctx.history_view())
+    gate.finish_run(ctx, status="interrupted")
+    again = gate.resume_run(ctx.info)
+    for entry in kept:
+        again.remember_entry(entry, ctx.records[0])
+    assert gate.submit("look", {"q": "b"}, context=again).record.status == "denied"
+    gate.finish_run(again)
+    log.close()
+    return path, policy
+
+
+def test_a_run_resumed_after_it_ended_interrupted_keeps_its_history_in_replay(tmp_path: Path) -> None:
+    """An interrupted run is taken up again by `resume` (`run_resumed` after its `run_finished`): replay goes
+    on with the run it rebuilt, never with an empty one."""
+    path, policy = _resumed_log(tmp_path)
+    report = replay_log(policy, str(path))
+    assert (report.changed, report.unchanged) == (0, 2), report.as_dict()
+
+
+def test_a_log_that_begins_at_a_resume_cannot_say_the_runs_earlier_calls(tmp_path: Path) -> None:
+    """A log holding a run from its `run_resumed` on (its start in another log): a decision reading the run is
+    undecidable, as for a log that begins mid-run."""
+    path, policy = _resumed_log(tmp_path)
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if json.loads(line)["kind"] == "run_resumed")
+    tail = tmp_path / "tail.jsonl"
+    tail.write_text("\n".join(lines[start:]) + "\n")
+    report = replay_log(policy, str(tail))
+    assert (report.changed, report.undecidable) == (0, 1), report.as_dict()
