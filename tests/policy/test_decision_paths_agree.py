@@ -179,11 +179,11 @@ Script = Sequence[tuple[str | None, Mapping[str, str], Sequence[tuple[str, Mappi
 
 
 def run_script(tmp: Path, spec: Mapping[str, Any], runs: Script, *, answer: Answer | None = None,
-               history_limit: int = 1000, simulate: bool = True) -> Agreement:
+               history_limit: int = 1000) -> Agreement:
     """Each run (principal, labels, calls) through one real gate with an identical shadow, then replay its log.
 
-    `simulate`: also decide each call with `decide_like_gate` (a run whose budgets wider than a run
-    were charged by an earlier run is left out: `policy test` starts those from `usage`, the run's)."""
+    The first run's calls are decided with `decide_like_gate` too (the later runs' budgets wider than a
+    run were charged by earlier runs, which `policy test` starts from the run's `usage` only)."""
     policy = Policy.from_dict(json.loads(json.dumps(spec)))
     path = tmp / f"audit-{len(list(tmp.iterdir()))}.jsonl"
     log = AuditLog(path)
@@ -201,7 +201,7 @@ def run_script(tmp: Path, spec: Mapping[str, Any], runs: Script, *, answer: Answ
         history: list[HistoryEntry] = []  # the whole run, as `policy test` is given it
         for name, args in calls:
             expected = (_simulated(policy, name, args, history, ctx, ctx.ledger.usage())
-                        if simulate and i == 0 else None)
+                        if i == 0 else None)
             before = len(asked)
             outcome = gate.submit(name, args, context=ctx)
             got = _verdict(outcome, asked[before:])
@@ -372,7 +372,7 @@ def test_redacted_arguments_are_undecidable_never_guessed(tmp_path: Path) -> Non
     assert not any("$redacted" in json.dumps(c) for g in got.report.by_change.values() for c in g.examples)
 
 
-@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(runs=st.lists(st.tuples(st.sampled_from([None, "eve", "ops"]),
                                st.sampled_from([{}, {"env": "prod"}, {"env": "dev"}]),
                                st.lists(st.sampled_from(CALLS), max_size=14)), min_size=1, max_size=3),
@@ -389,8 +389,7 @@ def test_any_sequence_of_calls_agrees_on_every_path(tmp_path: Path, runs: list[t
             return ApprovalDecision("edit", request.binding, "editor", "edited", args=dict(other))
         return True
 
-    run_script(tmp_path, RICH, runs, answer=answer, history_limit=history_limit,
-               simulate=not edit).assert_agree()
+    run_script(tmp_path, RICH, runs, answer=answer, history_limit=history_limit).assert_agree()
 
 
 def test_a_call_to_a_tool_the_gate_does_not_hold_is_rebuilt_as_the_gate_kept_it(tmp_path: Path) -> None:
