@@ -44,3 +44,26 @@ def test_a_managed_agents_narrowed_calls_agree_in_the_shadow_and_replay(tmp_path
     report = replay_log(Policy.from_dict(spec), str(audit))
     assert (report.changed, report.undecidable) == (0, 4), report.as_dict()
     assert report.unchanged == 2  # the manager's own calls: the agent-tool and its get_price
+
+
+def test_a_managed_agents_own_per_step_budget_starts_afresh_in_the_shadow(tmp_path: Path) -> None:
+    """The researcher's own policy allows one price lookup a step: its second step may look again, in the
+    identical shadow's copy of its budgets as in the gate."""
+    spec = policy_data(tools={"researcher": {"side_effect": "read"}})
+    own = Policy.from_dict({"version": 1, "default": "allow", "budgets": [
+        {"name": "one-a-step", "per": "step", "match": {"tool": "get_price"}, "limit": {"calls": 1}}]})
+    twice = ("out = []\nfor f in ['fig', 'plum']:\n    try:\n        out.append(get_price(f))\n"
+             "    except Exception as e:\n        out.append(type(e).__name__)\nprint(out)")
+    sub = CodeAgent([get_price], ScriptedModel([program(twice), program("final_answer(get_price('fig'))")]), own,
+                    name="researcher", description="Finds prices of fruit.")
+    audit = tmp_path / "audit.jsonl"
+    boss = CodeAgent([get_price], ScriptedModel([program("final_answer(researcher(task='prices'))")]),
+                     Policy.from_dict(spec), name="manager", managed_agents=[sub], audit=str(audit),
+                     shadow=Policy.from_dict(spec))
+    with boss:
+        result = boss.run("Prices?")
+    assert result.status == "done", result.error
+    statuses = [r["status"] for r in map(json.loads, audit.read_text().splitlines()) if r["kind"] == "call_outcome"]
+    assert statuses.count("denied") == 1, statuses
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert [r for r in records if r["kind"] == "shadow_decision"] == []
