@@ -46,7 +46,9 @@ field; that is the safe side.
 
 - a managed agent's call that the agent's own policy narrowed (``layers`` on its intent: the
   policies' fingerprints, not the policies): its facts, decision and budgets were the strictest
-  of the run's policy and those, which replay cannot rebuild.
+  of the run's policy and those, which replay cannot rebuild; and, after one, a call of the run
+  whose condition reads `seen` or an earlier call's class (the labels and class the narrowed
+  call added to the run were those policies' too).
 
 What replay does not know: calls refused before the policy decided (an
 unknown tool, arguments the schema refused: the tool table decides those, not the policy;
@@ -230,6 +232,9 @@ class _Reads:
     usage: frozenset[str] | None = frozenset()
     #: The budgets with a cost limit that count such a call.
     cost_budgets: frozenset[str] = frozenset()
+    #: Whether a condition reads `seen`, or the class of an earlier call (`history`'s side_effect).
+    seen: bool = False
+    history_class: bool = False
 
 
 class _Clock:
@@ -250,8 +255,8 @@ class _Clock:
 class _Run:
     """A recorded run as the replay rebuilds it; also the `RunView` its calls are decided over."""
 
-    __slots__ = ("cost_unknown_in", "history", "history_redacted", "info", "last_step", "ledger", "pending", "resumed",
-                 "seen", "seen_sorted", "started")
+    __slots__ = ("cost_unknown_in", "history", "history_redacted", "info", "last_step", "ledger", "narrowed",
+                 "pending", "resumed", "seen", "seen_sorted", "started")
 
     #: The log holds no tool results: no provenance index (a condition reading one is undecidable).
     provenance: ProvenanceIndex | None = None
@@ -265,6 +270,9 @@ class _Run:
         self.resumed = False
         self.history: list[HistoryEntry] = []
         self.history_redacted = False
+        #: Whether a call of the run was narrowed by a managed agent's own policy: its class in the history and
+        #: the labels it added to `seen` were that policy's too, which the log does not hold.
+        self.narrowed = False
         self.seen: set[str] = set()
         self.seen_sorted: tuple[str, ...] = ()
         self.last_step = 0
@@ -442,6 +450,10 @@ class _Replayer:
         side_effect = adm.side_effect
         if facts.side_effect_expression is None or adm.stage != "class":
             history_class = side_effect
+        layered = bool(get("layers"))
+        if layered and declared is not None:
+            # (narrowed: its class in the run — history, the budgets that counted it — is the recorded one)
+            history_class = declared
         reads = known.reads if known.reads is not None and known.reads_class == side_effect else None
         if reads is None:
             reads = known.reads = self._reads_of(tool, side_effect)
@@ -449,8 +461,10 @@ class _Replayer:
         why = None if reads.plain else self._undecidable(tool, side_effect, args, run, redacted=_has_mark(args))
         if why is None and not run.started and self._reads_the_run(tool, side_effect):
             why = _RESUMED if run.resumed else _UNSTARTED
-        if why is None and get("layers"):
+        if why is None and layered:
             why = _LAYERED
+        if why is None and run.narrowed and (reads.seen or reads.history_class):
+            why = _AFTER_LAYERED
         if why is None and (run.cost_unknown_in or self.cost_unknown_shared):
             why = self._reads_unknown_cost(run, reads)
         reservation = None
@@ -473,8 +487,10 @@ class _Replayer:
             reason = decision.reason if decision is not None and adm.refusal is None else str(adm.refusal)
         if reservation is not None or why is not None or labels or self.keeps_history:
             # (else its outcome has nothing to settle, count, remember or add to `seen`)
+            # (a narrowed call's cost was the highest of its policies': not known from here)
             run.pending[call_id] = (rec, reservation, history_class, labels, None if why is None else adm.cost,
-                                    why is not None and self._cost_unknown_of(reads, facts, args))
+                                    why is not None and (self._cost_unknown_of(reads, facts, args) or (
+                                        layered and bool(self._reads_of(tool, history_class).cost_budgets))))
         if not counted:
             return
         sha = get("policy_sha256")
@@ -531,6 +547,8 @@ class _Replayer:
             if cost_unknown:  # what those budgets hold of cost is not known from here on
                 for name in self._reads_of(intent["tool"], side_effect).cost_budgets:
                     (self.cost_unknown_shared if name in self._shared_budgets else run.cost_unknown_in).add(name)
+        if intent.get("layers"):
+            run.narrowed = True
         if self.keeps_history:
             args = _recorded_args(intent)
             decision = intent.get("decision")
@@ -592,12 +610,18 @@ class _Replayer:
             plain = not conditions and not cost_unknown and not self._expressions(tool)
             counting = [b for b in self.policy.budgets if _matches(b.match, tool, side_effect)]
             usage: frozenset[str] | None = frozenset()
+            reads_seen = reads_class = False
             for condition in conditions:
-                read = needs_of(condition.source, VARIABLES).get("usage", frozenset())
+                needs = needs_of(condition.source, VARIABLES)
+                read = needs.get("usage", frozenset())
                 usage = None if read is None or usage is None else usage | read
+                reads_seen = reads_seen or needs.get("seen", frozenset()) != frozenset()
+                entry = needs.get("history", frozenset())
+                reads_class = reads_class or entry is None or "side_effect" in entry
             found = self._reads[key] = _Reads(args, history_args, provenance, not conditions, cost_unknown, plain,
                                               bool(counting), usage,
-                                              frozenset(b.name for b in counting if b.limit.cost is not None))
+                                              frozenset(b.name for b in counting if b.limit.cost is not None),
+                                              reads_seen, reads_class)
         return found
 
     def _cost_unknown_of(self, reads: _Reads, facts: ToolFacts, args: Mapping[str, Any]) -> bool:
@@ -667,6 +691,9 @@ _RESUMED = ("the log holds the run from its resumption (run_resumed), not its st
 #: Why a managed agent's call that its own policies narrowed is undecidable (the log has their fingerprints only).
 _LAYERED = ("a managed agent's own policy decided it too (its facts, rules and budgets narrow the run's): the log "
             "names that policy by fingerprint only")
+#: Why a call reading what a managed agent's narrowed call added to its run (`seen`, a class in history) is undecidable.
+_AFTER_LAYERED = ("a condition reads seen or an earlier call's class, and a managed agent's own policy narrowed an "
+                  "earlier call of the run (its labels and class were that policy's too)")
 #: The variables of a condition that read the run rather than the call (by name: over-counting is safe).
 _RUN_NAMES = re.compile(r"\b(?:run|history|seen|usage)\b")
 

@@ -619,3 +619,41 @@ def test_a_log_that_begins_at_a_resume_cannot_say_the_runs_earlier_calls(tmp_pat
     tail.write_text("\n".join(lines[start:]) + "\n")
     report = replay_log(policy, str(tail))
     assert (report.changed, report.undecidable) == (0, 1), report.as_dict()
+
+
+def test_what_a_managed_agents_own_policy_added_to_the_run_is_not_guessed_in_replay(tmp_path: Path) -> None:
+    """The agent's own policy labels its looks `secret` and classes them destructive: the run's `seen` and
+    history hold what the narrowed call added. A later call of the run whose decision reads them is
+    undecidable in replay (the log has that policy's fingerprint only), never decided without them."""
+    run_spec = {"version": 1, "default": "allow",
+                "tools": {"look": {"side_effect": "read"}, "put": {"side_effect": "destructive"}},
+                "budgets": [{"name": "one-destructive", "match": {"side_effect": "destructive"},
+                             "limit": {"calls": 1}}],
+                "rules": [{"name": "no-send-after-secret", "match": {"tool": "send"}, "when": "'secret' in seen",
+                           "decision": "deny"},
+                          {"name": "no-post-after-destructive", "match": {"tool": "post"},
+                           "when": "history.exists(c, c.side_effect == 'destructive')", "decision": "deny"},
+                          {"name": "long-runs", "match": {"tool": "look"},
+                           "when": "history.size() > 5", "decision": "deny"}]}
+    run_policy = Policy.from_dict(run_spec)
+    own_policy = Policy.from_dict({"version": 1, "default": "allow",
+                                   "tools": {"look": {"labels": ["secret"], "side_effect": "destructive"}}})
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path)
+    gate = Gate(run_policy, audit=log, tools=TOOLS.values(), shadow=Policy.from_dict(run_spec), ledger=MemoryLedger())
+    ctx = gate.start_run()
+    own = Layer("sub", own_policy, own_policy.new_ledger(replace(ctx.info, step=0, agent="sub"), gate.ledger))
+    sub = ctx.delegate("sub", ledger=StackedLedger(ctx.ledger, own.ledger, agent="sub"), tools=gate.tools,
+                       layer=own, parent_call_id="call_parent")
+    assert gate.submit("look", {"q": "a"}, context=sub).record.status == "ok"
+    statuses = [gate.submit(name, args, context=ctx).record.status
+                for name, args in [SENDS[0], ("post", {"to": "a", "n": 3}), LOOKS[0], ("put", {"key": "zz"})]]
+    assert statuses == ["denied", "denied", "ok", "denied"]  # the put: the narrowed look was destructive
+    gate.finish_run(ctx)
+    log.close()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert not [r for r in records if r["kind"] == "shadow_decision"]
+    report = replay_log(run_policy, str(path))
+    # the narrowed look, and the send and post reading what it added; the last look reads how many calls ran,
+    # and the put is refused by the budget that counted the narrowed look as destructive, as the gate counted it
+    assert (report.changed, report.undecidable, report.unchanged) == (0, 3, 2), report.as_dict()
