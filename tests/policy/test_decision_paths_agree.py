@@ -657,3 +657,36 @@ def test_what_a_managed_agents_own_policy_added_to_the_run_is_not_guessed_in_rep
     # the narrowed look, and the send and post reading what it added; the last look reads how many calls ran,
     # and the put is refused by the budget that counted the narrowed look as destructive, as the gate counted it
     assert (report.changed, report.undecidable, report.unchanged) == (0, 3, 2), report.as_dict()
+
+
+def test_a_let_name_that_reads_a_redacted_argument_is_undecidable(tmp_path: Path) -> None:
+    """`let:` names are read as what they stand for: a condition naming one that reads a redacted argument (or
+    where values came from) is undecidable in replay, as the expression written out would be."""
+    spec = {"version": 1, "default": "allow", "tools": {"send": {"redact": ["body"], "cost": "args.amount"}},
+            "let": {"secretive": "args.body.contains('s3cret')", "mentions(word)": "args.body.contains(word)",
+                    "tainted": "'untrusted' in provenance(args.to)"},
+            "rules": [{"name": "no-secret", "match": {"tool": "send"}, "when": "secretive", "decision": "deny"},
+                      {"name": "no-pay", "match": {"tool": "send"}, "when": "mentions('pay')",
+                       "decision": "require_approval"},
+                      {"name": "taint", "match": {"tool": "post"}, "when": "tainted", "decision": "deny"}]}
+    got = run_script(tmp_path, spec, [(None, {}, [("send", {"to": "a", "body": "s3cret"}),
+                                                  ("send", {"to": "a", "body": "pay me"}),
+                                                  ("send", {"to": "a", "body": "hi"}), POSTS[2]])])
+    got.assert_agree()
+    assert [v[2][0] for v in got.verdicts] == ["deny", "require_approval", "allow", "allow"]
+    assert got.report is not None and got.report.undecidable == 4, got.report.as_dict()
+
+
+def test_a_condition_that_raises_denies_on_every_path(tmp_path: Path) -> None:
+    """An allow rule whose condition raises (a division by zero, a missing key) denies, naming why — in the
+    gate, `policy test`, the shadow and replay alike — whatever the default."""
+    for default in ("allow", "require_approval", "deny"):
+        spec = {"version": 1, "default": default,
+                "rules": [{"name": "divides", "match": {"tool": "post"}, "when": "100 / (args.n - 2) > 1",
+                           "decision": "allow"},
+                          {"name": "keyed", "match": {"tool": "look"}, "when": "args.nope == 1", "decision": "allow"}]}
+        got = run_script(tmp_path, spec, [(None, {}, [POSTS[0], LOOKS[0], POSTS[2]])])
+        got.assert_agree()
+        assert [v[2][0] for v in got.verdicts] == ["deny", "deny", "allow"], default
+        refusals = [r["error"] for r in got.records if r["kind"] == "call_outcome" and r["status"] == "denied"]
+        assert "division by zero" in refusals[0] and "no such key 'nope'" in refusals[1], refusals
