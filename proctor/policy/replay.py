@@ -451,9 +451,9 @@ class _Replayer:
         if facts.side_effect_expression is None or adm.stage != "class":
             history_class = side_effect
         layered = bool(get("layers"))
-        if layered and declared is not None:
+        if layered and recorded_class in SIDE_EFFECTS:
             # (narrowed: its class in the run — history, the budgets that counted it — is the recorded one)
-            history_class = declared
+            history_class = recorded_class
         reads = known.reads if known.reads is not None and known.reads_class == side_effect else None
         if reads is None:
             reads = known.reads = self._reads_of(tool, side_effect)
