@@ -26,7 +26,8 @@ try:
 except ImportError:  # pragma: no cover - orjson is a dependency; without it json does all the work
     orjson = None  # type: ignore[assignment]
 
-__all__ = ["ORJSON_AGREES", "canonical_bytes", "canonical_sha256", "is_plain_json", "json_shaped", "jsonable"]
+__all__ = ["ORJSON_AGREES", "canonical_bytes", "canonical_sha256", "is_plain_json", "json_shaped", "jsonable",
+           "untagged"]
 
 _PLAIN_LEAVES = frozenset({str, int, bool, type(None)})
 
@@ -105,6 +106,72 @@ def _convert(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
     raise TypeError(f"cannot put a {type(value).__name__} into canonical JSON")
+
+
+def untagged(value: Any) -> Any:
+    """`value` read back from canonical JSON with the tags `jsonable` writes undone: ``{"$float": "12.5"}``
+    is the float 12.5 and ``{"$bytes": …}`` the bytes again, at any depth; the rest is returned as is (the
+    same object where nothing was tagged). Iterative, so any depth is fine.
+
+    A tag is undone only where it is exactly what `jsonable` writes for its value (one key, and the
+    value written back gives the same text): anything else is a map like any other. A map holding
+    only such a key is written alike whether it was one or the value it tags: canonical JSON cannot
+    tell them apart, and this reads the value.
+    """
+    if not _holds_tag(value):
+        return value
+    root: list[Any] = [value]
+    stack: list[tuple[Any, Any]] = [(root, 0)]
+    while stack:
+        container, key = stack.pop()
+        item = container[key]
+        if type(item) is dict:
+            found = _untag(item) if len(item) == 1 else _NOT_TAGGED
+            if found is not _NOT_TAGGED:
+                container[key] = found
+                continue
+            copy = container[key] = dict(item)
+            stack.extend((copy, k) for k, v in copy.items() if type(v) is dict or type(v) is list)
+        elif type(item) is list:
+            items = container[key] = list(item)
+            stack.extend((items, i) for i, v in enumerate(items) if type(v) is dict or type(v) is list)
+    return root[0]
+
+
+def _holds_tag(value: Any) -> bool:
+    """Whether `value` holds a map `untagged` reads back as a float or bytes, at any depth."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is dict:
+            if len(item) == 1 and _untag(item) is not _NOT_TAGGED:
+                return True
+            stack.extend(v for v in item.values() if type(v) is dict or type(v) is list)
+        elif type(item) is list:
+            stack.extend(v for v in item if type(v) is dict or type(v) is list)
+    return False
+
+
+_NOT_TAGGED: Any = object()
+
+
+def _untag(value: dict[str, Any]) -> Any:
+    """The value a one-key tagged map stands for, or `_NOT_TAGGED`."""
+    text = value.get("$float")
+    if type(text) is str:
+        try:
+            number = float(text)
+        except ValueError:
+            return _NOT_TAGGED
+        return number if repr(number) == text else _NOT_TAGGED
+    text = value.get("$bytes")
+    if type(text) is str:
+        try:
+            raw = base64.b64decode(text, validate=True)
+        except ValueError:
+            return _NOT_TAGGED
+        return raw if base64.b64encode(raw).decode("ascii") == text else _NOT_TAGGED
+    return _NOT_TAGGED
 
 
 def _json_bytes(plain: Any) -> bytes:

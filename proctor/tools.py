@@ -12,6 +12,7 @@ import asyncio
 import inspect
 import re
 import threading
+import types
 import typing
 import warnings
 from collections.abc import Callable, Mapping
@@ -153,7 +154,13 @@ class Tool:
                     f"tool {tool_name!r}: parameter {pname!r} is not described in the docstring's 'Args:' section"
                 )
             default = ... if param.default is param.empty else param.default
-            fields[pname] = (hints[pname], pydantic.Field(default, description=arg_docs[pname]))
+            hint = hints[pname]
+            if default is None and not _admits_none(hint):
+                # `x: int = None`: the validated arguments (defaults completed) must pass validation again — an
+                # approver edits them, a history entry or a cases file restates them — so None is taken as the
+                # default it is (PEP 484's implicit Optional), not refused when written out.
+                hint = typing.Optional[hint]  # noqa: UP045 - `hint` is a runtime value, not an annotation
+            fields[pname] = (hint, pydantic.Field(default, description=arg_docs[pname]))
         # Show resolved types (``str``), not the strings `from __future__ import annotations` leaves.
         signature = signature.replace(
             parameters=[p.replace(annotation=_plain(hints[p.name])) for p in signature.parameters.values()],
@@ -309,6 +316,18 @@ class Tool:
 _PLAIN_TYPES = (str, int, float, bool)
 
 
+def _admits_none(hint: Any) -> bool:
+    """Whether the annotation `hint` takes None (Any, None, Optional/a union with None, Annotated over one)."""
+    if hint is Any or hint is None or hint is type(None):
+        return True
+    origin = typing.get_origin(hint)
+    if origin is typing.Annotated:
+        return _admits_none(typing.get_args(hint)[0])
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_admits_none(arg) for arg in typing.get_args(hint))
+    return False
+
+
 def _plain_fields(model: type[pydantic.BaseModel]) -> tuple[tuple[str, type], ...] | None:
     """``(name, type)`` of the model's fields when each is a plain str/int/float/bool (no constraint or
     alias: `Tool.from_fields` makes the model of fields alone, no validators), else None. For such a model and
@@ -343,7 +362,8 @@ def tool(
     """Declare a tool: ``@tool`` or ``@tool(side_effect="external", cost=1)``.
 
     A tool whose side-effect class is declared neither here nor in the policy is
-    treated as destructive.
+    treated as destructive. A parameter written ``x: T = None`` takes None (its default)
+    when a call writes it out, as the arguments the gate completes with defaults do.
     """
     if fn is not None:
         return Tool.from_function(fn)

@@ -314,6 +314,11 @@ class ApprovalStep:
             given = _restore_hidden(given, self.approver_view(p, p.args), p.args, hidden)
         if p.facts.redact:
             p.ctx.secrets.update(secret_values(given, p.facts.redact))
+        if p.reservation is not None:
+            # Decided as any call is, before its budgets are reserved: the original call's hold goes back
+            # first, so `usage` does not count the call being decided (the edited call reserves anew below).
+            p.ctx.ledger.release(p.reservation)
+            p.reservation = None
         adm = admit(p.policy, name, given, tools={name: p.tool}, run=p.ctx, layers=p.ctx.layers)
         decision = adm.decision
         if adm.stage == "args":
@@ -333,17 +338,13 @@ class ApprovalStep:
                 return ApprovalDenied(f"{name}: edited arguments refused: the edited call needs an approval "
                                       f"of its own, and {who}",
                                       tool=name, call_id=p.call_id, rules=decision.rules)
-        if adm.side_effect != p.side_effect or adm.cost != p.cost:
-            # Budgets match on the class and count the cost: the edited call is reserved anew, at its own.
-            try:
-                if p.reservation is not None:
-                    p.ctx.ledger.release(p.reservation)
-                    p.reservation = None
-                p.side_effect, p.cost = adm.side_effect, adm.cost
-                p.reservation = p.ctx.ledger.reserve(name, adm.side_effect, adm.cost)
-            except BudgetExceeded as exc:
-                return ApprovalDenied(f"{name}: edited arguments refused: {exc}", tool=name, call_id=p.call_id,
-                                      rules=decision.rules)
+        # Budgets match on the class and count the cost: the edited call is reserved anew, at its own.
+        try:
+            p.side_effect, p.cost = adm.side_effect, adm.cost
+            p.reservation = p.ctx.ledger.reserve(name, adm.side_effect, adm.cost)
+        except BudgetExceeded as exc:
+            return ApprovalDenied(f"{name}: edited arguments refused: {exc}", tool=name, call_id=p.call_id,
+                                  rules=decision.rules)
         original = p.redacted
         p.args, p.decision = cast(dict[str, Any], adm.args), decision
         p.layer_votes = list(adm.votes)

@@ -617,7 +617,8 @@ class Gate:
             digest = self.recorder.redact({"sha256": args_sha256}, ()).digest if args_sha256 else None
             p.redacted = Redacted({}, digest or "")
             return self.recorder.refused(p, ToolDenied(reason, tool=tool, call_id=call_id),
-                                         extra={"args_bytes": args_bytes})
+                                         extra={"args_bytes": args_bytes,
+                                                **({} if known is not None else {"refused_at": "tool"})})
         except Exception as exc:  # noqa: BLE001 - the call is refused whatever fails here
             log.error("gate_internal_error", tool=tool, state=p.state, error=repr(exc), **log_fields(p.span))
             record = CallRecord(call_id, tool, {}, "destructive", None, "denied", 0, reason, "ToolDenied")
@@ -657,7 +658,9 @@ class Gate:
             if adm.stage != "decided":
                 shadow.decided(p, adm)
         if adm.stage == "tool":
-            return self.recorder.refused(p, self._placed(p, adm.refusal))
+            # (kept in the run as the unknown worst case, whatever a policy says of that name: said so, for
+            # whoever rebuilds the run from the log — `policy replay`)
+            return self.recorder.refused(p, self._placed(p, adm.refusal), extra={"refused_at": "tool"})
         p.tool = cast(Tool, adm.tool)
         facts = p.facts = cast(ToolFacts, adm.facts)
         p.layer_facts = list(adm.layer_facts)
@@ -702,7 +705,9 @@ class Gate:
             return self.recorder.refused(p, ToolDenied(f"{name}: denied: {decision.reason}", tool=name,
                                                        call_id=p.call_id, rules=decision.rules))
         if adm.stage == "cost":
-            return self.recorder.refused(p, self._placed(p, adm.refusal))
+            # The rules' decision is recorded, but the call was refused: said so, for whoever reads the log
+            # again (`policy replay` compares a call by what it came to, as the shadow does).
+            return self.recorder.refused(p, self._placed(p, adm.refusal), extra={"refused_at": "cost"})
         cost = p.cost = adm.cost
         halt = self._halted(name, ctx)
         if halt is not None:  # an operator stopped it (`proctor halt`): refused, naming the halt

@@ -126,6 +126,9 @@ class Recorder:
             fields["origin"] = p.tool.origin
         if p.ctx.parent_call_id is not None:
             fields.update(agent_fields(p.ctx))
+            if p.ctx.layers:  # managed agents' own policies narrowed the decision: which ones, by fingerprint
+                fields["layers"] = [{"agent": layer.agent, "policy_sha256": layer.policy.sha256}
+                                    for layer in p.ctx.layers]
         return fields
 
     def outcome_fields(self, p: InFlight, status: CallStatus, error: ProctorError | None,

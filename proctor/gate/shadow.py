@@ -4,11 +4,12 @@
 second time, with the candidate, through the same `proctor.policy.admission.admit` and
 on the inputs the enforced admission had (tool, arguments, run history, `seen`, provenance,
 run facts); its budgets are counted on a ledger of its own per run (what its conditions see
-as `usage`), fed with the calls that really went on. Where the two verdicts differ — outcome,
-or the budget that refused — the gate's recorder writes a `shadow_decision` record with both
-decisions and their rules, the call's span gets a `proctor.shadow_decision` event, and the
-`proctor.shadow.disagreements` counter goes up. Nothing the shadow does changes a call: a
-candidate that raises is logged and skipped.
+as `usage`), fed with the calls that really went on (an approver's edit as edited), on the
+run's clock and steps. Where the two verdicts differ — outcome, or the budget that refused —
+the gate's recorder writes a `shadow_decision` record with both decisions and their rules,
+the call's span gets a `proctor.shadow_decision` event, and the `proctor.shadow.disagreements`
+counter goes up. Nothing the shadow does changes a call: a candidate that raises is logged and
+skipped.
 
 Off the call's critical path: the enforced decision is acted on first. The candidate's
 decision waits in its run's queue, with a snapshot of what the enforced admission saw (the
@@ -25,9 +26,11 @@ In a durable run, a call answered from the journal on resume is not decided agai
 first ran) but counts in the shadow's budgets, as in the run's (`replayed`). The shadow's budgets
 are not kept in the store: after a resume they hold the calls from the resumed step on.
 
-The shadow's budgets wider than a run (`per: principal`, `global`) count this process's
-calls only: a shadow observes, and a shared pool must not be charged by a policy that
-is not enforced.
+The shadow's budgets wider than a run (`per: principal`, `global`) count this gate's
+calls only, on one pool for all its runs: a shadow observes, and a shared pool must not be
+charged by a policy that is not enforced. A managed agent's call is decided with the agent's
+own policy as its layer, as the enforced one is (the candidate replaces the run's policy only),
+over a copy of that layer's budgets kept by the shadow and fed as the layer's are.
 """
 
 from __future__ import annotations
@@ -36,13 +39,14 @@ import threading
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from proctor.calls import BudgetHold, CallRecord
 from proctor.errors import BudgetExceeded
 from proctor.gate.call import InFlight
 from proctor.gate.recorder import Recorder, safely
 from proctor.ledger.memory import MemoryLedger
+from proctor.narrowing import Layer, StackedLedger
 from proctor.policy.admission import Admission, LazyUsage, admit
 from proctor.policy.simulate import RecordedRun
 from proctor.provenance import USER, ProvenanceIndex, ProvenanceLimits
@@ -103,6 +107,17 @@ def _immutable(args: Mapping[str, Any] | None) -> bool:
     return args is None or all(type(value) in _SCALARS for value in args.values())
 
 
+def _count(ledger: Ledger, tool: str, adm: Admission) -> None:
+    """Count a call that went on in every budget of `ledger`, its pools too; where they would refuse it (it
+    ran all the same), in the run's own budgets at least."""
+    try:
+        hold = ledger.reserve(tool, adm.side_effect, adm.cost)
+    except BudgetExceeded:
+        ledger.replay(tool, adm.side_effect, adm.cost, 0)
+    else:
+        ledger.settle(hold, duration_ns=0)
+
+
 def shadow_view(ctx: RunContext, run: _Run, usage: Mapping[str, Any]) -> RecordedRun:
     """The run as a gate enforcing the candidate would see it at one call's admission
     (`proctor.policy.admission.RunView`), for the candidate's decision made later: the history as of then (an
@@ -115,10 +130,17 @@ class _Run:
     """One run's shadow: its budgets, what the run has read and where values came from by the candidate's
     labels, and the candidate's decisions waiting to be made, in call order."""
 
-    __slots__ = ("index", "ledger", "lock", "queue", "seen", "seen_sorted")
+    __slots__ = ("index", "ledger", "lock", "mirror_steps", "mirrors", "queue", "seen", "seen_sorted", "step")
 
-    def __init__(self, ledger: Ledger, index: ProvenanceIndex | None) -> None:
+    def __init__(self, ledger: Ledger, index: ProvenanceIndex | None, step: int = 0) -> None:
         self.ledger = ledger
+        #: The run's step the ledger counts `per: step` budgets for (advanced as the decisions reach the next).
+        self.step = step
+        #: Each managed agent's layer in the run (an invocation's own policy and budgets), and the shadow's
+        #: copy of it: that policy over budgets of the shadow's own, fed as the layer's are.
+        self.mirrors: dict[Layer, Layer] = {}
+        #: The managed agent's own step each copy counts `per: step` budgets for (an agent counts from 0).
+        self.mirror_steps: dict[Layer, int] = {}
         #: The results of the run's calls indexed under the candidate's labels (None: it reads no provenance).
         self.index = index
         #: The candidate's labels of the tools whose calls ran (`seen` in its conditions).
@@ -137,11 +159,17 @@ class PendingDecision:
     """A call the candidate is to decide (`InFlight.shadow`): its inputs as the enforced admission had them,
     the enforced verdict once known, and the candidate's reservation on the shadow's budgets once made."""
 
-    __slots__ = ("args", "enforced", "expected", "labels", "p", "refused", "reservation", "run", "tools", "view")
+    __slots__ = ("args", "enforced", "expected", "labels", "layers", "ledger", "p", "refused", "reservation", "run",
+                 "tools", "view")
 
     def __init__(self, p: InFlight, args: Mapping[str, Any] | None, tools: Mapping[str, Tool],
-                 expected: Tool | None, view: RecordedRun, run: _Run) -> None:
+                 expected: Tool | None, view: RecordedRun, run: _Run, layers: tuple[Layer, ...] = (),
+                 ledger: Ledger | None = None) -> None:
         self.p, self.args, self.tools, self.expected, self.view, self.run = p, args, tools, expected, view, run
+        #: The shadow's copies of the call's layers, and the budgets it is counted on: the shadow's run ledger
+        #: stacked with each copy's (as the run's ledger is with each layer's: `StackedLedger`).
+        self.layers = layers
+        self.ledger: Ledger = ledger if ledger is not None else run.ledger
         #: The enforced admission once its budgets answered, and the budget's refusal if one refused it.
         self.enforced: Admission | None = None
         self.refused: BudgetExceeded | None = None
@@ -172,7 +200,12 @@ class Shadow:
         """Keep what the enforced admission of call `p` saw, for the candidate's decision."""
         try:
             run = self._run(p.ctx)
-            p.shadow = PendingDecision(p, args, tools, expected, shadow_view(p.ctx, run, LazyUsage(run.ledger)), run)
+            layers = self._mirrors(run, p.ctx) if p.ctx.layers else ()
+            ledger: Ledger = run.ledger
+            for mirror in layers:
+                ledger = StackedLedger(ledger, mirror.ledger, agent=mirror.agent)
+            p.shadow = PendingDecision(p, args, tools, expected, shadow_view(p.ctx, run, LazyUsage(ledger)), run,
+                                       layers, ledger)
         except Exception as exc:  # noqa: BLE001 - the shadow never changes a call
             log.error("shadow_policy_failed", tool=p.name, error=repr(exc))
 
@@ -219,13 +252,23 @@ class Shadow:
         self._drain(pending.run)
         if ran:
             self._ran(pending)
-        if pending.reservation is None:
+        edited = ran and p.approval is not None and p.approval.verdict == "edit"
+        if pending.reservation is None and not edited:
             return
         try:
-            if ran:
-                pending.run.ledger.settle(pending.reservation, duration_ns=0)
-            else:
-                pending.run.ledger.release(pending.reservation)
+            if edited:
+                # An approver's edit ran instead of the call admitted: the budgets count the call that went on,
+                # as the candidate classes and costs its arguments (the run's ledger reserved it anew too).
+                if pending.reservation is not None:
+                    pending.ledger.release(pending.reservation)
+                adm = admit(self.policy, p.name, p.args, tools=pending.tools, run=pending.view,
+                            layers=pending.layers, expected=pending.expected)
+                if adm.stage == "decided":
+                    _count(pending.ledger, p.name, adm)
+            elif pending.reservation is not None and ran:
+                pending.ledger.settle(pending.reservation, duration_ns=0)
+            elif pending.reservation is not None:
+                pending.ledger.release(pending.reservation)
         except Exception as exc:  # noqa: BLE001 - the shadow never changes a call
             log.error("shadow_policy_failed", tool=p.name, error=repr(exc))
 
@@ -242,9 +285,9 @@ class Shadow:
         self._drain(pending.run)  # the calls before it first, in order
         try:
             adm = admit(self.policy, p.name, pending.args, tools=pending.tools, run=pending.view,
-                        layers=p.ctx.layers, expected=pending.expected)
+                        layers=pending.layers, expected=pending.expected)
             if adm.stage == "decided":
-                pending.run.ledger.replay(p.name, adm.side_effect, adm.cost, record.duration_ns)
+                pending.ledger.replay(p.name, adm.side_effect, adm.cost, record.duration_ns)
             if adm.facts is not None:  # it ran (its result is not at hand: a resumed run's index is incomplete)
                 pending.run.ran(adm.facts.labels)
         except Exception as exc:  # noqa: BLE001 - the shadow never changes a call
@@ -279,8 +322,31 @@ class Shadow:
             run = self._runs.get(run_id)
             if run is None:
                 index = ProvenanceIndex(self._limits) if self.policy.uses_provenance else None
-                run = self._runs[run_id] = _Run(self.policy.new_ledger(ctx.info, self._pools), index)
+                ledger = self.policy.new_ledger(ctx.info, self._pools)
+                if ctx.parent_call_id is None:
+                    # Its clock from the run's start and step's, as the run's ledger counts wall time (the
+                    # shadow's first call may come long after): no usage, only the time and the step.
+                    begun = ctx.ledger.snapshot()
+                    ledger.restore({"elapsed_ns": begun.get("elapsed_ns", 0),
+                                    "step_elapsed_ns": begun.get("step_elapsed_ns", 0),
+                                    "step": cast(int, begun.get("step", 0))})
+                run = self._runs[run_id] = _Run(ledger, index, ctx.info.step)
             return run
+
+    def _mirrors(self, run: _Run, ctx: RunContext) -> tuple[Layer, ...]:
+        """The shadow's copies of `ctx`'s layers: each managed agent's own policy (the same: a candidate replaces
+        the run's policy only) over budgets of the shadow's own, so that its conditions' `usage` and its budgets'
+        refusals are the layer's as the enforced admission had them, and nothing the shadow does charges them."""
+        mirrors: list[Layer] = []
+        with self._lock:
+            for layer in ctx.layers:
+                mirror = run.mirrors.get(layer)
+                if mirror is None:
+                    info = replace(ctx.info, step=0, agent=layer.agent)
+                    mirror = run.mirrors[layer] = Layer(layer.agent, layer.policy,
+                                                        layer.policy.new_ledger(info, self._pools))
+                mirrors.append(mirror)
+        return tuple(mirrors)
 
     def _drain(self, run: _Run) -> None:
         """Make the run's queued decisions, in call order, one at a time."""
@@ -294,15 +360,27 @@ class Shadow:
 
     def _decide(self, pending: PendingDecision) -> None:
         p = pending.p
+        step = pending.view.info.step
+        if p.ctx.parent_call_id is None and step > pending.run.step:
+            # The run went on to another step (a managed agent's steps are its own): `per: step` budgets start
+            # afresh, as the run's ledger's did — once, however many steps passed without a call.
+            pending.run.ledger.next_step()
+            pending.run.step = step
+        elif p.ctx.parent_call_id is not None and pending.layers and pending.layers[-1].agent == p.ctx.info.agent:
+            # The agent's own step: its layer's `per: step` budgets start afresh, as its StackedLedger's do.
+            own = pending.layers[-1]
+            if step > pending.run.mirror_steps.get(own, 0):
+                own.ledger.next_step()
+                pending.run.mirror_steps[own] = step
         try:
             adm = admit(self.policy, p.name, pending.args, tools=pending.tools, run=pending.view,
-                        layers=p.ctx.layers, expected=pending.expected)
+                        layers=pending.layers, expected=pending.expected)
             if adm.facts is not None:
                 pending.labels = adm.facts.labels
             refused: BudgetExceeded | None = None
             if adm.stage == "decided":
                 try:
-                    pending.reservation = pending.run.ledger.reserve(p.name, adm.side_effect, adm.cost)
+                    pending.reservation = pending.ledger.reserve(p.name, adm.side_effect, adm.cost)
                 except BudgetExceeded as exc:
                     refused = exc
         except Exception as exc:  # noqa: BLE001 - the shadow never changes a call

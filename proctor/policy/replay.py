@@ -16,7 +16,10 @@ the gate's own decision (no second implementation), over:
   that reads each record's own time, so windows and wall-time limits hold as they did.
 
 A call is compared by its effective outcome: the policy's decision, or deny where a budget
-refused it (``budget_exhausted`` in the log; a reservation on the replay's ledger).
+refused it (``budget_exhausted`` in the log; a reservation on the replay's ledger) or its cost
+could not be computed (``refused_at: "cost"`` on its intent; an admission stopped at "cost").
+Recorded arguments are read with canonical JSON's tags undone (a float is recorded as
+``{"$float": "2.5"}``: `proctor.canonical.untagged`), so a condition sees the values the gate's did.
 
 Calls the log cannot decide again are counted as undecidable, never guessed:
 
@@ -24,7 +27,10 @@ Calls the log cannot decide again are counted as undecidable, never guessed:
   read a redacted argument — of this call, or of an earlier call through `history` — or that
   reads where values came from (`provenance()`, `from_user()`: the log holds no results);
 - a cost budget counts the call and the new policy declares no cost for its tool (a tool's
-  own declared cost is not recorded).
+  own declared cost is not recorded); and, once such a call (or one whose `cost:` expression
+  reads a redacted argument) ran, every later call whose decision reads that budget — a
+  condition reading its `usage`, or the budget counting the call's cost — since what it holds
+  of cost is not known.
 - the log does not hold the call's run from its start (``run_started``: a log that begins
   mid-run, or holds a resumed run from its ``run_resumed`` on) and the decision could read the
   run — a condition or expression naming ``run``, ``history``, ``seen`` or ``usage``, or a
@@ -38,8 +44,13 @@ is sound where deciding twice with two sentinel values is not: two sentinels tha
 count a call undecidable whose condition would have short-circuited before the redacted
 field; that is the safe side.
 
-What replay does not know: a managed agent's own policy (layers are not in the log: its
-calls are decided by the new policy alone), calls refused before the policy decided (an
+- a managed agent's call that the agent's own policy narrowed (``layers`` on its intent: the
+  policies' fingerprints, not the policies): its facts, decision and budgets were the strictest
+  of the run's policy and those, which replay cannot rebuild; and, after one, a call of the run
+  whose condition reads `seen` or an earlier call's class (the labels and class the narrowed
+  call added to the run were those policies' too).
+
+What replay does not know: calls refused before the policy decided (an
 unknown tool, arguments the schema refused: the tool table decides those, not the policy;
 counted as ``not_decided``), and calls answered from a durable run's journal
 (``call_replayed``: nothing decided them).
@@ -52,9 +63,10 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from proctor.calls import SIDE_EFFECTS, HistoryEntry, RunInfo, SideEffect
+from proctor.canonical import untagged
 from proctor.errors import BudgetExceeded
 from proctor.ledger.memory import MemoryLedger
 from proctor.policy.admission import Admission, LazyUsage, RunView, admit, facts_of, has_fixed_decision
@@ -216,6 +228,13 @@ class _Reads:
     #: Whether a budget of the new policy counts such a call (else its ledger is not asked: it would
     #: hold nothing for it).
     budgeted: bool = True
+    #: The budgets whose usage a condition reads (`usage.NAME`; None: any of them).
+    usage: frozenset[str] | None = frozenset()
+    #: The budgets with a cost limit that count such a call.
+    cost_budgets: frozenset[str] = frozenset()
+    #: Whether a condition reads `seen`, or the class of an earlier call (`history`'s side_effect).
+    seen: bool = False
+    history_class: bool = False
 
 
 class _Clock:
@@ -236,8 +255,8 @@ class _Clock:
 class _Run:
     """A recorded run as the replay rebuilds it; also the `RunView` its calls are decided over."""
 
-    __slots__ = ("history", "history_redacted", "info", "last_step", "ledger", "pending", "resumed", "seen",
-                 "seen_sorted", "started")
+    __slots__ = ("cost_unknown_in", "history", "history_redacted", "info", "last_step", "ledger", "narrowed",
+                 "pending", "resumed", "seen", "seen_sorted", "started")
 
     #: The log holds no tool results: no provenance index (a condition reading one is undecidable).
     provenance: ProvenanceIndex | None = None
@@ -251,12 +270,18 @@ class _Run:
         self.resumed = False
         self.history: list[HistoryEntry] = []
         self.history_redacted = False
+        #: Whether a call of the run was narrowed by a managed agent's own policy: its class in the history and
+        #: the labels it added to `seen` were that policy's too, which the log does not hold.
+        self.narrowed = False
         self.seen: set[str] = set()
         self.seen_sorted: tuple[str, ...] = ()
         self.last_step = 0
-        #: call_id -> (intent record, reservation or None, the history entry's class and labels, and the
-        #: cost to count as it happened for a call that could not be decided again: None for the others)
-        self.pending: dict[str, tuple[Mapping[str, Any], Any, SideEffect, tuple[str, ...], float | None]] = {}
+        #: Budgets of this run whose cost counts a call that ran at a cost the log does not give (`_Replayer`).
+        self.cost_unknown_in: set[str] = set()
+        #: call_id -> (intent record, reservation or None, the history entry's class and labels, the cost to
+        #: count as it happened for a call that could not be decided again — None for the others — and whether
+        #: the log cannot give that cost)
+        self.pending: dict[str, tuple[Mapping[str, Any], Any, SideEffect, tuple[str, ...], float | None, bool]] = {}
 
     def history_view(self) -> Sequence[HistoryEntry]:
         return self.history
@@ -307,6 +332,10 @@ class _Replayer:
         #: A policy without budgets: one ledger serves every run (it counts nothing, and its usage is empty).
         self._unbudgeted = (None if policy.budgets else
                             Ledger((), shared=self.shared, clock=self.clock.mono, wall_clock=self.clock.wall))
+        #: Budgets wider than a run (one pool for all the replay's runs), and those of them whose cost counts a
+        #: call that ran at a cost the log does not give (`_Run.cost_unknown_in` for a run's own).
+        self._shared_budgets = frozenset(b.name for b in policy.budgets if b.shared)
+        self.cost_unknown_shared: set[str] = set()
         #: Whether any condition can read `history` (else no entry is kept: nothing would read it).
         self.keeps_history = any(r.condition is not None and "history" in r.condition.source
                                  for r in policy.compiled)
@@ -351,7 +380,8 @@ class _Replayer:
                 self._run(run_id, rec)
         elif kind == "run_finished":
             run_id = rec.get("run_id")
-            if isinstance(run_id, str):
+            # An interrupted run is left for `resume` to take up again (as after a crash): kept, not forgotten.
+            if isinstance(run_id, str) and rec.get("status") != "interrupted":
                 self.runs.pop(run_id, None)
 
     # -- calls ------------------------------------------------------------------------------------
@@ -364,9 +394,7 @@ class _Replayer:
         report = self.report
         run = self.runs.get(run_id) or self._run(run_id)
         policy = self.policy
-        args = get("args")
-        if not isinstance(args, dict):
-            args = {}
+        args = _recorded_args(rec)
         recorded_class = get("side_effect")
         # The class the tool declares itself is what a gate hands the policy (its `tools:` may override it); the
         # intent's `side_effect` is what the recording policy made of it. A log written before intents carried
@@ -376,7 +404,8 @@ class _Replayer:
             own = recorded_class
         declared: SideEffect | None = own if own in SIDE_EFFECTS else None
         step = get("step")
-        if isinstance(step, int) and step != run.last_step:
+        # (a managed agent counts its own steps from 0: the run's step, and its `per: step` budgets, go on)
+        if isinstance(step, int) and step != run.last_step and get("parent_call_id") is None:
             # Per-step budgets start afresh, as the gate's `next_step` does: once, however many steps passed
             # without a call (a loop over the gap would let one record with a huge step stop the replay).
             if step > run.last_step:
@@ -395,7 +424,9 @@ class _Replayer:
         labels = facts.labels
         if old not in ("allow", "deny", "require_approval"):
             # Refused before the policy decided (unknown tool, invalid arguments): recorded, never re-decided.
-            run.pending[call_id] = (rec, None, history_class, labels, None)
+            if get("refused_at") == "tool":  # a tool the gate did not hold: its run kept the unknown worst case
+                history_class, labels = "destructive", ()
+            run.pending[call_id] = (rec, None, history_class, labels, None, False)
             if counted:
                 report.not_decided += 1
             return
@@ -419,6 +450,10 @@ class _Replayer:
         side_effect = adm.side_effect
         if facts.side_effect_expression is None or adm.stage != "class":
             history_class = side_effect
+        layered = bool(get("layers"))
+        if layered and recorded_class in SIDE_EFFECTS:
+            # (narrowed: its class in the run — history, the budgets that counted it — is the recorded one)
+            history_class = recorded_class
         reads = known.reads if known.reads is not None and known.reads_class == side_effect else None
         if reads is None:
             reads = known.reads = self._reads_of(tool, side_effect)
@@ -426,6 +461,12 @@ class _Replayer:
         why = None if reads.plain else self._undecidable(tool, side_effect, args, run, redacted=_has_mark(args))
         if why is None and not run.started and self._reads_the_run(tool, side_effect):
             why = _RESUMED if run.resumed else _UNSTARTED
+        if why is None and layered:
+            why = _LAYERED
+        if why is None and run.narrowed and (reads.seen or reads.history_class):
+            why = _AFTER_LAYERED
+        if why is None and (run.cost_unknown_in or self.cost_unknown_shared):
+            why = self._reads_unknown_cost(run, reads)
         reservation = None
         new: str = "deny"
         new_rules: tuple[str, ...] = ()
@@ -446,7 +487,10 @@ class _Replayer:
             reason = decision.reason if decision is not None and adm.refusal is None else str(adm.refusal)
         if reservation is not None or why is not None or labels or self.keeps_history:
             # (else its outcome has nothing to settle, count, remember or add to `seen`)
-            run.pending[call_id] = (rec, reservation, history_class, labels, None if why is None else adm.cost)
+            # (a narrowed call's cost was the highest of its policies': not known from here)
+            run.pending[call_id] = (rec, reservation, history_class, labels, None if why is None else adm.cost,
+                                    why is not None and (self._cost_unknown_of(reads, facts, args) or (
+                                        layered and bool(self._reads_of(tool, history_class).cost_budgets))))
         if not counted:
             return
         sha = get("policy_sha256")
@@ -460,7 +504,8 @@ class _Replayer:
         report.decided += 1
         if self.observe is not None:
             self.observe(adm, view, run.ledger, new, budget)
-        old_outcome = "deny" if refused_by is not _NOT_REFUSED else old
+        # A call refused by a budget, or because its cost could not be computed, came to deny whatever its rules said.
+        old_outcome = "deny" if refused_by is not _NOT_REFUSED or get("refused_at") == "cost" else old
         if new == old_outcome:
             report.unchanged += 1
             return
@@ -468,7 +513,7 @@ class _Replayer:
         old_rules = tuple(r for r in rules if isinstance(r, str)) if isinstance(rules, list) else ()
         ts_ns, old_text = self.clock.ns, str(old_outcome)
         report.count_change(f"{old_text}→{new}", new_rules, old_rules, budget, lambda: Change(
-            seq, ts_ns, run_id, call_id, tool, args, old_text, new, old_rules, new_rules, reason, budget))
+            seq, ts_ns, run_id, call_id, tool, _shown_args(rec), old_text, new, old_rules, new_rules, reason, budget))
 
     def _outcome(self, rec: Mapping[str, Any]) -> None:
         run_id, call_id = rec.get("run_id"), rec.get("call_id")
@@ -480,7 +525,7 @@ class _Replayer:
         pending = run.pending.pop(call_id, None)
         if pending is None:
             return
-        intent, reservation, side_effect, labels, as_happened = pending
+        intent, reservation, side_effect, labels, as_happened, cost_unknown = pending
         status = rec.get("status")
         ran = status in RAN_STATUSES
         duration = rec.get("duration_ns")
@@ -491,13 +536,24 @@ class _Replayer:
             else:
                 run.ledger.release(reservation)
         elif as_happened is not None and ran:
-            # Not decided again, but it ran: the run's own budgets count it, as they did (never refused).
-            run.ledger.replay(intent["tool"], side_effect, as_happened, duration)
+            # Not decided again, but it ran: the budgets count it, as they did — the shared pools too (later
+            # calls of every run read them), and where they would refuse it, the run's own at least.
+            try:
+                hold = run.ledger.reserve(intent["tool"], side_effect, as_happened)
+            except BudgetExceeded:
+                run.ledger.replay(intent["tool"], side_effect, as_happened, duration)
+            else:
+                run.ledger.settle(hold, duration_ns=duration)
+            if cost_unknown:  # what those budgets hold of cost is not known from here on
+                for name in self._reads_of(intent["tool"], side_effect).cost_budgets:
+                    (self.cost_unknown_shared if name in self._shared_budgets else run.cost_unknown_in).add(name)
+        if intent.get("layers"):
+            run.narrowed = True
         if self.keeps_history:
-            args = intent.get("args")
+            args = _recorded_args(intent)
             decision = intent.get("decision")
             run.history.append(HistoryEntry(
-                intent["tool"], args if isinstance(args, dict) else {}, side_effect,
+                intent["tool"], args, side_effect,
                 decision if decision in ("allow", "deny", "require_approval") else "deny",
                 status if isinstance(status, str) else "denied", labels))  # type: ignore[arg-type]
             if not run.history_redacted and isinstance(args, dict) and _has_mark(args):
@@ -552,10 +608,37 @@ class _Replayer:
                     provenance = True
             cost_unknown = self._cost_unknown_for(tool, side_effect)
             plain = not conditions and not cost_unknown and not self._expressions(tool)
-            budgeted = any(_matches(b.match, tool, side_effect) for b in self.policy.budgets)
+            counting = [b for b in self.policy.budgets if _matches(b.match, tool, side_effect)]
+            usage: frozenset[str] | None = frozenset()
+            reads_seen = reads_class = False
+            for condition in conditions:
+                needs = needs_of(condition.source, VARIABLES)
+                read = needs.get("usage", frozenset())
+                usage = None if read is None or usage is None else usage | read
+                reads_seen = reads_seen or needs.get("seen", frozenset()) != frozenset()
+                entry = needs.get("history", frozenset())
+                reads_class = reads_class or entry is None or "side_effect" in entry
             found = self._reads[key] = _Reads(args, history_args, provenance, not conditions, cost_unknown, plain,
-                                              budgeted)
+                                              bool(counting), usage,
+                                              frozenset(b.name for b in counting if b.limit.cost is not None),
+                                              reads_seen, reads_class)
         return found
+
+    def _cost_unknown_of(self, reads: _Reads, facts: ToolFacts, args: Mapping[str, Any]) -> bool:
+        """Whether the log cannot give the cost an undecidable call counts at: the policy declares none for its
+        tool, or computes it from arguments some of which are redacted."""
+        if not reads.cost_budgets:
+            return False
+        return reads.cost_unknown or (facts.cost_expression is not None and _has_mark(args))
+
+    def _reads_unknown_cost(self, run: _Run, reads: _Reads) -> str | None:
+        """Why a call whose decision reads a budget holding a cost the log does not give is undecidable (a
+        condition reading its usage, or the budget counting the call's cost), or None."""
+        unknown = run.cost_unknown_in | self.cost_unknown_shared
+        if reads.usage is None or not unknown.isdisjoint(reads.usage) or not unknown.isdisjoint(reads.cost_budgets):
+            return ("a budget it reads or is counted by holds the cost of an earlier call the log cannot give "
+                    "(undecidable too)")
+        return None
 
     def _reads_the_run(self, tool: str, side_effect: str) -> bool:
         """Whether a call's decision can depend on its run (principal, labels, agent, earlier calls, budgets):
@@ -605,6 +688,12 @@ _UNSTARTED = ("the log does not hold the run's start (run_started): its principa
 #: Why a call of a run the log holds from a resumption only is undecidable (the calls before the pause are elsewhere).
 _RESUMED = ("the log holds the run from its resumption (run_resumed), not its start (run_started): its earlier "
             "calls and budgets are not known")
+#: Why a managed agent's call that its own policies narrowed is undecidable (the log has their fingerprints only).
+_LAYERED = ("a managed agent's own policy decided it too (its facts, rules and budgets narrow the run's): the log "
+            "names that policy by fingerprint only")
+#: Why a call reading what a managed agent's narrowed call added to its run (`seen`, a class in history) is undecidable.
+_AFTER_LAYERED = ("a condition reads seen or an earlier call's class, and a managed agent's own policy narrowed an "
+                  "earlier call of the run (its labels and class were that policy's too)")
 #: The variables of a condition that read the run rather than the call (by name: over-counting is safe).
 _RUN_NAMES = re.compile(r"\b(?:run|history|seen|usage)\b")
 
@@ -615,14 +704,35 @@ def _matches(match: Any, tool: str, side_effect: str) -> bool:
     return Matcher.from_spec(match).matches(tool, side_effect)
 
 
+def _recorded_args(intent: Mapping[str, Any]) -> dict[str, Any]:
+    """A call's arguments as the gate decided them: its intent's, with canonical JSON's tags undone (a float
+    is recorded as ``{"$float": "2.5"}``, bytes as ``{"$bytes": …}``: `proctor.canonical.untagged`)."""
+    args = intent.get("args")
+    if not isinstance(args, dict):
+        return {}
+    for value in args.values():  # (most calls' arguments are flat text and integers: nothing to undo)
+        if type(value) is dict or type(value) is list:
+            return cast("dict[str, Any]", untagged(args))
+    return args
+
+
+def _shown_args(intent: Mapping[str, Any]) -> dict[str, Any]:
+    """A call's arguments as its intent records them (a report shows them as the log does)."""
+    args = intent.get("args")
+    return args if isinstance(args, dict) else {}
+
+
 def _has_mark(node: Any) -> bool:
-    """Whether `node` holds a redaction mark at any depth."""
-    if isinstance(node, dict):
-        if REDACTED_MARK in node:
-            return True
-        return any(_has_mark(v) for v in node.values() if isinstance(v, (dict, list)))
-    if isinstance(node, list):
-        return any(_has_mark(v) for v in node if isinstance(v, (dict, list)))
+    """Whether `node` holds a redaction mark at any depth (iterative: a record's arguments may nest deeply)."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if REDACTED_MARK in item:
+                return True
+            stack.extend(v for v in item.values() if isinstance(v, (dict, list)))
+        elif isinstance(item, list):
+            stack.extend(v for v in item if isinstance(v, (dict, list)))
     return False
 
 
