@@ -214,6 +214,9 @@ class CodeMode:
         # HTTP sessions by the principal that opened them (initialize), before any program makes them a run:
         # key -> (principal, monotonic time of its last request). Another token gets 403 on them from the start.
         self._claims: dict[str, tuple[str, float]] = {}
+        # HTTP requests being served per session key (an open GET event stream is one): the SDK keeps a session
+        # with one in flight however long, so it is not idle, and whom it belongs to must not be forgotten.
+        self._in_flight: dict[str, int] = {}
         self._lock = threading.Lock()
         # A `PolicySource` (a policy file) is reloaded when it changes (`proctor.policy.reload`); the approver's
         # wait is each request's own expiry, which the policy deciding the call set.
@@ -306,6 +309,27 @@ class CodeMode:
         with self._lock:
             self._claims[key] = (principal, time.monotonic())
 
+    def request_began(self, key: str) -> None:
+        """An HTTP request on session `key` is being served: the session is not idle until it ends."""
+        with self._lock:
+            self._in_flight[key] = self._in_flight.get(key, 0) + 1
+
+    def request_ended(self, key: str) -> None:
+        """An HTTP request on session `key` ended: its idle time counts from now (as the SDK's does)."""
+        now = time.monotonic()
+        with self._lock:
+            left = self._in_flight.get(key, 1) - 1
+            if left > 0:
+                self._in_flight[key] = left
+            else:
+                self._in_flight.pop(key, None)
+            session = self._sessions.get(key)
+            if session is not None:
+                session.last_active = max(session.last_active, now)
+            claim = self._claims.get(key)
+            if claim is not None:
+                self._claims[key] = (claim[0], now)
+
     def session_of(self, run_id: str) -> CodeModeSession | None:
         with self._lock:
             return self._by_run.get(run_id)
@@ -326,17 +350,19 @@ class CodeMode:
             self.gate.finish_run(session.run, status, programs=session.programs, **fields)
 
     def reap_idle(self, now: float | None = None) -> list[str]:
-        """End the sessions that had no request for `session_idle` seconds and run no program now
-        (a client that vanished without deleting its session): ``run_finished`` with status
-        ``abandoned``. Returns their keys."""
+        """End the sessions that had no request for `session_idle` seconds, have none in flight (an open
+        event stream holds a session, as it does for the SDK) and run no program now (a client that
+        vanished without deleting its session): ``run_finished`` with status ``abandoned``. Returns their keys."""
         if self.session_idle is None:
             return []
         now = time.monotonic() if now is None else now
         with self._lock:  # a session opened but never used is forgotten when the SDK forgets its transport
-            for key in [k for k, (_, seen) in self._claims.items() if now - seen >= self.session_idle]:
+            for key in [k for k, (_, seen) in self._claims.items()
+                        if now - seen >= self.session_idle and not self._in_flight.get(k)]:
                 del self._claims[key]
             idle = [s for s in self._sessions.values()
-                    if now - s.last_active >= self.session_idle and s.current is None and not s.lock.locked()]
+                    if now - s.last_active >= self.session_idle and s.current is None and not s.lock.locked()
+                    and not self._in_flight.get(s.key)]
         reason = f"no request for {self.session_idle:g}s: the client went away without ending its session"
         ended = []
         for session in idle:
@@ -601,8 +627,9 @@ class _StdinEnds:
 def serve_http(code_mode: CodeMode, host: str, port: int, tokens: Any) -> None:
     """Serve streamable HTTP at ``http://HOST:PORT/mcp``; every request needs ``Authorization: Bearer
     TOKEN`` of `tokens` (a `proctor.approval.tokens.TokenFile`), whose owner is the session's principal.
-    A session ends when its client deletes it (``DELETE /mcp``), after `code_mode.session_idle` seconds
-    without a request (the client went away: ``run_finished`` says ``abandoned``), or when the server stops."""
+    A session ends when its client deletes it (``DELETE /mcp``, once the SDK has), after `code_mode.session_idle`
+    seconds with no request in flight (the client went away: ``run_finished`` says ``abandoned``), or when the
+    server stops."""
     def principal_of(ctx: Any) -> str:
         who = tokens.who(_bearer(request_headers(ctx)) or "")
         if who is None:  # the middleware let nothing else through; checked again where it is used
@@ -682,6 +709,17 @@ def _claiming(send: Any, code_mode: CodeMode, principal: str) -> Any:
     return claiming
 
 
+def _ending(send: Any, code_mode: CodeMode, key: str) -> Any:
+    """`send` for a ``DELETE`` of session `key`: its run is finished once the SDK answers that it ended the
+    session (a 2xx), before the client hears so; a DELETE the SDK refuses leaves the session, and its run, on."""
+    async def ending(message: dict[str, Any]) -> None:
+        if message.get("type") == "http.response.start" and 200 <= int(message.get("status", 0)) < 300:
+            await asyncio.get_running_loop().run_in_executor(None, code_mode.end_session, key)
+        await send(message)
+
+    return ending
+
+
 class BearerAuth:
     """ASGI middleware: 401 for a request to the MCP endpoint without a valid bearer token of the
     token file; a ``DELETE`` of a session ends its run once the SDK has closed it."""
@@ -720,5 +758,12 @@ class BearerAuth:
             await send({"type": "http.response.body", "body": b'{"error": "this MCP session is not yours"}'})
             return
         if scope.get("method") == "DELETE" and sid:  # the run ends before the client hears the session did
-            await asyncio.get_running_loop().run_in_executor(None, self.code_mode.end_session, f"http:{sid}")
-        await self.app(scope, receive, send)
+            send = _ending(send, self.code_mode, f"http:{sid}")
+        if not sid:
+            await self.app(scope, receive, send)
+            return
+        self.code_mode.request_began(f"http:{sid}")
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.code_mode.request_ended(f"http:{sid}")
