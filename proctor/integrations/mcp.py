@@ -29,7 +29,8 @@ An MCP server is not trusted, whoever runs it:
 - **A call whose outcome is unknown says so.** A call that times out (the toolset's `timeout` or the
   policy's ``timeout`` for the tool, whichever is shorter) or whose server dies under it raises
   `ToolOutcomeUnknown`, naming the server and what happened; a ``notifications/cancelled`` is sent
-  to the server for a call that timed out.
+  to the server for a call that timed out. So does a call answered with something that is no result
+  (or structured content the tool's own output schema refuses); the session goes on.
 - Every tool carries its server in `Tool.origin` (``mcp:<name>``), and so do its errors.
 
 Each MCP tool's ``inputSchema`` is the schema its calls are validated against (a call that does
@@ -355,6 +356,12 @@ class MCPToolset:
                 raise MCPToolFailed(f"{where}: the server refused the call: {message or f'error {code}'}",
                                     tool=tool.name, error_type="MCPError") from None
             raise self._lost(tool, message) from None
+        except (pydantic.ValidationError, RuntimeError) as exc:
+            # The server answered, but not with a result (the SDK's parse failed), or with structured content its
+            # own output schema refuses (the SDK's check): the call may have run, and the connection is intact.
+            raise ToolOutcomeUnknown(f"{where}: the server's answer is not a result proctor can read "
+                                     f"({_clip(_first_line(_reason(exc)), 300)}); the call may have taken effect",
+                                     tool=tool.name, error_type="ToolOutcomeUnknown") from None
         except (asyncio.CancelledError, Exception) as exc:  # noqa: BLE001 - the session broke under the call
             raise self._lost(tool, _reason(exc)) from None
         return _result_value(where, tool, _wire(result))
@@ -785,6 +792,10 @@ def _result_value(where: str, tool: MCPTool, result: Mapping[str, Any]) -> Any:
               if c.get("type") != "text"]
     parts = texts + others
     return parts[0] if len(parts) == 1 else "\n".join(parts) if parts else None
+
+
+def _first_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[0]
 
 
 def _innermost(exc: BaseException) -> BaseException:

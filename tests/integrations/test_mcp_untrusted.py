@@ -142,6 +142,24 @@ def test_a_server_that_dies_during_a_call_is_reported_as_such(tmp_path: Path) ->
     assert "may have taken effect" in text and "CancelledError: \n" not in text + "\n"
 
 
+@pytest.mark.parametrize("tool", ["bad_shape", "bad_struct"])
+def test_a_malformed_answer_is_an_unknown_outcome_that_says_so_and_the_session_goes_on(tool: str,
+                                                                                     tmp_path: Path) -> None:
+    """The server answered, with something that is no result (or structured content its own output schema
+    refuses): the call may have run, so its outcome is unknown; but the connection was not lost, so the
+    error must not say it was, and the server's other tools stay callable."""
+    audit = InMemoryAudit()
+    with MCPToolset(hostile("malformed", tmp_path / "log"), name="odd") as tools:
+        gate = Gate(ALLOW_ALL, audit=audit, tools=tools)
+        with pytest.raises(ToolFailed) as info:
+            gate.call(tool, {})
+        assert gate.call("ok_tool", {}) == "done"
+    text = str(info.value)
+    assert f"{tool} (MCP server odd): the server's answer is not a result proctor can read" in text
+    assert "may have taken effect" in text and "connection" not in text
+    assert [o["status"] for o in audit.of_kind("call_outcome")] == ["unknown", "ok"]
+
+
 def test_models_see_faithful_signatures(tmp_path: Path) -> None:
     """Nested input types, nullability, defaults and the return type from the output schema."""
     with MCPToolset(fastmcp(tmp_path / "log")) as tools:
