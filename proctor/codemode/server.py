@@ -62,6 +62,11 @@ else:  # 1.x: the same high-level server, named FastMCP
 
 from mcp import StdioServerParameters
 
+if sys.version_info >= (3, 11):
+    _Group = BaseExceptionGroup  # noqa: F821 - a builtin from 3.11 (ruff reads the 3.10 floor)
+else:  # 3.10: anyio's dependency, the backport its task groups raise
+    from exceptiongroup import BaseExceptionGroup as _Group
+
 __all__ = ["BearerAuth", "CodeMode", "CodeModeSession", "ElicitingApprover", "render_result", "serve_http",
            "serve_stdio"]
 
@@ -548,14 +553,28 @@ def serve_stdio(code_mode: CodeMode) -> None:
     with _StdinEnds() as stdin:
         try:
             asyncio.run(server.run_stdio_async())
-        except BaseException as exc:  # Ctrl-C: the session's run ends interrupted, then the exit goes on
-            code_mode.close("interrupted", error=f"interrupted by {interruption(exc)}")
-            raise
+        except BaseException as exc:
+            if not _client_gone(exc):
+                code_mode.close("interrupted", error=f"interrupted by {interruption(exc)}")  # Ctrl-C, then the exit
+                raise
+            # The client closed its end while an answer was being written to it: it closed the connection, as
+            # on EOF (where mcp 1.x, which drops the write, ends too), with the lost answer said.
+            code_mode.close(reason="the client closed the connection before an answer could be sent to it (a "
+                                   "program's result was not delivered)")
+            return
     if stdin.signalled is None:
         code_mode.close()
         return
     code_mode.close("interrupted", error=f"interrupted by {signal.Signals(stdin.signalled).name}")
     raise Terminated(stdin.signalled)
+
+
+def _client_gone(exc: BaseException) -> bool:
+    """Whether `exc` (an exception group the SDK's task group raised, or one error) is only the client's pipe
+    closing under a write: a broken pipe or a reset connection, and nothing else."""
+    if isinstance(exc, _Group):
+        return all(_client_gone(inner) for inner in exc.exceptions)
+    return isinstance(exc, (BrokenPipeError, ConnectionResetError))
 
 
 class _StdinEnds:

@@ -432,3 +432,44 @@ def test_labels_reach_the_policy_and_an_audit_key_signs_the_servers_checkpoints(
                              f"{key}.pub", "--json"], capture_output=True, text=True, timeout=60)
     report = json.loads(verify.stdout)
     assert verify.returncode == 0 and report["ok"] and report["signed_checkpoints"] >= 1, report
+
+
+def test_a_client_that_vanishes_during_a_program_has_its_run_ended_saying_so(tmp_path: Path) -> None:
+    """The client's process dies while a program runs (both pipes close): the client closed the connection, so
+    the run ends in the trail as done (never 'interrupted by ExceptionGroup') and the server exits 0 without a
+    traceback."""
+    import time
+
+    servers, policy, audit = write_config(tmp_path)
+    proc = subprocess.Popen([sys.executable, *serve_args(servers, policy, audit, "--import", "time")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+
+    def send(message: dict[str, Any]) -> None:
+        proc.stdin.write((json.dumps(message) + "\n").encode())  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
+
+    try:
+        send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+        assert json.loads(proc.stdout.readline())["id"] == 1
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+              "params": {"name": "run_python", "arguments": {"code": "t_add(2, 3)\nimport time\ntime.sleep(3)"}}})
+        deadline = time.monotonic() + 60
+        while not [r for r in audit_records(audit) if r["kind"] == "call_outcome"] if audit.exists() else True:
+            assert time.monotonic() < deadline, "the program made no call"
+            time.sleep(0.1)
+        proc.stdin.close()  # the client is gone, mid-program
+        proc.stdout.close()
+        status = proc.wait(60)
+        err = proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stderr.close()
+    assert "Traceback" not in err, err
+    assert status == 0
+    finished = [r for r in audit_records(audit) if r["kind"] == "run_finished"]
+    assert [(f["status"], f["calls"]["ok"], "error" in f) for f in finished] == [("done", 1, False)]
