@@ -382,13 +382,17 @@ class CodeMode:
 
     # -- the three tools ---------------------------------------------------------------------------
 
-    def run_python(self, session: CodeModeSession, code: str) -> str:
-        """Run one program in the session's namespace; the text the client's model reads."""
+    def run_python(self, session: CodeModeSession, code: str,
+                   asker: tuple[asyncio.AbstractEventLoop, Any] | None = None, can_elicit: bool = False) -> str:
+        """Run one program in the session's namespace; the text the client's model reads. `asker`: the
+        ``(loop, ctx)`` of the ``run_python`` request, whose client approvals are elicited from when it
+        `can_elicit`; set only while this program runs (a second request of the session waits for the first)."""
         from proctor.interpreter import Interpreter
 
         with session.lock:
             if session.finished:
                 return "error: this MCP session has ended; start a new one"
+            session.current, session.can_elicit = asker, can_elicit
             if session.interpreter is None:
                 session.interpreter = Interpreter(self.tools, self.gate, timeout=self.timeout,
                                                   sandbox=self.sandbox,  # type: ignore[arg-type]
@@ -398,6 +402,7 @@ class CodeMode:
             try:
                 result = session.interpreter.run(code, context=session.run)
             finally:
+                session.current = None
                 session.last_active = time.monotonic()
         # What the client's model reads leaves this process: no redacted argument's value in clear (the program
         # keeps it in its variables for later calls).
@@ -462,12 +467,9 @@ class CodeMode:
             session = code_mode.session_or_ended(key_of(ctx), principal_of(ctx))
             if isinstance(session, str):
                 return f"error: {session}"
-            session.can_elicit = client_can_elicit(ctx)
-            session.current = (asyncio.get_running_loop(), ctx)
-            try:
-                return await asyncio.get_running_loop().run_in_executor(None, code_mode.run_python, session, code)
-            finally:
-                session.current = None
+            loop = asyncio.get_running_loop()  # the program's approvals are elicited on this request's channel
+            return await loop.run_in_executor(None, code_mode.run_python, session, code, (loop, ctx),
+                                              client_can_elicit(ctx))
 
         async def search_tools(query: str) -> str:
             """Find the functions run_python programs can call: Python signatures with a line each.

@@ -273,3 +273,29 @@ def _open(url: str, token: str) -> str:
     sid = opened.headers["mcp-session-id"]
     assert _post(url, token, {"jsonrpc": "2.0", "method": "notifications/initialized"}, sid).status_code == 202
     return sid
+
+
+def test_two_programs_sent_at_once_in_one_session_are_both_asked_about_through_elicitation(served: Any) -> None:
+    """A client may send its next run_python before the last one answered: the programs run one after the other
+    in the session's namespace, and each one's approval reaches the client's user, never 'the MCP client does not
+    support elicitation' for the second (it does; the first request's end had cleared its channel)."""
+    url, tokens, audit = served
+    asked: list[str] = []
+
+    async def approve(context: Any, params: Any) -> Any:
+        asked.append(params.model_dump(by_alias=True).get("message", ""))
+        await asyncio.sleep(0.5)
+        return mt.ElicitResult(action="accept", content={"approve": True, "reason": "fine"})
+
+    async def go() -> list[str]:
+        async with http_session(url, tokens["alice"], approve) as s:
+            both = await asyncio.gather(s.call_tool("run_python", {"code": "t_delete_file('/tmp/one')"}),
+                                        s.call_tool("run_python", {"code": "t_delete_file('/tmp/two')"}))
+            return [text(r) for r in both]
+
+    outs = asyncio.run(go())
+    assert sorted("deleted /tmp/one" in o for o in outs) == [False, True]
+    assert sorted("deleted /tmp/two" in o for o in outs) == [False, True]
+    assert len(asked) == 2 and "not support elicitation" not in "".join(outs)
+    approvals = [r for r in audit_records(audit) if r["kind"] == "approval_resolved"]
+    assert [(a["verdict"], a["approver"]) for a in approvals] == [("approve", "mcp-elicitation:alice")] * 2
