@@ -442,15 +442,19 @@ class CodeMode:
 
     # -- the MCP server ----------------------------------------------------------------------------
 
-    def build_server(self, principal_of: Callable[[Any], str], key_of: Callable[[Any], str]) -> SDKServer:
+    def build_server(self, principal_of: Callable[[Any], str], key_of: Callable[[Any], str],
+                     host: str = "127.0.0.1") -> SDKServer:
         """The SDK's server offering the three tools; `principal_of(ctx)`/`key_of(ctx)` name a request's
-        principal and session."""
+        principal and session. `host`: the address HTTP is served on (mcp 1.x reads it here)."""
         servers = ", ".join(s.name for s in self.servers) or "none"
-        server = SDKServer("proctor-code-mode", instructions=(
-            "Write Python with run_python: every tool of the upstream servers "
-            f"({servers}) and the local tools is a function there, each call governed by proctor's policy. "
-            "Find functions with search_tools(query); read one with describe_tool(name). Variables persist "
-            "between run_python calls of this session."))
+        instructions = ("Write Python with run_python: every tool of the upstream servers "
+                        f"({servers}) and the local tools is a function there, each call governed by proctor's "
+                        "policy. Find functions with search_tools(query); read one with describe_tool(name). "
+                        "Variables persist between run_python calls of this session.")
+        if MCP_MAJOR >= 2:
+            server = SDKServer("proctor-code-mode", instructions=instructions)
+        else:  # 1.x chooses its Host/Origin check from the host it is made with
+            server = SDKServer("proctor-code-mode", instructions=instructions, host=host)  # type: ignore[call-arg]
         code_mode = self
 
         async def run_python(code: str, ctx: Context) -> str:
@@ -661,10 +665,12 @@ def serve_http(code_mode: CodeMode, host: str, port: int, tokens: Any) -> None:
         sid = request_headers(ctx).get("mcp-session-id")
         return f"http:{sid}" if sid else f"http:request:{id(ctx.session)}"
 
-    server = code_mode.build_server(principal_of, key_of)
-    # The SDK forgets an idle session's transport after the same time as the reaper ends its run.
+    server = code_mode.build_server(principal_of, key_of, host)
+    # The SDK forgets an idle session's transport after the same time as the reaper ends its run. It checks
+    # Host and Origin (against DNS rebinding) by the address served on: bound to localhost, only localhost
+    # names pass; bound beyond it, clients name the server as they reach it, and the bearer token is the check.
     if MCP_MAJOR >= 2:
-        http_app = server.streamable_http_app(session_idle_timeout=code_mode.session_idle)
+        http_app = server.streamable_http_app(session_idle_timeout=code_mode.session_idle, host=host)
     else:
         server.settings.session_idle_timeout = code_mode.session_idle  # type: ignore[attr-defined]  # mcp 1.x
         http_app = server.streamable_http_app()

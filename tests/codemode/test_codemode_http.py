@@ -299,3 +299,27 @@ def test_two_programs_sent_at_once_in_one_session_are_both_asked_about_through_e
     assert len(asked) == 2 and "not support elicitation" not in "".join(outs)
     approvals = [r for r in audit_records(audit) if r["kind"] == "approval_resolved"]
     assert [(a["verdict"], a["approver"]) for a in approvals] == [("approve", "mcp-elicitation:alice")] * 2
+
+
+@pytest.mark.parametrize(("bind", "served_by_name"), [("0.0.0.0", True), ("127.0.0.1", False)])
+def test_a_server_bound_beyond_localhost_answers_clients_that_name_it(tmp_path: Path, bind: str,
+                                                                       served_by_name: bool) -> None:
+    """`--http 0.0.0.0:PORT` is how docs/code-mode.md serves remote clients, which send `Host: theserver:PORT`:
+    they must be served (the bearer token is the check), not refused as a DNS rebinding (421) by the SDK's
+    localhost-only host check. Bound to 127.0.0.1, that check stays: a page that renamed itself to 127.0.0.1
+    gets nothing."""
+    servers, policy, audit = write_config(tmp_path)
+    tokens = tmp_path / "tokens.txt"
+    alice = add_token(tokens, "alice")
+    port = free_port()
+    args = serve_args(servers, policy, audit, "--http", f"{bind}:{port}", "--tokens", str(tokens))
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "remote", "version": "1"}}}
+    headers = {"Authorization": f"Bearer {alice}", "Accept": "application/json, text/event-stream",
+               "MCP-Protocol-Version": "2025-06-18", "Host": f"proctor.internal:{port}"}
+    with http_server(args, port):
+        answer = httpx.post(f"http://127.0.0.1:{port}/mcp", json=init, headers=headers, timeout=60)
+    if served_by_name:
+        assert answer.status_code == 200 and "mcp-session-id" in answer.headers, answer.text
+    else:
+        assert answer.status_code == 421
