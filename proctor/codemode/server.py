@@ -78,6 +78,8 @@ _REAPED_KEPT = 10_000
 _SEARCH_HITS = 10
 #: The longest arguments (as shown) an elicitation prompt carries; longer ones go to --approver (or are denied).
 _PROMPT_ARGS_CAP = 20_000
+#: The most characters of the program line an elicitation prompt shows (a window from the call's column).
+_LINE_SHOWN = 300
 
 
 class _Answer(pydantic.BaseModel):
@@ -172,18 +174,30 @@ def prompt(request: ApprovalRequest, code: str) -> str:
     parts = [f"proctor: a program wants to call {marked_plain(request.tool)} ({request.side_effect})",
              f"arguments: {shown_args(request)}"]
     if line is not None:
-        parts.append(f"program line {line[0]}: {marked_plain(line[1][:300])}")
+        parts.append(f"program line {line[0]}: {marked_plain(line[1])}")
     parts.append(f"why approval is needed: {terminal_safe(request.reason or ', '.join(request.rules))}")
     return "\n".join(parts)
 
 
 def program_line(code: str, position: CallPosition | None) -> tuple[int, str] | None:
     """The line of `code` the worker reported the call at (number, text), or None when it reported none.
-    Never found by the tool's name: a program calling one tool on two lines would show the wrong one."""
+    Never found by the tool's name: a program calling one tool on two lines would show the wrong one.
+    A line too long to show whole is shown from the call's column (``…`` marking what is left out), so
+    a padded statement or an earlier call on the line cannot fill the part the user reads."""
     if position is None:
         return None
     lines = source_lines(code)
-    return (position.line, lines[position.line - 1].strip()) if 1 <= position.line <= len(lines) else None
+    if not 1 <= position.line <= len(lines):
+        return None
+    text = lines[position.line - 1].rstrip()
+    lead = len(text) - len(text.lstrip())
+    if len(text) - lead <= _LINE_SHOWN:
+        return position.line, text.strip()
+    # The column is in UTF-8 bytes (as `ast` counts); the window is cut in characters.
+    call = len(text.encode("utf-8")[:position.col].decode("utf-8", "ignore")) if position.col is not None else lead
+    begin = max(lead, min(call, len(text) - _LINE_SHOWN))
+    end = begin + _LINE_SHOWN
+    return position.line, ("…" if begin > lead else "") + text[begin:end] + ("…" if end < len(text) else "")
 
 
 class CodeMode:

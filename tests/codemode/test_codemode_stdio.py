@@ -473,3 +473,23 @@ def test_a_client_that_vanishes_during_a_program_has_its_run_ended_saying_so(tmp
     assert status == 0
     finished = [r for r in audit_records(audit) if r["kind"] == "run_finished"]
     assert [(f["status"], f["calls"]["ok"], "error" in f) for f in finished] == [("done", 1, False)]
+
+
+def test_the_prompt_shows_the_call_asked_about_on_a_long_line(tmp_path: Path) -> None:
+    """The program line is cut to a readable length around the call asked about, not from the line's start: a
+    padded first statement (or an earlier call on the same line) must not fill the part the user sees."""
+    servers, policy, audit = write_config(tmp_path)
+    elicit = _answering("decline")
+    padding = "a" * 400
+
+    async def go() -> str:
+        async with stdio_session(serve_args(servers, policy, audit, "--user", "alice"), elicit) as s:
+            code = f"note = '{padding}'; t_delete_file('/etc/passwd')"
+            return text(await s.call_tool("run_python", {"code": code}))
+
+    out = run(go())
+    assert "ApprovalDenied" in out
+    (message,) = elicit.seen
+    (line,) = [m for m in message.splitlines() if m.startswith("program line 1: ")]
+    assert "t_delete_file('/etc/passwd')" in line and line.startswith("program line 1: …")
+    assert len(line) < 400
