@@ -71,6 +71,10 @@ __all__ = ["BearerAuth", "CodeMode", "CodeModeSession", "ElicitingApprover", "re
            "serve_stdio"]
 
 _VALUE_CAP = 4000
+#: The most calls a result's table lists (the model's context is what code mode saves), and how many of
+#: them are kept for calls that simply ran when more than the rest did not.
+_CALL_ROWS = 50
+_PLAIN_ROWS = 10
 _LOG_CAP = 20_000
 #: Seconds without a request after which an HTTP session's run is ended (the SDK's own default).
 DEFAULT_SESSION_IDLE = 1800.0
@@ -545,20 +549,53 @@ def render_result(result: Any) -> str:
         parts.append("value: " + (text if len(text) <= _VALUE_CAP else text[:_VALUE_CAP] + "… (cut)"))
     calls = list(result.tool_calls)
     if calls:
+        decisions = [c.decision.outcome if c.decision is not None else "-" for c in calls]
+        listed = _listed_calls([(d, c.status) for d, c in zip(decisions, calls, strict=True)])
         rows = [("#", "tool", "decision", "status", "ms", "note")]
-        for i, c in enumerate(calls, 1):
-            decision = c.decision.outcome if c.decision is not None else "-"
+        for i in listed:
+            c = calls[i]
             note = _first_line(c.error)[:160] if c.status != "ok" and c.error else (c.approval or "")
-            rows.append((str(i), c.tool, decision, c.status, f"{c.duration_ns / 1e6:.0f}", note))
+            rows.append((str(i + 1), c.tool, decisions[i], c.status, f"{c.duration_ns / 1e6:.0f}", note))
         widths = [max(len(r[k]) for r in rows) for k in range(5)]
         lines = ["  ".join(r[k].ljust(widths[k]) for k in range(5)) + ("  " + r[5] if r[5] else "") for r in rows]
-        parts.append(f"calls ({len(calls)}):\n" + "\n".join(line.rstrip() for line in lines))
+        head = f"calls ({len(calls)}):" if len(listed) == len(calls) else f"calls ({len(calls)}, {len(listed)} listed):"
+        parts.append(head + "\n" + "\n".join(line.rstrip() for line in lines) + _unlisted(calls, decisions, listed))
     if result.error is not None:  # a ProgramError's text starts with the program's own exception type
         kind = type(result.error).__name__
         parts.append(f"error: {result.error}" if kind == "ProgramError" else f"error: {kind}: {result.error}")
     if result.state_lost:
         parts.append("note: the sandbox was restarted; variables from earlier programs are gone")
     return "\n\n".join(parts) or "(no output, no value, no calls)"
+
+
+def _listed_calls(ends: Sequence[tuple[str, str]]) -> list[int]:
+    """The indexes of the calls the table lists (each call's (decision, status) given): all of them up to
+    `_CALL_ROWS`; past that, the calls that did not simply run (refused, asked about, failed, unknown), then
+    the first of the others, `_CALL_ROWS` in all. The audit trail has every call."""
+    if len(ends) <= _CALL_ROWS:
+        return list(range(len(ends)))
+    notable = [i for i, (decision, status) in enumerate(ends) if decision != "allow" or status != "ok"]
+    notable = notable[:_CALL_ROWS - _PLAIN_ROWS]
+    chosen = set(notable)
+    plain = [i for i in range(len(ends)) if i not in chosen][:_CALL_ROWS - len(notable)]
+    return sorted(chosen | set(plain))
+
+
+def _unlisted(calls: Sequence[Any], decisions: Sequence[str], listed: Sequence[int]) -> str:
+    """The line that counts the calls the table left out, by tool, decision and status ('' when none)."""
+    left = len(calls) - len(listed)
+    if not left:
+        return ""
+    shown = set(listed)
+    groups: dict[tuple[str, str, str], int] = {}
+    for i, c in enumerate(calls):
+        if i not in shown:
+            key = (c.tool, decisions[i], c.status)
+            groups[key] = groups.get(key, 0) + 1
+    top = sorted(groups.items(), key=lambda kv: (-kv[1], kv[0]))
+    text = ", ".join(f"{n} {tool} {decision} {status}" for (tool, decision, status), n in top[:5])
+    more = f", and {len(top) - 5} other kinds" if len(top) > 5 else ""
+    return f"\n… {left} more calls not listed: {text}{more} (the audit trail has every call)"
 
 
 def _first_line(text: str) -> str:

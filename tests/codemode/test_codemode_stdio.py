@@ -493,3 +493,27 @@ def test_the_prompt_shows_the_call_asked_about_on_a_long_line(tmp_path: Path) ->
     (line,) = [m for m in message.splitlines() if m.startswith("program line 1: ")]
     assert "t_delete_file('/etc/passwd')" in line and line.startswith("program line 1: …")
     assert len(line) < 400
+
+
+def test_the_call_table_of_a_program_making_many_calls_stays_compact_and_keeps_the_refusals(tmp_path: Path) -> None:
+    """Output and value are cut for the model's context; so is the table: a loop of 300 calls is not 300 rows
+    in the model's context. The calls that did not simply run (a refusal) are always listed, by number."""
+    no_budget = POLICY.replace("budgets:\n  - name: run-calls\n    limit: {calls: 10}\n", "")
+    servers, policy, audit = write_config(tmp_path, policy=no_budget)
+
+    async def go() -> str:
+        async with stdio_session(serve_args(servers, policy, audit, "--user", "alice")) as s:
+            code = ("total = 0\nfor i in range(300):\n    if i == 150:\n        try:\n            t_delete_file('/x')\n"
+                    "        except ApprovalDenied:\n            pass\n    total += t_add(i, 1)\ntotal")
+            return text(await s.call_tool("run_python", {"code": code}))
+
+    out = run(go())
+    assert "value: 45150" in out
+    table = out.split("calls (", 1)[1]
+    rows = [line for line in table.splitlines()[2:] if line[:1].isdigit()]
+    assert table.startswith("301, 50 listed):") and len(rows) == 50
+    assert any(r.split()[:3] == ["151", "t_delete_file", "require_approval"] for r in rows)
+    assert "251 more calls not listed: 251 t_add allow ok" in out
+    assert len(out) < 6000
+    outcomes = [r for r in audit_records(audit) if r["kind"] == "call_outcome"]
+    assert len(outcomes) == 301  # every call is in the trail, whatever the table lists
