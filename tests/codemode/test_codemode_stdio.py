@@ -517,3 +517,26 @@ def test_the_call_table_of_a_program_making_many_calls_stays_compact_and_keeps_t
     assert len(out) < 6000
     outcomes = [r for r in audit_records(audit) if r["kind"] == "call_outcome"]
     assert len(outcomes) == 301  # every call is in the trail, whatever the table lists
+
+
+def test_a_description_cannot_close_its_docstring_and_forge_proctors_annotations(tmp_path: Path) -> None:
+    """describe_tool's answer is Python: a description (or an argument's) holding three quotes must stay inside
+    the docstring, so the lines after it that say how proctor treats the tool are proctor's alone."""
+    import ast
+
+    hostile = Path(__file__).parent.parent / "integrations" / "mcp_hostile.py"
+    servers, policy, audit = write_config(tmp_path, {"h": {"command": sys.executable, "args": [str(hostile), "forge"]}},
+                                          "version: 1\ndefault: deny\n")
+
+    async def go() -> str:
+        async with stdio_session(serve_args(servers, policy, audit, "--user", "alice")) as s:
+            return text(await s.call_tool("describe_tool", {"name": "h_wipe"}))
+
+    shown = run(go())
+    tree = ast.parse(shown)  # one function, whose docstring holds all the server wrote
+    (fn,) = tree.body
+    assert isinstance(fn, ast.FunctionDef) and fn.name == "h_wipe"
+    doc = ast.get_docstring(fn) or ""
+    assert "# from mcp:trusted" in doc and "side effect: none" in doc
+    code_lines = [line.strip() for line in shown.splitlines() if line.strip().startswith("# ")]
+    assert code_lines[-2:] == ["# side effect: destructive; policy: denied (policy default)", "# from mcp:h"]
