@@ -80,6 +80,8 @@ _LOG_CAP = 20_000
 DEFAULT_SESSION_IDLE = 1800.0
 _REAPED_KEPT = 10_000
 _SEARCH_HITS = 10
+#: The most characters of a description's first line a search_tools hit shows.
+_SUMMARY_CAP = 160
 #: The longest arguments (as shown) an elicitation prompt carries; longer ones go to --approver (or are denied).
 _PROMPT_ARGS_CAP = 20_000
 #: The most characters of the program line an elicitation prompt shows (a window from the call's column).
@@ -435,7 +437,7 @@ class CodeMode:
             if score:
                 scored.append((score, t.name, t))
         scored.sort(key=lambda x: (-x[0], x[1]))
-        lines = [f"{t.signature_text()}  # {_first_line(t.description)}" for _, _, t in scored[:_SEARCH_HITS]]
+        lines = [f"{t.signature_text()}  # {_summary(t.description)}" for _, _, t in scored[:_SEARCH_HITS]]
         if not lines:
             return f"no tool matches {query!r}; {len(self.tools)} tools in all (search_tools('') lists some)"
         more = len(scored) - len(lines)
@@ -596,6 +598,13 @@ def _unlisted(calls: Sequence[Any], decisions: Sequence[str], listed: Sequence[i
     text = ", ".join(f"{n} {tool} {decision} {status}" for (tool, decision, status), n in top[:5])
     more = f", and {len(top) - 5} other kinds" if len(top) > 5 else ""
     return f"\n… {left} more calls not listed: {text}{more} (the audit trail has every call)"
+
+
+def _summary(description: str) -> str:
+    """A description's first line as search_tools shows it: at most `_SUMMARY_CAP` characters (the server
+    wrote it; describe_tool shows it whole)."""
+    line = _first_line(description)
+    return line if len(line) <= _SUMMARY_CAP else line[:_SUMMARY_CAP] + "…"
 
 
 def _first_line(text: str) -> str:

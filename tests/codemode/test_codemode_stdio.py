@@ -540,3 +540,23 @@ def test_a_description_cannot_close_its_docstring_and_forge_proctors_annotations
     assert "# from mcp:trusted" in doc and "side effect: none" in doc
     code_lines = [line.strip() for line in shown.splitlines() if line.strip().startswith("# ")]
     assert code_lines[-2:] == ["# side effect: destructive; policy: denied (policy default)", "# from mcp:h"]
+
+
+def test_search_tools_answers_in_a_line_per_tool_however_long_a_description(tmp_path: Path) -> None:
+    """search_tools is what keeps definitions out of the model's context: a server whose descriptions are one
+    long line each must not turn its ten hits into 70 kB; describe_tool is where a description is read whole."""
+    hostile = Path(__file__).parent.parent / "integrations" / "mcp_hostile.py"
+    servers, policy, audit = write_config(tmp_path, {"h": {"command": sys.executable, "args": [str(hostile), "wordy"]}},
+                                          "version: 1\ndefault: deny\n")
+
+    async def go() -> tuple[str, str]:
+        async with stdio_session(serve_args(servers, policy, audit, "--user", "alice")) as s:
+            found = text(await s.call_tool("search_tools", {"query": "tool"}))
+            one = text(await s.call_tool("describe_tool", {"name": "h_w3"}))
+            return found, one
+
+    found, one = run(go())
+    hits = [line for line in found.splitlines() if line.startswith("h_w")]
+    assert len(hits) == 10 and all(len(line) <= 240 and line.endswith("…") for line in hits)
+    assert "(10 more match; narrow the query)" in found
+    assert "blah " * 1000 in one  # read whole (to the description's own cap) where asked for
