@@ -560,8 +560,8 @@ def render_result(result: Any) -> str:
             rows.append((str(i + 1), c.tool, decisions[i], c.status, f"{c.duration_ns / 1e6:.0f}", note))
         widths = [max(len(r[k]) for r in rows) for k in range(5)]
         lines = ["  ".join(r[k].ljust(widths[k]) for k in range(5)) + ("  " + r[5] if r[5] else "") for r in rows]
-        head = f"calls ({len(calls)}):" if len(listed) == len(calls) else f"calls ({len(calls)}, {len(listed)} listed):"
-        parts.append(head + "\n" + "\n".join(line.rstrip() for line in lines) + _unlisted(calls, decisions, listed))
+        parts.append(f"calls ({len(calls)}):\n" + "\n".join(line.rstrip() for line in lines)
+                     + _unlisted(calls, decisions, listed))
     if result.error is not None:  # a ProgramError's text starts with the program's own exception type
         kind = type(result.error).__name__
         parts.append(f"error: {result.error}" if kind == "ProgramError" else f"error: {kind}: {result.error}")

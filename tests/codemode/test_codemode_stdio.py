@@ -511,7 +511,7 @@ def test_the_call_table_of_a_program_making_many_calls_stays_compact_and_keeps_t
     assert "value: 45150" in out
     table = out.split("calls (", 1)[1]
     rows = [line for line in table.splitlines()[2:] if line[:1].isdigit()]
-    assert table.startswith("301, 50 listed):") and len(rows) == 50
+    assert table.startswith("301):") and len(rows) == 50
     assert any(r.split()[:3] == ["151", "t_delete_file", "require_approval"] for r in rows)
     assert "251 more calls not listed: 251 t_add allow ok" in out
     assert len(out) < 6000
