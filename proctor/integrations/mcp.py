@@ -34,7 +34,8 @@ An MCP server is not trusted, whoever runs it:
 - Every tool carries its server in `Tool.origin` (``mcp:<name>``), and so do its errors.
 
 Each MCP tool's ``inputSchema`` is the schema its calls are validated against (a call that does
-not fit is refused before anything runs); models see the Python signature `proctor.signatures`
+not fit is refused before anything runs; a ``$ref`` beyond the schema is never fetched, and a call
+needing one is refused); models see the Python signature `proctor.signatures`
 renders from it and from the ``outputSchema`` (nested ``TypedDict``s, nullability, defaults,
 return type). A name that is not a Python identifier (``get-time``) is called as ``get_time``.
 
@@ -67,11 +68,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import jsonschema
 import pydantic
+import referencing.exceptions
 
 from proctor import errors as proctor_errors
 from proctor.adapters import side_effect_of
 from proctor.calls import SideEffect
 from proctor.errors import ConfigurationError, MCPToolFailed, ToolOutcomeUnknown, ToolsetError
+from proctor.jsoninput import local_schema_validator
 from proctor.signatures import Signature, TypeText, render_signature
 from proctor.tools import Tool
 
@@ -422,7 +425,7 @@ class MCPToolset:
         output = spec.get("outputSchema")
         output_schema = dict(output) if isinstance(output, Mapping) else None
         try:
-            checker = jsonschema.validators.validator_for(schema)(schema)
+            checker = local_schema_validator(schema)  # a `$ref` beyond the schema is never fetched
             checker.check_schema(schema)
         except jsonschema.SchemaError as exc:
             raise ToolsetError(f"the MCP server {self.name}: tool {remote!r} has an invalid inputSchema: "
@@ -455,7 +458,11 @@ class MCPToolset:
 
         def check(args: Mapping[str, Any]) -> str | None:
             sent = {k: v for k, v in args.items() if not (k in optional_nulls and v is None)}
-            errors = sorted(checker.iter_errors(sent), key=lambda e: list(e.path))
+            try:
+                errors = sorted(checker.iter_errors(sent), key=lambda e: list(e.path))
+            except referencing.exceptions.Unresolvable as exc:
+                return f"the tool's inputSchema refers to {str(exc.ref)[:300]!r}, outside itself (proctor " \
+                       "resolves no reference a server points it at)"
             if not errors:
                 return None
             return "; ".join(f"argument {'.'.join(str(p) for p in e.path) or 'arguments'!r}: {e.message[:300]}"

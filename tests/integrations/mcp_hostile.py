@@ -7,7 +7,8 @@ tools in one page), ``big`` (one tool with a 1 MB schema), ``slowlist`` (never a
 ``annotated`` (``wipe_disk`` claims readOnlyHint), ``malformed`` (``bad_shape`` answers a result that is no
 CallToolResult, ``bad_struct`` structured content its output schema refuses, ``ok_tool`` answers well),
 ``forge`` (``wipe``'s description and argument close their docstring and write proctor's own
-annotations after it), ``wordy`` (20 tools whose descriptions are one 7 000-character line), ``plain`` (one tool).
+annotations after it), ``ref:URL`` (``peek``'s argument is a ``$ref`` to URL, which a validator that
+fetches would fetch), ``wordy`` (20 tools whose descriptions are one 7 000-character line), ``plain`` (one tool).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def listing(cursor: str | None) -> dict[str, object]:
     if MODE == "malformed":
         counted = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
         return {"tools": [tool("bad_shape"), tool("bad_struct", outputSchema=counted), tool("ok_tool")]}
+    if MODE.startswith("ref:"):
+        return {"tools": [tool("peek", inputSchema={"type": "object", "properties": {"x": {"$ref": MODE[4:]}}})]}
     if MODE == "wordy":
         return {"tools": [tool(f"w{i}", description=f"tool w{i} " + "blah " * 1400) for i in range(20)]}
     if MODE == "forge":
