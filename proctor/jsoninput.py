@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from proctor.errors import ConfigurationError
 
-__all__ = ["MAX_JSON_INPUT_BYTES", "MAX_JSON_INPUT_DEPTH", "loads_bounded", "shape_problem"]
+if TYPE_CHECKING:
+    from jsonschema.protocols import Validator
+
+__all__ = ["MAX_JSON_INPUT_BYTES", "MAX_JSON_INPUT_DEPTH", "loads_bounded", "local_schema_validator", "shape_problem"]
 
 MAX_JSON_INPUT_DEPTH = 64
 MAX_JSON_INPUT_BYTES = 4 << 20
@@ -62,3 +66,19 @@ def loads_bounded(text: str, what: str = "JSON", *, max_depth: int = MAX_JSON_IN
         raise ConfigurationError(f"{what}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
     except RecursionError:  # pragma: no cover - the depth check comes first; kept as a last guard
         raise ConfigurationError(f"{what}:1:1: JSON nested too deeply; flatten it") from None
+
+
+def local_schema_validator(schema: Mapping[str, Any], draft: type[Validator] | None = None) -> Validator:
+    """A jsonschema validator for `schema` (of `draft`, else the one its ``$schema`` names) that resolves a
+    ``$ref`` only within the schema itself and the JSON Schema meta-schemas.
+
+    jsonschema's default fetches any other reference over the network (``http://…``, or one relative to a
+    remote ``$id``), and a tool's schema is often someone else's (an MCP server's): it would aim proctor's
+    process at an internal host. Validating against such a reference raises
+    `referencing.exceptions.Unresolvable` (its ``ref`` names it). Needs jsonschema (ImportError otherwise).
+    """
+    import jsonschema
+    from referencing import Registry
+
+    kind = draft if draft is not None else jsonschema.validators.validator_for(schema)
+    return kind(schema, registry=Registry())

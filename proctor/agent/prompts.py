@@ -35,8 +35,11 @@ def describe_tools(tools: Iterable[Tool], policy: PolicyDescriber, *, python: bo
     blocks: list[str] = []
     for t in tools:
         side_effect = facts_of(policy, t.name, t.side_effect, t.cost).side_effect
-        args = "\n".join(f"        {name}: {text}" for name, text in t.arg_descriptions.items())
-        doc = t.description.replace("\n", "\n    ")
+        # A description is the tool author's (an MCP server's: anyone's): three quotes in it would close the
+        # docstring and let it write lines that read as proctor's own (`# side effect: read`). As
+        # `proctor.signatures` renders them, they become '''.
+        args = "\n".join(f"        {name}: {_in_docstring(text)}" for name, text in t.arg_descriptions.items())
+        doc = _in_docstring(t.description).replace("\n", "\n    ")
         governance = f"side effect: {side_effect}; policy: {_policy_line(policy, t, side_effect)}"
         if python:
             body = f'    """{doc}\n\n    Args:\n{args}\n    """' if args else f'    """{doc}"""'
@@ -44,6 +47,13 @@ def describe_tools(tools: Iterable[Tool], policy: PolicyDescriber, *, python: bo
         else:
             blocks.append(f"- {t.name}: {t.description.splitlines()[0]}\n  {governance}")
     return "\n\n".join(blocks)
+
+
+def _in_docstring(text: str) -> str:
+    """`text` as it can stand inside a triple-quoted docstring without ending it (nor, ending in a quote or
+    a backslash, running into the docstring's closing quotes)."""
+    text = text.replace('"""', "'''")
+    return text + " " if text.endswith(('"', "\\")) else text
 
 
 _CODE_EXAMPLE = '''Example (with made-up tools, not yours):

@@ -22,6 +22,7 @@ from typing import Any
 from proctor.approval.base import Grant
 from proctor.approval.grants import GrantPattern, describe_grant
 from proctor.errors import ApprovalConflict, FourEyes, InvalidAnswer
+from proctor.jsoninput import local_schema_validator
 from proctor.policy.approvers import Answerer, ApproverRule, OsUser, os_answerer, refusal
 from proctor.store.answerseal import AnswerCheck, AnswerSeal
 from proctor.store.base import ApprovalAnswer, PendingApproval, RunStore
@@ -147,6 +148,7 @@ def check_edit(approval: PendingApproval, args: Mapping[str, Any]) -> dict[str, 
     schema = approval.parameters
     try:
         import jsonschema
+        import referencing.exceptions
     except ImportError:  # the core install: the gate's own validation of the edited call still holds
         return edited
     if not schema:
@@ -155,7 +157,13 @@ def check_edit(approval: PendingApproval, args: Mapping[str, Any]) -> dict[str, 
     shown = approval.shown_args if approval.shown_args is not None else approval.args  # what the page showed
     changed = {k: v for k, v in edited.items() if k not in shown or shown[k] != v}
     view = {**schema, "required": [r for r in schema.get("required", []) if r not in shown]}
-    errors = sorted(jsonschema.Draft202012Validator(view).iter_errors(changed), key=lambda e: list(e.absolute_path))
+    # The schema is the tool's (an MCP server's: anyone's): a `$ref` beyond it is never fetched, the edit refused.
+    checker = local_schema_validator(view, jsonschema.Draft202012Validator)
+    try:
+        errors = sorted(checker.iter_errors(changed), key=lambda e: list(e.absolute_path))
+    except referencing.exceptions.Unresolvable as exc:
+        raise InvalidAnswer(f"edited arguments of {approval.tool}: the tool's schema refers to "
+                            f"{str(exc.ref)[:300]!r}, outside itself (proctor resolves no such reference)") from None
     if errors:
         where = ".".join(str(p) for p in errors[0].absolute_path) or "arguments"
         raise InvalidAnswer(f"edited arguments of {approval.tool}: {where}: {errors[0].message}")

@@ -18,6 +18,7 @@ streamable HTTP; ``type``/``transport`` are accepted and checked), each server m
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from proctor.errors import ConfigurationError
+from proctor.jsoninput import shape_problem
 
 __all__ = ["ServerConfig", "load_servers"]
 
@@ -55,14 +57,17 @@ def load_servers(path: str | Path) -> list[ServerConfig]:
     """The servers of `path`; a `ConfigurationError` naming the file, the server and the fix otherwise."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        raw = p.read_bytes()
     except FileNotFoundError:
         raise ConfigurationError(f"{p}: no such file (the upstream MCP servers, as {{\"mcpServers\": {{…}}}})") \
             from None
-    except json.JSONDecodeError as exc:
-        raise ConfigurationError(f"{p}:{exc.lineno}:{exc.colno}: not JSON: {exc.msg}") from None
     except OSError as exc:
         raise ConfigurationError(f"{p}: cannot read it: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigurationError(f"{p}: not UTF-8 (byte {exc.start + 1} of the file); save it as UTF-8") from None
+    data = _parse(p, text)
     servers = data.get("mcpServers") if isinstance(data, dict) else None
     if not isinstance(servers, dict):
         raise ConfigurationError(f"{p}: expected an object with \"mcpServers\": {{NAME: {{…}}}}")
@@ -73,10 +78,39 @@ def load_servers(path: str | Path) -> list[ServerConfig]:
             raise ConfigurationError(f"{where}: a name is a letter, then letters, digits, _ or - (at most 40)")
         if not isinstance(spec, dict):
             raise ConfigurationError(f"{where}: expected an object with \"command\" or \"url\"")
-        if spec.get("disabled") is True:
+        disabled = spec.get("disabled", False)
+        if not isinstance(disabled, bool):
+            raise ConfigurationError(f"{where}: \"disabled\" is true or false")
+        if disabled:
             continue
         out.append(_server(where, name, spec))
     return out
+
+
+def _parse(p: Path, text: str) -> Any:
+    """The JSON of `text`, refusing what `json.loads` would read as something else: a key written twice in one
+    object (it keeps the last copy, a reader sees the first), NaN and Infinity (no JSON number; NaN passes
+    every ``<= 0`` check), and nesting deep enough to end in a `RecursionError`."""
+    problem = shape_problem(text, str(p))
+    if problem is not None:
+        raise ConfigurationError(problem)
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in items:
+            if key in out:
+                raise ConfigurationError(f"{p}: {json.dumps(key)} twice in one object (JSON keeps only the last; "
+                                         "write each key once)")
+            out[key] = value
+        return out
+
+    def constant(name: str) -> Any:
+        raise ConfigurationError(f"{p}: {name} is not a number JSON allows; write seconds as a plain number")
+
+    try:
+        return json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+    except json.JSONDecodeError as exc:
+        raise ConfigurationError(f"{p}:{exc.lineno}:{exc.colno}: not JSON: {exc.msg}") from None
 
 
 def _strings(where: str, key: str, value: Any, kind: type) -> Any:
@@ -102,7 +136,8 @@ def _server(where: str, name: str, spec: Mapping[str, Any]) -> ServerConfig:
     timeouts: dict[str, float | None] = {}
     for key, default in (("timeout", 30.0), ("call_timeout", None)):
         value = extra.get(key, default)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
             raise ConfigurationError(f"{where}: \"{key}\" is positive seconds")
         timeouts[key] = float(value) if value is not None else None
     base = ServerConfig(name=name, prefix=prefix, trust_annotations=trust, timeout=timeouts["timeout"] or 30.0,

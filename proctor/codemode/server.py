@@ -62,17 +62,30 @@ else:  # 1.x: the same high-level server, named FastMCP
 
 from mcp import StdioServerParameters
 
+if sys.version_info >= (3, 11):
+    _Group = BaseExceptionGroup  # noqa: F821 - a builtin from 3.11 (ruff reads the 3.10 floor)
+else:  # 3.10: anyio's dependency, the backport its task groups raise
+    from exceptiongroup import BaseExceptionGroup as _Group
+
 __all__ = ["BearerAuth", "CodeMode", "CodeModeSession", "ElicitingApprover", "render_result", "serve_http",
            "serve_stdio"]
 
 _VALUE_CAP = 4000
+#: The most calls a result's table lists (the model's context is what code mode saves), and how many of
+#: them are kept for calls that simply ran when more than the rest did not.
+_CALL_ROWS = 50
+_PLAIN_ROWS = 10
 _LOG_CAP = 20_000
 #: Seconds without a request after which an HTTP session's run is ended (the SDK's own default).
 DEFAULT_SESSION_IDLE = 1800.0
 _REAPED_KEPT = 10_000
 _SEARCH_HITS = 10
+#: The most characters of a description's first line a search_tools hit shows.
+_SUMMARY_CAP = 160
 #: The longest arguments (as shown) an elicitation prompt carries; longer ones go to --approver (or are denied).
 _PROMPT_ARGS_CAP = 20_000
+#: The most characters of the program line an elicitation prompt shows (a window from the call's column).
+_LINE_SHOWN = 300
 
 
 class _Answer(pydantic.BaseModel):
@@ -167,18 +180,30 @@ def prompt(request: ApprovalRequest, code: str) -> str:
     parts = [f"proctor: a program wants to call {marked_plain(request.tool)} ({request.side_effect})",
              f"arguments: {shown_args(request)}"]
     if line is not None:
-        parts.append(f"program line {line[0]}: {marked_plain(line[1][:300])}")
+        parts.append(f"program line {line[0]}: {marked_plain(line[1])}")
     parts.append(f"why approval is needed: {terminal_safe(request.reason or ', '.join(request.rules))}")
     return "\n".join(parts)
 
 
 def program_line(code: str, position: CallPosition | None) -> tuple[int, str] | None:
     """The line of `code` the worker reported the call at (number, text), or None when it reported none.
-    Never found by the tool's name: a program calling one tool on two lines would show the wrong one."""
+    Never found by the tool's name: a program calling one tool on two lines would show the wrong one.
+    A line too long to show whole is shown from the call's column (``…`` marking what is left out), so
+    a padded statement or an earlier call on the line cannot fill the part the user reads."""
     if position is None:
         return None
     lines = source_lines(code)
-    return (position.line, lines[position.line - 1].strip()) if 1 <= position.line <= len(lines) else None
+    if not 1 <= position.line <= len(lines):
+        return None
+    text = lines[position.line - 1].rstrip()
+    lead = len(text) - len(text.lstrip())
+    if len(text) - lead <= _LINE_SHOWN:
+        return position.line, text.strip()
+    # The column is in UTF-8 bytes (as `ast` counts); the window is cut in characters.
+    call = len(text.encode("utf-8")[:position.col].decode("utf-8", "ignore")) if position.col is not None else lead
+    begin = max(lead, min(call, len(text) - _LINE_SHOWN))
+    end = begin + _LINE_SHOWN
+    return position.line, ("…" if begin > lead else "") + text[begin:end] + ("…" if end < len(text) else "")
 
 
 class CodeMode:
@@ -214,6 +239,9 @@ class CodeMode:
         # HTTP sessions by the principal that opened them (initialize), before any program makes them a run:
         # key -> (principal, monotonic time of its last request). Another token gets 403 on them from the start.
         self._claims: dict[str, tuple[str, float]] = {}
+        # HTTP requests being served per session key (an open GET event stream is one): the SDK keeps a session
+        # with one in flight however long, so it is not idle, and whom it belongs to must not be forgotten.
+        self._in_flight: dict[str, int] = {}
         self._lock = threading.Lock()
         # A `PolicySource` (a policy file) is reloaded when it changes (`proctor.policy.reload`); the approver's
         # wait is each request's own expiry, which the policy deciding the call set.
@@ -306,6 +334,27 @@ class CodeMode:
         with self._lock:
             self._claims[key] = (principal, time.monotonic())
 
+    def request_began(self, key: str) -> None:
+        """An HTTP request on session `key` is being served: the session is not idle until it ends."""
+        with self._lock:
+            self._in_flight[key] = self._in_flight.get(key, 0) + 1
+
+    def request_ended(self, key: str) -> None:
+        """An HTTP request on session `key` ended: its idle time counts from now (as the SDK's does)."""
+        now = time.monotonic()
+        with self._lock:
+            left = self._in_flight.get(key, 1) - 1
+            if left > 0:
+                self._in_flight[key] = left
+            else:
+                self._in_flight.pop(key, None)
+            session = self._sessions.get(key)
+            if session is not None:
+                session.last_active = max(session.last_active, now)
+            claim = self._claims.get(key)
+            if claim is not None:
+                self._claims[key] = (claim[0], now)
+
     def session_of(self, run_id: str) -> CodeModeSession | None:
         with self._lock:
             return self._by_run.get(run_id)
@@ -326,17 +375,19 @@ class CodeMode:
             self.gate.finish_run(session.run, status, programs=session.programs, **fields)
 
     def reap_idle(self, now: float | None = None) -> list[str]:
-        """End the sessions that had no request for `session_idle` seconds and run no program now
-        (a client that vanished without deleting its session): ``run_finished`` with status
-        ``abandoned``. Returns their keys."""
+        """End the sessions that had no request for `session_idle` seconds, have none in flight (an open
+        event stream holds a session, as it does for the SDK) and run no program now (a client that
+        vanished without deleting its session): ``run_finished`` with status ``abandoned``. Returns their keys."""
         if self.session_idle is None:
             return []
         now = time.monotonic() if now is None else now
         with self._lock:  # a session opened but never used is forgotten when the SDK forgets its transport
-            for key in [k for k, (_, seen) in self._claims.items() if now - seen >= self.session_idle]:
+            for key in [k for k, (_, seen) in self._claims.items()
+                        if now - seen >= self.session_idle and not self._in_flight.get(k)]:
                 del self._claims[key]
             idle = [s for s in self._sessions.values()
-                    if now - s.last_active >= self.session_idle and s.current is None and not s.lock.locked()]
+                    if now - s.last_active >= self.session_idle and s.current is None and not s.lock.locked()
+                    and not self._in_flight.get(s.key)]
         reason = f"no request for {self.session_idle:g}s: the client went away without ending its session"
         ended = []
         for session in idle:
@@ -351,13 +402,17 @@ class CodeMode:
 
     # -- the three tools ---------------------------------------------------------------------------
 
-    def run_python(self, session: CodeModeSession, code: str) -> str:
-        """Run one program in the session's namespace; the text the client's model reads."""
+    def run_python(self, session: CodeModeSession, code: str,
+                   asker: tuple[asyncio.AbstractEventLoop, Any] | None = None, can_elicit: bool = False) -> str:
+        """Run one program in the session's namespace; the text the client's model reads. `asker`: the
+        ``(loop, ctx)`` of the ``run_python`` request, whose client approvals are elicited from when it
+        `can_elicit`; set only while this program runs (a second request of the session waits for the first)."""
         from proctor.interpreter import Interpreter
 
         with session.lock:
             if session.finished:
                 return "error: this MCP session has ended; start a new one"
+            session.current, session.can_elicit = asker, can_elicit
             if session.interpreter is None:
                 session.interpreter = Interpreter(self.tools, self.gate, timeout=self.timeout,
                                                   sandbox=self.sandbox,  # type: ignore[arg-type]
@@ -367,6 +422,7 @@ class CodeMode:
             try:
                 result = session.interpreter.run(code, context=session.run)
             finally:
+                session.current = None
                 session.last_active = time.monotonic()
         # What the client's model reads leaves this process: no redacted argument's value in clear (the program
         # keeps it in its variables for later calls).
@@ -381,7 +437,7 @@ class CodeMode:
             if score:
                 scored.append((score, t.name, t))
         scored.sort(key=lambda x: (-x[0], x[1]))
-        lines = [f"{t.signature_text()}  # {_first_line(t.description)}" for _, _, t in scored[:_SEARCH_HITS]]
+        lines = [f"{t.signature_text()}  # {_summary(t.description)}" for _, _, t in scored[:_SEARCH_HITS]]
         if not lines:
             return f"no tool matches {query!r}; {len(self.tools)} tools in all (search_tools('') lists some)"
         more = len(scored) - len(lines)
@@ -406,15 +462,19 @@ class CodeMode:
 
     # -- the MCP server ----------------------------------------------------------------------------
 
-    def build_server(self, principal_of: Callable[[Any], str], key_of: Callable[[Any], str]) -> SDKServer:
+    def build_server(self, principal_of: Callable[[Any], str], key_of: Callable[[Any], str],
+                     host: str = "127.0.0.1") -> SDKServer:
         """The SDK's server offering the three tools; `principal_of(ctx)`/`key_of(ctx)` name a request's
-        principal and session."""
+        principal and session. `host`: the address HTTP is served on (mcp 1.x reads it here)."""
         servers = ", ".join(s.name for s in self.servers) or "none"
-        server = SDKServer("proctor-code-mode", instructions=(
-            "Write Python with run_python: every tool of the upstream servers "
-            f"({servers}) and the local tools is a function there, each call governed by proctor's policy. "
-            "Find functions with search_tools(query); read one with describe_tool(name). Variables persist "
-            "between run_python calls of this session."))
+        instructions = ("Write Python with run_python: every tool of the upstream servers "
+                        f"({servers}) and the local tools is a function there, each call governed by proctor's "
+                        "policy. Find functions with search_tools(query); read one with describe_tool(name). "
+                        "Variables persist between run_python calls of this session.")
+        if MCP_MAJOR >= 2:
+            server = SDKServer("proctor-code-mode", instructions=instructions)
+        else:  # 1.x chooses its Host/Origin check from the host it is made with
+            server = SDKServer("proctor-code-mode", instructions=instructions, host=host)  # type: ignore[call-arg]
         code_mode = self
 
         async def run_python(code: str, ctx: Context) -> str:
@@ -431,12 +491,9 @@ class CodeMode:
             session = code_mode.session_or_ended(key_of(ctx), principal_of(ctx))
             if isinstance(session, str):
                 return f"error: {session}"
-            session.can_elicit = client_can_elicit(ctx)
-            session.current = (asyncio.get_running_loop(), ctx)
-            try:
-                return await asyncio.get_running_loop().run_in_executor(None, code_mode.run_python, session, code)
-            finally:
-                session.current = None
+            loop = asyncio.get_running_loop()  # the program's approvals are elicited on this request's channel
+            return await loop.run_in_executor(None, code_mode.run_python, session, code, (loop, ctx),
+                                              client_can_elicit(ctx))
 
         async def search_tools(query: str) -> str:
             """Find the functions run_python programs can call: Python signatures with a line each.
@@ -494,20 +551,60 @@ def render_result(result: Any) -> str:
         parts.append("value: " + (text if len(text) <= _VALUE_CAP else text[:_VALUE_CAP] + "… (cut)"))
     calls = list(result.tool_calls)
     if calls:
+        decisions = [c.decision.outcome if c.decision is not None else "-" for c in calls]
+        listed = _listed_calls([(d, c.status) for d, c in zip(decisions, calls, strict=True)])
         rows = [("#", "tool", "decision", "status", "ms", "note")]
-        for i, c in enumerate(calls, 1):
-            decision = c.decision.outcome if c.decision is not None else "-"
+        for i in listed:
+            c = calls[i]
             note = _first_line(c.error)[:160] if c.status != "ok" and c.error else (c.approval or "")
-            rows.append((str(i), c.tool, decision, c.status, f"{c.duration_ns / 1e6:.0f}", note))
+            rows.append((str(i + 1), c.tool, decisions[i], c.status, f"{c.duration_ns / 1e6:.0f}", note))
         widths = [max(len(r[k]) for r in rows) for k in range(5)]
         lines = ["  ".join(r[k].ljust(widths[k]) for k in range(5)) + ("  " + r[5] if r[5] else "") for r in rows]
-        parts.append(f"calls ({len(calls)}):\n" + "\n".join(line.rstrip() for line in lines))
+        parts.append(f"calls ({len(calls)}):\n" + "\n".join(line.rstrip() for line in lines)
+                     + _unlisted(calls, decisions, listed))
     if result.error is not None:  # a ProgramError's text starts with the program's own exception type
         kind = type(result.error).__name__
         parts.append(f"error: {result.error}" if kind == "ProgramError" else f"error: {kind}: {result.error}")
     if result.state_lost:
         parts.append("note: the sandbox was restarted; variables from earlier programs are gone")
     return "\n\n".join(parts) or "(no output, no value, no calls)"
+
+
+def _listed_calls(ends: Sequence[tuple[str, str]]) -> list[int]:
+    """The indexes of the calls the table lists (each call's (decision, status) given): all of them up to
+    `_CALL_ROWS`; past that, the calls that did not simply run (refused, asked about, failed, unknown), then
+    the first of the others, `_CALL_ROWS` in all. The audit trail has every call."""
+    if len(ends) <= _CALL_ROWS:
+        return list(range(len(ends)))
+    notable = [i for i, (decision, status) in enumerate(ends) if decision != "allow" or status != "ok"]
+    notable = notable[:_CALL_ROWS - _PLAIN_ROWS]
+    chosen = set(notable)
+    plain = [i for i in range(len(ends)) if i not in chosen][:_CALL_ROWS - len(notable)]
+    return sorted(chosen | set(plain))
+
+
+def _unlisted(calls: Sequence[Any], decisions: Sequence[str], listed: Sequence[int]) -> str:
+    """The line that counts the calls the table left out, by tool, decision and status ('' when none)."""
+    left = len(calls) - len(listed)
+    if not left:
+        return ""
+    shown = set(listed)
+    groups: dict[tuple[str, str, str], int] = {}
+    for i, c in enumerate(calls):
+        if i not in shown:
+            key = (c.tool, decisions[i], c.status)
+            groups[key] = groups.get(key, 0) + 1
+    top = sorted(groups.items(), key=lambda kv: (-kv[1], kv[0]))
+    text = ", ".join(f"{n} {tool} {decision} {status}" for (tool, decision, status), n in top[:5])
+    more = f", and {len(top) - 5} other kinds" if len(top) > 5 else ""
+    return f"\n… {left} more calls not listed: {text}{more} (the audit trail has every call)"
+
+
+def _summary(description: str) -> str:
+    """A description's first line as search_tools shows it: at most `_SUMMARY_CAP` characters (the server
+    wrote it; describe_tool shows it whole)."""
+    line = _first_line(description)
+    return line if len(line) <= _SUMMARY_CAP else line[:_SUMMARY_CAP] + "…"
 
 
 def _first_line(text: str) -> str:
@@ -522,14 +619,28 @@ def serve_stdio(code_mode: CodeMode) -> None:
     with _StdinEnds() as stdin:
         try:
             asyncio.run(server.run_stdio_async())
-        except BaseException as exc:  # Ctrl-C: the session's run ends interrupted, then the exit goes on
-            code_mode.close("interrupted", error=f"interrupted by {interruption(exc)}")
-            raise
+        except BaseException as exc:
+            if not _client_gone(exc):
+                code_mode.close("interrupted", error=f"interrupted by {interruption(exc)}")  # Ctrl-C, then the exit
+                raise
+            # The client closed its end while an answer was being written to it: it closed the connection, as
+            # on EOF (where mcp 1.x, which drops the write, ends too), with the lost answer said.
+            code_mode.close(reason="the client closed the connection before an answer could be sent to it (a "
+                                   "program's result was not delivered)")
+            return
     if stdin.signalled is None:
         code_mode.close()
         return
     code_mode.close("interrupted", error=f"interrupted by {signal.Signals(stdin.signalled).name}")
     raise Terminated(stdin.signalled)
+
+
+def _client_gone(exc: BaseException) -> bool:
+    """Whether `exc` (an exception group the SDK's task group raised, or one error) is only the client's pipe
+    closing under a write: a broken pipe or a reset connection, and nothing else."""
+    if isinstance(exc, _Group):
+        return all(_client_gone(inner) for inner in exc.exceptions)
+    return isinstance(exc, (BrokenPipeError, ConnectionResetError))
 
 
 class _StdinEnds:
@@ -601,8 +712,9 @@ class _StdinEnds:
 def serve_http(code_mode: CodeMode, host: str, port: int, tokens: Any) -> None:
     """Serve streamable HTTP at ``http://HOST:PORT/mcp``; every request needs ``Authorization: Bearer
     TOKEN`` of `tokens` (a `proctor.approval.tokens.TokenFile`), whose owner is the session's principal.
-    A session ends when its client deletes it (``DELETE /mcp``), after `code_mode.session_idle` seconds
-    without a request (the client went away: ``run_finished`` says ``abandoned``), or when the server stops."""
+    A session ends when its client deletes it (``DELETE /mcp``, once the SDK has), after `code_mode.session_idle`
+    seconds with no request in flight (the client went away: ``run_finished`` says ``abandoned``), or when the
+    server stops."""
     def principal_of(ctx: Any) -> str:
         who = tokens.who(_bearer(request_headers(ctx)) or "")
         if who is None:  # the middleware let nothing else through; checked again where it is used
@@ -613,10 +725,12 @@ def serve_http(code_mode: CodeMode, host: str, port: int, tokens: Any) -> None:
         sid = request_headers(ctx).get("mcp-session-id")
         return f"http:{sid}" if sid else f"http:request:{id(ctx.session)}"
 
-    server = code_mode.build_server(principal_of, key_of)
-    # The SDK forgets an idle session's transport after the same time as the reaper ends its run.
+    server = code_mode.build_server(principal_of, key_of, host)
+    # The SDK forgets an idle session's transport after the same time as the reaper ends its run. It checks
+    # Host and Origin (against DNS rebinding) by the address served on: bound to localhost, only localhost
+    # names pass; bound beyond it, clients name the server as they reach it, and the bearer token is the check.
     if MCP_MAJOR >= 2:
-        http_app = server.streamable_http_app(session_idle_timeout=code_mode.session_idle)
+        http_app = server.streamable_http_app(session_idle_timeout=code_mode.session_idle, host=host)
     else:
         server.settings.session_idle_timeout = code_mode.session_idle  # type: ignore[attr-defined]  # mcp 1.x
         http_app = server.streamable_http_app()
@@ -682,6 +796,17 @@ def _claiming(send: Any, code_mode: CodeMode, principal: str) -> Any:
     return claiming
 
 
+def _ending(send: Any, code_mode: CodeMode, key: str) -> Any:
+    """`send` for a ``DELETE`` of session `key`: its run is finished once the SDK answers that it ended the
+    session (a 2xx), before the client hears so; a DELETE the SDK refuses leaves the session, and its run, on."""
+    async def ending(message: dict[str, Any]) -> None:
+        if message.get("type") == "http.response.start" and 200 <= int(message.get("status", 0)) < 300:
+            await asyncio.get_running_loop().run_in_executor(None, code_mode.end_session, key)
+        await send(message)
+
+    return ending
+
+
 class BearerAuth:
     """ASGI middleware: 401 for a request to the MCP endpoint without a valid bearer token of the
     token file; a ``DELETE`` of a session ends its run once the SDK has closed it."""
@@ -720,5 +845,12 @@ class BearerAuth:
             await send({"type": "http.response.body", "body": b'{"error": "this MCP session is not yours"}'})
             return
         if scope.get("method") == "DELETE" and sid:  # the run ends before the client hears the session did
-            await asyncio.get_running_loop().run_in_executor(None, self.code_mode.end_session, f"http:{sid}")
-        await self.app(scope, receive, send)
+            send = _ending(send, self.code_mode, f"http:{sid}")
+        if not sid:
+            await self.app(scope, receive, send)
+            return
+        self.code_mode.request_began(f"http:{sid}")
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.code_mode.request_ended(f"http:{sid}")

@@ -29,11 +29,13 @@ An MCP server is not trusted, whoever runs it:
 - **A call whose outcome is unknown says so.** A call that times out (the toolset's `timeout` or the
   policy's ``timeout`` for the tool, whichever is shorter) or whose server dies under it raises
   `ToolOutcomeUnknown`, naming the server and what happened; a ``notifications/cancelled`` is sent
-  to the server for a call that timed out.
+  to the server for a call that timed out. So does a call answered with something that is no result
+  (or structured content the tool's own output schema refuses); the session goes on.
 - Every tool carries its server in `Tool.origin` (``mcp:<name>``), and so do its errors.
 
 Each MCP tool's ``inputSchema`` is the schema its calls are validated against (a call that does
-not fit is refused before anything runs); models see the Python signature `proctor.signatures`
+not fit is refused before anything runs; a ``$ref`` beyond the schema is never fetched, and a call
+needing one is refused); models see the Python signature `proctor.signatures`
 renders from it and from the ``outputSchema`` (nested ``TypedDict``s, nullability, defaults,
 return type). A name that is not a Python identifier (``get-time``) is called as ``get_time``.
 
@@ -66,11 +68,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import jsonschema
 import pydantic
+import referencing.exceptions
 
 from proctor import errors as proctor_errors
 from proctor.adapters import side_effect_of
 from proctor.calls import SideEffect
 from proctor.errors import ConfigurationError, MCPToolFailed, ToolOutcomeUnknown, ToolsetError
+from proctor.jsoninput import local_schema_validator
 from proctor.signatures import Signature, TypeText, render_signature
 from proctor.tools import Tool
 
@@ -355,6 +359,12 @@ class MCPToolset:
                 raise MCPToolFailed(f"{where}: the server refused the call: {message or f'error {code}'}",
                                     tool=tool.name, error_type="MCPError") from None
             raise self._lost(tool, message) from None
+        except (pydantic.ValidationError, RuntimeError) as exc:
+            # The server answered, but not with a result (the SDK's parse failed), or with structured content its
+            # own output schema refuses (the SDK's check): the call may have run, and the connection is intact.
+            raise ToolOutcomeUnknown(f"{where}: the server's answer is not a result proctor can read "
+                                     f"({_clip(_first_line(_reason(exc)), 300)}); the call may have taken effect",
+                                     tool=tool.name, error_type="ToolOutcomeUnknown") from None
         except (asyncio.CancelledError, Exception) as exc:  # noqa: BLE001 - the session broke under the call
             raise self._lost(tool, _reason(exc)) from None
         return _result_value(where, tool, _wire(result))
@@ -415,7 +425,7 @@ class MCPToolset:
         output = spec.get("outputSchema")
         output_schema = dict(output) if isinstance(output, Mapping) else None
         try:
-            checker = jsonschema.validators.validator_for(schema)(schema)
+            checker = local_schema_validator(schema)  # a `$ref` beyond the schema is never fetched
             checker.check_schema(schema)
         except jsonschema.SchemaError as exc:
             raise ToolsetError(f"the MCP server {self.name}: tool {remote!r} has an invalid inputSchema: "
@@ -448,7 +458,11 @@ class MCPToolset:
 
         def check(args: Mapping[str, Any]) -> str | None:
             sent = {k: v for k, v in args.items() if not (k in optional_nulls and v is None)}
-            errors = sorted(checker.iter_errors(sent), key=lambda e: list(e.path))
+            try:
+                errors = sorted(checker.iter_errors(sent), key=lambda e: list(e.path))
+            except referencing.exceptions.Unresolvable as exc:
+                return f"the tool's inputSchema refers to {str(exc.ref)[:300]!r}, outside itself (proctor " \
+                       "resolves no reference a server points it at)"
             if not errors:
                 return None
             return "; ".join(f"argument {'.'.join(str(p) for p in e.path) or 'arguments'!r}: {e.message[:300]}"
@@ -785,6 +799,10 @@ def _result_value(where: str, tool: MCPTool, result: Mapping[str, Any]) -> Any:
               if c.get("type") != "text"]
     parts = texts + others
     return parts[0] if len(parts) == 1 else "\n".join(parts) if parts else None
+
+
+def _first_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[0]
 
 
 def _innermost(exc: BaseException) -> BaseException:

@@ -202,3 +202,124 @@ def test_session_idle_must_be_a_duration(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "--session-idle '5': bad duration '5' (write a number and a unit" in done.stderr
+
+
+def test_a_delete_the_sdk_refuses_ends_no_run_and_the_session_stays_its_openers(served: Any) -> None:
+    """The run ends only when the session does: a DELETE the SDK refuses (here: a protocol version it does not
+    speak) must not finish the run and drop the opener's claim while the SDK keeps serving the session, or
+    another token could take the live session over (its own run there) and lock the opener out."""
+    url, tokens, audit = served
+    sid = _open(url, tokens["alice"])
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "run_python", "arguments": {"code": "kept = t_add(1, 2)\nkept"}}}
+    assert "value: 3" in _post(url, tokens["alice"], call, sid).text
+    refused = httpx.delete(url, headers={"Authorization": f"Bearer {tokens['alice']}", "mcp-session-id": sid,
+                                         "MCP-Protocol-Version": "1999-01-01"}, timeout=60)
+    assert refused.status_code >= 400
+    again = {**call, "id": 3, "params": {"name": "run_python", "arguments": {"code": "kept"}}}
+    assert _post(url, tokens["bob"], again, sid).status_code == 403
+    mine = _post(url, tokens["alice"], again, sid)
+    assert mine.status_code == 200 and "value: 3" in mine.text  # the same run, its namespace kept
+    records = audit_records(audit)
+    assert [r["principal"] for r in records if r["kind"] == "run_started"] == ["alice"]
+    assert [r for r in records if r["kind"] == "run_finished"] == []
+
+
+def test_a_session_holding_its_event_stream_open_is_not_idle_and_stays_its_openers(tmp_path: Path) -> None:
+    """The SDK keeps a session whose client holds its GET event stream open (the SDK's own client does),
+    however long: proctor must not forget who opened it meanwhile, or another token with its id would get
+    past the 403 and start its own run in the opener's live session."""
+    import threading
+
+    servers, policy, audit = write_config(tmp_path)
+    tokens = tmp_path / "tokens.txt"
+    alice, bob = add_token(tokens, "alice"), add_token(tokens, "bob")
+    port = free_port()
+    args = serve_args(servers, policy, audit, "--http", f"127.0.0.1:{port}", "--tokens", str(tokens),
+                      "--session-idle", "1s")
+    url = f"http://127.0.0.1:{port}/mcp"
+    with http_server(args, port):
+        sid = _open(url, alice)
+        listening = threading.Event()
+
+        def listen() -> None:
+            headers = {"Authorization": f"Bearer {alice}", "mcp-session-id": sid, "Accept": "text/event-stream",
+                       "MCP-Protocol-Version": "2025-06-18"}
+            try:
+                with httpx.stream("GET", url, headers=headers, timeout=None) as stream:
+                    assert stream.status_code == 200
+                    listening.set()
+                    for _ in stream.iter_raw():
+                        pass
+            except httpx.HTTPError:  # the server stops at the end of the test
+                pass
+
+        threading.Thread(target=listen, daemon=True).start()
+        assert listening.wait(30)
+        time.sleep(3)  # three idle periods without a POST, the event stream open throughout
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "run_python", "arguments": {"code": "t_add(1, 1)"}}}
+        assert _post(url, bob, call, sid).status_code == 403
+        mine = _post(url, alice, {**call, "id": 3}, sid)
+        assert mine.status_code == 200 and "value: 2" in mine.text
+    assert [r["principal"] for r in audit_records(audit) if r["kind"] == "run_started"] == ["alice"]
+
+
+def _open(url: str, token: str) -> str:
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    opened = _post(url, token, init)
+    assert opened.status_code == 200, opened.text
+    sid = opened.headers["mcp-session-id"]
+    assert _post(url, token, {"jsonrpc": "2.0", "method": "notifications/initialized"}, sid).status_code == 202
+    return sid
+
+
+def test_two_programs_sent_at_once_in_one_session_are_both_asked_about_through_elicitation(served: Any) -> None:
+    """A client may send its next run_python before the last one answered: the programs run one after the other
+    in the session's namespace, and each one's approval reaches the client's user, never 'the MCP client does not
+    support elicitation' for the second (it does; the first request's end had cleared its channel)."""
+    url, tokens, audit = served
+    asked: list[str] = []
+
+    async def approve(context: Any, params: Any) -> Any:
+        asked.append(params.model_dump(by_alias=True).get("message", ""))
+        await asyncio.sleep(0.5)
+        return mt.ElicitResult(action="accept", content={"approve": True, "reason": "fine"})
+
+    async def go() -> list[str]:
+        async with http_session(url, tokens["alice"], approve) as s:
+            both = await asyncio.gather(s.call_tool("run_python", {"code": "t_delete_file('/tmp/one')"}),
+                                        s.call_tool("run_python", {"code": "t_delete_file('/tmp/two')"}))
+            return [text(r) for r in both]
+
+    outs = asyncio.run(go())
+    assert sorted("deleted /tmp/one" in o for o in outs) == [False, True]
+    assert sorted("deleted /tmp/two" in o for o in outs) == [False, True]
+    assert len(asked) == 2 and "not support elicitation" not in "".join(outs)
+    approvals = [r for r in audit_records(audit) if r["kind"] == "approval_resolved"]
+    assert [(a["verdict"], a["approver"]) for a in approvals] == [("approve", "mcp-elicitation:alice")] * 2
+
+
+@pytest.mark.parametrize(("bind", "served_by_name"), [("0.0.0.0", True), ("127.0.0.1", False)])
+def test_a_server_bound_beyond_localhost_answers_clients_that_name_it(tmp_path: Path, bind: str,
+                                                                       served_by_name: bool) -> None:
+    """`--http 0.0.0.0:PORT` is how docs/code-mode.md serves remote clients, which send `Host: theserver:PORT`:
+    they must be served (the bearer token is the check), not refused as a DNS rebinding (421) by the SDK's
+    localhost-only host check. Bound to 127.0.0.1, that check stays: a page that renamed itself to 127.0.0.1
+    gets nothing."""
+    servers, policy, audit = write_config(tmp_path)
+    tokens = tmp_path / "tokens.txt"
+    alice = add_token(tokens, "alice")
+    port = free_port()
+    args = serve_args(servers, policy, audit, "--http", f"{bind}:{port}", "--tokens", str(tokens))
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "remote", "version": "1"}}}
+    headers = {"Authorization": f"Bearer {alice}", "Accept": "application/json, text/event-stream",
+               "MCP-Protocol-Version": "2025-06-18", "Host": f"proctor.internal:{port}"}
+    with http_server(args, port):
+        answer = httpx.post(f"http://127.0.0.1:{port}/mcp", json=init, headers=headers, timeout=60)
+    if served_by_name:
+        assert answer.status_code == 200 and "mcp-session-id" in answer.headers, answer.text
+    else:
+        assert answer.status_code == 421

@@ -432,3 +432,131 @@ def test_labels_reach_the_policy_and_an_audit_key_signs_the_servers_checkpoints(
                              f"{key}.pub", "--json"], capture_output=True, text=True, timeout=60)
     report = json.loads(verify.stdout)
     assert verify.returncode == 0 and report["ok"] and report["signed_checkpoints"] >= 1, report
+
+
+def test_a_client_that_vanishes_during_a_program_has_its_run_ended_saying_so(tmp_path: Path) -> None:
+    """The client's process dies while a program runs (both pipes close): the client closed the connection, so
+    the run ends in the trail as done (never 'interrupted by ExceptionGroup') and the server exits 0 without a
+    traceback."""
+    import time
+
+    servers, policy, audit = write_config(tmp_path)
+    proc = subprocess.Popen([sys.executable, *serve_args(servers, policy, audit, "--import", "time")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+
+    def send(message: dict[str, Any]) -> None:
+        proc.stdin.write((json.dumps(message) + "\n").encode())  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
+
+    try:
+        send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+        assert json.loads(proc.stdout.readline())["id"] == 1
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+              "params": {"name": "run_python", "arguments": {"code": "t_add(2, 3)\nimport time\ntime.sleep(3)"}}})
+        deadline = time.monotonic() + 60
+        while not [r for r in audit_records(audit) if r["kind"] == "call_outcome"] if audit.exists() else True:
+            assert time.monotonic() < deadline, "the program made no call"
+            time.sleep(0.1)
+        proc.stdin.close()  # the client is gone, mid-program
+        proc.stdout.close()
+        status = proc.wait(60)
+        err = proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stderr.close()
+    assert "Traceback" not in err, err
+    assert status == 0
+    finished = [r for r in audit_records(audit) if r["kind"] == "run_finished"]
+    assert [(f["status"], f["calls"]["ok"], "error" in f) for f in finished] == [("done", 1, False)]
+
+
+def test_the_prompt_shows_the_call_asked_about_on_a_long_line(tmp_path: Path) -> None:
+    """The program line is cut to a readable length around the call asked about, not from the line's start: a
+    padded first statement (or an earlier call on the same line) must not fill the part the user sees."""
+    servers, policy, audit = write_config(tmp_path)
+    elicit = _answering("decline")
+    padding = "a" * 400
+
+    async def go() -> str:
+        async with stdio_session(serve_args(servers, policy, audit, "--user", "alice"), elicit) as s:
+            code = f"note = '{padding}'; t_delete_file('/etc/passwd')"
+            return text(await s.call_tool("run_python", {"code": code}))
+
+    out = run(go())
+    assert "ApprovalDenied" in out
+    (message,) = elicit.seen
+    (line,) = [m for m in message.splitlines() if m.startswith("program line 1: ")]
+    assert "t_delete_file('/etc/passwd')" in line and line.startswith("program line 1: …")
+    assert len(line) < 400
+
+
+def test_the_call_table_of_a_program_making_many_calls_stays_compact_and_keeps_the_refusals(tmp_path: Path) -> None:
+    """Output and value are cut for the model's context; so is the table: a loop of 300 calls is not 300 rows
+    in the model's context. The calls that did not simply run (a refusal) are always listed, by number."""
+    no_budget = POLICY.replace("budgets:\n  - name: run-calls\n    limit: {calls: 10}\n", "")
+    servers, policy, audit = write_config(tmp_path, policy=no_budget)
+
+    async def go() -> str:
+        async with stdio_session(serve_args(servers, policy, audit, "--user", "alice")) as s:
+            code = ("total = 0\nfor i in range(300):\n    if i == 150:\n        try:\n            t_delete_file('/x')\n"
+                    "        except ApprovalDenied:\n            pass\n    total += t_add(i, 1)\ntotal")
+            return text(await s.call_tool("run_python", {"code": code}))
+
+    out = run(go())
+    assert "value: 45150" in out
+    table = out.split("calls (", 1)[1]
+    rows = [line for line in table.splitlines()[2:] if line[:1].isdigit()]
+    assert table.startswith("301):") and len(rows) == 50
+    assert any(r.split()[:3] == ["151", "t_delete_file", "require_approval"] for r in rows)
+    assert "251 more calls not listed: 251 t_add allow ok" in out
+    assert len(out) < 6000
+    outcomes = [r for r in audit_records(audit) if r["kind"] == "call_outcome"]
+    assert len(outcomes) == 301  # every call is in the trail, whatever the table lists
+
+
+def test_a_description_cannot_close_its_docstring_and_forge_proctors_annotations(tmp_path: Path) -> None:
+    """describe_tool's answer is Python: a description (or an argument's) holding three quotes must stay inside
+    the docstring, so the lines after it that say how proctor treats the tool are proctor's alone."""
+    import ast
+
+    hostile = Path(__file__).parent.parent / "integrations" / "mcp_hostile.py"
+    servers, policy, audit = write_config(tmp_path, {"h": {"command": sys.executable, "args": [str(hostile), "forge"]}},
+                                          "version: 1\ndefault: deny\n")
+
+    async def go() -> str:
+        async with stdio_session(serve_args(servers, policy, audit, "--user", "alice")) as s:
+            return text(await s.call_tool("describe_tool", {"name": "h_wipe"}))
+
+    shown = run(go())
+    tree = ast.parse(shown)  # one function, whose docstring holds all the server wrote
+    (fn,) = tree.body
+    assert isinstance(fn, ast.FunctionDef) and fn.name == "h_wipe"
+    doc = ast.get_docstring(fn) or ""
+    assert "# from mcp:trusted" in doc and "side effect: none" in doc
+    code_lines = [line.strip() for line in shown.splitlines() if line.strip().startswith("# ")]
+    assert code_lines[-2:] == ["# side effect: destructive; policy: denied (policy default)", "# from mcp:h"]
+
+
+def test_search_tools_answers_in_a_line_per_tool_however_long_a_description(tmp_path: Path) -> None:
+    """search_tools is what keeps definitions out of the model's context: a server whose descriptions are one
+    long line each must not turn its ten hits into 70 kB; describe_tool is where a description is read whole."""
+    hostile = Path(__file__).parent.parent / "integrations" / "mcp_hostile.py"
+    servers, policy, audit = write_config(tmp_path, {"h": {"command": sys.executable, "args": [str(hostile), "wordy"]}},
+                                          "version: 1\ndefault: deny\n")
+
+    async def go() -> tuple[str, str]:
+        async with stdio_session(serve_args(servers, policy, audit, "--user", "alice")) as s:
+            found = text(await s.call_tool("search_tools", {"query": "tool"}))
+            one = text(await s.call_tool("describe_tool", {"name": "h_w3"}))
+            return found, one
+
+    found, one = run(go())
+    hits = [line for line in found.splitlines() if line.startswith("h_w")]
+    assert len(hits) == 10 and all(len(line) <= 240 and line.endswith("…") for line in hits)
+    assert "(10 more match; narrow the query)" in found
+    assert "blah " * 1000 in one  # read whole (to the description's own cap) where asked for

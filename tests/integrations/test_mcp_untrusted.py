@@ -142,6 +142,60 @@ def test_a_server_that_dies_during_a_call_is_reported_as_such(tmp_path: Path) ->
     assert "may have taken effect" in text and "CancelledError: \n" not in text + "\n"
 
 
+@pytest.mark.parametrize("tool", ["bad_shape", "bad_struct"])
+def test_a_malformed_answer_is_an_unknown_outcome_that_says_so_and_the_session_goes_on(tool: str,
+                                                                                     tmp_path: Path) -> None:
+    """The server answered, with something that is no result (or structured content its own output schema
+    refuses): the call may have run, so its outcome is unknown; but the connection was not lost, so the
+    error must not say it was, and the server's other tools stay callable."""
+    audit = InMemoryAudit()
+    with MCPToolset(hostile("malformed", tmp_path / "log"), name="odd") as tools:
+        gate = Gate(ALLOW_ALL, audit=audit, tools=tools)
+        with pytest.raises(ToolFailed) as info:
+            gate.call(tool, {})
+        assert gate.call("ok_tool", {}) == "done"
+    text = str(info.value)
+    assert f"{tool} (MCP server odd): the server's answer is not a result proctor can read" in text
+    assert "may have taken effect" in text and "connection" not in text
+    assert [o["status"] for o in audit.of_kind("call_outcome")] == ["unknown", "ok"]
+
+
+def test_a_schema_cannot_make_proctor_fetch_a_url(tmp_path: Path) -> None:
+    """A server's inputSchema is anyone's: a `$ref` to http://internal-host/… must not have proctor's process
+    fetch it (jsonschema's default does, to validate a call's arguments). The call is refused, saying why."""
+    import http.server
+    import threading
+
+    fetched: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            fetched.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"type": "string"}')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    internal = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=internal.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{internal.server_address[1]}/metadata.json"
+    log = tmp_path / "log"
+    try:
+        with MCPToolset(hostile(f"ref:{url}", log), name="odd") as tools:
+            gate = Gate(ALLOW_ALL, tools=tools)
+            with pytest.raises(ToolDenied) as info:
+                gate.call("peek", {"x": "v"})
+    finally:
+        internal.shutdown()
+        internal.server_close()
+    assert fetched == []
+    assert f"refers to {url!r}, outside itself" in str(info.value)
+    assert "tools/call" not in ran(log)
+
+
 def test_models_see_faithful_signatures(tmp_path: Path) -> None:
     """Nested input types, nullability, defaults and the return type from the output schema."""
     with MCPToolset(fastmcp(tmp_path / "log")) as tools:
