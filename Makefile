@@ -76,7 +76,7 @@ clean:
 .venv-mcp1/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv .venv-mcp1
 	.venv-mcp1/bin/pip install -q --upgrade pip
-	.venv-mcp1/bin/pip install -q -e '.[mcp,smolagents]' 'mcp>=1.30,<2' 'mcpadapt>=0.1.13' 'pytest>=8' 'pytest-timeout>=2.3' 'hypothesis>=6.100'
+	.venv-mcp1/bin/pip install -q -e '.[mcp,smolagents,redis]' 'mcp>=1.30,<2' 'mcpadapt>=0.1.13' 'pytest>=8' 'pytest-timeout>=2.3' 'hypothesis>=6.100'
 	touch $@
 
 test-mcp1: .venv-mcp1/.installed
