@@ -787,7 +787,9 @@ class Gate:
                 p.value = tool.run(p.args, timeout_s)
         except ToolOutcomeUnknown as exc:  # it started; whether it took effect is not known (a call cut off)
             p.status = "unknown" if side_effect_rank(p.side_effect) > side_effect_rank("read") else "timeout"
-            p.error = ToolFailed(f"{name}: {exc}", tool=name, call_id=p.call_id, error_type="ToolOutcomeUnknown")
+            # (a ToolFailed: a program catching those catches it; one that must not repeat the call catches it by name)
+            p.error = ToolOutcomeUnknown(f"{name}: {exc}", tool=name, call_id=p.call_id,
+                                         error_type="ToolOutcomeUnknown")
         except TimeoutError as exc:
             p.status = "timeout"
             text = f"timed out after {p.facts.timeout_s:g}s" if p.facts.timeout_s is not None else "timed out"

@@ -9,7 +9,7 @@ time the step runs (`call_id`), and at three points hands the call to this modul
   refusal) is returned without running anything (`call_replayed` in the audit).
   Another tool or other arguments → `ReplayDiverged`, which stops the program. An
   entry that is only an *intent* (the process died while the tool ran) → the program
-  gets ``ToolFailed("outcome unknown after a crash")``, unless the policy declares
+  gets ``ToolOutcomeUnknown("outcome unknown after a crash")`` (a ToolFailed), unless the policy declares
   the tool ``idempotent: true``, when it simply runs again. An entry that is the call
   the run *suspended* at goes on live, to its answer, when the same call reaches it
   (another call there diverges). Past the end of the journal the call goes on live;
@@ -51,6 +51,7 @@ from proctor.errors import (
     StepInterrupted,
     StoreError,
     ToolFailed,
+    ToolOutcomeUnknown,
 )
 from proctor.interpreter.channel import EncodeError, ProtocolError, decode_value, encode_value
 from proctor.store.base import JournalEntry, RunStore
@@ -93,8 +94,8 @@ def error_from_dict(data: Mapping[str, Any], *, tool: str, call_id: str) -> Proc
     """Rebuild a journaled error as the same class (refusals and ToolFailed), for the program to catch."""
     cls = getattr(_errors, str(data.get("type", "")), None)
     message = str(data.get("message", ""))
-    if cls is ToolFailed:
-        return ToolFailed(message, tool=tool, call_id=call_id, error_type=str(data.get("error_type", "")))
+    if isinstance(cls, type) and issubclass(cls, ToolFailed):  # ToolOutcomeUnknown, MCPToolFailed too
+        return cls(message, tool=tool, call_id=call_id, error_type=str(data.get("error_type", "")))
     if cls is BudgetExceeded:
         return BudgetExceeded(message, tool=tool, call_id=call_id, rules=tuple(data.get("rules", ())),
                               budget=str(data.get("budget", "")))
@@ -223,7 +224,7 @@ class StepJournal:
     def _unknown(self, p: InFlight, entry: JournalEntry) -> CallOutcome:
         """A call that was running when its process died: never re-run blindly."""
         name = p.name
-        error = ToolFailed(f"{name}: {OUTCOME_UNKNOWN}; it may or may not have taken effect (declare the tool "
+        error = ToolOutcomeUnknown(f"{name}: {OUTCOME_UNKNOWN}; it may or may not have taken effect (declare the tool "
                            "`idempotent: true` in the policy to re-run it instead)", tool=name, call_id=p.call_id,
                            error_type="OutcomeUnknown")
         record = CallRecord(p.call_id, name, entry.record.get("args", {}) if entry.record else {}, p.side_effect,

@@ -53,7 +53,7 @@ _FORMAT_WALK = re.compile(r"\{[^{}]*[.\[](_|gi_|cr_|ag_|tb_|f_|co_)")
 #: (``time.strptime`` loads ``_strptime``, ``copy`` of an object loads ``copyreg``, codecs load ``encodings``).
 _STDLIB_HELPERS = ("_strptime", "copyreg", "encodings")
 _PROCTOR_ERRORS = ("ProctorError", "CallRefused", "ToolDenied", "ApprovalDenied", "ApprovalTimeout",
-                   "BudgetExceeded", "ToolFailed", "AuditError")
+                   "BudgetExceeded", "ToolFailed", "ToolOutcomeUnknown", "AuditError")
 
 
 def attribute_allowed(name: str) -> bool:

@@ -118,6 +118,22 @@ def test_a_timed_out_call_is_cancelled_and_says_its_outcome_is_unknown(tmp_path:
     assert audit.of_kind("call_intent")[0]["origin"] == "mcp:files"  # the record names the server
 
 
+@pytest.mark.sandbox
+def test_a_program_catches_an_unknown_outcome_by_its_name_and_does_not_repeat_the_call(tmp_path: Path) -> None:
+    """`ToolOutcomeUnknown` (a `ToolFailed`) is a name in programs, as the refusals are: a program tells "may have
+    taken effect" apart from a plain failure without reading the message."""
+    log, target = tmp_path / "log", tmp_path / "written"
+    with MCPToolset(fastmcp(log), name="files", call_timeout=1) as tools:
+        gate = Gate(ALLOW_ALL, audit=InMemoryAudit(), tools=tools)
+        with Interpreter(tools, gate, sandbox="process") as py:
+            result = py.run(f"try:\n    slow_write(path={str(target)!r}, seconds=3)\n    said = 'done'\n"
+                            "except ToolOutcomeUnknown:\n    said = 'unknown: not repeated'\n"
+                            "except ToolFailed:\n    said = 'failed'\nsaid")
+        time.sleep(3)
+    assert result.error is None and result.value == "unknown: not repeated", result.error
+    assert not target.exists()
+
+
 def test_the_policys_timeout_for_a_tool_is_honoured_the_same_way(tmp_path: Path) -> None:
     log, target = tmp_path / "log", tmp_path / "written"
     policy = Policy.from_dict({"version": 1, "default": "allow", "tools": {"slow_write": {"timeout": "1s"}}})
