@@ -327,8 +327,7 @@ class MCPToolset:
         loop, session = self._loop, self._session
         where = f"{tool.name} (MCP server {self.name})"
         if loop is None or session is None or loop.is_closed():
-            raise ToolsetError(f"{where}: the MCP session is closed ({self._ended or 'not opened'}): "
-                               "use the tools inside `with`")
+            raise ToolsetError(f"{where}: the MCP session is closed ({self._ended or 'not opened'}): {self._hint()}")
         limit = self.call_timeout if timeout_s is None else min(self.call_timeout, timeout_s)
         sent = _sent_args(tool, args)
         assert self._driven is not None  # set with the loop
@@ -336,7 +335,7 @@ class MCPToolset:
             return self._driven.call(self._call(session, tool, sent, limit), limit + 10)
         except ToolsetError:
             raise ToolsetError(f"{where}: the MCP session is closed ({self._ended or 'the session ended'}): "
-                               "use the tools inside `with`") from None
+                               f"{self._hint()}") from None
         except FutureTimeout:
             raise ToolOutcomeUnknown(f"{where}: no answer within {limit:g}s and the session did not end the call; "
                                      "it may have taken effect", tool=tool.name,
@@ -368,6 +367,14 @@ class MCPToolset:
         except (asyncio.CancelledError, Exception) as exc:  # noqa: BLE001 - the session broke under the call
             raise self._lost(tool, _reason(exc)) from None
         return _result_value(where, tool, _wire(result))
+
+    def _hint(self) -> str:
+        """What to do about a closed session: a toolset used outside its `with`, or a server that went away (whose
+        session is not opened again by itself: a new toolset, or a restarted `proctor mcp serve`, reaches it)."""
+        if self._ended is None or self._ended == "the toolset was closed":
+            return "use the tools inside `with`"
+        return (f"the MCP server {self.name} is not reached again by this toolset: open a new one (for `proctor mcp "
+                "serve`, restart it) once the server runs")
 
     def _lost(self, tool: MCPTool, why: str) -> ToolOutcomeUnknown:
         # Nothing more goes to a session that broke: later calls are refused before they are sent.
