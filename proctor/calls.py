@@ -11,7 +11,7 @@ import re
 from abc import abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias, TypeVar
 
 if TYPE_CHECKING:
     from proctor.policy.aggregates import Fold, Pipeline
@@ -51,12 +51,24 @@ JSONValue: TypeAlias = Any
 BudgetFigures: TypeAlias = dict[str, float | None]
 
 
+_Hold = TypeVar("_Hold", bound="BudgetHold")
+
+
 class BudgetHold:
     """A call's hold on the budgets, as a ledger's `reserve` hands it out and its `settle`, `release` and `spend`
     take it back: the gate keeps it without looking inside. Each ledger's own kind derives from it
     (`proctor.policy.Reservation`, a managed agent's stacked pair) and refuses one it did not make."""
 
     __slots__ = ()
+
+    @classmethod
+    def given_back(cls: type[_Hold], hold: BudgetHold, ledger: str) -> _Hold:
+        """`hold`, given back to the ledger called `ledger`, as that ledger's kind (`cls`) of hold; a hold of
+        another kind is a caller's bug (TypeError): it goes back to the ledger whose reserve() made it."""
+        if not isinstance(hold, cls):
+            raise TypeError(f"a {type(hold).__name__} was given back to a {ledger}, which made none: a reservation "
+                            "goes back to the ledger whose reserve() made it")
+        return hold
 
 
 SideEffect = Literal["none", "read", "write", "external", "destructive"]

@@ -95,13 +95,6 @@ class StackedHold(BudgetHold):
     second: BudgetHold | None
 
 
-def _stacked(hold: BudgetHold) -> StackedHold:
-    if not isinstance(hold, StackedHold):
-        raise TypeError(f"a {type(hold).__name__} was given back to a StackedLedger, which made none: a reservation "
-                        "goes back to the ledger whose reserve() made it")
-    return hold
-
-
 class StackedLedger:
     """The budgets a managed agent's call is counted against: its parent's (the run's, so a run-wide
     limit holds for the whole tree) and its own policy's, reserved together or not at all; and
@@ -135,7 +128,7 @@ class StackedLedger:
         return StackedHold(first, second)
 
     def settle(self, hold: BudgetHold, *, duration_ns: int, cost: float | None = None) -> None:
-        held = _stacked(hold)
+        held = StackedHold.given_back(hold, "StackedLedger")
         first, second = held.first, held.second
         try:
             self.base.settle(first, duration_ns=duration_ns, cost=cost)
@@ -144,7 +137,7 @@ class StackedLedger:
                 self.own.settle(second, duration_ns=duration_ns, cost=cost)
 
     def release(self, hold: BudgetHold) -> None:
-        held = _stacked(hold)
+        held = StackedHold.given_back(hold, "StackedLedger")
         first, second = held.first, held.second
         try:
             self.base.release(first)
@@ -161,7 +154,7 @@ class StackedLedger:
 
     def spend(self, hold: BudgetHold) -> dict[str, dict[str, Any]]:
         """What the call takes from each budget of both ledgers (on a shared name, the run's)."""
-        held = _stacked(hold)
+        held = StackedHold.given_back(hold, "StackedLedger")
         first, second = held.first, held.second
         own = self.own.spend(second) if self.own is not None and second is not None else {}
         return {**own, **self.base.spend(first)}

@@ -41,13 +41,6 @@ class _Held(BudgetHold):
         self.hold, self.ledger = hold, ledger
 
 
-def _held(hold: BudgetHold) -> _Held:
-    if not isinstance(hold, _Held):
-        raise TypeError(f"a {type(hold).__name__} was given back to a FollowingLedger, which made none: a reservation "
-                        "goes back to the ledger whose reserve() made it")
-    return hold
-
-
 class FollowingLedger:
     """The budgets of one run, as the policy that decides its next call has them (see the module docstring).
     A `proctor.gate.run.Ledger`: `tests/test_run_ledger.py` holds it to every promise there."""
@@ -57,11 +50,6 @@ class FollowingLedger:
         self._sha256 = policy.sha256
         self._current: Ledger = policy.new_ledger(run, shared)
         self._lock = threading.Lock()
-
-    @property
-    def policy_sha256(self) -> str:
-        """The fingerprint of the policy whose budgets count the run's calls now."""
-        return self._sha256
 
     def follow(self, policy: LedgerPolicy) -> None:
         """Count from now on with `policy`'s budgets, carrying the run's use over (no change for the same one)."""
@@ -84,15 +72,15 @@ class FollowingLedger:
             return _Held(ledger.reserve(tool, side_effect, cost), ledger)
 
     def settle(self, hold: BudgetHold, *, duration_ns: int, cost: float | None = None) -> None:
-        held = _held(hold)
+        held = _Held.given_back(hold, "FollowingLedger")
         held.ledger.settle(held.hold, duration_ns=duration_ns, cost=cost)
 
     def release(self, hold: BudgetHold) -> None:
-        held = _held(hold)
+        held = _Held.given_back(hold, "FollowingLedger")
         held.ledger.release(held.hold)
 
     def spend(self, hold: BudgetHold) -> dict[str, BudgetFigures]:
-        held = _held(hold)
+        held = _Held.given_back(hold, "FollowingLedger")
         return held.ledger.spend(held.hold)
 
     def usage(self) -> dict[str, BudgetFigures]:

@@ -67,14 +67,6 @@ class Reservation(BudgetHold):
     lease: Lease | None = None
 
 
-def _own(hold: BudgetHold) -> Reservation:
-    """`hold` as this kind of ledger made it; another kind (a managed agent's stacked pair) is a caller's bug."""
-    if not isinstance(hold, Reservation):
-        raise TypeError(f"a {type(hold).__name__} was given back to a budget Ledger, which made none: a reservation "
-                        "goes back to the ledger whose reserve() made it")
-    return hold
-
-
 #: The reservation of a call no budget counts: it holds nothing, so one serves them all.
 UNCOUNTED = Reservation(0, "", "", 0, (), 0)
 
@@ -336,7 +328,7 @@ class Ledger:
 
     def settle(self, hold: BudgetHold, *, duration_ns: int, cost: float | None = None) -> None:
         """The call ran for `duration_ns`; `cost`, when given, replaces the reserved cost."""
-        reservation = _own(hold)
+        reservation = Reservation.given_back(hold, "budget Ledger")
         if not reservation.budgets:
             return
         with self._lock:
@@ -351,7 +343,7 @@ class Ledger:
 
     def release(self, hold: BudgetHold) -> None:
         """The call did not run: give back its call and its cost."""
-        reservation = _own(hold)
+        reservation = Reservation.given_back(hold, "budget Ledger")
         if not reservation.budgets:
             return
         with self._lock:
@@ -545,7 +537,7 @@ class Ledger:
         on a call's count and cost (``{"one-charge": {"calls": 1}, "outbound": {"calls": 1, "cost": 10}}``);
         the time it runs is counted once it ran. An approver reads it beside `remaining`."""
         out: dict[str, dict[str, Any]] = {}
-        reservation = _own(hold)
+        reservation = Reservation.given_back(hold, "budget Ledger")
         for name in reservation.budgets:
             budget = self._by_name.get(name)
             if budget is None:
