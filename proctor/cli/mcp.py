@@ -20,7 +20,7 @@ __all__ = ["register"]
 def register(subparsers: Any) -> None:
     """Add ``proctor mcp serve`` to the command line."""
     from proctor.cli.run import key_value
-    from proctor.cli.telemetry import add_telemetry_arguments
+    from proctor.cli.telemetry import add_telemetry_arguments, telemetered
 
     p = subparsers.add_parser("mcp", help="MCP: serve governed code mode to MCP clients",
                               description="Model Context Protocol commands.")
@@ -73,7 +73,7 @@ def register(subparsers: Any) -> None:
     s.add_argument("--import", dest="imports", metavar="MODULE", action="append", default=[],
                    help="a module programs may import (repeatable)")
     add_telemetry_arguments(s)  # a span per call, over OTLP (stdout stays the MCP channel: logs go to stderr)
-    s.set_defaults(func=serve)
+    s.set_defaults(func=telemetered(serve))  # spans exported as `proctor run`'s, flushed when it stops
     p.set_defaults(func=lambda args: (p.print_help(sys.stderr), 2)[1])
 
 
@@ -83,13 +83,6 @@ def _fail(message: str, code: int) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from proctor.cli.telemetry import cli_telemetry
-
-    with cli_telemetry(args):  # spans and metrics exported as `proctor run`'s; flushed when the server stops
-        return _serve(args)
-
-
-def _serve(args: argparse.Namespace) -> int:
     from proctor.agent.loading import ToolLoadError, load_tools
     from proctor.backends import default_audit_path, load_audit
     from proctor.errors import AuditError, ConfigurationError, HaltError, PolicyError, ToolsetError

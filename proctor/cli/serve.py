@@ -58,10 +58,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--halt-groups", metavar="A,B", default="",
                    help="approvers in one of these groups (the token file's groups) may halt a run from its page "
                         "(needs --audit); default: nobody")
-    from proctor.cli.telemetry import add_telemetry_arguments
+    from proctor.cli.telemetry import add_telemetry_arguments, telemetered
 
     add_telemetry_arguments(p)  # the spans of the runs --resume goes on with, as `proctor run`'s
-    p.set_defaults(func=_serving)
+    p.set_defaults(func=telemetered(_serve))
     sub = p.add_subparsers(dest="action", metavar="token", required=False)
     t = sub.add_parser("token", help="add an approver (or replace their token) and print the token")
     t.add_argument("name", metavar="NAME")
@@ -83,13 +83,6 @@ def _token(args: argparse.Namespace) -> int:
         return 2
     print(f"approver {args.name} added to {args.tokens}; their token (shown once): {token}")
     return 0
-
-
-def _serving(args: argparse.Namespace) -> int:
-    from proctor.cli.telemetry import cli_telemetry
-
-    with cli_telemetry(args):
-        return _serve(args)
 
 
 def _serve(args: argparse.Namespace) -> int:

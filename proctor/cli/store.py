@@ -43,7 +43,7 @@ def _server_arg(p: argparse.ArgumentParser) -> None:
 def register(subparsers: Any) -> None:
     """Add ``proctor approvals`` and ``proctor runs``."""
     from proctor.cli.run import key_value
-    from proctor.cli.telemetry import add_telemetry_arguments
+    from proctor.cli.telemetry import add_telemetry_arguments, telemetered
 
     ap = subparsers.add_parser("approvals", help="list and answer calls waiting for a human (durable runs)",
                                description="Answer approvals filed by InboxApprover in a run store.")
@@ -137,8 +137,8 @@ def register(subparsers: Any) -> None:
                    help="a module programs may import (as the run had)")
     p.add_argument("--sandbox", choices=("auto", "bwrap", "process"), default="auto", help="worker isolation")
     p.add_argument("--timeout", metavar="SECONDS", type=float, default=30.0, help="time limit of one program")
-    add_telemetry_arguments(p)  # the resumed run's spans, as `proctor run`'s
-    p.set_defaults(func=_runs_resume)
+    add_telemetry_arguments(p)
+    p.set_defaults(func=telemetered(_runs_resume))  # the resumed run's spans, as `proctor run`'s
 
 
 # -- helpers -----------------------------------------------------------------------------------------
@@ -643,13 +643,6 @@ def _runs_cancel(args: argparse.Namespace) -> int:
 
 @_guard
 def _runs_resume(args: argparse.Namespace) -> int:
-    from proctor.cli.telemetry import cli_telemetry
-
-    with cli_telemetry(args):  # spans and metrics exported as `proctor run`'s
-        return _resume(args)
-
-
-def _resume(args: argparse.Namespace) -> int:
     from proctor.agent.base import AgentBase
     from proctor.agent.code_agent import CodeAgent
     from proctor.agent.loading import ToolLoadError, load_tools

@@ -1,4 +1,5 @@
-"""Command-line wiring for telemetry, for `proctor run` and `proctor demo`.
+"""Command-line wiring for telemetry, for the commands that govern calls (`run`, `demo`, `runs resume`, `serve`,
+`mcp serve`).
 
     from proctor.cli.telemetry import add_telemetry_arguments, cli_telemetry
 
@@ -14,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["add_telemetry_arguments", "cli_telemetry"]
+__all__ = ["add_telemetry_arguments", "cli_telemetry", "telemetered"]
 
 
 def add_telemetry_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,3 +63,13 @@ def cli_telemetry(ns: argparse.Namespace) -> Iterator[None]:
         yield
     finally:
         shutdown()
+
+
+def telemetered(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """`command` run under `cli_telemetry`: for a subcommand's ``set_defaults(func=…)``."""
+
+    def run(ns: argparse.Namespace) -> int:
+        with cli_telemetry(ns):
+            return command(ns)
+
+    return run
