@@ -60,6 +60,8 @@ STARTS = {
     "otlp_receivers.HttpReceiver": "server",
     "otlp_receivers.GrpcReceiver": "server",
     "otlp_receivers.BlackHole": "server",
+    # An HTTP server on localhost standing for an internal host (a schema's `$ref` must not reach it).
+    "internal_host.internal_host": "server",
 }
 BY_DIRECTORY = {"fleet": "server", "interpreter": "sandbox", "codemode": "server", "ops": "server"}
 #: `proctor` subcommands that start an agent's sandboxed worker or a server, when a test runs them as a process.

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import http.server
-import threading
 from collections.abc import Iterator
 
 import pytest
+from internal_host import internal_host
 
 from proctor.approval.answers import check_edit
 from proctor.errors import InvalidAnswer
@@ -16,26 +15,8 @@ from proctor.store.base import PendingApproval
 @pytest.fixture
 def internal() -> Iterator[tuple[str, list[str]]]:
     """An HTTP server on localhost standing for an internal host; the paths it was asked for."""
-    fetched: list[str] = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            fetched.append(self.path)
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(b'{"type": "string"}')
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", fetched
-    finally:
-        server.shutdown()
-        server.server_close()
+    with internal_host() as served:
+        yield served
 
 
 def _approval(parameters: dict[str, object]) -> PendingApproval:

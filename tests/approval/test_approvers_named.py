@@ -83,11 +83,14 @@ class World:
             "approval": {"timeout": "5m", **named, "os_users": os_users or {}},
         })
 
-    def suspend(self, policy: Policy, principal: str = "alice") -> tuple[Gate, RunContext, PendingApproval]:
+    def suspend(self, policy: Policy, principal: str = "alice",
+                args: dict[str, Any] | None = None) -> tuple[Gate, RunContext, PendingApproval]:
+        """`principal`'s run asks for `kubectl` with `args` (default: scale to 0) and waits: gate, run, approval."""
         gate = Gate(policy, approver=InboxApprover(self.store), audit=self.audit, tools=[kubectl])
         ctx = gate.start_run(principal=principal)
         with pytest.raises(RunSuspended):
-            gate.call("kubectl", {"verb": "scale", "replicas": 0, "token": "s3cret"}, context=ctx, call_id="c1")
+            gate.call("kubectl", args or {"verb": "scale", "replicas": 0, "token": "s3cret"}, context=ctx,
+                      call_id="c1")
         [pending] = self.store.list_approvals()
         return gate, ctx, pending
 
@@ -328,17 +331,17 @@ def _tiered_policy(world: World) -> Policy:
     })
 
 
+#: alice's run asks to scale to 2 replicas: an SRE lead's to approve under `_tiered_policy`.
+SCALE_TO_TWO: dict[str, Any] = {"verb": "scale", "replicas": 2, "token": "s3cret"}
+
+
 @pytest.mark.parametrize("path", ["store", "inbox"])
 def test_an_edit_into_arguments_another_approver_must_answer_is_refused(world: World, path: str) -> None:
     """An approver admitted for the call as asked edits it into a call the policy reserves for someone else
     (scale to 0: carol's): the edit is decided again, and its approval is one bob may not give, so nothing
     runs and the trail names who edited what and why it was refused."""
-    gate = Gate(_tiered_policy(world), approver=InboxApprover(world.store), audit=world.audit, tools=[kubectl])
-    ctx = gate.start_run(principal="alice")
-    asked = {"verb": "scale", "replicas": 2, "token": "s3cret"}
-    with pytest.raises(RunSuspended):
-        gate.call("kubectl", asked, context=ctx, call_id="c1")
-    [pending] = world.store.list_approvals()
+    asked = dict(SCALE_TO_TWO)
+    gate, ctx, pending = world.suspend(_tiered_policy(world), args=asked)
     edited = {"verb": "scale", "replicas": 0, "token": "s3cret"}
     if path == "store":
         world.answer(pending, ApprovalAnswer("edit", "bob", "none needed", method="token", args=edited))
@@ -361,12 +364,8 @@ def test_an_edit_into_arguments_another_approver_must_answer_is_refused(world: W
 
 def test_an_edit_the_editor_may_also_approve_runs_edited(world: World) -> None:
     """The same edit within what bob may approve (2 replicas to 3) runs, as edited, and the trail says so."""
-    gate = Gate(_tiered_policy(world), approver=InboxApprover(world.store), audit=world.audit, tools=[kubectl])
-    ctx = gate.start_run(principal="alice")
-    asked = {"verb": "scale", "replicas": 2, "token": "s3cret"}
-    with pytest.raises(RunSuspended):
-        gate.call("kubectl", asked, context=ctx, call_id="c1")
-    [pending] = world.store.list_approvals()
+    asked = dict(SCALE_TO_TWO)
+    gate, ctx, pending = world.suspend(_tiered_policy(world), args=asked)
     world.answer(pending, ApprovalAnswer("edit", "bob", "three", method="token",
                                          args={"verb": "scale", "replicas": 3, "token": "s3cret"}))
     assert gate.call("kubectl", asked, context=ctx, call_id="c1") == "scale 3"
@@ -379,12 +378,8 @@ def test_an_edit_the_editor_may_also_approve_runs_edited(world: World) -> None:
 def test_a_grant_answers_no_later_call_that_another_approver_guards(world: World) -> None:
     """bob grants kubectl for the rest of the run while answering a scale to 2 (his to approve): the grant
     covers the next scale to 3, never a scale to 0, which the policy keeps for carol — that one asks."""
-    gate = Gate(_tiered_policy(world), approver=InboxApprover(world.store), audit=world.audit, tools=[kubectl])
-    ctx = gate.start_run(principal="alice")
-    asked = {"verb": "scale", "replicas": 2, "token": "s3cret"}
-    with pytest.raises(RunSuspended):
-        gate.call("kubectl", asked, context=ctx, call_id="c1")
-    [pending] = world.store.list_approvals()
+    asked = dict(SCALE_TO_TWO)
+    gate, ctx, pending = world.suspend(_tiered_policy(world), args=asked)
     world.answer(pending, ApprovalAnswer("grant", "bob", "scale as you need", method="token",
                                          grant={"tool": "kubectl", "args": {}}))
     assert gate.call("kubectl", asked, context=ctx, call_id="c1") == "scale 2"

@@ -66,6 +66,27 @@ def text(result: Any) -> str:
 
 Elicit = Callable[[Any, Any], Awaitable[Any]]
 
+#: The client's first message, for tests that speak JSON-RPC by hand (over HTTP, or over a server's pipes).
+INITIALIZE: dict[str, Any] = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+INITIALIZED: dict[str, Any] = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+
+def raw_run_python(proc: subprocess.Popen[bytes], code: str) -> None:
+    """Be the MCP client by hand over the pipes of a stdio `proctor mcp serve` (so that a test closes or signals
+    them when it likes): initialize, then ask `run_python` to run `code` (request id 2, answered on stdout)."""
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def send(message: dict[str, Any]) -> None:
+        proc.stdin.write((json.dumps(message) + "\n").encode())  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
+
+    send(INITIALIZE)
+    assert json.loads(proc.stdout.readline())["id"] == 1
+    send(INITIALIZED)
+    send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "run_python",
+                                                                      "arguments": {"code": code}}})
+
 
 @asynccontextmanager
 async def stdio_session(args: list[str], elicit: Elicit | None = None) -> AsyncIterator[ClientSession]:

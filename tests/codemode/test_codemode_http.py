@@ -14,7 +14,17 @@ import httpx
 import mcp.types as mt
 import pytest
 
-from codemode.helpers import audit_records, free_port, http_server, http_session, serve_args, text, write_config
+from codemode.helpers import (
+    INITIALIZE,
+    INITIALIZED,
+    audit_records,
+    free_port,
+    http_server,
+    http_session,
+    serve_args,
+    text,
+    write_config,
+)
 from proctor.approval.tokens import add_token
 
 
@@ -83,12 +93,7 @@ def test_a_session_is_its_openers_from_its_initialize_not_from_its_first_program
     """Another token with the session's id gets 403 before any program ran there too: it can neither take
     the session over (its run would be the other principal's, and the opener locked out) nor end it."""
     url, tokens, audit = served
-    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "alice's", "version": "1"}}}
-    opened = _post(url, tokens["alice"], init)
-    sid = opened.headers["mcp-session-id"]
-    ready = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-    assert _post(url, tokens["alice"], ready, sid).status_code == 202
+    sid = _open(url, tokens["alice"])
     call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
             "params": {"name": "run_python", "arguments": {"code": "t_add(1, 2)"}}}
     assert _post(url, tokens["bob"], call, sid).status_code == 403
@@ -97,7 +102,7 @@ def test_a_session_is_its_openers_from_its_initialize_not_from_its_first_program
     assert ending.status_code == 403
     # Nor with its id twice over, its own session's id second: the ownership check and the SDK would read
     # different copies (the SDK routes by the first).
-    bobs = _post(url, tokens["bob"], init).headers["mcp-session-id"]
+    bobs = _post(url, tokens["bob"], INITIALIZE).headers["mcp-session-id"]
     twice = [("Authorization", f"Bearer {tokens['bob']}"), ("MCP-Protocol-Version", "2025-06-18"),
              ("mcp-session-id", sid), ("mcp-session-id", bobs)]
     assert httpx.delete(url, headers=twice, timeout=60).status_code == 400
@@ -117,12 +122,7 @@ def _post(url: str, token: str, body: dict[str, Any], sid: str | None = None) ->
 
 def _vanishing_client(url: str, token: str, code: str) -> tuple[str, str]:
     """A client that opens a session, runs one program and goes away without deleting its session."""
-    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "gone", "version": "1"}}}
-    first = _post(url, token, init)
-    assert first.status_code == 200, first.text
-    sid = first.headers["mcp-session-id"]
-    assert _post(url, token, {"jsonrpc": "2.0", "method": "notifications/initialized"}, sid).status_code == 202
+    sid = _open(url, token)
     call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
             "params": {"name": "run_python", "arguments": {"code": code}}}
     answer = _post(url, token, call, sid)
@@ -266,12 +266,11 @@ def test_a_session_holding_its_event_stream_open_is_not_idle_and_stays_its_opene
 
 
 def _open(url: str, token: str) -> str:
-    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
-    opened = _post(url, token, init)
+    """A session opened by `token`'s client (initialize, then initialized): its id."""
+    opened = _post(url, token, INITIALIZE)
     assert opened.status_code == 200, opened.text
     sid = opened.headers["mcp-session-id"]
-    assert _post(url, token, {"jsonrpc": "2.0", "method": "notifications/initialized"}, sid).status_code == 202
+    assert _post(url, token, INITIALIZED, sid).status_code == 202
     return sid
 
 
@@ -313,12 +312,10 @@ def test_a_server_bound_beyond_localhost_answers_clients_that_name_it(tmp_path: 
     alice = add_token(tokens, "alice")
     port = free_port()
     args = serve_args(servers, policy, audit, "--http", f"{bind}:{port}", "--tokens", str(tokens))
-    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "remote", "version": "1"}}}
     headers = {"Authorization": f"Bearer {alice}", "Accept": "application/json, text/event-stream",
                "MCP-Protocol-Version": "2025-06-18", "Host": f"proctor.internal:{port}"}
     with http_server(args, port):
-        answer = httpx.post(f"http://127.0.0.1:{port}/mcp", json=init, headers=headers, timeout=60)
+        answer = httpx.post(f"http://127.0.0.1:{port}/mcp", json=INITIALIZE, headers=headers, timeout=60)
     if served_by_name:
         assert answer.status_code == 200 and "mcp-session-id" in answer.headers, answer.text
     else:

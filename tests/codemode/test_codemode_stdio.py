@@ -12,7 +12,7 @@ from typing import Any
 
 import mcp.types as mt
 
-from codemode.helpers import POLICY, audit_records, serve_args, stdio_session, text, write_config
+from codemode.helpers import POLICY, audit_records, raw_run_python, serve_args, stdio_session, text, write_config
 
 POLICY_30S = POLICY.replace("timeout: 3s", "timeout: 30s")
 
@@ -304,18 +304,8 @@ def test_a_stdio_server_stopped_by_sigterm_ends_its_run_as_interrupted(tmp_path:
     proc = subprocess.Popen([sys.executable, *serve_args(servers, policy, audit)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert proc.stdin is not None and proc.stdout is not None
-
-    def send(message: dict[str, Any]) -> None:
-        proc.stdin.write((json.dumps(message) + "\n").encode())  # type: ignore[union-attr]
-        proc.stdin.flush()  # type: ignore[union-attr]
-
     try:
-        send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
-        assert json.loads(proc.stdout.readline())["id"] == 1
-        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-              "params": {"name": "run_python", "arguments": {"code": "t_add(2, 3)"}}})
+        raw_run_python(proc, "t_add(2, 3)")
         assert "value: 5" in proc.stdout.readline().decode()
         proc.terminate()
         assert proc.wait(60) == 128 + signal.SIGTERM
@@ -444,18 +434,8 @@ def test_a_client_that_vanishes_during_a_program_has_its_run_ended_saying_so(tmp
     proc = subprocess.Popen([sys.executable, *serve_args(servers, policy, audit, "--import", "time")],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-
-    def send(message: dict[str, Any]) -> None:
-        proc.stdin.write((json.dumps(message) + "\n").encode())  # type: ignore[union-attr]
-        proc.stdin.flush()  # type: ignore[union-attr]
-
     try:
-        send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
-        assert json.loads(proc.stdout.readline())["id"] == 1
-        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-              "params": {"name": "run_python", "arguments": {"code": "t_add(2, 3)\nimport time\ntime.sleep(3)"}}})
+        raw_run_python(proc, "t_add(2, 3)\nimport time\ntime.sleep(3)")
         deadline = time.monotonic() + 60
         while not [r for r in audit_records(audit) if r["kind"] == "call_outcome"] if audit.exists() else True:
             assert time.monotonic() < deadline, "the program made no call"

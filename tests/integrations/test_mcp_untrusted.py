@@ -11,6 +11,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from internal_host import internal_host
 from mcp import StdioServerParameters
 
 from proctor import Gate, Interpreter, Policy
@@ -181,34 +182,13 @@ def test_a_malformed_answer_is_an_unknown_outcome_that_says_so_and_the_session_g
 def test_a_schema_cannot_make_proctor_fetch_a_url(tmp_path: Path) -> None:
     """A server's inputSchema is anyone's: a `$ref` to http://internal-host/… must not have proctor's process
     fetch it (jsonschema's default does, to validate a call's arguments). The call is refused, saying why."""
-    import http.server
-    import threading
-
-    fetched: list[str] = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            fetched.append(self.path)
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(b'{"type": "string"}')
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    internal = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=internal.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{internal.server_address[1]}/metadata.json"
     log = tmp_path / "log"
-    try:
+    with internal_host() as (base, fetched):
+        url = f"{base}/metadata.json"
         with MCPToolset(hostile(f"ref:{url}", log), name="odd") as tools:
             gate = Gate(ALLOW_ALL, tools=tools)
             with pytest.raises(ToolDenied) as info:
                 gate.call("peek", {"x": "v"})
-    finally:
-        internal.shutdown()
-        internal.server_close()
     assert fetched == []
     assert f"refers to {url!r}, outside itself" in str(info.value)
     assert "tools/call" not in ran(log)
