@@ -129,9 +129,6 @@ def _load_tools(command: str, specs: list[str]) -> dict[str, Any] | None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from proctor.policy import _native_core
-
-    _native_core.install()  # the validator without pydantic_core's __init__ (start-up: one thread)
     from proctor.policy.lint import lint
 
     tools = _load_tools("check", args.tools)

@@ -86,7 +86,7 @@ def _default(name: str, fields: Mapping[str, Any]) -> Callable[[], Record]:
 
 @functools.cache
 def _validator() -> SchemaValidator:
-    from pydantic_core._pydantic_core import SchemaValidator  # see proctor.policy._native_core
+    from pydantic_core import SchemaValidator
 
     from proctor.policy._core_schema import core_schema
 
@@ -96,7 +96,7 @@ def _validator() -> SchemaValidator:
 @functools.cache
 def usable() -> bool:
     """Whether the installed pydantic-core is the release the schema was generated with."""
-    from pydantic_core._pydantic_core import __version__
+    from pydantic_core import __version__
 
     from proctor.policy._core_schema import PYDANTIC_CORE_VERSION
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic_core._pydantic_core import ValidationError  # where it is defined (see policy._native_core)
+from pydantic_core import ValidationError
 
 from proctor.errors import PolicyError, PolicyIssue
 from proctor.policy._core_schema import FIELDS

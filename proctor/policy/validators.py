@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from pydantic_core._pydantic_core import PydanticCustomError  # where it is defined (see policy._native_core)
+from pydantic_core import PydanticCustomError
 
 from proctor import durations
 from proctor.calls import SIDE_EFFECTS
