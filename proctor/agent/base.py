@@ -499,9 +499,10 @@ class AgentBase:
             span.finish(status, None if status == "done" else status, scrubbed)
             if status == "suspended":
                 self.gate.suspend_run(ctx, [a.id for a in pending], steps=len(steps))
-            else:
+            else:  # (`taken_over`: this process stopped working on it, another goes on: not an ending of the run)
                 self.gate.finish_run(ctx, status=status, steps=len(steps), error=scrubbed,
-                                     usage={**usage.as_dict(), "cost_usd": cost})
+                                     usage={**usage.as_dict(), "cost_usd": cost},
+                                     **({"taken_over": True} if taken_over else {}))
         ctx.journal = None
         if durable is not None:
             if interrupt is not None or taken_over:  # left as it was (or to the process that took it over)
