@@ -71,8 +71,8 @@ def _price_calls(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 
 def test_a_changed_file_takes_effect_at_the_next_call_and_is_audited(tmp_path: Path) -> None:
-    """Without anything asked of it, the agent's gate finds the replaced file and decides the next step's call by
-    it; the log records the change with both fingerprints, and each call names the policy that decided it."""
+    """With no reload asked for, the replaced file is found at a check (every 500 ms at most) and decides the
+    next step's call; the log records the change with both fingerprints, and each call names its policy."""
     path = tmp_path / "policy.yaml"
     path.write_text(yaml.safe_dump(policy_data()))
     audit_path = tmp_path / "audit.jsonl"
@@ -174,3 +174,32 @@ def test_a_bad_file_at_the_start_is_its_located_error(tmp_path: Path) -> None:
 def test_a_policy_object_is_not_reloaded(tmp_path: Path) -> None:
     agent = CodeAgent(TOOLS, ScriptedModel([]), Policy.from_dict(policy_data()))
     assert agent.policy_source is None and agent.policy is agent.gate.policy
+
+
+def test_a_tool_calling_agent_given_a_path_reloads_it_too(tmp_path: Path) -> None:
+    from proctor.agent import ModelResponse, ToolCallingAgent
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy_data()))
+    audit_path = tmp_path / "audit.jsonl"
+    first, second = Policy.from_dict(policy_data()), Policy.from_dict(_closed())
+    agent = ToolCallingAgent(TOOLS, ScriptedModel([]), path, audit=audit_path)
+    source = agent.policy_source
+    assert source is not None
+
+    def deploy() -> ModelResponse:
+        _replace(path, yaml.safe_dump(_closed()))
+        assert source.reload() is True
+        return ModelResponse.calling(("get_price", {"item": "pear"}))
+
+    agent.model = ScriptedModel([ModelResponse.calling(("get_price", {"item": "pear"})), lambda _: deploy(),
+                                 ModelResponse.calling(("final_answer", {"answer": "done"}))])
+    with agent:
+        result = agent.run("What does a pear cost?")
+    assert result.status == "done", result.error
+    assert [(c.status, c.error is not None and CLOSED in c.error) for c in result.tool_calls[:2]] == [
+        ("ok", False), ("denied", True)]
+    records = _records(audit_path)
+    assert _price_calls(records) == [("allow", first.sha256), ("deny", second.sha256)]
+    assert [(r["old_sha256"], r["new_sha256"]) for r in records if r["kind"] == "policy_changed"] == [
+        (first.sha256, second.sha256)]
