@@ -49,6 +49,7 @@ from proctor.interrupts import interruption, terminate_as_exception
 from proctor.ledger.base import SharedLedger
 from proctor.narrowing import Layer, StackedLedger
 from proctor.policy import Policy
+from proctor.policy.reload import PolicySource
 from proctor.store.base import JournalEntry, RunRecord, RunStore
 from proctor.store.seal import PURPOSE as SEAL_PURPOSE
 from proctor.store.seal import StoreSeal
@@ -62,7 +63,8 @@ if TYPE_CHECKING:
     from proctor.audit.keys import KeySource
     from proctor.policy.schema import BudgetSpec
 
-__all__ = ["AUDIT_KEY_ENV", "AgentBase", "FinalAnswerCheck", "StepCallback", "load_audit", "load_policy"]
+__all__ = ["AUDIT_KEY_ENV", "AgentBase", "FinalAnswerCheck", "StepCallback", "load_audit", "load_policy",
+           "policy_source"]
 
 log = get_logger("proctor.agent")
 
@@ -84,6 +86,17 @@ def load_policy(policy: Policy | str | os.PathLike[str]) -> Policy:
     if not hasattr(policy, "decide"):
         raise ConfigurationError(f"policy must be a Policy or a path to a policy file, got {type(policy).__name__}")
     return policy
+
+
+def policy_source(policy: Policy | PolicySource | str | os.PathLike[str]) -> Policy | PolicySource:
+    """What an agent's gate decides with: a path becomes a `PolicySource`, reloaded when the file changes as a
+    `Gate` given a path reloads it (a bad file at the start raises its located `PolicyError` here; a bad
+    replacement later is refused and the old policy keeps deciding); a Policy or a source is taken as is."""
+    if isinstance(policy, PolicySource):
+        return policy
+    if isinstance(policy, (str, os.PathLike)):
+        return PolicySource(policy)
+    return load_policy(policy)
 
 
 def _no_policy() -> Policy:
@@ -117,7 +130,7 @@ class AgentBase:
         self,
         tools: Iterable[Tool | Callable[..., Any]],
         model: Model,
-        policy: Policy | str | os.PathLike[str] | None = None,
+        policy: Policy | PolicySource | str | os.PathLike[str] | None = None,
         *,
         approver: Approver | None = None,
         audit: AuditSink | str | os.PathLike[str] | None = None,
@@ -145,22 +158,22 @@ class AgentBase:
         #: What the agent does, as a parent's model sees it when this agent is one of its `managed_agents`.
         self.description = description
         # Without a policy of its own, an agent only runs as a managed agent, under its parent's policy.
-        self.policy: PolicyLike | None = load_policy(policy) if policy is not None else None
+        given = policy_source(policy) if policy is not None else None
+        #: The source reloading the agent's policy file when it was given a path or a `PolicySource` (None for a
+        #: Policy object): the gate decides with it, so a changed file takes effect at the next call, a bad one is
+        #: refused while the old keeps deciding, each change is audited (`policy_changed`). Install SIGHUP on
+        #: it (`agent.policy_source.install_sighup()`) for `kill -HUP` to check the file at once.
+        self.policy_source: PolicySource | None = given if isinstance(given, PolicySource) else None
+        self._policy: PolicyLike | None = given if not isinstance(given, PolicySource) else None
         self.audit, self.audit_path, self._owns_audit = load_audit(audit, audit_key)
         self.tracer = get_tracer(tracer)
         tools = list(tools)
         #: The agents this one hands tasks to, by name; each is a tool of this agent (`proctor.agent.managed`).
         self.managed_agents: dict[str, AgentBase] = self._check_managed(tools, managed_agents)
         tools += [agent_tool(agent) for agent in self.managed_agents.values()]
-        #: The policies of this agent and of every agent it manages: the run keeps a provenance index when
-        #: any of them reads it (a managed agent's own provenance() rule must not go blind), and a resumed
-        #: run counts earlier results under all their labels as unseen.
-        self.provenance_policies: tuple[PolicyLike, ...] = tuple(dict.fromkeys(
-            p for p in (self.policy, *(q for a in self.managed_agents.values() for q in a.provenance_policies))
-            if p is not None))
         # Any: the gate's PolicyLike protocol is structural and Policy satisfies it at run time.
         try:
-            self.gate = Gate(self.policy if self.policy is not None else _no_policy(), approver=approver,
+            self.gate = Gate(given if given is not None else _no_policy(), approver=approver,
                              audit=self.audit, tracer=self.tracer, tools=tools, ledger=ledger,
                              shadow=load_policy(shadow) if shadow is not None else None)
         except BaseException:  # refused (a cross-run budget on a local ledger…): the log it opened is closed
@@ -194,6 +207,26 @@ class AgentBase:
         self.last_run: RunResult | None = None
         #: The images of the run in progress (the task's, and those tools returned): see `proctor.agent.attachments`.
         self.images = RunImages()
+
+    @property
+    def policy(self) -> PolicyLike | None:
+        """The agent's own policy (None: it runs only as a managed agent): a policy file's current one."""
+        if self.policy_source is not None:
+            return self.policy_source.current()
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: PolicyLike | None) -> None:
+        self.policy_source, self._policy = None, policy
+
+    @property
+    def provenance_policies(self) -> tuple[PolicyLike, ...]:
+        """The policies of this agent and of every agent it manages, as they are now: the run keeps a
+        provenance index when any of them reads it (a managed agent's own provenance() rule must not go
+        blind), and a resumed run counts earlier results under all their labels as unseen."""
+        return tuple(dict.fromkeys(
+            p for p in (self.policy, *(q for a in self.managed_agents.values() for q in a.provenance_policies))
+            if p is not None))
 
     def _check_managed(self, tools: Sequence[Any], agents: Sequence[AgentBase]) -> dict[str, AgentBase]:
         taken = {getattr(t, "name", getattr(t, "__name__", None)) for t in tools}
@@ -466,9 +499,10 @@ class AgentBase:
             span.finish(status, None if status == "done" else status, scrubbed)
             if status == "suspended":
                 self.gate.suspend_run(ctx, [a.id for a in pending], steps=len(steps))
-            else:
+            else:  # (`taken_over`: this process stopped working on it, another goes on: not an ending of the run)
                 self.gate.finish_run(ctx, status=status, steps=len(steps), error=scrubbed,
-                                     usage={**usage.as_dict(), "cost_usd": cost})
+                                     usage={**usage.as_dict(), "cost_usd": cost},
+                                     **({"taken_over": True} if taken_over else {}))
         ctx.journal = None
         if durable is not None:
             if interrupt is not None or taken_over:  # left as it was (or to the process that took it over)
@@ -693,19 +727,20 @@ class AgentBase:
             raise _Stop("budget_exhausted", str(exc)) from None
         # A model that only thinks makes no calls, so the gate would never see the clock run out.
         remaining = ctx.ledger.remaining()
-        for budget in self._run_wide_budgets():
+        for budget in self._run_wide_budgets(ctx):
             left = remaining.get(budget.name, {}).get("wall_time_ms")
             if left is not None and left <= 0:
                 raise _Stop("budget_exhausted", f"budget '{budget.name}' exhausted: wall time "
                                                 f"{budget.limit.wall_time:g}s used")
 
-    def _run_wide_budgets(self) -> list[BudgetSpec]:
-        policies = self._budget_policies or ((self.policy,) if self.policy is not None else ())
+    def _run_wide_budgets(self, ctx: RunContext) -> list[BudgetSpec]:
+        # The policy deciding the run's calls now (a reloaded one; under `reload: new_runs`, the run's first).
+        policies = self._budget_policies or ((self.gate.policy_for(ctx),) if self.policy is not None else ())
         return [b for policy in policies for b in policy.model.budgets if b.match is None and b.per == "run"]
 
     def _budget_stop(self, calls: Sequence[CallRecord], ctx: RunContext) -> str | None:
         """The reason to stop when a call was refused by a budget that covers the whole run."""
-        run_wide = {b.name for b in self._run_wide_budgets()}
+        run_wide = {b.name for b in self._run_wide_budgets(ctx)}
         for call in calls:
             if call.budget is not None and call.budget in run_wide:
                 return call.error or f"budget '{call.budget}' exhausted"

@@ -31,6 +31,7 @@ from proctor.gate import RunContext
 from proctor.interpreter.result import ProgramError
 from proctor.ledger.base import SharedLedger
 from proctor.policy import Policy
+from proctor.policy.reload import PolicySource
 from proctor.store.base import RunStore
 from proctor.telemetry.logging import get_logger
 from proctor.tools import Tool
@@ -49,7 +50,8 @@ _STOP = ("Observation:",)
 class CodeAgent(AgentBase):
     """An agent that acts by writing Python, governed call by call.
 
-    `policy` is a Policy or a path to a policy file; `audit` an AuditSink, a path
+    `policy` is a Policy, a path to a policy file (reloaded when the file changes, as a `Gate` given a
+    path: `policy_source`) or a `PolicySource`; `audit` an AuditSink, a path
     (an `AuditLog` the agent owns) or None. `sandbox` and `timeout` (seconds per
     program) go to the interpreter; `authorized_imports` are the modules programs
     may import.
@@ -61,7 +63,7 @@ class CodeAgent(AgentBase):
         self,
         tools: Iterable[Tool | Callable[..., Any]],
         model: Model,
-        policy: Policy | str | os.PathLike[str] | None = None,
+        policy: Policy | PolicySource | str | os.PathLike[str] | None = None,
         *,
         approver: Approver | None = None,
         audit: AuditSink | str | os.PathLike[str] | None = None,

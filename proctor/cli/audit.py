@@ -178,6 +178,11 @@ def _verify(args: argparse.Namespace) -> int:
                                 f"disagreement(s) over {checked}:"))
             for d in store["disagreements"]:
                 print(terminal_safe(f"  run {d['run_id']}, {d['entry']}: {d['message']}"))
+        if store["takeovers"]:  # what happened, as the log shows it: not the store disagreeing with it
+            print(terminal_safe(f"{store['url']}: {len(store['takeovers'])} record(s) of runs taken over by another "
+                                "process (not tampering):"))
+            for d in store["takeovers"]:
+                print(terminal_safe(f"  run {d['run_id']}, {d['entry']}: taken over: {d['message']}"))
     return code
 
 
@@ -210,7 +215,8 @@ def _check_store(log: str, url: str) -> dict[str, Any] | None:
     finally:
         store.close()
     shown = shown_url(url) if url.startswith(("postgresql://", "postgres://")) else url
-    return {"url": shown, **counted, "disagreements": [d.as_dict() for d in found]}
+    return {"url": shown, **counted, "disagreements": [d.as_dict() for d in found if not d.takeover],
+            "takeovers": [d.as_dict() for d in found if d.takeover]}
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -3,8 +3,9 @@
 Both check the log's hash chain first (as `proctor audit verify` does) and say when it is not intact:
 a record edited, deleted or moved is otherwise read as written.
 
-Exit codes: replay 0 (1 with ``--fail-on-change`` when any decision changed, or lines of the log
-were not records, or its chain is broken), coverage 0;
+Exit codes: replay 0 (1 with ``--fail-on-change`` when any decision changed, with ``--fail-on-undecidable``
+when any recorded call could not be decided again, and with either when lines of the log were not records
+or its chain is broken; stderr says which), coverage 0;
 1 when the policy or the log cannot be read; 2 usage. Heavy imports happen in the commands.
 """
 
@@ -40,6 +41,11 @@ def register(sub: Any) -> None:
     replay.add_argument("--fail-on-change", dest="fail_on_change", action="store_true",
                         help="exit 1 when any decision would change, or lines of the log are not records, or "
                              "its hash chain is broken (gate a policy change in CI)")
+    replay.add_argument("--fail-on-undecidable", dest="fail_on_undecidable", action="store_true",
+                        help="exit 1 when any recorded call could not be decided again (its arguments redacted, "
+                             "its run's start not in the log…), or lines of the log are not records, or its hash "
+                             "chain is broken: with --fail-on-change, a CI gate that passes only when every "
+                             "call was decided and none changed")
     replay.add_argument("--pubkey", metavar="K", help="the log writer's public key: its checkpoints must be signed "
                                                       "with it (as `proctor audit verify --pubkey`)")
     replay.set_defaults(func=_replay)
@@ -120,9 +126,33 @@ def _replay(args: argparse.Namespace) -> int:
         print(json.dumps(out, ensure_ascii=False, sort_keys=True))
     else:
         _print_replay(out, args.policy, args.audit)
+    failures = _gate_failures(out, fail_on_change=args.fail_on_change,
+                              fail_on_undecidable=args.fail_on_undecidable)
+    for failure in failures:
+        _err(f"proctor policy replay: {failure}")
+    return 1 if failures else 0
+
+
+def _gate_failures(out: dict[str, Any], *, fail_on_change: bool, fail_on_undecidable: bool) -> list[str]:
+    """Why a replay run as a gate (`--fail-on-change`, `--fail-on-undecidable`) fails, one line each; [] passes."""
+    if not (fail_on_change or fail_on_undecidable):
+        return []
+    found = []
+    if fail_on_change and out["changed"]:
+        found.append(f"{out['changed']} recorded decision(s) would change (--fail-on-change)")
+    if fail_on_undecidable and out["undecidable"]:
+        reasons = "; ".join(f"{count}: {why}" for why, count in out["undecidable_why"].items())
+        found.append(f"{out['undecidable']} recorded call(s) could not be decided again, so this report says "
+                     f"nothing of what the policy would do to them (--fail-on-undecidable): {reasons}")
     # Lines that are not records hold calls nobody decided again, and a broken chain means the records may not be
-    # the calls that were made: "nothing changed" cannot be said of either.
-    return 1 if args.fail_on_change and (report.changed or report.bad_lines or report.log_intact is False) else 0
+    # the calls that were made: neither "nothing changed" nor "every call was decided" can be said of either.
+    if out["bad_lines"]:
+        found.append(f"{out['bad_lines']} line(s) of the log are not records: the calls they held were not decided "
+                     "again (run `proctor audit verify`)")
+    if out["log_intact"] is False:
+        found.append(f"the log is not intact ({out['log_failure']}): its records may not be the calls that were "
+                     "made (run `proctor audit verify`)")
+    return found
 
 
 def _not_intact(out: dict[str, Any], audit: str) -> None:
@@ -151,10 +181,14 @@ def _print_replay(out: dict[str, Any], path: str, audit: str) -> None:
                     print(terminal_safe(f"    seq {ex['seq']} run {ex['run_id']} {ex['tool']}"
                                         f"({json.dumps(ex['args'], ensure_ascii=False)[:120]}) [{rules}]: "
                                         f"{ex['new_reason']}"))
-    if out["undecidable_why"]:
-        print("\nundecidable (the log cannot answer; never guessed):")
-        for why, count in out["undecidable_why"].items():
-            print(f"  {count}: {why}")
+    if out["undecidable"]:
+        print(f"\nundecidable: {out['undecidable']} recorded call(s) could not be decided again (the log cannot "
+              "answer; never guessed), by reason:")
+        for why, group in out["undecidable_by_reason"].items():
+            print(terminal_safe(f"  {group['count']}: {why}"))
+            for ex in group["examples"]:
+                print(terminal_safe(f"    seq {ex['seq']} run {ex['run_id']} {ex['tool']}"))
+        print("  (this report says nothing of what the policy would do to them: --fail-on-undecidable fails on them)")
 
 
 def _coverage(args: argparse.Namespace) -> int:

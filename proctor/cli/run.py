@@ -112,8 +112,9 @@ def main(args: argparse.Namespace) -> int:
         return 2
     try:
         from proctor.policy import Policy
+        from proctor.policy.reload import PolicySource
 
-        policy = Policy.from_yaml(args.policy)
+        policy = PolicySource(args.policy)  # reloaded when the file changes during the run, as a gate's path is
         args.shadow = Policy.from_yaml(args.shadow) if args.shadow else None
     except PolicyError as exc:
         print(terminal_safe(str(exc), keep_newlines=True), file=sys.stderr)
@@ -185,7 +186,7 @@ def _run(args: argparse.Namespace, tools: list[Any], policy: Any, approver: Any)
     if args.json:
         print(json.dumps(result.as_dict(), default=str, indent=2))
     else:
-        limits = {b.name: b.limit.model_dump() for b in policy.budgets}
+        limits = {b.name: b.limit.model_dump() for b in policy.current().budgets}  # as the run ended under
         console.print()
         console.print(summary_table(result, limits=limits))
     if result.status == "error" and not args.json:

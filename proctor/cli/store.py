@@ -650,12 +650,13 @@ def _runs_resume(args: argparse.Namespace) -> int:
     from proctor.agent.tool_calling import ToolCallingAgent
     from proctor.approval.inbox import InboxApprover
     from proctor.policy import Policy
+    from proctor.policy.reload import PolicySource
 
     try:
         tools = load_tools(args.tools)
     except ToolLoadError as exc:
         raise _Usage(str(exc)) from None
-    policy = Policy.from_yaml(args.policy)
+    policy = PolicySource(args.policy)  # reloaded when the file changes during the run, as a gate's path is
     shadow = Policy.from_yaml(args.shadow) if args.shadow else None
     store = _open(args)
     try:

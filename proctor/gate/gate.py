@@ -746,8 +746,10 @@ class Gate:
         if p.journal is not None:
             problem = p.journal.write_intent(p)
             if problem is not None:
-                return self.recorder.refused(p, AuditError(f"{name}: refused, the run store could not record the call "
-                                                           f"before it ran: {problem}"))
+                # (`refused_at: "journal"`: the store holds no entry of the call, and the trail says why)
+                unrecorded = AuditError(f"{name}: refused, the run store could not record the call before it ran: "
+                                        f"{problem}")
+                return self.recorder.refused(p, unrecorded, extra={"refused_at": "journal"})
         if self.audit is not None:
             intent = self.recorder.intent(p)
             if intent is not None and not intent.ok:

@@ -59,10 +59,13 @@ from proctor.agent.managed import MAX_AGENT_DEPTH, ScopedGate, strictest_sandbox
 from proctor.calls import new_id
 from proctor.errors import ConfigurationError
 from proctor.gate import CallScope, Gate, RunContext, agent_fields
+from proctor.gate.gate import PolicyLike
 from proctor.interpreter import ExecutionResult, Interpreter
 from proctor.interpreter.channel import EncodeError, encode_value
 from proctor.interpreter.interpreter import SandboxMode, check_installed
 from proctor.narrowing import Layer, StackedLedger
+from proctor.policy import Policy
+from proctor.policy.reload import PolicySource
 from proctor.telemetry import AgentSpan, agent_span, step_span
 from proctor.telemetry.logging import get_logger
 from proctor.tools import Tool, as_tool
@@ -137,7 +140,8 @@ class _Managed:
 class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ships no type information
     """A smolagents `PythonExecutor` running every program in proctor's sandbox, every tool call through `gate`.
 
-    `gate` is a `Gate`, or a `Policy` (or the path of a policy file) to build one with `approver`
+    `gate` is a `Gate`, or a `Policy` (or the path of a policy file, reloaded when the file changes as a
+    `Gate` given a path reloads it: `policy_source`; or a `PolicySource`) to build one with `approver`
     and `audit` (an `AuditSink` or a path, opened when the agent first runs on its own: a managed
     agent's executor never opens it, its calls are in the manager's trail). `authorized_imports`
     are the modules programs may import beyond smolagents' defaults, added to the agent's own
@@ -156,16 +160,18 @@ class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ship
                  **interpreter_options: Any) -> None:
         self._res = _Resources()
         self._audit_spec: Any = None
+        #: What the gate is built from: a Policy, or a `PolicySource` for a policy file, reloaded when it changes
+        #: as a `Gate` given a path reloads it (None: a gate was given).
+        self._given: Policy | PolicySource | None = None
         if isinstance(gate, Gate):
             if approver is not None or audit is not None:
                 raise ConfigurationError("approver= and audit= build a gate from a policy; this gate has its own")
             self._res.gate = gate
-            self.policy: Any = gate.policy
             self.approver: Any = gate.approver
         else:
-            from proctor.agent.base import load_policy
+            from proctor.agent.base import policy_source
 
-            self.policy = load_policy(gate)  # a bad policy fails here, when the executor is built
+            self._given = policy_source(gate)  # a bad policy fails here, when the executor is built
             self.approver = approver
             self._audit_spec = audit
         self.authorized_imports = tuple(authorized_imports)
@@ -286,6 +292,20 @@ class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ship
     # -- proctor -----------------------------------------------------------------------------------
 
     @property
+    def policy(self) -> PolicyLike:
+        """The policy deciding this executor's calls now: its gate's (a policy file's current one)."""
+        if self._res.gate is not None:
+            return self._res.gate.policy
+        given = self._given
+        assert given is not None  # (no gate given: one is built from this)
+        return given.current() if isinstance(given, PolicySource) else given
+
+    @property
+    def policy_source(self) -> PolicySource | None:
+        """The source reloading the policy file this executor was given (None: a Policy or a Gate)."""
+        return self._given if isinstance(self._given, PolicySource) else None
+
+    @property
     def gate(self) -> Gate:
         """The gate every call goes through (built from the policy, its audit log opened, on first use)."""
         res = self._res
@@ -294,7 +314,8 @@ class GovernedExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ship
 
             sink, _, owned = load_audit(self._audit_spec)
             res.owned_audit = sink if owned else None
-            res.gate = Gate(self.policy, approver=self.approver, audit=sink)
+            assert self._given is not None  # (a gate given is kept in `res.gate`)
+            res.gate = Gate(self._given, approver=self.approver, audit=sink)
         return res.gate
 
     @property
@@ -634,10 +655,13 @@ def _run_managed(tool: SmolagentsAgentTool, task: str, additional_args: Any, sco
         table = _table_of(agent, tool.floor)
         own: Layer | None = None
         executor = _executor_of(agent)
-        if executor is not None and executor.policy is not gate.policy:
+        # (its policy asked once: a reloading one gives one policy for the whole invocation; an executor on the
+        # run's own gate decides by the run's policy, whatever a reload between two asks would say)
+        own_policy = executor.policy if executor is not None and not executor.uses(gate) else None
+        if executor is not None and own_policy is not None and own_policy is not gate.policy:
             # Its own policy (another gate's) only narrows the run's; its budgets count its calls only.
             info = replace(parent.info, step=0, agent=agent.name)
-            own = Layer(agent.name, executor.policy, executor.policy.new_ledger(info, gate.ledger), executor.approver)
+            own = Layer(agent.name, own_policy, own_policy.new_ledger(info, gate.ledger), executor.approver)
         ledger = StackedLedger(parent.ledger, own.ledger if own is not None else None, agent=agent.name,
                                timeout_s=scope.timeout_s)
         deadline = time.monotonic() + scope.timeout_s if scope.timeout_s is not None else None

@@ -167,7 +167,9 @@ class ReplayReport:
     recorded_policies: dict[str, int] = field(default_factory=dict)
     by_change: dict[str, _Group] = field(default_factory=dict)
     by_rule: dict[str, _Group] = field(default_factory=dict)
+    #: Undecidable calls counted by why (the reason's text), and the first few of each reason.
     undecidable_why: dict[str, int] = field(default_factory=dict)
+    undecidable_by_why: dict[str, list[Undecidable]] = field(default_factory=dict)
     undecidable_examples: list[Undecidable] = field(default_factory=list)
 
     def note_change(self, change: Change) -> None:
@@ -196,6 +198,9 @@ class ReplayReport:
     def note_undecidable(self, item: Undecidable) -> None:
         self.undecidable += 1
         self.undecidable_why[item.why] = self.undecidable_why.get(item.why, 0) + 1
+        examples = self.undecidable_by_why.get(item.why) or self.undecidable_by_why.setdefault(item.why, [])
+        if len(examples) < EXAMPLES_PER_GROUP:
+            examples.append(item)
         if len(self.undecidable_examples) < EXAMPLES_PER_GROUP * 3:
             self.undecidable_examples.append(item)
 
@@ -210,6 +215,9 @@ class ReplayReport:
                 "recorded_policies": dict(self.recorded_policies),
                 "by_change": groups(self.by_change), "by_rule": groups(self.by_rule),
                 "undecidable_why": dict(sorted(self.undecidable_why.items(), key=lambda kv: -kv[1])),
+                "undecidable_by_reason": {
+                    why: {"count": count, "examples": [u.as_dict() for u in self.undecidable_by_why.get(why, ())]}
+                    for why, count in sorted(self.undecidable_why.items(), key=lambda kv: (-kv[1], kv[0]))},
                 "undecidable_examples": [u.as_dict() for u in self.undecidable_examples]}
 
 

@@ -19,6 +19,15 @@ journal ``done`` (and saying ``journaled`` when that was on stable storage first
   (grants and answers no ``approval_resolved`` gave, calls journaled as done that the log never saw end, and the reverse
   for finished runs, statuses that are not the log's ``run_finished``).
 
+A run taken over (`RunTakenOver`: another process resumed it after its process's lease ran out, while that
+process was still alive) leaves records the store does not match, and is not tampering: the process that lost
+the run records its call ending after the takeover (the tool did run to its end), while the journal keeps what
+the process that took it over recorded (outcome unknown); its next calls are refused before the store holds
+anything of them (``refused_at: "journal"``); its run ends ``interrupted`` with ``taken_over: true``, which is
+not the run's ending. Those are reported as `Disagreement` with ``takeover=True`` — what happened, not a
+store that was changed — and every check holds as before for the rest (the run's ending is the one that is not
+the takeover's).
+
 Both read the records of the log as dicts (`AuditReader.run_records`, or every record of a file);
 `read_trail` reads a whole log, file or PostgreSQL, with the secret its seals are keyed by, and
 `check_store_against_trail` checks a store with the seals derived from that secret.
@@ -52,12 +61,15 @@ class Disagreement:
     run_id: str
     entry: str
     message: str
+    #: What the log itself shows to be a takeover of the run (its earlier process went on after another took it
+    #: over), not a store that was changed: reported apart (``proctor audit verify --store`` does not fail on it).
+    takeover: bool = False
 
     def line(self) -> str:
-        return f"run {self.run_id}, {self.entry}: {self.message}"
+        return f"run {self.run_id}, {self.entry}: {'taken over: ' if self.takeover else ''}{self.message}"
 
-    def as_dict(self) -> dict[str, str]:
-        return {"run_id": self.run_id, "entry": self.entry, "message": self.message}
+    def as_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "entry": self.entry, "message": self.message, "takeover": self.takeover}
 
 
 @dataclass
@@ -69,6 +81,14 @@ class RunTrail:
     started: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     #: call id → the statuses of its `call_outcome` records, in order.
     outcomes: dict[str, list[str]] = field(default_factory=dict)
+    #: call id → its `call_outcome` records, in order.
+    outcome_records: dict[str, list[Mapping[str, Any]]] = field(default_factory=dict)
+    #: Call ids refused because the run store could not record them (``refused_at: "journal"``): never journaled.
+    unjournaled: set[str] = field(default_factory=set)
+    #: The seqs of the run's `run_resumed` records, in order.
+    resumed: list[int] = field(default_factory=list)
+    #: The `run_finished` records of processes whose run another took over (``taken_over: true``): not endings.
+    taken_over: list[Mapping[str, Any]] = field(default_factory=list)
     #: call id → its `call_outcome` written after the journal's `done` for it was on stable storage
     #: (``journaled: true``, `Recorder.finished`): the store cannot honestly hold less for that call.
     journaled: dict[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -76,7 +96,7 @@ class RunTrail:
     recovered: set[str] = field(default_factory=set)
     #: The run's `approval_resolved` records that carry an answer (not the suspensions).
     resolved: list[Mapping[str, Any]] = field(default_factory=list)
-    #: The run's last `run_finished`, if any.
+    #: The run's last `run_finished`, if any (a taken-over process's is not the run's: `taken_over`).
     finished: Mapping[str, Any] | None = None
     #: (call id, binding) → the deadline (`expires_at_ns`) of the first `approval_requested` for them: the one its
     #: approval was filed with (a resumed run asking again finds that approval, deadline and all; a changed policy
@@ -89,13 +109,23 @@ class RunTrail:
     def note(self, rec: Mapping[str, Any]) -> None:
         kind, call_id = rec.get("kind"), rec.get("call_id")
         if kind == "run_finished":
-            self.finished = rec
+            if rec.get("taken_over") is True:
+                self.taken_over.append(rec)
+            else:
+                self.finished = rec
+        elif kind == "run_resumed":
+            seq = rec.get("seq")
+            if isinstance(seq, int) and not isinstance(seq, bool):
+                self.resumed.append(seq)
         elif "parent_call_id" in rec or not isinstance(call_id, str):
             return
         elif kind == "call_intent" and "error" not in rec:  # a refused call's intent carries its refusal
             self.started[call_id] = rec
+        elif kind == "call_intent" and rec.get("refused_at") == "journal":
+            self.unjournaled.add(call_id)
         elif kind == "call_outcome":
             self.outcomes.setdefault(call_id, []).append(str(rec.get("status")))
+            self.outcome_records.setdefault(call_id, []).append(rec)
             if rec.get("journaled") is True:
                 self.journaled[call_id] = rec
             elif "intent_seq" in rec and rec.get("status") == "unknown":
@@ -336,6 +366,18 @@ def _run_disagreements(record: RunRecord, journals: Mapping[int, Sequence[Journa
                 continue  # journaled done, then the writer stopped before the log's outcome (closed on reopening)
             if kept is not None and kept.state == "suspended" and statuses[-1] == "denied":
                 continue  # the suspension's own outcome, in a run that ended without coming back to the call
+            if kept is None and call_id in trail.unjournaled:
+                continue  # refused because the store could not record it: the trail says so, and it never ran
+            late = _ended_after_takeover(trail, call_id, kept.status) if kept is not None and kept.state == "done" \
+                else None
+            if late is not None and kept is not None:
+                step, seq = place
+                out.append(Disagreement(run_id, _where(step, seq, kept.tool), (
+                    f"call {call_id} ended {late.get('status')} (seq {late.get('seq')}) in the process that had the "
+                    "run before another resumed it, after that resume: the tool ran to its end there; the journal "
+                    f"keeps {kept.status}, as the process that took the run over recorded it (its outcome was not "
+                    "known then)"), takeover=True))
+                continue
             step, seq = place
             now = f"journaled as {kept.state} ({kept.status})" if kept is not None else "not journaled"
             out.append(Disagreement(run_id, _where(step, seq, kept.tool if kept else "?"), (
@@ -347,6 +389,11 @@ def _run_disagreements(record: RunRecord, journals: Mapping[int, Sequence[Journa
     if finished in FINAL and record.status in FINAL and finished != record.status:
         out.append(Disagreement(run_id, "run record", (
             f"the store has the run {record.status}, but the audit trail's run_finished says {finished}")))
+    for ended in trail.taken_over:  # seen as what it is: another process's resume took the run from this one
+        out.append(Disagreement(run_id, "run record", (
+            f"a process stopped working on the run (run_finished interrupted, seq {ended.get('seq')}) because "
+            "another had taken it over after its lease ran out; its later calls were refused, and the run's own "
+            "ending is the other process's"), takeover=True))
     out.extend(_answer_disagreements(record, journals, trail, approvals))
     for a in approvals:  # (a gate refuses an answer given to such an approval: `InboxApprover`)
         asked = trail.asked.get((a.call_id, a.binding))
@@ -356,6 +403,31 @@ def _run_disagreements(record: RunRecord, journals: Mapping[int, Sequence[Journa
                 "shows its answerers other arguments than the audit trail recorded when the call was asked about "
                 f"(seq {asked.get('seq')}): changed in the store")))
     return out
+
+
+def _ended_after_takeover(trail: RunTrail, call_id: str, journaled: str | None) -> Mapping[str, Any] | None:
+    """The outcome of call `call_id` that the process which lost the run wrote after another took it over, when the
+    journal's status `journaled` is the one that other process recorded (else None).
+
+    That is: the call started (its live intent) before a `run_resumed` of the run; after that resume, the process
+    that resumed it recorded the outcome the journal holds, on stable storage first (``journaled: true``); every
+    other outcome of the call after the resume was written without the journal (the process that lost the run
+    writes nothing more to the store). Every record named is the log's own (hash-chained; the store's writers
+    cannot write it), so none of this can be made from the store: an earlier journal entry put back is not a
+    `done` that the taker journaled."""
+    intent = trail.started.get(call_id)
+    at = intent.get("seq") if intent is not None else None
+    if not isinstance(at, int):
+        return None
+    resume = next((s for s in trail.resumed if s > at), None)
+    if resume is None:
+        return None
+    after = [r for r in trail.outcome_records.get(call_id, []) if isinstance(r.get("seq"), int) and r["seq"] > resume]
+    taker = [r for r in after if r.get("journaled") is True]
+    late = [r for r in after if r.get("journaled") is not True]
+    if not taker or not late or taker[-1].get("status") != journaled:
+        return None
+    return late[-1]
 
 
 def _cut_short(trail: RunTrail, call_id: str, seen: Sequence[str]) -> bool:

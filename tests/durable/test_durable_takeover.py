@@ -21,6 +21,7 @@ import pytest
 import proctor.agent.durable as durable_module
 from proctor import CodeAgent, InboxApprover, Policy, RunStore, ScriptedModel, tool
 from proctor.agent.result import RunResult
+from proctor.audit.base import AuditSink
 from proctor.testing import InMemoryAudit
 
 pytestmark = pytest.mark.sandbox
@@ -69,14 +70,13 @@ def cut_off(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> RunStore:
     return store
 
 
-def _agent(store: RunStore, audit: InMemoryAudit, responses: list[str]) -> CodeAgent:
+def _agent(store: RunStore, audit: AuditSink, responses: list[str]) -> CodeAgent:
     return CodeAgent([send], ScriptedModel(responses), Policy.from_dict(POLICY), approver=InboxApprover(store),
                      audit=audit, store=store, sandbox="process")
 
 
-def test_a_process_whose_claim_was_taken_over_runs_nothing_more_and_overwrites_nothing(cut_off: RunStore) -> None:
-    store = cut_off
-    audit = InMemoryAudit()
+def _taken_over(store: RunStore, audit: AuditSink) -> tuple[str, RunResult]:
+    """A run taken over while its first process is inside its slow send: the run's id and the first one's result."""
     first: list[RunResult] = []
     with _agent(store, audit, [PROGRAM, "```py\nfinal_answer('first')\n```"]) as agent:
         thread = threading.Thread(target=lambda: first.append(agent.run("mail twice", principal="alice")))
@@ -94,9 +94,16 @@ def test_a_process_whose_claim_was_taken_over_runs_nothing_more_and_overwrites_n
         finally:
             RELEASE.set()
             thread.join(120)
-    assert SENT == ["slow", "once"], SENT  # the first process's program went on, and sent nothing more
-    assert store.get_run(record.run_id).status == "done"  # what the second one saved still stands
     [result] = first
+    return record.run_id, result
+
+
+def test_a_process_whose_claim_was_taken_over_runs_nothing_more_and_overwrites_nothing(cut_off: RunStore) -> None:
+    store = cut_off
+    audit = InMemoryAudit()
+    run_id, result = _taken_over(store, audit)
+    assert SENT == ["slow", "once"], SENT  # the first process's program went on, and sent nothing more
+    assert store.get_run(run_id).status == "done"  # what the second one saved still stands
     assert result.status == "interrupted" and "no longer holds it" in (result.error or ""), result.error
     refused = [c for step in result.steps for c in step.tool_calls if c.tool == "send" and c.args["to"] == "once"]
     assert refused and all(c.status != "ok" for c in refused), refused
@@ -106,11 +113,56 @@ def test_a_process_whose_claim_was_taken_over_runs_nothing_more_and_overwrites_n
     from proctor.store.seal import PURPOSE, StoreSeal
     from proctor.store.trail import check_store
 
-    endings = [(r["status"], r.get("error")) for r in audit.records if r["kind"] == "run_finished"]
-    assert [status for status, _ in endings] == ["done", "interrupted"], endings
+    endings = [(r["status"], r.get("error"), r.get("taken_over")) for r in audit.records if r["kind"] == "run_finished"]
+    assert [(status, taken) for status, _, taken in endings] == [("done", None), ("interrupted", True)], endings
     assert "no longer holds it" in str(endings[-1][1]), endings
     problems, _ = check_store(store, StoreSeal(audit.key_for(PURPOSE)), audit.records)
-    assert [p.line() for p in problems if p.entry == "run record"] == []
+    # Nothing of it is the store disagreeing with the log; the takeover is said to be one: the slow send's ending
+    # in the first process (it did take effect) beside the journal's unknown, and the first process's stop.
+    assert [p.line() for p in problems if not p.takeover] == []
+    takeovers = [(p.entry, p.message) for p in problems if p.takeover]
+    assert [entry for entry, _ in takeovers] == ["step 1, journal entry 0 (send)", "run record"], takeovers
+    assert "ended ok" in takeovers[0][1] and "the journal keeps failed" in takeovers[0][1], takeovers
+    # The refused call of the first process is not reported: its intent says the store could not record it.
+    refused_intents = [r for r in audit.records if r["kind"] == "call_intent" and r.get("refused_at") == "journal"]
+    assert [r["args"]["to"] for r in refused_intents] == ["once"]
+
+
+def test_audit_verify_store_reports_a_takeover_as_one_and_still_fails_on_tampering(
+        cut_off: RunStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`proctor audit verify LOG --store URL` after a takeover: the store agrees with the log (exit 0), and the
+    takeover is listed as such; a journal entry deleted afterwards is still a disagreement (exit 1)."""
+    import json
+    import sqlite3
+
+    from proctor.audit import AuditLog
+    from proctor.cli import main
+
+    log = tmp_path / "audit.jsonl"
+    audit = AuditLog(log)
+    try:
+        run_id, _ = _taken_over(cut_off, audit)
+    finally:
+        audit.close()
+    url = f"sqlite:///{tmp_path}/runs.db"
+    assert main(["audit", "verify", str(log), "--store", url, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["store"]
+    assert report["disagreements"] == []
+    assert [(d["entry"], d["takeover"]) for d in report["takeovers"]] == [
+        ("step 1, journal entry 0 (send)", True), ("run record", True)]
+    assert main(["audit", "verify", str(log), "--store", url]) == 0
+    text = capsys.readouterr().out
+    assert "agrees with the log" in text and "runs taken over by another process (not tampering)" in text
+    assert "DISAGREES" not in text
+    # Tampering after the takeover is still found: the second process's call dropped from the journal.
+    with sqlite3.connect(tmp_path / "runs.db") as db:
+        (table,) = db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE '%journal'"
+                              ).fetchone()
+        assert db.execute(f"DELETE FROM {table} WHERE run_id = ? AND step = 2", (run_id,)).rowcount == 1
+    assert main(["audit", "verify", str(log), "--store", url, "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)["store"]
+    assert any("missing" in d["message"] for d in report["disagreements"]), report
+    assert len(report["takeovers"]) == 2
 
 
 def test_a_process_that_renews_its_claim_keeps_the_run_through_a_call_longer_than_the_lease(store: RunStore) -> None:

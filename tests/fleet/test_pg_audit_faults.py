@@ -254,13 +254,34 @@ def test_a_stalled_server_refuses_the_intent_instead_of_blocking_the_call_for_ev
         server.cleanup()
 
 
-def _terminate_one(server: PostgresServer) -> int:
-    """pg_terminate_backend one client backend (the newest) but this one: one of the sink's two lanes."""
-    with psycopg.connect(server.url, autocommit=True) as conn:
-        row = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = "
-                           "'client backend' AND pid <> pg_backend_pid() ORDER BY backend_start DESC LIMIT 1"
-                           ).fetchone()
-    return 1 if row is not None and row[0] else 0
+def _kill_one_lane_mid_batch(server: PostgresServer, log: str) -> int:
+    """Kill one of the sink's two lanes while a batch of intents is inside its append statement; return 1.
+
+    The log's head row is held locked from a transaction of this test, so the next batches wait in the append
+    function's ``FOR UPDATE`` of that row: in flight, not committed. A lane waiting there in the durable append
+    (its batch holds an intent: intents are durable, outcomes are not) is terminated, and gone, before the row is
+    let go, so its batch can only fail — its intents refused, their tools never run — never land; the other
+    lane's batch then goes on. Nothing here depends on when the kill lands."""
+    waiting = ("SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() "
+               "AND wait_event_type = 'Lock' AND query LIKE 'CALL proctor_audit_append_runs_durable%' "
+               "ORDER BY backend_start DESC LIMIT 1")
+    for _ in range(200):
+        with psycopg.connect(server.url) as conn:  # a transaction: the row stays locked until the rollback
+            conn.execute("SELECT 1 FROM proctor_audit_logs WHERE name = %s FOR UPDATE", (log,))
+            # Every caller may be waiting on one batch of outcomes (they wait for their outcome's record): then no
+            # intent comes while the row is held. Let it through and lock again. (Well under the sink's statement
+            # deadline, so the waiting batches are refused by nothing but the kill.)
+            until = time.monotonic() + 0.5
+            while (row := conn.execute(waiting).fetchone()) is None and time.monotonic() < until:
+                time.sleep(0.005)
+            if row is not None:
+                # With a timeout, pg_terminate_backend returns once the backend has exited (false if it has not).
+                killed = conn.execute("SELECT pg_terminate_backend(%s, 30000)", (row[0],)).fetchone()
+                conn.rollback()
+                assert killed is not None and killed[0], f"backend {row[0]} did not exit"
+                return 1
+            conn.rollback()
+    raise AssertionError("no batch of intents was ever in flight on a lane while the head row was locked")
 
 
 def _statement_timeout(server: PostgresServer, value: str) -> None:
@@ -276,15 +297,16 @@ def test_one_lane_killed_or_statements_timed_out_by_the_server_lose_no_intent(fa
     server = PostgresServer()
     server.start()
     try:
-        url = f"{server.url}&log={uuid.uuid4().hex[:12]}"
+        name = uuid.uuid4().hex[:12]
+        url = f"{server.url}&log={name}"
         hits = [0]
 
         def faults() -> None:
             pause = threading.Event()
             if fault == "one_lane_killed":
-                for _ in range(20):
-                    pause.wait(0.1)
-                    hits[0] += _terminate_one(server)
+                for _ in range(5):
+                    pause.wait(0.1)  # the calls go on between kills
+                    hits[0] += _kill_one_lane_mid_batch(server, name)
                 return
             _statement_timeout(server, "1ms")
             pause.wait(1.5)
@@ -295,6 +317,8 @@ def test_one_lane_killed_or_statements_timed_out_by_the_server_lose_no_intent(fa
         # A killed lane refuses the intents of its batch; a server-wide statement_timeout does not reach the
         # sink's sessions (each sets its own 10 s, with a client deadline beside it), so calls just go on.
         assert hits[0] > 0 and (refused > 0 or fault == "statement_timeout"), (hits, refused)
+        # Each kill landed on a batch holding an intent: each refused one call at least.
+        assert fault == "statement_timeout" or refused >= hits[0], (hits, refused)
         _assert_every_effect_has_its_intent(url, effects)
         report = verify_postgres(url)
         assert report.ok, report.failure

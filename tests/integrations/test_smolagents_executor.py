@@ -17,7 +17,7 @@ from proctor.integrations.smolagents import GovernedExecutor, govern_tools
 from proctor.interpreter.result import ProgramError
 from proctor.testing import InMemoryAudit
 
-POLICY = Policy.from_dict({
+POLICY_DATA: dict[str, Any] = {
     "version": 1,
     "default": "deny",
     "tools": {"get_weather": {"side_effect": "read"}, "summer": {"side_effect": "write"},
@@ -26,7 +26,8 @@ POLICY = Policy.from_dict({
         {"name": "reads", "match": {"side_effect": ["none", "read"]}, "decision": "allow"},
         {"name": "small-sums", "match": {"tool": "summer"}, "when": "args.a < 100", "decision": "allow"},
     ],
-})
+}
+POLICY = Policy.from_dict(POLICY_DATA)
 
 
 def code(body: str) -> str:
@@ -243,3 +244,63 @@ def test_a_real_tool_name_conflict_is_an_error_before_the_model_is_asked() -> No
             agent.run("go")
     finally:
         agent.cleanup()
+
+
+def test_an_executor_given_a_policy_path_reloads_it_as_a_gate_does(tmp_path: Any) -> None:
+    """A policy file replaced during the agent's run: the next program's calls are decided by the new file, the
+    change is audited with both fingerprints; a bad file in between is refused with its located error and the
+    old policy keeps deciding."""
+    import os
+
+    import yaml
+
+    from proctor.policy.reload import PolicyRefused
+
+    data = POLICY_DATA
+    closed = {**data, "rules": [{"name": "closed", "match": {"tool": "get_weather"}, "decision": "deny",
+                                 "reason": "no forecasts today"}, *data["rules"]]}
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(data))
+    first, second = Policy.from_yaml(path), Policy.from_dict(closed)
+    audit = InMemoryAudit()
+    executor = GovernedExecutor(str(path), audit=audit, sandbox="process", timeout=20)
+    source = executor.policy_source
+    assert source is not None and executor.policy.sha256 == first.sha256
+    refusals: list[PolicyRefused] = []
+    source.on_refused = refusals.append
+
+    def replace(text: str) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+
+    class Deploying(ScriptedSmolModel):
+        """Replaces the policy file before its second and third answers."""
+
+        def generate(self, messages: Any, stop_sequences: Any = None, response_format: Any = None,
+                     tools_to_call_from: Any = None, **kwargs: Any) -> Any:
+            if len(self.seen) == 1:
+                replace(yaml.safe_dump(closed).replace("decision: deny", "decision: dney"))
+                assert source.reload() is False
+            elif len(self.seen) == 2:
+                replace(yaml.safe_dump(closed))
+                assert source.reload() is True
+            return super().generate(messages, stop_sequences, response_format, tools_to_call_from, **kwargs)
+
+    ask = "try:\n    print('weather:', get_weather('Oslo'))\nexcept Exception as exc:\n    print('refused:', exc)"
+    model = Deploying([code(ask), code(ask), code(ask), code("final_answer('done')")])
+    agent = smolagents.CodeAgent(tools=[get_weather], model=model, executor=executor)
+    try:
+        assert agent.run("weather, three times") == "done"
+    finally:
+        executor.cleanup()
+    seen = observations(agent)
+    assert ["weather: sunny in Oslo" in o for o in seen[:3]] == [True, True, False]
+    assert "refused: get_weather: denied: no forecasts today" in seen[2]
+    (refused,) = refusals
+    assert refused.message.startswith(f"{path}:") and "dney" in refused.message
+    intents = [(r["decision"], r["policy_sha256"]) for r in audit.records
+               if r["kind"] == "call_intent" and r["tool"] == "get_weather"]
+    assert intents == [("allow", first.sha256), ("allow", first.sha256), ("deny", second.sha256)]
+    assert [(r["old_sha256"], r["new_sha256"]) for r in audit.of_kind("policy_changed")] == [
+        (first.sha256, second.sha256)]

@@ -296,6 +296,45 @@ def test_cli_fail_on_change_and_json(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["policy", "replay", str(stricter), "--audit", str(torn)]) == 0
 
 
+def test_cli_fail_on_undecidable_says_how_many_and_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A policy whose condition reads a redacted argument decides nothing of those calls: --fail-on-change alone
+    passes (nothing it could decide changed), --fail-on-undecidable fails and says how many and why."""
+    log = _record(tmp_path)
+    on_card = tmp_path / "card.yaml"
+    on_card.write_text(OLD.replace("{name: charges, match: {tool: charge}, decision: allow}",
+                                   "{name: charges, match: {tool: charge}, decision: allow, "
+                                   "when: \"args.card.startsWith('4')\"}"))
+    why = "a condition reads a redacted argument"
+    assert main(["policy", "replay", str(on_card), "--audit", str(log), "--fail-on-change"]) == 0
+    captured = capsys.readouterr()
+    assert "2 undecidable" in captured.out and captured.err == ""
+    assert "undecidable: 2 recorded call(s) could not be decided again" in captured.out
+    assert f"  2: {why}" in captured.out and "seq " in captured.out and " charge" in captured.out
+    assert main(["policy", "replay", str(on_card), "--audit", str(log), "--fail-on-change",
+                 "--fail-on-undecidable", "--json"]) == 1
+    captured = capsys.readouterr()
+    out: dict[str, Any] = json.loads(captured.out)
+    assert out["undecidable"] == 2 and out["changed"] == 0
+    group = out["undecidable_by_reason"][why]
+    assert group["count"] == 2 and [ex["tool"] for ex in group["examples"]] == ["charge", "charge"]
+    assert captured.err.strip() == (
+        "proctor policy replay: 2 recorded call(s) could not be decided again, so this report says nothing of "
+        f"what the policy would do to them (--fail-on-undecidable): 2: {why}")
+    # The two flags fail each on its own: a changed decision under --fail-on-undecidable alone passes.
+    stricter = tmp_path / "new.yaml"
+    stricter.write_text(OLD.replace("{name: charges, match: {tool: charge}, decision: allow}",
+                                    "{name: charges, match: {tool: charge}, decision: deny}"))
+    assert main(["policy", "replay", str(stricter), "--audit", str(log), "--fail-on-undecidable"]) == 0
+    assert main(["policy", "replay", str(stricter), "--audit", str(log), "--fail-on-change",
+                 "--fail-on-undecidable"]) == 1
+    assert "2 recorded decision(s) would change (--fail-on-change)" in capsys.readouterr().err
+    # Lines that are not records held calls nobody decided again: --fail-on-undecidable fails on them too.
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text(log.read_text() + "{not a record\n")
+    assert main(["policy", "replay", str(stricter), "--audit", str(torn), "--fail-on-undecidable"]) == 1
+    assert "line(s) of the log are not records" in capsys.readouterr().err
+
+
 def test_coverage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from proctor.policy.coverage import coverage_log
 

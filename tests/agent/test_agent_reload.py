@@ -1,0 +1,205 @@
+"""An agent given a policy path reloads it as a Gate given one does: a real file replaced during a run.
+
+The scripted model replaces the file between its answers, so each step's calls are decided by the policy
+the file held when the step's program ran; the audit log names each call's policy and records the change.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from proctor.agent import CodeAgent, ScriptedModel
+from proctor.agent.models import Message
+from proctor.audit import verify
+from proctor.audit.lines import read_records
+from proctor.errors import PolicyError
+from proctor.policy import Policy
+from proctor.policy.reload import PolicyRefused
+
+from .conftest import TOOLS, policy_data, program
+
+CLOSED = "prices are closed for the audit"
+PRICE = program('''
+try:
+    print("price:", get_price("pear"))
+except Exception as exc:
+    print("refused:", exc)
+''')
+DONE = program('final_answer("done")')
+
+
+def _closed(**extra: Any) -> dict[str, Any]:
+    """The shared policy with price look-ups denied."""
+    data = policy_data(**extra)
+    data["rules"] = [{"name": "closed", "match": {"tool": "get_price"}, "decision": "deny", "reason": CLOSED},
+                     *data["rules"]]
+    return data
+
+
+def _replace(path: Path, text: str) -> None:
+    """Replace the file as deploy tools do: a whole new file renamed over the old one."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _then(action: Callable[[], None], answer: str) -> Callable[[Sequence[Message]], str]:
+    """A scripted answer that first does `action` (between the steps of the run)."""
+    def respond(messages: Sequence[Message]) -> str:
+        action()
+        return answer
+    return respond
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    records, bad = read_records(path)
+    assert bad == 0
+    return records
+
+
+def _price_calls(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(decision, policy fingerprint) of each recorded get_price intent, in order."""
+    return [(r["decision"], r["policy_sha256"]) for r in records
+            if r["kind"] == "call_intent" and r["tool"] == "get_price"]
+
+
+def test_a_changed_file_takes_effect_at_the_next_call_and_is_audited(tmp_path: Path) -> None:
+    """With no reload asked for, the replaced file is found at a check (every 500 ms at most) and decides the
+    next step's call; the log records the change with both fingerprints, and each call names its policy."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy_data()))
+    audit_path = tmp_path / "audit.jsonl"
+    first, second = Policy.from_dict(policy_data()), Policy.from_dict(_closed())
+    agent = CodeAgent(TOOLS, ScriptedModel([]), str(path), audit=audit_path)
+
+    def deploy() -> None:
+        _replace(path, yaml.safe_dump(_closed()))
+        deadline = time.monotonic() + 30  # the file is checked at most every 500 ms: wait for the check
+        while agent.policy is None or agent.policy.sha256 != second.sha256:
+            assert time.monotonic() < deadline, "the agent never loaded the replaced policy file"
+            time.sleep(0.05)
+
+    agent.model = ScriptedModel([PRICE, _then(deploy, PRICE), DONE])
+    with agent:
+        result = agent.run("What does a pear cost?")
+    assert result.status == "done", result.error
+    assert "price: 2.0" in result.steps[0].observation
+    assert f"refused: get_price: denied: {CLOSED}" in result.steps[1].observation
+    records = _records(audit_path)
+    assert _price_calls(records) == [("allow", first.sha256), ("deny", second.sha256)]
+    (changed,) = [r for r in records if r["kind"] == "policy_changed"]
+    assert (changed["old_sha256"], changed["new_sha256"], changed["path"]) == (first.sha256, second.sha256,
+                                                                               str(path))
+    kinds = [r["kind"] for r in records]
+    intents = [i for i, r in enumerate(records) if r["kind"] == "call_intent"]
+    assert intents[0] < kinds.index("policy_changed") < intents[1]  # between the two calls, in the log's order
+    assert verify(audit_path).ok
+
+
+def test_a_bad_file_is_refused_with_its_located_error_and_the_old_policy_keeps_deciding(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy_data()))
+    audit_path = tmp_path / "audit.jsonl"
+    first, second = Policy.from_dict(policy_data()), Policy.from_dict(_closed())
+    agent = CodeAgent(TOOLS, ScriptedModel([]), path, audit=audit_path)
+    source = agent.policy_source
+    assert source is not None and source.path == str(path)
+    refusals: list[PolicyRefused] = []
+    source.on_refused = refusals.append
+    bad = yaml.safe_dump(_closed()).replace("decision: deny", "decision: dney")
+
+    def break_it() -> None:
+        _replace(path, bad)
+        assert source.reload() is False  # checked now: refused
+
+    def fix_it() -> None:
+        _replace(path, yaml.safe_dump(_closed()))
+        assert source.reload() is True
+
+    agent.model = ScriptedModel([PRICE, _then(break_it, PRICE), _then(fix_it, PRICE), DONE])
+    with agent:
+        result = agent.run("What does a pear cost?")
+    assert result.status == "done", result.error
+    (refused,) = refusals
+    assert refused.message.startswith(f"{path}:") and "dney" in refused.message
+    assert refused.kept_sha256 == first.sha256
+    # The bad file decided nothing: the step after it was decided by the old policy, the next by the fixed file.
+    assert ["price: 2.0" in s.observation for s in result.steps[:3]] == [True, True, False]
+    records = _records(audit_path)
+    assert _price_calls(records) == [("allow", first.sha256), ("allow", first.sha256), ("deny", second.sha256)]
+    assert [(r["old_sha256"], r["new_sha256"]) for r in records if r["kind"] == "policy_changed"] == [
+        (first.sha256, second.sha256)]
+
+
+def test_reload_new_runs_keeps_a_run_on_the_policy_it_started_with(tmp_path: Path) -> None:
+    """A new policy that says `reload: new_runs` leaves the agent's run in flight on its first policy (and its
+    run-wide budgets); the agent's next run gets the new one."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy_data()))
+    audit_path = tmp_path / "audit.jsonl"
+    first, second = Policy.from_dict(policy_data()), Policy.from_dict(_closed(reload="new_runs"))
+    agent = CodeAgent(TOOLS, ScriptedModel([]), path, audit=audit_path)
+    source = agent.policy_source
+    assert source is not None
+
+    def deploy() -> None:
+        _replace(path, yaml.safe_dump(_closed(reload="new_runs")))
+        assert source.reload() is True
+
+    agent.model = ScriptedModel([PRICE, _then(deploy, PRICE), DONE, PRICE, DONE])
+    with agent:
+        during = agent.run("What does a pear cost?")
+        after = agent.run("And now?")
+    assert during.status == after.status == "done"
+    assert "price: 2.0" in during.steps[1].observation
+    assert f"refused: get_price: denied: {CLOSED}" in after.steps[0].observation
+    assert _price_calls(_records(audit_path)) == [("allow", first.sha256), ("allow", first.sha256),
+                                                  ("deny", second.sha256)]
+
+
+def test_a_bad_file_at_the_start_is_its_located_error(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy_data()).replace("decision: allow", "decision: alow", 1))
+    with pytest.raises(PolicyError, match=f"^{path}:"):
+        CodeAgent(TOOLS, ScriptedModel([]), path)
+
+
+def test_a_policy_object_is_not_reloaded(tmp_path: Path) -> None:
+    agent = CodeAgent(TOOLS, ScriptedModel([]), Policy.from_dict(policy_data()))
+    assert agent.policy_source is None and agent.policy is agent.gate.policy
+
+
+def test_a_tool_calling_agent_given_a_path_reloads_it_too(tmp_path: Path) -> None:
+    from proctor.agent import ModelResponse, ToolCallingAgent
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy_data()))
+    audit_path = tmp_path / "audit.jsonl"
+    first, second = Policy.from_dict(policy_data()), Policy.from_dict(_closed())
+    agent = ToolCallingAgent(TOOLS, ScriptedModel([]), path, audit=audit_path)
+    source = agent.policy_source
+    assert source is not None
+
+    def deploy() -> ModelResponse:
+        _replace(path, yaml.safe_dump(_closed()))
+        assert source.reload() is True
+        return ModelResponse.calling(("get_price", {"item": "pear"}))
+
+    agent.model = ScriptedModel([ModelResponse.calling(("get_price", {"item": "pear"})), lambda _: deploy(),
+                                 ModelResponse.calling(("final_answer", {"answer": "done"}))])
+    with agent:
+        result = agent.run("What does a pear cost?")
+    assert result.status == "done", result.error
+    assert [(c.status, c.error is not None and CLOSED in c.error) for c in result.tool_calls[:2]] == [
+        ("ok", False), ("denied", True)]
+    records = _records(audit_path)
+    assert _price_calls(records) == [("allow", first.sha256), ("deny", second.sha256)]
+    assert [(r["old_sha256"], r["new_sha256"]) for r in records if r["kind"] == "policy_changed"] == [
+        (first.sha256, second.sha256)]
