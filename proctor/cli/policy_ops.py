@@ -217,7 +217,7 @@ def _coverage(args: argparse.Namespace) -> int:
                 ("rules that always matched (every call they could apply to)", out["always_matched"]),
                 ("budgets never approached (peak use under 50%)", [
                     f"{b['name']}: peak {b['max_fraction']:.0%}" for b in out["budgets"] if b["max_fraction"] < 0.5]),
-                ("tools called but not declared in tools:", out["undeclared_tools"]))
+                ("tools called but not declared in `tools`", out["undeclared_tools"]))
     for title, items in sections:
         print(f"\n{title}: {len(items)}")
         for item in items:
