@@ -747,9 +747,18 @@ def serve_http(code_mode: CodeMode, host: str, port: int, tokens: Any) -> None:
     # are finished in the audit trail, so the handler it finds records the signal instead.
     stopped: list[int] = []
     previous: dict[signal.Signals, Any] = {}
+
+    def hang_up(signum: int, frame: object) -> None:
+        # uvicorn takes SIGINT and SIGTERM only: a SIGHUP at its default would kill the process with the
+        # sessions' runs unfinished, so it stops the server as SIGTERM does (as `mcp serve` on stdio).
+        stopped.append(signum)
+        http.should_exit = True
+
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda signum, frame: stopped.append(signum))
+        if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:  # taken only where at its default, as on stdio
+            previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, hang_up)
     try:
         http.run()
     except BaseException as exc:
