@@ -134,7 +134,10 @@ def serve(args: argparse.Namespace) -> int:
                              labels={k: str(v) for k, v in args.label})
         if halts is None and args.store:  # a gate sharing a store honours its halts, beside its own and its ledger's
             _honour_store_halts(code_mode, args.store)
-        code_mode.open()
+        try:
+            code_mode.open()
+        except ToolsetError as exc:  # an upstream did not start: its entry is in the servers file
+            return _fail(f"{args.servers}: {exc}", 1)
     except (ToolsetError, AuditError, ConfigurationError) as exc:
         return _fail(str(exc), 1)
     try:

@@ -44,6 +44,7 @@ from proctor.policy.approvers import Answerer, refusal
 from proctor.store.answerseal import AnswerCheck
 from proctor.termsafe import marked_plain, terminal_safe
 from proctor.tools import Tool
+from proctor.urls import shown_url
 
 if TYPE_CHECKING:
     from proctor.gate.gate import PolicyLike
@@ -269,7 +270,12 @@ class CodeMode:
                                      call_timeout=s.call_timeout, trust_annotations=s.trust_annotations,
                                      reserved=taken)
                 self.toolsets.append(toolset)
-                tools = toolset.open()
+                try:
+                    tools = toolset.open()
+                except ToolsetError as exc:  # say which entry, reaching what, and the way out
+                    target = shown_url(s.url) if s.url is not None else " ".join([s.command or "", *s.args])
+                    raise ToolsetError(f"server {s.name!r} ({target}) did not start: {exc}; fix its entry, or set "
+                                       '"disabled": true to serve without it') from exc
                 taken |= {t.name for t in tools}
                 self.tools.extend(tools)
         except ToolsetError:
