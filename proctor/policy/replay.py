@@ -31,6 +31,8 @@ Calls the log cannot decide again are counted as undecidable, never guessed:
   reads a redacted argument) ran, every later call whose decision reads that budget — a
   condition reading its `usage`, or the budget counting the call's cost — since what it holds
   of cost is not known.
+- a condition reading the model's usage (``usage.NAME.model_tokens`` / ``model_cost_usd``): the
+  agent charged a step's model reply before its program ran, the log records it after the step's calls;
 - the log does not hold the call's run from its start (``run_started``: a log that begins
   mid-run, or holds a resumed run from its ``run_resumed`` on) and the decision could read the
   run — a condition or expression naming ``run``, ``history``, ``seen`` or ``usage``, or a
