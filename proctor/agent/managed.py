@@ -130,7 +130,7 @@ class ScopedGate:
     def start_run(self) -> RunContext:
         raise ConfigurationError("a managed agent's interpreter runs only inside its parent's run")
 
-    def finish_run(self, ctx: RunContext, status: str = "done", **fields: Any) -> None:
+    def finish_run(self, ctx: RunContext, status: str = "done") -> None:
         """Never asked: the interpreter finishes only a run it started, and this gate starts none."""
         raise ConfigurationError("a managed agent's interpreter runs only inside its parent's run")
 
