@@ -253,6 +253,9 @@ def test_cli_usage(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypat
     assert main(["halt", *store]) == 2
     err = capsys.readouterr().err
     assert "--reason TEXT is required" in err and "--audit" in err and "--ledger redis://" in err
+    assert main(["halt", "--lift", "halt_x", *store, "--audit", str(tmp_path / "a.jsonl")]) == 2  # no --reason
+    err = capsys.readouterr().err  # a lift's reason is the log's, no program sees it
+    assert "--reason TEXT is required: the audit log keeps why the halt was lifted" in err and "program" not in err
 
 
 def test_a_halt_on_a_sqlite_store_that_does_not_exist_is_refused_not_kept_where_no_gate_reads(
