@@ -24,6 +24,7 @@ import os
 import re
 import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -715,10 +716,27 @@ class _StdinEnds:
             pass
 
 
-def serve_http(code_mode: CodeMode, host: str, port: int, tokens: Any) -> None:
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``HOST:PORT`` for `serve_http` (as uvicorn binds one): `OSError` when it cannot be,
+    before anything is started behind it."""
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve_http(code_mode: CodeMode, host: str, port: int, tokens: Any, *,
+               listener: socket.socket | None = None) -> None:
     """Serve streamable HTTP at ``http://HOST:PORT/mcp``; every request needs ``Authorization: Bearer
     TOKEN`` of `tokens` (a `proctor.approval.tokens.TokenFile`), whose owner is the session's principal.
-    A session ends when its client deletes it (``DELETE /mcp``, once the SDK has), after `code_mode.session_idle`
+    `listener`: a socket `listen` bound (else uvicorn binds `host`:`port` itself). A session ends when its client
+    deletes it (``DELETE /mcp``, once the SDK has), after `code_mode.session_idle`
     seconds with no request in flight (the client went away: ``run_finished`` says ``abandoned``), or when the
     server stops."""
     def principal_of(ctx: Any) -> str:
@@ -766,7 +784,7 @@ def serve_http(code_mode: CodeMode, host: str, port: int, tokens: Any) -> None:
         if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:  # taken only where at its default, as on stdio
             previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, hang_up)
     try:
-        http.run()
+        http.run(sockets=[listener] if listener is not None else None)
     except BaseException as exc:
         stop.set()
         reaper.join()

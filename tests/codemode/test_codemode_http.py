@@ -323,3 +323,24 @@ def test_a_server_bound_beyond_localhost_answers_clients_that_name_it(tmp_path: 
         assert answer.status_code == 200 and "mcp-session-id" in answer.headers, answer.text
     else:
         assert answer.status_code == 421
+
+
+def test_a_port_another_server_holds_is_said_in_one_line_before_any_upstream_starts(tmp_path: Path) -> None:
+    """It printed "serving on http://…/mcp", then uvicorn's bind error, and exited 3 after starting every upstream."""
+    import socket
+
+    servers, policy, audit = write_config(tmp_path)
+    tokens = tmp_path / "tokens.txt"
+    add_token(tokens, "alice")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = subprocess.run([sys.executable, *serve_args(servers, policy, audit, "--http", f"127.0.0.1:{port}",
+                                                          "--tokens", str(tokens))],
+                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--http 127.0.0.1:{port}: cannot listen there:" in lines[0], done.stderr
+    assert "another server holds that port" in lines[0]
+    assert not (tmp_path / "upstream.log").exists()  # the upstream was never started
