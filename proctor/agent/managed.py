@@ -130,6 +130,10 @@ class ScopedGate:
     def start_run(self) -> RunContext:
         raise ConfigurationError("a managed agent's interpreter runs only inside its parent's run")
 
+    def finish_run(self, ctx: RunContext, status: str = "done") -> None:
+        """Never asked: the interpreter finishes only a run it started, and this gate starts none."""
+        raise ConfigurationError("a managed agent's interpreter runs only inside its parent's run")
+
     def submit(self, tool: str, args: Mapping[str, JSONValue] | None = None, *, context: RunContext | None = None,
                call_id: str | None = None, parent: Context | None = None,
                on_result: Callable[[object, ProctorError | None], None] | None = None,

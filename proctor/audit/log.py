@@ -50,6 +50,7 @@ from proctor.audit.verify import scan_file, side_file_path
 from proctor.canonical import canonical_bytes
 from proctor.errors import AuditCorrupted, AuditError, ConfigurationError
 from proctor.redaction import Redacted, redact_args
+from proctor.urls import shown_url
 
 __all__ = ["DURABILITIES", "AuditLog"]
 
@@ -77,6 +78,13 @@ class AuditLog:
             raise ConfigurationError(f"durability must be one of {DURABILITIES}, not {durability!r}")
         if checkpoint_every < 1 or checkpoint_interval_s <= 0:
             raise ConfigurationError("checkpoint_every must be ≥ 1 and checkpoint_interval_s > 0")
+        text = os.fspath(path)
+        if "://" in text:
+            # A URL taken for a path would write the fleet's trail to a local file (`postgresql:/…`) that no
+            # one reads, while every reader looks in the database: refuse it, naming what opens a URL.
+            raise ConfigurationError(
+                f"AuditLog takes a file path, not the URL {shown_url(text)!r}: open a PostgreSQL log with "
+                "proctor.audit.postgres.PostgresAuditLog(URL), or either kind with proctor.backends.open_audit(URL)")
         self.path = Path(path)
         self.durability = durability
         self._every = checkpoint_every

@@ -102,7 +102,8 @@ def _halt(args: argparse.Namespace) -> int:
     if not (args.all or scope_value or args.lift or args.list):
         return _usage(args, "say what to halt (--all, --agent, --tool, --principal, --run), or --lift ID, or --list")
     if (args.all or scope_value or args.lift) and not (args.reason and args.reason.strip()):
-        return _usage(args, "--reason TEXT is required: the program refused sees it, and the audit log keeps it")
+        return _usage(args, "--reason TEXT is required: the audit log keeps why the halt was lifted" if args.lift
+                      else "--reason TEXT is required: the program refused sees it, and the audit log keeps it")
     audit_target: str = args.audit or os.environ.get("PROCTOR_AUDIT") or ""
     if not args.list and not audit_target:
         return _usage(args, "--audit LOG|URL (or PROCTOR_AUDIT) is required: every halt and lift is audited")

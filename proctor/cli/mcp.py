@@ -126,28 +126,44 @@ def serve(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(terminal_safe(str(exc), keep_newlines=True), file=sys.stderr)
         return 1
+    listener = None
+    if args.http:  # bound before any upstream starts: a port another server holds fails here, in one line
+        from proctor.codemode.server import listen
+
+        try:
+            listener = listen(host, port)
+        except OSError as exc:
+            return _fail(f"--http {host}:{port}: cannot listen there: {exc.strerror or exc} (another server "
+                         "holds that port? stop it, or serve on another)", 1)
     try:
-        audit, _, _ = load_audit(args.audit or default_audit_path(), args.audit_key)
-        code_mode = CodeMode(servers, policy, local_tools=tools, audit=audit, approver=approver, user=args.user,
-                             sandbox=args.sandbox, timeout=args.timeout, authorized_imports=args.imports,
-                             session_idle=session_idle, halts=halts, shadow=shadow, ledger=args.ledger,
-                             labels={k: str(v) for k, v in args.label})
-        if halts is None and args.store:  # a gate sharing a store honours its halts, beside its own and its ledger's
-            _honour_store_halts(code_mode, args.store)
-        code_mode.open()
-    except (ToolsetError, AuditError, ConfigurationError) as exc:
-        return _fail(str(exc), 1)
-    try:
-        if args.http:
-            print(f"proctor mcp serve: http://{host}:{port}/mcp ({len(code_mode.tools)} tools)", file=sys.stderr)
-            serve_http(code_mode, host, port, tokens)
-        else:
-            serve_stdio(code_mode)
+        try:
+            audit, _, _ = load_audit(args.audit or default_audit_path(), args.audit_key)
+            code_mode = CodeMode(servers, policy, local_tools=tools, audit=audit, approver=approver, user=args.user,
+                                 sandbox=args.sandbox, timeout=args.timeout, authorized_imports=args.imports,
+                                 session_idle=session_idle, halts=halts, shadow=shadow, ledger=args.ledger,
+                                 labels={k: str(v) for k, v in args.label})
+            if halts is None and args.store:  # the store's halts, beside the gate's own and its ledger's
+                _honour_store_halts(code_mode, args.store)
+            try:
+                code_mode.open()
+            except ToolsetError as exc:  # an upstream did not start: its entry is in the servers file
+                return _fail(f"{args.servers}: {exc}", 1)
+        except (ToolsetError, AuditError, ConfigurationError) as exc:
+            return _fail(str(exc), 1)
+        try:
+            if args.http:
+                print(f"proctor mcp serve: http://{host}:{port}/mcp ({len(code_mode.tools)} tools)", file=sys.stderr)
+                serve_http(code_mode, host, port, tokens, listener=listener)
+            else:
+                serve_stdio(code_mode)
+        finally:
+            if audit is not None:
+                audit.close()
+            if halts is not None:
+                halts.close()
     finally:
-        if audit is not None:
-            audit.close()
-        if halts is not None:
-            halts.close()
+        if listener is not None:
+            listener.close()
     return 0
 
 

@@ -216,9 +216,14 @@ def _coverage(args: argparse.Namespace) -> int:
     sections = (("rules that never matched", out["never_matched"]),
                 ("rules that always matched (every call they could apply to)", out["always_matched"]),
                 ("budgets never approached (peak use under 50%)", [
-                    f"{b['name']}: peak {b['max_fraction']:.0%}" for b in out["budgets"] if b["max_fraction"] < 0.5]),
-                ("tools called but not declared in tools:", out["undeclared_tools"]))
+                    f"{b['name']}: peak {b['max_fraction']:.0%}" for b in out["budgets"]
+                    if b["replayed"] and b["max_fraction"] < 0.5]),
+                ("budgets on the model's usage only, not replayed (the steps' usage is in the log)", [
+                    b["name"] for b in out["budgets"] if not b["replayed"]]),
+                ("tools called but not declared in `tools`", out["undeclared_tools"]))
     for title, items in sections:
+        if not items and title.startswith("budgets on the model"):  # (said only where a policy has one)
+            continue
         print(f"\n{title}: {len(items)}")
         for item in items:
             print(terminal_safe(f"  {item}"))

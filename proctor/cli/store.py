@@ -22,7 +22,10 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from proctor.store.base import RunStore
 
 __all__ = ["register"]
 
@@ -415,6 +418,7 @@ def _answer(args: argparse.Namespace) -> int:
     if args.verdict == "deny" and not args.reason:
         raise _Usage("deny needs --reason: the program (and the model) are told why")
     client = _client(args)
+    durable = True  # through --server the inbox does not say whether it keeps the run: the resume hint stays
     if client is not None:
         if args.approver:
             raise _Usage("--as does not go with --server: the server knows you by your token")
@@ -457,14 +461,30 @@ def _answer(args: argparse.Namespace) -> int:
             answered = answer(store, args.id, approver=approver, address=address, decision=args.verdict,
                               binding=current.binding, reason=args.reason, args=edited, method=who.method,
                               groups=who.groups, os_user=who.os_user, refusals=trail, seal=seal)
+            durable = _holds_run(store, answered.run_id)
         finally:
             store.close()
     if args.json:
         print(json.dumps(answered.as_dict(), default=str, indent=2))
-    else:
+    elif durable:
         _out(f"{answered.id}: {args.verdict} by {approver} ({answered.tool} of run {answered.run_id}); "
               f"resume it with `proctor runs resume {answered.run_id} …`")
+    else:  # a program waiting on the store (`proctor mcp serve --approver inbox`): nothing to resume
+        _out(f"{answered.id}: {args.verdict} by {approver} ({answered.tool} of run {answered.run_id}); "
+             "the program waiting for it goes on")
     return 0
+
+
+def _holds_run(store: RunStore, run_id: str) -> bool:
+    """Whether the store keeps the run itself (a durable run, resumed with `proctor runs resume`), not only its
+    approvals."""
+    from proctor.errors import RunNotFound
+
+    try:
+        store.get_run(run_id)
+    except RunNotFound:
+        return False
+    return True
 
 
 @_guard

@@ -24,6 +24,7 @@ import os
 import re
 import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -44,6 +45,7 @@ from proctor.policy.approvers import Answerer, refusal
 from proctor.store.answerseal import AnswerCheck
 from proctor.termsafe import marked_plain, terminal_safe
 from proctor.tools import Tool
+from proctor.urls import shown_url
 
 if TYPE_CHECKING:
     from proctor.gate.gate import PolicyLike
@@ -269,7 +271,12 @@ class CodeMode:
                                      call_timeout=s.call_timeout, trust_annotations=s.trust_annotations,
                                      reserved=taken)
                 self.toolsets.append(toolset)
-                tools = toolset.open()
+                try:
+                    tools = toolset.open()
+                except ToolsetError as exc:  # say which entry, reaching what, and the way out
+                    target = shown_url(s.url) if s.url is not None else " ".join([s.command or "", *s.args])
+                    raise ToolsetError(f"server {s.name!r} ({target}) did not start: {exc}; fix its entry, or set "
+                                       '"disabled": true to serve without it') from exc
                 taken |= {t.name for t in tools}
                 self.tools.extend(tools)
         except ToolsetError:
@@ -709,10 +716,27 @@ class _StdinEnds:
             pass
 
 
-def serve_http(code_mode: CodeMode, host: str, port: int, tokens: Any) -> None:
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``HOST:PORT`` for `serve_http` (as uvicorn binds one): `OSError` when it cannot be,
+    before anything is started behind it."""
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve_http(code_mode: CodeMode, host: str, port: int, tokens: Any, *,
+               listener: socket.socket | None = None) -> None:
     """Serve streamable HTTP at ``http://HOST:PORT/mcp``; every request needs ``Authorization: Bearer
     TOKEN`` of `tokens` (a `proctor.approval.tokens.TokenFile`), whose owner is the session's principal.
-    A session ends when its client deletes it (``DELETE /mcp``, once the SDK has), after `code_mode.session_idle`
+    `listener`: a socket `listen` bound (else uvicorn binds `host`:`port` itself). A session ends when its client
+    deletes it (``DELETE /mcp``, once the SDK has), after `code_mode.session_idle`
     seconds with no request in flight (the client went away: ``run_finished`` says ``abandoned``), or when the
     server stops."""
     def principal_of(ctx: Any) -> str:
@@ -747,11 +771,20 @@ def serve_http(code_mode: CodeMode, host: str, port: int, tokens: Any) -> None:
     # are finished in the audit trail, so the handler it finds records the signal instead.
     stopped: list[int] = []
     previous: dict[signal.Signals, Any] = {}
+
+    def hang_up(signum: int, frame: object) -> None:
+        # uvicorn takes SIGINT and SIGTERM only: a SIGHUP at its default would kill the process with the
+        # sessions' runs unfinished, so it stops the server as SIGTERM does (as `mcp serve` on stdio).
+        stopped.append(signum)
+        http.should_exit = True
+
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda signum, frame: stopped.append(signum))
+        if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:  # taken only where at its default, as on stdio
+            previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, hang_up)
     try:
-        http.run()
+        http.run(sockets=[listener] if listener is not None else None)
     except BaseException as exc:
         stop.set()
         reaper.join()

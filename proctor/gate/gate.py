@@ -188,6 +188,7 @@ class Gate:
             self.halts = default_halts(self.ledger, listener=self._on_halt)
             if isinstance(self.ledger, SharesHalts):
                 self._halts_from.add(self.ledger.halts_at)
+        self._record_in_force(self.halts)
         #: Caps of each run's provenance index (kept only when the policy calls provenance()/from_user()).
         self.provenance_limits = provenance_limits or ProvenanceLimits()
         #: Calls of a run whose raw history entries and records are kept (see `RunContext`).
@@ -288,7 +289,9 @@ class Gate:
                 return
             self._halts_from.add(at)
             current = self.halts.channels if isinstance(self.halts, JointHalts) else (self.halts,)
-            self.halts = JointHalts(*current, shared_halts(at, self._on_halt))
+            joined = shared_halts(at, self._on_halt)
+            self.halts = JointHalts(*current, joined)
+        self._record_in_force(joined)
 
     def halt(self, reason: str, *, scope: Scope = "all", value: str | None = None, by: str | None = None) -> Halt:
         """Halt matching calls on every gate sharing this gate's halt channel (`proctor.halt`), now.
@@ -343,6 +346,14 @@ class Gate:
                     if halt is not None:
                         break
         return halt
+
+    def _record_in_force(self, channel: HaltChannel) -> None:
+        """Record the halts `channel` already holds as this gate starts honouring them: the channel tells only of
+        halts that start or end from now on, and the trail would name, in the calls they refuse, halts it never
+        recorded (and later record their lifting alone)."""
+        for halt in channel.active():
+            self.recorder.append("halt_set", HaltEvent("halt_set", halt, halt.by, halt.reason,
+                                                       "in force when this gate started").audit_fields())
 
     def _on_halt(self, event: HaltEvent) -> None:
         """Record a halt the channel saw start or end (unless `halt`/`lift_halt` of this gate recorded it)."""

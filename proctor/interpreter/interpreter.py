@@ -104,6 +104,7 @@ class GateLike(Protocol):
 
     def register(self, *tools: Tool) -> None: ...
     def start_run(self) -> RunContext: ...
+    def finish_run(self, ctx: RunContext, status: str = "done") -> None: ...
     def submit(self, tool: str, args: Mapping[str, JSONValue] | None = None, *, context: RunContext | None = None,
                call_id: str | None = None, parent: Context | None = None,
                on_result: Callable[[object, ProctorError | None], None] | None = None,
@@ -139,6 +140,8 @@ class Interpreter:
         self.authorized_imports = tuple(authorized_imports)
         check_installed(self.authorized_imports)
         self.context = context
+        #: Whether `context` is the run this interpreter started itself (no `context=`): `close` finishes it.
+        self._own_run = False
         self.sandbox = sandbox
         if gate.policy.model.sandbox == "required":
             require_bwrap(sandbox)  # before anything starts: the policy's floor, whatever the caller asked
@@ -209,6 +212,11 @@ class Interpreter:
             if self._worker is not None:
                 self._worker.close()
                 self._worker = None
+            if self._own_run and self.context is not None:
+                # Nobody else can end the run it started: left open, `proctor audit verify` would say its
+                # writer was killed or crashed.
+                self._own_run = False
+                self.gate.finish_run(self.context)
 
     def reset(self) -> None:
         """Replace the worker with a fresh one: no variable survives."""
@@ -653,6 +661,7 @@ class Interpreter:
     def _run_context(self) -> RunContext:
         if self.context is None:
             self.context = self.gate.start_run()
+            self._own_run = True
         return self.context
 
     def _check_open(self) -> None:

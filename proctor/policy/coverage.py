@@ -8,7 +8,8 @@ gate's `admit`) — and, for each call, evaluates every rule whose `match:` appl
 - rules that never matched any call (dead, or waiting for a case the log never saw);
 - rules that matched every call they could apply to (a `when` that never says no);
 - each budget's peak use, as the largest fraction of any of its limits any run (or pool)
-  reached; a budget that refused a call reached 1.0;
+  reached; a budget that refused a call reached 1.0 (the model's usage is not replayed: a budget
+  limiting only `model_tokens` / `model_cost_usd` says so, `replayed: false`);
 - tools called that the policy's `tools:` does not declare (their class came from the tool
   itself, or is destructive).
 
@@ -42,9 +43,13 @@ class BudgetCoverage:
     name: str
     max_fraction: float = 0.0
     refused: int = 0
+    #: False for a budget whose every limit is on the model's usage (`model_tokens`, `model_cost_usd`): replay
+    #: feeds budgets from the recorded calls, not from the model's replies, so its peak is not known.
+    replayed: bool = True
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "max_fraction": round(self.max_fraction, 4), "refused": self.refused}
+        return {"name": self.name, "max_fraction": round(self.max_fraction, 4), "refused": self.refused,
+                "replayed": self.replayed}
 
 
 @dataclass
@@ -130,7 +135,8 @@ def coverage_log(policy: Policy, source: str, *, since_ns: int | None = None, ve
     log's chain is checked first, as `replay_log` does."""
     report = CoverageReport(policy.sha256)
     report.rules = {rule.name: [0, 0] for rule in policy.compiled}
-    report.budgets = {b.name: BudgetCoverage(b.name) for b in policy.budgets}
+    report.budgets = {b.name: BudgetCoverage(b.name, replayed=any(
+        getattr(b.limit, attr) for attr, _, _ in _LIMITS if not attr.startswith("model_"))) for b in policy.budgets}
     replayed = replay_log(policy, source, since_ns=since_ns, observe=_Counter(policy, report), verify=verify,
                           pubkey=pubkey)
     report.undecidable = replayed.undecidable

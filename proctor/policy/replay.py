@@ -31,6 +31,8 @@ Calls the log cannot decide again are counted as undecidable, never guessed:
   reads a redacted argument) ran, every later call whose decision reads that budget — a
   condition reading its `usage`, or the budget counting the call's cost — since what it holds
   of cost is not known.
+- a condition reading the model's usage (``usage.NAME.model_tokens`` / ``model_cost_usd``): the
+  agent charged a step's model reply before its program ran, the log records it after the step's calls;
 - the log does not hold the call's run from its start (``run_started``: a log that begins
   mid-run, or holds a resumed run from its ``run_resumed`` on) and the decision could read the
   run — a condition or expression naming ``run``, ``history``, ``seen`` or ``usage``, or a
@@ -243,6 +245,8 @@ class _Reads:
     #: Whether a condition reads `seen`, or the class of an earlier call (`history`'s side_effect).
     seen: bool = False
     history_class: bool = False
+    #: Whether a condition reads the model's usage (`usage.NAME.model_tokens` / `.model_cost_usd`).
+    model_usage: bool = False
 
 
 class _Clock:
@@ -580,6 +584,8 @@ class _Replayer:
         if not reads.nothing:
             if reads.provenance:
                 return "a condition reads where values came from (provenance): the log holds no tool results"
+            if reads.model_usage:
+                return _MODEL_USAGE
             if redacted:
                 hidden = _redacted_fields(args)
                 if reads.args is None or not reads.args.isdisjoint(hidden):
@@ -618,18 +624,19 @@ class _Replayer:
             plain = not conditions and not cost_unknown and not self._expressions(tool)
             counting = [b for b in self.policy.budgets if _matches(b.match, tool, side_effect)]
             usage: frozenset[str] | None = frozenset()
-            reads_seen = reads_class = False
+            reads_seen = reads_class = model_usage = False
             for condition in conditions:
                 needs = needs_of(condition.source, VARIABLES)
                 read = needs.get("usage", frozenset())
                 usage = None if read is None or usage is None else usage | read
+                model_usage = model_usage or (read != frozenset() and bool(_MODEL_FIELDS.search(condition.source)))
                 reads_seen = reads_seen or needs.get("seen", frozenset()) != frozenset()
                 entry = needs.get("history", frozenset())
                 reads_class = reads_class or entry is None or "side_effect" in entry
             found = self._reads[key] = _Reads(args, history_args, provenance, not conditions, cost_unknown, plain,
                                               bool(counting), usage,
                                               frozenset(b.name for b in counting if b.limit.cost is not None),
-                                              reads_seen, reads_class)
+                                              reads_seen, reads_class, model_usage)
         return found
 
     def _cost_unknown_of(self, reads: _Reads, facts: ToolFacts, args: Mapping[str, Any]) -> bool:
@@ -704,6 +711,12 @@ _AFTER_LAYERED = ("a condition reads seen or an earlier call's class, and a mana
                   "earlier call of the run (its labels and class were that policy's too)")
 #: The variables of a condition that read the run rather than the call (by name: over-counting is safe).
 _RUN_NAMES = re.compile(r"\b(?:run|history|seen|usage)\b")
+#: The fields of `usage` a replay cannot give: the agent charges a model reply before the step's program runs,
+#: while the log records the step's usage after its calls (by name, in a condition that reads `usage`).
+_MODEL_FIELDS = re.compile(r"\bmodel_(?:tokens|cost_usd)\b")
+#: Why a call whose condition reads the model's usage is undecidable.
+_MODEL_USAGE = ("a condition reads the model's usage (model_tokens, model_cost_usd): the log records a step's "
+                "model usage after the step's calls, not what each call saw")
 
 
 def _matches(match: Any, tool: str, side_effect: str) -> bool:

@@ -18,6 +18,7 @@ an agent, everything) are lifted with `proctor halt --lift ID`.
 from __future__ import annotations
 
 import datetime as dt
+import shlex
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,13 @@ class HaltDesk:
                 out.append(shown)
         return out
 
+    def lift_command(self, halt_id: str) -> str:
+        """The `proctor halt --lift` an operator runs for what the inbox does not lift: whole, with the backend the
+        inbox reads (a Redis ledger's or a run store's), so it lifts the halt it names and not one elsewhere."""
+        shown = self.backend.shown if self.backend is not None else "URL"
+        flag = "--ledger" if shown.split("://", 1)[0].lower() in ("redis", "rediss", "unix") else "--store"
+        return f"proctor halt --lift {halt_id} --reason TEXT {flag} {shlex.quote(shown)} --audit LOG"
+
     def may_halt(self, approver_groups: Sequence[str] | None) -> bool:
         return bool(self.groups) and bool(set(approver_groups or ()) & set(self.groups))
 
@@ -109,7 +117,7 @@ class HaltDesk:
             error = repr(exc)
         if error is not None:
             raise HaltRefused(500, f"halt {halt.id} IS IN FORCE but the audit log could not record it: {error}; "
-                                   f"lift it with `proctor halt --lift {halt.id}` once the log is writable, or "
+                                   f"lift it with `{self.lift_command(halt.id)}` once the log is writable, or "
                                    "record it by hand")
         return halt
 
@@ -128,16 +136,16 @@ class HaltDesk:
             raise HaltRefused(404, f"no active halt {halt_id!r}")
         if found.scope != "run":
             raise HaltRefused(403, f"the inbox lifts halts of one run; {halt_id} stops {found.target}: lift it with "
-                                   f"`proctor halt --lift {halt_id}`")
+                                   f"`{self.lift_command(halt_id)}`")
         # Four eyes: a halt stops a run whoever started it; the one who started it does not lift it. A run the
         # store does not hold (halted with `proctor halt --run`) has no principal to compare: not lifted here.
         principal = self.principal_of(found.value or "")
         if principal is None:
             raise HaltRefused(403, f"run {found.value} is not in this inbox's store, so who started it is unknown: "
-                                   f"lift its halt with `proctor halt --lift {halt_id}`")
+                                   f"lift its halt with `{self.lift_command(halt_id)}`")
         if principal == approver:
             raise HaltRefused(403, f"four eyes: {approver} started run {found.value}; another approver (or "
-                                   f"`proctor halt --lift {halt_id}`) lifts its halt")
+                                   f"`{self.lift_command(halt_id)}`) lifts its halt")
         if not reason.strip():
             raise HaltRefused(422, "a lift needs its reason: the audit log keeps it")
         if confirm.strip() != halt_id:

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import serialization
 import proctor.audit.log as log_module
 from proctor.audit import AuditLog, AuditSink, generate_keypair, key_id, merkle_root, verify
 from proctor.audit.records import GENESIS, checkpoint_statement
-from proctor.errors import AuditError
+from proctor.errors import AuditError, ConfigurationError
 
 #: A redaction mark's keyed digest (random per key): masked before looking for clear values.
 _MARK = re.compile(r"hmac-sha256:[0-9a-f]{64}")
@@ -245,6 +245,18 @@ def test_unopenable_log_is_an_audit_error(tmp_path: Path) -> None:
         AuditLog(tmp_path / "dir.jsonl")
     with AuditLog(tmp_path / "ok.jsonl") as log:  # and nothing was left locked
         assert log.append("step", {}).ok
+
+
+def test_a_url_is_refused_as_a_path_and_nothing_is_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`AuditLog("postgresql://…?log=prod")` would write the fleet's trail to a local `postgresql:/…` file that no
+    reader of the database sees: it is refused, naming what opens a URL, and no file or directory is made."""
+    monkeypatch.chdir(tmp_path)
+    for url in ("postgresql://auditor:s3cret@db/proctor?log=prod", "file://audit.jsonl"):
+        with pytest.raises(ConfigurationError, match=r"AuditLog takes a file path, not the URL .*PostgresAuditLog"
+                                                     r"\(URL\).*open_audit\(URL\)") as caught:
+            AuditLog(url)
+        assert "s3cret" not in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_redaction_is_keyed_per_log_and_correlates_within_a_log(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@ read as something else (the last of two same keys, NaN seconds) and never a trac
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +82,26 @@ def test_a_good_file_still_loads(tmp_path: Path) -> None:
     assert (files.name, files.command, files.args, files.timeout, files.call_timeout) == \
         ("files", "npx", ("-y", "x"), 5.0, 2.5)
     assert (web.name, web.url, dict(web.headers)) == ("web", "http://127.0.0.1:1/mcp", {"Authorization": "Bearer t"})
+
+
+@pytest.mark.parametrize("entry", ["url", "command"])
+def test_an_upstream_that_does_not_start_is_named_with_its_entry_and_the_fix(tmp_path: Path, entry: str) -> None:
+    """`the MCP server t failed: ConnectError: All connection attempts failed` said neither where the server was
+    configured nor what was reached: the one line names the file, the server, its URL or command, and the fix."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spec = ({"url": f"http://user:s3cret@127.0.0.1:{port}/mcp", "proctor": {"timeout": 5}} if entry == "url" else
+            {"command": str(tmp_path / "no-such-server"), "args": ["--stdio"]})
+    (tmp_path / "servers.json").write_text(json.dumps({"mcpServers": {"tickets": spec}}))
+    (tmp_path / "policy.yaml").write_text("version: 1\ndefault: deny\n")
+    done = subprocess.run([sys.executable, "-m", "proctor.cli", "mcp", "serve", "--servers",
+                           str(tmp_path / "servers.json"), "--policy", str(tmp_path / "policy.yaml"),
+                           "--audit", str(tmp_path / "audit.jsonl")], capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 1, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
+    target = f"http://user:***@127.0.0.1:{port}/mcp" if entry == "url" else f"{tmp_path / 'no-such-server'} --stdio"
+    assert f"{tmp_path / 'servers.json'}: server 'tickets' ({target}) did not start:" in done.stderr, done.stderr
+    assert "s3cret" not in done.stderr
+    assert 'fix its entry, or set "disabled": true to serve without it' in done.stderr, done.stderr

@@ -170,7 +170,9 @@ def test_a_session_running_a_program_is_not_reaped_however_long_it_runs(tmp_path
     assert [f["status"] for f in finished] == ["abandoned"] and finished[0]["calls"]["ok"] == 1
 
 
-def test_a_server_stopped_by_sigterm_ends_its_sessions_runs_as_interrupted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_server_stopped_by_a_signal_ends_its_sessions_runs_as_interrupted(tmp_path: Path, signum: int) -> None:
+    """SIGTERM and SIGHUP (docs/code-mode.md: the server stops) finish every session's run before the exit."""
     servers, policy, audit = write_config(tmp_path)
     tokens = tmp_path / "tokens.txt"
     erin = add_token(tokens, "erin")
@@ -178,11 +180,12 @@ def test_a_server_stopped_by_sigterm_ends_its_sessions_runs_as_interrupted(tmp_p
     args = serve_args(servers, policy, audit, "--http", f"127.0.0.1:{port}", "--tokens", str(tokens))
     with http_server(args, port) as proc:
         _vanishing_client(f"http://127.0.0.1:{port}/mcp", erin, "t_add(1, 1)")
-        proc.terminate()
-        assert proc.wait(60) == 128 + signal.SIGTERM  # the exit a SIGTERM'd process has, after the records
+        proc.send_signal(signum)
+        assert proc.wait(60) == 128 + signum  # the exit a signalled process has, after the records
     finished = [r for r in audit_records(audit) if r["kind"] == "run_finished"]
+    name = signal.Signals(signum).name
     assert [(f["status"], f["error"], f["calls"]["ok"]) for f in finished] == [
-        ("interrupted", "interrupted by SIGTERM", 1)]
+        ("interrupted", f"interrupted by {name}", 1)]
 
 
 def _wait_for_finish(audit: Path) -> list[dict[str, Any]]:
@@ -320,3 +323,24 @@ def test_a_server_bound_beyond_localhost_answers_clients_that_name_it(tmp_path: 
         assert answer.status_code == 200 and "mcp-session-id" in answer.headers, answer.text
     else:
         assert answer.status_code == 421
+
+
+def test_a_port_another_server_holds_is_said_in_one_line_before_any_upstream_starts(tmp_path: Path) -> None:
+    """It printed "serving on http://…/mcp", then uvicorn's bind error, and exited 3 after starting every upstream."""
+    import socket
+
+    servers, policy, audit = write_config(tmp_path)
+    tokens = tmp_path / "tokens.txt"
+    add_token(tokens, "alice")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = subprocess.run([sys.executable, *serve_args(servers, policy, audit, "--http", f"127.0.0.1:{port}",
+                                                          "--tokens", str(tokens))],
+                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--http 127.0.0.1:{port}: cannot listen there:" in lines[0], done.stderr
+    assert "another server holds that port" in lines[0]
+    assert not (tmp_path / "upstream.log").exists()  # the upstream was never started

@@ -233,6 +233,9 @@ def test_a_client_without_elicitation_falls_back_to_the_inbox(tmp_path: Path) ->
     helper.join(120)
     assert answered, "no approval reached the store"
     assert "value: 'deleted /tmp/z'" in out
+    # The session's program was waiting, not suspended: the answer says it goes on, not to resume a run the
+    # store does not hold.
+    assert "the program waiting for it goes on" in answered[0] and "runs resume" not in answered[0], answered[0]
     approvals = [r for r in audit_records(audit) if r["kind"] == "approval_resolved"]
     assert [a["verdict"] for a in approvals] == ["approve"] and approvals[0]["method"] == "os-user"
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from conftest import REAL_RUNS
@@ -314,3 +316,32 @@ def test_late_thread_calling_final_answer_does_not_break_the_next_run(make: Call
     _time.sleep(0.4)
     after = py.run("keep")
     assert after.error is None and after.value == 3 and not after.is_final_answer and not after.state_lost
+
+
+def test_the_run_an_interpreter_started_itself_is_finished_when_it_closes(tmp_path: Path) -> None:
+    """README's ten lines (`with Interpreter(tools, gate=gate)` and no context) left a `run_started` that never
+    finished: `proctor audit verify` said the writer was killed or crashed, and `--strict` failed a clean exit.
+    A run given as `context=` belongs to its caller and is left open."""
+    from conftest import POLICY, TOOLS
+
+    from proctor.audit import AuditLog, verify
+    from proctor.gate import Gate
+    from proctor.policy import Policy
+
+    path = tmp_path / "audit.jsonl"
+    with AuditLog(path) as log:
+        gate = Gate(Policy.from_dict(POLICY), audit=log, tools=TOOLS)
+        with Interpreter(TOOLS, gate, timeout=10, sandbox="process") as py:
+            assert py.run("lookup('1')").error is None
+            assert py.run("lookup('2')").error is None
+        given = gate.start_run(principal="alice")
+        with Interpreter(TOOLS, gate, timeout=10, sandbox="process", context=given) as py:
+            assert py.run("lookup('3')").error is None
+        py.close()  # closing again finishes nothing twice
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    started = [r["run_id"] for r in records if r["kind"] == "run_started"]
+    finished = [r for r in records if r["kind"] == "run_finished"]
+    assert len(started) == 2 and [(f["run_id"], f["status"], f["calls"]["ok"]) for f in finished] == [
+        (started[0], "done", 2)]
+    report = verify(path)
+    assert report.ok and report.unfinished_runs == [given.info.id]

@@ -253,6 +253,9 @@ def test_cli_usage(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypat
     assert main(["halt", *store]) == 2
     err = capsys.readouterr().err
     assert "--reason TEXT is required" in err and "--audit" in err and "--ledger redis://" in err
+    assert main(["halt", "--lift", "halt_x", *store, "--audit", str(tmp_path / "a.jsonl")]) == 2  # no --reason
+    err = capsys.readouterr().err  # a lift's reason is the log's, no program sees it
+    assert "--reason TEXT is required: the audit log keeps why the halt was lifted" in err and "program" not in err
 
 
 def test_a_halt_on_a_sqlite_store_that_does_not_exist_is_refused_not_kept_where_no_gate_reads(
@@ -537,3 +540,31 @@ def test_a_shared_channel_stops_reading_once_no_gate_watches_it(tmp_path: Path) 
     gc.collect()
     _wait_for(lambda: not readers())
     store.close()
+
+
+def test_a_halt_in_force_when_a_gate_starts_is_in_its_trail_before_the_calls_it_refuses(
+        redis_server: RedisServer) -> None:
+    """A gate made while a halt was in force refused calls naming a halt its trail never recorded, and later
+    recorded its `halt_lifted` alone: its trail now says when it began honouring it, who set it and why."""
+    from proctor.halt.redis import RedisHaltBackend
+    from proctor.testing import InMemoryAudit
+
+    prefix = f"proctor:halts:{uuid.uuid4().hex[:8]}"
+    other = RedisHaltBackend(redis_server.url, prefix=prefix)  # another process's `proctor halt`, earlier
+    before = other.set(new_halt("tool", "effect", "mail storm", "ops-erin"))
+    channel = RedisHalts(redis_server.url, prefix=prefix, refresh_s=0.02)
+    audit = InMemoryAudit()
+    try:
+        gate, runs = _effect_gate(audit, halts=channel)
+        with pytest.raises(ToolDenied, match=f"halted by {before.id}: mail storm"):
+            gate.call("effect", {})
+        other.lift(before.id)
+        _wait_for(lambda: audit.of_kind("halt_lifted"))
+        kinds = [r["kind"] for r in audit.records]
+        assert kinds.index("halt_set") < kinds.index("call_intent") and runs == []
+        (found,) = audit.of_kind("halt_set")
+        assert (found["halt_id"], found["by"], found["reason"], found["via"]) == (
+            before.id, "ops-erin", "mail storm", "in force when this gate started")
+    finally:
+        channel.close()
+        other.close()

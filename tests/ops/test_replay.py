@@ -370,7 +370,9 @@ rules:
     out = json.loads(capsys.readouterr().out)
     assert out["always_matched"] == ["everything"] and out["undeclared_tools"] == ["charge", "lookup", "send_email"]
     assert main(["policy", "coverage", str(p), "--audit", str(log)]) == 0
-    assert "rules that never matched: 0" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "rules that never matched: 0" in text
+    assert "tools called but not declared in `tools`: 3\n  charge\n  lookup\n  send_email" in text
 
 
 def test_replay_from_a_postgres_audit_log(tmp_path: Path, postgres_server: PostgresServer,

@@ -6,6 +6,8 @@ lands in the run store's `halts` table, which a real gate's `StoreHalts` channel
 
 from __future__ import annotations
 
+import html
+import shlex
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -207,6 +209,9 @@ def test_a_runs_halt_is_lifted_from_the_inbox_recorded_first(inbox: Inbox, serve
     assert client.post(lift, data={"reason": "fixed", "confirm": halt.id}).status_code == 403  # no CSRF
     widened = client.post(f"/halts/{wide.id}/lift", data={"csrf": csrf, "reason": "x", "confirm": wide.id})
     assert widened.status_code == 403 and "proctor halt --lift" in widened.text
+    # the command to run, whole: the inbox's own backend, so it lifts this halt and not one elsewhere
+    assert (f"proctor halt --lift {wide.id} --reason TEXT --store {shlex.quote(served.halts.shown)} --audit LOG"
+            in html.unescape(widened.text)), widened.text
     bob = httpx.post(f"{served.url}/api/halts/{halt.id}/lift", json={"reason": "x"},
                      headers={"Authorization": f"Bearer {inbox.tokens['bob']}"})
     assert bob.status_code == 403
