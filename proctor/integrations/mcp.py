@@ -60,11 +60,13 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import codecs
 import contextvars
 import dataclasses
 import inspect
 import json
 import keyword
+import os
 import re
 import sys
 import threading
@@ -295,8 +297,12 @@ class MCPToolset:
                         streamable_http_client(self.server, http_client=http) as streams:
                     await self._serve(streams[0], streams[1])
             else:
-                async with stdio_client(self.server) as streams:
-                    await self._serve(streams[0], streams[1])
+                stderr = _EscapedStderr()
+                try:
+                    async with stdio_client(self.server, errlog=stderr.writer) as streams:
+                        await self._serve(streams[0], streams[1])
+                finally:
+                    stderr.close()
         finally:
             self._session = None
 
@@ -774,6 +780,44 @@ def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
         t.cancel()
     if tasks:
         loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+
+
+class _EscapedStderr:
+    """A stdio server's stderr: a pipe whose lines a thread writes to proctor's own stderr escaped by
+    `terminal_safe` (tabs kept), so what the server prints cannot drive the operator's terminal (erase
+    lines, move the cursor, reorder text). Handed to the server as `writer`; the relay ends when the
+    server's copy and ours (`close`) are both closed."""
+
+    _CHUNK = 64 * 1024
+
+    def __init__(self) -> None:
+        read, write = os.pipe()
+        self.writer = os.fdopen(write, "w")
+        self._thread = threading.Thread(target=self._relay, args=(read,), name="proctor-mcp-stderr", daemon=True)
+        self._thread.start()
+
+    def _relay(self, read: int) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        with os.fdopen(read, "rb") as source:
+            while True:
+                line = source.readline(self._CHUNK)  # a line without an end is relayed a chunk at a time
+                text = decoder.decode(line, final=not line)
+                if text:
+                    ended = text.endswith("\n")
+                    shown = terminal_safe(text[:-1] if ended else text, keep_tabs=True) + ("\n" if ended else "")
+                    try:
+                        sys.stderr.write(shown)
+                        sys.stderr.flush()
+                    except (OSError, ValueError):  # our stderr is gone: the server's lines go nowhere
+                        pass
+                if not line:
+                    return
+
+    def close(self) -> None:
+        """Close our copy; the server has exited by now, so its last lines are relayed before this returns (unless
+        a process it started still holds the pipe: then they follow when it closes it)."""
+        self.writer.close()
+        self._thread.join(2)
 
 
 #: The ids of the requests the current call sent (1.x; set in the task that makes the call).

@@ -10,9 +10,9 @@ CallToolResult, ``bad_struct`` structured content its output schema refuses, ``o
 annotations after it), ``ref:URL`` (``peek``'s argument is a ``$ref`` to URL, which a validator that
 fetches would fetch), ``wordy`` (20 tools whose descriptions are one 7 000-character line), ``plain`` (one tool),
 ``badref`` (``peek`` refers to a missing ``#/$defs/x``, ``far`` to a URL, ``ok_tool`` is fine), ``controls`` (``paint``:
-ANSI escapes, C1 controls and bidi overrides in its description, title, argument description, enum values and
-the errors its calls return; ``refuse`` answers a JSON-RPC error saying the same), ``deep:N`` (a tool whose
-inputSchema nests N ``not`` levels), ``deeper`` (the same beyond what the SDK's parser reads).
+ANSI escapes, C1 controls and bidi overrides in its description, title, argument description, enum values,
+the errors its calls return and its stderr; ``refuse`` answers a JSON-RPC error saying the same), ``deep:N`` (a
+tool whose inputSchema nests N ``not`` levels), ``deeper`` (the same beyond what the SDK's parser reads).
 """
 
 from __future__ import annotations
@@ -86,6 +86,10 @@ def send(msg: dict[str, object]) -> None:
     sys.stdout.write(json.dumps(msg) + "\n")
     sys.stdout.flush()
 
+
+if MODE == "controls":  # what it prints for the operator's terminal, too
+    sys.stderr.write(f"starting{ESC}\rhidden\n")
+    sys.stderr.flush()
 
 for line in sys.stdin:
     msg = json.loads(line)

@@ -256,6 +256,16 @@ def test_control_characters_a_server_writes_reach_no_model_or_terminal_raw(tmp_p
         assert _raw(str(refused.value)) == [] and "red\\x1b" in str(refused.value)
 
 
+def test_what_a_stdio_server_prints_on_stderr_reaches_the_terminal_escaped(capfd: pytest.CaptureFixture[str]) -> None:
+    """A server's stderr is the operator's terminal: relayed line by line, escaped (a carriage return cannot
+    overwrite the line either)."""
+    with MCPToolset(hostile("controls"), name="odd") as tools:
+        assert tools
+    err = capfd.readouterr().err
+    assert "starting\\x1b[2J\\x1b[1A\\x9b31m\\u202egnp.exe" in err and "\\x0dhidden\n" in err
+    assert _raw(err) == [] and "\r" not in err
+
+
 def toolset_smolagents(tools: list[Tool]) -> list[Any]:
     from proctor.integrations.smolagents import govern_tools
 
