@@ -207,6 +207,16 @@ def test_session_idle_must_be_a_duration(tmp_path: Path) -> None:
     assert "--session-idle '5': bad duration '5' (write a number and a unit" in done.stderr
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_max_sessions_per_principal_is_a_positive_whole_number_or_off(tmp_path: Path, value: str) -> None:
+    servers, policy, audit = write_config(tmp_path)
+    done = subprocess.run([sys.executable, *serve_args(servers, policy, audit, "--http", "127.0.0.1:1", "--tokens",
+                                                       str(tmp_path / "t"), "--max-sessions-per-principal", value)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert f"--max-sessions-per-principal {value!r}: a whole number of sessions, at least 1, or 'off'" in done.stderr
+
+
 def test_a_delete_the_sdk_refuses_ends_no_run_and_the_session_stays_its_openers(served: Any) -> None:
     """The run ends only when the session does: a DELETE the SDK refuses (here: a protocol version it does not
     speak) must not finish the run and drop the opener's claim while the SDK keeps serving the session, or
