@@ -4,6 +4,7 @@ Runs in the dev venv (mcp 2.x) and in `.venv-mcp1` (`make test-mcp1`, mcp 1.x)."
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -237,7 +238,8 @@ def test_control_characters_a_server_writes_reach_no_model_or_terminal_raw(tmp_p
         assert isinstance(paint, MCPTool) and paint.rendered is not None
         shown = [paint.description, paint.signature_text(), paint.rendered.source(paint.description),
                  *paint.arg_descriptions.values(), describe_tools(tools, ALLOW_ALL),
-                 describe_tools(tools, ALLOW_ALL, python=False)]
+                 describe_tools(tools, ALLOW_ALL, python=False),
+                 json.dumps(paint.json_schema(), ensure_ascii=False)]  # what a tool-calling model is sent
         for text in shown:
             assert _raw(text) == [], text
         assert "Paint a wall.\\x1b[2J\\x1b[1A\\x9b31m\\u202egnp.exe\\u2066x\\u2069\\u200b\\u3164\nSecond line." \
