@@ -31,8 +31,9 @@ An MCP server is not trusted, whoever runs it:
   at once, saying so, rather than at the timeout.
 - **A tool whose schema cannot be used is not offered.** A ``$ref`` in its ``inputSchema`` that
   does not resolve within the schema (a missing ``#/$defs/x``, or anything outside it) would refuse
-  every call: such a tool is left out of `tools` when the toolset opens, with why in `withheld` and
-  in one warning log line; the server's other tools are offered as usual.
+  every call; in its ``outputSchema`` (or an invalid ``outputSchema``), every result, after the call
+  ran: such a tool is left out of `tools` when the toolset opens, with why in `withheld` and in one
+  warning log line; the server's other tools are offered as usual.
 - **What a server writes is shown escaped.** Control characters (ANSI escapes, C0/C1 controls,
   bidi overrides and isolates, invisible characters) in descriptions, titles, enum values and the
   error texts it returns become visible escapes (`proctor.termsafe.terminal_safe`) before any model
@@ -506,10 +507,17 @@ class MCPToolset:
                                f"{terminal_safe(exc.message)}") from None
         unresolved = unresolved_reference(schema, type(checker))
         if unresolved is not None:  # every call would be refused: not offered at all, saying why
-            at, ref = unresolved
-            return (f"its inputSchema refers to {terminal_safe(ref[:200])!r} (at {terminal_safe(at[:200]) or '/'}), "
-                    "which does not resolve within the schema; proctor resolves a $ref only there and fetches "
-                    "nothing: the server's schema needs fixing")
+            return _unresolved("inputSchema", *unresolved)
+        if output_schema is not None:  # the SDK checks each result against it: broken, it fails each call after it ran
+            try:
+                out_checker = local_schema_validator(output_schema)
+                out_checker.check_schema(output_schema)
+            except jsonschema.SchemaError as exc:
+                return f"its outputSchema is invalid ({terminal_safe(exc.message[:200])}): every result would be " \
+                       "refused after the call ran; the server's schema needs fixing"
+            unresolved = unresolved_reference(output_schema, type(out_checker))
+            if unresolved is not None:
+                return _unresolved("outputSchema", *unresolved)
         rendered = render_signature(name, schema, output_schema)
         props: Mapping[str, Any] = schema.get("properties") or {}
         fields: dict[str, Any] = {}
@@ -927,6 +935,13 @@ def _result_value(where: str, tool: MCPTool, result: Mapping[str, Any]) -> Any:
 
 def _first_line(text: str) -> str:
     return (text.strip().splitlines() or [""])[0]
+
+
+def _unresolved(which: str, at: str, ref: str) -> str:
+    """Why a tool whose `which` schema holds `ref` (at JSON pointer `at`), which does not resolve, is not offered."""
+    return (f"its {which} refers to {terminal_safe(ref[:200])!r} (at {terminal_safe(at[:200]) or '/'}), which does "
+            "not resolve within the schema; proctor resolves a $ref only there and fetches nothing: the server's "
+            "schema needs fixing")
 
 
 def _unreadable(exc: Exception) -> str:

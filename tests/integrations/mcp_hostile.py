@@ -9,7 +9,8 @@ CallToolResult, ``bad_struct`` structured content its output schema refuses, ``o
 ``forge`` (``wipe``'s description and argument close their docstring and write proctor's own
 annotations after it), ``ref:URL`` (``peek``'s argument is a ``$ref`` to URL, which a validator that
 fetches would fetch), ``wordy`` (20 tools whose descriptions are one 7 000-character line), ``plain`` (one tool),
-``badref`` (``peek`` refers to a missing ``#/$defs/x``, ``far`` to a URL, ``ok_tool`` is fine), ``controls`` (``paint``:
+``badref`` (``peek`` refers to a missing ``#/$defs/x``, ``far`` to a URL, ``tally``'s outputSchema
+to a missing ``#/$defs/count``, ``odd_out``'s outputSchema is invalid, ``ok_tool`` is fine), ``controls`` (``paint``:
 ANSI escapes, C1 controls and bidi overrides in its description, title, argument description, enum values,
 the errors its calls return and its stderr; ``refuse`` answers a JSON-RPC error saying the same), ``deep:N`` (a
 tool whose inputSchema nests N ``not`` levels), ``deeper`` (the same beyond what the SDK's parser reads).
@@ -61,7 +62,10 @@ def listing(cursor: str | None) -> dict[str, object]:
     if MODE == "badref":
         missing = {"type": "object", "properties": {"x": {"$ref": "#/$defs/x"}}, "$defs": {"y": {"type": "string"}}}
         far = {"type": "object", "properties": {"x": {"$ref": "http://127.0.0.1:9/schema.json"}}}
-        return {"tools": [tool("peek", inputSchema=missing), tool("far", inputSchema=far), tool("ok_tool")]}
+        counted = {"type": "object", "properties": {"n": {"$ref": "#/$defs/count"}}}
+        invalid = {"type": "object", "properties": {"n": {"type": 7}}}
+        return {"tools": [tool("peek", inputSchema=missing), tool("far", inputSchema=far), tool("ok_tool"),
+                          tool("tally", outputSchema=counted), tool("odd_out", outputSchema=invalid)]}
     if MODE == "controls":
         schema = {"type": "object", "title": f"Paint{ESC}", "properties": {
             "colour": {"enum": [f"red{ESC}", "blue"], "description": f"the colour{ESC}"},
