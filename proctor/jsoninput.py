@@ -120,10 +120,15 @@ def unresolved_reference(schema: Mapping[str, Any], draft: type[Validator] | Non
                     continue
                 try:
                     resolver.lookup(ref)
-                except Unresolvable:
+                except (Unresolvable, ValueError):  # ValueError: no URI at all (``http://[x``), so nowhere
                     return where.get(id(contents), ""), ref
-        subresources = list(resource.subresources())
-        stack.extend((sub, resolver.in_subresource(sub)) for sub in reversed(subresources))
+        for sub in reversed(list(resource.subresources())):
+            try:
+                stack.append((sub, resolver.in_subresource(sub)))
+            except ValueError:  # its ``$id`` is no URI: no reference under it can be resolved
+                held = sub.contents
+                ident = held.get("$id", held.get("id")) if isinstance(held, Mapping) else None
+                return where.get(id(held), ""), str(ident)
     return None
 
 
