@@ -18,7 +18,8 @@ from proctor.errors import ConfigurationError
 if TYPE_CHECKING:
     from jsonschema.protocols import Validator
 
-__all__ = ["MAX_JSON_INPUT_BYTES", "MAX_JSON_INPUT_DEPTH", "loads_bounded", "local_schema_validator", "shape_problem"]
+__all__ = ["MAX_JSON_INPUT_BYTES", "MAX_JSON_INPUT_DEPTH", "loads_bounded", "local_schema_validator", "shape_problem",
+           "unresolved_reference"]
 
 MAX_JSON_INPUT_DEPTH = 64
 MAX_JSON_INPUT_BYTES = 4 << 20
@@ -82,3 +83,65 @@ def local_schema_validator(schema: Mapping[str, Any], draft: type[Validator] | N
 
     kind = draft if draft is not None else jsonschema.validators.validator_for(schema)
     return kind(schema, registry=Registry())
+
+
+def unresolved_reference(schema: Mapping[str, Any], draft: type[Validator] | None = None) -> tuple[str, str] | None:
+    """The first ``$ref`` (or ``$dynamicRef``) of `schema` that `local_schema_validator` cannot resolve, as
+    ``(where, ref)`` — `where` the JSON pointer of the subschema holding it (``/properties/x``) — or None.
+
+    Validation finds such a reference only when an instance reaches it, so a schema that refers to a
+    missing ``#/$defs/x``, or to anything outside itself, would be refused call after call. This looks
+    every reference up once, as validation would: within the schema and the meta-schemas only (the same
+    registry, which retrieves nothing), base URIs following each subschema's ``$id``. Subschemas are
+    walked without recursion (a schema nested beyond Python's stack is still answered); keywords that
+    hold data (``enum``, ``const``, ``default``) are not schemas and are not read. `schema` must already
+    pass ``check_schema``. Needs jsonschema (ImportError otherwise).
+    """
+    import jsonschema
+    import referencing.jsonschema
+    from jsonschema_specifications import REGISTRY as META_SCHEMAS
+    from referencing import Registry, Specification
+    from referencing.exceptions import Unresolvable
+
+    kind = draft if draft is not None else jsonschema.validators.validator_for(schema)
+    dialect = kind.ID_OF(kind.META_SCHEMA) or "urn:unknown-dialect"
+    specification = referencing.jsonschema.specification_with(dialect, default=Specification.OPAQUE)
+    registry = META_SCHEMAS.combine(Registry())  # what jsonschema makes of local_schema_validator's Registry()
+    root = specification.create_resource(schema)
+    where = _pointers(schema)
+    stack = [(root, registry.resolver_with_root(root))]
+    while stack:
+        resource, resolver = stack.pop()
+        contents = resource.contents
+        if isinstance(contents, Mapping):
+            for key in ("$ref", "$dynamicRef"):
+                ref = contents.get(key)
+                if not isinstance(ref, str):
+                    continue
+                try:
+                    resolver.lookup(ref)
+                except (Unresolvable, ValueError):  # ValueError: no URI at all (``http://[x``), so nowhere
+                    return where.get(id(contents), ""), ref
+        for sub in reversed(list(resource.subresources())):
+            try:
+                stack.append((sub, resolver.in_subresource(sub)))
+            except ValueError:  # its ``$id`` is no URI: no reference under it can be resolved
+                held = sub.contents
+                ident = held.get("$id", held.get("id")) if isinstance(held, Mapping) else None
+                return where.get(id(held), ""), str(ident)
+    return None
+
+
+def _pointers(value: Any) -> dict[int, str]:
+    """The JSON pointer of every object and array in `value`, by identity (walked without recursion)."""
+    found: dict[int, str] = {}
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        node, at = stack.pop()
+        if isinstance(node, Mapping):
+            found.setdefault(id(node), at)
+            stack.extend((v, f"{at}/{str(k).replace('~', '~0').replace('/', '~1')}") for k, v in node.items())
+        elif isinstance(node, list):
+            found.setdefault(id(node), at)
+            stack.extend((v, f"{at}/{i}") for i, v in enumerate(node))
+    return found

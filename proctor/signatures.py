@@ -15,7 +15,9 @@ signature has to be faithful, or the model writes calls the schema refuses:
 `render_signature` is the one function that does this; `MCPToolset` and code mode
 (``proctor mcp serve``: ``describe_tool``) both use it. Schemas come from servers nobody here
 trusts: rendering is bounded in depth and size and never raises on a strange schema (what cannot
-be said precisely is ``Any``).
+be said precisely is ``Any``), and every text taken from a schema (descriptions, titles, enum and
+default values, field names) is escaped by `proctor.termsafe.terminal_safe`, so no control
+character, bidi override or invisible character of the server's reaches a model or a terminal.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from proctor.termsafe import terminal_safe
 
 __all__ = ["Param", "Signature", "TypeText", "render_signature"]
 
@@ -81,14 +85,14 @@ class Signature:
         """``name(a: str, b: int = 2) -> str``."""
         parts = []
         for p in self.params:
-            parts.append(f"{p.name}: {p.annotation}" + ("" if p.required else f" = {p.default}"))
+            parts.append(f"{terminal_safe(p.name)}: {p.annotation}" + ("" if p.required else f" = {p.default}"))
         ret = f" -> {self.returns}" if self.returns else ""
         return f"{self.name}({', '.join(parts)}){ret}"
 
     def source(self, description: str = "") -> str:
         """Python source a model can read: the TypedDicts, then the function with its docstring."""
         blocks = list(self.types.values())
-        doc = description.strip().replace('"""', "'''")
+        doc = terminal_safe(description.strip(), keep_newlines=True, keep_tabs=True).replace('"""', "'''")
         args = "".join(f"\n        {p.name}: {p.description}" for p in self.params if p.description)
         body = f'    """{doc}' + (f"\n\n    Args:{args}" if args else "") + '\n    """'
         blocks.append(f"def {self.def_line()}:\n{body}")
@@ -118,7 +122,7 @@ def render_signature(name: str, input_schema: Mapping[str, Any] | None,
             continue
         if "default" in prop:
             default = prop["default"]
-            params.append(Param(arg, text, False, _clip(repr(default)), default, description, nullable))
+            params.append(Param(arg, text, False, _shown(default), default, description, nullable))
         else:
             shown = text if nullable or text == "Any" else f"{text} | None"
             params.append(Param(arg, shown, False, "None", None, description, nullable))
@@ -148,7 +152,13 @@ def _singular(hint: str) -> str:
 
 
 def _one_line(text: Any) -> str:
-    return _clip(" ".join(str(text).split()))
+    return terminal_safe(_clip(" ".join(str(text).split())))
+
+
+def _shown(value: Any) -> str:
+    """A schema's value (a default, an enum member) as Python source: its repr, escaped (a repr keeps some
+    invisible characters, such as U+3164, as they are)."""
+    return terminal_safe(_clip(repr(value)))
 
 
 def _clip(text: str) -> str:
@@ -183,11 +193,11 @@ class _Renderer:
             return "Any", False
         schema = self.deref(schema, root)
         if "const" in schema:
-            return f"Literal[{_clip(repr(schema['const']))}]", schema["const"] is None
+            return f"Literal[{_shown(schema['const'])}]", schema["const"] is None
         enum = schema.get("enum")
         if isinstance(enum, list) and enum:
             values = [v for v in enum if v is not None]
-            text = f"Literal[{_clip(', '.join(repr(v) for v in values))}]" if values else "None"
+            text = f"Literal[{terminal_safe(_clip(', '.join(repr(v) for v in values)))}]" if values else "None"
             nullable = len(values) < len(enum)
             return (f"{text} | None" if nullable and values else text), nullable
         for key in ("anyOf", "oneOf"):
@@ -272,8 +282,8 @@ class _Renderer:
             text, _ = self.type_of(prop, _camel(field_name), root, depth + 1)
             if field_name not in required_set:
                 text = f"NotRequired[{text}]"
-            shown = field_name if field_name.isidentifier() and not keyword.iskeyword(field_name) \
-                else repr(field_name)
+            shown = terminal_safe(field_name if field_name.isidentifier() and not keyword.iskeyword(field_name)
+                                  else repr(field_name))
             comment = self.deref(prop, root).get("description")
             line = f"    {shown}: {text}"
             if isinstance(comment, str) and comment.strip():

@@ -72,8 +72,10 @@ def terminal_safe(value: object, *, keep_newlines: bool = False, keep_tabs: bool
     """`value` (made a str) with every character that could drive the terminal or hide itself
     replaced by a visible escape. `keep_newlines` / `keep_tabs` keep ``\\n`` / ``\\t`` as they are."""
     text = value if isinstance(value, str) else str(value)
-    if text.isascii() and text.isprintable():  # the common case: nothing to do
-        return text
+    if text.isascii():  # the common case, with kept newlines and tabs too: nothing to do (decided in C, not per char)
+        probe = text.replace("\n", "") if keep_newlines else text
+        if (probe.replace("\t", "") if keep_tabs else probe).isprintable():
+            return text
     out: list[str] = []
     for ch in text:
         if (ch == "\n" and keep_newlines) or (ch == "\t" and keep_tabs):

@@ -25,6 +25,7 @@ import pydantic_core
 from proctor import adapters
 from proctor.calls import SIDE_EFFECTS, SideEffect
 from proctor.errors import ToolDefinitionError, ToolDenied
+from proctor.termsafe import terminal_safe
 
 __all__ = ["Tool", "ToolDefinitionError", "as_tool", "run_with_timeout", "tool"]
 
@@ -302,15 +303,35 @@ class Tool:
         return f"{self.name}{self.signature}"
 
     def json_schema(self) -> dict[str, Any]:
-        """The OpenAI-style function description (litellm ``tools=``)."""
+        """The OpenAI-style function description (litellm ``tools=``). What the model reads of it is escaped
+        (`proctor.termsafe.terminal_safe`): a schema may be an MCP server's, whose descriptions, titles and enum
+        values could carry ANSI escapes or bidi overrides. `parameters` itself stays as written: calls (and
+        approvers' edits) are validated against it."""
+        parameters = _escaped(dict(self.parameters))
         return {
             "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": dict(self.parameters)},
+            "function": {"name": self.name, "description": terminal_safe(self.description, keep_newlines=True,
+                                                                         keep_tabs=True),
+                         "parameters": parameters if isinstance(parameters, dict) else {}},
         }
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the function directly, ungoverned; agents never do this, the gate does."""
         return self.fn(*args, **kwargs)
+
+
+def _escaped(value: Any, depth: int = 0) -> Any:
+    """`value` (JSON) with every string in it escaped by `terminal_safe`, keys too; past 64 levels, None (an MCP
+    tool's definition is bounded to that depth before it becomes a tool)."""
+    if depth > 64:
+        return None
+    if isinstance(value, str):
+        return terminal_safe(value, keep_newlines=True, keep_tabs=True)
+    if isinstance(value, Mapping):
+        return {terminal_safe(str(k)): _escaped(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_escaped(v, depth + 1) for v in value]
+    return value
 
 
 _PLAIN_TYPES = (str, int, float, bool)

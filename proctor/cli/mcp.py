@@ -60,6 +60,10 @@ def register(subparsers: Any) -> None:
                    help="with --http: end a session's run (run_finished status abandoned) after this long "
                         "without a request, for a client that went away without deleting its session "
                         "(default 30m; 'off' keeps sessions until the server stops)")
+    s.add_argument("--max-sessions-per-principal", metavar="N", default=None,
+                   help="with --http: the most MCP sessions one token's owner may hold open at once; one more is "
+                        "refused (HTTP 429, saying so) until one ends or is ended after --session-idle (default 16; "
+                        "'off' for no bound beyond the MCP SDK's own)")
     s.add_argument("--user", metavar="NAME", help="the principal of the stdio session (default: $USER)")
     s.add_argument("--label", metavar="KEY=VALUE", action="append", type=key_value, default=[],
                    help="a label of every session's run (policy: run.labels; repeatable); proctor sets "
@@ -99,12 +103,14 @@ def serve(args: argparse.Namespace) -> int:
         port = int(port_text)
     try:
         from proctor.codemode.config import load_servers
-        from proctor.codemode.server import CodeMode, serve_http, serve_stdio
+        from proctor.codemode.server import DEFAULT_MAX_SESSIONS_PER_PRINCIPAL, CodeMode, serve_http, serve_stdio
 
         servers = load_servers(args.servers)
         tools = load_tools(args.tools) if args.tools else []
         approver = _approver(args)
         session_idle = _session_idle(args.session_idle)
+        max_sessions = DEFAULT_MAX_SESSIONS_PER_PRINCIPAL if args.max_sessions_per_principal is None \
+            else _max_sessions(args.max_sessions_per_principal)
         halts = _halts(args)
         tokens = None
         if args.tokens:
@@ -141,7 +147,7 @@ def serve(args: argparse.Namespace) -> int:
             code_mode = CodeMode(servers, policy, local_tools=tools, audit=audit, approver=approver, user=args.user,
                                  sandbox=args.sandbox, timeout=args.timeout, authorized_imports=args.imports,
                                  session_idle=session_idle, halts=halts, shadow=shadow, ledger=args.ledger,
-                                 labels={k: str(v) for k, v in args.label})
+                                 labels={k: str(v) for k, v in args.label}, max_sessions_per_principal=max_sessions)
             if halts is None and args.store:  # the store's halts, beside the gate's own and its ledger's
                 _honour_store_halts(code_mode, args.store)
             try:
@@ -150,6 +156,8 @@ def serve(args: argparse.Namespace) -> int:
                 return _fail(f"{args.servers}: {exc}", 1)
         except (ToolsetError, AuditError, ConfigurationError) as exc:
             return _fail(str(exc), 1)
+        for name, why in code_mode.withheld.items():  # whatever --log-level says: the operator has a server to fix
+            print(terminal_safe(f"proctor mcp serve: {name} is not offered: {why}"), file=sys.stderr)
         try:
             if args.http:
                 print(f"proctor mcp serve: http://{host}:{port}/mcp ({len(code_mode.tools)} tools)", file=sys.stderr)
@@ -206,6 +214,14 @@ def _session_idle(text: str) -> float | None:
     if not seconds > 0:
         raise ValueError(f"--session-idle {text!r}: must be longer than 0s, or 'off'")
     return seconds
+
+
+def _max_sessions(text: str) -> int | None:
+    if text.strip().lower() in ("off", "none"):
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"--max-sessions-per-principal {text!r}: a whole number of sessions, at least 1, or 'off'")
+    return int(text)
 
 
 def _approver(args: argparse.Namespace) -> Any:

@@ -80,6 +80,8 @@ _PLAIN_ROWS = 10
 _LOG_CAP = 20_000
 #: Seconds without a request after which an HTTP session's run is ended (the SDK's own default).
 DEFAULT_SESSION_IDLE = 1800.0
+#: The most HTTP sessions one principal may hold open at once (a client opens one; a few clients, a few more).
+DEFAULT_MAX_SESSIONS_PER_PRINCIPAL = 16
 _REAPED_KEPT = 10_000
 _SEARCH_HITS = 10
 #: The most characters of a description's first line a search_tools hit shows.
@@ -217,11 +219,16 @@ class CodeMode:
                  sandbox: str = "auto", timeout: float = 30.0, authorized_imports: Iterable[str] = (),
                  session_idle: float | None = DEFAULT_SESSION_IDLE, halts: "HaltChannel | None" = None,
                  shadow: "PolicyLike | None" = None, ledger: "SharedLedger | str | None" = None,
-                 labels: Mapping[str, str] | None = None) -> None:
+                 labels: Mapping[str, str] | None = None,
+                 max_sessions_per_principal: int | None = DEFAULT_MAX_SESSIONS_PER_PRINCIPAL) -> None:
         from proctor.gate import Gate
 
         if session_idle is not None and not session_idle > 0:
             raise ConfigurationError(f"session_idle must be a positive number of seconds, not {session_idle!r}")
+        if max_sessions_per_principal is not None and (
+                not isinstance(max_sessions_per_principal, int) or max_sessions_per_principal < 1):
+            raise ConfigurationError("max_sessions_per_principal must be a positive whole number of sessions, not "
+                                     f"{max_sessions_per_principal!r}")
 
         self.servers = list(servers)
         self.local_tools = list(local_tools)
@@ -229,6 +236,10 @@ class CodeMode:
         self.sandbox, self.timeout = sandbox, float(timeout)
         self.authorized_imports = tuple(authorized_imports)
         self.session_idle = session_idle
+        #: HTTP: the most sessions a principal may hold open (opened, not yet ended or reaped); None: no bound.
+        self.max_sessions_per_principal = max_sessions_per_principal
+        #: The upstream tools not offered, by name: why (`MCPToolset.withheld`, with the server named).
+        self.withheld: dict[str, str] = {}
         #: The labels of every session's run (`run.labels` in conditions); `via` is always this server's.
         self.labels = {**(labels or {}), "via": "mcp-code-mode"}
         self.toolsets: list[MCPToolset] = []
@@ -244,6 +255,9 @@ class CodeMode:
         # HTTP requests being served per session key (an open GET event stream is one): the SDK keeps a session
         # with one in flight however long, so it is not idle, and whom it belongs to must not be forgotten.
         self._in_flight: dict[str, int] = {}
+        # Sessions being opened per principal (an initialize admitted, its session id not yet claimed): counted
+        # with the open ones, so two initializes at once cannot both take the last place.
+        self._opening: dict[str, int] = {}
         self._lock = threading.Lock()
         # A `PolicySource` (a policy file) is reloaded when it changes (`proctor.policy.reload`); the approver's
         # wait is each request's own expiry, which the policy deciding the call set.
@@ -279,6 +293,7 @@ class CodeMode:
                                        '"disabled": true to serve without it') from exc
                 taken |= {t.name for t in tools}
                 self.tools.extend(tools)
+                self.withheld.update({name: f"{why} (MCP server {s.name})" for name, why in toolset.withheld.items()})
         except ToolsetError:
             self.close()
             raise
@@ -336,10 +351,43 @@ class CodeMode:
             self._claims[key] = (claim[0], time.monotonic())
             return claim[0]
 
-    def claim(self, key: str, principal: str) -> None:
-        """Session `key` was opened by `principal` (HTTP: its initialize), before it runs any program."""
+    def claim(self, key: str, principal: str, admitted: bool = False) -> None:
+        """Session `key` was opened by `principal` (HTTP: its initialize), before it runs any program; `admitted`:
+        the place `admit` reserved for it is now this session's."""
         with self._lock:
             self._claims[key] = (principal, time.monotonic())
+            if admitted:
+                self._unreserve(principal)
+
+    def admit(self, principal: str) -> str | None:
+        """Reserve a place for a session `principal` is opening (HTTP: an initialize), or say why there is none:
+        they hold `max_sessions_per_principal` open already. A reserved place is the session's once it is claimed
+        (`claim(..., admitted=True)`), else given back with `not_opened`."""
+        limit = self.max_sessions_per_principal
+        with self._lock:
+            if limit is not None:
+                held = {k for k, (who, _) in self._claims.items() if who == principal}
+                held |= {k for k, session in self._sessions.items() if session.principal == principal}
+                if len(held) + self._opening.get(principal, 0) >= limit:
+                    idle = f"after --session-idle ({self.session_idle:g}s without a request)" \
+                        if self.session_idle is not None else "when the server stops (--session-idle is off)"
+                    return (f"{principal} already has {len(held)} open MCP sessions, the most "
+                            f"--max-sessions-per-principal allows ({limit}): end one (its client closes it, or "
+                            f"DELETE /mcp with its Mcp-Session-Id), or an idle one is ended {idle}")
+            self._opening[principal] = self._opening.get(principal, 0) + 1
+        return None
+
+    def not_opened(self, principal: str) -> None:
+        """The initialize `admit` reserved a place for opened no session: the place is free again."""
+        with self._lock:
+            self._unreserve(principal)
+
+    def _unreserve(self, principal: str) -> None:
+        left = self._opening.get(principal, 0) - 1
+        if left > 0:
+            self._opening[principal] = left
+        else:
+            self._opening.pop(principal, None)
 
     def request_began(self, key: str) -> None:
         """An HTTP request on session `key` is being served: the session is not idle until it ends."""
@@ -432,8 +480,8 @@ class CodeMode:
                 session.current = None
                 session.last_active = time.monotonic()
         # What the client's model reads leaves this process: no redacted argument's value in clear (the program
-        # keeps it in its variables for later calls).
-        return session.run.scrub(render_result(result))
+        # keeps it in its variables for later calls). Scrubbed first: escaping could hide a value from the scrub.
+        return terminal_safe(session.run.scrub(render_result(result)), keep_newlines=True, keep_tabs=True)
 
     def search(self, query: str) -> str:
         words = [w for w in re.findall(r"\w+", query.lower()) if w]
@@ -445,20 +493,29 @@ class CodeMode:
                 scored.append((score, t.name, t))
         scored.sort(key=lambda x: (-x[0], x[1]))
         lines = [f"{t.signature_text()}  # {_summary(t.description)}" for _, _, t in scored[:_SEARCH_HITS]]
+        # A listed tool that is not offered is named where a search finds it, so the model is not left guessing.
+        withheld = sorted(n for n in self.withheld if not words or any(w in n.lower() for w in words))
+        note = (f"\nnot offered (their server's schemas cannot be used; describe_tool(name) says why): "
+                f"{', '.join(withheld[:_SEARCH_HITS])}" + (" …" if len(withheld) > _SEARCH_HITS else "")) \
+            if withheld else ""
         if not lines:
-            return f"no tool matches {query!r}; {len(self.tools)} tools in all (search_tools('') lists some)"
+            return f"no tool matches {terminal_safe(query)!r}; {len(self.tools)} tools in all (search_tools('') " \
+                   f"lists some){note}"
         more = len(scored) - len(lines)
         tail = f"\n({more} more match; narrow the query)" if more > 0 else ""
-        return "\n".join(lines) + tail + "\n\ndescribe_tool(name) shows one tool's full signature and docstring."
+        return ("\n".join(lines) + tail + note
+                + "\n\ndescribe_tool(name) shows one tool's full signature and docstring.")
 
     def describe(self, name: str) -> str:
         from proctor.agent.prompts import describe_tools
 
         tool = next((t for t in self.tools if t.name == name), None)
+        if tool is None and name in self.withheld:
+            return f"{name} is not offered: {self.withheld[name]}"
         if tool is None:
             close = [t.name for t in self.tools if name.lower() in t.name.lower()][:5]
             hint = f"; did you mean {', '.join(close)}?" if close else "; search_tools(query) finds tools"
-            return f"no tool named {name!r}{hint}"
+            return f"no tool named {terminal_safe(name)!r}{hint}"
         origin = f"\n# from {tool.origin}" if tool.origin else ""
         return describe_tools([tool], self.policy) + origin
 
@@ -817,13 +874,15 @@ def _bearer(headers: Mapping[str, str]) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-def _claiming(send: Any, code_mode: CodeMode, principal: str) -> Any:
-    """`send`, recording the session id the response opens as `principal`'s before the client can learn it."""
+def _claiming(send: Any, code_mode: CodeMode, principal: str, claimed: list[bool]) -> Any:
+    """`send`, recording the session id the response opens as `principal`'s before the client can learn it (in
+    the place `CodeMode.admit` reserved; `claimed[0]` is set once it is)."""
     async def claiming(message: dict[str, Any]) -> None:
         if message.get("type") == "http.response.start":
             for name, value in message.get("headers", []):
-                if name.decode("latin-1").lower() == "mcp-session-id":
-                    code_mode.claim(f"http:{value.decode('latin-1')}", principal)
+                if name.decode("latin-1").lower() == "mcp-session-id" and not claimed[0]:
+                    code_mode.claim(f"http:{value.decode('latin-1')}", principal, admitted=True)
+                    claimed[0] = True
         await send(message)
 
     return claiming
@@ -870,8 +929,18 @@ class BearerAuth:
             return
         sid = headers.get("mcp-session-id")
         owner = self.code_mode.owner(f"http:{sid}") if sid else None
-        if not sid:  # an initialize: the session it opens is this principal's from its first byte
-            send = _claiming(send, self.code_mode, str(self.tokens.who(token)))
+        claimed = [False]
+        if not sid:  # an initialize: the session it opens is this principal's from its first byte, if it has room
+            principal = str(self.tokens.who(token))
+            refused = self.code_mode.admit(principal)
+            if refused is not None:
+                # A JSON-RPC error in the body: MCP clients show its message (the SDK's raises it from initialize).
+                said = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": refused}})
+                await send({"type": "http.response.start", "status": 429,
+                            "headers": [(b"content-type", b"application/json")]})
+                await send({"type": "http.response.body", "body": said.encode()})
+                return
+            send = _claiming(send, self.code_mode, principal, claimed)
         if owner is not None and owner != self.tokens.who(token):  # another principal's session
             await send({"type": "http.response.start", "status": 403,
                         "headers": [(b"content-type", b"application/json")]})
@@ -880,7 +949,11 @@ class BearerAuth:
         if scope.get("method") == "DELETE" and sid:  # the run ends before the client hears the session did
             send = _ending(send, self.code_mode, f"http:{sid}")
         if not sid:
-            await self.app(scope, receive, send)
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                if not claimed[0]:  # no session came of it: its place is free again
+                    self.code_mode.not_opened(principal)
             return
         self.code_mode.request_began(f"http:{sid}")
         try:

@@ -24,8 +24,20 @@ An MCP server is not trusted, whoever runs it:
   dunder, ``final_answer``, one of `reserved` (other tools, agents) or another tool of the same
   server is refused when the toolset opens, naming the ``prefix=`` fix.
 - **Listing is bounded**: at most `max_tools` tools over `max_pages` pages of ``tools/list``, each
-  tool's definition at most `max_schema_bytes`, all within `timeout`; past any of them the listing
-  stops and the toolset refuses to open, naming the limit.
+  tool's definition at most `max_schema_bytes` and nested at most `max_schema_depth` levels, all
+  within `timeout`; past any of them the listing stops and the toolset refuses to open, naming the
+  limit (and, for the depth, where in the definition). A message the SDK cannot read while the
+  tools are listed (JSON nested deeper than it parses, or no JSON-RPC at all) stops the listing
+  at once, saying so, rather than at the timeout.
+- **A tool whose schema cannot be used is not offered.** A ``$ref`` in its ``inputSchema`` that
+  does not resolve within the schema (a missing ``#/$defs/x``, or anything outside it) would refuse
+  every call; in its ``outputSchema`` (or an invalid ``outputSchema``), every result, after the call
+  ran: such a tool is left out of `tools` when the toolset opens, with why in `withheld` and in one
+  warning log line; the server's other tools are offered as usual.
+- **What a server writes is shown escaped.** Control characters (ANSI escapes, C0/C1 controls,
+  bidi overrides and isolates, invisible characters) in descriptions, titles, enum values and the
+  error texts it returns become visible escapes (`proctor.termsafe.terminal_safe`) before any model
+  or terminal sees them; newlines and tabs in a description are kept.
 - **A call whose outcome is unknown says so.** A call that times out (the toolset's `timeout` or the
   policy's ``timeout`` for the tool, whichever is shorter) or whose server dies under it raises
   `ToolOutcomeUnknown`, naming the server and what happened; a ``notifications/cancelled`` is sent
@@ -49,11 +61,13 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import codecs
 import contextvars
 import dataclasses
 import inspect
 import json
 import keyword
+import os
 import re
 import sys
 import threading
@@ -74,8 +88,10 @@ from proctor import errors as proctor_errors
 from proctor.adapters import side_effect_of
 from proctor.calls import SideEffect
 from proctor.errors import ConfigurationError, MCPToolFailed, ToolOutcomeUnknown, ToolsetError
-from proctor.jsoninput import local_schema_validator
+from proctor.jsoninput import local_schema_validator, shape_problem, unresolved_reference
 from proctor.signatures import Signature, TypeText, render_signature
+from proctor.telemetry.logging import get_logger
+from proctor.termsafe import is_invisible, terminal_safe
 from proctor.tools import Tool
 
 #: The ``mcp`` SDK releases this module is tested with (CI runs the newest 1.x and the newest 2.x).
@@ -110,6 +126,7 @@ else:  # 1.x spells it McpError
 __all__ = ["MCPTool", "MCPToolFailed", "MCPToolset", "SUPPORTED_MCP", "side_effect_of"]
 
 _T = TypeVar("_T")
+log = get_logger("proctor.mcp")
 #: JSON-RPC's "connection closed" (the SDK's code when the server went away mid-request).
 _CONNECTION_CLOSED = -32000
 _TEXT_CAP = 2000
@@ -146,12 +163,14 @@ class MCPToolset:
     listing, and each call unless `call_timeout` is given (seconds). `prefix` is put before every
     tool's name (``fs_`` → ``fs_read``). `name` names the server in records and errors (default: the
     command or URL). See the module's docstring for `trust_annotations`, `reserved` and the listing limits.
+    Once open, `tools` are the tools offered and `withheld` names each listed tool that is not (by the
+    Python name it would have had) with why.
     """
 
     def __init__(self, server: StdioServerParameters | str, *, timeout: float = 30, prefix: str = "",
                  headers: Mapping[str, str] | None = None, name: str | None = None,
                  trust_annotations: bool = False, reserved: Iterable[str] = (), max_tools: int = 256,
-                 max_pages: int = 32, max_schema_bytes: int = 64 * 1024,
+                 max_pages: int = 32, max_schema_bytes: int = 64 * 1024, max_schema_depth: int = 64,
                  call_timeout: float | None = None) -> None:
         if not isinstance(server, (StdioServerParameters, str)):
             raise ConfigurationError(f"MCPToolset takes mcp.StdioServerParameters or an http(s) URL, "
@@ -163,7 +182,7 @@ class MCPToolset:
         if prefix and not prefix.isidentifier():
             raise ConfigurationError(f"prefix {prefix!r} must start a Python identifier (letters, digits, _)")
         for label, limit in (("max_tools", max_tools), ("max_pages", max_pages),
-                             ("max_schema_bytes", max_schema_bytes)):
+                             ("max_schema_bytes", max_schema_bytes), ("max_schema_depth", max_schema_depth)):
             if not isinstance(limit, int) or limit < 1:
                 raise ConfigurationError(f"{label} must be a positive integer, got {limit!r}")
         self.server, self.timeout, self.prefix = server, float(timeout), prefix
@@ -172,9 +191,12 @@ class MCPToolset:
         self.trust_annotations = bool(trust_annotations)
         self.reserved = frozenset(reserved)
         self.max_tools, self.max_pages, self.max_schema_bytes = max_tools, max_pages, max_schema_bytes
+        self.max_schema_depth = max_schema_depth
         self.name = name or self._label()
         self.origin = f"mcp:{self.name}"
         self.tools: list[Tool] = []
+        #: The listed tools not offered, by the Python name each would have had: why (escaped, one line).
+        self.withheld: dict[str, str] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._driven: _DrivenLoop | None = None
         self._main_task: asyncio.Task[None] | None = None
@@ -261,7 +283,7 @@ class MCPToolset:
             inner = _innermost(exc)
             if not self._ready.done():
                 self._ready.set_exception(inner if isinstance(inner, ToolsetError) else ToolsetError(
-                    f"the MCP server {self.name} failed: {_reason(exc)}"))
+                    f"the MCP server {self.name} failed: {terminal_safe(_reason(exc))}"))
         finally:
             self._ended = self._ended or "the session ended"
             if not self._ready.done():
@@ -276,25 +298,54 @@ class MCPToolset:
                         streamable_http_client(self.server, http_client=http) as streams:
                     await self._serve(streams[0], streams[1])
             else:
-                async with stdio_client(self.server) as streams:
-                    await self._serve(streams[0], streams[1])
+                stderr = _EscapedStderr()
+                try:
+                    async with stdio_client(self.server, errlog=stderr.writer) as streams:
+                        await self._serve(streams[0], streams[1])
+                finally:
+                    stderr.close()
         finally:
             self._session = None
 
     async def _serve(self, read: Any, write: Any) -> None:
         if MCP_MAJOR == 1:  # 1.x sends no cancellation of its own: note request ids to send one
             write = _NoteRequestIds(write)
-        async with ClientSession(read, write) as session:
-            try:
-                listed = await asyncio.wait_for(self._list(session), self.timeout)
-            except asyncio.TimeoutError:
-                raise ToolsetError(f"the MCP server {self.name} did not list its tools within {self.timeout:g}s "
-                                   "(the listing was stopped; raise `timeout=` if it is just slow)") from None
+        # A line the SDK cannot parse (JSON nested deeper than it reads, or no JSON-RPC) is handed to the session's
+        # message handler, and the request it answered waits for ever: while listing, it stops the listing now.
+        unreadable: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        async def on_message(message: object) -> None:
+            if isinstance(message, Exception) and not unreadable.done():
+                unreadable.set_result(_unreadable(message))
+
+        async with ClientSession(read, write, message_handler=on_message) as session:
+            listed = await self._list_watched(session, unreadable)
             self._session = session
             self._ready.set_result(listed)
             assert self._stop is not None
             await self._stop.wait()
             self._ended = "the toolset was closed"
+
+    async def _list_watched(self, session: ClientSession, unreadable: asyncio.Future[str]) -> list[dict[str, Any]]:
+        """`_list` within `timeout`, stopped as soon as the server sends a message that cannot be read."""
+        listing = asyncio.ensure_future(self._list(session))
+        either: set[asyncio.Future[Any]] = {listing, unreadable}
+        try:
+            await asyncio.wait(either, timeout=self.timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not listing.done():
+                listing.cancel()
+                await asyncio.gather(listing, return_exceptions=True)
+        if not listing.cancelled():
+            return listing.result()  # listed (or why not), even if something unreadable came after
+        if unreadable.done():
+            why = unreadable.result()
+            hint = " (nested too deeply for the MCP SDK to parse: flatten the server's schemas)" \
+                if "recursion limit" in why else ""
+            raise ToolsetError(f"the MCP server {self.name} sent a message that cannot be read while its tools were "
+                               f"listed: {why}{hint}; the listing was stopped")
+        raise ToolsetError(f"the MCP server {self.name} did not list its tools within {self.timeout:g}s "
+                           "(the listing was stopped; raise `timeout=` if it is just slow)")
 
     async def _list(self, session: ClientSession) -> list[dict[str, Any]]:
         await session.initialize()
@@ -308,10 +359,18 @@ class MCPToolset:
                 if len(listed) >= self.max_tools:
                     raise ToolsetError(f"the MCP server {self.name} lists more than {self.max_tools} tools "
                                        f"(max_tools={self.max_tools}): the listing was stopped")
-                size = len(json.dumps(spec, separators=(",", ":")))
-                if size > self.max_schema_bytes:
-                    raise ToolsetError(f"the MCP server {self.name}: tool {str(spec.get('name'))[:80]!r}'s definition "
-                                       f"is {size} bytes, over max_schema_bytes={self.max_schema_bytes}")
+                what = f"the MCP server {self.name}: tool {str(spec.get('name'))[:80]!r}'s definition"
+                try:
+                    text = json.dumps(spec, separators=(",", ":"))
+                except RecursionError:  # deeper than the SDK's own parser goes today: refused all the same
+                    raise ToolsetError(f"{what} is nested deeper than max_schema_depth={self.max_schema_depth} "
+                                       "levels: the listing was stopped") from None
+                if len(text) > self.max_schema_bytes:
+                    raise ToolsetError(f"{what} is {len(text)} bytes, over max_schema_bytes={self.max_schema_bytes}")
+                # Validating against a schema, and rendering it, recurse once a level: bounded before either runs.
+                problem = shape_problem(text, what, max_depth=self.max_schema_depth, max_bytes=self.max_schema_bytes)
+                if problem is not None:
+                    raise ToolsetError(f"{problem} (max_schema_depth={self.max_schema_depth}): the listing was stopped")
                 listed.append(spec)
             next_cursor = page.get("nextCursor")
             if not next_cursor:
@@ -353,7 +412,7 @@ class MCPToolset:
                                      "and the call may have taken effect", tool=tool.name,
                                      error_type="ToolOutcomeUnknown") from None
         except SDKError as exc:
-            code, message = exc.error.code, str(exc.error.message)[:_TEXT_CAP]
+            code, message = exc.error.code, terminal_safe(str(exc.error.message)[:_TEXT_CAP])
             if code != _CONNECTION_CLOSED:  # the server answered: an error response, nothing unknown
                 raise MCPToolFailed(f"{where}: the server refused the call: {message or f'error {code}'}",
                                     tool=tool.name, error_type="MCPError") from None
@@ -362,7 +421,8 @@ class MCPToolset:
             # The server answered, but not with a result (the SDK's parse failed), or with structured content its
             # own output schema refuses (the SDK's check): the call may have run, and the connection is intact.
             raise ToolOutcomeUnknown(f"{where}: the server's answer is not a result proctor can read "
-                                     f"({_clip(_first_line(_reason(exc)), 300)}); the call may have taken effect",
+                                     f"({terminal_safe(_clip(_first_line(_reason(exc)), 300))}); the call may have "
+                                     "taken effect",
                                      tool=tool.name, error_type="ToolOutcomeUnknown") from None
         except (asyncio.CancelledError, Exception) as exc:  # noqa: BLE001 - the session broke under the call
             raise self._lost(tool, _reason(exc)) from None
@@ -380,7 +440,8 @@ class MCPToolset:
         # Nothing more goes to a session that broke: later calls are refused before they are sent.
         self._session, self._ended = None, f"the connection was lost during a call to {tool.name}"
         return ToolOutcomeUnknown(f"{tool.name} (MCP server {self.name}): the connection to the server was lost "
-                                  f"during the call ({why or 'no reason given'}); it may have taken effect",
+                                  f"during the call ({terminal_safe(why) or 'no reason given'}); it may have taken "
+                                  "effect",
                                   tool=tool.name, error_type="ToolOutcomeUnknown")
 
     async def _cancel(self, session: ClientSession, ids: list[Any], reason: str) -> None:
@@ -422,10 +483,17 @@ class MCPToolset:
                                    f"{problem}; give the server's tools a prefix: MCPToolset(..., prefix='"
                                    f"{_suggest_prefix(self.name)}')")
             taken[name] = remote
-            tools.append(self._tool(name, remote, spec))
+            made = self._tool(name, remote, spec)
+            if isinstance(made, str):
+                self.withheld[name] = made
+                log.warning(terminal_safe(f"MCP server {self.name}: tool {remote[:80]!r} ({name}) is not offered: "
+                                          f"{made}"))
+                continue
+            tools.append(made)
         return tools
 
-    def _tool(self, name: str, remote: str, spec: Mapping[str, Any]) -> MCPTool:
+    def _tool(self, name: str, remote: str, spec: Mapping[str, Any]) -> MCPTool | str:
+        """The tool `remote` as `name`, or why it cannot be offered."""
         raw = spec.get("inputSchema")
         schema: dict[str, Any] = dict(raw) if isinstance(raw, Mapping) else {"type": "object"}
         schema.setdefault("type", "object")
@@ -436,17 +504,32 @@ class MCPToolset:
             checker.check_schema(schema)
         except jsonschema.SchemaError as exc:
             raise ToolsetError(f"the MCP server {self.name}: tool {remote!r} has an invalid inputSchema: "
-                               f"{exc.message}") from None
+                               f"{terminal_safe(exc.message)}") from None
+        unresolved = unresolved_reference(schema, type(checker))
+        if unresolved is not None:  # every call would be refused: not offered at all, saying why
+            return _unresolved("inputSchema", *unresolved)
+        if output_schema is not None:  # the SDK checks each result against it: broken, it fails each call after it ran
+            try:
+                out_checker = local_schema_validator(output_schema)
+                out_checker.check_schema(output_schema)
+            except jsonschema.SchemaError as exc:
+                return f"its outputSchema is invalid ({terminal_safe(exc.message[:200])}): every result would be " \
+                       "refused after the call ran; the server's schema needs fixing"
+            unresolved = unresolved_reference(output_schema, type(out_checker))
+            if unresolved is not None:
+                return _unresolved("outputSchema", *unresolved)
         rendered = render_signature(name, schema, output_schema)
         props: Mapping[str, Any] = schema.get("properties") or {}
         fields: dict[str, Any] = {}
         params: list[inspect.Parameter] = []
         docs: dict[str, str] = {}
         for arg in props:
+            # An invisible character (U+3164 is a letter to Python) would let two names read alike.
             if not isinstance(arg, str) or not arg.isidentifier() or keyword.iskeyword(arg) \
-                    or arg.startswith("_proctor_"):
-                raise ToolsetError(f"the MCP server {self.name}: tool {remote!r}: argument {str(arg)[:80]!r} "
-                                   "cannot be a Python parameter")
+                    or arg.startswith("_proctor_") or any(is_invisible(c) for c in arg):
+                shown = terminal_safe(str(arg)[:80])
+                raise ToolsetError(f"the MCP server {self.name}: tool {remote!r}: argument {shown!r} cannot be a "
+                                   "Python parameter")
         for p in rendered.params:
             docs[p.name] = p.description
             default: Any = inspect.Parameter.empty if p.required else p.default_value
@@ -455,7 +538,9 @@ class MCPToolset:
             params.append(inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
                                             annotation=_annotation(p.annotation)))
         returns: Any = _annotation(rendered.returns) if rendered.returns else inspect.Signature.empty
-        description = _clip(str(spec.get("description") or spec.get("title") or f"MCP tool {remote}").strip())
+        # The server's words reach models and terminals: escaped (newlines and tabs kept), as the signature is.
+        description = terminal_safe(_clip(str(spec.get("description") or spec.get("title") or f"MCP tool {remote}")
+                                          .strip()), keep_newlines=True, keep_tabs=True)
         if rendered.types:  # the model needs the TypedDicts the signature names
             description += "\n\nTypes:\n" + "\n\n".join(rendered.types.values())
         hints = spec.get("annotations")
@@ -468,12 +553,13 @@ class MCPToolset:
             try:
                 errors = sorted(checker.iter_errors(sent), key=lambda e: list(e.path))
             except referencing.exceptions.Unresolvable as exc:
-                return f"the tool's inputSchema refers to {str(exc.ref)[:300]!r}, outside itself (proctor " \
-                       "resolves no reference a server points it at)"
+                return f"the tool's inputSchema refers to {terminal_safe(str(exc.ref)[:300])!r}, outside itself " \
+                       "(proctor resolves no reference a server points it at)"
             if not errors:
                 return None
-            return "; ".join(f"argument {'.'.join(str(p) for p in e.path) or 'arguments'!r}: {e.message[:300]}"
-                             for e in errors[:5])
+            # The messages quote the server's schema (its enum values, patterns): escaped like all it wrote.
+            return terminal_safe("; ".join(f"argument {'.'.join(str(p) for p in e.path) or 'arguments'!r}: "
+                                           f"{e.message[:300]}" for e in errors[:5]))
 
         def unbound(**kwargs: Any) -> Any:
             raise ToolsetError(f"MCP tool {name!r} runs through its toolset, not as a function")
@@ -704,6 +790,44 @@ def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
         loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
 
 
+class _EscapedStderr:
+    """A stdio server's stderr: a pipe whose lines a thread writes to proctor's own stderr escaped by
+    `terminal_safe` (tabs kept), so what the server prints cannot drive the operator's terminal (erase
+    lines, move the cursor, reorder text). Handed to the server as `writer`; the relay ends when the
+    server's copy and ours (`close`) are both closed."""
+
+    _CHUNK = 64 * 1024
+
+    def __init__(self) -> None:
+        read, write = os.pipe()
+        self.writer = os.fdopen(write, "w")
+        self._thread = threading.Thread(target=self._relay, args=(read,), name="proctor-mcp-stderr", daemon=True)
+        self._thread.start()
+
+    def _relay(self, read: int) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        with os.fdopen(read, "rb") as source:
+            while True:
+                line = source.readline(self._CHUNK)  # a line without an end is relayed a chunk at a time
+                text = decoder.decode(line, final=not line)
+                if text:
+                    ended = text.endswith("\n")
+                    shown = terminal_safe(text[:-1] if ended else text, keep_tabs=True) + ("\n" if ended else "")
+                    try:
+                        sys.stderr.write(shown)
+                        sys.stderr.flush()
+                    except (OSError, ValueError):  # our stderr is gone: the server's lines go nowhere
+                        pass
+                if not line:
+                    return
+
+    def close(self) -> None:
+        """Close our copy; the server has exited by now, so its last lines are relayed before this returns (unless
+        a process it started still holds the pipe: then they follow when it closes it)."""
+        self.writer.close()
+        self._thread.join(2)
+
+
 #: The ids of the requests the current call sent (1.x; set in the task that makes the call).
 _SENT: contextvars.ContextVar[list[Any]] = contextvars.ContextVar("proctor_mcp_sent")
 
@@ -794,7 +918,8 @@ def _result_value(where: str, tool: MCPTool, result: Mapping[str, Any]) -> Any:
     items = [c for c in content if isinstance(c, Mapping)] if isinstance(content, list) else []
     texts = [str(c.get("text", "")) for c in items if c.get("type") == "text"]
     if result.get("isError"):
-        raise MCPToolFailed(f"{where}: {_clip(chr(10).join(texts), _TEXT_CAP) or 'the server reported an error'}",
+        said = terminal_safe(_clip(chr(10).join(texts), _TEXT_CAP), keep_newlines=True, keep_tabs=True)
+        raise MCPToolFailed(f"{where}: {said or 'the server reported an error'}",
                             tool=tool.name, error_type="MCPToolFailed")
     structured = result.get("structuredContent")
     if structured is not None:
@@ -810,6 +935,22 @@ def _result_value(where: str, tool: MCPTool, result: Mapping[str, Any]) -> Any:
 
 def _first_line(text: str) -> str:
     return (text.strip().splitlines() or [""])[0]
+
+
+def _unresolved(which: str, at: str, ref: str) -> str:
+    """Why a tool whose `which` schema holds `ref` (at JSON pointer `at`), which does not resolve, is not offered."""
+    return (f"its {which} refers to {terminal_safe(ref[:200])!r} (at {terminal_safe(at[:200]) or '/'}), which does "
+            "not resolve within the schema; proctor resolves a $ref only there and fetches nothing: the server's "
+            "schema needs fixing")
+
+
+def _unreadable(exc: Exception) -> str:
+    """What was wrong with a message the SDK could not parse, in one escaped line (located where it says where)."""
+    if isinstance(exc, pydantic.ValidationError):
+        errors = exc.errors(include_url=False, include_input=False)
+        if errors:
+            return terminal_safe(_clip(str(errors[0].get("msg", "")), 300)) or type(exc).__name__
+    return terminal_safe(_clip(_first_line(_reason(exc)), 300))
 
 
 def _innermost(exc: BaseException) -> BaseException:

@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -89,9 +89,11 @@ def raw_run_python(proc: subprocess.Popen[bytes], code: str) -> None:
 
 
 @asynccontextmanager
-async def stdio_session(args: list[str], elicit: Elicit | None = None) -> AsyncIterator[ClientSession]:
+async def stdio_session(args: list[str], elicit: Elicit | None = None,
+                        errlog: TextIO | None = None) -> AsyncIterator[ClientSession]:
+    """A session of the SDK's client with `proctor ARGS` over stdio; the server's stderr goes to `errlog`."""
     params = StdioServerParameters(command=sys.executable, args=args)
-    async with stdio_client(params) as streams, \
+    async with stdio_client(params, errlog=errlog or sys.stderr) as streams, \
             ClientSession(streams[0], streams[1], elicitation_callback=elicit) as session:
         await session.initialize()
         yield session

@@ -207,6 +207,16 @@ def test_session_idle_must_be_a_duration(tmp_path: Path) -> None:
     assert "--session-idle '5': bad duration '5' (write a number and a unit" in done.stderr
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_max_sessions_per_principal_is_a_positive_whole_number_or_off(tmp_path: Path, value: str) -> None:
+    servers, policy, audit = write_config(tmp_path)
+    done = subprocess.run([sys.executable, *serve_args(servers, policy, audit, "--http", "127.0.0.1:1", "--tokens",
+                                                       str(tmp_path / "t"), "--max-sessions-per-principal", value)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert f"--max-sessions-per-principal {value!r}: a whole number of sessions, at least 1, or 'off'" in done.stderr
+
+
 def test_a_delete_the_sdk_refuses_ends_no_run_and_the_session_stays_its_openers(served: Any) -> None:
     """The run ends only when the session does: a DELETE the SDK refuses (here: a protocol version it does not
     speak) must not finish the run and drop the opener's claim while the SDK keeps serving the session, or
@@ -344,3 +354,50 @@ def test_a_port_another_server_holds_is_said_in_one_line_before_any_upstream_sta
     assert len(lines) == 1 and f"--http 127.0.0.1:{port}: cannot listen there:" in lines[0], done.stderr
     assert "another server holds that port" in lines[0]
     assert not (tmp_path / "upstream.log").exists()  # the upstream was never started
+
+
+def test_a_principal_holds_at_most_max_sessions_per_principal_open_and_an_ended_one_frees_its_place(
+        tmp_path: Path) -> None:
+    """`--max-sessions-per-principal 2`: alice's third initialize is refused (429, and a JSON-RPC error whose one
+    line says why and what to do, which the SDK's client raises from initialize) while bob still opens his; a
+    session she ends (DELETE) or that is ended for idleness gives its place back."""
+    from proctor.integrations.mcp import MCP_MAJOR, SDKError  # the mcp SDK's error (1.x spells it McpError)
+
+    servers, policy, audit = write_config(tmp_path)
+    tokens = tmp_path / "tokens.txt"
+    alice, bob = add_token(tokens, "alice"), add_token(tokens, "bob")
+    port = free_port()
+    args = serve_args(servers, policy, audit, "--http", f"127.0.0.1:{port}", "--tokens", str(tokens),
+                      "--max-sessions-per-principal", "2", "--session-idle", "2s")
+    url = f"http://127.0.0.1:{port}/mcp"
+    with http_server(args, port):
+        first, second = _open(url, alice), _open(url, alice)
+        refused = _post(url, alice, INITIALIZE)
+        assert refused.status_code == 429
+        said = refused.json()["error"]["message"]
+        assert said == ("alice already has 2 open MCP sessions, the most --max-sessions-per-principal allows (2): end "
+                        "one (its client closes it, or DELETE /mcp with its Mcp-Session-Id), or an idle one is ended "
+                        "after --session-idle (2s without a request)")
+
+        async def sdk_client() -> str:
+            try:
+                async with http_session(url, alice):
+                    return "opened"
+            except Exception as exc:  # the SDK raises the server's JSON-RPC error from initialize (in a group, maybe)
+                errors = [exc, *getattr(exc, "exceptions", [])]
+                return next((str(e) for e in errors if isinstance(e, SDKError)), repr(exc))
+
+        # mcp 2.x's client raises the JSON-RPC error in the body; 1.x's raises the status alone
+        assert ("alice already has 2 open MCP sessions" if MCP_MAJOR >= 2 else "429 Too Many Requests") in \
+            asyncio.run(sdk_client())
+        _open(url, bob)  # another principal is not held back by alice's sessions
+        ended = httpx.delete(url, headers={"Authorization": f"Bearer {alice}", "mcp-session-id": first,
+                                           "MCP-Protocol-Version": "2025-06-18"}, timeout=60)
+        assert ended.status_code == 200
+        third = _open(url, alice)  # the place the DELETE freed
+        assert _post(url, alice, INITIALIZE).status_code == 429
+        deadline = time.monotonic() + 30
+        while _post(url, alice, INITIALIZE).status_code == 429:  # second and third idle: reaped, their places free
+            assert time.monotonic() < deadline, "no place freed by the idle sessions' end"
+            time.sleep(0.5)
+        assert second != third

@@ -543,3 +543,74 @@ def test_search_tools_answers_in_a_line_per_tool_however_long_a_description(tmp_
     assert len(hits) == 10 and all(len(line) <= 240 and line.endswith("…") for line in hits)
     assert "(10 more match; narrow the query)" in found
     assert "blah " * 1000 in one  # read whole (to the description's own cap) where asked for
+
+
+HOSTILE = Path(__file__).parent.parent / "integrations" / "mcp_hostile.py"
+
+
+def _raw(text: str) -> list[str]:
+    """The characters of `text` that would reach the client's model or a terminal unescaped."""
+    from proctor.termsafe import is_invisible
+
+    return [c for c in text if is_invisible(c) and c not in "\n\t"]
+
+
+def test_a_tool_whose_ref_does_not_resolve_is_not_offered_and_the_client_can_read_why(tmp_path: Path) -> None:
+    """The server's other tools are served; the broken one is named where the client looks for it (search_tools,
+    describe_tool), cannot be called, and the operator reads one line saying which tool and why."""
+    servers, policy, audit = write_config(tmp_path, {"h": {"command": sys.executable,
+                                                           "args": [str(HOSTILE), "badref"]}},
+                                          "version: 1\ndefault: allow\n")
+    err = tmp_path / "stderr"
+
+    async def go() -> tuple[str, str, str, str]:
+        with err.open("w") as errlog:
+            async with stdio_session(serve_args(servers, policy, audit, "--user", "alice"), errlog=errlog) as s:
+                found = text(await s.call_tool("search_tools", {"query": "peek"}))
+                everything = text(await s.call_tool("search_tools", {"query": ""}))
+                why = text(await s.call_tool("describe_tool", {"name": "h_peek"}))
+                ran = text(await s.call_tool("run_python", {"code": (
+                    "print(h_ok_tool())\ntry:\n    h_peek(x='a')\nexcept NameError:\n    print('not callable')")}))
+                return found, everything, why, ran
+
+    found, everything, why, ran = run(go())
+    assert "not offered (their server's schemas cannot be used; describe_tool(name) says why): h_peek" in found
+    assert everything.splitlines()[0].startswith("h_ok_tool()") and "h_far, h_odd_out, h_peek, h_tally" in everything
+    assert why.startswith("h_peek is not offered: its inputSchema refers to '#/$defs/x' (at /properties/x), which "
+                          "does not resolve within the schema") and why.endswith("(MCP server h)")
+    assert "done" in ran and "not callable" in ran
+    logged = [line for line in err.read_text().splitlines() if "is not offered" in line]
+    assert len(logged) == 4 and "proctor mcp serve: h_peek is not offered: its inputSchema refers to '#/$defs/x'" \
+        in logged[0] and logged[0].endswith("(MCP server h)")
+
+
+def test_what_an_upstream_server_writes_reaches_the_clients_model_escaped(tmp_path: Path) -> None:
+    """ANSI escapes, C1 controls, bidi overrides and isolates, invisible characters in descriptions, titles, enum
+    values, argument descriptions and the errors calls return: visible escapes in search_tools, describe_tool and
+    run_python's result (its table and error text), never the characters themselves."""
+    servers, policy, audit = write_config(tmp_path, {"h": {"command": sys.executable,
+                                                           "args": [str(HOSTILE), "controls"]}},
+                                          "version: 1\ndefault: allow\n")
+    err = tmp_path / "stderr"
+
+    async def go() -> list[str]:
+        with err.open("w") as errlog:
+            async with stdio_session(serve_args(servers, policy, audit, "--user", "alice"), errlog=errlog) as s:
+                return [text(await s.call_tool("search_tools", {"query": "paint"})),
+                        text(await s.call_tool("describe_tool", {"name": "h_paint"})),
+                        text(await s.call_tool("describe_tool", {"name": "h_refuse"})),
+                        text(await s.call_tool("run_python", {"code": (
+                            "try:\n    h_paint(colour='blue')\nexcept ToolFailed as e:\n    print(e)\n"
+                            "h_refuse()")})),
+                        text(await s.call_tool("run_python", {"code": "h_paint(colour='green')"}))]
+
+    outs = run(go())
+    for out in outs:
+        assert _raw(out) == [], out
+    found, paint, refuse, ran, refused = outs
+    assert "# Paint a wall.\\x1b[2J\\x1b[1A\\x9b31m\\u202egnp.exe" in found
+    assert "Literal['red\\x1b[2J" in paint and "the colour\\x1b[2J" in paint and "which room\\x1b[2J" in paint
+    assert "Refuses.\\x1b[2J" in refuse
+    assert "wet paint\\x1b[2J" in ran and "no such wall\\x1b[2J" in ran  # the call table and the error
+    assert "red\\x1b[2J" in refused and "denied" in refused
+    assert _raw(err.read_text()) == []

@@ -4,11 +4,13 @@ Runs in the dev venv (mcp 2.x) and in `.venv-mcp1` (`make test-mcp1`, mcp 1.x)."
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import pytest
 from internal_host import internal_host
@@ -16,9 +18,11 @@ from mcp import StdioServerParameters
 
 from proctor import Gate, Interpreter, Policy
 from proctor.errors import ToolDenied, ToolFailed, ToolsetError
-from proctor.integrations.mcp import MCP_MAJOR, MCPToolset
+from proctor.integrations.mcp import MCP_MAJOR, MCPTool, MCPToolset
 from proctor.signatures import render_signature
+from proctor.termsafe import is_invisible
 from proctor.testing import InMemoryAudit
+from proctor.tools import Tool
 
 HERE = Path(__file__).parent
 HOSTILE = HERE / "mcp_hostile.py"
@@ -181,17 +185,117 @@ def test_a_malformed_answer_is_an_unknown_outcome_that_says_so_and_the_session_g
 
 def test_a_schema_cannot_make_proctor_fetch_a_url(tmp_path: Path) -> None:
     """A server's inputSchema is anyone's: a `$ref` to http://internal-host/… must not have proctor's process
-    fetch it (jsonschema's default does, to validate a call's arguments). The call is refused, saying why."""
+    fetch it (jsonschema's default does, to validate a call's arguments), neither when the toolset opens nor
+    at a call. The tool is not offered, saying why."""
     log = tmp_path / "log"
     with internal_host() as (base, fetched):
         url = f"{base}/metadata.json"
-        with MCPToolset(hostile(f"ref:{url}", log), name="odd") as tools:
+        opened = MCPToolset(hostile(f"ref:{url}", log), name="odd")
+        with opened as tools:
+            assert tools == []
             gate = Gate(ALLOW_ALL, tools=tools)
-            with pytest.raises(ToolDenied) as info:
+            with pytest.raises(ToolDenied, match="unknown tool 'peek'"):
                 gate.call("peek", {"x": "v"})
     assert fetched == []
-    assert f"refers to {url!r}, outside itself" in str(info.value)
+    assert f"refers to {url!r} (at /properties/x), which does not resolve within the schema" in opened.withheld["peek"]
     assert "tools/call" not in ran(log)
+
+
+def test_a_tool_whose_ref_does_not_resolve_is_not_offered_and_the_servers_other_tools_are(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A `$ref` to a missing `#/$defs/x`, or beyond the schema, would refuse every call of the tool: it is found when
+    the toolset opens, the tool is left out (a program cannot call it), and one log line says which and why."""
+    log = tmp_path / "log"
+    toolset = MCPToolset(hostile("badref", log), name="odd")
+    with caplog.at_level("WARNING", logger="proctor.mcp"), toolset as tools, \
+            Interpreter(tools, Gate(ALLOW_ALL), sandbox="process") as py:
+        assert [t.name for t in tools] == ["ok_tool"]
+        result = py.run("print(ok_tool())\ntry:\n    peek(x='a')\nexcept NameError as e:\n    print('no', e)")
+    assert sorted(toolset.withheld) == ["far", "odd_out", "peek", "tally"]
+    # in the output schema, every result would be refused (the SDK checks each), after the call ran
+    assert "its outputSchema refers to '#/$defs/count' (at /properties/n)" in toolset.withheld["tally"]
+    assert toolset.withheld["odd_out"].startswith("its outputSchema is invalid (7 is not valid under any of")
+    assert "refers to '#/$defs/x' (at /properties/x), which does not resolve within the schema" in \
+        toolset.withheld["peek"]
+    assert "refers to 'http://127.0.0.1:9/schema.json'" in toolset.withheld["far"]
+    assert result.error is None and "done" in result.logs and "no name 'peek' is not defined" in result.logs
+    lines = [r.getMessage() for r in caplog.records if r.name == "proctor.mcp"]
+    assert len(lines) == 4 and any(line.startswith("MCP server odd: tool 'peek' (peek) is not offered: its "
+                                                   "inputSchema refers to '#/$defs/x'") for line in lines)
+    assert ran(log).count("tools/call") == 1  # ok_tool's alone
+
+
+def _raw(text: str) -> list[str]:
+    """The characters of `text` that would reach a terminal or a model unescaped (newline and tab are text)."""
+    return [c for c in text if is_invisible(c) and c not in "\n\t"]
+
+
+def test_control_characters_a_server_writes_reach_no_model_or_terminal_raw(tmp_path: Path) -> None:
+    """ANSI escapes, C1 controls, bidi overrides and isolates in a tool's description, title, argument descriptions,
+    enum values and in the errors it returns are escaped (visible as \\x1b, \\u202e) everywhere a model reads them:
+    the description, the signature, the rendered source, the argument docs, the smolagents tool, the prompt."""
+    from proctor.agent.prompts import describe_tools
+
+    with MCPToolset(hostile("controls", tmp_path / "log"), name="odd") as tools:
+        paint = next(t for t in tools if t.name == "paint")
+        assert isinstance(paint, MCPTool) and paint.rendered is not None
+        shown = [paint.description, paint.signature_text(), paint.rendered.source(paint.description),
+                 *paint.arg_descriptions.values(), describe_tools(tools, ALLOW_ALL),
+                 describe_tools(tools, ALLOW_ALL, python=False),
+                 json.dumps(paint.json_schema(), ensure_ascii=False)]  # what a tool-calling model is sent
+        for text in shown:
+            assert _raw(text) == [], text
+        assert "Paint a wall.\\x1b[2J\\x1b[1A\\x9b31m\\u202egnp.exe\\u2066x\\u2069\\u200b\\u3164\nSecond line." \
+            in paint.description
+        assert "Literal['red\\x1b[2J" in paint.signature_text() and "\\u3164" in paint.signature_text()
+        assert "the colour\\x1b[2J" in paint.arg_descriptions["colour"]
+        smol = toolset_smolagents(tools)
+        assert all(_raw(t.description) == [] and all(_raw(str(i)) == [] for i in t.inputs.values()) for t in smol)
+        gate = Gate(ALLOW_ALL, tools=tools)
+        for name, args in (("paint", {"colour": "blue"}), ("refuse", {})):
+            with pytest.raises(ToolFailed) as info:
+                gate.call(name, args)
+            assert _raw(str(info.value)) == [] and "\\x1b[2J" in str(info.value), str(info.value)
+        with pytest.raises(ToolDenied) as refused:  # the schema's own words, quoted by the argument check
+            gate.call("paint", {"colour": "green"})
+        assert _raw(str(refused.value)) == [] and "red\\x1b" in str(refused.value)
+
+
+def test_what_a_stdio_server_prints_on_stderr_reaches_the_terminal_escaped(capfd: pytest.CaptureFixture[str]) -> None:
+    """A server's stderr is the operator's terminal: relayed line by line, escaped (a carriage return cannot
+    overwrite the line either)."""
+    with MCPToolset(hostile("controls"), name="odd") as tools:
+        assert tools
+    err = capfd.readouterr().err
+    assert "starting\\x1b[2J\\x1b[1A\\x9b31m\\u202egnp.exe" in err and "\\x0dhidden\n" in err
+    assert _raw(err) == [] and "\r" not in err
+
+
+def toolset_smolagents(tools: list[Tool]) -> list[Any]:
+    from proctor.integrations.smolagents import govern_tools
+
+    return govern_tools(tools, Gate(ALLOW_ALL))
+
+
+def test_a_schema_nested_beyond_the_depth_bound_stops_the_listing_saying_where(tmp_path: Path) -> None:
+    """150 levels parse in the SDK, but validating or rendering them recurses past Python's stack: the listing
+    stops with the tool, the limit and the place in its definition (before, a RecursionError escaped open())."""
+    with pytest.raises(ToolsetError, match=r"the MCP server odd: tool 'deep''s definition:1:\d+: JSON nested deeper "
+                                           r"than 64 levels; flatten it \(max_schema_depth=64\): the listing was "
+                                           r"stopped"):
+        MCPToolset(hostile("deep:150"), name="odd").open()
+    with MCPToolset(hostile("deep:20"), name="odd") as tools:  # a schema within it is used as any
+        assert sorted(t.name for t in tools) == ["deep", "ok_tool"]
+
+
+def test_a_listing_the_sdk_cannot_parse_fails_at_once_not_at_the_timeout(tmp_path: Path) -> None:
+    """300 levels are beyond what the SDK's parser reads: it drops the line, and the listing would wait for its
+    answer until `timeout`. It stops when the unreadable line comes, saying what the SDK found and where."""
+    with pytest.raises(ToolsetError, match=r"the MCP server odd sent a message that cannot be read while its tools "
+                                           r"were listed: Invalid JSON: recursion limit exceeded at line 1 column "
+                                           r"\d+ \(nested too deeply for the MCP SDK to parse: flatten the server's "
+                                           r"schemas\); the listing was stopped"):
+        MCPToolset(hostile("deeper"), name="odd", timeout=600).open()
 
 
 def test_models_see_faithful_signatures(tmp_path: Path) -> None:
