@@ -114,17 +114,20 @@ def test_backends_killed_mid_batch_fail_every_waiting_intent_closed(threads: int
     server = PostgresServer()
     server.start()
     try:
-        url = f"{server.url}&log={uuid.uuid4().hex[:12]}"
-        killed = [0]
+        name = uuid.uuid4().hex[:12]
+        url = f"{server.url}&log={name}"
+        killed, mid_batch = [0], [0]
 
         def faults() -> None:
             pause = threading.Event()
-            for _ in range(15):
+            for i in range(15):
                 pause.wait(0.15)
-                killed[0] += _terminate_others(server)
+                killed[0] += _terminate_others(server)  # wherever the calls are: between batches, in one of outcomes
+                if i % 5 == 4:  # and, not left to the clock, while a batch of intents is in its append
+                    mid_batch[0] += _kill_one_lane_mid_batch(server, name)
 
         effects, refused = _run_calls_through_faults(server, url, faults, threads)
-        assert killed[0] > 0 and refused > 0, (killed, refused)
+        assert killed[0] > 0 and refused >= mid_batch[0] == 3, (killed, mid_batch, refused)
         _assert_every_effect_has_its_intent(url, effects)
         report = verify_postgres(url)
         assert report.ok, report.failure
