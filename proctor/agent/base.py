@@ -502,7 +502,7 @@ class AgentBase:
             else:  # (`taken_over`: this process stopped working on it, another goes on: not an ending of the run)
                 self.gate.finish_run(ctx, status=status, steps=len(steps), error=scrubbed,
                                      usage={**usage.as_dict(), "cost_usd": cost},
-                                     **({"taken_over": True} if taken_over else {}))
+                                     taken_over=taken_over)
         ctx.journal = None
         if durable is not None:
             if interrupt is not None or taken_over:  # left as it was (or to the process that took it over)

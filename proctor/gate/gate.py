@@ -405,7 +405,7 @@ class Gate:
         if agent is not None:
             fields["agent"] = agent
         started = self.recorder.append("run_started", fields, required=True)
-        ctx.audit_start = started.seq if started is not None else None
+        ctx.audit_start = ctx.opened_seq = started.seq if started is not None else None
         if self.shadow is not None:  # the candidate's own provenance index starts from the task
             self.shadow.started(ctx, task)
         return ctx
@@ -426,11 +426,12 @@ class Gate:
             ctx.provenance.mark_incomplete(self.policy.result_labels)
         # The resume is its own fact, apart from the answer that allowed it: its time (the record's
         # ts_ns) and the process that resumed (host, pid), which need not be the one that suspended.
-        self.recorder.append("run_resumed", {"run_id": info.id, "principal": info.principal,
+        resumed = self.recorder.append("run_resumed", {"run_id": info.id, "principal": info.principal,
                                              "labels": dict(info.labels), "step": info.step + 1,
                                              "policy_sha256": self.policy.sha256, "host": socket.gethostname(),
                                              "pid": os.getpid(), **fields,
                                              **self.ledger_scope.audit_fields}, required=True)
+        ctx.opened_seq = resumed.seq if resumed is not None else None
         if self.shadow is not None:
             self.shadow.started(ctx, task, resumed=True)
         return ctx
@@ -440,11 +441,18 @@ class Gate:
         self.recorder.append("run_suspended", {"run_id": ctx.info.id, "step": ctx.info.step, "pending": list(pending),
                                                **fields})
 
-    def finish_run(self, ctx: RunContext, status: str = "done", **fields: Any) -> None:
-        """Close a run in the audit trail."""
+    def finish_run(self, ctx: RunContext, status: str = "done", *, taken_over: bool = False, **fields: Any) -> None:
+        """Close a run in the audit trail.
+
+        `taken_over`: this process stops working on the run because another took it over (`RunTakenOver`): not an
+        ending of the run. The record says so (``taken_over: true``) with the seq of the record that opened this
+        process's work on it (``opened_seq``): a verifier takes it for a takeover only when the log holds another
+        process's `run_resumed` after that one (`proctor.store.trail`), never on the store's word alone."""
         summary: dict[str, int] = dict.fromkeys(STATUSES, 0)
         for ended, count in ctx.status_counts.items():
             summary[ended] = summary.get(ended, 0) + count
+        if taken_over:
+            fields = {**fields, "taken_over": True, "opened_seq": ctx.opened_seq}
         self.recorder.append("run_finished", {"run_id": ctx.info.id, "status": status, "calls": summary, **fields})
         if self.shadow is not None:
             self.shadow.finished(ctx.info.id)
