@@ -535,9 +535,11 @@ class AgentBase:
         gate = scope.gate
         deadline = time.monotonic() + scope.timeout_s if scope.timeout_s is not None else None
         own: Layer | None = None
-        if self.policy is not None:  # its own policy narrows the run's; its budgets count its calls only
+        # (asked once: a reloading policy file gives one policy for the whole invocation, its rules and budgets)
+        mine = self.policy
+        if mine is not None:  # its own policy narrows the run's; its budgets count its calls only
             info = replace(parent.info, step=0, agent=self.name)
-            own = Layer(self.name, self.policy, self.policy.new_ledger(info, gate.ledger), self.gate.approver)
+            own = Layer(self.name, mine, mine.new_ledger(info, gate.ledger), self.gate.approver)
         ledger = StackedLedger(parent.ledger, own.ledger if own is not None else None, agent=self.name,
                                timeout_s=scope.timeout_s)
         ctx = parent.delegate(self.name, ledger=ledger, tools=self.gate.tools, layer=own,
