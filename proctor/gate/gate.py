@@ -399,7 +399,7 @@ class Gate:
         ctx.track(policy.pipelines)
         if self.shadow is not None:  # the candidate's too: it decides every call on the whole run's history
             ctx.track(self.shadow.policy.pipelines)
-        ctx.provenance = self._provenance_index(task, provenance)
+        ctx.provenance = self._provenance_index(task, provenance, policy)
         fields: dict[str, Any] = {"run_id": info.id, "principal": info.principal, "labels": dict(info.labels),
                                   "policy_sha256": policy.sha256, **self.ledger_scope.audit_fields}
         if agent is not None:
@@ -420,15 +420,18 @@ class Gate:
         tools (fail safe:
         `provenance()` then includes those labels for every value; `from_user` still reads `task`).
         """
-        ctx = RunContext(info, self._run_ledger(self.policy, info))
-        ctx.provenance = self._provenance_index(task, provenance)
+        # The policy the resumed run goes on with, pinned now as `start_run` pins a new run's: one ask for the
+        # ledger, the index and the record (a `reload: new_runs` policy keeps the run on the one its record names).
+        policy = self._source.for_run(info.id) if self._source is not None else self.policy
+        ctx = RunContext(info, self._run_ledger(policy, info))
+        ctx.provenance = self._provenance_index(task, provenance, policy)
         if ctx.provenance is not None:
-            ctx.provenance.mark_incomplete(self.policy.result_labels)
+            ctx.provenance.mark_incomplete(policy.result_labels)
         # The resume is its own fact, apart from the answer that allowed it: its time (the record's
         # ts_ns) and the process that resumed (host, pid), which need not be the one that suspended.
         resumed = self.recorder.append("run_resumed", {"run_id": info.id, "principal": info.principal,
                                              "labels": dict(info.labels), "step": info.step + 1,
-                                             "policy_sha256": self.policy.sha256, "host": socket.gethostname(),
+                                             "policy_sha256": policy.sha256, "host": socket.gethostname(),
                                              "pid": os.getpid(), **fields,
                                              **self.ledger_scope.audit_fields}, required=True)
         ctx.opened_seq = resumed.seq if resumed is not None else None
@@ -459,10 +462,10 @@ class Gate:
         if self._source is not None:
             self._source.end_run(ctx.info.id)
 
-    def _provenance_index(self, task: str | None, wanted: bool = False) -> ProvenanceIndex | None:
+    def _provenance_index(self, task: str | None, wanted: bool, policy: PolicyLike) -> ProvenanceIndex | None:
         """A run's index of where values came from, when its policy reads it (else None: no cost). A shadow that
         reads it keeps one of its own, by the candidate's labels (`proctor.gate.shadow`)."""
-        if not (wanted or self.policy.uses_provenance):
+        if not (wanted or policy.uses_provenance):
             return None
         index = ProvenanceIndex(self.provenance_limits)
         if task:
