@@ -175,6 +175,8 @@ class Gate:
         # it came (this gate's API, another's, a signal, another process on the shared backend); the ones
         # `halt`/`lift_halt` record themselves are noted so that the channel's telling is not a second record.
         self._halts_recorded: set[tuple[str, str]] = set()
+        #: The ids of the halts this gate's trail records as set (`_first_news_of`).
+        self._halts_known: set[str] = set()
         self._halts_lock = threading.Lock()
         #: Halts this gate honours: the channel given, else this process's (`gate_halts`) joined with those of
         #: the backends it shares (its Redis ledger's; `honour_halts_of` adds a run store's): `proctor.halt.shared`.
@@ -303,6 +305,7 @@ class Gate:
         halt = new_halt(scope, value, reason, by)
         with self._halts_lock:
             self._halts_recorded.add(("halt_set", halt.id))
+            self._halts_known.add(halt.id)
         self.halts.backend.set(halt)
         fields = HaltEvent("halt_set", halt, halt.by, halt.reason, "api").audit_fields()
         try:
@@ -352,8 +355,18 @@ class Gate:
         halts that start or end from now on, and the trail would name, in the calls they refuse, halts it never
         recorded (and later record their lifting alone)."""
         for halt in channel.active():
-            self.recorder.append("halt_set", HaltEvent("halt_set", halt, halt.by, halt.reason,
-                                                       "in force when this gate started").audit_fields())
+            if self._first_news_of(halt.id):
+                self.recorder.append("halt_set", HaltEvent("halt_set", halt, halt.by, halt.reason,
+                                                           "in force when this gate started").audit_fields())
+
+    def _first_news_of(self, halt_id: str) -> bool:
+        """Whether this gate's trail has not recorded halt `halt_id` as set yet (and now counts it recorded): a
+        halt read while the gate starts is both in force and news from its channel, and is recorded once."""
+        with self._halts_lock:
+            if halt_id in self._halts_known:
+                return False
+            self._halts_known.add(halt_id)
+            return True
 
     def _on_halt(self, event: HaltEvent) -> None:
         """Record a halt the channel saw start or end (unless `halt`/`lift_halt` of this gate recorded it)."""
@@ -362,6 +375,8 @@ class Gate:
             if key in self._halts_recorded:
                 self._halts_recorded.discard(key)
                 return
+        if event.kind == "halt_set" and not self._first_news_of(event.halt.id):
+            return
         self.recorder.append(event.kind, event.audit_fields())
 
     # -- set-up ---------------------------------------------------------------------------------
