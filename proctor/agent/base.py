@@ -592,7 +592,8 @@ class AgentBase:
         runner.store = None
         runner.memory, runner._held_chats, runner.call_listeners = [], [], []
         runner.images = RunImages()
-        runner._budget_policies = (gate.policy, *(layer.policy for layer in ctx.layers))
+        # (the policy deciding the run's calls: under `reload: new_runs`, the run's own, not the file's current one)
+        runner._budget_policies = (gate.policy_for(ctx), *(layer.policy for layer in ctx.layers))
         runner._scoped_gate = ScopedGate(gate)
         if ctx.sandbox_floor is not None and runner.sandbox is not None:
             runner.sandbox = ctx.sandbox_floor  # never looser than an agent above it (strictest_sandbox)

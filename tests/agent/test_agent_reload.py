@@ -252,3 +252,33 @@ def test_a_managed_agents_own_reloading_policy_narrows_one_invocation_with_one_p
     refused = [(layers[r["call_id"]], r["budget"]) for r in records if r["kind"] == "budget_exhausted"]
     assert len(refused) == 3, refused
     assert all(shas[sha] == budget for sha, budget in refused), refused
+
+
+def test_a_managed_agent_stops_on_the_run_wide_budget_of_the_policy_its_pinned_run_is_decided_by(
+        tmp_path: Path) -> None:
+    """Under `reload: new_runs` the run keeps its first policy, run-wide budgets and all. A managed agent working in
+    it stops when that policy's run-wide budget refuses its calls, even when the file now holds a policy without
+    that budget (it took the run's stops from the file's current policy, and went on refused)."""
+    first = policy_data(tools={"researcher": {"side_effect": "read"}},
+                        budgets=[{"name": "run-calls", "limit": {"calls": 3}}])
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(first))
+    loop = program("for _ in range(5):\n    try:\n        get_price('fig')\n    except BudgetExceeded:\n"
+                   "        pass\n")
+    sub = CodeAgent(TOOLS, ScriptedModel([loop, program("final_answer('went on')")]), name="researcher",
+                    description="Finds prices.")
+    boss = CodeAgent(TOOLS, ScriptedModel([]), path, managed_agents=[sub])
+    source = boss.policy_source
+    assert source is not None
+
+    def deploy() -> None:
+        _replace(path, yaml.safe_dump({**first, "budgets": [], "reload": "new_runs"}))
+        assert source.reload() is True
+
+    asks = program("try:\n    final_answer(researcher(task='figs'))\nexcept Exception as e:\n"
+                   "    final_answer(str(e))")
+    boss.model = ScriptedModel([_then(deploy, asks)])
+    with boss:
+        result = boss.run("Figs.")
+    assert result.status == "done", result.error
+    assert "budget_exhausted" in str(result.answer) and "went on" not in str(result.answer), result.answer
