@@ -475,8 +475,9 @@ class AgentBase:
             try:
                 if durable is None and self.store is not None:
                     durable = DurableRun.start(self.store, ctx, task=task, agent=self.name,
-                                               policy_sha256=self.gate.policy.sha256, trace=(trace_id, span.span_id),
-                                               idempotent=self._idempotent_tools(), seal=self._store_seal())
+                                               policy_sha256=self.gate.policy_for(ctx).sha256,
+                                               trace=(trace_id, span.span_id), idempotent=self._idempotent_tools(),
+                                               seal=self._store_seal())
                 answer = self._loop(ctx, span, steps, durable, resuming)
                 status: RunStatus = "done"
             except _Stop as stop:

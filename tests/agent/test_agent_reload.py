@@ -222,6 +222,24 @@ class _Flipping(PolicySource):
         return policy
 
 
+class _DeployedAtRunStart(PolicySource):
+    """A real policy file, replaced by `text` right after the first run's policy is pinned (its first `for_run`):
+    a deploy landing as the run starts."""
+
+    def __init__(self, path: Path, first: str, text: str) -> None:
+        path.write_text(first)
+        super().__init__(path, check_every_ms=0)
+        self.text: str | None = text
+
+    def for_run(self, run_id: str) -> Policy:
+        policy = super().for_run(run_id)
+        if self.text is not None:
+            _replace(Path(self.path), self.text)
+            self.text = None
+            self.reload()
+        return policy
+
+
 def test_a_managed_agents_own_reloading_policy_narrows_one_invocation_with_one_policy(tmp_path: Path) -> None:
     """A managed agent's own policy file replaced while the parent hands it a task: the layer that narrows the
     invocation's calls and the ledger its budgets count in come from one policy, the one its calls name
@@ -282,3 +300,23 @@ def test_a_managed_agent_stops_on_the_run_wide_budget_of_the_policy_its_pinned_r
         result = boss.run("Figs.")
     assert result.status == "done", result.error
     assert "budget_exhausted" in str(result.answer) and "went on" not in str(result.answer), result.answer
+
+
+def test_a_durable_run_stores_the_policy_its_run_started_with(tmp_path: Path) -> None:
+    """The store keeps a durable run's policy fingerprint (a resume records it as the previous policy): the one
+    its `run_started` names and its calls are decided by under `reload: new_runs`, not whatever the file held a
+    moment later."""
+    from proctor.store import RunStore
+
+    source = _DeployedAtRunStart(tmp_path / "policy.yaml", yaml.safe_dump(policy_data(reload="new_runs")),
+                                 yaml.safe_dump(_closed(reload="new_runs")))
+    audit_path = tmp_path / "audit.jsonl"
+    store = RunStore.open(f"sqlite:///{tmp_path}/runs.db")
+    try:
+        with CodeAgent(TOOLS, ScriptedModel([DONE]), source, audit=audit_path, store=store) as agent:
+            result = agent.run("Nothing.")
+        assert result.status == "done", result.error
+        [started] = [r for r in _records(audit_path) if r["kind"] == "run_started"]
+        assert store.get_run(result.run_id).policy_sha256 == started["policy_sha256"]
+    finally:
+        store.close()
