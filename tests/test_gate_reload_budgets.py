@@ -99,3 +99,37 @@ def test_a_reload_to_cross_run_budgets_on_a_local_ledger_refuses_the_runs_next_c
     _write(path, {**BASE, "budgets": [{"name": "per-person", "per": "principal", "limit": {"calls": 5}}]})
     with pytest.raises(ToolDenied, match="process-local"):
         gate.call("fetch", {"url": "u"}, context=ctx)
+
+
+class _Flipping(PolicySource):
+    """A real policy file renamed over by the other of two policies after each ask, and checked again at once:
+    any two asks of it see two policies (a deploy landing between them)."""
+
+    def __init__(self, path: Path, policies: tuple[dict[str, Any], dict[str, Any]]) -> None:
+        _write(path, policies[0])
+        super().__init__(path, check_every_ms=0)
+        self.policies, self.asks = policies, 0
+
+    def current(self) -> Any:
+        policy = super().current()
+        self.asks += 1
+        _write(Path(self.path), self.policies[self.asks % 2])
+        self.reload()
+        return policy
+
+
+def test_a_resumed_run_under_reload_new_runs_keeps_the_policy_its_run_resumed_names(tmp_path: Path) -> None:
+    """`reload: new_runs` keeps a run on the policy it started with; a durable run resumed in this process starts
+    here with the policy its `run_resumed` record names. A deploy between the resume and the run's first call
+    must not pin it to another one (the resume asked the file, then the first call asked it again)."""
+    from proctor.calls import RunInfo
+
+    pinned = {**BASE, "reload": "new_runs"}
+    other = {**pinned, "budgets": [{"name": "tight", "limit": {"calls": 0}}]}
+    audit = InMemoryAudit()
+    gate = Gate(_Flipping(tmp_path / "policy.yaml", (pinned, other)), audit=audit, tools=[fetch])
+    ctx = gate.resume_run(RunInfo(id="run_resumed1", principal="alice"))
+    outcomes = _calls(gate, ctx, 3)
+    [resumed] = [r for r in audit.records if r["kind"] == "run_resumed"]
+    intents = [r["policy_sha256"] for r in audit.records if r["kind"] == "call_intent"]
+    assert intents == [resumed["policy_sha256"]] * 3, (outcomes, resumed["policy_sha256"], intents)

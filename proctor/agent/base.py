@@ -475,8 +475,9 @@ class AgentBase:
             try:
                 if durable is None and self.store is not None:
                     durable = DurableRun.start(self.store, ctx, task=task, agent=self.name,
-                                               policy_sha256=self.gate.policy.sha256, trace=(trace_id, span.span_id),
-                                               idempotent=self._idempotent_tools(), seal=self._store_seal())
+                                               policy_sha256=self.gate.policy_for(ctx).sha256,
+                                               trace=(trace_id, span.span_id), idempotent=self._idempotent_tools(),
+                                               seal=self._store_seal())
                 answer = self._loop(ctx, span, steps, durable, resuming)
                 status: RunStatus = "done"
             except _Stop as stop:
@@ -502,7 +503,7 @@ class AgentBase:
             else:  # (`taken_over`: this process stopped working on it, another goes on: not an ending of the run)
                 self.gate.finish_run(ctx, status=status, steps=len(steps), error=scrubbed,
                                      usage={**usage.as_dict(), "cost_usd": cost},
-                                     **({"taken_over": True} if taken_over else {}))
+                                     taken_over=taken_over)
         ctx.journal = None
         if durable is not None:
             if interrupt is not None or taken_over:  # left as it was (or to the process that took it over)
@@ -535,9 +536,11 @@ class AgentBase:
         gate = scope.gate
         deadline = time.monotonic() + scope.timeout_s if scope.timeout_s is not None else None
         own: Layer | None = None
-        if self.policy is not None:  # its own policy narrows the run's; its budgets count its calls only
+        # (asked once: a reloading policy file gives one policy for the whole invocation, its rules and budgets)
+        mine = self.policy
+        if mine is not None:  # its own policy narrows the run's; its budgets count its calls only
             info = replace(parent.info, step=0, agent=self.name)
-            own = Layer(self.name, self.policy, self.policy.new_ledger(info, gate.ledger), self.gate.approver)
+            own = Layer(self.name, mine, mine.new_ledger(info, gate.ledger), self.gate.approver)
         ledger = StackedLedger(parent.ledger, own.ledger if own is not None else None, agent=self.name,
                                timeout_s=scope.timeout_s)
         ctx = parent.delegate(self.name, ledger=ledger, tools=self.gate.tools, layer=own,
@@ -590,7 +593,8 @@ class AgentBase:
         runner.store = None
         runner.memory, runner._held_chats, runner.call_listeners = [], [], []
         runner.images = RunImages()
-        runner._budget_policies = (gate.policy, *(layer.policy for layer in ctx.layers))
+        # (the policy deciding the run's calls: under `reload: new_runs`, the run's own, not the file's current one)
+        runner._budget_policies = (gate.policy_for(ctx), *(layer.policy for layer in ctx.layers))
         runner._scoped_gate = ScopedGate(gate)
         if ctx.sandbox_floor is not None and runner.sandbox is not None:
             runner.sandbox = ctx.sandbox_floor  # never looser than an agent above it (strictest_sandbox)

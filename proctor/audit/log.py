@@ -27,6 +27,7 @@ import hashlib
 import json
 import mmap
 import os
+import re
 import secrets
 import threading
 import time
@@ -54,6 +55,9 @@ from proctor.urls import shown_url
 
 __all__ = ["DURABILITIES", "AuditLog"]
 
+#: A URL of a backend made a `Path` (``Path("postgresql://h/db")`` is ``postgresql:/h/db``): its scheme and slash.
+_FOLDED_URL = re.compile(r"((?:postgres|postgresql|redis|rediss|sqlite|file|https?)):/(?!/)", re.IGNORECASE)
+
 DURABILITIES = ("fsync", "flush")
 _CUT_INLINE_MAX = 4096  # cut bytes up to this size are kept in the recovery record itself
 
@@ -79,6 +83,9 @@ class AuditLog:
         if checkpoint_every < 1 or checkpoint_interval_s <= 0:
             raise ConfigurationError("checkpoint_every must be ≥ 1 and checkpoint_interval_s > 0")
         text = os.fspath(path)
+        folded = _FOLDED_URL.match(text)
+        if folded is not None:  # `Path(url)` folds the `//` of `scheme://` into one slash: the same URL
+            text = f"{folded.group(1)}://{text[folded.end():]}"
         if "://" in text:
             # A URL taken for a path would write the fleet's trail to a local file (`postgresql:/…`) that no
             # one reads, while every reader looks in the database: refuse it, naming what opens a URL.

@@ -175,6 +175,8 @@ class Gate:
         # it came (this gate's API, another's, a signal, another process on the shared backend); the ones
         # `halt`/`lift_halt` record themselves are noted so that the channel's telling is not a second record.
         self._halts_recorded: set[tuple[str, str]] = set()
+        #: The ids of the halts this gate's trail records as set (`_first_news_of`).
+        self._halts_known: set[str] = set()
         self._halts_lock = threading.Lock()
         #: Halts this gate honours: the channel given, else this process's (`gate_halts`) joined with those of
         #: the backends it shares (its Redis ledger's; `honour_halts_of` adds a run store's): `proctor.halt.shared`.
@@ -303,6 +305,7 @@ class Gate:
         halt = new_halt(scope, value, reason, by)
         with self._halts_lock:
             self._halts_recorded.add(("halt_set", halt.id))
+            self._halts_known.add(halt.id)
         self.halts.backend.set(halt)
         fields = HaltEvent("halt_set", halt, halt.by, halt.reason, "api").audit_fields()
         try:
@@ -352,8 +355,18 @@ class Gate:
         halts that start or end from now on, and the trail would name, in the calls they refuse, halts it never
         recorded (and later record their lifting alone)."""
         for halt in channel.active():
-            self.recorder.append("halt_set", HaltEvent("halt_set", halt, halt.by, halt.reason,
-                                                       "in force when this gate started").audit_fields())
+            if self._first_news_of(halt.id):
+                self.recorder.append("halt_set", HaltEvent("halt_set", halt, halt.by, halt.reason,
+                                                           "in force when this gate started").audit_fields())
+
+    def _first_news_of(self, halt_id: str) -> bool:
+        """Whether this gate's trail has not recorded halt `halt_id` as set yet (and now counts it recorded): a
+        halt read while the gate starts is both in force and news from its channel, and is recorded once."""
+        with self._halts_lock:
+            if halt_id in self._halts_known:
+                return False
+            self._halts_known.add(halt_id)
+            return True
 
     def _on_halt(self, event: HaltEvent) -> None:
         """Record a halt the channel saw start or end (unless `halt`/`lift_halt` of this gate recorded it)."""
@@ -362,6 +375,8 @@ class Gate:
             if key in self._halts_recorded:
                 self._halts_recorded.discard(key)
                 return
+        if event.kind == "halt_set" and not self._first_news_of(event.halt.id):
+            return
         self.recorder.append(event.kind, event.audit_fields())
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -399,13 +414,13 @@ class Gate:
         ctx.track(policy.pipelines)
         if self.shadow is not None:  # the candidate's too: it decides every call on the whole run's history
             ctx.track(self.shadow.policy.pipelines)
-        ctx.provenance = self._provenance_index(task, provenance)
+        ctx.provenance = self._provenance_index(task, provenance, policy)
         fields: dict[str, Any] = {"run_id": info.id, "principal": info.principal, "labels": dict(info.labels),
                                   "policy_sha256": policy.sha256, **self.ledger_scope.audit_fields}
         if agent is not None:
             fields["agent"] = agent
         started = self.recorder.append("run_started", fields, required=True)
-        ctx.audit_start = started.seq if started is not None else None
+        ctx.audit_start = ctx.opened_seq = started.seq if started is not None else None
         if self.shadow is not None:  # the candidate's own provenance index starts from the task
             self.shadow.started(ctx, task)
         return ctx
@@ -420,17 +435,21 @@ class Gate:
         tools (fail safe:
         `provenance()` then includes those labels for every value; `from_user` still reads `task`).
         """
-        ctx = RunContext(info, self._run_ledger(self.policy, info))
-        ctx.provenance = self._provenance_index(task, provenance)
+        # The policy the resumed run goes on with, pinned now as `start_run` pins a new run's: one ask for the
+        # ledger, the index and the record (a `reload: new_runs` policy keeps the run on the one its record names).
+        policy = self._source.for_run(info.id) if self._source is not None else self.policy
+        ctx = RunContext(info, self._run_ledger(policy, info))
+        ctx.provenance = self._provenance_index(task, provenance, policy)
         if ctx.provenance is not None:
-            ctx.provenance.mark_incomplete(self.policy.result_labels)
+            ctx.provenance.mark_incomplete(policy.result_labels)
         # The resume is its own fact, apart from the answer that allowed it: its time (the record's
         # ts_ns) and the process that resumed (host, pid), which need not be the one that suspended.
-        self.recorder.append("run_resumed", {"run_id": info.id, "principal": info.principal,
+        resumed = self.recorder.append("run_resumed", {"run_id": info.id, "principal": info.principal,
                                              "labels": dict(info.labels), "step": info.step + 1,
-                                             "policy_sha256": self.policy.sha256, "host": socket.gethostname(),
+                                             "policy_sha256": policy.sha256, "host": socket.gethostname(),
                                              "pid": os.getpid(), **fields,
                                              **self.ledger_scope.audit_fields}, required=True)
+        ctx.opened_seq = resumed.seq if resumed is not None else None
         if self.shadow is not None:
             self.shadow.started(ctx, task, resumed=True)
         return ctx
@@ -440,21 +459,28 @@ class Gate:
         self.recorder.append("run_suspended", {"run_id": ctx.info.id, "step": ctx.info.step, "pending": list(pending),
                                                **fields})
 
-    def finish_run(self, ctx: RunContext, status: str = "done", **fields: Any) -> None:
-        """Close a run in the audit trail."""
+    def finish_run(self, ctx: RunContext, status: str = "done", *, taken_over: bool = False, **fields: Any) -> None:
+        """Close a run in the audit trail.
+
+        `taken_over`: this process stops working on the run because another took it over (`RunTakenOver`): not an
+        ending of the run. The record says so (``taken_over: true``) with the seq of the record that opened this
+        process's work on it (``opened_seq``): a verifier takes it for a takeover only when the log holds another
+        process's `run_resumed` after that one (`proctor.store.trail`), never on the store's word alone."""
         summary: dict[str, int] = dict.fromkeys(STATUSES, 0)
         for ended, count in ctx.status_counts.items():
             summary[ended] = summary.get(ended, 0) + count
+        if taken_over:
+            fields = {**fields, "taken_over": True, "opened_seq": ctx.opened_seq}
         self.recorder.append("run_finished", {"run_id": ctx.info.id, "status": status, "calls": summary, **fields})
         if self.shadow is not None:
             self.shadow.finished(ctx.info.id)
         if self._source is not None:
             self._source.end_run(ctx.info.id)
 
-    def _provenance_index(self, task: str | None, wanted: bool = False) -> ProvenanceIndex | None:
+    def _provenance_index(self, task: str | None, wanted: bool, policy: PolicyLike) -> ProvenanceIndex | None:
         """A run's index of where values came from, when its policy reads it (else None: no cost). A shadow that
         reads it keeps one of its own, by the candidate's labels (`proctor.gate.shadow`)."""
-        if not (wanted or self.policy.uses_provenance):
+        if not (wanted or policy.uses_provenance):
             return None
         index = ProvenanceIndex(self.provenance_limits)
         if task:

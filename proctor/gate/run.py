@@ -118,6 +118,11 @@ class RunContext:
         #: The audit seq of the run's `run_started` (None when no sink gave one): a durable run keeps it, sealed,
         #: so a resume reads the run's records from there (`AuditReader.run_records`).
         self.audit_start: int | None = None
+        #: The audit seq of the record that opened this process's work on the run: its `run_started`, or the
+        #: `run_resumed` of the resume that opened it here (None when no sink gave one). A run this process stops
+        #: working on because another took it over names it (`Gate.finish_run`), so a verifier can see the other
+        #: process's resume after it in the log, not only the store's word that there was one.
+        self.opened_seq: int | None = None
         #: Clear values of redacted arguments met in this run: scrubbed from every free text
         #: written about it (programs, errors, chat content) — see `scrub`.
         self.secrets: set[str] = set()
@@ -349,6 +354,10 @@ class AgentContext(RunContext):
     @property
     def audit_start(self) -> int | None:  # type: ignore[override]
         return self._root.audit_start
+
+    @property
+    def opened_seq(self) -> int | None:  # type: ignore[override]
+        return self._root.opened_seq
 
     def next_step(self) -> int:
         """Start the managed agent's next step (its own `per: step` budgets; the parent's step goes on)."""

@@ -436,16 +436,21 @@ class PolledHalts:
             self._halts = halts
             self._error = ""
             self._ok_at = time.monotonic()
-            if known:  # halts started or ended since the last good read (the first read is where watching starts)
+            if known:  # halts started or ended since the last good read
                 self._tell(before, halts)
+            elif halts:
+                # The first good read: what it finds is in force from here on. A watcher that came before it (a
+                # gate made while the backend could not be reached) knew of none of them; one that came after
+                # read them from `active` (a gate records each halt it is told of once).
+                self._tell((), halts, via=f"in force when channel {self.name} was first read")
         finally:
             self._refresh_lock.release()
 
-    def _tell(self, before: tuple[Halt, ...], after: tuple[Halt, ...]) -> None:
+    def _tell(self, before: tuple[Halt, ...], after: tuple[Halt, ...], via: str | None = None) -> None:
         old, new = {h.id for h in before}, {h.id for h in after}
         if old == new:
             return
-        via = f"channel {self.name}"
+        via = via or f"channel {self.name}"
         for halt in after:
             if halt.id not in old:
                 self._listeners.notify(HaltEvent("halt_set", halt, halt.by, halt.reason, via))

@@ -202,11 +202,16 @@ class Interpreter:
     def __enter__(self) -> Interpreter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        # The run it started ends as the block did: an error or Ctrl-C in the caller's code is not a run `done`.
+        self._close("done" if kind is None else "error" if issubclass(kind, Exception) else "interrupted")
 
     def close(self) -> None:
-        """Stop the worker; the interpreter cannot run programs afterwards."""
+        """Stop the worker; the interpreter cannot run programs afterwards (the run it started itself, with no
+        `context=`, is finished: ``done``, or as its ``with`` block was left, ``error`` / ``interrupted``)."""
+        self._close("done")
+
+    def _close(self, status: str) -> None:
         with self._lock:
             self._closed = True
             if self._worker is not None:
@@ -216,7 +221,7 @@ class Interpreter:
                 # Nobody else can end the run it started: left open, `proctor audit verify` would say its
                 # writer was killed or crashed.
                 self._own_run = False
-                self.gate.finish_run(self.context)
+                self.gate.finish_run(self.context, status)
 
     def reset(self) -> None:
         """Replace the worker with a fresh one: no variable survives."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["Needs", "merge_needs", "needs_of", "selected_fields"]
+__all__ = ["Needs", "merge_needs", "needs_of", "selected_fields", "selected_subfields"]
 
 #: For each variable, the fields read (None: the whole value).
 Needs = dict[str, "frozenset[str] | None"]
@@ -51,6 +51,20 @@ def _selected(source: str, name: str, skip: frozenset[int] = frozenset()) -> fro
 def selected_fields(source: str, name: str) -> frozenset[str] | None:
     """The fields `source` selects from `name` when every use is a selection; else None."""
     return _selected(source, name)
+
+
+def selected_subfields(source: str, name: str) -> frozenset[str] | None:
+    """The fields `source` selects one level down in `name` (``usage.b.calls``, ``usage['b']['calls']`` select
+    ``calls``) when every use of `name` is such a selection of a selection; else None (a field reached any other
+    way: a computed key, a macro over the fields, a value passed whole)."""
+    fields: set[str] = set()
+    for found in _occurrences(source, name):
+        first = _FIELD.match(source, found.end())
+        second = _FIELD.match(source, first.end()) if first is not None else None
+        if second is None:
+            return None
+        fields.add(next(g for g in second.groups() if g is not None))
+    return frozenset(fields)
 
 
 def _history(source: str) -> frozenset[str] | None:

@@ -75,7 +75,7 @@ from proctor.policy.admission import Admission, LazyUsage, RunView, admit, facts
 from proctor.policy.budgets import Ledger
 from proctor.policy.conditions import VARIABLES
 from proctor.policy.functions import PROVENANCE_FUNCTIONS
-from proctor.policy.projection import needs_of
+from proctor.policy.projection import needs_of, selected_subfields
 from proctor.policy.simulate import RAN_STATUSES, RecordedRun
 
 if TYPE_CHECKING:
@@ -629,7 +629,9 @@ class _Replayer:
                 needs = needs_of(condition.source, VARIABLES)
                 read = needs.get("usage", frozenset())
                 usage = None if read is None or usage is None else usage | read
-                model_usage = model_usage or (read != frozenset() and bool(_MODEL_FIELDS.search(condition.source)))
+                if read != frozenset() and not model_usage:  # (decided only where no model field can be read)
+                    fields = selected_subfields(condition.source, "usage")
+                    model_usage = fields is None or not fields.isdisjoint(_MODEL_FIELDS)
                 reads_seen = reads_seen or needs.get("seen", frozenset()) != frozenset()
                 entry = needs.get("history", frozenset())
                 reads_class = reads_class or entry is None or "side_effect" in entry
@@ -712,8 +714,10 @@ _AFTER_LAYERED = ("a condition reads seen or an earlier call's class, and a mana
 #: The variables of a condition that read the run rather than the call (by name: over-counting is safe).
 _RUN_NAMES = re.compile(r"\b(?:run|history|seen|usage)\b")
 #: The fields of `usage` a replay cannot give: the agent charges a model reply before the step's program runs,
-#: while the log records the step's usage after its calls (by name, in a condition that reads `usage`).
-_MODEL_FIELDS = re.compile(r"\bmodel_(?:tokens|cost_usd)\b")
+#: while the log records the step's usage after its calls. A condition that reads `usage` is decided only when
+#: every read names a field that is none of these (`selected_subfields`): a computed key, a macro over the
+#: fields or a budget's usage passed whole may reach them.
+_MODEL_FIELDS = frozenset({"model_tokens", "model_cost_usd"})
 #: Why a call whose condition reads the model's usage is undecidable.
 _MODEL_USAGE = ("a condition reads the model's usage (model_tokens, model_cost_usd): the log records a step's "
                 "model usage after the step's calls, not what each call saw")

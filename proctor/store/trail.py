@@ -89,6 +89,11 @@ class RunTrail:
     resumed: list[int] = field(default_factory=list)
     #: The `run_finished` records of processes whose run another took over (``taken_over: true``): not endings.
     taken_over: list[Mapping[str, Any]] = field(default_factory=list)
+    #: The `run_finished` records that say ``taken_over: true`` with no `run_resumed` of the run in the log after
+    #: the one that opened their process's work on it (``opened_seq``): the process stopped on the store's word
+    #: that another had taken the run over (its owner, which the store's writers can change), and no other
+    #: process's resume shows it. Each is a disagreement, and the run's ending as any other.
+    unshown_takeovers: list[Mapping[str, Any]] = field(default_factory=list)
     #: call id → its `call_outcome` written after the journal's `done` for it was on stable storage
     #: (``journaled: true``, `Recorder.finished`): the store cannot honestly hold less for that call.
     journaled: dict[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -109,9 +114,12 @@ class RunTrail:
     def note(self, rec: Mapping[str, Any]) -> None:
         kind, call_id = rec.get("kind"), rec.get("call_id")
         if kind == "run_finished":
-            if rec.get("taken_over") is True:
+            if rec.get("taken_over") is not True:
+                self.finished = rec
+            elif self._resumed_since(rec.get("opened_seq"), rec.get("seq")):
                 self.taken_over.append(rec)
             else:
+                self.unshown_takeovers.append(rec)
                 self.finished = rec
         elif kind == "run_resumed":
             seq = rec.get("seq")
@@ -138,6 +146,15 @@ class RunTrail:
                 self.deadlines.setdefault((call_id, binding), expires)
             if isinstance(binding, str):
                 self.asked.setdefault((call_id, binding), rec)
+
+
+    def _resumed_since(self, opened: object, ended: object) -> bool:
+        """Whether the log holds a `run_resumed` of the run between seq `opened` (what opened a process's work on
+        it) and seq `ended` (its `run_finished`): another process's resume, which a takeover is."""
+        if not isinstance(opened, int) or not isinstance(ended, int) or isinstance(opened, bool) \
+                or isinstance(ended, bool):
+            return False
+        return any(opened < r < ended for r in self.resumed)
 
 
 def trails(records: Iterable[Mapping[str, Any]], run_id: str | None = None) -> dict[str, RunTrail]:
@@ -389,6 +406,12 @@ def _run_disagreements(record: RunRecord, journals: Mapping[int, Sequence[Journa
     if finished in FINAL and record.status in FINAL and finished != record.status:
         out.append(Disagreement(run_id, "run record", (
             f"the store has the run {record.status}, but the audit trail's run_finished says {finished}")))
+    for ended in trail.unshown_takeovers:  # the store's word alone: a run's owner is written by the store's writers
+        out.append(Disagreement(run_id, "run record", (
+            f"a process stopped working on the run (run_finished interrupted, seq {ended.get('seq')}) because the "
+            "store named another process as its owner, but no process resumed the run after this one opened it "
+            f"(seq {ended.get('opened_seq')}): the log holds no run_resumed since; the run's owner was changed in "
+            "the store")))
     for ended in trail.taken_over:  # seen as what it is: another process's resume took the run from this one
         out.append(Disagreement(run_id, "run record", (
             f"a process stopped working on the run (run_finished interrupted, seq {ended.get('seq')}) because "

@@ -21,7 +21,7 @@ from proctor.audit import verify
 from proctor.audit.lines import read_records
 from proctor.errors import PolicyError
 from proctor.policy import Policy
-from proctor.policy.reload import PolicyRefused
+from proctor.policy.reload import PolicyRefused, PolicySource
 
 from .conftest import TOOLS, policy_data, program
 
@@ -203,3 +203,120 @@ def test_a_tool_calling_agent_given_a_path_reloads_it_too(tmp_path: Path) -> Non
     assert _price_calls(records) == [("allow", first.sha256), ("deny", second.sha256)]
     assert [(r["old_sha256"], r["new_sha256"]) for r in records if r["kind"] == "policy_changed"] == [
         (first.sha256, second.sha256)]
+
+
+class _Flipping(PolicySource):
+    """A real policy file renamed over by the other of two policies after each ask, and checked again at once:
+    any two asks of it see two policies (a deploy landing between them)."""
+
+    def __init__(self, path: Path, texts: tuple[str, str]) -> None:
+        path.write_text(texts[0])
+        super().__init__(path, check_every_ms=0)
+        self.texts, self.asks = texts, 0
+
+    def current(self) -> Policy:
+        policy = super().current()
+        self.asks += 1
+        _replace(Path(self.path), self.texts[self.asks % 2])
+        self.reload()
+        return policy
+
+
+class _DeployedAtRunStart(PolicySource):
+    """A real policy file, replaced by `text` right after the first run's policy is pinned (its first `for_run`):
+    a deploy landing as the run starts."""
+
+    def __init__(self, path: Path, first: str, text: str) -> None:
+        path.write_text(first)
+        super().__init__(path, check_every_ms=0)
+        self.text: str | None = text
+
+    def for_run(self, run_id: str) -> Policy:
+        policy = super().for_run(run_id)
+        if self.text is not None:
+            _replace(Path(self.path), self.text)
+            self.text = None
+            self.reload()
+        return policy
+
+
+def test_a_managed_agents_own_reloading_policy_narrows_one_invocation_with_one_policy(tmp_path: Path) -> None:
+    """A managed agent's own policy file replaced while the parent hands it a task: the layer that narrows the
+    invocation's calls and the ledger its budgets count in come from one policy, the one its calls name
+    (`layers[].policy_sha256`), never the decision from one file and the budgets from the next."""
+    from proctor.agent import CodeAgent as Agent
+
+    from .test_managed import parent_policy
+
+    def own(budget: str) -> str:
+        return yaml.safe_dump(policy_data(budgets=[{"name": budget, "limit": {"calls": 0}}]))
+
+    texts = (own("first-budget"), own("second-budget"))
+    shas = {Policy.from_string(text).sha256: name for text, name in zip(texts, ("first-budget", "second-budget"),
+                                                                       strict=True)}
+    source = _Flipping(tmp_path / "researcher.yaml", texts)
+    sub = Agent(TOOLS, ScriptedModel([program("try:\n    get_price('fig')\nexcept BudgetExceeded as e:\n"
+                                              "    final_answer(e.budget)")] * 3), source, name="researcher",
+                description="Finds prices.")
+    audit_path = tmp_path / "audit.jsonl"
+    asks = "final_answer([researcher(task='fig?') for _ in range(3)])"
+    with Agent(TOOLS, ScriptedModel([program(asks)]), parent_policy(), managed_agents=[sub],
+               audit=audit_path) as boss:
+        result = boss.run("Three figs.")
+    assert result.status == "done", result.error
+    records = _records(audit_path)
+    layers = {r["call_id"]: r["layers"][0]["policy_sha256"] for r in records
+              if r["kind"] == "call_intent" and r.get("layers")}
+    refused = [(layers[r["call_id"]], r["budget"]) for r in records if r["kind"] == "budget_exhausted"]
+    assert len(refused) == 3, refused
+    assert all(shas[sha] == budget for sha, budget in refused), refused
+
+
+def test_a_managed_agent_stops_on_the_run_wide_budget_of_the_policy_its_pinned_run_is_decided_by(
+        tmp_path: Path) -> None:
+    """Under `reload: new_runs` the run keeps its first policy, run-wide budgets and all. A managed agent working in
+    it stops when that policy's run-wide budget refuses its calls, even when the file now holds a policy without
+    that budget (it took the run's stops from the file's current policy, and went on refused)."""
+    first = policy_data(tools={"researcher": {"side_effect": "read"}},
+                        budgets=[{"name": "run-calls", "limit": {"calls": 3}}])
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(first))
+    loop = program("for _ in range(5):\n    try:\n        get_price('fig')\n    except BudgetExceeded:\n"
+                   "        pass\n")
+    sub = CodeAgent(TOOLS, ScriptedModel([loop, program("final_answer('went on')")]), name="researcher",
+                    description="Finds prices.")
+    boss = CodeAgent(TOOLS, ScriptedModel([]), path, managed_agents=[sub])
+    source = boss.policy_source
+    assert source is not None
+
+    def deploy() -> None:
+        _replace(path, yaml.safe_dump({**first, "budgets": [], "reload": "new_runs"}))
+        assert source.reload() is True
+
+    asks = program("try:\n    final_answer(researcher(task='figs'))\nexcept Exception as e:\n"
+                   "    final_answer(str(e))")
+    boss.model = ScriptedModel([_then(deploy, asks)])
+    with boss:
+        result = boss.run("Figs.")
+    assert result.status == "done", result.error
+    assert "budget_exhausted" in str(result.answer) and "went on" not in str(result.answer), result.answer
+
+
+def test_a_durable_run_stores_the_policy_its_run_started_with(tmp_path: Path) -> None:
+    """The store keeps a durable run's policy fingerprint (a resume records it as the previous policy): the one
+    its `run_started` names and its calls are decided by under `reload: new_runs`, not whatever the file held a
+    moment later."""
+    from proctor.store import RunStore
+
+    source = _DeployedAtRunStart(tmp_path / "policy.yaml", yaml.safe_dump(policy_data(reload="new_runs")),
+                                 yaml.safe_dump(_closed(reload="new_runs")))
+    audit_path = tmp_path / "audit.jsonl"
+    store = RunStore.open(f"sqlite:///{tmp_path}/runs.db")
+    try:
+        with CodeAgent(TOOLS, ScriptedModel([DONE]), source, audit=audit_path, store=store) as agent:
+            result = agent.run("Nothing.")
+        assert result.status == "done", result.error
+        [started] = [r for r in _records(audit_path) if r["kind"] == "run_started"]
+        assert store.get_run(result.run_id).policy_sha256 == started["policy_sha256"]
+    finally:
+        store.close()

@@ -259,6 +259,20 @@ def test_a_url_is_refused_as_a_path_and_nothing_is_made(tmp_path: Path, monkeypa
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_url_made_a_path_object_is_refused_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Path("postgresql://…")` folds the `//` into one slash: `AuditLog(Path(url))` (a URL from the environment
+    made a Path) wrote the same local `postgresql:/…` file. It is refused as the URL it was, its password masked."""
+    monkeypatch.chdir(tmp_path)
+    for url in ("postgresql://auditor:s3cret@db/proctor?log=prod", "postgres://auditor:s3cret@db/proctor",
+                "file:///var/log/audit.jsonl"):
+        with pytest.raises(ConfigurationError, match=r"AuditLog takes a file path, not the URL") as caught:
+            AuditLog(Path(url))
+        assert "s3cret" not in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
+    with AuditLog(tmp_path / "postgresql-audit.jsonl") as log:  # a file merely named after it is a path
+        assert log.append("step", {}).ok
+
+
 def test_redaction_is_keyed_per_log_and_correlates_within_a_log(tmp_path: Path) -> None:
     """Equal values give equal digests within a log, different ones across logs; the key file is private."""
     with AuditLog(tmp_path / "a.jsonl") as a, AuditLog(tmp_path / "b.jsonl") as b:

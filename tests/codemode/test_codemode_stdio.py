@@ -614,3 +614,27 @@ def test_what_an_upstream_server_writes_reaches_the_clients_model_escaped(tmp_pa
     assert "wet paint\\x1b[2J" in ran and "no such wall\\x1b[2J" in ran  # the call table and the error
     assert "red\\x1b[2J" in refused and "denied" in refused
     assert _raw(err.read_text()) == []
+
+
+def test_the_rest_of_what_an_upstream_definition_and_result_carry_reaches_the_client_escaped(tmp_path: Path) -> None:
+    """Defaults, examples, consts, formats, the titles of nested and output types (TypedDict names), output
+    descriptions, an annotations title, a log notification sent during the call and the call's own result: none
+    of it reaches the client's model raw through search_tools, describe_tool or run_python."""
+    servers, policy, audit = write_config(tmp_path, {"h": {"command": sys.executable,
+                                                           "args": [str(HOSTILE), "controls-more"]}},
+                                          "version: 1\ndefault: allow\n")
+
+    async def go() -> list[str]:
+        async with stdio_session(serve_args(servers, policy, audit, "--user", "alice")) as s:
+            return [text(await s.call_tool("search_tools", {"query": ""})),
+                    text(await s.call_tool("describe_tool", {"name": "h_mix"})),
+                    text(await s.call_tool("run_python", {"code": "r = h_mix()\nprint(r)\nr"})),
+                    text(await s.call_tool("run_python", {"code": "h_mix(shade='x')"}))]
+
+    outs = run(go())
+    for out in outs:
+        assert _raw(out) == [], out
+    _, described, ran, refused = outs
+    assert "'''what comes back\\x1b[2J" in described and "the words\\x1b[2J" in described
+    assert "Literal['dark\\x1b[2J" in described
+    assert "'mixed\\x1b[2J" in ran and "dark\\x1b[2J" in refused

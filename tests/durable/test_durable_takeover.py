@@ -186,3 +186,51 @@ def test_a_process_that_renews_its_claim_keeps_the_run_through_a_call_longer_tha
             RELEASE.set()
             thread.join(120)
     assert first[0].status == "done" and SENT == ["slow", "once"]
+
+
+def test_a_takeover_the_store_alone_claims_is_a_disagreement_not_a_takeover(
+        store: RunStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Someone who can write the store names another owner of a run while its process works on it (the owner and
+    version are not sealed: claims and saves change them). The process stops as if taken over, and its trail says
+    so — but no process resumed the run: the log holds no `run_resumed` after this process opened it. `proctor audit
+    verify --store` reports that as a disagreement (exit 1), not as a takeover that is 'not tampering'."""
+    import json
+
+    from proctor.audit import AuditLog
+    from proctor.cli import main
+
+    url = f"sqlite:///{tmp_path}/runs.db"
+
+    @tool(side_effect="external")
+    def meddle(note: str) -> str:
+        """Change the run's owner in the store, as a writer of the store could.
+
+        Args:
+            note: Anything.
+        """
+        other = RunStore.open(url)
+        try:
+            [record] = other.list_runs()
+            other.save_run(record.evolve(owner="mallory:1:forged"))
+        finally:
+            other.close()
+        return note
+
+    log = tmp_path / "audit.jsonl"
+    audit = AuditLog(log)
+    policy = Policy.from_dict({**POLICY, "rules": [{"name": "all", "match": {"tool": "*"}, "decision": "allow"}]})
+    try:
+        with CodeAgent([send, meddle], ScriptedModel(["```py\nmeddle('x')\n```", "```py\nfinal_answer('done')\n```"]),
+                       policy, approver=InboxApprover(store), audit=audit, store=store, sandbox="process") as agent:
+            result = agent.run("meddle", principal="alice")
+    finally:
+        audit.close()
+    assert result.status == "interrupted" and "no longer holds it" in (result.error or ""), result.error
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r.get("taken_over") for r in records if r["kind"] == "run_finished"] == [True]
+    assert not [r for r in records if r["kind"] == "run_resumed"]
+    assert main(["audit", "verify", str(log), "--store", url, "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)["store"]
+    assert report["takeovers"] == [], report
+    [found] = report["disagreements"]
+    assert found["entry"] == "run record" and "no process resumed" in found["message"], found

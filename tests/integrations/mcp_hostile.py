@@ -12,7 +12,9 @@ fetches would fetch), ``wordy`` (20 tools whose descriptions are one 7 000-chara
 ``badref`` (``peek`` refers to a missing ``#/$defs/x``, ``far`` to a URL, ``tally``'s outputSchema
 to a missing ``#/$defs/count``, ``odd_out``'s outputSchema is invalid, ``ok_tool`` is fine), ``controls`` (``paint``:
 ANSI escapes, C1 controls and bidi overrides in its description, title, argument description, enum values,
-the errors its calls return and its stderr; ``refuse`` answers a JSON-RPC error saying the same), ``deep:N`` (a
+the errors its calls return and its stderr; ``refuse`` answers a JSON-RPC error saying the same), ``controls-more``
+(``mix``: the same in defaults, examples, consts, formats, nested and output titles and descriptions, its
+annotations' title, a log notification during the call and the result it answers), ``deep:N`` (a
 tool whose inputSchema nests N ``not`` levels), ``deeper`` (the same beyond what the SDK's parser reads).
 """
 
@@ -74,6 +76,17 @@ def listing(cursor: str | None) -> dict[str, object]:
             "required": ["colour"]}
         return {"tools": [tool("paint", description=f"Paint a wall.{ESC}\nSecond line.", title=f"Paint{ESC}",
                                inputSchema=schema), tool("refuse", description=f"Refuses.{ESC}")]}
+    if MODE == "controls-more":  # the rest of what a definition can carry: defaults, examples, consts, titles
+        room = {"type": "object", "title": f"Room{ESC}", "properties": {
+            "name": {"type": "string", "default": f"hall{ESC}", "examples": [f"attic{ESC}"]}}}
+        schema = {"type": "object", "properties": {
+            "room": room, "shade": {"const": f"dark{ESC}"}, "code": {"type": "string", "pattern": "^a$",
+                                                                     "format": f"f{ESC}"},
+            "level": {"type": "integer", "default": 1, "description": f"how high{ESC}", "title": f"Level{ESC}"}}}
+        out = {"type": "object", "title": f"Result{ESC}", "description": f"what comes back{ESC}",
+               "properties": {"said": {"type": "string", "description": f"the words{ESC}"}}}
+        return {"tools": [tool("mix", description="Mix.", inputSchema=schema, outputSchema=out,
+                               annotations={"title": f"Mixer{ESC}"})]}
     if MODE.startswith("deep"):
         levels = 300 if MODE == "deeper" else int(MODE.split(":")[1])
         nested: dict[str, object] = {"type": "string"}
@@ -118,6 +131,11 @@ for line in sys.stdin:
     elif method == "tools/call" and MODE == "controls" and msg["params"]["name"] == "paint":
         send({"jsonrpc": "2.0", "id": mid, "result": {"isError": True,
                                                       "content": [{"type": "text", "text": f"wet paint{ESC}"}]}})
+    elif method == "tools/call" and MODE == "controls-more":
+        send({"jsonrpc": "2.0", "method": "notifications/message",
+              "params": {"level": "error", "logger": f"l{ESC}", "data": f"logged{ESC}"}})
+        send({"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text", "text": f"mixed{ESC}"}],
+                                                      "structuredContent": {"said": f"mixed{ESC}"}}})
     elif method == "tools/call" and MODE == "controls":
         send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32602, "message": f"no such wall{ESC}"}})
     elif method == "tools/call":

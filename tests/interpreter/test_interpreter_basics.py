@@ -345,3 +345,24 @@ def test_the_run_an_interpreter_started_itself_is_finished_when_it_closes(tmp_pa
         (started[0], "done", 2)]
     report = verify(path)
     assert report.ok and report.unfinished_runs == [given.info.id]
+
+
+@pytest.mark.parametrize(("raised", "status"), [(RuntimeError, "error"), (KeyboardInterrupt, "interrupted")])
+def test_a_with_block_left_by_an_exception_does_not_finish_the_interpreters_run_as_done(
+        tmp_path: Path, raised: type[BaseException], status: str) -> None:
+    """The run an Interpreter started itself ends as its `with` block did: Ctrl-C (or an error) in the caller's
+    code between two programs is not a run that ended `done`."""
+    from conftest import POLICY, TOOLS
+
+    from proctor.audit import AuditLog
+    from proctor.gate import Gate
+    from proctor.policy import Policy
+
+    path = tmp_path / "audit.jsonl"
+    with AuditLog(path) as log:
+        gate = Gate(Policy.from_dict(POLICY), audit=log, tools=TOOLS)
+        with pytest.raises(raised), Interpreter(TOOLS, gate, timeout=10, sandbox="process") as py:
+            assert py.run("lookup('1')").error is None
+            raise raised("stopped")
+    finished = [r for r in (json.loads(line) for line in path.read_text().splitlines()) if r["kind"] == "run_finished"]
+    assert [(f["status"], f["calls"]["ok"]) for f in finished] == [(status, 1)]

@@ -568,3 +568,60 @@ def test_a_halt_in_force_when_a_gate_starts_is_in_its_trail_before_the_calls_it_
     finally:
         channel.close()
         other.close()
+
+
+def test_a_halt_in_force_when_a_gate_starts_while_its_backend_is_down_is_in_its_trail_once_read(
+        redis_server: RedisServer) -> None:
+    """The backend cannot be reached when the gate starts (it refuses every call meanwhile): the halts in force
+    are not known then. Its first good read finds one: the trail records it (who set it, why) before the calls it
+    refuses, not only in them, and not its lifting alone."""
+    from proctor.halt.redis import RedisHaltBackend
+    from proctor.testing import InMemoryAudit
+
+    prefix = f"proctor:halts:{uuid.uuid4().hex[:8]}"
+    other = RedisHaltBackend(redis_server.url, prefix=prefix)  # another process's `proctor halt`, earlier
+    before = other.set(new_halt("tool", "effect", "mail storm", "ops-erin"))
+    other.close()
+    redis_server.stop()  # (its append-only file keeps the halt for the restart)
+    channel = RedisHalts(redis_server.url, prefix=prefix, refresh_s=0.02, grace_s=0.5)
+    audit = InMemoryAudit()
+    other = None
+    try:
+        gate, runs = _effect_gate(audit, halts=channel)
+        assert audit.of_kind("halt_set") == []  # nothing could be read
+        redis_server.start()
+        _wait_for(lambda: channel.check("effect", None, None, "r") is not None
+                  and channel.check("effect", None, None, "r").id == before.id)  # type: ignore[union-attr]
+        with pytest.raises(ToolDenied, match=f"halted by {before.id}: mail storm"):
+            gate.call("effect", {})
+        other = RedisHaltBackend(redis_server.url, prefix=prefix)
+        other.lift(before.id)
+        _wait_for(lambda: audit.of_kind("halt_lifted"))
+        kinds = [r["kind"] for r in audit.records]
+        assert kinds.index("halt_set") < kinds.index("call_intent") and runs == []
+        (found,) = audit.of_kind("halt_set")
+        assert (found["halt_id"], found["by"], found["reason"]) == (before.id, "ops-erin", "mail storm")
+        assert "first read" in found["via"], found
+    finally:
+        channel.close()
+        if other is not None:
+            other.close()
+
+
+def test_a_halt_set_as_a_gate_starts_is_recorded_once(redis_server: RedisServer) -> None:
+    """A halt the channel reads while the gate is starting is found both in what is in force and as a new halt:
+    one `halt_set` in the trail, not two."""
+    from proctor.halt import HaltEvent
+    from proctor.testing import InMemoryAudit
+
+    channel = RedisHalts(redis_server.url, prefix=f"proctor:halts:{uuid.uuid4().hex[:8]}", refresh_s=0.02)
+    audit = InMemoryAudit()
+    try:
+        halt = channel.backend.set(new_halt("tool", "effect", "mail storm", "ops-erin"))
+        _wait_for(lambda: channel.active() != ())
+        gate, _ = _effect_gate(audit, halts=channel)  # in force now: recorded as such
+        # The channel's own news of it, as its reading thread tells a watcher that came a moment earlier.
+        gate._on_halt(HaltEvent("halt_set", halt, halt.by, halt.reason, f"channel {channel.name}"))
+        assert [r["halt_id"] for r in audit.of_kind("halt_set")] == [halt.id]
+    finally:
+        channel.close()

@@ -80,3 +80,33 @@ def test_coverage_does_not_call_a_model_budget_never_approached(tmp_path: Path,
     assert "budgets on the model's usage only, not replayed (the steps' usage is in the log): 1\n  model" in text
     assert main(["policy", "coverage", str(policy), "--audit", str(log), "--json"]) == 0
     assert '"replayed": false' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("condition", [
+    "usage['model']['model_' + 'tokens'] > 0",  # the field's name computed
+    "usage.exists(b, usage[b].exists(k, k.startsWith('model') && usage[b][k] > 0))",  # every field of every budget
+    "usage['model'].exists(k, k.endsWith('_usd') && usage['model'][k] > 0.0)",  # a bound key
+    "[usage['model']].exists(u, u['model' + '_tokens'] > 0)",  # the budget's usage passed whole
+])
+def test_a_condition_that_can_read_the_models_usage_without_naming_it_is_undecidable(tmp_path: Path,
+                                                                                     condition: str) -> None:
+    """Only a condition whose every `usage` read names its budget and a field other than the model's is decided:
+    the model's fields reached any other way (a computed key, a macro over the fields, a value passed whole) were
+    decided on 0 tokens, so a candidate that refuses every call live replayed as 'unchanged'."""
+    log = _agent_log(tmp_path)
+    candidate = Policy.from_string(RECORDED.replace("decision: allow}", "decision: allow}\n"
+                                   "  - name: token-hog\n    match: {side_effect: read}\n"
+                                   f"    when: \"{condition}\"\n    decision: deny\n"))
+    report = replay_log(candidate, str(log))
+    assert (report.decided, report.changed, report.undecidable) == (0, 0, 3), condition
+    assert all("model's usage" in u.why for u in report.undecidable_examples), report.undecidable_examples
+
+
+def test_a_let_bound_to_a_budgets_usage_is_read_as_that_usage(tmp_path: Path) -> None:
+    log = _agent_log(tmp_path)
+    candidate = Policy.from_string(RECORDED.replace("version: 1\n", "version: 1\nlet:\n  u: \"usage['model']\"\n")
+                                   .replace("decision: allow}", "decision: allow}\n  - name: token-hog\n"
+                                            "    match: {side_effect: read}\n    when: \"u['model_' + 'tokens'] > 0\"\n"
+                                            "    decision: deny\n"))
+    report = replay_log(candidate, str(log))
+    assert (report.decided, report.changed, report.undecidable) == (0, 0, 3)
