@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from fleet_engines import PostgresServer, RedisServer
 from hypothesis import settings
 from tiers import CHECK_PROFILE, TIERS
@@ -225,6 +226,16 @@ def tokeniser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
         monkeypatch.setattr(provenance, "_native", None)
     provenance._analyze_short.cache_clear()
     return str(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_a_process_starts() -> Iterator[None]:
+    """structlog unconfigured before and after every test, its events going to the logging module
+    (`proctor.telemetry.logging`): a test that configured it (the CLI's `main` does) would otherwise leave it so
+    for the next tests of its worker, whose `caplog` then sees nothing of what proctor logs."""
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture(autouse=True)
