@@ -5,7 +5,7 @@
 Each call that runs appends one byte to COUNTER_FILE (O_APPEND: one write each, so many
 processes can share it). With HOLD_FILE the tool first writes its pid there and then
 blocks forever — the process holds its reservation until it is killed. Prints one JSON
-line: how many calls ran, how many were refused by a budget, by an unreachable ledger.
+line: how many calls ran, how many were refused by a budget, by an unreachable ledger (or its halts).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import sys
 import time
 
 from proctor import Gate, Policy, tool
-from proctor.errors import BudgetExceeded, LedgerUnavailable
+from proctor.errors import BudgetExceeded, LedgerUnavailable, ToolDenied
+from proctor.halt import OUTAGE_ID
 
 POLICY = {
     "version": 1,
@@ -55,6 +56,12 @@ def main() -> int:
             gate.call("bump")
             ran += 1
         except LedgerUnavailable:
+            unavailable += 1
+        except ToolDenied as exc:
+            # The halts kept in that Redis cannot be read either (past their grace period, or never yet: a worker
+            # started while Redis was down): the gate refuses as it does for the ledger, naming the outage.
+            if f"halted by {OUTAGE_ID}:" not in str(exc):
+                raise
             unavailable += 1
         except BudgetExceeded:
             refused += 1
