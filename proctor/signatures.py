@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proctor.termsafe import terminal_safe
+from proctor.termsafe import terminal_safe, text_safe
 
 __all__ = ["Param", "Signature", "TypeText", "render_signature"]
 
@@ -92,7 +92,7 @@ class Signature:
     def source(self, description: str = "") -> str:
         """Python source a model can read: the TypedDicts, then the function with its docstring."""
         blocks = list(self.types.values())
-        doc = terminal_safe(description.strip(), keep_newlines=True, keep_tabs=True).replace('"""', "'''")
+        doc = text_safe(description.strip()).replace('"""', "'''")
         args = "".join(f"\n        {p.name}: {p.description}" for p in self.params if p.description)
         body = f'    """{doc}' + (f"\n\n    Args:{args}" if args else "") + '\n    """'
         blocks.append(f"def {self.def_line()}:\n{body}")

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from rich.text import Text
 
 __all__ = ["LookAlike", "Segment", "is_invisible", "look_alikes", "marked_html", "marked_plain", "marked_segments",
-           "marked_text", "terminal_safe"]
+           "marked_text", "terminal_safe", "text_safe"]
 
 _ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"})
 
@@ -105,6 +105,12 @@ class LookAlike:
 
 _CATEGORY_NAMES = {"Cc": "CONTROL CHARACTER", "Cs": "SURROGATE", "Co": "PRIVATE USE CHARACTER",
                    "Cn": "UNASSIGNED CODE POINT"}
+
+
+def text_safe(value: object) -> str:
+    """`terminal_safe` for text whose layout is its own (a description, a program's output, an error a server
+    wrote): newlines and tabs kept, every other character that could drive a terminal or hide itself escaped."""
+    return terminal_safe(value, keep_newlines=True, keep_tabs=True)
 
 
 def _name(ch: str) -> str:

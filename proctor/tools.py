@@ -25,7 +25,7 @@ import pydantic_core
 from proctor import adapters
 from proctor.calls import SIDE_EFFECTS, SideEffect
 from proctor.errors import ToolDefinitionError, ToolDenied
-from proctor.termsafe import terminal_safe
+from proctor.termsafe import terminal_safe, text_safe
 
 __all__ = ["Tool", "ToolDefinitionError", "as_tool", "run_with_timeout", "tool"]
 
@@ -310,8 +310,7 @@ class Tool:
         parameters = _escaped(dict(self.parameters))
         return {
             "type": "function",
-            "function": {"name": self.name, "description": terminal_safe(self.description, keep_newlines=True,
-                                                                         keep_tabs=True),
+            "function": {"name": self.name, "description": text_safe(self.description),
                          "parameters": parameters if isinstance(parameters, dict) else {}},
         }
 
@@ -326,7 +325,7 @@ def _escaped(value: Any, depth: int = 0) -> Any:
     if depth > 64:
         return None
     if isinstance(value, str):
-        return terminal_safe(value, keep_newlines=True, keep_tabs=True)
+        return text_safe(value)
     if isinstance(value, Mapping):
         return {terminal_safe(str(k)): _escaped(v, depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

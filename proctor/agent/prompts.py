@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from proctor.calls import SideEffect
 from proctor.policy.admission import FactSource, facts_of
-from proctor.termsafe import terminal_safe
+from proctor.termsafe import terminal_safe, text_safe
 from proctor.tools import Tool
 
 __all__ = ["PolicyDescriber", "code_agent_prompt", "describe_tools", "planning_prompt", "tool_calling_prompt"]
@@ -41,21 +41,17 @@ def describe_tools(tools: Iterable[Tool], policy: PolicyDescriber, *, python: bo
         # `proctor.signatures` renders them, they become '''.
         # Nor may it drive a terminal or reorder what is read (ANSI escapes, bidi overrides): escaped, as is the
         # signature (an MCP server's titles and enum values are in it).
-        args = "\n".join(f"        {terminal_safe(name)}: {_in_docstring(_safe(text))}"
+        args = "\n".join(f"        {terminal_safe(name)}: {_in_docstring(text_safe(text))}"
                          for name, text in t.arg_descriptions.items())
-        doc = _in_docstring(_safe(t.description)).replace("\n", "\n    ")
+        doc = _in_docstring(text_safe(t.description)).replace("\n", "\n    ")
         governance = f"side effect: {side_effect}; policy: {_policy_line(policy, t, side_effect)}"
         if python:
             body = f'    """{doc}\n\n    Args:\n{args}\n    """' if args else f'    """{doc}"""'
             blocks.append(f"def {terminal_safe(t.signature_text())}:\n{body}\n    # {governance}")
         else:
-            blocks.append(f"- {terminal_safe(t.name)}: {_safe((t.description.splitlines() or [''])[0])}\n"
+            blocks.append(f"- {terminal_safe(t.name)}: {text_safe((t.description.splitlines() or [''])[0])}\n"
                           f"  {governance}")
     return "\n\n".join(blocks)
-
-
-def _safe(text: str) -> str:
-    return terminal_safe(text, keep_newlines=True, keep_tabs=True)
 
 
 def _in_docstring(text: str) -> str:

@@ -23,6 +23,7 @@ from proctor.agent.observations import format_args, truncate
 from proctor.agent.result import RunResult, StepRecord
 from proctor.calls import CallRecord
 from proctor.termsafe import terminal_safe as _t
+from proctor.termsafe import text_safe
 
 __all__ = [
     "DECISION_STYLE",
@@ -107,7 +108,7 @@ class StepPrinter:
         if thought:
             self.console.print(Text(_t(thought, keep_newlines=True), style="italic cyan"))
         if step.code:
-            code = _t(step.code, keep_newlines=True, keep_tabs=True)
+            code = text_safe(step.code)
             self.console.print(Syntax(code, "python", theme="ansi_dark", background_color="default",
                                       word_wrap=True))
 

@@ -43,7 +43,7 @@ from proctor.integrations.mcp import MCP_MAJOR, MCPToolset
 from proctor.interrupts import Terminated, interruption
 from proctor.policy.approvers import Answerer, refusal
 from proctor.store.answerseal import AnswerCheck
-from proctor.termsafe import marked_plain, terminal_safe
+from proctor.termsafe import marked_plain, terminal_safe, text_safe
 from proctor.tools import Tool
 from proctor.urls import shown_url
 
@@ -481,7 +481,7 @@ class CodeMode:
                 session.last_active = time.monotonic()
         # What the client's model reads leaves this process: no redacted argument's value in clear (the program
         # keeps it in its variables for later calls). Scrubbed first: escaping could hide a value from the scrub.
-        return terminal_safe(session.run.scrub(render_result(result)), keep_newlines=True, keep_tabs=True)
+        return text_safe(session.run.scrub(render_result(result)))
 
     def search(self, query: str) -> str:
         words = [w for w in re.findall(r"\w+", query.lower()) if w]

@@ -91,7 +91,7 @@ from proctor.errors import ConfigurationError, MCPToolFailed, ToolOutcomeUnknown
 from proctor.jsoninput import local_schema_validator, shape_problem, unresolved_reference
 from proctor.signatures import Signature, TypeText, render_signature
 from proctor.telemetry.logging import get_logger
-from proctor.termsafe import is_invisible, terminal_safe
+from proctor.termsafe import is_invisible, terminal_safe, text_safe
 from proctor.tools import Tool
 
 #: The ``mcp`` SDK releases this module is tested with (CI runs the newest 1.x and the newest 2.x).
@@ -539,8 +539,8 @@ class MCPToolset:
                                             annotation=_annotation(p.annotation)))
         returns: Any = _annotation(rendered.returns) if rendered.returns else inspect.Signature.empty
         # The server's words reach models and terminals: escaped (newlines and tabs kept), as the signature is.
-        description = terminal_safe(_clip(str(spec.get("description") or spec.get("title") or f"MCP tool {remote}")
-                                          .strip()), keep_newlines=True, keep_tabs=True)
+        said = spec.get("description") or spec.get("title") or f"MCP tool {remote}"
+        description = text_safe(_clip(str(said).strip()))
         if rendered.types:  # the model needs the TypedDicts the signature names
             description += "\n\nTypes:\n" + "\n\n".join(rendered.types.values())
         hints = spec.get("annotations")
@@ -918,7 +918,7 @@ def _result_value(where: str, tool: MCPTool, result: Mapping[str, Any]) -> Any:
     items = [c for c in content if isinstance(c, Mapping)] if isinstance(content, list) else []
     texts = [str(c.get("text", "")) for c in items if c.get("type") == "text"]
     if result.get("isError"):
-        said = terminal_safe(_clip(chr(10).join(texts), _TEXT_CAP), keep_newlines=True, keep_tabs=True)
+        said = text_safe(_clip(chr(10).join(texts), _TEXT_CAP))
         raise MCPToolFailed(f"{where}: {said or 'the server reported an error'}",
                             tool=tool.name, error_type="MCPToolFailed")
     structured = result.get("structuredContent")
