@@ -43,6 +43,13 @@ def _closed(**extra: Any) -> dict[str, Any]:
     return data
 
 
+def _policy_file(tmp_path: Path) -> tuple[Path, Path]:
+    """The shared policy written to the file an agent is given, and where the agent's audit log goes."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy_data()))
+    return path, tmp_path / "audit.jsonl"
+
+
 def _replace(path: Path, text: str) -> None:
     """Replace the file as deploy tools do: a whole new file renamed over the old one."""
     tmp = path.with_suffix(".tmp")
@@ -73,9 +80,7 @@ def _price_calls(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
 def test_a_changed_file_takes_effect_at_the_next_call_and_is_audited(tmp_path: Path) -> None:
     """With no reload asked for, the replaced file is found at a check (every 500 ms at most) and decides the
     next step's call; the log records the change with both fingerprints, and each call names its policy."""
-    path = tmp_path / "policy.yaml"
-    path.write_text(yaml.safe_dump(policy_data()))
-    audit_path = tmp_path / "audit.jsonl"
+    path, audit_path = _policy_file(tmp_path)
     first, second = Policy.from_dict(policy_data()), Policy.from_dict(_closed())
     agent = CodeAgent(TOOLS, ScriptedModel([]), str(path), audit=audit_path)
 
@@ -104,9 +109,7 @@ def test_a_changed_file_takes_effect_at_the_next_call_and_is_audited(tmp_path: P
 
 
 def test_a_bad_file_is_refused_with_its_located_error_and_the_old_policy_keeps_deciding(tmp_path: Path) -> None:
-    path = tmp_path / "policy.yaml"
-    path.write_text(yaml.safe_dump(policy_data()))
-    audit_path = tmp_path / "audit.jsonl"
+    path, audit_path = _policy_file(tmp_path)
     first, second = Policy.from_dict(policy_data()), Policy.from_dict(_closed())
     agent = CodeAgent(TOOLS, ScriptedModel([]), path, audit=audit_path)
     source = agent.policy_source
@@ -141,9 +144,7 @@ def test_a_bad_file_is_refused_with_its_located_error_and_the_old_policy_keeps_d
 def test_reload_new_runs_keeps_a_run_on_the_policy_it_started_with(tmp_path: Path) -> None:
     """A new policy that says `reload: new_runs` leaves the agent's run in flight on its first policy (and its
     run-wide budgets); the agent's next run gets the new one."""
-    path = tmp_path / "policy.yaml"
-    path.write_text(yaml.safe_dump(policy_data()))
-    audit_path = tmp_path / "audit.jsonl"
+    path, audit_path = _policy_file(tmp_path)
     first, second = Policy.from_dict(policy_data()), Policy.from_dict(_closed(reload="new_runs"))
     agent = CodeAgent(TOOLS, ScriptedModel([]), path, audit=audit_path)
     source = agent.policy_source
@@ -179,9 +180,7 @@ def test_a_policy_object_is_not_reloaded(tmp_path: Path) -> None:
 def test_a_tool_calling_agent_given_a_path_reloads_it_too(tmp_path: Path) -> None:
     from proctor.agent import ModelResponse, ToolCallingAgent
 
-    path = tmp_path / "policy.yaml"
-    path.write_text(yaml.safe_dump(policy_data()))
-    audit_path = tmp_path / "audit.jsonl"
+    path, audit_path = _policy_file(tmp_path)
     first, second = Policy.from_dict(policy_data()), Policy.from_dict(_closed())
     agent = ToolCallingAgent(TOOLS, ScriptedModel([]), path, audit=audit_path)
     source = agent.policy_source

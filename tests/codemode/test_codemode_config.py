@@ -61,13 +61,18 @@ def test_a_file_that_is_not_utf8_is_refused_located(tmp_path: Path) -> None:
     assert "not UTF-8" in message
 
 
-def test_mcp_serve_says_so_in_one_line_and_exits_2(tmp_path: Path) -> None:
-    (tmp_path / "servers.json").write_text('{"mcpServers": ' + "[" * 100_000 + "]" * 100_000 + "}")
+def _mcp_serve(tmp_path: Path, servers: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`proctor mcp serve` with `servers` as its servers.json and a deny-all policy, its stdin closed."""
+    (tmp_path / "servers.json").write_text(servers)
     (tmp_path / "policy.yaml").write_text("version: 1\ndefault: deny\n")
-    done = subprocess.run([sys.executable, "-m", "proctor.cli", "mcp", "serve", "--servers",
+    return subprocess.run([sys.executable, "-m", "proctor.cli", "mcp", "serve", "--servers",
                            str(tmp_path / "servers.json"), "--policy", str(tmp_path / "policy.yaml"),
-                           "--audit", str(tmp_path / "audit.jsonl")], capture_output=True, text=True, timeout=60,
+                           "--audit", str(tmp_path / "audit.jsonl")], capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
+
+
+def test_mcp_serve_says_so_in_one_line_and_exits_2(tmp_path: Path) -> None:
+    done = _mcp_serve(tmp_path, '{"mcpServers": ' + "[" * 100_000 + "]" * 100_000 + "}", 60)
     assert done.returncode == 2, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
     assert "servers.json:1:" in done.stderr and "nested deeper than" in done.stderr
@@ -93,12 +98,7 @@ def test_an_upstream_that_does_not_start_is_named_with_its_entry_and_the_fix(tmp
         port = s.getsockname()[1]
     spec = ({"url": f"http://user:s3cret@127.0.0.1:{port}/mcp", "proctor": {"timeout": 5}} if entry == "url" else
             {"command": str(tmp_path / "no-such-server"), "args": ["--stdio"]})
-    (tmp_path / "servers.json").write_text(json.dumps({"mcpServers": {"tickets": spec}}))
-    (tmp_path / "policy.yaml").write_text("version: 1\ndefault: deny\n")
-    done = subprocess.run([sys.executable, "-m", "proctor.cli", "mcp", "serve", "--servers",
-                           str(tmp_path / "servers.json"), "--policy", str(tmp_path / "policy.yaml"),
-                           "--audit", str(tmp_path / "audit.jsonl")], capture_output=True, text=True, timeout=120,
-                          stdin=subprocess.DEVNULL)
+    done = _mcp_serve(tmp_path, json.dumps({"mcpServers": {"tickets": spec}}), 120)
     assert done.returncode == 1, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
     target = f"http://user:***@127.0.0.1:{port}/mcp" if entry == "url" else f"{tmp_path / 'no-such-server'} --stdio"

@@ -44,13 +44,18 @@ def _agent_log(tmp_path: Path) -> Path:
     return log
 
 
+def _with_rule(name: str, when: str, policy: str = RECORDED) -> Policy:
+    """`policy` with one more rule: `name` denies a read call `when` holds."""
+    return Policy.from_string(policy.replace("decision: allow}", "decision: allow}\n"
+                              f"  - name: {name}\n    match: {{side_effect: read}}\n"
+                              f"    when: \"{when}\"\n    decision: deny\n"))
+
+
 def test_a_condition_on_model_tokens_is_undecidable_not_decided_on_zero(tmp_path: Path) -> None:
     """Under the candidate every call is refused live (the first reply was charged before the first program);
     replay said "unchanged" for each, as if the run had used no tokens."""
     log = _agent_log(tmp_path)
-    candidate = Policy.from_string(RECORDED.replace("decision: allow}", "decision: allow}\n"
-                                   "  - name: token-hog\n    match: {side_effect: read}\n"
-                                   "    when: \"usage['model'].model_tokens > 0\"\n    decision: deny\n"))
+    candidate = _with_rule("token-hog", "usage['model'].model_tokens > 0")
     report = replay_log(candidate, str(log))
     assert (report.decided, report.changed, report.undecidable) == (0, 0, 3)
     assert all("model's usage" in u.why for u in report.undecidable_examples), report.undecidable_examples
@@ -59,9 +64,7 @@ def test_a_condition_on_model_tokens_is_undecidable_not_decided_on_zero(tmp_path
 def test_a_condition_on_a_budgets_calls_is_still_decided(tmp_path: Path) -> None:
     """Only the model's fields are unknown: a budget's calls are rebuilt from the calls, and decided."""
     log = _agent_log(tmp_path)
-    candidate = Policy.from_string(RECORDED.replace("decision: allow}", "decision: allow}\n"
-                                   "  - name: third-call\n    match: {side_effect: read}\n"
-                                   "    when: \"usage['model'].calls >= 2\"\n    decision: deny\n"))
+    candidate = _with_rule("third-call", "usage['model'].calls >= 2")
     report = replay_log(candidate, str(log))
     assert (report.decided, report.changed, report.undecidable) == (3, 1, 0)
 
@@ -94,9 +97,7 @@ def test_a_condition_that_can_read_the_models_usage_without_naming_it_is_undecid
     the model's fields reached any other way (a computed key, a macro over the fields, a value passed whole) were
     decided on 0 tokens, so a candidate that refuses every call live replayed as 'unchanged'."""
     log = _agent_log(tmp_path)
-    candidate = Policy.from_string(RECORDED.replace("decision: allow}", "decision: allow}\n"
-                                   "  - name: token-hog\n    match: {side_effect: read}\n"
-                                   f"    when: \"{condition}\"\n    decision: deny\n"))
+    candidate = _with_rule("token-hog", condition)
     report = replay_log(candidate, str(log))
     assert (report.decided, report.changed, report.undecidable) == (0, 0, 3), condition
     assert all("model's usage" in u.why for u in report.undecidable_examples), report.undecidable_examples
@@ -104,9 +105,7 @@ def test_a_condition_that_can_read_the_models_usage_without_naming_it_is_undecid
 
 def test_a_let_bound_to_a_budgets_usage_is_read_as_that_usage(tmp_path: Path) -> None:
     log = _agent_log(tmp_path)
-    candidate = Policy.from_string(RECORDED.replace("version: 1\n", "version: 1\nlet:\n  u: \"usage['model']\"\n")
-                                   .replace("decision: allow}", "decision: allow}\n  - name: token-hog\n"
-                                            "    match: {side_effect: read}\n    when: \"u['model_' + 'tokens'] > 0\"\n"
-                                            "    decision: deny\n"))
+    candidate = _with_rule("token-hog", "u['model_' + 'tokens'] > 0",
+                           RECORDED.replace("version: 1\n", "version: 1\nlet:\n  u: \"usage['model']\"\n"))
     report = replay_log(candidate, str(log))
     assert (report.decided, report.changed, report.undecidable) == (0, 0, 3)
