@@ -28,7 +28,10 @@ An MCP server is not trusted, whoever runs it:
   within `timeout`; past any of them the listing stops and the toolset refuses to open, naming the
   limit (and, for the depth, where in the definition). A message the SDK cannot read while the
   tools are listed (JSON nested deeper than it parses, or no JSON-RPC at all) stops the listing
-  at once, saying so, rather than at the timeout.
+  at once, saying so, rather than at the timeout. Every message is bounded by `max_message_bytes`
+  as it comes in — a stdio server's line (`proctor.integrations._mcp_stdio`), an HTTP server's
+  answer or SSE event (`proctor.integrations._mcp_http`): past it the session is closed (a stdio
+  server stopped), saying why.
 - **A tool whose schema cannot be used is not offered.** A ``$ref`` in its ``inputSchema`` that
   does not resolve within the schema (a missing ``#/$defs/x``, or anything outside it) would refuse
   every call; in its ``outputSchema`` (or an invalid ``outputSchema``), every result, after the call
@@ -114,9 +117,11 @@ MCP_MAJOR = _mcp_major()
 
 from mcp import ClientSession, StdioServerParameters  # noqa: E402 - after the version check, which names the fix
 from mcp import types as mcp_types  # noqa: E402
-from mcp.client.stdio import stdio_client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 from mcp.shared._httpx_utils import create_mcp_http_client  # noqa: E402 - the SDK's own client factory
+
+from proctor.integrations._mcp_http import Cuttable, bound_responses  # noqa: E402 - they import the SDK too
+from proctor.integrations._mcp_stdio import BoundedStdio  # noqa: E402
 
 if TYPE_CHECKING or MCP_MAJOR >= 2:
     from mcp.shared.exceptions import MCPError as SDKError
@@ -171,7 +176,7 @@ class MCPToolset:
                  headers: Mapping[str, str] | None = None, name: str | None = None,
                  trust_annotations: bool = False, reserved: Iterable[str] = (), max_tools: int = 256,
                  max_pages: int = 32, max_schema_bytes: int = 64 * 1024, max_schema_depth: int = 64,
-                 call_timeout: float | None = None) -> None:
+                 max_message_bytes: int = 16 * 1024 * 1024, call_timeout: float | None = None) -> None:
         if not isinstance(server, (StdioServerParameters, str)):
             raise ConfigurationError(f"MCPToolset takes mcp.StdioServerParameters or an http(s) URL, "
                                      f"not a {type(server).__name__}")
@@ -182,7 +187,8 @@ class MCPToolset:
         if prefix and not prefix.isidentifier():
             raise ConfigurationError(f"prefix {prefix!r} must start a Python identifier (letters, digits, _)")
         for label, limit in (("max_tools", max_tools), ("max_pages", max_pages),
-                             ("max_schema_bytes", max_schema_bytes), ("max_schema_depth", max_schema_depth)):
+                             ("max_schema_bytes", max_schema_bytes), ("max_schema_depth", max_schema_depth),
+                             ("max_message_bytes", max_message_bytes)):
             if not isinstance(limit, int) or limit < 1:
                 raise ConfigurationError(f"{label} must be a positive integer, got {limit!r}")
         self.server, self.timeout, self.prefix = server, float(timeout), prefix
@@ -191,7 +197,12 @@ class MCPToolset:
         self.trust_annotations = bool(trust_annotations)
         self.reserved = frozenset(reserved)
         self.max_tools, self.max_pages, self.max_schema_bytes = max_tools, max_pages, max_schema_bytes
-        self.max_schema_depth = max_schema_depth
+        self.max_schema_depth, self.max_message_bytes = max_schema_depth, max_message_bytes
+        #: The stdio transport of the session (None over HTTP): it says why, when it closed the session itself.
+        self._stdio: BoundedStdio | None = None
+        #: Over HTTP, the read stream the session reads, and why it was cut (an answer past `max_message_bytes`).
+        self._relay: Cuttable | None = None
+        self._cut: str | None = None
         self.name = name or self._label()
         self.origin = f"mcp:{self.name}"
         self.tools: list[Tool] = []
@@ -283,7 +294,7 @@ class MCPToolset:
             inner = _innermost(exc)
             if not self._ready.done():
                 self._ready.set_exception(inner if isinstance(inner, ToolsetError) else ToolsetError(
-                    f"the MCP server {self.name} failed: {terminal_safe(_reason(exc))}"))
+                    f"the MCP server {self.name} failed: {terminal_safe(self._closed_because() or _reason(exc))}"))
         finally:
             self._ended = self._ended or "the session ended"
             if not self._ready.done():
@@ -294,13 +305,22 @@ class MCPToolset:
         self._stop = asyncio.Event()
         try:
             if isinstance(self.server, str):
-                async with create_mcp_http_client(headers=self.headers) as http, \
-                        streamable_http_client(self.server, http_client=http) as streams:
-                    await self._serve(streams[0], streams[1])
+                http = create_mcp_http_client(headers=self.headers)
+                bound_responses(http, limit=self.max_message_bytes, cut=self._cut_off)
+                sized: dict[str, Any] = {"max_sse_event_size": self.max_message_bytes} if MCP_MAJOR >= 2 else {}
+                async with http, streamable_http_client(self.server, http_client=http, **sized) as streams:
+                    read = self._relay = Cuttable(streams[0])
+                    relay = asyncio.ensure_future(read.pump())
+                    try:
+                        await self._serve(read, streams[1])
+                    finally:
+                        relay.cancel()
+                        await asyncio.gather(relay, return_exceptions=True)
             else:
                 stderr = _EscapedStderr()
+                self._stdio = BoundedStdio(self.server, max_line=self.max_message_bytes, errlog=stderr.writer)
                 try:
-                    async with stdio_client(self.server, errlog=stderr.writer) as streams:
+                    async with self._stdio.connect() as streams:
                         await self._serve(streams[0], streams[1])
                 finally:
                     stderr.close()
@@ -436,9 +456,25 @@ class MCPToolset:
         return (f"the MCP server {self.name} is not reached again by this toolset: open a new one (for `proctor mcp "
                 "serve`, restart it) once the server runs")
 
+    def _closed_because(self) -> str | None:
+        """Why the transport closed the session itself (a line or answer past `max_message_bytes`), if it did."""
+        return self._stdio.ended if self._stdio is not None else self._cut
+
+    def _cut_off(self, why: str) -> None:
+        """An HTTP answer ran past `max_message_bytes`: end the session's read stream, saying why."""
+        if self._cut is None:
+            self._cut = why
+            log.warning("mcp_answer_too_long", server=self.name, max_message_bytes=self.max_message_bytes)
+        if self._relay is not None:
+            self._relay.cut()
+
     def _lost(self, tool: MCPTool, why: str) -> ToolOutcomeUnknown:
         # Nothing more goes to a session that broke: later calls are refused before they are sent.
         self._session, self._ended = None, f"the connection was lost during a call to {tool.name}"
+        closed = self._closed_because()
+        if closed is not None:
+            return ToolOutcomeUnknown(f"{tool.name} (MCP server {self.name}): {closed}; the call may have taken effect",
+                                      tool=tool.name, error_type="ToolOutcomeUnknown")
         return ToolOutcomeUnknown(f"{tool.name} (MCP server {self.name}): the connection to the server was lost "
                                   f"during the call ({terminal_safe(why) or 'no reason given'}); it may have taken "
                                   "effect",

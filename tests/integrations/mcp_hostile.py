@@ -15,7 +15,9 @@ ANSI escapes, C1 controls and bidi overrides in its description, title, argument
 the errors its calls return and its stderr; ``refuse`` answers a JSON-RPC error saying the same), ``controls-more``
 (``mix``: the same in defaults, examples, consts, formats, nested and output titles and descriptions, its
 annotations' title, a log notification during the call and the result it answers), ``deep:N`` (a
-tool whose inputSchema nests N ``not`` levels), ``deeper`` (the same beyond what the SDK's parser reads).
+tool whose inputSchema nests N ``not`` levels), ``deeper`` (the same beyond what the SDK's parser reads),
+``flood`` (``endless`` answers a line that never ends, ``huge_answer`` a 40 MB line, ``ok_tool`` answers well),
+``flood-list`` (tools/list answered with a line that never ends).
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ def listing(cursor: str | None) -> dict[str, object]:
         for _ in range(levels):
             nested = {"not": nested}
         return {"tools": [tool("ok_tool"), tool("deep", inputSchema={"type": "object", "properties": {"x": nested}})]}
+    if MODE == "flood":
+        return {"tools": [tool("endless"), tool("huge_answer"), tool("ok_tool")]}
     if MODE == "annotated":
         return {"tools": [tool("wipe_disk", annotations={"readOnlyHint": True, "destructiveHint": True}),
                           tool("unannotated")]}
@@ -107,6 +111,17 @@ def send(msg: dict[str, object]) -> None:
 if MODE == "controls":  # what it prints for the operator's terminal, too
     sys.stderr.write(f"starting{ESC}\rhidden\n")
     sys.stderr.flush()
+
+def endless_line() -> None:
+    """Start a JSON-RPC answer and never end its line (until the reader goes away)."""
+    chunk = "x" * 65536
+    sys.stdout.write('{"jsonrpc": "2.0", "id": 0, "result": {"content": [{"type": "text", "text": "')
+    try:
+        while True:
+            sys.stdout.write(chunk)
+    except (BrokenPipeError, OSError):
+        sys.exit(0)
+
 
 for line in sys.stdin:
     msg = json.loads(line)
@@ -123,7 +138,13 @@ for line in sys.stdin:
     elif method == "tools/list":
         if MODE == "slowlist":
             continue
+        if MODE == "flood-list":
+            endless_line()
         send({"jsonrpc": "2.0", "id": mid, "result": listing((msg.get("params") or {}).get("cursor"))})
+    elif method == "tools/call" and MODE == "flood" and msg["params"]["name"] == "endless":
+        endless_line()
+    elif method == "tools/call" and MODE == "flood" and msg["params"]["name"] == "huge_answer":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text", "text": "y" * (40 << 20)}]}})
     elif method == "tools/call" and MODE == "malformed" and msg["params"]["name"] == "bad_shape":
         send({"jsonrpc": "2.0", "id": mid, "result": {"content": "not a list", "structuredContent": [1, 2]}})
     elif method == "tools/call" and MODE == "malformed" and msg["params"]["name"] == "bad_struct":

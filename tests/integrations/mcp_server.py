@@ -1,5 +1,5 @@
 """A real MCP server (the SDK's FastMCP, MCPServer in mcp 2.x) for the MCPToolset tests: stdio by
-default, `http PORT` for HTTP."""
+default, `http PORT` for HTTP (answers as SSE streams), `http-json PORT` for HTTP answering JSON bodies."""
 
 from __future__ import annotations
 
@@ -99,6 +99,12 @@ def die() -> str:
     os._exit(7)
 
 
+@server.tool()
+def huge(megabytes: int) -> str:
+    """An answer of `megabytes` MB."""
+    return "z" * (megabytes << 20)
+
+
 class Address(TypedDict):
     street: str
     zip: str | None
@@ -111,12 +117,15 @@ def ship(to: Address, count: int, note: str | None = None, express: bool = False
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "http":
+    if len(sys.argv) > 2 and sys.argv[1] in ("http", "http-json"):
+        json_response = sys.argv[1] == "http-json"
         if V2:
-            server.run(transport="streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+            server.run(transport="streamable-http", host="127.0.0.1", port=int(sys.argv[2]),
+                       json_response=json_response)
         else:
             server.settings.host = "127.0.0.1"
             server.settings.port = int(sys.argv[2])
+            server.settings.json_response = json_response
             server.run(transport="streamable-http")
     else:
         server.run()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 from mcp import StdioServerParameters
 
 from proctor import CodeAgent, Gate, Interpreter, Policy, ScriptedModel, ToolDenied, ToolFailed
-from proctor.errors import ConfigurationError, ToolsetError
+from proctor.errors import ConfigurationError, ToolOutcomeUnknown, ToolsetError
 from proctor.integrations.mcp import MCPToolset
 from proctor.testing import InMemoryAudit
 
@@ -48,7 +49,7 @@ def test_tools_keep_their_schema_and_are_destructive_unless_ops_say_otherwise(tm
     with MCPToolset(stdio(tmp_path / "log")) as tools:
         by_name = {t.name: t for t in tools}
         assert set(by_name) == {"get_weather", "delete_file", "fetch_url", "add", "get_stats", "explode",
-                                "wipe_disk", "slow_write", "die", "ship"}
+                                "wipe_disk", "slow_write", "die", "huge", "ship"}
         assert {t.side_effect for t in tools} == {"destructive"}
         weather = by_name["get_weather"]
         assert weather.parameters["required"] == ["city"]
@@ -202,8 +203,18 @@ def _free_port() -> int:
 @pytest.fixture
 def http_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """The same server over streamable HTTP on a random localhost port."""
+    yield from _served("http", tmp_path)
+
+
+@pytest.fixture(params=["http", "http-json"])
+def both_http_servers(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """The same server answering as SSE streams, and as JSON bodies."""
+    yield from _served(request.param, tmp_path)
+
+
+def _served(mode: str, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     port, log = _free_port(), tmp_path / "log"
-    proc = subprocess.Popen([sys.executable, str(SERVER), "http", str(port), str(log)],
+    proc = subprocess.Popen([sys.executable, str(SERVER), mode, str(port), str(log)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -232,6 +243,25 @@ def test_streamable_http_server_tools_are_governed(http_server: tuple[str, Path]
         with pytest.raises(ToolDenied):
             gate.call("fetch_url", {"url": "http://example.com"})
     assert ran(log) == ["get_weather"]
+
+
+def test_an_http_answer_past_max_message_bytes_closes_the_session_saying_why(
+        both_http_servers: tuple[str, Path]) -> None:
+    """An answer is bounded as it is read, as an SSE event or as a JSON body (which the SDK reads whole, however long):
+    past `max_message_bytes`, the call is an unknown outcome saying why, at once, and the session is closed."""
+    url, _ = both_http_servers
+    started = time.monotonic()
+    with MCPToolset(url, name="big", max_message_bytes=1 << 20, call_timeout=60) as tools:
+        gate = Gate(Policy.from_dict({"version": 1, "default": "allow"}), tools=tools)
+        assert len(gate.call("huge", {"megabytes": 0})) == 0  # within it: answered
+        with pytest.raises(ToolOutcomeUnknown) as info:
+            gate.call("huge", {"megabytes": 40})
+        with pytest.raises(ToolFailed, match=r"the MCP session is closed"):
+            gate.call("add", {"a": 1, "b": 2})
+    assert time.monotonic() - started < 30
+    assert re.fullmatch(r"huge: huge \(MCP server big\): the server sent an (answer|event) of more than 1048576 bytes "
+                        r"\(max_message_bytes=1048576\); proctor closed the session; the call may have taken effect",
+                        str(info.value)), str(info.value)
 
 
 def test_a_server_that_cannot_start_is_a_toolset_error(tmp_path: Path) -> None:

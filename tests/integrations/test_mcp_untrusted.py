@@ -17,7 +17,7 @@ from internal_host import internal_host
 from mcp import StdioServerParameters
 
 from proctor import Gate, Interpreter, Policy
-from proctor.errors import ToolDenied, ToolFailed, ToolsetError
+from proctor.errors import ConfigurationError, ToolDenied, ToolFailed, ToolsetError
 from proctor.integrations.mcp import MCP_MAJOR, MCPTool, MCPToolset
 from proctor.signatures import render_signature
 from proctor.termsafe import is_invisible
@@ -286,6 +286,39 @@ def test_a_schema_nested_beyond_the_depth_bound_stops_the_listing_saying_where(t
         MCPToolset(hostile("deep:150"), name="odd").open()
     with MCPToolset(hostile("deep:20"), name="odd") as tools:  # a schema within it is used as any
         assert sorted(t.name for t in tools) == ["deep", "ok_tool"]
+
+
+@pytest.mark.parametrize("tool", ["endless", "huge_answer"])
+def test_a_line_past_max_message_bytes_ends_the_session_before_it_is_kept(tool: str) -> None:
+    """A stdio server's line is bounded as it comes in, before the SDK would keep it: a line that never ends (or a
+    40 MB answer) stops the server at once with why, instead of memory without bound and CPU growing with the
+    square of the line (the SDK's own transport: 14 s and 290 MB for the 40 MB answer, the GIL held throughout)."""
+    started = time.monotonic()
+    with MCPToolset(hostile("flood"), name="hostile", max_message_bytes=1 << 20, call_timeout=60) as tools:
+        gate = Gate(ALLOW_ALL, audit=InMemoryAudit(), tools=tools)
+        with pytest.raises(ToolFailed) as info:
+            gate.call(tool, {})
+        with pytest.raises(ToolFailed, match=r"the MCP session is closed"):  # nothing more reaches that server
+            gate.call("ok_tool", {})
+    assert time.monotonic() - started < 20
+    assert str(info.value) == (
+        f"{tool}: {tool} (MCP server hostile): the server wrote a line of more than 1048576 bytes "
+        "(max_message_bytes=1048576); proctor closed the session and stopped the server; the call may have taken "
+        "effect")
+    assert type(info.value).__name__ == "ToolOutcomeUnknown"
+
+
+def test_a_listing_past_max_message_bytes_fails_at_once_saying_why() -> None:
+    with pytest.raises(ToolsetError, match=r"^the MCP server hostile failed: the server wrote a line of more than "
+                                           r"65536 bytes \(max_message_bytes=65536\); proctor closed the session"):
+        MCPToolset(hostile("flood-list"), name="hostile", max_message_bytes=65536, timeout=600).open()
+    with MCPToolset(hostile("flood"), name="hostile", max_message_bytes=65536) as tools:  # a line within it is read
+        assert Gate(ALLOW_ALL, tools=tools).call("ok_tool", {}) == "done"
+
+
+def test_max_message_bytes_must_be_a_positive_integer() -> None:
+    with pytest.raises(ConfigurationError, match=r"max_message_bytes must be a positive integer, got 0"):
+        MCPToolset(hostile("plain"), max_message_bytes=0)
 
 
 def test_a_listing_the_sdk_cannot_parse_fails_at_once_not_at_the_timeout(tmp_path: Path) -> None:

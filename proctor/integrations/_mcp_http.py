@@ -1,0 +1,120 @@
+"""What bounds a streamable HTTP server's answers: each response body read at most `limit` bytes at a time.
+
+The SDK reads a JSON answer whole (`response.aread()`), however long, and 1.x reads an SSE event
+whole too. `bound_responses` puts a response hook on the SDK's own HTTP client that wraps each
+body as it arrives: a JSON body, or one SSE event (bytes since the last blank line), past `limit`
+calls `cut` with why and stops the read. What the SDK then does with the failed read differs by
+version (an error answer, a log line, nothing), so `Cuttable` is the read stream the session
+reads instead of the SDK's: `cut` ends it, and the session ends its requests in flight as for a
+connection that closed, whatever the SDK made of the failed read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from importlib.metadata import version
+from typing import Any
+
+import anyio
+
+__all__ = ["Cuttable", "bound_responses"]
+
+
+def _httpx() -> Any:
+    """The HTTP package this SDK major's client is made with (2.x: httpx2, 1.x: httpx; both may be installed)."""
+    if int(version("mcp").split(".")[0]) >= 2:
+        import httpx2
+
+        return httpx2
+    import httpx
+
+    return httpx
+
+
+_HTTPX = _httpx()
+
+
+class _BoundedBody(_HTTPX.AsyncByteStream):  # type: ignore[misc,name-defined,unused-ignore]
+    def __init__(self, inner: Any, limit: int, events: bool, cut: Callable[[str], None]) -> None:
+        self._inner, self._limit, self._events, self._cut = inner, limit, events, cut
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        held = 0  # bytes of the body (JSON), or of the SSE event not yet ended
+        async for chunk in self._inner:
+            if self._events and (end := max(chunk.rfind(b"\n\n"), chunk.rfind(b"\n\r\n"))) != -1:
+                held = len(chunk) - end
+            else:
+                held += len(chunk)
+            if held > self._limit:
+                what = "an event" if self._events else "an answer"
+                why = (f"the server sent {what} of more than {self._limit} bytes (max_message_bytes={self._limit}); "
+                       "proctor closed the session")
+                self._cut(why)
+                raise _HTTPX.ReadError(why)
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def bound_responses(client: Any, *, limit: int, cut: Callable[[str], None]) -> None:
+    """Bound every response body `client` (the SDK's ``create_mcp_http_client()``) reads by `limit` (see the module)."""
+
+    async def hook(response: Any) -> None:
+        events = response.headers.get("content-type", "").startswith("text/event-stream")
+        response.stream = _BoundedBody(response.stream, limit, events, cut)
+
+    hooks = client.event_hooks
+    client.event_hooks = {**hooks, "response": [*hooks.get("response", []), hook]}
+
+
+class Cuttable:
+    """The read stream a session reads: the SDK's, relayed (`pump`) until the transport is `cut`."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._send, self._receive = anyio.create_memory_object_stream[Any](0)
+
+    async def pump(self) -> None:
+        """Relay the SDK's messages until it ends, or `cut` closes the relay (run in a task of its own)."""
+        try:
+            async with self._send:
+                async for item in self._inner:
+                    await self._send.send(item)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
+            pass
+
+    def cut(self) -> None:
+        """End the stream now: the session sees its connection close."""
+        self._send.close()
+
+    @property
+    def last_context(self) -> Any:
+        """(2.x) The trace context of the message last relayed, as the SDK's stream gives it."""
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> Any:
+        return await self._receive.receive()
+
+    def __aiter__(self) -> Cuttable:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self._receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:  # the SDK's stream too: its transport leaves closing it to the session
+        await self._receive.aclose()
+        await self._inner.aclose()
+
+    def close(self) -> None:
+        self._receive.close()
+        self._inner.close()
+
+    async def __aenter__(self) -> Cuttable:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
