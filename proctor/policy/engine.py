@@ -237,10 +237,11 @@ class Policy:
 
     # -- construction -------------------------------------------------------------
     @classmethod
-    def from_yaml(cls, path: str | os.PathLike[str]) -> Policy:
-        """Load a policy file; raises PolicyError listing every problem with its line and column."""
+    def from_yaml(cls, path: str | os.PathLike[str], *, regular_only: bool = False) -> Policy:
+        """Load a policy file; raises PolicyError listing every problem with its line and column (`regular_only`:
+        anything but a regular file is such an error, refused without blocking on it)."""
         source = str(path)
-        return cls(load_policy_text(read_yaml_file(path, "policy"), source), source)
+        return cls(load_policy_text(read_yaml_file(path, "policy", regular_only=regular_only), source), source)
 
     @classmethod
     def from_string(cls, text: str, source: str = "<string>") -> Policy:

@@ -111,7 +111,7 @@ class PolicySource:
         self.on_change = on_change
         self.on_refused = on_refused
         stamp = _stamp(self.path)
-        self._policy = Policy.from_yaml(self.path)
+        self._policy = Policy.from_yaml(self.path, regular_only=True)
         self._stamp = stamp
         self._refused_stamp: tuple[int, int, int, int] | None = None
         self._next_ns = time.monotonic_ns() + self.check_every_ns
@@ -166,7 +166,7 @@ class PolicySource:
             if not forced and (stamp == self._stamp or stamp == self._refused_stamp):
                 return False
             try:
-                new = Policy.from_yaml(self.path)
+                new = Policy.from_yaml(self.path, regular_only=True)
             except PolicyError as exc:
                 if stamp != self._refused_stamp or forced:
                     self._refused_stamp = stamp

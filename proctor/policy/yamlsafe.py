@@ -19,6 +19,7 @@ crosses the limit, with its line and column, in milliseconds and without buildin
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 
 import yaml
@@ -60,12 +61,23 @@ def _position(text: str, index: int) -> tuple[int, int]:
     return line, index - (text.rfind("\n", 0, index) + 1) + 1
 
 
-def read_yaml_file(path: str | os.PathLike[str], what: str = "file", limits: YamlLimits | None = None) -> str:
-    """Read a YAML file as UTF-8, reading no more than the size limit; raise a located `PolicyError`."""
+def read_yaml_file(path: str | os.PathLike[str], what: str = "file", limits: YamlLimits | None = None, *,
+                   regular_only: bool = False) -> str:
+    """Read a YAML file as UTF-8, reading no more than the size limit; raise a located `PolicyError`.
+
+    `regular_only` refuses anything but a regular file (a FIFO, a device, through a symlink too) without
+    blocking on it: what a file read again and again (a reloading policy) must be. Otherwise a pipe is read
+    as given (``proctor policy check <(…)``)."""
     lim = limits or YamlLimits()
     source = os.fspath(path)
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK: opening a FIFO no process writes to returns at once (it changes nothing for a file).
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_NONBLOCK if regular_only else 0))
+        with open(fd, "rb") as f:
+            mode = os.fstat(fd).st_mode
+            if regular_only and not stat.S_ISREG(mode):
+                raise PolicyError(PolicyIssue(source, 1, 1, f"cannot read {what}: {_kind(mode)}, not a regular file "
+                                                            f"(a {what} that is reloaded is read from a file)"))
             data = f.read(lim.max_bytes + 1)
     except OSError as exc:
         raise PolicyError(PolicyIssue(source, 1, 1, f"cannot read {what}: {exc.strerror or exc}")) from None
@@ -81,6 +93,14 @@ def read_yaml_file(path: str | os.PathLike[str], what: str = "file", limits: Yam
         line, col = _position(before, len(before))
         message = f"not UTF-8 (byte {exc.start}); save the file as UTF-8"
         raise PolicyError(PolicyIssue(source, line, col, message)) from None
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return "something else"
 
 
 def check_yaml(text: str, source: str, limits: YamlLimits | None = None) -> list[PolicyIssue]:

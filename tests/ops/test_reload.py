@@ -188,3 +188,28 @@ def test_a_bad_file_at_start_is_an_error(tmp_path: Path) -> None:
     path.write_text("version: 1\nrules: 7\n")
     with pytest.raises(PolicyError):
         PolicySource(path)
+
+
+@pytest.mark.parametrize("at_start", [False, True])
+def test_a_policy_path_that_is_no_regular_file_is_refused_without_blocking(tmp_path: Path, at_start: bool) -> None:
+    """A FIFO (or a device) put where the policy was — a symlink to one, say — is refused with its located error;
+    before, the read blocked every call of the gate for as long as no process wrote to the FIFO."""
+    from proctor.errors import PolicyError
+
+    path, fifo = tmp_path / "policy.yaml", tmp_path / "policy.fifo"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    if at_start:
+        path.symlink_to(fifo)
+        with pytest.raises(PolicyError, match=r"policy\.yaml:1:1: cannot read policy: a FIFO, not a regular file"):
+            PolicySource(path)
+    else:
+        path.write_text(_policy(0))
+        refusals: list[PolicyRefused] = []
+        source = PolicySource(path, check_every_ms=0, on_refused=refusals.append)
+        first = source.current()
+        path.unlink()
+        path.symlink_to(fifo)
+        assert source.current() is first  # the old policy keeps deciding
+        assert len(refusals) == 1 and "cannot read policy: a FIFO, not a regular file" in refusals[0].message
+    assert time.monotonic() - started < 5
