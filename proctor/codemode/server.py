@@ -298,6 +298,10 @@ class CodeMode:
             self.close()
             raise
         self.tools.extend(self.local_tools)
+        # A name one server lists but cannot have offered, and another server (or a local tool) offers, is that
+        # other tool's: search_tools and describe_tool speak of the tool a program would call.
+        offered = {t.name for t in self.tools}
+        self.withheld = {name: why for name, why in self.withheld.items() if name not in offered}
         self.gate.register(*self.tools)
 
     def close(self, status: str = "done", **fields: Any) -> None:

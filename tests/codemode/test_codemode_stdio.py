@@ -584,6 +584,27 @@ def test_a_tool_whose_ref_does_not_resolve_is_not_offered_and_the_client_can_rea
         in logged[0] and logged[0].endswith("(MCP server h)")
 
 
+def test_a_name_one_server_cannot_offer_and_another_offers_is_the_offered_tools(tmp_path: Path) -> None:
+    """Server h lists x_peek with a broken $ref (not offered); server g offers x_peek: search_tools and describe_tool
+    speak of g's, which a program calls, and do not call it "not offered"."""
+    hostile = {"command": sys.executable, "proctor": {"prefix": "x_"}}
+    servers, policy, audit = write_config(tmp_path, {"h": {**hostile, "args": [str(HOSTILE), "badref"]},
+                                                     "g": {**hostile, "args": [str(HOSTILE), "peek"]}},
+                                          "version: 1\ndefault: allow\n")
+
+    async def go() -> tuple[str, str, str]:
+        async with stdio_session(serve_args(servers, policy, audit, "--user", "alice")) as s:
+            found = text(await s.call_tool("search_tools", {"query": "peek"}))
+            why = text(await s.call_tool("describe_tool", {"name": "x_peek"}))
+            ran = text(await s.call_tool("run_python", {"code": "x_peek()"}))
+            return found, why, ran
+
+    found, why, ran = run(go())
+    assert found.startswith("x_peek()") and "not offered" not in found, found
+    assert "def x_peek()" in why and "# from mcp:g" in why, why
+    assert "done" in ran, ran
+
+
 def test_what_an_upstream_server_writes_reaches_the_clients_model_escaped(tmp_path: Path) -> None:
     """ANSI escapes, C1 controls, bidi overrides and isolates, invisible characters in descriptions, titles, enum
     values, argument descriptions and the errors calls return: visible escapes in search_tools, describe_tool and

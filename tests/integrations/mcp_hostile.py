@@ -17,7 +17,7 @@ the errors its calls return and its stderr; ``refuse`` answers a JSON-RPC error 
 annotations' title, a log notification during the call and the result it answers), ``deep:N`` (a
 tool whose inputSchema nests N ``not`` levels), ``deeper`` (the same beyond what the SDK's parser reads),
 ``flood`` (``endless`` answers a line that never ends, ``huge_answer`` a 40 MB line, ``ok_tool`` answers well),
-``flood-list`` (tools/list answered with a line that never ends).
+``flood-list`` (tools/list answered with a line that never ends), ``peek`` (one tool, ``peek``, answering well).
 """
 
 from __future__ import annotations
@@ -95,6 +95,8 @@ def listing(cursor: str | None) -> dict[str, object]:
         for _ in range(levels):
             nested = {"not": nested}
         return {"tools": [tool("ok_tool"), tool("deep", inputSchema={"type": "object", "properties": {"x": nested}})]}
+    if MODE == "peek":
+        return {"tools": [tool("peek")]}
     if MODE == "flood":
         return {"tools": [tool("endless"), tool("huge_answer"), tool("ok_tool")]}
     if MODE == "annotated":
