@@ -148,12 +148,21 @@ def resolve(kind: Kind, url: str) -> object:
     return cast(object, getattr(loaded, attribute))
 
 
-def open_store(url: str | os.PathLike[str]) -> RunStore:
-    """The run store `url` names (`RunStore.open`)."""
+def open_store(url: str | os.PathLike[str], *, create: bool = True) -> RunStore:
+    """The run store `url` names (`RunStore.open`); with `create` False, a SQLite file that does not exist is a
+    `StoreError` rather than a new, empty store (a command that reads runs, given a mistyped path)."""
     text = os.fspath(url)
     if not text:
         raise StoreError("no run store given: pass --store URL or set PROCTOR_STORE (e.g. sqlite:///runs.db)")
-    return resolve("store", text)(text)
+    factory = resolve("store", text)
+    if not create and scheme_of("store", text) == "sqlite":
+        from proctor.store.sqlite import sqlite_path
+
+        path = sqlite_path(text)
+        if not os.path.exists(path):
+            raise StoreError(f"no run store at {path}: an agent run with --store creates it; check the path (the "
+                             "agents' --store, or PROCTOR_STORE)")
+    return factory(text)
 
 
 def open_audit(target: str | os.PathLike[str], *, signing_key: KeySource | None = None) -> AuditSink:

@@ -203,7 +203,7 @@ def _check_store(log: str, url: str) -> dict[str, Any] | None:
         _err(f"cannot read {log}: {exc.strerror or exc}")
         return None
     try:
-        store = RunStore.open(url)
+        store = RunStore.open(url, create=False)
     except StoreError as exc:
         _err(f"--store {shown_url(url)}: {exc}")
         return None

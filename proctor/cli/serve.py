@@ -111,10 +111,14 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         tokens = TokenFile.load(args.tokens)
+        fresh = _no_store_yet(url)
         store = RunStore.open(url)
     except ProctorError as exc:
         print(f"proctor serve: {exc}", file=sys.stderr)
         return 2
+    if fresh is not None:  # starting the inbox first is fine; a mistyped path would show no approval, ever
+        print(f"proctor serve: no run store at {fresh} yet: created it empty; the agents' --store must name the "
+              "same file", file=sys.stderr)
     halt_groups = tuple(g.strip() for g in args.halt_groups.split(",") if g.strip())
     halting = _halting(args, url, halt_groups)
     if isinstance(halting, str):
@@ -158,6 +162,17 @@ def _serve(args: argparse.Namespace) -> int:
                 opened.close()
         store.close()
     return 0
+
+
+def _no_store_yet(url: str) -> str | None:
+    """The path of a SQLite run store `url` names that does not exist yet (opening it will create it), else None."""
+    from proctor.backends import scheme_of
+    from proctor.store.sqlite import sqlite_path
+
+    if scheme_of("store", url) != "sqlite":
+        return None
+    path = sqlite_path(url)
+    return None if os.path.exists(path) else path
 
 
 def _halting(args: argparse.Namespace, store_url: str, groups: tuple[str, ...]) -> tuple[Any, Any] | str:

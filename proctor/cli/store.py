@@ -177,7 +177,7 @@ def _open(args: argparse.Namespace) -> Any:
     url = args.store or os.environ.get("PROCTOR_STORE", "")
     if not url:
         raise _Usage("no run store: pass --store URL or set PROCTOR_STORE (e.g. sqlite:///runs.db)")
-    return RunStore.open(url)
+    return RunStore.open(url, create=False)  # these commands read runs: a mistyped path is no empty store
 
 
 class _Usage(Exception):

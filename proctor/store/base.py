@@ -307,9 +307,10 @@ class RunStore(Protocol):
     url: str
 
     @staticmethod
-    def open(url: str | os.PathLike[str]) -> RunStore:
-        """Open the store named by `url`: a path or ``sqlite:///path``, or ``postgresql://…`` (`proctor.backends`)."""
-        return backends.open_store(url)
+    def open(url: str | os.PathLike[str], *, create: bool = True) -> RunStore:
+        """Open the store named by `url`: a path or ``sqlite:///path``, or ``postgresql://…`` (`proctor.backends`);
+        `create` False: a SQLite file that does not exist is a `StoreError`, not a new empty store."""
+        return backends.open_store(url, create=create)
 
     # -- runs -------------------------------------------------------------------------------------
 

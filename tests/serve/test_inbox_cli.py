@@ -9,7 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from proctor.approval.tokens import TokenFile
+from proctor.audit.log import AuditLog
 from proctor.serve.app import create_app
 from proctor.serve.resumer import Resumer, ready_runs
 from proctor.store.base import RunStore
@@ -137,3 +140,36 @@ def _halt_through(server: subprocess.Popen[str], port: int, token: str, run_id: 
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+@pytest.mark.server  # (and `proctor runs`, which the tier guard counts as one that may start an agent's worker)
+@pytest.mark.sandbox
+def test_commands_that_read_runs_refuse_a_store_that_does_not_exist_instead_of_creating_it(tmp_path: Path) -> None:
+    """A mistyped SQLite path made a new, empty store: `runs list` showed nothing and `approvals list` no approval.
+    Now they say there is no store there (and create nothing); the inbox, which may start before any agent, creates
+    it and says so."""
+    typo = tmp_path / "rnus.db"
+    for args in (["runs", "list"], ["approvals", "list"], ["runs", "show", "run_x"]):
+        out = proctor(*args, "--store", f"sqlite:///{typo}")
+        assert out.returncode != 0 and f"no run store at {typo}: an agent run with --store creates it" in out.stderr, \
+            (args, out.stderr)
+    log = tmp_path / "audit.jsonl"
+    AuditLog(log).close()  # a trail, and its secret beside it
+    verified = proctor("audit", "verify", str(log), "--store", f"sqlite:///{typo}")
+    assert verified.returncode != 0 and f"no run store at {typo}" in verified.stderr, verified.stderr
+    assert not typo.exists()
+    tokens = tmp_path / "tokens.txt"
+    assert proctor("serve", "token", "bob", "--tokens", str(tokens)).returncode == 0
+    server = subprocess.Popen([sys.executable, "-m", "proctor.cli", "serve", "--store", f"sqlite:///{typo}", "--tokens",
+                               str(tokens), "--audit", str(log), "--port", "0"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stderr is not None
+        first = server.stderr.readline()
+    finally:
+        server.terminate()
+        server.wait(10)
+        if server.stderr is not None:
+            server.stderr.close()
+    assert first.startswith(f"proctor serve: no run store at {typo} yet: created it empty; the agents' --store must "
+                            "name the same file"), first
+    assert typo.exists()
