@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, cast, overload
 
 from proctor.errors import ConfigurationError, ProctorError, StoreError
-from proctor.urls import shown_url
+from proctor.urls import shown_url, sqlite_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -156,8 +156,6 @@ def open_store(url: str | os.PathLike[str], *, create: bool = True) -> RunStore:
         raise StoreError("no run store given: pass --store URL or set PROCTOR_STORE (e.g. sqlite:///runs.db)")
     factory = resolve("store", text)
     if not create and scheme_of("store", text) == "sqlite":
-        from proctor.store.sqlite import sqlite_path
-
         path = sqlite_path(text)
         if not os.path.exists(path):
             raise StoreError(f"no run store at {path}: an agent run with --store creates it; check the path (the "

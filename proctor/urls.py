@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-__all__ = ["DEFAULT_NAMESPACE", "LEDGER_OPTIONS", "redis_halts_url", "split_ledger_options", "shown_url"]
+from proctor.errors import StoreError
+
+__all__ = ["DEFAULT_NAMESPACE", "LEDGER_OPTIONS", "redis_halts_url", "shown_url", "split_ledger_options",
+           "sqlite_path"]
 
 _SECRET_PARAMS = frozenset({"password", "passwd", "sslpassword"})
 
@@ -68,3 +71,16 @@ def redis_halts_url(target: str, namespace: str | None) -> str:
     if not namespace or namespace == DEFAULT_NAMESPACE:
         return target
     return target + ("&" if "?" in target else "?") + urlencode({"prefix": namespace})
+
+
+def sqlite_path(url: str) -> str:
+    """``sqlite:///runs.db`` is relative, ``sqlite:////var/runs.db`` absolute (as SQLAlchemy spells them)."""
+    if url.startswith("sqlite:"):
+        if not url.startswith("sqlite:///"):
+            raise StoreError(f"{url!r}: write sqlite:///relative/path.db or sqlite:////absolute/path.db")
+        path = url[len("sqlite:///"):]
+    else:
+        path = url
+    if not path or path == ":memory:":
+        raise StoreError(f"{url!r}: a run store must be a file other processes can open (sqlite:///runs.db)")
+    return path

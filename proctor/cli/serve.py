@@ -167,7 +167,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _no_store_yet(url: str) -> str | None:
     """The path of a SQLite run store `url` names that does not exist yet (opening it will create it), else None."""
     from proctor.backends import scheme_of
-    from proctor.store.sqlite import sqlite_path
+    from proctor.urls import sqlite_path
 
     if scheme_of("store", url) != "sqlite":
         return None

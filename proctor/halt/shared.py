@@ -52,7 +52,7 @@ def missing_store(at: HaltsAt) -> str | None:
     (a mistyped path). A fleet's store exists already; its runs made it."""
     from proctor.backends import scheme_of
     from proctor.errors import StoreError
-    from proctor.store.sqlite import sqlite_path
+    from proctor.urls import sqlite_path
 
     kind, url = at
     if kind != "store" or scheme_of("store", url) != "sqlite":

@@ -25,6 +25,7 @@ import orjson
 from proctor.errors import StoreError
 from proctor.store.base import PendingApproval
 from proctor.store.sql import SQLRunStore, schema
+from proctor.urls import sqlite_path
 
 __all__ = ["SQLiteRunStore", "sqlite_path"]
 
@@ -33,19 +34,6 @@ _SCHEMA = schema("", text="TEXT", bigint="INTEGER", json="TEXT", without_rowid="
 
 #: How often `wait_for_answer` looks for a change made by another connection.
 _POLL_S = 0.05
-
-
-def sqlite_path(url: str) -> str:
-    """``sqlite:///runs.db`` is relative, ``sqlite:////var/runs.db`` absolute (as SQLAlchemy spells them)."""
-    if url.startswith("sqlite:"):
-        if not url.startswith("sqlite:///"):
-            raise StoreError(f"{url!r}: write sqlite:///relative/path.db or sqlite:////absolute/path.db")
-        path = url[len("sqlite:///"):]
-    else:
-        path = url
-    if not path or path == ":memory:":
-        raise StoreError(f"{url!r}: a run store must be a file other processes can open (sqlite:///runs.db)")
-    return path
 
 
 class SQLiteRunStore(SQLRunStore):
