@@ -33,10 +33,10 @@ An MCP server is not trusted, whoever runs it:
   answer or SSE event (`proctor.integrations._mcp_http`): past it the session is closed (a stdio
   server stopped), saying why.
 - **A tool whose schema cannot be used is not offered.** A ``$ref`` in its ``inputSchema`` that
-  does not resolve within the schema (a missing ``#/$defs/x``, or anything outside it) would refuse
-  every call; in its ``outputSchema`` (or an invalid ``outputSchema``), every result, after the call
-  ran: such a tool is left out of `tools` when the toolset opens, with why in `withheld` and in one
-  warning log line; the server's other tools are offered as usual.
+  does not resolve within the schema (a missing ``#/$defs/x``, or anything outside it), or an invalid
+  ``inputSchema``, would refuse every call; in its ``outputSchema`` (or an invalid ``outputSchema``),
+  every result, after the call ran: such a tool is left out of `tools` when the toolset opens, with
+  why in `withheld` and in one warning log line; the server's other tools are offered as usual.
 - **What a server writes is shown escaped.** Control characters (ANSI escapes, C0/C1 controls,
   bidi overrides and isolates, invisible characters) in descriptions, titles, enum values and the
   error texts it returns become visible escapes (`proctor.termsafe.terminal_safe`) before any model
@@ -535,25 +535,13 @@ class MCPToolset:
         schema.setdefault("type", "object")
         output = spec.get("outputSchema")
         output_schema = dict(output) if isinstance(output, Mapping) else None
-        try:
-            checker = local_schema_validator(schema)  # a `$ref` beyond the schema is never fetched
-            checker.check_schema(schema)
-        except jsonschema.SchemaError as exc:
-            raise ToolsetError(f"the MCP server {self.name}: tool {remote!r} has an invalid inputSchema: "
-                               f"{terminal_safe(exc.message)}") from None
-        unresolved = unresolved_reference(schema, type(checker))
-        if unresolved is not None:  # every call would be refused: not offered at all, saying why
-            return _unresolved("inputSchema", *unresolved)
-        if output_schema is not None:  # the SDK checks each result against it: broken, it fails each call after it ran
-            try:
-                out_checker = local_schema_validator(output_schema)
-                out_checker.check_schema(output_schema)
-            except jsonschema.SchemaError as exc:
-                return f"its outputSchema is invalid ({terminal_safe(exc.message[:200])}): every result would be " \
-                       "refused after the call ran; the server's schema needs fixing"
-            unresolved = unresolved_reference(output_schema, type(out_checker))
-            if unresolved is not None:
-                return _unresolved("outputSchema", *unresolved)
+        # Broken, an inputSchema would refuse every call; an outputSchema (the SDK checks each result against it) every
+        # result, after the call ran: such a tool is not offered at all, saying why.
+        checker, why = _checked_schema("inputSchema", schema)
+        if why is None and output_schema is not None:
+            why = _checked_schema("outputSchema", output_schema)[1]
+        if why is not None:
+            return why
         rendered = render_signature(name, schema, output_schema)
         props: Mapping[str, Any] = schema.get("properties") or {}
         fields: dict[str, Any] = {}
@@ -971,6 +959,21 @@ def _result_value(where: str, tool: MCPTool, result: Mapping[str, Any]) -> Any:
 
 def _first_line(text: str) -> str:
     return (text.strip().splitlines() or [""])[0]
+
+
+def _checked_schema(which: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
+    """A validator of a tool's `which` schema (a `$ref` beyond the schema is never fetched), or (None, why the tool
+    cannot be offered with it): the schema is invalid, or refers to what does not resolve within it."""
+    try:
+        checker = local_schema_validator(schema)
+        checker.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        refused = "every call would be refused" if which == "inputSchema" else \
+            "every result would be refused after the call ran"
+        return None, (f"its {which} is invalid ({terminal_safe(exc.message[:200])}): {refused}; the server's schema "
+                      "needs fixing")
+    unresolved = unresolved_reference(schema, type(checker))
+    return (None, _unresolved(which, *unresolved)) if unresolved is not None else (checker, None)
 
 
 def _unresolved(which: str, at: str, ref: str) -> str:

@@ -10,7 +10,8 @@ CallToolResult, ``bad_struct`` structured content its output schema refuses, ``o
 annotations after it), ``ref:URL`` (``peek``'s argument is a ``$ref`` to URL, which a validator that
 fetches would fetch), ``wordy`` (20 tools whose descriptions are one 7 000-character line), ``plain`` (one tool),
 ``badref`` (``peek`` refers to a missing ``#/$defs/x``, ``far`` to a URL, ``tally``'s outputSchema
-to a missing ``#/$defs/count``, ``odd_out``'s outputSchema is invalid, ``ok_tool`` is fine), ``controls`` (``paint``:
+to a missing ``#/$defs/count``, ``odd_out``'s outputSchema is invalid, ``odd_in``'s inputSchema, ``ok_tool`` is
+fine), ``controls`` (``paint``:
 ANSI escapes, C1 controls and bidi overrides in its description, title, argument description, enum values,
 the errors its calls return and its stderr; ``refuse`` answers a JSON-RPC error saying the same), ``controls-more``
 (``mix``: the same in defaults, examples, consts, formats, nested and output titles and descriptions, its
@@ -69,7 +70,8 @@ def listing(cursor: str | None) -> dict[str, object]:
         counted = {"type": "object", "properties": {"n": {"$ref": "#/$defs/count"}}}
         invalid = {"type": "object", "properties": {"n": {"type": 7}}}
         return {"tools": [tool("peek", inputSchema=missing), tool("far", inputSchema=far), tool("ok_tool"),
-                          tool("tally", outputSchema=counted), tool("odd_out", outputSchema=invalid)]}
+                          tool("tally", outputSchema=counted), tool("odd_out", outputSchema=invalid),
+                          tool("odd_in", inputSchema=invalid)]}
     if MODE == "controls":
         schema = {"type": "object", "title": f"Paint{ESC}", "properties": {
             "colour": {"enum": [f"red{ESC}", "blue"], "description": f"the colour{ESC}"},

@@ -211,16 +211,19 @@ def test_a_tool_whose_ref_does_not_resolve_is_not_offered_and_the_servers_other_
             Interpreter(tools, Gate(ALLOW_ALL), sandbox="process") as py:
         assert [t.name for t in tools] == ["ok_tool"]
         result = py.run("print(ok_tool())\ntry:\n    peek(x='a')\nexcept NameError as e:\n    print('no', e)")
-    assert sorted(toolset.withheld) == ["far", "odd_out", "peek", "tally"]
+    assert sorted(toolset.withheld) == ["far", "odd_in", "odd_out", "peek", "tally"]
     # in the output schema, every result would be refused (the SDK checks each), after the call ran
     assert "its outputSchema refers to '#/$defs/count' (at /properties/n)" in toolset.withheld["tally"]
     assert toolset.withheld["odd_out"].startswith("its outputSchema is invalid (7 is not valid under any of")
+    # an invalid inputSchema: that tool alone is not offered (it refused the whole toolset before)
+    assert toolset.withheld["odd_in"].startswith("its inputSchema is invalid (7 is not valid under any of") and \
+        toolset.withheld["odd_in"].endswith("every call would be refused; the server's schema needs fixing")
     assert "refers to '#/$defs/x' (at /properties/x), which does not resolve within the schema" in \
         toolset.withheld["peek"]
     assert "refers to 'http://127.0.0.1:9/schema.json'" in toolset.withheld["far"]
     assert result.error is None and "done" in result.logs and "no name 'peek' is not defined" in result.logs
     lines = [r.getMessage() for r in caplog.records if r.name == "proctor.mcp"]
-    assert len(lines) == 4 and any(line.startswith("MCP server odd: tool 'peek' (peek) is not offered: its "
+    assert len(lines) == 5 and any(line.startswith("MCP server odd: tool 'peek' (peek) is not offered: its "
                                                    "inputSchema refers to '#/$defs/x'") for line in lines)
     assert ran(log).count("tools/call") == 1  # ok_tool's alone
 
