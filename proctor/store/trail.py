@@ -192,8 +192,9 @@ def _where(step: int, seq: int, tool: object) -> str:
 
 def behind_trail(record: RunRecord, journals: Mapping[int, Sequence[JournalEntry]],
                  trail: RunTrail | None, approvals: Sequence[PendingApproval] = ()) -> list[Disagreement]:
-    """Where the store is behind what the trail recorded of the run: an earlier version put back, or an
-    approval's deadline moved later than the one the trail recorded when the call was asked about.
+    """Where the store is behind what the trail recorded of the run: an earlier version put back, an approval the
+    run waits for deleted, or an approval's deadline moved later than the one the trail recorded when the call was
+    asked about.
 
     `journals` are the step journals read from the store (step → entries), `approvals` the run's approvals
     there. Each problem names the run and the entry; resuming past any of them could run a call a second
@@ -201,6 +202,12 @@ def behind_trail(record: RunRecord, journals: Mapping[int, Sequence[JournalEntry
     if trail is None:
         return []
     run_id, out = record.run_id, []
+    held = {a.id for a in approvals}
+    for missing in (i for i in record.pending if i not in held):  # (the run record names them, sealed)
+        out.append(Disagreement(run_id, f"approval {missing}", (
+            "the run waits for it, but the store does not hold it: it was deleted (a store never removes an "
+            "approval); resuming would ask for the call again, with a new deadline, and lose whatever answer it "
+            f"had: cancel the run (proctor runs cancel {run_id})")))
     for a in approvals:
         asked = trail.deadlines.get((a.call_id, a.binding))
         if asked is not None and (a.expires_at_ns is None or a.expires_at_ns > asked):

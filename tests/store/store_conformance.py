@@ -550,6 +550,25 @@ class StoreForgeryConformance:
         assert run.sent() == []
         assert "the deadline was moved in the store" in run.verify(expect=1).stdout
 
+    @pytest.mark.parametrize("answered", ["unanswered", "denied"])
+    def test_an_approval_deleted_from_the_store_is_not_asked_again(self, run: Suspended, answered: str) -> None:
+        """The approval the run waits for deleted from the store (after bob denied it, or before any answer): the
+        resume would have asked for the call again, with a new deadline, and a denial would have been lost. The
+        sealed run record names the approvals it waits for: the resume refuses, naming it, runs nothing, and
+        verify --store reports it; the run can be cancelled."""
+        [pending] = run.store.list_approvals(run_id=run.run_id)
+        if answered == "denied":
+            run.approve("deny", "not to that address")
+        run.rows.drop("approvals", pending.id)
+        message = run.refused()
+        assert message.count("\n") == 0 and f"approval {pending.id}: the run waits for it, but the store does not " \
+            "hold it: it was deleted" in message, message
+        assert run.store.list_approvals(status=None, run_id=run.run_id) == []  # nothing asked again
+        assert run.sent() == []
+        assert f"approval {pending.id}: the run waits for it, but the store does not hold it" in \
+            run.verify(expect=1).stdout
+        assert run.store.cancel_run(run.run_id).status == "cancelled"
+
     def test_every_field_of_a_sealed_answer_changed_breaks_its_seal(self, run: Suspended) -> None:
         """Each field of a real answer (walked from `ApprovalAnswer`), changed in the store, is not believed;
         a real deny made an approve is refused on resume and the mail is not sent."""

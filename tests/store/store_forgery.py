@@ -105,6 +105,10 @@ class Rows:
     def delete(self, run_id: str, seq: int) -> None:
         self._run(f"DELETE FROM {self._table('journal')} WHERE run_id = ? AND seq = ?", (run_id, seq))
 
+    def drop(self, table: str, key: str) -> None:
+        """Delete the row `key` of `table` (an approval, say)."""
+        self._run(f"DELETE FROM {self._table(table)} WHERE {KEYS[table]} = ?", (key,))
+
     def insert(self, run_id: str, seq: int, data: dict[str, Any]) -> None:
         value: Any = json.dumps(data) if self._sqlite else Jsonb(data)
         self._run(f"INSERT INTO {self._table('journal')} (run_id, step, seq, data) VALUES (?, 1, ?, ?)",
