@@ -64,6 +64,9 @@ def register(subparsers: Any) -> None:
                    help="with --http: the most MCP sessions one token's owner may hold open at once; one more is "
                         "refused (HTTP 429, saying so) until one ends or is ended after --session-idle (default 16; "
                         "'off' for no bound beyond the MCP SDK's own)")
+    s.add_argument("--max-body", metavar="BYTES", type=int, default=None,
+                   help="with --http: the largest request body taken; a larger one is refused (HTTP 413) before "
+                        "more of it is read (default 16 MiB)")
     s.add_argument("--user", metavar="NAME", help="the principal of the stdio session (default: $USER)")
     s.add_argument("--label", metavar="KEY=VALUE", action="append", type=key_value, default=[],
                    help="a label of every session's run (policy: run.labels; repeatable); proctor sets "
@@ -103,7 +106,13 @@ def serve(args: argparse.Namespace) -> int:
         port = int(port_text)
     try:
         from proctor.codemode.config import load_servers
-        from proctor.codemode.server import DEFAULT_MAX_SESSIONS_PER_PRINCIPAL, CodeMode, serve_http, serve_stdio
+        from proctor.codemode.server import (
+            DEFAULT_MAX_BODY,
+            DEFAULT_MAX_SESSIONS_PER_PRINCIPAL,
+            CodeMode,
+            serve_http,
+            serve_stdio,
+        )
 
         servers = load_servers(args.servers)
         tools = load_tools(args.tools) if args.tools else []
@@ -111,6 +120,11 @@ def serve(args: argparse.Namespace) -> int:
         session_idle = _session_idle(args.session_idle)
         max_sessions = DEFAULT_MAX_SESSIONS_PER_PRINCIPAL if args.max_sessions_per_principal is None \
             else _max_sessions(args.max_sessions_per_principal)
+        max_body = DEFAULT_MAX_BODY if args.max_body is None else args.max_body
+        if max_body < 8192:  # (what `proctor serve --max-body` takes at least: RequestGuard)
+            raise ConfigurationError(f"--max-body {max_body}: give at least 8192 bytes")
+        if args.max_body is not None and not args.http:
+            raise ConfigurationError("--max-body is for --http")
         halts = _halts(args)
         tokens = None
         if args.tokens:
@@ -161,7 +175,7 @@ def serve(args: argparse.Namespace) -> int:
         try:
             if args.http:
                 print(f"proctor mcp serve: http://{host}:{port}/mcp ({len(code_mode.tools)} tools)", file=sys.stderr)
-                serve_http(code_mode, host, port, tokens, listener=listener)
+                serve_http(code_mode, host, port, tokens, listener=listener, max_body=max_body)
             else:
                 serve_stdio(code_mode)
         finally:

@@ -28,7 +28,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,7 @@ from proctor.errors import ConfigurationError, ToolsetError
 from proctor.integrations.mcp import MCP_MAJOR, MCPToolset
 from proctor.interrupts import Terminated, interruption
 from proctor.policy.approvers import Answerer, refusal
+from proctor.serve.guard import RequestGuard, json_bodies
 from proctor.store.answerseal import AnswerCheck
 from proctor.termsafe import marked_plain, terminal_safe, text_safe
 from proctor.tools import Tool
@@ -82,6 +83,8 @@ _LOG_CAP = 20_000
 DEFAULT_SESSION_IDLE = 1800.0
 #: The most HTTP sessions one principal may hold open at once (a client opens one; a few clients, a few more).
 DEFAULT_MAX_SESSIONS_PER_PRINCIPAL = 16
+#: The largest request body `serve_http` takes: a program no larger than the sandboxed worker's channel carries.
+DEFAULT_MAX_BODY = 16 * 1024 * 1024
 _REAPED_KEPT = 10_000
 _SEARCH_HITS = 10
 #: The most characters of a description's first line a search_tools hit shows.
@@ -793,9 +796,11 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve_http(code_mode: CodeMode, host: str, port: int, tokens: Any, *,
-               listener: socket.socket | None = None) -> None:
+               listener: socket.socket | None = None, max_body: int = DEFAULT_MAX_BODY) -> None:
     """Serve streamable HTTP at ``http://HOST:PORT/mcp``; every request needs ``Authorization: Bearer
-    TOKEN`` of `tokens` (a `proctor.approval.tokens.TokenFile`), whose owner is the session's principal.
+    TOKEN`` of `tokens` (a `proctor.approval.tokens.TokenFile`), whose owner is the session's principal. A
+    request body is JSON of at most `max_body` bytes (`proctor.serve.guard.RequestGuard`: 413 past it, before
+    more is read).
     `listener`: a socket `listen` bound (else uvicorn binds `host`:`port` itself). A session ends when its client
     deletes it (``DELETE /mcp``, once the SDK has), after `code_mode.session_idle`
     seconds with no request in flight (the client went away: ``run_finished`` says ``abandoned``), or when the
@@ -819,7 +824,7 @@ def serve_http(code_mode: CodeMode, host: str, port: int, tokens: Any, *,
     else:
         server.settings.session_idle_timeout = code_mode.session_idle  # type: ignore[attr-defined]  # mcp 1.x
         http_app = server.streamable_http_app()
-    app = BearerAuth(http_app, tokens, code_mode)
+    app = RequestGuard(BearerAuth(http_app, tokens, code_mode), max_body=max_body, body_types=json_bodies)
     import uvicorn
 
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
@@ -910,7 +915,7 @@ class BearerAuth:
     def __init__(self, app: Any, tokens: Any, code_mode: CodeMode) -> None:
         self.app, self.tokens, self.code_mode = app, tokens, code_mode
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         if scope.get("type") != "http":
             await self.app(scope, receive, send)
             return

@@ -1,4 +1,5 @@
-"""What every request to the inbox passes before any route sees it: body limits, body types, headers.
+"""What every request to the inbox (and to `proctor mcp serve --http`) passes before any route sees it: body
+limits, body types, headers.
 
 A pure-ASGI middleware (no Starlette request object is built, nothing is parsed), so it
 holds for every route alike, the unauthenticated ones (``/login``, ``/logout``) included:
@@ -10,6 +11,7 @@ holds for every route alike, the unauthenticated ones (``/login``, ``/logout``) 
 - **Body type.** Only what a route takes is accepted: JSON (``application/json``) under
   ``/api/``, URL-encoded forms elsewhere. Multipart is refused everywhere (415): no route
   takes a file, and Starlette would spool a part of any size to disk before a route runs.
+  (The MCP endpoint takes JSON alone: `json_bodies`.)
 - **Headers on every response**, errors and static files included: a
   ``Content-Security-Policy`` that allows only this origin's own script and style and
   forbids framing (``frame-ancestors 'none'``, and ``X-Frame-Options: DENY`` for older
@@ -22,13 +24,16 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-__all__ = ["CSP", "DEFAULT_MAX_BODY", "LOGIN_MAX_BODY", "SECURITY_HEADERS", "RequestGuard"]
+__all__ = ["CSP", "DEFAULT_MAX_BODY", "LOGIN_MAX_BODY", "SECURITY_HEADERS", "BodyTypeCheck", "RequestGuard",
+           "inbox_bodies", "json_bodies"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+#: Why a body of a content type (its header's value) is refused on a path, or None when the path takes it.
+BodyTypeCheck = Callable[[str, bytes], "str | None"]
 
 #: The largest body an answer may have (edited arguments included), unless `--max-body` says otherwise.
 DEFAULT_MAX_BODY = 1 << 20
@@ -51,13 +56,16 @@ _BODYLESS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 class RequestGuard:
-    """Wraps the inbox's ASGI app: see the module docstring. `max_body` bounds every body but the login form's."""
+    """Wraps the inbox's ASGI app: see the module docstring. `max_body` bounds every body but the login form's;
+    `body_types` says which bodies each path takes (the inbox's routes by default)."""
 
-    def __init__(self, app: ASGIApp, *, max_body: int = DEFAULT_MAX_BODY) -> None:
+    def __init__(self, app: ASGIApp, *, max_body: int = DEFAULT_MAX_BODY, body_types: BodyTypeCheck | None = None,
+                 ) -> None:
         if max_body < LOGIN_MAX_BODY:
             raise ValueError(f"max_body must be at least {LOGIN_MAX_BODY} bytes")
         self.app = app
         self.max_body = max_body
+        self.body_types: BodyTypeCheck = body_types or inbox_bodies
 
     def limit(self, path: str) -> int:
         return LOGIN_MAX_BODY if path in ("/login", "/logout") else self.max_body
@@ -99,7 +107,7 @@ class RequestGuard:
             if method in _BODYLESS:
                 await _refuse(send_secured, 400, f"a {method} request takes no body")
                 return
-            refusal = _type_refusal(path, headers.get(b"content-type", b""))
+            refusal = self.body_types(path, headers.get(b"content-type", b""))
             if refusal is not None:
                 await _refuse(send_secured, 415, refusal)
                 return
@@ -132,14 +140,23 @@ class RequestGuard:
                 raise
 
 
-def _type_refusal(path: str, content_type: bytes) -> str | None:
-    """Why a body of `content_type` is refused on `path`, or None when the route takes it."""
-    kind = content_type.split(b";", 1)[0].strip().lower()
+def inbox_bodies(path: str, content_type: bytes) -> str | None:
+    """Why a body of `content_type` is refused on the inbox's `path`, or None when the route takes it."""
+    kind = _kind(content_type)
     if path.startswith("/api/"):
         return None if kind == b"application/json" else "the API takes only application/json bodies"
     if kind == b"application/x-www-form-urlencoded":
         return None
     return "forms are taken only as application/x-www-form-urlencoded (no multipart: nothing here takes a file)"
+
+
+def json_bodies(path: str, content_type: bytes) -> str | None:
+    """JSON on every path (the MCP endpoint's JSON-RPC)."""
+    return None if _kind(content_type) == b"application/json" else "only application/json bodies are taken"
+
+
+def _kind(content_type: bytes) -> bytes:
+    return content_type.split(b";", 1)[0].strip().lower()
 
 
 async def _refuse(send: Send, status: int, message: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import sys
@@ -401,3 +402,49 @@ def test_a_principal_holds_at_most_max_sessions_per_principal_open_and_an_ended_
             assert time.monotonic() < deadline, "no place freed by the idle sessions' end"
             time.sleep(0.5)
         assert second != third
+
+
+def test_a_request_body_past_max_body_is_refused_before_it_is_read_and_the_server_goes_on(tmp_path: Path) -> None:
+    """Even a token's holder cannot make the server keep a body of any size (the MCP SDK reads a request's body whole
+    before it parses it): past --max-body, 413 at once when declared, or as soon as a chunked one passes it; only
+    JSON is taken; the server serves the next request."""
+    servers, policy, audit = write_config(tmp_path)
+    tokens = tmp_path / "tokens.txt"
+    alice = add_token(tokens, "alice")
+    port = free_port()
+    args = serve_args(servers, policy, audit, "--http", f"127.0.0.1:{port}", "--tokens", str(tokens),
+                      "--max-body", "65536")
+    url = f"http://127.0.0.1:{port}/mcp"
+    headers = {"Authorization": f"Bearer {alice}", "Accept": "application/json, text/event-stream",
+               "Content-Type": "application/json"}
+    big = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+           "params": {"name": "run_python", "arguments": {"code": "x = 1\n" * 20_000}}}
+
+    def chunks() -> Any:
+        data = json.dumps(big).encode()
+        for i in range(0, len(data), 4096):
+            yield data[i:i + 4096]
+
+    with http_server(args, port):
+        declared = httpx.post(url, json=big, headers=headers, timeout=30)
+        assert declared.status_code == 413 and "over the 65536-byte limit" in declared.text, declared.text
+        streamed = httpx.post(url, content=chunks(), headers=headers, timeout=30)
+        assert streamed.status_code == 413 and "over the 65536-byte limit" in streamed.text, streamed.text
+        form = httpx.post(url, content=b"code=1", headers={**headers, "Content-Type": "text/plain"}, timeout=30)
+        assert form.status_code == 415, form.text
+        sid = _open(url, alice)  # and the server goes on
+        ran = _post(url, alice, {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                                 "params": {"name": "run_python", "arguments": {"code": "1 + 2"}}}, sid)
+        assert ran.status_code == 200 and "value: 3" in ran.text, ran.text
+
+
+@pytest.mark.parametrize(("flag", "message"), [(["--max-body", "100"], "give at least 8192 bytes"),
+                                               (["--max-body", "9000", "--user", "u"], "--max-body is for --http")])
+def test_max_body_is_checked_before_anything_starts(tmp_path: Path, flag: list[str], message: str) -> None:
+    servers, policy, audit = write_config(tmp_path)
+    tokens = tmp_path / "tokens.txt"
+    add_token(tokens, "alice")
+    extra = ["--http", f"127.0.0.1:{free_port()}", "--tokens", str(tokens)] if "--user" not in flag else []
+    out = subprocess.run([sys.executable, *serve_args(servers, policy, audit, *extra, *flag)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
