@@ -7,6 +7,10 @@ calls `cut` with why and stops the read. What the SDK then does with the failed 
 version (an error answer, a log line, nothing), so `Cuttable` is the read stream the session
 reads instead of the SDK's: `cut` ends it, and the session ends its requests in flight as for a
 connection that closed, whatever the SDK made of the failed read.
+
+The bound counts bytes as they arrive, before the HTTP client decompresses them, so a compressed body
+would escape it (a few hundred kilobytes of gzip make gigabytes): the client asks for bodies as they are
+(``Accept-Encoding: identity``), and a body the server compresses all the same is cut before it is read.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from importlib.metadata import version
 from typing import Any
 
 import anyio
+
+from proctor.termsafe import terminal_safe
 
 __all__ = ["Cuttable", "bound_responses"]
 
@@ -57,13 +63,39 @@ class _BoundedBody(_HTTPX.AsyncByteStream):  # type: ignore[misc,name-defined,un
         await self._inner.aclose()
 
 
+class _Compressed(_HTTPX.AsyncByteStream):  # type: ignore[misc,name-defined,unused-ignore]
+    """A body the server compressed, unasked: refused at its first byte (its size once decompressed is unknown)."""
+
+    def __init__(self, inner: Any, encoding: str, cut: Callable[[str], None]) -> None:
+        self._inner, self._encoding, self._cut = inner, encoding, cut
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            if chunk:
+                why = (f"the server sent a compressed answer (Content-Encoding: {terminal_safe(self._encoding[:80])}) "
+                       "though proctor asked for none (Accept-Encoding: identity): its size is not known until it is "
+                       "decompressed, so max_message_bytes cannot bound it; proctor closed the session")
+                self._cut(why)
+                raise _HTTPX.ReadError(why)
+        return
+        yield  # (an async generator that yields nothing)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 def bound_responses(client: Any, *, limit: int, cut: Callable[[str], None]) -> None:
     """Bound every response body `client` (the SDK's ``create_mcp_http_client()``) reads by `limit` (see the module)."""
 
     async def hook(response: Any) -> None:
+        encoding = response.headers.get("content-encoding", "").strip()
+        if encoding.lower() not in ("", "identity"):
+            response.stream = _Compressed(response.stream, encoding, cut)
+            return
         events = response.headers.get("content-type", "").startswith("text/event-stream")
         response.stream = _BoundedBody(response.stream, limit, events, cut)
 
+    client.headers["Accept-Encoding"] = "identity"  # what the bound counts is what the SDK keeps (see the module)
     hooks = client.event_hooks
     client.event_hooks = {**hooks, "response": [*hooks.get("response", []), hook]}
 

@@ -5,9 +5,12 @@ Runs in the dev venv (mcp 2.x) and in `.venv-mcp1` (`make test-mcp1`, mcp 1.x)."
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -317,6 +320,50 @@ def test_a_listing_past_max_message_bytes_fails_at_once_saying_why() -> None:
         MCPToolset(hostile("flood-list"), name="hostile", max_message_bytes=65536, timeout=600).open()
     with MCPToolset(hostile("flood"), name="hostile", max_message_bytes=65536) as tools:  # a line within it is read
         assert Gate(ALLOW_ALL, tools=tools).call("ok_tool", {}) == "done"
+
+
+@contextmanager
+def hostile_http(mode: str, log: Path) -> Iterator[str]:
+    """`mcp_hostile_http.py` in `mode` on a free localhost port: its URL, while it runs."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    proc = subprocess.Popen([sys.executable, str(HERE / "mcp_hostile_http.py"), str(port), mode, str(log)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "the hostile HTTP server did not start"
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a_compressed_http_answer_cannot_carry_more_than_max_message_bytes(tmp_path: Path) -> None:
+    """The bound counts bytes as they arrive; a gzip body is decompressed after that (200 KB of it made a 200 MB
+    answer the session kept whole, past a 1 MiB bound). proctor asks for bodies as they are, and one the server
+    compresses all the same is refused before it is decompressed: an unknown outcome saying why, the session closed."""
+    log = tmp_path / "log"
+    with hostile_http("gzip", log) as url, \
+            MCPToolset(url, name="bomb", max_message_bytes=1 << 20, call_timeout=60) as tools:
+        gate = Gate(ALLOW_ALL, audit=InMemoryAudit(), tools=tools)
+        with pytest.raises(ToolFailed) as info:
+            gate.call("bomb", {})
+        with pytest.raises(ToolFailed, match=r"the MCP session is closed"):
+            gate.call("bomb", {})
+    assert type(info.value).__name__ == "ToolOutcomeUnknown"
+    assert str(info.value) == (
+        "bomb: bomb (MCP server bomb): the server sent a compressed answer (Content-Encoding: gzip) though proctor "
+        "asked for none (Accept-Encoding: identity): its size is not known until it is decompressed, so "
+        "max_message_bytes cannot bound it; proctor closed the session; the call may have taken effect")
+    asked = {line.split()[1] for line in log.read_text().splitlines()}
+    assert asked == {"identity"}, asked  # every request, so that a server that honours it never compresses
 
 
 def test_max_message_bytes_must_be_a_positive_integer() -> None:
