@@ -10,10 +10,16 @@ shutdown (stdin closed, a grace period, then the process group terminated) — e
 bytes as they come, keeps at most `max_line` bytes of a line not yet ended, and ends the session when
 a line would be longer: the process group is killed at once (a server writing without end is not
 waited for), the session sees its connection close, and `ended` says why, for the toolset's error.
+
+The server's stdout is a pipe of proctor's own (`_ReadPipe`), not one of the subprocess's: a process the
+server started in a session of its own (out of reach of the stop) may keep it open, and proctor's end is
+closed all the same when the session ends (a subprocess's pipe stays open with its transport until the
+collector finds the toolset's loop closed).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator, Callable
@@ -63,6 +69,43 @@ class _Overlong(Exception):
     pass
 
 
+class _ReadPipe:
+    """The read end of the server's stdout, on the running loop: `receive` as anyio's stream does, `close` ours."""
+
+    _CHUNK = 65536
+
+    def __init__(self, reader: asyncio.StreamReader, transport: asyncio.ReadTransport) -> None:
+        self._reader, self._transport = reader, transport
+
+    @classmethod
+    async def open(cls, fd: int) -> _ReadPipe:
+        """Read `fd` on the running loop (it is ours from now on: closed if this fails)."""
+        try:
+            pipe = os.fdopen(fd, "rb", buffering=0)
+        except BaseException:
+            os.close(fd)
+            raise
+        reader = asyncio.StreamReader(limit=cls._CHUNK)
+        try:
+            transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(reader), pipe)
+        except BaseException:
+            pipe.close()
+            raise
+        return cls(reader, transport)
+
+    async def receive(self) -> bytes:
+        """The next bytes the server wrote; `anyio.EndOfStream` once it (and every process holding it) closed it."""
+        chunk = await self._reader.read(self._CHUNK)
+        if not chunk:
+            raise anyio.EndOfStream
+        return chunk
+
+    def close(self) -> None:
+        """Close our end (a read waiting on it ends): what the server still writes fails on a broken pipe."""
+        self._transport.close()
+
+
 class BoundedStdio:
     """One session's transport (`connect`); `ended` says why it closed the session itself, if it did."""
 
@@ -74,9 +117,21 @@ class BoundedStdio:
     async def connect(self) -> AsyncIterator[tuple[Any, Any]]:
         """The streams a ``ClientSession`` reads and writes, while the server runs."""
         server = self.server
-        process = await anyio.open_process([server.command, *server.args],
-                                           env=get_default_environment() | (server.env or {}), stderr=self.errlog,
-                                           cwd=server.cwd, start_new_session=True)
+        ours, theirs = os.pipe()
+        try:
+            process = await anyio.open_process([server.command, *server.args],
+                                               env=get_default_environment() | (server.env or {}), stdout=theirs,
+                                               stderr=self.errlog, cwd=server.cwd, start_new_session=True)
+        except BaseException:
+            os.close(ours)
+            raise
+        finally:
+            os.close(theirs)
+        try:
+            stdout = await _ReadPipe.open(ours)
+        except BaseException:
+            _kill_group(process)
+            raise
         to_session, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
         write_stream, from_session = anyio.create_memory_object_stream[SessionMessage](0)
         writer_done = anyio.Event()
@@ -85,7 +140,7 @@ class BoundedStdio:
             try:
                 async with to_session:
                     try:
-                        await self._read(process, to_session)
+                        await self._read(stdout, to_session)
                     except _Overlong:  # said before the session sees its connection close
                         self.ended = (f"the server wrote a line of more than {self.max_line} bytes "
                                       f"(max_message_bytes={self.max_line}); proctor closed the session and stopped "
@@ -96,7 +151,7 @@ class BoundedStdio:
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                 pass  # the session is gone; shutdown stops the server
             finally:
-                await _discard(process)
+                await _discard(stdout)
 
         async def writer() -> None:
             stdin = process.stdin
@@ -123,14 +178,13 @@ class BoundedStdio:
                     with anyio.move_on_after(_WRITER_FLUSH_S):
                         await writer_done.wait()
                     await _stop(process)
+                    stdout.close()  # (a process the server started may hold it still)
                     for stream in (read_stream, write_stream, to_session, from_session):
                         await stream.aclose()
                 tasks.cancel_scope.cancel()
 
-    async def _read(self, process: anyio.abc.Process, to_session: Any) -> None:
+    async def _read(self, stdout: _ReadPipe, to_session: Any) -> None:
         """Send the session each line the server writes, parsed; raise `_Overlong` at a line past `max_line`."""
-        stdout = process.stdout
-        assert stdout is not None
         limit, encoding, errors = self.max_line, self.server.encoding, self.server.encoding_error_handler
         pending = bytearray()  # the start of a line not yet ended
         while True:
@@ -163,11 +217,9 @@ def _message(line: bytes, encoding: str, errors: str) -> SessionMessage | Except
         return exc
 
 
-async def _discard(process: anyio.abc.Process) -> None:
+async def _discard(stdout: _ReadPipe) -> None:
     """Read and drop what the server still writes, so that one blocked on a full pipe can exit (shielded: it ends
-    when the pipe does, which stopping the server brings about)."""
-    stdout = process.stdout
-    assert stdout is not None
+    when the pipe does, which stopping the server, or closing our end, brings about)."""
     with anyio.CancelScope(shield=True), suppress(anyio.EndOfStream, anyio.ClosedResourceError,
                                                    anyio.BrokenResourceError, OSError):
         while True:
@@ -189,9 +241,6 @@ async def _stop(process: anyio.abc.Process) -> None:
         with suppress(ProcessLookupError, OSError):
             await terminate_posix_process_tree(process, _KILL_GRACE_S)
         await _exited(process, _KILL_GRACE_S)
-    if process.stdout is not None:
-        with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await process.stdout.aclose()
 
 
 async def _exited(process: anyio.abc.Process, within: float) -> bool:

@@ -18,7 +18,9 @@ the errors its calls return and its stderr; ``refuse`` answers a JSON-RPC error 
 annotations' title, a log notification during the call and the result it answers), ``deep:N`` (a
 tool whose inputSchema nests N ``not`` levels), ``deeper`` (the same beyond what the SDK's parser reads),
 ``flood`` (``endless`` answers a line that never ends, ``huge_answer`` a 40 MB line, ``ok_tool`` answers well),
-``flood-list`` (tools/list answered with a line that never ends), ``peek`` (one tool, ``peek``, answering well).
+``flood-list`` (tools/list answered with a line that never ends), ``peek`` (one tool, ``peek``, answering well),
+``heir`` (``plain``, after starting a process in a session of its own that keeps the server's stdout open: its
+pid goes to ``LOG.pid``).
 """
 
 from __future__ import annotations
@@ -115,6 +117,13 @@ def send(msg: dict[str, object]) -> None:
 if MODE == "controls":  # what it prints for the operator's terminal, too
     sys.stderr.write(f"starting{ESC}\rhidden\n")
     sys.stderr.flush()
+if MODE == "heir" and LOG:  # a process of its own session, out of reach of the server's, keeps its stdout open
+    import subprocess
+
+    heir = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True,
+                            stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(f"{LOG}.pid", "w") as fh:
+        fh.write(str(heir.pid))
 
 def endless_line() -> None:
     """Start a JSON-RPC answer and never end its line (until the reader goes away)."""

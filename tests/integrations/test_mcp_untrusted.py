@@ -4,7 +4,11 @@ Runs in the dev venv (mcp 2.x) and in `.venv-mcp1` (`make test-mcp1`, mcp 1.x)."
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -320,6 +324,24 @@ def test_a_listing_past_max_message_bytes_fails_at_once_saying_why() -> None:
         MCPToolset(hostile("flood-list"), name="hostile", max_message_bytes=65536, timeout=600).open()
     with MCPToolset(hostile("flood"), name="hostile", max_message_bytes=65536) as tools:  # a line within it is read
         assert Gate(ALLOW_ALL, tools=tools).call("ok_tool", {}) == "done"
+
+
+def test_a_process_the_server_leaves_holding_its_stdout_leaves_nothing_open_behind(tmp_path: Path) -> None:
+    """A descendant out of the server's process group (which the stop cannot reach) keeps the server's stdout open:
+    closing the toolset still closes proctor's end of it, instead of leaving the pipe to the collector, which
+    found the toolset's loop closed and printed a traceback on stderr (an error under pytest)."""
+    log = tmp_path / "log"
+    unraisable: list[str] = []
+    previous, sys.unraisablehook = sys.unraisablehook, lambda u: unraisable.append(f"{u.exc_value!r} in {u.object!r}")
+    try:
+        with MCPToolset(hostile("heir", log), name="heir") as tools:
+            assert Gate(ALLOW_ALL, tools=tools).call("plain", {}) == "done"
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(Path(f"{log}.pid").read_text()), signal.SIGKILL)
+    assert unraisable == []
 
 
 @contextmanager
