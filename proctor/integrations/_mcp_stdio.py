@@ -112,6 +112,14 @@ class BoundedStdio:
     def __init__(self, server: StdioServerParameters, *, max_line: int, errlog: TextIO) -> None:
         self.server, self.max_line, self.errlog = server, max_line, errlog
         self.ended: str | None = None
+        #: Lines that were no JSON-RPC message: the first is logged, the rest counted (logged when the session ends).
+        self.unreadable = 0
+
+    def _unreadable(self, exc: Exception) -> None:
+        self.unreadable += 1
+        if self.unreadable == 1:  # a line costs the server two bytes; a log line each would let it fill the log
+            log.warning("mcp_unreadable_line", error=terminal_safe(str(exc)[:300]),
+                        note="later ones are counted, and the count logged when the session ends")
 
     @asynccontextmanager
     async def connect(self) -> AsyncIterator[tuple[Any, Any]]:
@@ -152,6 +160,8 @@ class BoundedStdio:
                 pass  # the session is gone; shutdown stops the server
             finally:
                 await _discard(stdout)
+                if self.unreadable > 1:
+                    log.warning("mcp_unreadable_lines", count=self.unreadable)
 
         async def writer() -> None:
             stdin = process.stdin
@@ -202,7 +212,12 @@ class BoundedStdio:
                 else:
                     line = chunk[start:end]
                 start = end + 1
-                await to_session.send(_message(line, encoding, errors))
+                if not line or line.isspace():  # between messages, nothing to parse (nor to log, once a byte)
+                    continue
+                message = _message(line, encoding, errors)
+                if isinstance(message, Exception):
+                    self._unreadable(message)
+                await to_session.send(message)
             if len(pending) + len(chunk) - start > limit:
                 raise _Overlong
             pending += memoryview(chunk)[start:]
@@ -213,7 +228,6 @@ def _message(line: bytes, encoding: str, errors: str) -> SessionMessage | Except
     try:
         return SessionMessage(_PARSE(line.decode(encoding, errors)))
     except ValueError as exc:  # (UnicodeDecodeError and pydantic's ValidationError are ValueErrors)
-        log.warning("mcp_unreadable_line", error=terminal_safe(str(exc)[:300]))
         return exc
 
 

@@ -19,6 +19,7 @@ annotations' title, a log notification during the call and the result it answers
 tool whose inputSchema nests N ``not`` levels), ``deeper`` (the same beyond what the SDK's parser reads),
 ``flood`` (``endless`` answers a line that never ends, ``huge_answer`` a 40 MB line, ``ok_tool`` answers well),
 ``flood-list`` (tools/list answered with a line that never ends), ``peek`` (one tool, ``peek``, answering well),
+``blanks`` (``plain``, with blank lines before each answer, and 2 000 lines that are no JSON before a call's),
 ``heir`` (``plain``, after starting a process in a session of its own that keeps the server's stdout open: its
 pid goes to ``LOG.pid``).
 """
@@ -144,6 +145,8 @@ for line in sys.stdin:
             fh.write(f"{method}\n")
     if mid is None:
         continue
+    if MODE == "blanks":  # blank lines between messages (which are none), and lines that are no JSON-RPC
+        sys.stdout.write("\n\r\n \t\n" * 2000 + ("x\n" * 2000 if method == "tools/call" else ""))
     if method == "initialize":
         send({"jsonrpc": "2.0", "id": mid, "result": {
             "protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {"listChanged": False}},

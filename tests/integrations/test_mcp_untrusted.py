@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import logging
 import os
 import signal
 import socket
@@ -324,6 +325,18 @@ def test_a_listing_past_max_message_bytes_fails_at_once_saying_why() -> None:
         MCPToolset(hostile("flood-list"), name="hostile", max_message_bytes=65536, timeout=600).open()
     with MCPToolset(hostile("flood"), name="hostile", max_message_bytes=65536) as tools:  # a line within it is read
         assert Gate(ALLOW_ALL, tools=tools).call("ok_tool", {}) == "done"
+
+
+def test_blank_lines_are_no_message_and_unreadable_ones_are_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A blank line is nothing to parse (while listing it had stopped the listing as unreadable); lines that are no
+    JSON-RPC are logged once and counted, not one log line each (a server's two bytes made a warning of 300)."""
+    with caplog.at_level(logging.WARNING, logger="proctor.mcp"), \
+            MCPToolset(hostile("blanks"), name="blanks") as tools:
+        assert Gate(ALLOW_ALL, tools=tools).call("plain", {}) == "done"
+    said = [r.getMessage() for r in caplog.records if r.name == "proctor.mcp"]
+    assert len(said) == 2, said[:3]
+    assert said[0].startswith("mcp_unreadable_line error=") and "later ones are counted" in said[0], said[0]
+    assert said[1] == "mcp_unreadable_lines count=2000", said[1]
 
 
 def test_a_process_the_server_leaves_holding_its_stdout_leaves_nothing_open_behind(tmp_path: Path) -> None:
