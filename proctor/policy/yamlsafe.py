@@ -71,13 +71,19 @@ def read_yaml_file(path: str | os.PathLike[str], what: str = "file", limits: Yam
     lim = limits or YamlLimits()
     source = os.fspath(path)
     try:
-        # O_NONBLOCK: opening a FIFO no process writes to returns at once (it changes nothing for a file).
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_NONBLOCK if regular_only else 0))
-        with open(fd, "rb") as f:
-            mode = os.fstat(fd).st_mode
-            if regular_only and not stat.S_ISREG(mode):
-                raise PolicyError(PolicyIssue(source, 1, 1, f"cannot read {what}: {_kind(mode)}, not a regular file "
-                                                            f"(a {what} that is reloaded is read from a file)"))
+        if regular_only:  # refused before it is opened (opening a device may do something of its own)
+            _regular(os.stat(path).st_mode, source, what)
+        # O_NONBLOCK: opening a FIFO no process writes to returns at once (it changes nothing for a file);
+        # O_NOCTTY: a terminal at the path does not become the process's controlling terminal.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | (os.O_NONBLOCK if regular_only else 0))
+        try:
+            if regular_only:  # what was opened, in case the path changed since the stat
+                _regular(os.fstat(fd).st_mode, source, what)
+            f = open(fd, "rb")  # (a directory fails here, leaving the descriptor to us)
+        except BaseException:
+            os.close(fd)
+            raise
+        with f:
             data = f.read(lim.max_bytes + 1)
     except OSError as exc:
         raise PolicyError(PolicyIssue(source, 1, 1, f"cannot read {what}: {exc.strerror or exc}")) from None
@@ -93,6 +99,12 @@ def read_yaml_file(path: str | os.PathLike[str], what: str = "file", limits: Yam
         line, col = _position(before, len(before))
         message = f"not UTF-8 (byte {exc.start}); save the file as UTF-8"
         raise PolicyError(PolicyIssue(source, line, col, message)) from None
+
+
+def _regular(mode: int, source: str, what: str) -> None:
+    if not stat.S_ISREG(mode):
+        raise PolicyError(PolicyIssue(source, 1, 1, f"cannot read {what}: {_kind(mode)}, not a regular file "
+                                                    f"(a {what} that is reloaded is read from a file)"))
 
 
 def _kind(mode: int) -> str:

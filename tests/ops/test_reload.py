@@ -213,3 +213,21 @@ def test_a_policy_path_that_is_no_regular_file_is_refused_without_blocking(tmp_p
         assert source.current() is first  # the old policy keeps deciding
         assert len(refusals) == 1 and "cannot read policy: a FIFO, not a regular file" in refusals[0].message
     assert time.monotonic() - started < 5
+
+
+def test_a_policy_path_that_becomes_a_directory_is_refused_and_leaves_no_file_open(tmp_path: Path) -> None:
+    """A directory at the policy path is refused as one (not a regular file), on every reload, each closing what it
+    opened: the check had opened it and left the descriptor open when reading it failed (one for each reload)."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(_policy(0))
+    refusals: list[PolicyRefused] = []
+    source = PolicySource(path, check_every_ms=0, on_refused=refusals.append)
+    first = source.current()
+    path.unlink()
+    path.mkdir()
+    open_before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        assert source.reload() is False
+    assert len(os.listdir("/proc/self/fd")) == open_before
+    assert source.current() is first
+    assert refusals and all("cannot read policy: a directory, not a regular file" in r.message for r in refusals)
