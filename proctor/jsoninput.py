@@ -18,8 +18,8 @@ from proctor.errors import ConfigurationError
 if TYPE_CHECKING:
     from jsonschema.protocols import Validator
 
-__all__ = ["MAX_JSON_INPUT_BYTES", "MAX_JSON_INPUT_DEPTH", "loads_bounded", "local_schema_validator", "shape_problem",
-           "unresolved_reference"]
+__all__ = ["MAX_JSON_INPUT_BYTES", "MAX_JSON_INPUT_DEPTH", "loads_bounded", "local_schema_validator",
+           "reference_cycle", "shape_problem", "unresolved_reference"]
 
 MAX_JSON_INPUT_DEPTH = 64
 MAX_JSON_INPUT_BYTES = 4 << 20
@@ -129,6 +129,89 @@ def unresolved_reference(schema: Mapping[str, Any], draft: type[Validator] | Non
                 held = sub.contents
                 ident = held.get("$id", held.get("id")) if isinstance(held, Mapping) else None
                 return where.get(id(held), ""), str(ident)
+    return None
+
+
+#: The keywords that apply their subschemas to the very instance their schema validates (no step into it).
+_IN_PLACE_ONE = ("not", "if", "then", "else")
+_IN_PLACE_MANY = ("allOf", "anyOf", "oneOf", "extends")
+_IN_PLACE_BY_NAME = ("dependentSchemas", "dependencies")
+_REFERENCES = ("$ref", "$dynamicRef", "$recursiveRef")
+
+
+def reference_cycle(schema: Mapping[str, Any], draft: type[Validator] | None = None) -> tuple[str, str] | None:
+    """A ``$ref`` of `schema` that leads back to where it is without stepping into the instance, as ``(where, ref)``
+    (as `unresolved_reference` says them), or None.
+
+    ``{"properties": {"x": {"$ref": "#/properties/x"}}}``, or ``a`` referring to ``b`` and ``b`` to ``a``:
+    validation applies the schema to the same value again and again, until Python's stack runs out (a
+    `RecursionError` on every instance that reaches it). A schema that recurses into a part of the
+    instance (a tree: ``next`` of a ``Node`` is a ``Node``) ends with the instance and is no cycle. Found
+    by following, from every subschema, its references and the keywords that apply to the same
+    instance (``allOf``, ``anyOf``, ``oneOf``, ``not``, ``if``/``then``/``else``, ``dependentSchemas``)
+    without recursion. `schema` must already pass `unresolved_reference`. Needs jsonschema.
+    """
+    import jsonschema
+    import referencing.jsonschema
+    from jsonschema_specifications import REGISTRY as META_SCHEMAS
+    from referencing import Registry, Specification
+    from referencing.exceptions import Unresolvable
+
+    kind = draft if draft is not None else jsonschema.validators.validator_for(schema)
+    dialect = kind.ID_OF(kind.META_SCHEMA) or "urn:unknown-dialect"
+    specification = referencing.jsonschema.specification_with(dialect, default=Specification.OPAQUE)
+    root = specification.create_resource(schema)
+    where = _pointers(schema)
+    # Each subschema (by identity): the subschemas validation applies to the same instance, and its reference.
+    then: dict[int, list[int]] = {}
+    refs: dict[int, str] = {}
+    stack = [(root, META_SCHEMAS.combine(Registry()).resolver_with_root(root))]
+    while stack:
+        resource, resolver = stack.pop()
+        contents = resource.contents
+        if isinstance(contents, Mapping):
+            nexts = then.setdefault(id(contents), [])
+            for key in _REFERENCES:
+                ref = contents.get(key)
+                if isinstance(ref, str):
+                    try:
+                        target = resolver.lookup(ref).contents
+                    except (Unresolvable, ValueError):
+                        continue  # (said by unresolved_reference)
+                    nexts.append(id(target))
+                    refs.setdefault(id(contents), ref)
+            held = [contents.get(key) for key in _IN_PLACE_ONE]
+            held += [sub for key in _IN_PLACE_MANY if isinstance(many := contents.get(key), list) for sub in many]
+            held += [sub for key in _IN_PLACE_BY_NAME if isinstance(named := contents.get(key), Mapping)
+                     for sub in named.values()]
+            nexts.extend(id(sub) for sub in held if isinstance(sub, Mapping))
+        try:
+            stack.extend((sub, resolver.in_subresource(sub)) for sub in resource.subresources())
+        except ValueError:  # an `$id` that is no URI (said by unresolved_reference)
+            continue
+    # A path of such steps that comes back to a subschema on it: depth-first, without recursion.
+    done: set[int] = set()
+    for start in sorted(then, key=lambda node: where.get(node, "")):  # (the walk's order follows string hashes)
+        if start in done:
+            continue
+        path, on_path = [start], {start}
+        ahead = [iter(then.get(start, ()))]
+        while ahead:
+            step = next(ahead[-1], None)
+            if step is None:
+                finished = path.pop()
+                on_path.discard(finished)
+                done.add(finished)
+                ahead.pop()
+                continue
+            if step in on_path:
+                cycle = path[path.index(step):]
+                node = min((n for n in cycle if n in refs), key=lambda n: where.get(n, ""), default=cycle[0])
+                return where.get(node, ""), refs.get(node, "")
+            if step not in done:
+                path.append(step)
+                on_path.add(step)
+                ahead.append(iter(then.get(step, ())))
     return None
 
 

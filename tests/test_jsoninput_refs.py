@@ -8,7 +8,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from proctor.jsoninput import local_schema_validator, unresolved_reference
+from proctor.jsoninput import local_schema_validator, reference_cycle, unresolved_reference
 
 DEFS = {"$defs": {"a": {"type": "string"}}}
 
@@ -54,3 +54,48 @@ def test_a_schema_nested_beyond_pythons_stack_is_walked_without_recursion() -> N
     for _ in range(5000):
         deep = {"not": deep}
     assert unresolved_reference(deep, jsonschema.Draft202012Validator) == ("/not" * 5000, "#/$defs/missing")
+
+
+NODE = {"$defs": {"Node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/Node"}}}}}
+
+
+@pytest.mark.parametrize(("schema", "found"), [
+    ({"properties": {"x": {"$ref": "#/properties/x"}}}, ("/properties/x", "#/properties/x")),
+    ({"properties": {"x": {"$ref": "#/$defs/a"}}, "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}},
+     ("/$defs/a", "#/$defs/b")),
+    ({"allOf": [{"$ref": "#"}]}, ("/allOf/0", "#")),
+    ({"anyOf": [{"type": "string"}, {"not": {"$ref": "#"}}]}, ("/anyOf/1/not", "#")),
+    ({"if": {"$ref": "#"}}, ("/if", "#")),
+    ({"dependentSchemas": {"k": {"$ref": "#"}}}, ("/dependentSchemas/k", "#")),
+    ({"$id": "http://internal/s.json", "properties": {"x": {"$ref": "s.json#/properties/x"}}},
+     ("/properties/x", "s.json#/properties/x")),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "properties": {"x": {"$ref": "#/definitions/a"}},
+      "definitions": {"a": {"$ref": "#/definitions/a"}}}, ("/definitions/a", "#/definitions/a")),
+    # recursion into the value ends with it: no cycle
+    ({"properties": {"node": {"$ref": "#/$defs/Node"}}, **NODE}, None),
+    ({"properties": {"x": {"items": {"$ref": "#/properties/x"}}}}, None),
+    ({"properties": {"x": {"$ref": "#/$defs/a"}}, **DEFS}, None),
+    ({"properties": {"x": {"$ref": "https://json-schema.org/draft/2020-12/schema"}}}, None),  # a meta-schema
+    ({"$defs": {"a": {"$dynamicAnchor": "n", "properties": {"k": {"$dynamicRef": "#n"}}}},
+      "properties": {"x": {"$ref": "#/$defs/a"}}}, None),
+])
+def test_a_reference_cycle_is_found_where_validation_would_recurse_without_end(
+        schema: dict[str, Any], found: tuple[str, str] | None) -> None:
+    schema = {"type": "object", **schema}
+    checker = local_schema_validator(schema)
+    checker.check_schema(schema)
+    assert unresolved_reference(schema, type(checker)) is None
+    assert reference_cycle(schema, type(checker)) == found
+    instance = {"x": {"k": {}}, "node": {"next": {"next": {}}}, "k": 1}
+    if found is None:  # what it passes validates (a verdict, not a RecursionError)
+        list(checker.iter_errors(instance))
+    else:
+        with pytest.raises(RecursionError):
+            list(checker.iter_errors(instance))
+
+
+def test_a_cycle_is_looked_for_without_recursion() -> None:
+    deep: dict[str, Any] = {"$ref": "#"}
+    for _ in range(5000):
+        deep = {"not": deep}
+    assert reference_cycle(deep, jsonschema.Draft202012Validator) == ("/not" * 5000, "#")

@@ -33,10 +33,11 @@ An MCP server is not trusted, whoever runs it:
   answer or SSE event (`proctor.integrations._mcp_http`): past it the session is closed (a stdio
   server stopped), saying why.
 - **A tool whose schema cannot be used is not offered.** A ``$ref`` in its ``inputSchema`` that
-  does not resolve within the schema (a missing ``#/$defs/x``, or anything outside it), or an invalid
-  ``inputSchema``, would refuse every call; in its ``outputSchema`` (or an invalid ``outputSchema``),
-  every result, after the call ran: such a tool is left out of `tools` when the toolset opens, with
-  why in `withheld` and in one warning log line; the server's other tools are offered as usual.
+  does not resolve within the schema (a missing ``#/$defs/x``, or anything outside it), or one that
+  leads back to itself without end, or an invalid ``inputSchema``, would refuse every call; in its
+  ``outputSchema`` (or an invalid ``outputSchema``), every result, after the call ran: such a tool
+  is left out of `tools` when the toolset opens, with why in `withheld` and in one warning log line;
+  the server's other tools are offered as usual.
 - **What a server writes is shown escaped.** Control characters (ANSI escapes, C0/C1 controls,
   bidi overrides and isolates, invisible characters) in descriptions, titles, enum values and the
   error texts it returns become visible escapes (`proctor.termsafe.terminal_safe`) before any model
@@ -91,7 +92,7 @@ from proctor import errors as proctor_errors
 from proctor.adapters import side_effect_of
 from proctor.calls import SideEffect
 from proctor.errors import ConfigurationError, MCPToolFailed, ToolOutcomeUnknown, ToolsetError
-from proctor.jsoninput import local_schema_validator, shape_problem, unresolved_reference
+from proctor.jsoninput import local_schema_validator, reference_cycle, shape_problem, unresolved_reference
 from proctor.signatures import Signature, TypeText, render_signature
 from proctor.telemetry.logging import get_logger
 from proctor.termsafe import is_invisible, terminal_safe, text_safe
@@ -963,7 +964,8 @@ def _first_line(text: str) -> str:
 
 def _checked_schema(which: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
     """A validator of a tool's `which` schema (a `$ref` beyond the schema is never fetched), or (None, why the tool
-    cannot be offered with it): the schema is invalid, or refers to what does not resolve within it."""
+    cannot be offered with it): the schema is invalid, refers to what does not resolve within it, or refers back to
+    itself without end."""
     try:
         checker = local_schema_validator(schema)
         checker.check_schema(schema)
@@ -973,7 +975,16 @@ def _checked_schema(which: str, schema: dict[str, Any]) -> tuple[Any, str | None
         return None, (f"its {which} is invalid ({terminal_safe(exc.message[:200])}): {refused}; the server's schema "
                       "needs fixing")
     unresolved = unresolved_reference(schema, type(checker))
-    return (None, _unresolved(which, *unresolved)) if unresolved is not None else (checker, None)
+    if unresolved is not None:
+        return None, _unresolved(which, *unresolved)
+    cycle = reference_cycle(schema, type(checker))
+    if cycle is not None:  # validating anything would recurse until the stack ran out
+        at, ref = cycle
+        refused = "every call would be refused" if which == "inputSchema" else \
+            "every result would be refused after the call ran"
+        return None, (f"its {which} refers to {terminal_safe(ref[:200])!r} (at {terminal_safe(at[:200]) or '/'}), "
+                      f"which leads back there without end: {refused}; the server's schema needs fixing")
+    return checker, None
 
 
 def _unresolved(which: str, at: str, ref: str) -> str:

@@ -19,7 +19,9 @@ annotations' title, a log notification during the call and the result it answers
 tool whose inputSchema nests N ``not`` levels), ``deeper`` (the same beyond what the SDK's parser reads),
 ``flood`` (``endless`` answers a line that never ends, ``huge_answer`` a 40 MB line, ``ok_tool`` answers well),
 ``flood-list`` (tools/list answered with a line that never ends), ``peek`` (one tool, ``peek``, answering well),
-``blanks`` (``plain``, with blank lines before each answer, and 2 000 lines that are no JSON before a call's),
+``cyclic`` (``loop``'s and ``pair``'s inputSchema and ``loop_out``'s outputSchema refer back to themselves
+without end, ``tree``'s recurses into its value, ``ok_tool`` is fine), ``blanks`` (``plain``, with blank lines
+before each answer, and 2 000 lines that are no JSON before a call's),
 ``heir`` (``plain``, after starting a process in a session of its own that keeps the server's stdout open: its
 pid goes to ``LOG.pid``).
 """
@@ -102,6 +104,15 @@ def listing(cursor: str | None) -> dict[str, object]:
         return {"tools": [tool("ok_tool"), tool("deep", inputSchema={"type": "object", "properties": {"x": nested}})]}
     if MODE == "peek":
         return {"tools": [tool("peek")]}
+    if MODE == "cyclic":  # $refs that lead back where they are without stepping into the value, and a tree that does
+        loop = {"type": "object", "properties": {"x": {"$ref": "#/properties/x"}}}
+        pair = {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}},
+                "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"type": "string"}, {"$ref": "#/$defs/a"}]}}}
+        tree = {"type": "object", "properties": {"node": {"$ref": "#/$defs/Node"}}, "$defs": {"Node": {
+            "type": "object", "properties": {"next": {"$ref": "#/$defs/Node"}}}}}
+        return {"tools": [tool("loop", inputSchema=loop), tool("pair", inputSchema=pair),
+                          tool("loop_out", outputSchema={"type": "object", "allOf": [{"$ref": "#"}]}),
+                          tool("tree", inputSchema=tree), tool("ok_tool")]}
     if MODE == "flood":
         return {"tools": [tool("endless"), tool("huge_answer"), tool("ok_tool")]}
     if MODE == "annotated":

@@ -236,6 +236,25 @@ def test_a_tool_whose_ref_does_not_resolve_is_not_offered_and_the_servers_other_
     assert ran(log).count("tools/call") == 1  # ok_tool's alone
 
 
+def test_a_tool_whose_ref_leads_back_to_itself_without_end_is_not_offered(tmp_path: Path) -> None:
+    """A `$ref` cycle that never steps into the value (x is x; a is b, b is a) recursed until Python's stack ran out on
+    every call (the gate failed with a RecursionError), or, in an outputSchema, on every result after the call ran:
+    such a tool is not offered, saying where; a schema that recurses into its value (a tree) is used as any."""
+    log = tmp_path / "log"
+    toolset = MCPToolset(hostile("cyclic", log), name="odd")
+    with toolset as tools:
+        assert sorted(t.name for t in tools) == ["ok_tool", "tree"]
+        assert Gate(ALLOW_ALL, tools=tools).call("tree", {"node": {"next": {"next": {}}}}) == "done"
+    assert sorted(toolset.withheld) == ["loop", "loop_out", "pair"]
+    assert toolset.withheld["loop"] == (
+        "its inputSchema refers to '#/properties/x' (at /properties/x), which leads back there without end: every "
+        "call would be refused; the server's schema needs fixing")
+    assert "its inputSchema refers to '#/$defs/" in toolset.withheld["pair"]
+    assert toolset.withheld["loop_out"].startswith(
+        "its outputSchema refers to '#' (at /allOf/0), which leads back there without end: every result would be "
+        "refused after the call ran")
+
+
 def _raw(text: str) -> list[str]:
     """The characters of `text` that would reach a terminal or a model unescaped (newline and tab are text)."""
     return [c for c in text if is_invisible(c) and c not in "\n\t"]
