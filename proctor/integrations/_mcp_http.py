@@ -46,11 +46,13 @@ class _BoundedBody(_HTTPX.AsyncByteStream):  # type: ignore[misc,name-defined,un
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         held = 0  # bytes of the body (JSON), or of the SSE event not yet ended
+        last = b""  # the previous chunk's last byte: an event's two line ends may come in two reads
         async for chunk in self._inner:
-            if self._events and (end := max(chunk.rfind(b"\n\n"), chunk.rfind(b"\n\r\n"))) != -1:
-                held = len(chunk) - end
+            if self._events and (end := _event_end(last + chunk)) != -1:
+                held = len(last) + len(chunk) - end
             else:
                 held += len(chunk)
+            last = chunk[-1:]
             if held > self._limit:
                 what = "an event" if self._events else "an answer"
                 why = (f"the server sent {what} of more than {self._limit} bytes (max_message_bytes={self._limit}); "
@@ -61,6 +63,12 @@ class _BoundedBody(_HTTPX.AsyncByteStream):  # type: ignore[misc,name-defined,un
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+def _event_end(data: bytes) -> int:
+    """Where the last SSE event in `data` ends (-1: none does): at an empty line, that is two line ends in a row,
+    each CRLF, LF or CR (an LF then a CR, or two of either, is always such a pair)."""
+    return max(data.rfind(b"\n\n"), data.rfind(b"\r\r"), data.rfind(b"\n\r"))
 
 
 class _Compressed(_HTTPX.AsyncByteStream):  # type: ignore[misc,name-defined,unused-ignore]

@@ -3,7 +3,8 @@
 
 It answers initialize and tools/list as JSON (one tool, ``bomb``) and logs each request's method and
 Accept-Encoding to LOG. MODE says what ``bomb`` answers: ``gzip`` (a JSON answer of 200 MB compressed
-to some 200 KB, compressed whatever the client asked for).
+to some 200 KB, compressed whatever the client asked for), ``sse-cr`` and ``sse-split`` (an SSE stream of small
+events, 160 KB in all: see `Handler.events`), anything else (``done``).
 """
 
 from __future__ import annotations
@@ -61,8 +62,34 @@ class Handler(BaseHTTPRequestHandler):
             self.answer(mid, {"tools": [{"name": "bomb", "inputSchema": {"type": "object", "properties": {}}}]})
         elif MODE == "gzip":
             self.reply(200, gzip_bomb(mid, 200), Content_Type="application/json", Content_Encoding="gzip")
+        elif MODE.startswith("sse-"):
+            self.events(mid)
         else:
             self.answer(mid, {"content": [{"type": "text", "text": "done"}]})
+
+    def events(self, mid: object) -> None:
+        """Four log notifications of 40 KB, then the answer, as one SSE stream (160 KB in all): ``sse-cr`` ends its
+        lines with CR alone (as SSE allows), ``sse-split`` sends each event's blank line apart from it, a moment
+        later (so that the two line ends that end an event come in different reads)."""
+        import time
+
+        eol = "\r" if MODE == "sse-cr" else "\n"
+        notes = [{"jsonrpc": "2.0", "method": "notifications/message",
+                  "params": {"level": "info", "data": "n" * 40_000}} for _ in range(4)]
+        answer = {"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text", "text": "done"}]}}
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("mcp-session-id", "s1")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for event in [*notes, answer]:
+            self.wfile.write(f"event: message{eol}data: {json.dumps(event)}{eol}".encode())
+            if MODE == "sse-split":
+                self.wfile.flush()
+                time.sleep(0.1)
+            self.wfile.write(eol.encode())
+            self.wfile.flush()
+        self.close_connection = True
 
     def answer(self, mid: object, result: object) -> None:
         self.reply(200, json.dumps({"jsonrpc": "2.0", "id": mid, "result": result}).encode(),

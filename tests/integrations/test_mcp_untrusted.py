@@ -420,6 +420,15 @@ def test_a_compressed_http_answer_cannot_carry_more_than_max_message_bytes(tmp_p
     assert asked == {"identity"}, asked  # every request, so that a server that honours it never compresses
 
 
+@pytest.mark.parametrize("mode", ["sse-cr", "sse-split"])
+def test_an_sse_stream_of_events_within_max_message_bytes_is_read_whole(mode: str, tmp_path: Path) -> None:
+    """The bound is on each event: events that end with CR line ends (as SSE allows), or whose two line ends come in
+    different reads, end there all the same (they were counted as one event, and a stream of small ones was cut)."""
+    with hostile_http(mode, tmp_path / "log") as url, \
+            MCPToolset(url, name="sse", max_message_bytes=65536, call_timeout=60) as tools:
+        assert Gate(ALLOW_ALL, tools=tools).call("bomb", {}) == "done"
+
+
 def test_max_message_bytes_must_be_a_positive_integer() -> None:
     with pytest.raises(ConfigurationError, match=r"max_message_bytes must be a positive integer, got 0"):
         MCPToolset(hostile("plain"), max_message_bytes=0)
