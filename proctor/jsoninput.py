@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from proctor.errors import ConfigurationError
@@ -18,8 +18,9 @@ from proctor.errors import ConfigurationError
 if TYPE_CHECKING:
     from jsonschema.protocols import Validator
 
-__all__ = ["MAX_JSON_INPUT_BYTES", "MAX_JSON_INPUT_DEPTH", "loads_bounded", "local_schema_validator",
-           "reference_cycle", "shape_problem", "unresolved_reference"]
+__all__ = ["MAX_JSON_INPUT_BYTES", "MAX_JSON_INPUT_DEPTH", "PATTERN_TIMEOUT_S", "loads_bounded",
+           "local_schema_validator", "reference_cycle", "regex_keywords", "shape_problem", "unbounded_pattern_use",
+           "unresolved_reference"]
 
 MAX_JSON_INPUT_DEPTH = 64
 MAX_JSON_INPUT_BYTES = 4 << 20
@@ -76,13 +77,136 @@ def local_schema_validator(schema: Mapping[str, Any], draft: type[Validator] | N
     jsonschema's default fetches any other reference over the network (``http://…``, or one relative to a
     remote ``$id``), and a tool's schema is often someone else's (an MCP server's): it would aim proctor's
     process at an internal host. Validating against such a reference raises
-    `referencing.exceptions.Unresolvable` (its ``ref`` names it). Needs jsonschema (ImportError otherwise).
+    `referencing.exceptions.Unresolvable` (its ``ref`` names it). Its regular expressions are checked within
+    `PATTERN_TIMEOUT_S` (`_bounded_patterns`). Needs jsonschema and regex (ImportError otherwise).
     """
     import jsonschema
     from referencing import Registry
 
+    kind: type[Validator] = draft if draft is not None else jsonschema.validators.validator_for(schema)
+    return _bounded_patterns(kind)(schema, registry=Registry())
+
+
+#: How long checking one string against a schema's regular expression (``pattern``, a ``patternProperties`` key)
+#: may take: a pattern that backtracks without end (``^(a+)+$`` on 30 characters takes Python's `re` minutes,
+#: holding the GIL) refuses the value instead of stalling the process.
+PATTERN_TIMEOUT_S = 0.1
+
+
+class _SlowPattern(Exception):
+    pass
+
+
+def _search(pattern: str, text: str) -> bool:
+    """`re.search` as jsonschema calls it, in the `regex` engine, bounded by `PATTERN_TIMEOUT_S`."""
+    import regex
+
+    try:
+        return regex.search(pattern, text, timeout=PATTERN_TIMEOUT_S) is not None
+    except TimeoutError:
+        raise _SlowPattern from None
+
+
+def _bounded_patterns(kind: type[Validator]) -> type[Validator]:
+    """`kind` with its regular-expression keywords checked by `_search`: ``pattern``, ``patternProperties`` and
+    ``additionalProperties`` beside ``patternProperties`` (jsonschema's own use Python's `re`, unbounded), with
+    jsonschema's messages. (``unevaluatedProperties`` beside ``patternProperties`` still uses `re`:
+    `unbounded_pattern_use` finds a schema that combines them.)"""
+    made = _BOUNDED.get(kind)
+    if made is not None:
+        return made
+    import jsonschema
+    import regex  # noqa: F401 - missing: an ImportError before any value is checked, not at the first pattern
+    from jsonschema.exceptions import ValidationError
+
+    base = kind.VALIDATORS
+
+    def slow(pattern: str, text: str) -> ValidationError:
+        return ValidationError(f"{text[:80]!r} could not be checked against the pattern {pattern[:80]!r} within "
+                               f"{PATTERN_TIMEOUT_S:g}s (a pattern that backtracks without end): refused")
+
+    def pattern(validator: Any, patrn: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
+        if validator.is_type(instance, "string"):
+            try:
+                if not _search(patrn, instance):
+                    yield ValidationError(f"{instance!r} does not match {patrn!r}")
+            except _SlowPattern:
+                yield slow(patrn, instance)
+
+    def pattern_properties(validator: Any, patterns: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+        if not validator.is_type(instance, "object"):
+            return
+        for patrn, subschema in patterns.items():
+            for key, value in instance.items():
+                try:
+                    matched = _search(patrn, key)
+                except _SlowPattern:
+                    yield slow(patrn, key)
+                    continue
+                if matched:
+                    yield from validator.descend(value, subschema, path=key, schema_path=patrn)
+
+    def additional_properties(validator: Any, aP: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+        if "patternProperties" not in schema or not validator.is_type(instance, "object"):
+            yield from base["additionalProperties"](validator, aP, instance, schema)
+            return
+        properties, joined = schema.get("properties", {}), "|".join(schema["patternProperties"])
+        extras = []
+        for key in instance:
+            try:
+                if key in properties or (joined and _search(joined, key)):
+                    continue
+            except _SlowPattern:
+                yield slow(joined, key)
+                return
+            extras.append(key)
+        if validator.is_type(aP, "object"):
+            for extra in extras:
+                yield from validator.descend(instance[extra], aP, path=extra)
+        elif not aP and extras:
+            verb = "does" if len(extras) == 1 else "do"
+            keys = ", ".join(repr(each) for each in sorted(extras))
+            patterns = ", ".join(repr(each) for each in sorted(schema["patternProperties"]))
+            yield ValidationError(f"{keys} {verb} not match any of the regexes: {patterns}")
+
+    bounded: type[Validator] = jsonschema.validators.extend(kind, {
+        "pattern": pattern, "patternProperties": pattern_properties, "additionalProperties": additional_properties})
+    _BOUNDED[kind] = bounded
+    return bounded
+
+
+_BOUNDED: dict[Any, type[Validator]] = {}  # one class per draft (jsonschema's `extend` makes a new one each time)
+
+
+def regex_keywords(schema: Mapping[str, Any], draft: type[Validator] | None = None) -> frozenset[str]:
+    """Which of ``pattern``, ``patternProperties`` and ``unevaluatedProperties`` `schema`'s subschemas use (walked
+    as `unresolved_reference` walks them: keywords that hold data, names of properties, are not read)."""
+    import jsonschema
+    import referencing.jsonschema
+    from referencing import Specification
+
     kind = draft if draft is not None else jsonschema.validators.validator_for(schema)
-    return kind(schema, registry=Registry())
+    dialect = kind.ID_OF(kind.META_SCHEMA) or "urn:unknown-dialect"
+    specification = referencing.jsonschema.specification_with(dialect, default=Specification.OPAQUE)
+    found: set[str] = set()
+    stack = [specification.create_resource(schema)]
+    while stack:
+        resource = stack.pop()
+        contents = resource.contents
+        if isinstance(contents, Mapping):
+            found.update(k for k in ("pattern", "patternProperties", "unevaluatedProperties") if k in contents)
+        stack.extend(resource.subresources())
+    return frozenset(found)
+
+
+def unbounded_pattern_use(schema: Mapping[str, Any], draft: type[Validator] | None = None) -> str | None:
+    """Why `schema`'s regular expressions cannot all be checked in bounded time by `local_schema_validator`, or
+    None: it has both ``unevaluatedProperties`` and ``patternProperties`` (jsonschema then matches keys with
+    Python's `re`, which nothing bounds)."""
+    if {"unevaluatedProperties", "patternProperties"} <= regex_keywords(schema, draft):
+        return ("it combines unevaluatedProperties with patternProperties, whose keys proctor cannot check in "
+                "bounded time (a pattern that backtracks without end would stall the process)")
+    return None
 
 
 def unresolved_reference(schema: Mapping[str, Any], draft: type[Validator] | None = None) -> tuple[str, str] | None:

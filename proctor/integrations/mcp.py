@@ -38,6 +38,10 @@ An MCP server is not trusted, whoever runs it:
   ``outputSchema`` (or an invalid ``outputSchema``), every result, after the call ran: such a tool
   is left out of `tools` when the toolset opens, with why in `withheld` and in one warning log line;
   the server's other tools are offered as usual.
+- **Patterns are checked in bounded time.** An ``inputSchema``'s regular expressions are checked
+  within `proctor.jsoninput.PATTERN_TIMEOUT_S` per value (one that backtracks without end refuses
+  the argument); a tool whose patterns could not be (``unevaluatedProperties`` beside
+  ``patternProperties``, or any in its ``outputSchema``, which the SDK checks with `re`) is not offered.
 - **What a server writes is shown escaped.** Control characters (ANSI escapes, C0/C1 controls,
   bidi overrides and isolates, invisible characters) in descriptions, titles, enum values and the
   error texts it returns become visible escapes (`proctor.termsafe.terminal_safe`) before any model
@@ -92,7 +96,14 @@ from proctor import errors as proctor_errors
 from proctor.adapters import side_effect_of
 from proctor.calls import SideEffect
 from proctor.errors import ConfigurationError, MCPToolFailed, ToolOutcomeUnknown, ToolsetError
-from proctor.jsoninput import local_schema_validator, reference_cycle, shape_problem, unresolved_reference
+from proctor.jsoninput import (
+    local_schema_validator,
+    reference_cycle,
+    regex_keywords,
+    shape_problem,
+    unbounded_pattern_use,
+    unresolved_reference,
+)
 from proctor.signatures import Signature, TypeText, render_signature
 from proctor.telemetry.logging import get_logger
 from proctor.termsafe import is_invisible, terminal_safe, text_safe
@@ -984,6 +995,16 @@ def _checked_schema(which: str, schema: dict[str, Any]) -> tuple[Any, str | None
             "every result would be refused after the call ran"
         return None, (f"its {which} refers to {terminal_safe(ref[:200])!r} (at {terminal_safe(at[:200]) or '/'}), "
                       f"which leads back there without end: {refused}; the server's schema needs fixing")
+    if which == "inputSchema":  # proctor checks the arguments, each pattern within PATTERN_TIMEOUT_S (jsoninput)
+        unbounded = unbounded_pattern_use(schema, type(checker))
+        if unbounded is not None:
+            return None, f"its inputSchema: {unbounded}; the server's schema needs fixing"
+    elif regex_keywords(schema, type(checker)) & {"pattern", "patternProperties"}:
+        # The SDK checks each result against it with Python's `re`, which nothing bounds: a server could stall the
+        # process with a pattern that backtracks without end and an answer made for it.
+        return None, ("its outputSchema has regular expressions (pattern, patternProperties), which the MCP SDK "
+                      "checks every result against without a time bound: a server's answer could stall proctor; "
+                      "the server's schema needs them taken out")
     return checker, None
 
 

@@ -23,7 +23,8 @@ tool whose inputSchema nests N ``not`` levels), ``deeper`` (the same beyond what
 without end, ``tree``'s recurses into its value, ``ok_tool`` is fine), ``blanks`` (``plain``, with blank lines
 before each answer, and 2 000 lines that are no JSON before a call's),
 ``heir`` (``plain``, after starting a process in a session of its own that keeps the server's stdout open: its
-pid goes to ``LOG.pid``).
+pid goes to ``LOG.pid``), ``redos`` (schemas whose patterns backtrack without end: an input's ``pattern``, its
+``patternProperties`` beside ``additionalProperties`` or ``unevaluatedProperties``, an outputSchema's ``pattern``).
 """
 
 from __future__ import annotations
@@ -102,6 +103,18 @@ def listing(cursor: str | None) -> dict[str, object]:
         for _ in range(levels):
             nested = {"not": nested}
         return {"tools": [tool("ok_tool"), tool("deep", inputSchema={"type": "object", "properties": {"x": nested}})]}
+    if MODE == "redos":  # patterns that backtrack without end in Python's `re` (and one in the regex engine too)
+        def string(pattern: str) -> dict[str, object]:
+            return {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}, "required": ["s"]}
+        keyed = {"type": "object", "properties": {"m": {
+            "type": "object", "patternProperties": {"^x_(a+)+$": {"type": "integer"}}, "additionalProperties": False}}}
+        unevaluated = {"type": "object", "patternProperties": {"^x_": {"type": "integer"}},
+                       "unevaluatedProperties": False}
+        out = {"type": "object", "properties": {"r": {"type": "string", "pattern": "^(a+)+$"}}}
+        return {"tools": [tool("match_it", inputSchema=string("^(a+)+$")),
+                          tool("slow_it", inputSchema=string("^(a|aa)+$")), tool("keyed", inputSchema=keyed),
+                          tool("uneval", inputSchema=unevaluated), tool("out_pattern", outputSchema=out),
+                          tool("ok_tool")]}
     if MODE == "peek":
         return {"tools": [tool("peek")]}
     if MODE == "cyclic":  # $refs that lead back where they are without stepping into the value, and a tree that does

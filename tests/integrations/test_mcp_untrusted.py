@@ -434,6 +434,30 @@ def test_max_message_bytes_must_be_a_positive_integer() -> None:
         MCPToolset(hostile("plain"), max_message_bytes=0)
 
 
+def test_a_schemas_patterns_are_checked_within_a_time_bound_and_never_stall_the_process() -> None:
+    """A server's pattern that backtracks without end (``^(a+)+$`` on 41 characters: hours in Python's `re`, the GIL
+    held, every session of the process stalled) is checked in the regex engine within PATTERN_TIMEOUT_S: the
+    argument is refused saying why. Where proctor cannot bound the check (keys under unevaluatedProperties; an
+    outputSchema, which the SDK checks with `re`), the tool is not offered."""
+    with MCPToolset(hostile("redos"), name="re") as tools:
+        toolset = tools[0].toolset
+        assert toolset is not None and sorted(t.name for t in tools) == ["keyed", "match_it", "ok_tool", "slow_it"]
+        assert "combines unevaluatedProperties with patternProperties" in toolset.withheld["uneval"]
+        assert toolset.withheld["out_pattern"].startswith("its outputSchema has regular expressions (pattern, "
+                                                          "patternProperties), which the MCP SDK checks every result")
+        gate = Gate(ALLOW_ALL, tools=tools)
+        started = time.monotonic()
+        with pytest.raises(ToolDenied, match=r"does not match '\^\(a\+\)\+\$'"):
+            gate.call("match_it", {"s": "a" * 40 + "b"})
+        with pytest.raises(ToolDenied, match=r"could not be checked against the pattern '\^\(a\|aa\)\+\$' within "
+                                             r"0\.1s \(a pattern that backtracks without end\): refused"):
+            gate.call("slow_it", {"s": "a" * 60 + "b"})
+        with pytest.raises(ToolDenied, match=r"does not match any of the regexes: '\^x_\(a\+\)\+\$'"):
+            gate.call("keyed", {"m": {"x_" + "a" * 40 + "b": 1}})
+        assert time.monotonic() - started < 10
+        assert gate.call("match_it", {"s": "aaa"}) == "done" and gate.call("keyed", {"m": {"x_aa": 1}}) == "done"
+
+
 def test_a_listing_the_sdk_cannot_parse_fails_at_once_not_at_the_timeout(tmp_path: Path) -> None:
     """300 levels are beyond what the SDK's parser reads: it drops the line, and the listing would wait for its
     answer until `timeout`. It stops when the unreadable line comes, saying what the SDK found and where."""
