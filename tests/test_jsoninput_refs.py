@@ -90,8 +90,12 @@ def test_a_reference_cycle_is_found_where_validation_would_recurse_without_end(
     if found is None:  # what it passes validates (a verdict, not a RecursionError)
         list(checker.iter_errors(instance))
     else:
-        with pytest.raises(RecursionError):
+        # Python's stack runs out where it runs out: in jsonschema (RecursionError), or inside the registry's Rust
+        # map (rpds), which turns the RecursionError it is handed into a panic naming it.
+        with pytest.raises(BaseException) as info:
             list(checker.iter_errors(instance))
+        assert isinstance(info.value, RecursionError) or (
+            type(info.value).__name__ == "PanicException" and "RecursionError" in str(info.value)), repr(info.value)
 
 
 def test_a_cycle_is_looked_for_without_recursion() -> None:

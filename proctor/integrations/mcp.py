@@ -473,10 +473,11 @@ class MCPToolset:
         return self._stdio.ended if self._stdio is not None else self._cut
 
     def _cut_off(self, why: str) -> None:
-        """An HTTP answer ran past `max_message_bytes`: end the session's read stream, saying why."""
+        """An HTTP answer could not be read within `max_message_bytes` (past it, or compressed): end the session's
+        read stream, saying why."""
         if self._cut is None:
             self._cut = why
-            log.warning("mcp_answer_too_long", server=self.name, max_message_bytes=self.max_message_bytes)
+            log.warning("mcp_session_cut", server=terminal_safe(self.name), reason=why)
         if self._relay is not None:
             self._relay.cut()
 
@@ -975,8 +976,9 @@ def _first_line(text: str) -> str:
 
 def _checked_schema(which: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
     """A validator of a tool's `which` schema (a `$ref` beyond the schema is never fetched), or (None, why the tool
-    cannot be offered with it): the schema is invalid, refers to what does not resolve within it, or refers back to
-    itself without end."""
+    cannot be offered with it): the schema is invalid, refers to what does not resolve within it, refers back to
+    itself without end, or has regular expressions no check can bound (`proctor.jsoninput.unbounded_pattern_use`;
+    any in an outputSchema)."""
     try:
         checker = local_schema_validator(schema)
         checker.check_schema(schema)

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,19 @@ def served(tmp_path: Path) -> Any:
     args = serve_args(servers, policy, audit, "--http", f"127.0.0.1:{port}", "--tokens", str(tokens))
     with http_server(args, port):
         yield f"http://127.0.0.1:{port}/mcp", {"alice": alice, "bob": bob}, audit
+
+
+@contextmanager
+def serving(tmp_path: Path, user: str, *extra: str) -> Iterator[tuple[str, str, Path]]:
+    """`proctor mcp serve --http` with one token, `user`'s, and the `extra` flags: (its URL, the token, the audit
+    trail), while it runs."""
+    servers, policy, audit = write_config(tmp_path)
+    tokens = tmp_path / "tokens.txt"
+    token = add_token(tokens, user)
+    port = free_port()
+    with http_server(serve_args(servers, policy, audit, "--http", f"127.0.0.1:{port}", "--tokens", str(tokens),
+                                *extra), port):
+        yield f"http://127.0.0.1:{port}/mcp", token, audit
 
 
 def test_without_a_valid_token_nothing_is_served(served: Any) -> None:
@@ -132,14 +147,7 @@ def _vanishing_client(url: str, token: str, code: str) -> tuple[str, str]:
 
 
 def test_a_client_that_vanishes_has_its_run_ended_after_the_idle_time(tmp_path: Path) -> None:
-    servers, policy, audit = write_config(tmp_path)
-    tokens = tmp_path / "tokens.txt"
-    carol = add_token(tokens, "carol")
-    port = free_port()
-    args = serve_args(servers, policy, audit, "--http", f"127.0.0.1:{port}", "--tokens", str(tokens),
-                      "--session-idle", "1s")
-    url = f"http://127.0.0.1:{port}/mcp"
-    with http_server(args, port):
+    with serving(tmp_path, "carol", "--session-idle", "1s") as (url, carol, audit):
         sid, out = _vanishing_client(url, carol, "t_add(20, 22)")
         assert "value: 42" in out
         _wait_for_finish(audit)
@@ -157,15 +165,8 @@ def test_a_client_that_vanishes_has_its_run_ended_after_the_idle_time(tmp_path: 
 
 
 def test_a_session_running_a_program_is_not_reaped_however_long_it_runs(tmp_path: Path) -> None:
-    servers, policy, audit = write_config(tmp_path)
-    tokens = tmp_path / "tokens.txt"
-    dave = add_token(tokens, "dave")
-    port = free_port()
-    args = serve_args(servers, policy, audit, "--http", f"127.0.0.1:{port}", "--tokens", str(tokens),
-                      "--session-idle", "1s", "--import", "time")
-    with http_server(args, port):
-        _, out = _vanishing_client(f"http://127.0.0.1:{port}/mcp", dave,
-                                   "import time\ntime.sleep(2.5)\nt_add(1, 2)")
+    with serving(tmp_path, "dave", "--session-idle", "1s", "--import", "time") as (url, dave, audit):
+        _, out = _vanishing_client(url, dave, "import time\ntime.sleep(2.5)\nt_add(1, 2)")
         assert "value: 3" in out and "error" not in out  # not ended while its program ran
         finished = _wait_for_finish(audit)
     assert [f["status"] for f in finished] == ["abandoned"] and finished[0]["calls"]["ok"] == 1
@@ -408,15 +409,6 @@ def test_a_request_body_past_max_body_is_refused_before_it_is_read_and_the_serve
     """Even a token's holder cannot make the server keep a body of any size (the MCP SDK reads a request's body whole
     before it parses it): past --max-body, 413 at once when declared, or as soon as a chunked one passes it; only
     JSON is taken; the server serves the next request."""
-    servers, policy, audit = write_config(tmp_path)
-    tokens = tmp_path / "tokens.txt"
-    alice = add_token(tokens, "alice")
-    port = free_port()
-    args = serve_args(servers, policy, audit, "--http", f"127.0.0.1:{port}", "--tokens", str(tokens),
-                      "--max-body", "65536")
-    url = f"http://127.0.0.1:{port}/mcp"
-    headers = {"Authorization": f"Bearer {alice}", "Accept": "application/json, text/event-stream",
-               "Content-Type": "application/json"}
     big = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
            "params": {"name": "run_python", "arguments": {"code": "x = 1\n" * 20_000}}}
 
@@ -425,7 +417,9 @@ def test_a_request_body_past_max_body_is_refused_before_it_is_read_and_the_serve
         for i in range(0, len(data), 4096):
             yield data[i:i + 4096]
 
-    with http_server(args, port):
+    with serving(tmp_path, "alice", "--max-body", "65536") as (url, alice, _):
+        headers = {"Authorization": f"Bearer {alice}", "Accept": "application/json, text/event-stream",
+                   "Content-Type": "application/json"}
         declared = httpx.post(url, json=big, headers=headers, timeout=30)
         assert declared.status_code == 413 and "over the 65536-byte limit" in declared.text, declared.text
         streamed = httpx.post(url, content=chunks(), headers=headers, timeout=30)

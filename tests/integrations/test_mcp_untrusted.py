@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -377,12 +377,13 @@ def test_a_process_the_server_leaves_holding_its_stdout_leaves_nothing_open_behi
 
 
 @contextmanager
-def hostile_http(mode: str, log: Path) -> Iterator[str]:
-    """`mcp_hostile_http.py` in `mode` on a free localhost port: its URL, while it runs."""
+def http_server(script: str, *args: str) -> Iterator[str]:
+    """`script` (beside this file) serving MCP on a free localhost port (its first argument, then `args`): its URL,
+    once it accepts connections, while it runs."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    proc = subprocess.Popen([sys.executable, str(HERE / "mcp_hostile_http.py"), str(port), mode, str(log)],
+    proc = subprocess.Popen([sys.executable, str(HERE / script), str(port), *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
@@ -391,12 +392,17 @@ def hostile_http(mode: str, log: Path) -> Iterator[str]:
                 socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
                 break
             except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "the hostile HTTP server did not start"
+                assert proc.poll() is None and time.monotonic() < deadline, f"{script} did not start"
                 time.sleep(0.1)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def hostile_http(mode: str, log: Path) -> AbstractContextManager[str]:
+    """`mcp_hostile_http.py` in `mode`: its URL, while it runs."""
+    return http_server("mcp_hostile_http.py", mode, str(log))
 
 
 def test_a_compressed_http_answer_cannot_carry_more_than_max_message_bytes(tmp_path: Path) -> None:
@@ -515,28 +521,13 @@ def test_render_signature_covers_the_schema_forms() -> None:
 
 def test_current_fastmcp_over_streamable_http(tmp_path: Path) -> None:
     """The `fastmcp` package (4.x) as the server: signatures from its schemas, annotations ignored."""
-    import socket
-
     # fastmcp 4 needs mcp 2: `make test-mcp1` deselects this test in the 1.x venv.
     log = tmp_path / "log"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    proc = subprocess.Popen([sys.executable, str(HERE / "fastmcp4_server.py"), str(port), str(log)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "the fastmcp server did not start"
-                time.sleep(0.2)
+    with http_server("fastmcp4_server.py", str(log)) as url:
         policy = Policy.from_dict({"version": 1, "default": "deny", "tools": {"norm": {"side_effect": "read"}},
                                    "rules": [{"name": "reads", "match": {"side_effect": "read"},
                                               "decision": "allow"}]})
-        with MCPToolset(f"http://127.0.0.1:{port}/mcp", name="f4") as tools:
+        with MCPToolset(url, name="f4") as tools:
             by_name = {t.name: t for t in tools}
             assert by_name["wipe_disk"].side_effect == "destructive"
             assert str(by_name["norm"].signature) == "(p: P, scale: int = 1) -> float"  # fastmcp inlines, untitled
@@ -546,7 +537,4 @@ def test_current_fastmcp_over_streamable_http(tmp_path: Path) -> None:
             assert gate.call("norm", {"p": {"x": 3, "y": 4}}) == 5.0
             with pytest.raises(ToolDenied):
                 gate.call("wipe_disk", {"disk": "sda"})
-    finally:
-        proc.terminate()
-        proc.wait(10)
     assert ran(log) == ["norm"]
