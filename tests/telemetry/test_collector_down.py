@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,8 +27,15 @@ def _small_queue_short_timeout(monkeypatch: pytest.MonkeyPatch) -> Iterator[None
     # Each export waits up to 2 s, far longer than a call may take; the abandoned background
     # work ends soon after the test.
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2")
+    before = set(threading.enumerate())
     yield
     proctor_metrics.use_meter_provider(None)
+    # The export work the test abandoned logs that it gave up once its 2 s are out: waited for here, so that the
+    # line is written during this test and not into the stderr of whichever test runs next in this process.
+    deadline = time.monotonic() + 10
+    for thread in set(threading.enumerate()) - before:
+        if thread.name.startswith(("OtelBatch", "proctor-telemetry-shutdown")):
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 @pytest.fixture(params=["down", "hung"])
