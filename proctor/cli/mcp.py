@@ -20,6 +20,7 @@ __all__ = ["register"]
 def register(subparsers: Any) -> None:
     """Add ``proctor mcp serve`` to the command line."""
     from proctor.cli.run import key_value
+    from proctor.cli.serve import max_body_bytes
     from proctor.cli.telemetry import add_telemetry_arguments, telemetered
 
     p = subparsers.add_parser("mcp", help="MCP: serve governed code mode to MCP clients",
@@ -64,7 +65,7 @@ def register(subparsers: Any) -> None:
                    help="with --http: the most MCP sessions one token's owner may hold open at once; one more is "
                         "refused (HTTP 429, saying so) until one ends or is ended after --session-idle (default 16; "
                         "'off' for no bound beyond the MCP SDK's own)")
-    s.add_argument("--max-body", metavar="BYTES", type=int, default=None,
+    s.add_argument("--max-body", metavar="BYTES", type=max_body_bytes, default=None,
                    help="with --http: the largest request body taken; a larger one is refused (HTTP 413) before "
                         "more of it is read (default 16 MiB)")
     s.add_argument("--user", metavar="NAME", help="the principal of the stdio session (default: $USER)")
@@ -121,8 +122,6 @@ def serve(args: argparse.Namespace) -> int:
         max_sessions = DEFAULT_MAX_SESSIONS_PER_PRINCIPAL if args.max_sessions_per_principal is None \
             else _max_sessions(args.max_sessions_per_principal)
         max_body = DEFAULT_MAX_BODY if args.max_body is None else args.max_body
-        if max_body < 8192:  # (what `proctor serve --max-body` takes at least: RequestGuard)
-            raise ConfigurationError(f"--max-body {max_body}: give at least 8192 bytes")
         if args.max_body is not None and not args.http:
             raise ConfigurationError("--max-body is for --http")
         halts = _halts(args)

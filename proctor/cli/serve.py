@@ -17,7 +17,21 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["register"]
+__all__ = ["max_body_bytes", "register"]
+
+
+def max_body_bytes(text: str) -> int:
+    """An argparse type: ``--max-body BYTES`` as every server taking one reads it, a whole number of bytes no smaller
+    than the request guard takes (`proctor.serve.guard.LOGIN_MAX_BODY`: the login form alone needs that much)."""
+    from proctor.serve.guard import LOGIN_MAX_BODY
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of bytes") from None
+    if value < LOGIN_MAX_BODY:
+        raise argparse.ArgumentTypeError(f"{value}: give at least {LOGIN_MAX_BODY} bytes")
+    return value
 
 
 def register(subparsers: Any) -> None:
@@ -34,7 +48,7 @@ def register(subparsers: Any) -> None:
                    help="how many reverse proxies stand before the server: the client's address is the N-th "
                         "X-Forwarded-For entry from the right (default 1 with --trust-proxy-header, else 0: "
                         "the peer's address)")
-    p.add_argument("--max-body", metavar="BYTES", type=int, default=None,
+    p.add_argument("--max-body", metavar="BYTES", type=max_body_bytes, default=None,
                    help="the largest request body taken (default 1 MiB); larger ones are refused with 413 "
                         "before they are read")
     p.add_argument("--openapi", action="store_true",

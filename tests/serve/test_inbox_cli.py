@@ -173,3 +173,14 @@ def test_commands_that_read_runs_refuse_a_store_that_does_not_exist_instead_of_c
     assert first.startswith(f"proctor serve: no run store at {typo} yet: created it empty; the agents' --store must "
                             "name the same file"), first
     assert typo.exists()
+
+
+def test_serve_refuses_a_max_body_the_request_guard_cannot_take_before_it_starts(tmp_path: Path) -> None:
+    """Below the login form's 8 KiB the guard refuses to be built: the server used to start and answer its first
+    request with an error. The value is checked as it is parsed, as `proctor mcp serve --max-body` checks it."""
+    tokens = tmp_path / "tokens.txt"
+    assert proctor("serve", "token", "bob", "--tokens", str(tokens)).returncode == 0
+    for value, said in (("100", "100: give at least 8192 bytes"), ("lots", "'lots' is not a whole number of bytes")):
+        out = proctor("serve", "--store", f"sqlite:///{tmp_path}/r.db", "--tokens", str(tokens), "--max-body", value)
+        assert out.returncode == 2 and f"argument --max-body: {said}" in out.stderr, out.stderr
+    assert not (tmp_path / "r.db").exists()
