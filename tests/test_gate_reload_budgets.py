@@ -8,13 +8,13 @@ another's budgets.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from policy_files import FlippingPolicy, replace_file
 
 from proctor.errors import BudgetExceeded, ToolDenied
 from proctor.gate import Gate
@@ -37,9 +37,7 @@ def fetch(url: str) -> str:
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
-    fresh = path.with_suffix(".new")
-    fresh.write_text(yaml.safe_dump(data))
-    os.replace(fresh, path)
+    replace_file(path, yaml.safe_dump(data))
     time.sleep(0.01)
 
 
@@ -101,23 +99,6 @@ def test_a_reload_to_cross_run_budgets_on_a_local_ledger_refuses_the_runs_next_c
         gate.call("fetch", {"url": "u"}, context=ctx)
 
 
-class _Flipping(PolicySource):
-    """A real policy file renamed over by the other of two policies after each ask, and checked again at once:
-    any two asks of it see two policies (a deploy landing between them)."""
-
-    def __init__(self, path: Path, policies: tuple[dict[str, Any], dict[str, Any]]) -> None:
-        _write(path, policies[0])
-        super().__init__(path, check_every_ms=0)
-        self.policies, self.asks = policies, 0
-
-    def current(self) -> Any:
-        policy = super().current()
-        self.asks += 1
-        _write(Path(self.path), self.policies[self.asks % 2])
-        self.reload()
-        return policy
-
-
 def test_a_resumed_run_under_reload_new_runs_keeps_the_policy_its_run_resumed_names(tmp_path: Path) -> None:
     """`reload: new_runs` keeps a run on the policy it started with; a durable run resumed in this process starts
     here with the policy its `run_resumed` record names. A deploy between the resume and the run's first call
@@ -127,7 +108,8 @@ def test_a_resumed_run_under_reload_new_runs_keeps_the_policy_its_run_resumed_na
     pinned = {**BASE, "reload": "new_runs"}
     other = {**pinned, "budgets": [{"name": "tight", "limit": {"calls": 0}}]}
     audit = InMemoryAudit()
-    gate = Gate(_Flipping(tmp_path / "policy.yaml", (pinned, other)), audit=audit, tools=[fetch])
+    flipping = FlippingPolicy(tmp_path / "policy.yaml", (yaml.safe_dump(pinned), yaml.safe_dump(other)))
+    gate = Gate(flipping, audit=audit, tools=[fetch])
     ctx = gate.resume_run(RunInfo(id="run_resumed1", principal="alice"))
     outcomes = _calls(gate, ctx, 3)
     [resumed] = [r for r in audit.records if r["kind"] == "run_resumed"]

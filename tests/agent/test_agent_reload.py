@@ -6,7 +6,6 @@ the file held when the step's program ran; the audit log names each call's polic
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from policy_files import FlippingPolicy, replace_file
 
 from proctor.agent import CodeAgent, ScriptedModel
 from proctor.agent.models import Message
@@ -50,13 +50,6 @@ def _policy_file(tmp_path: Path) -> tuple[Path, Path]:
     return path, tmp_path / "audit.jsonl"
 
 
-def _replace(path: Path, text: str) -> None:
-    """Replace the file as deploy tools do: a whole new file renamed over the old one."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _then(action: Callable[[], None], answer: str) -> Callable[[Sequence[Message]], str]:
     """A scripted answer that first does `action` (between the steps of the run)."""
     def respond(messages: Sequence[Message]) -> str:
@@ -85,7 +78,7 @@ def test_a_changed_file_takes_effect_at_the_next_call_and_is_audited(tmp_path: P
     agent = CodeAgent(TOOLS, ScriptedModel([]), str(path), audit=audit_path)
 
     def deploy() -> None:
-        _replace(path, yaml.safe_dump(_closed()))
+        replace_file(path, yaml.safe_dump(_closed()))
         deadline = time.monotonic() + 30  # the file is checked at most every 500 ms: wait for the check
         while agent.policy is None or agent.policy.sha256 != second.sha256:
             assert time.monotonic() < deadline, "the agent never loaded the replaced policy file"
@@ -119,11 +112,11 @@ def test_a_bad_file_is_refused_with_its_located_error_and_the_old_policy_keeps_d
     bad = yaml.safe_dump(_closed()).replace("decision: deny", "decision: dney")
 
     def break_it() -> None:
-        _replace(path, bad)
+        replace_file(path, bad)
         assert source.reload() is False  # checked now: refused
 
     def fix_it() -> None:
-        _replace(path, yaml.safe_dump(_closed()))
+        replace_file(path, yaml.safe_dump(_closed()))
         assert source.reload() is True
 
     agent.model = ScriptedModel([PRICE, _then(break_it, PRICE), _then(fix_it, PRICE), DONE])
@@ -151,7 +144,7 @@ def test_reload_new_runs_keeps_a_run_on_the_policy_it_started_with(tmp_path: Pat
     assert source is not None
 
     def deploy() -> None:
-        _replace(path, yaml.safe_dump(_closed(reload="new_runs")))
+        replace_file(path, yaml.safe_dump(_closed(reload="new_runs")))
         assert source.reload() is True
 
     agent.model = ScriptedModel([PRICE, _then(deploy, PRICE), DONE, PRICE, DONE])
@@ -187,7 +180,7 @@ def test_a_tool_calling_agent_given_a_path_reloads_it_too(tmp_path: Path) -> Non
     assert source is not None
 
     def deploy() -> ModelResponse:
-        _replace(path, yaml.safe_dump(_closed()))
+        replace_file(path, yaml.safe_dump(_closed()))
         assert source.reload() is True
         return ModelResponse.calling(("get_price", {"item": "pear"}))
 
@@ -204,23 +197,6 @@ def test_a_tool_calling_agent_given_a_path_reloads_it_too(tmp_path: Path) -> Non
         (first.sha256, second.sha256)]
 
 
-class _Flipping(PolicySource):
-    """A real policy file renamed over by the other of two policies after each ask, and checked again at once:
-    any two asks of it see two policies (a deploy landing between them)."""
-
-    def __init__(self, path: Path, texts: tuple[str, str]) -> None:
-        path.write_text(texts[0])
-        super().__init__(path, check_every_ms=0)
-        self.texts, self.asks = texts, 0
-
-    def current(self) -> Policy:
-        policy = super().current()
-        self.asks += 1
-        _replace(Path(self.path), self.texts[self.asks % 2])
-        self.reload()
-        return policy
-
-
 class _DeployedAtRunStart(PolicySource):
     """A real policy file, replaced by `text` right after the first run's policy is pinned (its first `for_run`):
     a deploy landing as the run starts."""
@@ -233,7 +209,7 @@ class _DeployedAtRunStart(PolicySource):
     def for_run(self, run_id: str) -> Policy:
         policy = super().for_run(run_id)
         if self.text is not None:
-            _replace(Path(self.path), self.text)
+            replace_file(Path(self.path), self.text)
             self.text = None
             self.reload()
         return policy
@@ -253,7 +229,7 @@ def test_a_managed_agents_own_reloading_policy_narrows_one_invocation_with_one_p
     texts = (own("first-budget"), own("second-budget"))
     shas = {Policy.from_string(text).sha256: name for text, name in zip(texts, ("first-budget", "second-budget"),
                                                                        strict=True)}
-    source = _Flipping(tmp_path / "researcher.yaml", texts)
+    source = FlippingPolicy(tmp_path / "researcher.yaml", texts)
     sub = Agent(TOOLS, ScriptedModel([program("try:\n    get_price('fig')\nexcept BudgetExceeded as e:\n"
                                               "    final_answer(e.budget)")] * 3), source, name="researcher",
                 description="Finds prices.")
@@ -289,7 +265,7 @@ def test_a_managed_agent_stops_on_the_run_wide_budget_of_the_policy_its_pinned_r
     assert source is not None
 
     def deploy() -> None:
-        _replace(path, yaml.safe_dump({**first, "budgets": [], "reload": "new_runs"}))
+        replace_file(path, yaml.safe_dump({**first, "budgets": [], "reload": "new_runs"}))
         assert source.reload() is True
 
     asks = program("try:\n    final_answer(researcher(task='figs'))\nexcept Exception as e:\n"

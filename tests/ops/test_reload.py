@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from policy_files import replace_file
 
 from proctor.policy import Policy
 from proctor.policy.reload import PolicyChange, PolicyRefused, PolicySource
@@ -24,12 +25,6 @@ def _policy(version: int, extra: str = "") -> str:
             f"    decision: {'deny' if version % 2 else 'allow'}\n    reason: v{version}\n")
 
 
-def _replace(path: Path, text: str) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def test_change_refusal_and_pins(tmp_path: Path) -> None:
     path = tmp_path / "policy.yaml"
     path.write_text(_policy(0, "reload: new_runs\n"))
@@ -38,7 +33,7 @@ def test_change_refusal_and_pins(tmp_path: Path) -> None:
     source = PolicySource(path, check_every_ms=0, on_change=changes.append, on_refused=refusals.append)
     first = source.current()
     assert source.for_run("run_a") is first
-    _replace(path, _policy(1, "reload: new_runs\n"))
+    replace_file(path, _policy(1, "reload: new_runs\n"))
     second = source.current()
     assert second is not first and [(c.old_sha256, c.new_sha256) for c in changes] == [(first.sha256, second.sha256)]
     assert source.for_run("run_a") is first  # pinned: the policy it started with
@@ -46,19 +41,19 @@ def test_change_refusal_and_pins(tmp_path: Path) -> None:
     source.end_run("run_a")
     assert source.for_run("run_a") is second
     # A bad file: refused with its located error, reported once, the old policy keeps deciding.
-    _replace(path, _policy(2).replace("decision: allow", "decision: alow"))
+    replace_file(path, _policy(2).replace("decision: allow", "decision: alow"))
     assert source.current() is second and source.current() is second
     assert len(refusals) == 1 and refusals[0].kept_sha256 == second.sha256
     assert refusals[0].message.startswith(f"{path}:") and "alow" in refusals[0].message
     # The same meaning written again (comments, key order) changes nothing.
-    _replace(path, "# reformatted\n" + _policy(1, "reload: new_runs\n"))
+    replace_file(path, "# reformatted\n" + _policy(1, "reload: new_runs\n"))
     assert source.current() is second and len(changes) == 1
     # each_call (the default) in the new policy: runs in flight switch at their next call.
-    _replace(path, _policy(3))
+    replace_file(path, _policy(3))
     third = source.current()
     assert source.for_run("run_b") is third and source.for_run("run_c") is third
     # new_runs again: run_b and run_c keep what they started with, a new run gets the new policy.
-    _replace(path, _policy(4, "reload: new_runs\n"))
+    replace_file(path, _policy(4, "reload: new_runs\n"))
     fourth = source.current()
     assert source.for_run("run_b") is second and source.for_run("run_c") is third
     assert source.for_run("run_d") is fourth
@@ -69,7 +64,7 @@ def test_checks_at_most_every_interval_and_on_sighup(tmp_path: Path) -> None:
     path.write_text(_policy(0))
     source = PolicySource(path, check_every_ms=3_600_000)
     first = source.current()
-    _replace(path, _policy(1))
+    replace_file(path, _policy(1))
     assert source.current() is first  # not due: the file is not even stat'ed
     uninstall = source.install_sighup()
     try:
@@ -93,7 +88,7 @@ def test_sighup_reaches_every_source_that_installed_it(tmp_path: Path) -> None:
     sources = [PolicySource(path, check_every_ms=3_600_000) for path in paths]
     firsts = [source.current() for source in sources]
     for path in paths:
-        _replace(path, _policy(1))
+        replace_file(path, _policy(1))
     before = signal.getsignal(signal.SIGHUP)
     uninstalls = [source.install_sighup() for source in sources]
     try:
@@ -156,7 +151,7 @@ def test_eight_processes_decide_by_one_policy_each_while_the_file_is_replaced(tm
             if v % 10 == 5:  # a half-written file now and then: refused, never decides
                 path.write_text(_policy(v)[:40])
                 time.sleep(0.005)
-            _replace(path, _policy(v))
+            replace_file(path, _policy(v))
             time.sleep(0.03)
         time.sleep(0.3)
         stop.write_text("")
