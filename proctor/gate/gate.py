@@ -172,11 +172,11 @@ class Gate:
         # Budgets shared between runs (per principal, label, global): this process's, or Redis's.
         self.ledger = open_ledger(ledger)
         # Every halt that starts or ends on the channel is recorded here (`halt_set`, `halt_lifted`), however
-        # it came (this gate's API, another's, a signal, another process on the shared backend); the ones
-        # `halt`/`lift_halt` record themselves are noted so that the channel's telling is not a second record.
-        self._halts_recorded: set[tuple[str, str]] = set()
-        #: The ids of the halts this gate's trail records as set (`_first_news_of`).
+        # it came (this gate's API, another's, a signal, another process on the shared backend), once: the ids of
+        # the halts its trail records as set (`_first_news_of`; `halt` records its own), and of the lifts
+        # `lift_halt` records itself, whose telling by the channel is then not a second record.
         self._halts_known: set[str] = set()
+        self._lifts_recorded: set[str] = set()
         self._halts_lock = threading.Lock()
         #: Halts this gate honours: the channel given, else this process's (`gate_halts`) joined with those of
         #: the backends it shares (its Redis ledger's; `honour_halts_of` adds a run store's): `proctor.halt.shared`.
@@ -304,7 +304,6 @@ class Gate:
         """
         halt = new_halt(scope, value, reason, by)
         with self._halts_lock:
-            self._halts_recorded.add(("halt_set", halt.id))
             self._halts_known.add(halt.id)
         self.halts.backend.set(halt)
         fields = HaltEvent("halt_set", halt, halt.by, halt.reason, "api").audit_fields()
@@ -328,12 +327,12 @@ class Gate:
         who = by if by is not None else operator()
         fields = HaltEvent("halt_lifted", found, who, reason, "api").audit_fields()
         with self._halts_lock:
-            self._halts_recorded.add(("halt_lifted", halt_id))
+            self._lifts_recorded.add(halt_id)
         try:
             self.recorder.append("halt_lifted", {**fields, "backend": self.halts.backend.shown}, required=True)
         except AuditError:
             with self._halts_lock:
-                self._halts_recorded.discard(("halt_lifted", halt_id))
+                self._lifts_recorded.discard(halt_id)
             raise
         return self.halts.backend.lift(halt_id, reason=reason, by=who)
 
@@ -370,13 +369,14 @@ class Gate:
 
     def _on_halt(self, event: HaltEvent) -> None:
         """Record a halt the channel saw start or end (unless `halt`/`lift_halt` of this gate recorded it)."""
-        key = (event.kind, event.halt.id)
-        with self._halts_lock:
-            if key in self._halts_recorded:
-                self._halts_recorded.discard(key)
+        if event.kind == "halt_set":
+            if not self._first_news_of(event.halt.id):
                 return
-        if event.kind == "halt_set" and not self._first_news_of(event.halt.id):
-            return
+        else:
+            with self._halts_lock:
+                if event.halt.id in self._lifts_recorded:
+                    self._lifts_recorded.discard(event.halt.id)
+                    return
         self.recorder.append(event.kind, event.audit_fields())
 
     # -- set-up ---------------------------------------------------------------------------------
