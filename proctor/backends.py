@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AUDIT_KEY_ENV", "KINDS", "AuditFactory", "Backend", "Kind", "default_audit_path", "load_audit", "open_audit",
-    "open_store", "register", "resolve", "scheme_of", "unregister",
+    "open_store", "register", "resolve", "scheme_of", "store_not_yet_made", "unregister",
 ]
 
 #: The signing key of audit logs opened from a path or URL, when none is given (`proctor run` reads it too).
@@ -155,12 +155,21 @@ def open_store(url: str | os.PathLike[str], *, create: bool = True) -> RunStore:
     if not text:
         raise StoreError("no run store given: pass --store URL or set PROCTOR_STORE (e.g. sqlite:///runs.db)")
     factory = resolve("store", text)
-    if not create and scheme_of("store", text) == "sqlite":
-        path = sqlite_path(text)
-        if not os.path.exists(path):
-            raise StoreError(f"no run store at {path}: an agent run with --store creates it; check the path (the "
-                             "agents' --store, or PROCTOR_STORE)")
+    missing = None if create else store_not_yet_made(text)
+    if missing is not None:
+        raise StoreError(f"no run store at {missing}: an agent run with --store creates it; check the path (the "
+                         "agents' --store, or PROCTOR_STORE)")
     return factory(text)
+
+
+def store_not_yet_made(url: str | os.PathLike[str]) -> str | None:
+    """The path of the SQLite run store `url` names when no file is there yet (opening it creates one), else None
+    (a file there, or a store of another scheme)."""
+    text = os.fspath(url)
+    if scheme_of("store", text) != "sqlite":
+        return None
+    path = sqlite_path(text)
+    return None if os.path.exists(path) else path
 
 
 def open_audit(target: str | os.PathLike[str], *, signing_key: KeySource | None = None) -> AuditSink:

@@ -144,7 +144,7 @@ PUBLIC: dict[str, str] = {
     "proctor.audit.base": "AuditReader AuditResult AuditSink AuditStartReader KINDS derive_key",
     "proctor.backends": (
         "AUDIT_KEY_ENV AuditFactory Backend KINDS Kind default_audit_path load_audit open_audit open_store register "
-        "resolve scheme_of unregister"
+        "resolve scheme_of store_not_yet_made unregister"
     ),
     "proctor.calls": (
         "BudgetFigures BudgetHold Call CallPosition CallRecord CallStatus Decision HistoryEntry JSONValue OUTCOMES "

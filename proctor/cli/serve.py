@@ -120,12 +120,13 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"proctor serve: {exc.name} is missing: pip install 'proctor[serve]'", file=sys.stderr)
         return 2
     from proctor.approval.tokens import TokenFile
+    from proctor.backends import store_not_yet_made
     from proctor.errors import ProctorError
     from proctor.store.base import RunStore
 
     try:
         tokens = TokenFile.load(args.tokens)
-        fresh = _no_store_yet(url)
+        fresh = store_not_yet_made(url)
         store = RunStore.open(url)
     except ProctorError as exc:
         print(f"proctor serve: {exc}", file=sys.stderr)
@@ -176,17 +177,6 @@ def _serve(args: argparse.Namespace) -> int:
                 opened.close()
         store.close()
     return 0
-
-
-def _no_store_yet(url: str) -> str | None:
-    """The path of a SQLite run store `url` names that does not exist yet (opening it will create it), else None."""
-    from proctor.backends import scheme_of
-    from proctor.urls import sqlite_path
-
-    if scheme_of("store", url) != "sqlite":
-        return None
-    path = sqlite_path(url)
-    return None if os.path.exists(path) else path
 
 
 def _halting(args: argparse.Namespace, store_url: str, groups: tuple[str, ...]) -> tuple[Any, Any] | str:

@@ -979,12 +979,12 @@ def _checked_schema(which: str, schema: dict[str, Any]) -> tuple[Any, str | None
     cannot be offered with it): the schema is invalid, refers to what does not resolve within it, refers back to
     itself without end, or has regular expressions no check can bound (`proctor.jsoninput.unbounded_pattern_use`;
     any in an outputSchema)."""
+    refused = "every call would be refused" if which == "inputSchema" else \
+        "every result would be refused after the call ran"
     try:
         checker = local_schema_validator(schema)
         checker.check_schema(schema)
     except jsonschema.SchemaError as exc:
-        refused = "every call would be refused" if which == "inputSchema" else \
-            "every result would be refused after the call ran"
         return None, (f"its {which} is invalid ({terminal_safe(exc.message[:200])}): {refused}; the server's schema "
                       "needs fixing")
     unresolved = unresolved_reference(schema, type(checker))
@@ -993,8 +993,6 @@ def _checked_schema(which: str, schema: dict[str, Any]) -> tuple[Any, str | None
     cycle = reference_cycle(schema, type(checker))
     if cycle is not None:  # validating anything would recurse until the stack ran out
         at, ref = cycle
-        refused = "every call would be refused" if which == "inputSchema" else \
-            "every result would be refused after the call ran"
         return None, (f"its {which} refers to {terminal_safe(ref[:200])!r} (at {terminal_safe(at[:200]) or '/'}), "
                       f"which leads back there without end: {refused}; the server's schema needs fixing")
     if which == "inputSchema":  # proctor checks the arguments, each pattern within PATTERN_TIMEOUT_S (jsoninput)
