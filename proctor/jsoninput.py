@@ -178,18 +178,23 @@ def _bounded_patterns(kind: type[Validator]) -> type[Validator]:
 _BOUNDED: dict[Any, type[Validator]] = {}  # one class per draft (jsonschema's `extend` makes a new one each time)
 
 
-def regex_keywords(schema: Mapping[str, Any], draft: type[Validator] | None = None) -> frozenset[str]:
-    """Which of ``pattern``, ``patternProperties`` and ``unevaluatedProperties`` `schema`'s subschemas use (walked
-    as `unresolved_reference` walks them: keywords that hold data, names of properties, are not read)."""
+def _as_resource(schema: Mapping[str, Any], draft: type[Validator] | None) -> Any:
+    """`schema` as a `referencing` resource of its dialect (`draft`'s, else the one its ``$schema`` names): what
+    its subschemas are walked from."""
     import jsonschema
     import referencing.jsonschema
     from referencing import Specification
 
     kind = draft if draft is not None else jsonschema.validators.validator_for(schema)
     dialect = kind.ID_OF(kind.META_SCHEMA) or "urn:unknown-dialect"
-    specification = referencing.jsonschema.specification_with(dialect, default=Specification.OPAQUE)
+    return referencing.jsonschema.specification_with(dialect, default=Specification.OPAQUE).create_resource(schema)
+
+
+def regex_keywords(schema: Mapping[str, Any], draft: type[Validator] | None = None) -> frozenset[str]:
+    """Which of ``pattern``, ``patternProperties`` and ``unevaluatedProperties`` `schema`'s subschemas use (walked
+    as `unresolved_reference` walks them: keywords that hold data, names of properties, are not read)."""
     found: set[str] = set()
-    stack = [specification.create_resource(schema)]
+    stack = [_as_resource(schema, draft)]
     while stack:
         resource = stack.pop()
         contents = resource.contents
@@ -221,17 +226,12 @@ def unresolved_reference(schema: Mapping[str, Any], draft: type[Validator] | Non
     hold data (``enum``, ``const``, ``default``) are not schemas and are not read. `schema` must already
     pass ``check_schema``. Needs jsonschema (ImportError otherwise).
     """
-    import jsonschema
-    import referencing.jsonschema
     from jsonschema_specifications import REGISTRY as META_SCHEMAS
-    from referencing import Registry, Specification
+    from referencing import Registry
     from referencing.exceptions import Unresolvable
 
-    kind = draft if draft is not None else jsonschema.validators.validator_for(schema)
-    dialect = kind.ID_OF(kind.META_SCHEMA) or "urn:unknown-dialect"
-    specification = referencing.jsonschema.specification_with(dialect, default=Specification.OPAQUE)
     registry = META_SCHEMAS.combine(Registry())  # what jsonschema makes of local_schema_validator's Registry()
-    root = specification.create_resource(schema)
+    root = _as_resource(schema, draft)
     where = _pointers(schema)
     stack = [(root, registry.resolver_with_root(root))]
     while stack:
@@ -275,16 +275,11 @@ def reference_cycle(schema: Mapping[str, Any], draft: type[Validator] | None = N
     instance (``allOf``, ``anyOf``, ``oneOf``, ``not``, ``if``/``then``/``else``, ``dependentSchemas``)
     without recursion. `schema` must already pass `unresolved_reference`. Needs jsonschema.
     """
-    import jsonschema
-    import referencing.jsonschema
     from jsonschema_specifications import REGISTRY as META_SCHEMAS
-    from referencing import Registry, Specification
+    from referencing import Registry
     from referencing.exceptions import Unresolvable
 
-    kind = draft if draft is not None else jsonschema.validators.validator_for(schema)
-    dialect = kind.ID_OF(kind.META_SCHEMA) or "urn:unknown-dialect"
-    specification = referencing.jsonschema.specification_with(dialect, default=Specification.OPAQUE)
-    root = specification.create_resource(schema)
+    root = _as_resource(schema, draft)
     where = _pointers(schema)
     # Each subschema (by identity): the subschemas validation applies to the same instance, and its reference.
     then: dict[int, list[int]] = {}
